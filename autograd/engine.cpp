@@ -1,0 +1,154 @@
+// The backward engine: an iterative topological order over the recorded
+// nodes (no recursion, so graph depth is unbounded), one reverse pass,
+// gradients summed where a tensor feeds several consumers.
+#include <algorithm>
+#include <atomic>
+#include <unordered_map>
+#include <vector>
+
+#include "autograd/node.h"
+#include "ops/ops.h"
+
+namespace qgrad {
+
+namespace {
+thread_local bool g_grad_enabled = true;
+std::atomic<std::uint64_t> g_sequence{0};
+
+Tensor accumulate(const Tensor& sum, const Tensor& g) {
+  if (!sum.defined()) return g;
+  return add(sum, g);  // out of place: a gradient may alias another one
+}
+
+void check_grad(const Node& node, std::size_t i, const Tensor& g) {
+  const Edge& e = node.inputs[i];
+  QGRAD_CHECK(g.shape() == e.meta.shape, "backward", node.name,
+              "backward rule returned a gradient of shape ", shape_str(g.shape()), " for input ", i,
+              " of shape ", shape_str(e.meta.shape));
+  QGRAD_CHECK(g.device() == e.meta.device, "backward", node.name, "gradient for input ", i, " is on ",
+              g.device().str(), ", input on ", e.meta.device.str());
+}
+}  // namespace
+
+Node::~Node() {
+  std::vector<std::shared_ptr<Node>> stack;
+  for (Edge& e : inputs)
+    if (e.node) stack.push_back(std::move(e.node));
+  while (!stack.empty()) {
+    std::shared_ptr<Node> n = std::move(stack.back());
+    stack.pop_back();
+    if (n.use_count() == 1)  // we hold the last reference: adopt its inputs first
+      for (Edge& e : n->inputs)
+        if (e.node) stack.push_back(std::move(e.node));
+  }
+}
+
+bool grad_enabled() { return g_grad_enabled; }
+void set_grad_enabled(bool enabled) { g_grad_enabled = enabled; }
+
+bool any_requires_grad(std::initializer_list<Tensor> inputs) {
+  if (!g_grad_enabled) return false;
+  for (const Tensor& t : inputs)
+    if (t.defined() && t.requires_grad()) return true;
+  return false;
+}
+
+void record(const char* name, Tensor& out, std::initializer_list<Tensor> inputs, BackwardFn backward,
+            std::size_t saved_bytes, DType grad_dtype, bool grad_dtype_given) {
+  auto node = std::make_shared<Node>();
+  node->name = name;
+  node->output = TensorMeta::of(out);
+  node->grad_dtype = grad_dtype_given ? grad_dtype : out.dtype();
+  QGRAD_CHECK(is_floating(node->grad_dtype), name, "grad_dtype", "gradients must be floating, got ",
+              dtype_name(node->grad_dtype));
+  node->backward = std::move(backward);
+  node->saved_bytes = saved_bytes;
+  node->sequence = g_sequence++;
+  node->inputs.reserve(inputs.size());
+  for (const Tensor& t : inputs) {
+    Edge e;
+    if (t.defined()) {
+      e.meta = TensorMeta::of(t);
+      if (t.requires_grad()) {
+        AutogradMeta& m = t.autograd_meta();
+        if (m.grad_fn) e.node = m.grad_fn;
+        else e.leaf = t.impl()->autograd;
+      }
+    }
+    node->inputs.push_back(std::move(e));
+  }
+  AutogradMeta& om = out.autograd_meta();
+  om.requires_grad = true;
+  om.grad_fn = std::move(node);
+}
+
+void run_backward(const Tensor& root, const Tensor& grad_in, bool retain_graph) {
+  QGRAD_CHECK(root.defined(), "backward", "tensor", "undefined tensor");
+  QGRAD_CHECK(root.requires_grad(), "backward", "tensor",
+              "tensor does not require grad and has no recorded graph");
+  Tensor grad = grad_in;
+  if (!grad.defined()) {
+    QGRAD_CHECK(root.numel() == 1, "backward", "grad",
+                "grad can be implied only for a one-element output; got shape ", shape_str(root.shape()));
+    const DType gd = root.grad_fn() ? root.grad_fn()->grad_dtype : root.dtype();
+    grad = ones(root.shape(), TensorOptions{}.with_dtype(gd).with_device(root.device()));
+  }
+  QGRAD_CHECK(grad.shape() == root.shape(), "backward", "grad", "shape ", shape_str(grad.shape()),
+              " does not match the output's ", shape_str(root.shape()));
+  NoGradGuard no_grad;  // backward rules are not themselves recorded
+
+  std::shared_ptr<Node> root_node = root.grad_fn();
+  if (!root_node) {  // a leaf
+    AutogradMeta& m = root.autograd_meta();
+    m.grad = accumulate(m.grad, grad);
+    return;
+  }
+
+  // Count, for every reachable node, how many edges point at it.
+  std::unordered_map<Node*, int> dependencies;
+  std::vector<Node*> stack{root_node.get()};
+  dependencies[root_node.get()] = 0;
+  while (!stack.empty()) {
+    Node* n = stack.back();
+    stack.pop_back();
+    for (const Edge& e : n->inputs) {
+      if (!e.node) continue;
+      auto [it, inserted] = dependencies.try_emplace(e.node.get(), 0);
+      it->second++;
+      if (inserted) stack.push_back(e.node.get());
+    }
+  }
+
+  // Kahn's order: a node runs once every consumer has passed its gradient.
+  std::unordered_map<Node*, Tensor> pending;
+  pending[root_node.get()] = grad;
+  std::vector<Node*> ready{root_node.get()};
+  while (!ready.empty()) {
+    Node* n = ready.back();
+    ready.pop_back();
+    Tensor g = std::move(pending[n]);
+    pending.erase(n);
+    QGRAD_CHECK(!n->released, "backward", n->name,
+                "the graph's saved state was already freed by an earlier backward; "
+                "pass retain_graph=true to the first backward to run it twice");
+    std::vector<Tensor> input_grads;
+    if (g.defined()) input_grads = n->backward(g);
+    QGRAD_CHECK(!g.defined() || input_grads.size() == n->inputs.size(), "backward", n->name,
+                "backward rule returned ", input_grads.size(), " gradients for ", n->inputs.size(), " inputs");
+    for (std::size_t i = 0; i < n->inputs.size(); ++i) {
+      const Edge& e = n->inputs[i];
+      const Tensor gi = i < input_grads.size() ? input_grads[i] : Tensor();
+      if (gi.defined() && e.needs_grad()) check_grad(*n, i, gi);
+      if (e.node) {
+        Tensor& slot = pending[e.node.get()];
+        if (gi.defined()) slot = accumulate(slot, gi);
+        if (--dependencies[e.node.get()] == 0) ready.push_back(e.node.get());
+      } else if (e.leaf && gi.defined()) {
+        e.leaf->grad = accumulate(e.leaf->grad, gi);
+      }
+    }
+    if (!retain_graph) n->release();
+  }
+}
+
+}  // namespace qgrad

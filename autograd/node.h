@@ -1,0 +1,97 @@
+// The tape: each op that sees an input requiring grad records a Node
+// holding its backward rule (a closure over the state the rule needs) and
+// edges to the nodes, or leaves, that produced its inputs.
+//
+// Ownership runs one way, from a tensor to the node that made it and on to
+// that node's inputs, never back, so a graph frees itself when its last
+// tensor goes. A backward closure must therefore capture only detached
+// tensors (`t.detach()`) or buffers of its own, never a tensor that carries
+// this node.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace qgrad {
+
+struct TensorMeta {
+  Shape shape;
+  DType dtype = DType::f32;
+  Device device;
+  static TensorMeta of(const Tensor& t) { return {t.shape(), t.dtype(), t.device()}; }
+};
+
+struct AutogradMeta {
+  bool requires_grad = false;
+  bool is_parameter = false;
+  std::string name;
+  Tensor grad;                    // leaves only
+  std::shared_ptr<Node> grad_fn;  // null for leaves
+  TensorMeta meta;                // the tensor's own shape/dtype/device
+};
+
+struct Edge {
+  std::shared_ptr<Node> node;          // the producer, for a non-leaf input
+  std::shared_ptr<AutogradMeta> leaf;  // the leaf record, for a leaf that requires grad
+  TensorMeta meta;                     // the input as the op saw it
+  bool needs_grad() const { return node != nullptr || leaf != nullptr; }
+};
+
+// grad_output -> one gradient per input (undefined where none is needed).
+using BackwardFn = std::function<std::vector<Tensor>(const Tensor& grad_output)>;
+
+struct Node {
+  std::string name;
+  std::vector<Edge> inputs;
+  TensorMeta output;
+  DType grad_dtype = DType::f32;  // the output's gradient dtype (float even for an integer output)
+  BackwardFn backward;
+  std::size_t saved_bytes = 0;    // what the closure keeps alive, for docs and DOT
+  std::uint64_t sequence = 0;     // creation order
+  bool released = false;
+  Node() = default;
+  Node(const Node&) = delete;
+  Node& operator=(const Node&) = delete;
+  ~Node();  // iterative: a long chain must not destroy recursively
+  void release() {
+    backward = nullptr;
+    released = true;
+  }
+};
+
+// ---- grad mode ----
+bool grad_enabled();
+void set_grad_enabled(bool enabled);
+
+// Disables recording for its scope (e.g. evaluation, optimizer updates).
+class NoGradGuard {
+ public:
+  NoGradGuard() : previous_(grad_enabled()) { set_grad_enabled(false); }
+  ~NoGradGuard() { set_grad_enabled(previous_); }
+  NoGradGuard(const NoGradGuard&) = delete;
+  NoGradGuard& operator=(const NoGradGuard&) = delete;
+
+ private:
+  bool previous_;
+};
+
+// True when grad mode is on and some input requires grad: only then does an
+// op compute the state its backward needs and call record().
+bool any_requires_grad(std::initializer_list<Tensor> inputs);
+
+// Records `out` as produced by op `name` from `inputs`. Call it only when
+// any_requires_grad(inputs). `grad_dtype` is the dtype gradients of `out`
+// travel in; it defaults to out's dtype and must be floating (quantize ops
+// pass the dtype of their float input).
+void record(const char* name, Tensor& out, std::initializer_list<Tensor> inputs, BackwardFn backward,
+            std::size_t saved_bytes = 0, DType grad_dtype = DType::f32, bool grad_dtype_given = false);
+
+// Runs backward from `root` (see Tensor::backward).
+void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph);
+
+}  // namespace qgrad

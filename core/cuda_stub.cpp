@@ -1,0 +1,43 @@
+// The CUDA runtime entry points of a build without CUDA: queries answer
+// "no device", anything that needs one throws a clear error.
+#include "core/device.h"
+#include "core/error.h"
+#include "core/memory.h"
+
+#if !QGRAD_WITH_CUDA
+#include <cstdlib>
+#include <cstring>
+
+namespace qgrad {
+
+namespace {
+[[noreturn]] void no_cuda(const char* op) {
+  throw Error(op, "device", "qgrad was built without CUDA (configure with -DQGRAD_CUDA=ON)");
+}
+}  // namespace
+
+bool cuda_available() { return false; }
+int cuda_device_count() { return 0; }
+std::string cuda_device_name(int) { no_cuda("cuda_device_name"); }
+void cuda_synchronize(int) { no_cuda("cuda_synchronize"); }
+AllocatorStats cuda_allocator_stats(int) { no_cuda("cuda_allocator_stats"); }
+void cuda_reset_peak_stats(int) { no_cuda("cuda_reset_peak_stats"); }
+void cuda_empty_cache(int) { no_cuda("cuda_empty_cache"); }
+
+namespace memory {
+void* allocate(std::size_t bytes, Device device) {
+  if (!device.is_cpu()) no_cuda("allocate");
+  const std::size_t size = (std::max<std::size_t>(bytes, 1) + 63) / 64 * 64;
+  void* p = std::aligned_alloc(64, size);
+  if (!p) throw OutOfMemory("allocate", "bytes", detail::concat("host out of memory allocating ", bytes, " bytes"));
+  return p;
+}
+void release(void* ptr, Device) noexcept { std::free(ptr); }
+void copy(void* dst, Device dst_device, const void* src, Device src_device, std::size_t bytes) {
+  if (!dst_device.is_cpu() || !src_device.is_cpu()) no_cuda("copy");
+  if (bytes) std::memcpy(dst, src, bytes);
+}
+}  // namespace memory
+
+}  // namespace qgrad
+#endif

@@ -1,0 +1,45 @@
+// Devices: the host CPU, or CUDA device n.
+#pragma once
+
+#include <string>
+
+namespace qgrad {
+
+enum class DeviceType : unsigned char { CPU, CUDA };
+
+struct Device {
+  DeviceType type = DeviceType::CPU;
+  int index = 0;
+
+  static Device cpu() { return {DeviceType::CPU, 0}; }
+  static Device cuda(int n = 0) { return {DeviceType::CUDA, n}; }
+  bool is_cpu() const { return type == DeviceType::CPU; }
+  bool is_cuda() const { return type == DeviceType::CUDA; }
+  bool operator==(const Device&) const = default;
+  std::string str() const { return is_cpu() ? std::string("cpu") : "cuda:" + std::to_string(index); }
+  // Parses "cpu", "cuda" or "cuda:N"; throws qgrad::Error.
+  static Device parse(const std::string& s);
+};
+
+// CUDA runtime queries; all safe to call in a build without CUDA.
+bool cuda_available();
+int cuda_device_count();
+std::string cuda_device_name(int index = 0);
+// Waits for all work queued on the device's stream (a host sync: never
+// called inside qgrad's ops, only by users, tests and benchmarks).
+void cuda_synchronize(int index = 0);
+
+struct AllocatorStats {
+  long long bytes_in_use = 0;     // handed out to live tensors
+  long long peak_bytes_in_use = 0;
+  long long bytes_reserved = 0;   // obtained from cudaMalloc (in use + cached)
+  long long num_device_mallocs = 0;
+  long long num_allocations = 0;  // requests served, cached or not
+  long long num_cache_hits = 0;
+};
+AllocatorStats cuda_allocator_stats(int index = 0);
+void cuda_reset_peak_stats(int index = 0);
+// Returns every cached, unused block to the driver.
+void cuda_empty_cache(int index = 0);
+
+}  // namespace qgrad

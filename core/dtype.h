@@ -1,0 +1,101 @@
+// Element types and compile-time dispatch over them.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "core/error.h"
+#include "core/half.h"
+
+namespace qgrad {
+
+enum class DType : std::uint8_t { f32, f64, f16, bf16, s8, u8, s32, s64, boolean };
+
+constexpr std::size_t dtype_size(DType t) {
+  switch (t) {
+    case DType::f64: case DType::s64: return 8;
+    case DType::f32: case DType::s32: return 4;
+    case DType::f16: case DType::bf16: return 2;
+    case DType::s8: case DType::u8: case DType::boolean: return 1;
+  }
+  return 0;
+}
+
+constexpr const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::f32: return "f32";
+    case DType::f64: return "f64";
+    case DType::f16: return "f16";
+    case DType::bf16: return "bf16";
+    case DType::s8: return "s8";
+    case DType::u8: return "u8";
+    case DType::s32: return "s32";
+    case DType::s64: return "s64";
+    case DType::boolean: return "bool";
+  }
+  return "?";
+}
+
+constexpr bool is_floating(DType t) {
+  return t == DType::f32 || t == DType::f64 || t == DType::f16 || t == DType::bf16;
+}
+
+DType dtype_from_name(const std::string& name);  // throws qgrad::Error
+
+// C++ type <-> DType.
+template <class T> struct DTypeOf;
+template <> struct DTypeOf<float> { static constexpr DType value = DType::f32; };
+template <> struct DTypeOf<double> { static constexpr DType value = DType::f64; };
+template <> struct DTypeOf<half> { static constexpr DType value = DType::f16; };
+template <> struct DTypeOf<bfloat16> { static constexpr DType value = DType::bf16; };
+template <> struct DTypeOf<std::int8_t> { static constexpr DType value = DType::s8; };
+template <> struct DTypeOf<std::uint8_t> { static constexpr DType value = DType::u8; };
+template <> struct DTypeOf<std::int32_t> { static constexpr DType value = DType::s32; };
+template <> struct DTypeOf<std::int64_t> { static constexpr DType value = DType::s64; };
+template <> struct DTypeOf<bool> { static constexpr DType value = DType::boolean; };
+template <class T> inline constexpr DType dtype_of = DTypeOf<T>::value;
+
+// A tag carrying a type, so a generic lambda can receive it:
+//   dispatch_floating(dt, "op", [&](auto tag) { using T = typename decltype(tag)::type; ... });
+template <class T> struct TypeTag { using type = T; };
+
+template <class F>
+decltype(auto) dispatch_floating(DType t, const char* op, F&& f) {
+  switch (t) {
+    case DType::f32: return f(TypeTag<float>{});
+    case DType::f64: return f(TypeTag<double>{});
+    case DType::f16: return f(TypeTag<half>{});
+    case DType::bf16: return f(TypeTag<bfloat16>{});
+    default: break;
+  }
+  throw Error(op, "dtype", std::string("expected a floating dtype (f32, f64, f16, bf16), got ") + dtype_name(t));
+}
+
+template <class F>
+decltype(auto) dispatch_int8(DType t, const char* op, F&& f) {
+  switch (t) {
+    case DType::s8: return f(TypeTag<std::int8_t>{});
+    case DType::u8: return f(TypeTag<std::uint8_t>{});
+    default: break;
+  }
+  throw Error(op, "dtype", std::string("expected s8 or u8, got ") + dtype_name(t));
+}
+
+template <class F>
+decltype(auto) dispatch_all(DType t, const char* op, F&& f) {
+  switch (t) {
+    case DType::f32: return f(TypeTag<float>{});
+    case DType::f64: return f(TypeTag<double>{});
+    case DType::f16: return f(TypeTag<half>{});
+    case DType::bf16: return f(TypeTag<bfloat16>{});
+    case DType::s8: return f(TypeTag<std::int8_t>{});
+    case DType::u8: return f(TypeTag<std::uint8_t>{});
+    case DType::s32: return f(TypeTag<std::int32_t>{});
+    case DType::s64: return f(TypeTag<std::int64_t>{});
+    case DType::boolean: return f(TypeTag<bool>{});
+  }
+  throw Error(op, "dtype", "unknown dtype");
+}
+
+}  // namespace qgrad

@@ -1,0 +1,379 @@
+#include "core/tensor.h"
+
+#include <cmath>
+#include <limits>
+
+#include "autograd/node.h"
+#include "core/memory.h"
+#include "kernels/basic.h"
+#include "kernels/formulas/cast.h"
+#include "kernels/formulas/random.h"
+
+namespace qgrad {
+
+std::string shape_str(const Shape& shape) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+std::int64_t shape_numel(const Shape& shape, const char* op) {
+  std::int64_t n = 1;
+  for (std::int64_t d : shape) {
+    QGRAD_CHECK(d >= 0, op, "shape", "negative dimension in ", shape_str(shape));
+    QGRAD_CHECK(d == 0 || n <= std::numeric_limits<std::int64_t>::max() / d, op, "shape",
+                "element count of ", shape_str(shape), " overflows int64");
+    n *= d;
+  }
+  return n;
+}
+
+DType dtype_from_name(const std::string& name) {
+  for (DType t : {DType::f32, DType::f64, DType::f16, DType::bf16, DType::s8, DType::u8, DType::s32, DType::s64,
+                  DType::boolean})
+    if (name == dtype_name(t)) return t;
+  throw Error("dtype_from_name", "name", "unknown dtype '" + name + "'");
+}
+
+Device Device::parse(const std::string& s) {
+  if (s == "cpu") return cpu();
+  if (s == "cuda") return cuda(0);
+  if (s.rfind("cuda:", 0) == 0 && s.size() > 5 && s.find_first_not_of("0123456789", 5) == std::string::npos)
+    return cuda(std::stoi(s.substr(5)));
+  throw Error("Device::parse", "device", "expected 'cpu', 'cuda' or 'cuda:N', got '" + s + "'");
+}
+
+Storage::Storage(std::size_t nbytes, Device dev) : bytes(nbytes), device(dev) {
+  if (dev.is_cuda()) {
+    QGRAD_CHECK(dev.index >= 0 && dev.index < cuda_device_count(), "allocate", "device",
+                cuda_device_count() == 0 ? std::string("no CUDA device is present")
+                                         : "no CUDA device " + std::to_string(dev.index));
+  }
+  data = memory::allocate(nbytes, dev);
+}
+Storage::~Storage() { memory::release(data, device); }
+
+// ---- Tensor basics ----
+
+void Tensor::check_defined(const char* what) const {
+  QGRAD_CHECK(impl_ != nullptr, what, "tensor", "undefined tensor");
+}
+void Tensor::check_data_type(DType t) const {
+  check_defined("Tensor::data");
+  QGRAD_CHECK(impl_->dtype == t, "Tensor::data", "T", "tensor has dtype ", dtype_name(impl_->dtype),
+              ", requested ", dtype_name(t));
+}
+
+Tensor Tensor::empty(const Shape& shape, TensorOptions options) {
+  auto impl = std::make_shared<TensorImpl>();
+  impl->shape = shape;
+  impl->numel = shape_numel(shape, "empty");
+  impl->dtype = options.dtype;
+  QGRAD_CHECK(static_cast<std::uint64_t>(impl->numel) <=
+                  std::numeric_limits<std::size_t>::max() / dtype_size(options.dtype),
+              "empty", "shape", "byte size of ", shape_str(shape), " overflows");
+  impl->storage = std::make_shared<Storage>(static_cast<std::size_t>(impl->numel) * dtype_size(options.dtype),
+                                            options.device);
+  Tensor t(std::move(impl));
+  if (options.requires_grad) t.set_requires_grad(true);
+  return t;
+}
+
+const Shape& Tensor::shape() const {
+  check_defined("Tensor::shape");
+  return impl_->shape;
+}
+std::int64_t Tensor::size(std::int64_t axis) const {
+  const std::int64_t d = dim();
+  QGRAD_CHECK(axis >= -d && axis < d, "Tensor::size", "axis", "axis ", axis, " out of range for rank ", d);
+  return impl_->shape[static_cast<std::size_t>(axis < 0 ? axis + d : axis)];
+}
+std::int64_t Tensor::numel() const {
+  check_defined("Tensor::numel");
+  return impl_->numel;
+}
+DType Tensor::dtype() const {
+  check_defined("Tensor::dtype");
+  return impl_->dtype;
+}
+Device Tensor::device() const {
+  check_defined("Tensor::device");
+  return impl_->storage->device;
+}
+void* Tensor::data_ptr() const {
+  check_defined("Tensor::data_ptr");
+  return static_cast<char*>(impl_->storage->data) + impl_->offset * static_cast<std::int64_t>(dtype_size(impl_->dtype));
+}
+
+template <class T>
+Tensor Tensor::from_vector(const std::vector<T>& values, const Shape& shape, Device device) {
+  const std::int64_t n = shape_numel(shape, "from_vector");
+  QGRAD_CHECK(n == static_cast<std::int64_t>(values.size()), "from_vector", "values", values.size(),
+              " values for shape ", shape_str(shape), " (", n, " elements)");
+  Tensor t = empty(shape, TensorOptions{}.with_dtype(dtype_of<T>).with_device(device));
+  if constexpr (std::is_same_v<T, bool>) {
+    std::vector<unsigned char> bytes(values.begin(), values.end());
+    memory::copy(t.data_ptr(), device, bytes.data(), Device::cpu(), bytes.size());
+  } else {
+    memory::copy(t.data_ptr(), device, values.data(), Device::cpu(), values.size() * sizeof(T));
+  }
+  return t;
+}
+
+template <class T>
+std::vector<T> Tensor::to_vector() const {
+  check_data_type(dtype_of<T>);
+  if constexpr (std::is_same_v<T, bool>) {
+    std::vector<unsigned char> bytes(static_cast<std::size_t>(numel()));
+    memory::copy(bytes.data(), Device::cpu(), data_ptr(), device(), bytes.size());
+    return std::vector<bool>(bytes.begin(), bytes.end());
+  } else {
+    std::vector<T> out(static_cast<std::size_t>(numel()));
+    memory::copy(out.data(), Device::cpu(), data_ptr(), device(), out.size() * sizeof(T));
+    return out;
+  }
+}
+
+#define QGRAD_INSTANTIATE_HOST_IO(T)                                                      \
+  template Tensor Tensor::from_vector<T>(const std::vector<T>&, const Shape&, Device); \
+  template std::vector<T> Tensor::to_vector<T>() const;
+QGRAD_INSTANTIATE_HOST_IO(float)
+QGRAD_INSTANTIATE_HOST_IO(double)
+QGRAD_INSTANTIATE_HOST_IO(half)
+QGRAD_INSTANTIATE_HOST_IO(bfloat16)
+QGRAD_INSTANTIATE_HOST_IO(std::int8_t)
+QGRAD_INSTANTIATE_HOST_IO(std::uint8_t)
+QGRAD_INSTANTIATE_HOST_IO(std::int32_t)
+QGRAD_INSTANTIATE_HOST_IO(std::int64_t)
+QGRAD_INSTANTIATE_HOST_IO(bool)
+#undef QGRAD_INSTANTIATE_HOST_IO
+
+double Tensor::item() const {
+  QGRAD_CHECK(numel() == 1, "item", "tensor", "item() needs one element, tensor has shape ", shape_str(shape()));
+  Tensor host = detach().cpu();
+  return dispatch_all(dtype(), "item", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    return formulas::cast_value<double>(*static_cast<const T*>(host.data_ptr()));
+  });
+}
+
+// ---- conversions and views ----
+
+Tensor Tensor::to(Device dev) const {
+  check_defined("to");
+  if (dev == device()) return *this;
+  Tensor out = empty(shape(), TensorOptions{}.with_dtype(dtype()).with_device(dev));
+  memory::copy(out.data_ptr(), dev, data_ptr(), device(), nbytes());
+  if (any_requires_grad({*this})) {
+    const Device src = device();
+    record("to_device", out, {*this}, [src](const Tensor& g) { return std::vector<Tensor>{g.to(src)}; });
+  }
+  return out;
+}
+
+Tensor Tensor::to(DType dt) const {
+  check_defined("to");
+  if (dt == dtype()) return *this;
+  Tensor out = empty(shape(), TensorOptions{}.with_dtype(dt).with_device(device()));
+  kernels::cast(*this, out);
+  if (is_floating(dtype()) && is_floating(dt) && any_requires_grad({*this})) {
+    const DType src = dtype();
+    record("to_dtype", out, {*this}, [src](const Tensor& g) { return std::vector<Tensor>{g.to(src)}; });
+  }
+  return out;
+}
+
+Tensor Tensor::clone() const {
+  check_defined("clone");
+  Tensor out = empty(shape(), TensorOptions{}.with_dtype(dtype()).with_device(device()));
+  memory::copy(out.data_ptr(), device(), data_ptr(), device(), nbytes());
+  if (any_requires_grad({*this}))
+    record("clone", out, {*this}, [](const Tensor& g) { return std::vector<Tensor>{g}; });
+  return out;
+}
+
+void Tensor::copy_(const Tensor& src) {
+  check_defined("copy_");
+  QGRAD_CHECK(src.defined(), "copy_", "src", "undefined tensor");
+  QGRAD_CHECK(src.shape() == shape(), "copy_", "src", "shape ", shape_str(src.shape()), " does not match ",
+              shape_str(shape()));
+  QGRAD_CHECK(src.dtype() == dtype(), "copy_", "src", "dtype ", dtype_name(src.dtype()), " does not match ",
+              dtype_name(dtype()));
+  memory::copy(data_ptr(), device(), src.data_ptr(), src.device(), nbytes());
+}
+
+Tensor Tensor::reshape(const Shape& new_shape_in) const {
+  check_defined("reshape");
+  Shape new_shape = new_shape_in;
+  int infer = -1;
+  std::int64_t known = 1;
+  for (std::size_t i = 0; i < new_shape.size(); ++i) {
+    if (new_shape[i] == -1) {
+      QGRAD_CHECK(infer < 0, "reshape", "shape", "only one dimension may be -1 in ", shape_str(new_shape_in));
+      infer = static_cast<int>(i);
+    } else {
+      QGRAD_CHECK(new_shape[i] >= 0, "reshape", "shape", "negative dimension in ", shape_str(new_shape_in));
+      known = shape_numel({known, new_shape[i]}, "reshape");
+    }
+  }
+  if (infer >= 0) {
+    QGRAD_CHECK(known != 0 && numel() % known == 0, "reshape", "shape", "cannot infer -1 in ",
+                shape_str(new_shape_in), " for ", numel(), " elements");
+    new_shape[static_cast<std::size_t>(infer)] = numel() / known;
+  }
+  QGRAD_CHECK(shape_numel(new_shape, "reshape") == numel(), "reshape", "shape", "shape ",
+              shape_str(new_shape_in), " does not hold ", numel(), " elements of ", shape_str(shape()));
+  auto impl = std::make_shared<TensorImpl>(*impl_);
+  impl->shape = new_shape;
+  impl->autograd = nullptr;
+  Tensor out(std::move(impl));
+  if (any_requires_grad({*this})) {
+    const Shape old = shape();
+    record("reshape", out, {*this}, [old](const Tensor& g) { return std::vector<Tensor>{g.reshape(old)}; });
+  }
+  return out;
+}
+
+// ---- autograd accessors ----
+
+AutogradMeta& Tensor::autograd_meta() const {
+  check_defined("autograd");
+  if (!impl_->autograd) {
+    impl_->autograd = std::make_shared<AutogradMeta>();
+    impl_->autograd->meta = TensorMeta::of(*this);
+  }
+  return *impl_->autograd;
+}
+
+bool Tensor::requires_grad() const { return impl_ && impl_->autograd && impl_->autograd->requires_grad; }
+
+Tensor& Tensor::set_requires_grad(bool enabled) {
+  check_defined("set_requires_grad");
+  QGRAD_CHECK(is_leaf(), "set_requires_grad", "tensor",
+              "only leaf tensors can change requires_grad; use detach() for a non-leaf");
+  QGRAD_CHECK(!enabled || is_floating(dtype()), "set_requires_grad", "tensor",
+              "only floating tensors can require grad, got ", dtype_name(dtype()));
+  autograd_meta().requires_grad = enabled;
+  return *this;
+}
+
+Tensor& Tensor::set_parameter(const std::string& param_name) {
+  set_requires_grad(true);
+  autograd_meta().is_parameter = true;
+  autograd_meta().name = param_name;
+  return *this;
+}
+
+bool Tensor::is_leaf() const { return !impl_ || !impl_->autograd || !impl_->autograd->grad_fn; }
+Tensor Tensor::grad() const { return impl_ && impl_->autograd ? impl_->autograd->grad : Tensor(); }
+void Tensor::set_grad(const Tensor& g) {
+  QGRAD_CHECK(!g.defined() || (g.shape() == shape() && g.device() == device()), "set_grad", "grad",
+              "gradient must match the tensor's shape and device");
+  autograd_meta().grad = g;
+}
+void Tensor::zero_grad() {
+  if (impl_ && impl_->autograd) impl_->autograd->grad = Tensor();
+}
+std::shared_ptr<Node> Tensor::grad_fn() const { return impl_ && impl_->autograd ? impl_->autograd->grad_fn : nullptr; }
+const std::string& Tensor::name() const {
+  static const std::string none;
+  return impl_ && impl_->autograd ? impl_->autograd->name : none;
+}
+Tensor& Tensor::set_name(const std::string& n) {
+  autograd_meta().name = n;
+  return *this;
+}
+
+Tensor Tensor::detach() const {
+  check_defined("detach");
+  auto impl = std::make_shared<TensorImpl>(*impl_);
+  impl->autograd = nullptr;
+  return Tensor(std::move(impl));
+}
+
+void Tensor::backward(const Tensor& g, bool retain_graph) const { run_backward(*this, g, retain_graph); }
+
+// ---- factories ----
+
+Tensor full(const Shape& shape, double value, TensorOptions options) {
+  const bool rg = options.requires_grad;
+  options.requires_grad = false;
+  Tensor t = Tensor::empty(shape, options);
+  kernels::fill(t, value);
+  if (rg) t.set_requires_grad(true);
+  return t;
+}
+Tensor zeros(const Shape& shape, TensorOptions options) { return full(shape, 0.0, options); }
+Tensor ones(const Shape& shape, TensorOptions options) { return full(shape, 1.0, options); }
+Tensor zeros_like(const Tensor& t) { return zeros(t.shape(), TensorOptions{}.with_dtype(t.dtype()).with_device(t.device())); }
+Tensor ones_like(const Tensor& t) { return ones(t.shape(), TensorOptions{}.with_dtype(t.dtype()).with_device(t.device())); }
+Tensor empty_like(const Tensor& t) {
+  return Tensor::empty(t.shape(), TensorOptions{}.with_dtype(t.dtype()).with_device(t.device()));
+}
+
+Tensor arange(double start, double end, double step, TensorOptions options) {
+  QGRAD_CHECK(step != 0 && std::isfinite(step), "arange", "step", "step must be finite and non-zero");
+  QGRAD_CHECK(std::isfinite(start) && std::isfinite(end), "arange", "start", "bounds must be finite");
+  const double count = std::ceil((end - start) / step);
+  const auto n = static_cast<std::int64_t>(count > 0 ? count : 0);
+  Tensor t = Tensor::empty({n}, options);
+  kernels::arange(t, start, step);
+  return t;
+}
+
+Generator& default_generator() {
+  static Generator g;
+  return g;
+}
+
+Tensor rand(const Shape& shape, Generator& gen, TensorOptions options, double low, double high) {
+  QGRAD_CHECK(std::isfinite(low) && std::isfinite(high) && low < high, "rand", "low", "need finite low < high");
+  const bool rg = options.requires_grad;
+  options.requires_grad = false;
+  Tensor t = Tensor::empty(shape, options);
+  kernels::rand_uniform(t, gen.seed(), gen.advance(static_cast<std::uint64_t>(t.numel())), low, high);
+  if (rg) t.set_requires_grad(true);
+  return t;
+}
+
+Tensor randint(std::int64_t low, std::int64_t high, const Shape& shape, Generator& gen, TensorOptions options) {
+  QGRAD_CHECK(low < high, "randint", "high", "need low < high");
+  const std::int64_t n = shape_numel(shape, "randint");
+  const std::uint64_t first = gen.advance(static_cast<std::uint64_t>(n));
+  const double span = static_cast<double>(high - low);
+  std::vector<std::int64_t> v(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i)
+    v[static_cast<std::size_t>(i)] =
+        low + static_cast<std::int64_t>(std::floor(span * formulas::random_uniform(gen.seed(), first + static_cast<std::uint64_t>(i))));
+  Tensor out = Tensor::from_vector(v, shape, Device::cpu()).to(options.dtype);
+  return out.to(options.device);
+}
+
+// Box-Muller on the host in double: device math libraries are not bitwise
+// equal to glibc's log/cos, so normals are drawn here and copied, which
+// keeps CPU and CUDA values identical.
+Tensor randn(const Shape& shape, Generator& gen, TensorOptions options, double mean, double stddev) {
+  QGRAD_CHECK(std::isfinite(mean) && std::isfinite(stddev) && stddev >= 0, "randn", "stddev",
+              "need finite mean and stddev >= 0");
+  const std::int64_t n = shape_numel(shape, "randn");
+  const std::uint64_t first = gen.advance(static_cast<std::uint64_t>(2 * ((n + 1) / 2)));
+  std::vector<double> v(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; i += 2) {
+    const std::uint64_t c = first + static_cast<std::uint64_t>(i);
+    const double u1 = 1.0 - formulas::random_uniform(gen.seed(), c);  // (0, 1]
+    const double u2 = formulas::random_uniform(gen.seed(), c + 1);
+    const double r = std::sqrt(-2.0 * std::log(u1));
+    const double theta = 6.283185307179586 * u2;
+    v[static_cast<std::size_t>(i)] = mean + stddev * r * std::cos(theta);
+    if (i + 1 < n) v[static_cast<std::size_t>(i + 1)] = mean + stddev * r * std::sin(theta);
+  }
+  const bool rg = options.requires_grad;
+  Tensor host = Tensor::from_vector(v, shape, Device::cpu());
+  Tensor out = Tensor::empty(shape, TensorOptions{}.with_dtype(options.dtype).with_device(Device::cpu()));
+  kernels::cast(host, out);
+  out = out.to(options.device);
+  if (rg) out.set_requires_grad(true);
+  return out;
+}
+
+}  // namespace qgrad

@@ -1,0 +1,28 @@
+// Kernels behind the Tensor core: fill, dtype conversion, random draws.
+#pragma once
+
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace qgrad::kernels {
+
+void fill(const Tensor& out, double value);
+void cast(const Tensor& in, const Tensor& out);  // same numel, any dtypes, same device
+void rand_uniform(const Tensor& out, std::uint64_t seed, std::uint64_t offset, double low, double high);
+void arange(const Tensor& out, double start, double step);
+
+namespace cpu {
+void fill(const Tensor& out, double value);
+void cast(const Tensor& in, const Tensor& out);
+void rand_uniform(const Tensor& out, std::uint64_t seed, std::uint64_t offset, double low, double high);
+void arange(const Tensor& out, double start, double step);
+}  // namespace cpu
+namespace cuda {
+void fill(const Tensor& out, double value);
+void cast(const Tensor& in, const Tensor& out);
+void rand_uniform(const Tensor& out, std::uint64_t seed, std::uint64_t offset, double low, double high);
+void arange(const Tensor& out, double start, double step);
+}  // namespace cuda
+
+}  // namespace qgrad::kernels

@@ -1,0 +1,24 @@
+// Kernels of the broadcasting binary ops and of the broadcast reduction
+// their backward rules need.
+#pragma once
+
+#include "core/tensor.h"
+#include "kernels/formulas/binary.h"
+
+namespace qgrad::kernels {
+
+// out = a (op) b with broadcasting; a, b, out share a floating dtype and device.
+void binary(formulas::BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out);
+// out[j] = sum of in over the dims that broadcasting added or stretched.
+void sum_to_shape(const Tensor& in, const Tensor& out);
+
+namespace cpu {
+void binary(formulas::BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out);
+void sum_to_shape(const Tensor& in, const Tensor& out);
+}  // namespace cpu
+namespace cuda {
+void binary(formulas::BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out);
+void sum_to_shape(const Tensor& in, const Tensor& out);
+}  // namespace cuda
+
+}  // namespace qgrad::kernels

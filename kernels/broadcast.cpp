@@ -1,0 +1,53 @@
+#include "kernels/broadcast.h"
+
+namespace qgrad::kernels {
+
+namespace {
+Shape contiguous_strides(const Shape& s) {
+  Shape st(s.size(), 1);
+  for (std::size_t i = s.size(); i-- > 1;) st[i - 1] = st[i] * s[i];
+  return st;
+}
+}  // namespace
+
+BroadcastIndex make_broadcast_index(const Shape& a, const Shape& b, const Shape& out) {
+  BroadcastIndex bi;
+  QGRAD_CHECK(out.size() <= static_cast<std::size_t>(kMaxDims), "broadcast", "shape", "rank ", out.size(),
+              " exceeds ", kMaxDims);
+  bi.ndim = static_cast<int>(out.size());
+  const Shape sa = contiguous_strides(a), sb = contiguous_strides(b);
+  for (std::size_t d = 0; d < out.size(); ++d) {
+    bi.sizes[d] = out[d];
+    const std::size_t pa = out.size() - d, pb = out.size() - d;  // position from the right
+    if (pa <= a.size()) {
+      const std::size_t k = a.size() - pa;
+      bi.stride_a[d] = a[k] == 1 ? 0 : sa[k];
+    }
+    if (pb <= b.size()) {
+      const std::size_t k = b.size() - pb;
+      bi.stride_b[d] = b[k] == 1 ? 0 : sb[k];
+    }
+  }
+  return bi;
+}
+
+ReduceIndex make_reduce_index(const Shape& in, const Shape& out) {
+  ReduceIndex ri;
+  QGRAD_CHECK(in.size() <= static_cast<std::size_t>(kMaxDims), "sum_to_shape", "shape", "rank too large");
+  const Shape st = contiguous_strides(in);
+  for (std::size_t d = 0; d < in.size(); ++d) {
+    const std::size_t from_right = in.size() - d;
+    const bool kept = from_right <= out.size() && out[out.size() - from_right] == in[d];
+    if (kept) {
+      ri.kept_sizes[ri.kept_ndim] = in[d];
+      ri.kept_strides[ri.kept_ndim++] = st[d];
+    } else {
+      ri.red_sizes[ri.red_ndim] = in[d];
+      ri.red_strides[ri.red_ndim++] = st[d];
+      ri.red_count *= in[d];
+    }
+  }
+  return ri;
+}
+
+}  // namespace qgrad::kernels

@@ -1,0 +1,49 @@
+// Argument checks shared by the ops. Each throws qgrad::Error naming the op
+// and the argument, and runs before anything is allocated or written.
+#pragma once
+
+#include <cmath>
+
+#include "core/tensor.h"
+
+namespace qgrad::check {
+
+inline void defined(const Tensor& t, const char* op, const char* arg) {
+  QGRAD_CHECK(t.defined(), op, arg, "undefined tensor");
+}
+inline void floating(const Tensor& t, const char* op, const char* arg) {
+  defined(t, op, arg);
+  QGRAD_CHECK(is_floating(t.dtype()), op, arg, "expected a floating dtype (f32, f64, f16, bf16), got ",
+              dtype_name(t.dtype()));
+}
+inline void dtype_is(const Tensor& t, DType d, const char* op, const char* arg) {
+  defined(t, op, arg);
+  QGRAD_CHECK(t.dtype() == d, op, arg, "expected dtype ", dtype_name(d), ", got ", dtype_name(t.dtype()));
+}
+inline void same_dtype(const Tensor& t, const Tensor& ref, const char* op, const char* arg) {
+  QGRAD_CHECK(t.dtype() == ref.dtype(), op, arg, "dtype ", dtype_name(t.dtype()), " differs from ",
+              dtype_name(ref.dtype()));
+}
+inline void same_device(const Tensor& t, const Tensor& ref, const char* op, const char* arg) {
+  QGRAD_CHECK(t.device() == ref.device(), op, arg, "tensor is on ", t.device().str(), " but the op runs on ",
+              ref.device().str());
+}
+inline void rank_is(const Tensor& t, std::int64_t r, const char* op, const char* arg) {
+  QGRAD_CHECK(t.dim() == r, op, arg, "expected rank ", r, ", got shape ", shape_str(t.shape()));
+}
+inline void non_empty(const Tensor& t, const char* op, const char* arg) {
+  QGRAD_CHECK(t.numel() > 0, op, arg, "empty tensor (shape ", shape_str(t.shape()), ")");
+}
+// Normalises a possibly negative axis into [0, rank).
+inline std::int64_t axis(std::int64_t axis, std::int64_t rank, const char* op, const char* arg = "axis") {
+  QGRAD_CHECK(axis >= -rank && axis < rank, op, arg, "axis ", axis, " out of range for rank ", rank);
+  return axis < 0 ? axis + rank : axis;
+}
+inline void finite_positive(double v, const char* op, const char* arg) {
+  QGRAD_CHECK(std::isfinite(v) && v > 0, op, arg, "must be finite and > 0, got ", v);
+}
+
+// The broadcast of two shapes (numpy rules), or an error naming the op.
+Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op);
+
+}  // namespace qgrad::check

@@ -1,0 +1,119 @@
+// Broadcasting binary ops: forward, saved state and backward in one place.
+#include "ops/elementwise.h"
+
+#include "autograd/node.h"
+#include "kernels/binary.h"
+#include "ops/check.h"
+
+namespace qgrad {
+
+using formulas::BinaryOp;
+
+Shape check::broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
+  Shape out(std::max(a.size(), b.size()));
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    const std::int64_t da = i < a.size() ? a[a.size() - 1 - i] : 1;
+    const std::int64_t db = i < b.size() ? b[b.size() - 1 - i] : 1;
+    QGRAD_CHECK(da == db || da == 1 || db == 1, op, "b", "shapes ", shape_str(a), " and ", shape_str(b),
+                " do not broadcast");
+    out[out.size() - 1 - i] = da == 1 ? db : da;
+  }
+  return out;
+}
+
+Tensor sum_to_shape(const Tensor& t, const Shape& shape) {
+  if (t.shape() == shape) return t;
+  Tensor out = Tensor::empty(shape, TensorOptions{}.with_dtype(t.dtype()).with_device(t.device()));
+  kernels::sum_to_shape(t, out);
+  return out;
+}
+
+namespace {
+
+Tensor binary_forward(const char* name, BinaryOp op, const Tensor& a, const Tensor& b) {
+  check::floating(a, name, "a");
+  check::floating(b, name, "b");
+  check::same_dtype(b, a, name, "b");
+  check::same_device(b, a, name, "b");
+  const Shape out_shape = check::broadcast_shapes(a.shape(), b.shape(), name);
+  Tensor out = Tensor::empty(out_shape, TensorOptions{}.with_dtype(a.dtype()).with_device(a.device()));
+  kernels::binary(op, a, b, out);
+  return out;
+}
+
+}  // namespace
+
+// d(a+b) = (g, g); d(a-b) = (g, -g), each summed back to its input's shape.
+Tensor add(const Tensor& a, const Tensor& b) {
+  Tensor out = binary_forward("add", BinaryOp::add, a, b);
+  if (any_requires_grad({a, b})) {
+    record("add", out, {a, b}, [sa = a.shape(), sb = b.shape()](const Tensor& g) {
+      return std::vector<Tensor>{sum_to_shape(g, sa), sum_to_shape(g, sb)};
+    });
+  }
+  return out;
+}
+
+Tensor sub(const Tensor& a, const Tensor& b) {
+  Tensor out = binary_forward("sub", BinaryOp::sub, a, b);
+  if (any_requires_grad({a, b})) {
+    record("sub", out, {a, b}, [sa = a.shape(), sb = b.shape()](const Tensor& g) {
+      return std::vector<Tensor>{sum_to_shape(g, sa), sum_to_shape(neg(g), sb)};
+    });
+  }
+  return out;
+}
+
+// d(a*b) = (g*b, g*a): saves both inputs (detached).
+Tensor mul(const Tensor& a, const Tensor& b) {
+  Tensor out = binary_forward("mul", BinaryOp::mul, a, b);
+  if (any_requires_grad({a, b})) {
+    const bool need_a = a.requires_grad(), need_b = b.requires_grad();
+    Tensor sa = need_b ? a.detach() : Tensor(), sb = need_a ? b.detach() : Tensor();
+    record(
+        "mul", out, {a, b},
+        [sa, sb, shape_a = a.shape(), shape_b = b.shape()](const Tensor& g) {
+          return std::vector<Tensor>{sb.defined() ? sum_to_shape(mul(g, sb), shape_a) : Tensor(),
+                                     sa.defined() ? sum_to_shape(mul(g, sa), shape_b) : Tensor()};
+        },
+        (need_a ? b.nbytes() : 0) + (need_b ? a.nbytes() : 0));
+  }
+  return out;
+}
+
+// d(a/b) = (g/b, -g*a/b^2): saves a and b (detached).
+Tensor div(const Tensor& a, const Tensor& b) {
+  Tensor out = binary_forward("div", BinaryOp::div, a, b);
+  if (any_requires_grad({a, b})) {
+    const bool need_b = b.requires_grad();
+    Tensor sa = need_b ? a.detach() : Tensor(), sb = b.detach();
+    record(
+        "div", out, {a, b},
+        [sa, sb, shape_a = a.shape(), shape_b = b.shape()](const Tensor& g) {
+          Tensor ga = div(g, sb);
+          Tensor gb = sa.defined() ? sum_to_shape(neg(div(mul(ga, sa), sb)), shape_b) : Tensor();
+          return std::vector<Tensor>{sum_to_shape(ga, shape_a), gb};
+        },
+        b.nbytes() + (need_b ? a.nbytes() : 0));
+  }
+  return out;
+}
+
+namespace {
+Tensor scalar_like(const Tensor& a, double v, const char* op) {
+  check::floating(a, op, "a");
+  return full({}, v, TensorOptions{}.with_dtype(a.dtype()).with_device(a.device()));
+}
+}  // namespace
+
+Tensor add(const Tensor& a, double b) {
+  Tensor s = scalar_like(a, b, "add");
+  return add(a, s);
+}
+Tensor mul(const Tensor& a, double b) {
+  Tensor s = scalar_like(a, b, "mul");
+  return mul(a, s);
+}
+Tensor neg(const Tensor& a) { return mul(a, -1.0); }
+
+}  // namespace qgrad

@@ -1,0 +1,30 @@
+// Broadcasting arithmetic: add, sub, mul, div (tensor-tensor and
+// tensor-scalar). Floating dtypes, both operands on one device and dtype.
+#pragma once
+
+#include "core/tensor.h"
+
+namespace qgrad {
+
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, const Tensor& b);
+Tensor add(const Tensor& a, double b);
+Tensor mul(const Tensor& a, double b);
+Tensor neg(const Tensor& a);
+
+// Sums `t` down to `shape` (the shape it was broadcast from); the backward
+// of every broadcasting op uses it. Not recorded on the tape.
+Tensor sum_to_shape(const Tensor& t, const Shape& shape);
+
+inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
+inline Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
+inline Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }
+inline Tensor operator/(const Tensor& a, const Tensor& b) { return div(a, b); }
+inline Tensor operator-(const Tensor& a) { return neg(a); }
+inline Tensor operator*(const Tensor& a, double s) { return mul(a, s); }
+inline Tensor operator*(double s, const Tensor& a) { return mul(a, s); }
+inline Tensor operator+(const Tensor& a, double s) { return add(a, s); }
+
+}  // namespace qgrad

@@ -1,0 +1,4 @@
+// All of qgrad's ops.
+#pragma once
+
+#include "ops/elementwise.h"

@@ -1,0 +1,106 @@
+// The tape: recording, accumulation, retain_graph, grad mode, gradcheck.
+#include "helpers.h"
+
+using namespace qgrad;
+using namespace qgrad::testing;
+
+namespace {
+Tensor leaf(std::vector<double> v, Shape s) {
+  Tensor t = Tensor::from_vector(v, s);
+  t.set_requires_grad(true);
+  return t;
+}
+}  // namespace
+
+TEST_CASE("a tensor used twice accumulates both contributions") {
+  Tensor x = leaf({2.0, -3.0}, {2});
+  Tensor y = mul(x, x);  // dy/dx = 2x
+  Tensor z = add(y, x);  // + 1
+  z.backward(ones({2}, TensorOptions{}.with_dtype(DType::f64)));
+  CHECK(x.grad().to_vector<double>() == std::vector<double>{5.0, -5.0});
+}
+
+TEST_CASE("gradients accumulate across backward calls until zero_grad") {
+  Tensor x = leaf({1.5}, {1});
+  mul(x, 2.0).backward();
+  mul(x, 2.0).backward();
+  CHECK(x.grad().to_vector<double>()[0] == 4.0);
+  x.zero_grad();
+  CHECK(!x.grad().defined());
+}
+
+TEST_CASE("a second backward through a freed graph is a clear error") {
+  Tensor x = leaf({1.0, 2.0}, {2});
+  Tensor y = mul(x, x);
+  Tensor s = mul(y, 3.0);
+  Tensor g = ones({2}, TensorOptions{}.with_dtype(DType::f64));
+  s.backward(g);
+  CHECK_THROWS_WITH_AS(s.backward(g), doctest::Contains("retain_graph"), Error);
+  Tensor x2 = leaf({1.0}, {1});
+  Tensor y2 = mul(x2, x2);
+  y2.backward(Tensor(), true);
+  y2.backward();
+  CHECK(x2.grad().to_vector<double>()[0] == 4.0);
+}
+
+TEST_CASE("NoGradGuard and detach record nothing") {
+  Tensor x = leaf({1.0}, {1});
+  {
+    NoGradGuard guard;
+    Tensor y = mul(x, x);
+    CHECK(!y.requires_grad());
+    CHECK(y.grad_fn() == nullptr);
+  }
+  Tensor d = x.detach();
+  CHECK(!d.requires_grad());
+  CHECK(d.data_ptr() == x.data_ptr());
+  CHECK(!mul(d, d).requires_grad());
+  Tensor z = mul(d, d);
+  CHECK_THROWS_AS(z.backward(), Error);  // nothing to differentiate
+}
+
+TEST_CASE("broadcasting ops reduce gradients to each input's shape") {
+  Tensor a = leaf({1, 2, 3, 4, 5, 6}, {2, 3});
+  Tensor b = leaf({10, 20, 30}, {3});
+  Tensor c = mul(add(a, b), b);
+  c.backward(ones({2, 3}, TensorOptions{}.with_dtype(DType::f64)));
+  CHECK(a.grad().to_vector<double>() == std::vector<double>{10, 20, 30, 10, 20, 30});
+  // d/db (a+b)*b = a + 2b, summed over rows
+  CHECK(b.grad().to_vector<double>() == std::vector<double>{1 + 4 + 40, 2 + 5 + 80, 3 + 6 + 120});
+}
+
+TEST_CASE("deep graphs need no recursion") {
+  Tensor x = leaf({1.0}, {1});
+  Tensor y = x;
+  for (int i = 0; i < 200000; ++i) y = add(y, 0.0);
+  y.backward();
+  CHECK(x.grad().to_vector<double>()[0] == 1.0);
+}
+
+TEST_CASE("gradcheck passes for arithmetic and reports a wrong backward") {
+  Generator g(3);
+  Tensor a = randn({3, 4}, g, TensorOptions{}.with_dtype(DType::f64));
+  Tensor b = rand({4}, g, TensorOptions{}.with_dtype(DType::f64), 0.5, 2.0);
+  a.set_requires_grad(true);
+  b.set_requires_grad(true);
+  auto fn = [](const std::vector<Tensor>& in) { return div(mul(add(in[0], in[1]), in[0]), sub(in[1], in[0] * 0.1)); };
+  auto r = gradcheck(fn, {a, b});
+  CHECK_MESSAGE(r.ok, r.message);
+  GradcheckOptions fast;
+  fast.fast_mode = true;
+  auto rf = gradcheck(fn, {a, b}, fast);
+  CHECK_MESSAGE(rf.ok, rf.message);
+  CHECK(!a.grad().defined());  // the caller's tensors are untouched
+
+  // A deliberately wrong backward rule must fail.
+  auto wrong = [](const std::vector<Tensor>& in) {
+    Tensor out = in[0].detach().clone();
+    if (any_requires_grad({in[0]}))
+      record("wrong", out, {in[0]}, [](const Tensor& gy) { return std::vector<Tensor>{mul(gy, 2.0)}; });
+    return out;
+  };
+  auto rw = gradcheck(wrong, {a});
+  CHECK(!rw.ok);
+  CHECK(rw.max_abs_error == doctest::Approx(1.0));
+  CHECK(!gradcheck(wrong, {a}, fast).ok);
+}

@@ -1,0 +1,79 @@
+// Shared benchmark machinery: device-side timing with CUDA events, warm-up,
+// median of many repetitions, inputs rotated past the L2 cache, and a
+// JSON-lines record per measurement (merged into docs/benchmarks.md by
+// scripts/bench_table.py).
+#pragma once
+
+#include <algorithm>
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "qgrad.h"
+
+#if QGRAD_WITH_CUDA
+#include <cuda_runtime.h>
+
+#include "core/cuda/common.cuh"
+#endif
+
+namespace qgrad::bench {
+
+struct Timing {
+  double median_ms = 0, min_ms = 0;
+  int reps = 0;
+};
+
+// Times `work(rep)` on the device's stream: `warmup` untimed calls, then
+// `reps` calls each bracketed by events; returns the median. `rep` lets the
+// caller rotate among input sets larger than L2.
+inline Timing time_cuda(const std::function<void(int)>& work, int reps = 50, int warmup = 5) {
+  Timing t;
+#if QGRAD_WITH_CUDA
+  cudaStream_t s = qgrad::cuda::stream(0);
+  for (int i = 0; i < warmup; ++i) work(i);
+  std::vector<cudaEvent_t> ev(static_cast<std::size_t>(2 * reps));
+  for (auto& e : ev) QGRAD_CUDA_CHECK(cudaEventCreate(&e));
+  for (int i = 0; i < reps; ++i) {
+    QGRAD_CUDA_CHECK(cudaEventRecord(ev[static_cast<std::size_t>(2 * i)], s));
+    work(i);
+    QGRAD_CUDA_CHECK(cudaEventRecord(ev[static_cast<std::size_t>(2 * i + 1)], s));
+  }
+  QGRAD_CUDA_CHECK(cudaStreamSynchronize(s));
+  std::vector<double> ms;
+  for (int i = 0; i < reps; ++i) {
+    float m = 0;
+    QGRAD_CUDA_CHECK(cudaEventElapsedTime(&m, ev[static_cast<std::size_t>(2 * i)], ev[static_cast<std::size_t>(2 * i + 1)]));
+    ms.push_back(m);
+  }
+  for (auto& e : ev) cudaEventDestroy(e);
+  std::sort(ms.begin(), ms.end());
+  t.median_ms = ms[ms.size() / 2];
+  t.min_ms = ms.front();
+  t.reps = reps;
+#else
+  (void)work;
+  (void)reps;
+  (void)warmup;
+#endif
+  return t;
+}
+
+// Device-to-device copy bandwidth (read + write bytes per second) over
+// `bytes` of data: the ceiling for memory-bound kernels, measured in the
+// same run as the kernels it judges.
+inline double copy_bandwidth_gbs(std::size_t bytes) {
+  Tensor a = zeros({static_cast<std::int64_t>(bytes / 4)}, TensorOptions{}.with_device(Device::cuda()));
+  Tensor b = empty_like(a);
+  Timing t = time_cuda([&](int) { b.copy_(a); }, 30, 3);
+  return 2.0 * static_cast<double>(bytes) / (t.median_ms * 1e-3) / 1e9;
+}
+
+// One result line: {"bench": ..., "case": ..., "ms": ..., "gbs": ..., ...}
+inline void emit(const std::string& json_line) {
+  std::printf("%s\n", json_line.c_str());
+  std::fflush(stdout);
+}
+
+}  // namespace qgrad::bench

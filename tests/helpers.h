@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "qgrad.h"
+#include "kernels/broadcast.h"
+#include "ops/check.h"
 
 namespace qgrad::testing {
 

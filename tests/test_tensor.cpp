@@ -46,7 +46,7 @@ TEST_CASE("from_vector / to_vector round trip and shape checks") {
   CHECK_THROWS_AS(t.size(2), Error);
 }
 
-TEST_CASE("reshape is a view; -1 inferred; bad shapes rejected") {
+TEST_CASE("reshape is a view, infers -1 and rejects bad shapes") {
   auto t = Tensor::from_vector<float>({1, 2, 3, 4, 5, 6}, {2, 3});
   auto r = t.reshape({3, -1});
   CHECK(r.shape() == Shape{3, 2});

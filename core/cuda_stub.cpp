@@ -24,6 +24,14 @@ AllocatorStats cuda_allocator_stats(int) { no_cuda("cuda_allocator_stats"); }
 void cuda_reset_peak_stats(int) { no_cuda("cuda_reset_peak_stats"); }
 void cuda_empty_cache(int) { no_cuda("cuda_empty_cache"); }
 
+struct CudaGraph::Impl {};
+CudaGraph::CudaGraph(int) { no_cuda("CudaGraph"); }
+CudaGraph::~CudaGraph() = default;
+void CudaGraph::capture(const std::function<void()>&) { no_cuda("CudaGraph::capture"); }
+void CudaGraph::replay() { no_cuda("CudaGraph::replay"); }
+bool CudaGraph::captured() const { return false; }
+bool cuda_is_capturing(int) { return false; }
+
 namespace memory {
 void* allocate(std::size_t bytes, Device device) {
   if (!device.is_cpu()) no_cuda("allocate");

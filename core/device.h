@@ -1,6 +1,8 @@
 // Devices: the host CPU, or CUDA device n.
 #pragma once
 
+#include <functional>
+#include <memory>
 #include <string>
 
 namespace qgrad {
@@ -41,5 +43,29 @@ AllocatorStats cuda_allocator_stats(int index = 0);
 void cuda_reset_peak_stats(int index = 0);
 // Returns every cached, unused block to the driver.
 void cuda_empty_cache(int index = 0);
+
+// A whole step captured once into a CUDA graph and replayed: one launch
+// instead of one per kernel. Shapes and addresses are fixed at capture:
+// copy new inputs into the tensors the step read during capture. Memory
+// the step allocates comes from a pool private to the graph, so replays
+// never overwrite tensors of eager code. A step that synchronises with the
+// host (to_vector, item, a device-to-host copy) cannot be captured and
+// makes capture() throw.
+class CudaGraph {
+ public:
+  explicit CudaGraph(int device = 0);
+  ~CudaGraph();
+  CudaGraph(const CudaGraph&) = delete;
+  CudaGraph& operator=(const CudaGraph&) = delete;
+  // Records `step`'s device work; the work is not executed by capture().
+  void capture(const std::function<void()>& step);
+  void replay();  // queues the recorded work on the device's stream
+  bool captured() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+bool cuda_is_capturing(int index = 0);
 
 }  // namespace qgrad

@@ -10,7 +10,9 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
@@ -33,10 +35,24 @@ void throw_cuda_error(cudaError_t err, const char* what, const char* file, int l
 
 namespace {
 
+// Blocks made or reused while a CUDA graph is being captured belong to that
+// graph's private pool: a replay writes to them again, so they must never
+// be handed to eager code while the graph lives.
+struct Pool {
+  std::multimap<std::size_t, void*> free_blocks;  // size -> block
+  bool alive = true;
+};
+
+struct LiveBlock {
+  std::size_t size = 0;
+  std::shared_ptr<Pool> pool;  // null: the general pool
+};
+
 struct DeviceState {
   cudaStream_t stream = nullptr;
-  std::multimap<std::size_t, void*> free_blocks;           // size -> block
-  std::unordered_map<void*, std::size_t> live_blocks;      // block -> size
+  Pool general;
+  std::shared_ptr<Pool> capture_pool;  // set while a graph is being captured
+  std::unordered_map<void*, LiveBlock> live_blocks;
   AllocatorStats stats;
 };
 
@@ -73,14 +89,14 @@ std::size_t round_size(std::size_t bytes) {
 }
 
 void release_cache_locked(int device, DeviceState& st) {
-  if (st.free_blocks.empty()) return;
+  if (st.general.free_blocks.empty() || st.capture_pool) return;
   DeviceGuard guard(device);
   cudaStreamSynchronize(st.stream);
-  for (auto& [size, ptr] : st.free_blocks) {
+  for (auto& [size, ptr] : st.general.free_blocks) {
     cudaFree(ptr);
     st.stats.bytes_reserved -= static_cast<long long>(size);
   }
-  st.free_blocks.clear();
+  st.general.free_blocks.clear();
 }
 
 }  // namespace
@@ -151,6 +167,82 @@ void cuda_empty_cache(int index) {
   cuda::release_cache_locked(index, cuda::state(index));
 }
 
+// ---- CUDA graphs ----
+
+struct CudaGraph::Impl {
+  int device = 0;
+  cudaGraphExec_t exec = nullptr;
+  std::shared_ptr<cuda::Pool> pool = std::make_shared<cuda::Pool>();
+};
+
+CudaGraph::CudaGraph(int device) : impl_(std::make_unique<Impl>()) {
+  QGRAD_CHECK(device >= 0 && device < cuda_device_count(), "CudaGraph", "device", "no CUDA device ", device);
+  impl_->device = device;
+}
+
+CudaGraph::~CudaGraph() {
+  if (!impl_) return;
+  if (impl_->exec) cudaGraphExecDestroy(impl_->exec);
+  std::lock_guard<std::mutex> lock(cuda::g_mutex);
+  auto& st = cuda::state(impl_->device);
+  // The graph can no longer replay: its cached blocks join the general pool,
+  // and blocks still held by tensors go there when freed.
+  impl_->pool->alive = false;
+  for (auto& [size, ptr] : impl_->pool->free_blocks) st.general.free_blocks.emplace(size, ptr);
+  impl_->pool->free_blocks.clear();
+}
+
+void CudaGraph::capture(const std::function<void()>& step) {
+  QGRAD_CHECK(impl_->exec == nullptr, "CudaGraph::capture", "graph", "already captured; make a new CudaGraph");
+  cudaStream_t s = cuda::stream(impl_->device);
+  {
+    std::lock_guard<std::mutex> lock(cuda::g_mutex);
+    auto& st = cuda::state(impl_->device);
+    QGRAD_CHECK(!st.capture_pool, "CudaGraph::capture", "graph", "another capture is in progress on this device");
+    st.capture_pool = impl_->pool;
+  }
+  auto stop_pool = [&] {
+    std::lock_guard<std::mutex> lock(cuda::g_mutex);
+    cuda::state(impl_->device).capture_pool = nullptr;
+  };
+  QGRAD_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
+  try {
+    step();
+  } catch (...) {
+    cudaGraph_t broken = nullptr;
+    cudaStreamEndCapture(s, &broken);
+    if (broken) cudaGraphDestroy(broken);
+    cudaGetLastError();
+    stop_pool();
+    throw;
+  }
+  cudaGraph_t graph = nullptr;
+  const cudaError_t end = cudaStreamEndCapture(s, &graph);
+  stop_pool();
+  if (end == cudaErrorStreamCaptureInvalidated || end == cudaErrorStreamCaptureUnsupported) {
+    cudaGetLastError();
+    throw Error("CudaGraph::capture", "step",
+                "the captured step synchronised with the host or used another stream; a captured step must "
+                "queue device work only");
+  }
+  QGRAD_CUDA_CHECK(end);
+  const cudaError_t inst = cudaGraphInstantiate(&impl_->exec, graph, 0);
+  cudaGraphDestroy(graph);
+  QGRAD_CUDA_CHECK(inst);
+}
+
+void CudaGraph::replay() {
+  QGRAD_CHECK(impl_->exec != nullptr, "CudaGraph::replay", "graph", "nothing captured yet");
+  QGRAD_CUDA_CHECK(cudaGraphLaunch(impl_->exec, cuda::stream(impl_->device)));
+}
+
+bool CudaGraph::captured() const { return impl_->exec != nullptr; }
+
+bool cuda_is_capturing(int index) {
+  std::lock_guard<std::mutex> lock(cuda::g_mutex);
+  return cuda::state(index).capture_pool != nullptr;
+}
+
 namespace memory {
 
 namespace {
@@ -161,18 +253,20 @@ void* cuda_allocate(std::size_t bytes, int device) {
   st.stats.num_allocations++;
   void* ptr = nullptr;
   // Best fit among cached blocks, but never more than twice the request.
-  auto it = st.free_blocks.lower_bound(size);
-  if (it != st.free_blocks.end() && it->first <= 2 * size) {
+  // During a capture only the graph's own pool is searched.
+  auto& free_blocks = st.capture_pool ? st.capture_pool->free_blocks : st.general.free_blocks;
+  auto it = free_blocks.lower_bound(size);
+  if (it != free_blocks.end() && it->first <= 2 * size) {
     ptr = it->second;
     const std::size_t got = it->first;
-    st.free_blocks.erase(it);
-    st.live_blocks.emplace(ptr, got);
+    free_blocks.erase(it);
+    st.live_blocks.emplace(ptr, cuda::LiveBlock{got, st.capture_pool});
     st.stats.num_cache_hits++;
     st.stats.bytes_in_use += static_cast<long long>(got);
   } else {
     cuda::DeviceGuard guard(device);
     cudaError_t err = cudaMalloc(&ptr, size);
-    if (err == cudaErrorMemoryAllocation) {
+    if (err == cudaErrorMemoryAllocation && !st.capture_pool) {
       cudaGetLastError();
       cuda::release_cache_locked(device, st);
       err = cudaMalloc(&ptr, size);
@@ -186,7 +280,7 @@ void* cuda_allocate(std::size_t bytes, int device) {
     QGRAD_CUDA_CHECK(err);
     st.stats.num_device_mallocs++;
     st.stats.bytes_reserved += static_cast<long long>(size);
-    st.live_blocks.emplace(ptr, size);
+    st.live_blocks.emplace(ptr, cuda::LiveBlock{size, st.capture_pool});
     st.stats.bytes_in_use += static_cast<long long>(size);
   }
   st.stats.peak_bytes_in_use = std::max(st.stats.peak_bytes_in_use, st.stats.bytes_in_use);
@@ -198,8 +292,10 @@ void cuda_release(void* ptr, int device) noexcept {
   auto& st = cuda::state(device);
   auto it = st.live_blocks.find(ptr);
   if (it == st.live_blocks.end()) return;
-  st.stats.bytes_in_use -= static_cast<long long>(it->second);
-  st.free_blocks.emplace(it->second, ptr);
+  const cuda::LiveBlock& b = it->second;
+  st.stats.bytes_in_use -= static_cast<long long>(b.size);
+  cuda::Pool& pool = b.pool && b.pool->alive ? *b.pool : st.general;
+  pool.free_blocks.emplace(b.size, ptr);
   st.live_blocks.erase(it);
 }
 }  // namespace
@@ -240,6 +336,11 @@ void copy(void* dst, Device dst_device, const void* src, Device src_device, std:
     }
     return;
   }
+  // Host memory cannot take part in a captured graph (the pageable buffer
+  // is gone by replay time, and a device-to-host copy is a host sync).
+  const int cuda_index = dst_device.is_cuda() ? dst_device.index : src_device.index;
+  QGRAD_CHECK(!cuda_is_capturing(cuda_index), "copy", "device",
+              "host <-> device copy inside a captured CUDA graph step; a captured step must stay on the device");
   if (dst_device.is_cuda()) {
     cudaStream_t s = cuda::stream(dst_device.index);
     // From pageable memory the call returns once the bytes are staged, so

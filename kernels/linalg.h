@@ -42,6 +42,18 @@ PermuteIndex make_transpose_index(const Shape& shape, std::int64_t dim0, std::in
 // out = in with dims dim0 and dim1 swapped (any dtype; copies elements).
 void transpose(const Tensor& in, const Tensor& out, std::int64_t dim0, std::int64_t dim1);
 
+// Calls f(TypeTag<U>{}) with U an unsigned integer of `size` bytes (1, 2, 4
+// or 8): element copies only need the element size.
+template <class F>
+void dispatch_size(std::size_t size, F&& f) {
+  switch (size) {
+    case 1: f(TypeTag<std::uint8_t>{}); break;
+    case 2: f(TypeTag<std::uint16_t>{}); break;
+    case 4: f(TypeTag<std::uint32_t>{}); break;
+    default: f(TypeTag<std::uint64_t>{}); break;
+  }
+}
+
 namespace cpu {
 void gemm(const GemmShape& s, const Tensor& a, const Tensor& b, const Tensor& c, bool accumulate);
 void fill_rows(const Tensor& row, const Tensor& out);

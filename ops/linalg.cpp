@@ -50,6 +50,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   s.m = a.size(-2);
   s.k = a.size(-1);
   s.n = b.size(-1);
+  fits_int(s.batch, op, "a");
   fits_int(s.m, op, "a");
   fits_int(s.k, op, "a");
   fits_int(s.n, op, "b");

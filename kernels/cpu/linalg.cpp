@@ -60,17 +60,6 @@ void gemm_impl(const GemmShape& s, const Tensor& a, const Tensor& b, const Tenso
   }
 }
 
-// Element copies only need the element size.
-template <class F>
-void dispatch_size(std::size_t size, F&& f) {
-  switch (size) {
-    case 1: f(TypeTag<std::uint8_t>{}); break;
-    case 2: f(TypeTag<std::uint16_t>{}); break;
-    case 4: f(TypeTag<std::uint32_t>{}); break;
-    default: f(TypeTag<std::uint64_t>{}); break;
-  }
-}
-
 }  // namespace
 
 void gemm(const GemmShape& s, const Tensor& a, const Tensor& b, const Tensor& c, bool accumulate) {

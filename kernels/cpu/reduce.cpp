@@ -11,9 +11,7 @@ void sum_axis(const Tensor& in, const Tensor& out, const AxisView& v, bool mean)
     const T* x = static_cast<const T*>(in.data_ptr());
     T* o = static_cast<T*>(out.data_ptr());
     parallel_for(v.outer * v.inner, [&](std::int64_t idx) {
-      const std::int64_t base = (idx / v.inner) * v.n * v.inner + idx % v.inner;
-      M acc = M(0);
-      for (std::int64_t r = 0; r < v.n; ++r) acc += M(x[base + r * v.inner]);
+      const M acc = sum_strided(x + v.base(idx), v.n, v.inner);
       o[idx] = T(mean ? acc / M(v.n) : acc);
     });
   });
@@ -26,32 +24,16 @@ void expand_axis(const Tensor& in, const Tensor& out, const AxisView& v, double 
     const T* x = static_cast<const T*>(in.data_ptr());
     T* o = static_cast<T*>(out.data_ptr());
     const M s = M(scale);
-    parallel_for(out.numel(), [&](std::int64_t i) {
-      const std::int64_t src = (i / (v.n * v.inner)) * v.inner + i % v.inner;
-      o[i] = T(M(x[src]) * s);
-    });
+    parallel_for(out.numel(), [&](std::int64_t i) { o[i] = T(M(x[(i / (v.n * v.inner)) * v.inner + i % v.inner]) * s); });
   });
 }
 
 void argmax_axis(const Tensor& in, const Tensor& out, const AxisView& v) {
   dispatch_floating(in.dtype(), "argmax", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    using M = op_math_t<T>;
     const T* x = static_cast<const T*>(in.data_ptr());
     auto* o = static_cast<std::int64_t*>(out.data_ptr());
-    parallel_for(v.outer * v.inner, [&](std::int64_t idx) {
-      const std::int64_t base = (idx / v.inner) * v.n * v.inner + idx % v.inner;
-      M best = M(x[base]);
-      std::int64_t arg = 0;
-      for (std::int64_t r = 1; r < v.n && best == best; ++r) {
-        const M cur = M(x[base + r * v.inner]);
-        if (cur > best || cur != cur) {
-          best = cur;
-          arg = r;
-        }
-      }
-      o[idx] = arg;
-    });
+    parallel_for(v.outer * v.inner, [&](std::int64_t idx) { o[idx] = argmax_strided(x + v.base(idx), v.n, v.inner); });
   });
 }
 

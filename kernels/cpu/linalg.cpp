@@ -1,5 +1,12 @@
 // CPU GEMM through Eigen (row-major maps, no transposed copies); 16-bit
 // types are widened to float, multiplied, and rounded back once.
+//
+// Eigen's own OpenMP GEMM is off in this file: on small products its thread
+// team costs far more than the math, and its blocking depends on the thread
+// count. Instead C is cut into fixed blocks of kRowBlock rows, each an
+// independent Eigen product, run in parallel only when the product is large.
+// The blocks never depend on the thread count, so neither do the results.
+#define EIGEN_DONT_PARALLELIZE 1
 #include "kernels/linalg.h"
 
 #include <Eigen/Core>
@@ -15,6 +22,9 @@ namespace {
 template <class T>
 using RowMat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
+constexpr std::int64_t kRowBlock = 128;
+constexpr std::int64_t kParallelMacs = std::int64_t{1} << 22;
+
 template <class T>
 void gemm_native(const GemmShape& s, const T* a, const T* b, T* c, bool accumulate) {
   using Eigen::Index;
@@ -28,8 +38,20 @@ void gemm_native(const GemmShape& s, const T* a, const T* b, T* c, bool accumula
       continue;
     }
     auto run = [&](const auto& opa, const auto& opb) {
-      if (accumulate) C.noalias() += opa * opb;
-      else C.noalias() = opa * opb;
+      const std::int64_t blocks = (m + kRowBlock - 1) / kRowBlock;
+      auto block = [&](std::int64_t blk) {
+        const Index r0 = blk * kRowBlock, rows = std::min<Index>(kRowBlock, m - r0);
+        if (accumulate) C.middleRows(r0, rows).noalias() += opa.middleRows(r0, rows) * opb;
+        else C.middleRows(r0, rows).noalias() = opa.middleRows(r0, rows) * opb;
+      };
+      if (blocks > 1 && m * n * k >= kParallelMacs) {
+#if defined(_OPENMP)
+#pragma omp parallel for schedule(static)
+#endif
+        for (std::int64_t blk = 0; blk < blocks; ++blk) block(blk);
+      } else {
+        for (std::int64_t blk = 0; blk < blocks; ++blk) block(blk);
+      }
     };
     if (!s.trans_a && !s.trans_b) run(A, B);
     else if (!s.trans_a) run(A, B.transpose());

@@ -42,4 +42,9 @@ decltype(auto) dispatch_label(DType t, F&& f) {
   if (t == DType::s32) return f(TypeTag<std::int32_t>{});
   return f(TypeTag<std::int64_t>{});
 }
+// Calls f(TypeTag<T>{}, TypeTag<L>{}) for a floating dtype T and a label type L.
+template <class F>
+void dispatch_floating_label(DType t, DType labels, const char* op, F&& f) {
+  dispatch_floating(t, op, [&](auto tag) { dispatch_label(labels, [&](auto ltag) { f(tag, ltag); }); });
+}
 }  // namespace qgrad::kernels

@@ -1,5 +1,5 @@
 // relu and the bit-packed mask: references, gradcheck, CUDA vs CPU, errors.
-#include "helpers.h"
+#include "train_ops_helpers.h"
 #include "kernels/bitmask.h"
 
 using namespace qgrad;
@@ -7,25 +7,6 @@ using namespace qgrad::testing;
 
 namespace {
 
-TensorOptions opts(DType d = DType::f64, Device dev = Device::cpu()) {
-  return TensorOptions{}.with_dtype(d).with_device(dev);
-}
-Tensor rnd(const Shape& s, std::uint64_t seed, DType d = DType::f64) {
-  Generator g(seed);
-  return randn(s, g, opts(d));
-}
-Tensor param(Tensor t) {
-  t.set_requires_grad(true);
-  return t;
-}
-void check_grad(const GradcheckFn& fn, const std::vector<Tensor>& in) {
-  const GradcheckResult r = gradcheck(fn, in);
-  CHECK_MESSAGE(r.ok, r.message);
-}
-void prepoison(const Shape& s, DType d) {
-  Tensor p = Tensor::empty(s, opts(d, Device::cuda()));
-  poison(p);
-}
 // relu's gradient for upstream g: the mask applied to g.
 Tensor relu_grad(const Tensor& x, const Tensor& g) {
   Tensor xl = param(x.detach());

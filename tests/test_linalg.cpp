@@ -1,22 +1,10 @@
 // matmul, linear, transpose: host references, gradcheck, CUDA vs CPU, errors.
-#include "helpers.h"
+#include "train_ops_helpers.h"
 
 using namespace qgrad;
 using namespace qgrad::testing;
 
 namespace {
-
-TensorOptions opts(DType d = DType::f64, Device dev = Device::cpu()) {
-  return TensorOptions{}.with_dtype(d).with_device(dev);
-}
-Tensor rnd(const Shape& s, std::uint64_t seed, DType d = DType::f64) {
-  Generator g(seed);
-  return randn(s, g, opts(d));
-}
-Tensor param(Tensor t) {
-  t.set_requires_grad(true);
-  return t;
-}
 
 // c[b, i, j] = sum_k op(a)[i, k] op(b)[k, j] in double.
 std::vector<double> ref_gemm(const std::vector<double>& a, const std::vector<double>& b, std::int64_t batch,
@@ -52,19 +40,6 @@ void check_close(const Tensor& a, const Tensor& b, double rtol) {
   CHECK(a.shape() == b.shape());
   CHECK(a.dtype() == b.dtype());
   CHECK(max_abs_diff(a, b) <= rtol * std::max(1.0, max_abs(b)));
-}
-
-// Poisons a block of the output's size and frees it: the caching allocator
-// hands it to the op's next allocation of that size, so unwritten elements
-// show up as NaN.
-void prepoison(const Shape& s, DType d) {
-  Tensor p = Tensor::empty(s, opts(d, Device::cuda()));
-  poison(p);
-}
-
-void check_grad(const GradcheckFn& fn, const std::vector<Tensor>& in) {
-  const GradcheckResult r = gradcheck(fn, in);
-  CHECK_MESSAGE(r.ok, r.message);
 }
 
 }  // namespace

@@ -1,34 +1,15 @@
 // log_softmax and cross_entropy: references, gradcheck, CUDA vs CPU, errors,
 // and a tiny MLP whose loss must fall.
-#include "helpers.h"
+#include "train_ops_helpers.h"
 
 using namespace qgrad;
 using namespace qgrad::testing;
 
 namespace {
 
-TensorOptions opts(DType d = DType::f64, Device dev = Device::cpu()) {
-  return TensorOptions{}.with_dtype(d).with_device(dev);
-}
-Tensor rnd(const Shape& s, std::uint64_t seed, DType d = DType::f64, double scale = 1.0) {
-  Generator g(seed);
-  return randn(s, g, opts(d), 0.0, scale);
-}
 Tensor labels_for(std::int64_t b, std::int64_t c, std::uint64_t seed, DType d = DType::s64) {
   Generator g(seed);
   return randint(0, c, {b}, g, opts(d));
-}
-Tensor param(Tensor t) {
-  t.set_requires_grad(true);
-  return t;
-}
-void check_grad(const GradcheckFn& fn, const std::vector<Tensor>& in) {
-  const GradcheckResult r = gradcheck(fn, in);
-  CHECK_MESSAGE(r.ok, r.message);
-}
-void prepoison(const Shape& s, DType d) {
-  Tensor p = Tensor::empty(s, opts(d, Device::cuda()));
-  poison(p);
 }
 
 // log_softmax of each row of a [rows, n] matrix, in double (logsumexp with max).
@@ -50,11 +31,6 @@ double ref_cross_entropy(const Tensor& logits, const Tensor& labels) {
   double acc = 0;
   for (std::size_t i = 0; i < b; ++i) acc -= ls[i * c + static_cast<std::size_t>(lab[i])];
   return acc / static_cast<double>(b);
-}
-
-void check_near(const std::vector<double>& got, const std::vector<double>& want, double tol) {
-  REQUIRE(got.size() == want.size());
-  for (std::size_t i = 0; i < got.size(); ++i) CHECK(got[i] == doctest::Approx(want[i]).epsilon(tol).scale(1.0));
 }
 
 }  // namespace

@@ -1,30 +1,10 @@
 // sum, mean, argmax: host references, gradcheck, CUDA vs CPU, errors.
-#include "helpers.h"
+#include "train_ops_helpers.h"
 
 using namespace qgrad;
 using namespace qgrad::testing;
 
 namespace {
-
-TensorOptions opts(DType d = DType::f64, Device dev = Device::cpu()) {
-  return TensorOptions{}.with_dtype(d).with_device(dev);
-}
-Tensor rnd(const Shape& s, std::uint64_t seed, DType d = DType::f64) {
-  Generator g(seed);
-  return randn(s, g, opts(d));
-}
-Tensor param(Tensor t) {
-  t.set_requires_grad(true);
-  return t;
-}
-void check_grad(const GradcheckFn& fn, const std::vector<Tensor>& in) {
-  const GradcheckResult r = gradcheck(fn, in);
-  CHECK_MESSAGE(r.ok, r.message);
-}
-void prepoison(const Shape& s, DType d) {
-  Tensor p = Tensor::empty(s, opts(d, Device::cuda()));
-  poison(p);
-}
 
 // Reference sum over axis of a [d0, d1, d2] tensor, in double.
 std::vector<double> ref_sum3(const std::vector<double>& x, const Shape& s, int axis, bool mean) {
@@ -42,11 +22,6 @@ std::vector<double> ref_sum3(const std::vector<double>& x, const Shape& s, int a
         out.push_back(mean ? acc / static_cast<double>(n) : acc);
       }
   return out;
-}
-
-void check_near(const std::vector<double>& got, const std::vector<double>& want, double tol) {
-  REQUIRE(got.size() == want.size());
-  for (std::size_t i = 0; i < got.size(); ++i) CHECK(got[i] == doctest::Approx(want[i]).epsilon(tol).scale(1.0));
 }
 
 }  // namespace

@@ -69,20 +69,16 @@ void log_softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx, c
 }
 
 void cross_entropy_forward(const Tensor& logits, const Tensor& labels, const Tensor& probs, const Tensor& row_loss) {
-  dispatch_floating(logits.dtype(), "cross_entropy", [&](auto tag) {
-    dispatch_label(labels.dtype(), [&](auto ltag) {
-      cross_entropy_forward_impl<typename decltype(tag)::type, typename decltype(ltag)::type>(logits, labels, probs,
-                                                                                              row_loss);
-    });
+  dispatch_floating_label(logits.dtype(), labels.dtype(), "cross_entropy", [&](auto tag, auto ltag) {
+    cross_entropy_forward_impl<typename decltype(tag)::type, typename decltype(ltag)::type>(logits, labels, probs,
+                                                                                            row_loss);
   });
 }
 
 void cross_entropy_backward(const Tensor& probs, const Tensor& labels, const Tensor& g, const Tensor& dlogits) {
-  dispatch_floating(probs.dtype(), "cross_entropy_backward", [&](auto tag) {
-    dispatch_label(labels.dtype(), [&](auto ltag) {
-      cross_entropy_backward_impl<typename decltype(tag)::type, typename decltype(ltag)::type>(probs, labels, g,
-                                                                                               dlogits);
-    });
+  dispatch_floating_label(probs.dtype(), labels.dtype(), "cross_entropy_backward", [&](auto tag, auto ltag) {
+    cross_entropy_backward_impl<typename decltype(tag)::type, typename decltype(ltag)::type>(probs, labels, g,
+                                                                                             dlogits);
   });
 }
 

@@ -166,7 +166,7 @@ TEST_CASE("cuda sum over short rows is bit-identical to the CPU") {
   CHECK(bit_equal(sum(xc, 0, false), sum(x, 0, false)));
 }
 
-TEST_CASE("cuda sum and mean over long rows match the CPU") {
+TEST_CASE("cuda sum and mean over a few very long rows (two passes) match the CPU") {
   QGRAD_REQUIRE_GPU();
   Generator g(21);
   Tensor x = rand({5, 100003}, g, opts(DType::f32), 0.5, 1.5);
@@ -177,6 +177,17 @@ TEST_CASE("cuda sum and mean over long rows match the CPU") {
   CHECK(sum(xc).item() == doctest::Approx(sum(x.to(DType::f64)).item()).epsilon(1e-5));
   CHECK(mean(xc).item() == doctest::Approx(mean(x.to(DType::f64)).item()).epsilon(1e-5));
   CHECK(bit_equal(sum(xc), sum(xc)));  // deterministic
+}
+
+TEST_CASE("cuda sum over many long rows (one block per row) matches the CPU") {
+  QGRAD_REQUIRE_GPU();
+  Generator g(27);
+  Tensor x = rand({1024, 16500}, g, opts(DType::f32), 0.5, 1.5);
+  Tensor got = sum(x.cuda(), 1), want = sum(x.to(DType::f64), 1);
+  check_near(values(got), values(want), 1e-5);
+  Tensor m = mean(x.cuda(), -1, true);
+  CHECK(m.shape() == Shape{1024, 1});
+  check_near(values(m), values(mean(x.to(DType::f64), 1)), 1e-5);
 }
 
 TEST_CASE("cuda sum in f64, f16 and bf16 matches the CPU") {

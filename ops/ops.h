@@ -2,3 +2,7 @@
 #pragma once
 
 #include "ops/elementwise.h"
+#include "ops/activation.h"
+#include "ops/linalg.h"
+#include "ops/loss.h"
+#include "ops/reduce.h"

@@ -1,0 +1,23 @@
+// Kernels of relu: the forward packs the x > 0 mask its backward needs.
+#pragma once
+
+#include "core/tensor.h"
+
+namespace qgrad::kernels {
+
+// out = relu(in); when mask is defined (s32, bitmask_words(n) words) it
+// receives bit i = in[i] > 0.
+void relu(const Tensor& in, const Tensor& out, const Tensor& mask);
+// dx[i] = mask bit i ? g[i] : 0.
+void relu_backward(const Tensor& g, const Tensor& mask, const Tensor& dx);
+
+namespace cpu {
+void relu(const Tensor& in, const Tensor& out, const Tensor& mask);
+void relu_backward(const Tensor& g, const Tensor& mask, const Tensor& dx);
+}  // namespace cpu
+namespace cuda {
+void relu(const Tensor& in, const Tensor& out, const Tensor& mask);
+void relu_backward(const Tensor& g, const Tensor& mask, const Tensor& dx);
+}  // namespace cuda
+
+}  // namespace qgrad::kernels

@@ -1,0 +1,110 @@
+// CPU GEMM through Eigen (row-major maps, no transposed copies); 16-bit
+// types are widened to float, multiplied, and rounded back once.
+//
+// Eigen's own OpenMP GEMM is off in this file: on small products its thread
+// team costs far more than the math, and its blocking depends on the thread
+// count. Instead C is cut into fixed blocks of kRowBlock rows, each an
+// independent Eigen product, run in parallel only when the product is large.
+// The blocks never depend on the thread count, so neither do the results.
+#define EIGEN_DONT_PARALLELIZE 1
+#include "kernels/linalg.h"
+
+#include <Eigen/Core>
+#include <cstring>
+#include <vector>
+
+#include "kernels/cpu/parallel.h"
+
+namespace qgrad::kernels::cpu {
+
+namespace {
+
+template <class T>
+using RowMat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+constexpr std::int64_t kRowBlock = 128;
+constexpr std::int64_t kParallelMacs = std::int64_t{1} << 22;
+
+template <class T>
+void gemm_native(const GemmShape& s, const T* a, const T* b, T* c, bool accumulate) {
+  using Eigen::Index;
+  const Index m = s.m, n = s.n, k = s.k;
+  for (std::int64_t i = 0; i < s.batch; ++i) {
+    Eigen::Map<const RowMat<T>> A(a + i * m * k, s.trans_a ? k : m, s.trans_a ? m : k);
+    Eigen::Map<const RowMat<T>> B(b + i * k * n, s.trans_b ? n : k, s.trans_b ? k : n);
+    Eigen::Map<RowMat<T>> C(c + i * m * n, m, n);
+    if (k == 0) {
+      if (!accumulate) C.setZero();
+      continue;
+    }
+    auto run = [&](const auto& opa, const auto& opb) {
+      const std::int64_t blocks = (m + kRowBlock - 1) / kRowBlock;
+      auto block = [&](std::int64_t blk) {
+        const Index r0 = blk * kRowBlock, rows = std::min<Index>(kRowBlock, m - r0);
+        if (accumulate) C.middleRows(r0, rows).noalias() += opa.middleRows(r0, rows) * opb;
+        else C.middleRows(r0, rows).noalias() = opa.middleRows(r0, rows) * opb;
+      };
+      if (blocks > 1 && m * n * k >= kParallelMacs) {
+#if defined(_OPENMP)
+#pragma omp parallel for schedule(static)
+#endif
+        for (std::int64_t blk = 0; blk < blocks; ++blk) block(blk);
+      } else {
+        for (std::int64_t blk = 0; blk < blocks; ++blk) block(blk);
+      }
+    };
+    if (!s.trans_a && !s.trans_b) run(A, B);
+    else if (!s.trans_a) run(A, B.transpose());
+    else if (!s.trans_b) run(A.transpose(), B);
+    else run(A.transpose(), B.transpose());
+  }
+}
+
+template <class T>
+std::vector<float> widen(const Tensor& t) {
+  const T* p = static_cast<const T*>(t.data_ptr());
+  std::vector<float> v(static_cast<std::size_t>(t.numel()));
+  parallel_for(t.numel(), [&](std::int64_t i) { v[static_cast<std::size_t>(i)] = float(p[i]); });
+  return v;
+}
+
+template <class T>
+void gemm_impl(const GemmShape& s, const Tensor& a, const Tensor& b, const Tensor& c, bool accumulate) {
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+    gemm_native<T>(s, static_cast<const T*>(a.data_ptr()), static_cast<const T*>(b.data_ptr()),
+                   static_cast<T*>(c.data_ptr()), accumulate);
+  } else {
+    const std::vector<float> fa = widen<T>(a), fb = widen<T>(b);
+    std::vector<float> fc = accumulate ? widen<T>(c) : std::vector<float>(static_cast<std::size_t>(c.numel()));
+    gemm_native<float>(s, fa.data(), fb.data(), fc.data(), accumulate);
+    T* o = static_cast<T*>(c.data_ptr());
+    parallel_for(c.numel(), [&](std::int64_t i) { o[i] = T(fc[static_cast<std::size_t>(i)]); });
+  }
+}
+
+}  // namespace
+
+void gemm(const GemmShape& s, const Tensor& a, const Tensor& b, const Tensor& c, bool accumulate) {
+  dispatch_floating(c.dtype(), "gemm",
+                    [&](auto tag) { gemm_impl<typename decltype(tag)::type>(s, a, b, c, accumulate); });
+}
+
+void fill_rows(const Tensor& row, const Tensor& out) {
+  const std::size_t bytes = row.nbytes();
+  const std::int64_t rows = row.numel() == 0 ? 0 : out.numel() / row.numel();
+  const auto* src = static_cast<const unsigned char*>(row.data_ptr());
+  auto* dst = static_cast<unsigned char*>(out.data_ptr());
+  for (std::int64_t r = 0; r < rows; ++r) std::memcpy(dst + static_cast<std::size_t>(r) * bytes, src, bytes);
+}
+
+void transpose(const Tensor& in, const Tensor& out, std::int64_t dim0, std::int64_t dim1) {
+  const PermuteIndex p = make_transpose_index(in.shape(), dim0, dim1);
+  dispatch_size(dtype_size(in.dtype()), [&](auto tag) {
+    using U = typename decltype(tag)::type;
+    const U* x = static_cast<const U*>(in.data_ptr());
+    U* y = static_cast<U*>(out.data_ptr());
+    parallel_for(out.numel(), [&](std::int64_t i) { y[i] = x[p.offset(i)]; });
+  });
+}
+
+}  // namespace qgrad::kernels::cpu

@@ -1,0 +1,85 @@
+// CUDA log_softmax and fused cross-entropy: one thread per row running the
+// same row formulas as the CPU (kernels/formulas/softmax.h). Rows are short
+// in classification heads; a warp-per-row kernel is the upgrade for wide ones.
+#include "kernels/cuda/launch.cuh"
+#include "kernels/formulas/softmax.h"
+#include "kernels/softmax.h"
+
+namespace qgrad::kernels::cuda {
+
+namespace {
+
+template <class T>
+void log_softmax_impl(const Tensor& x, const Tensor& y, const AxisView& v) {
+  const T* in = static_cast<const T*>(x.data_ptr());
+  T* out = static_cast<T*>(y.data_ptr());
+  launch_elementwise(y.device().index, v.outer * v.inner, [=] __device__(std::int64_t row) {
+    formulas::log_softmax_row(in + v.base(row), out + v.base(row), v.n, v.inner);
+  });
+}
+
+template <class T>
+void log_softmax_backward_impl(const Tensor& y, const Tensor& dy, const Tensor& dx, const AxisView& v) {
+  const T* py = static_cast<const T*>(y.data_ptr());
+  const T* pg = static_cast<const T*>(dy.data_ptr());
+  T* out = static_cast<T*>(dx.data_ptr());
+  launch_elementwise(dx.device().index, v.outer * v.inner, [=] __device__(std::int64_t row) {
+    const std::int64_t b = v.base(row);
+    formulas::log_softmax_backward_row(py + b, pg + b, out + b, v.n, v.inner);
+  });
+}
+
+template <class T, class L>
+void cross_entropy_forward_impl(const Tensor& logits, const Tensor& labels, const Tensor& probs,
+                                const Tensor& row_loss) {
+  using M = op_math_t<T>;
+  const std::int64_t B = logits.size(0), C = logits.size(1);
+  const T* x = static_cast<const T*>(logits.data_ptr());
+  const L* lab = static_cast<const L*>(labels.data_ptr());
+  T* p = probs.defined() ? static_cast<T*>(probs.data_ptr()) : nullptr;
+  M* loss = static_cast<M*>(row_loss.data_ptr());
+  launch_elementwise(row_loss.device().index, B, [=] __device__(std::int64_t b) {
+    loss[b] = formulas::cross_entropy_row(x + b * C, static_cast<std::int64_t>(lab[b]), C, p ? p + b * C : nullptr);
+  });
+}
+
+template <class T, class L>
+void cross_entropy_backward_impl(const Tensor& probs, const Tensor& labels, const Tensor& g, const Tensor& dlogits) {
+  using M = op_math_t<T>;
+  const std::int64_t B = probs.size(0), C = probs.size(1);
+  const T* p = static_cast<const T*>(probs.data_ptr());
+  const L* lab = static_cast<const L*>(labels.data_ptr());
+  const T* pg = static_cast<const T*>(g.data_ptr());
+  T* d = static_cast<T*>(dlogits.data_ptr());
+  launch_elementwise(dlogits.device().index, B * C, [=] __device__(std::int64_t i) {
+    const M gb = M(pg[0]) / M(B);
+    d[i] = formulas::cross_entropy_grad_at(p, static_cast<std::int64_t>(lab[i / C]), i, C, gb);
+  });
+}
+
+}  // namespace
+
+void log_softmax(const Tensor& x, const Tensor& y, const AxisView& v) {
+  dispatch_floating(y.dtype(), "log_softmax", [&](auto tag) { log_softmax_impl<typename decltype(tag)::type>(x, y, v); });
+}
+
+void log_softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx, const AxisView& v) {
+  dispatch_floating(dx.dtype(), "log_softmax_backward",
+                    [&](auto tag) { log_softmax_backward_impl<typename decltype(tag)::type>(y, dy, dx, v); });
+}
+
+void cross_entropy_forward(const Tensor& logits, const Tensor& labels, const Tensor& probs, const Tensor& row_loss) {
+  dispatch_floating_label(logits.dtype(), labels.dtype(), "cross_entropy", [&](auto tag, auto ltag) {
+    cross_entropy_forward_impl<typename decltype(tag)::type, typename decltype(ltag)::type>(logits, labels, probs,
+                                                                                            row_loss);
+  });
+}
+
+void cross_entropy_backward(const Tensor& probs, const Tensor& labels, const Tensor& g, const Tensor& dlogits) {
+  dispatch_floating_label(probs.dtype(), labels.dtype(), "cross_entropy_backward", [&](auto tag, auto ltag) {
+    cross_entropy_backward_impl<typename decltype(tag)::type, typename decltype(ltag)::type>(probs, labels, g,
+                                                                                             dlogits);
+  });
+}
+
+}  // namespace qgrad::kernels::cuda

@@ -1,0 +1,68 @@
+// Kernels of matmul, linear and transpose.
+#pragma once
+
+#include <cstdint>
+
+#include "core/macros.h"
+#include "core/tensor.h"
+
+namespace qgrad::kernels {
+
+// c[i] = op(a[i]) · op(b[i]) for i < batch, all row-major and contiguous:
+// c[i] is [m, n]; a[i] is [m, k] ([k, m] when trans_a); b[i] is [k, n]
+// ([n, k] when trans_b). With accumulate, c[i] += instead of =. a, b, c share
+// a floating dtype and a device; m, n, k fit in int. k == 0 gives zeros.
+struct GemmShape {
+  std::int64_t batch = 1, m = 0, n = 0, k = 0;
+  bool trans_a = false, trans_b = false;
+};
+void gemm(const GemmShape& s, const Tensor& a, const Tensor& b, const Tensor& c, bool accumulate = false);
+// out[r, :] = row for every row r of out ([rows, row.numel()]); same dtype.
+void fill_rows(const Tensor& row, const Tensor& out);
+
+// A permutation of dims as index arithmetic: out element i reads input
+// offset offset(i). sizes are out's sizes, strides the input's strides of
+// the dims that land at each position.
+inline constexpr int kMaxTransposeDims = 8;
+struct PermuteIndex {
+  int ndim = 0;
+  std::int64_t sizes[kMaxTransposeDims] = {};
+  std::int64_t strides[kMaxTransposeDims] = {};
+  QGRAD_HD std::int64_t offset(std::int64_t i) const {
+    std::int64_t off = 0;
+    for (int d = ndim - 1; d >= 0; --d) {
+      off += (i % sizes[d]) * strides[d];
+      i /= sizes[d];
+    }
+    return off;
+  }
+};
+// The index that swaps dim0 and dim1 of `shape` (rank <= kMaxTransposeDims).
+PermuteIndex make_transpose_index(const Shape& shape, std::int64_t dim0, std::int64_t dim1);
+// out = in with dims dim0 and dim1 swapped (any dtype; copies elements).
+void transpose(const Tensor& in, const Tensor& out, std::int64_t dim0, std::int64_t dim1);
+
+// Calls f(TypeTag<U>{}) with U an unsigned integer of `size` bytes (1, 2, 4
+// or 8): element copies only need the element size.
+template <class F>
+void dispatch_size(std::size_t size, F&& f) {
+  switch (size) {
+    case 1: f(TypeTag<std::uint8_t>{}); break;
+    case 2: f(TypeTag<std::uint16_t>{}); break;
+    case 4: f(TypeTag<std::uint32_t>{}); break;
+    default: f(TypeTag<std::uint64_t>{}); break;
+  }
+}
+
+namespace cpu {
+void gemm(const GemmShape& s, const Tensor& a, const Tensor& b, const Tensor& c, bool accumulate);
+void fill_rows(const Tensor& row, const Tensor& out);
+void transpose(const Tensor& in, const Tensor& out, std::int64_t dim0, std::int64_t dim1);
+}  // namespace cpu
+namespace cuda {
+void gemm(const GemmShape& s, const Tensor& a, const Tensor& b, const Tensor& c, bool accumulate);
+void fill_rows(const Tensor& row, const Tensor& out);
+void transpose(const Tensor& in, const Tensor& out, std::int64_t dim0, std::int64_t dim1);
+}  // namespace cuda
+
+}  // namespace qgrad::kernels

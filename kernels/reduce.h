@@ -1,0 +1,68 @@
+// Kernels of the reductions over one axis. A tensor reduced over an axis is
+// viewed as [outer, n, inner] (n the axis length); a full reduction is
+// outer = inner = 1.
+#pragma once
+
+#include <cstdint>
+
+#include "core/macros.h"
+#include "core/tensor.h"
+
+namespace qgrad::kernels {
+
+struct AxisView {
+  std::int64_t outer = 1, n = 1, inner = 1;
+  // Offset of element 0 of row idx (idx < outer * inner); the row's
+  // elements are `inner` apart.
+  QGRAD_HD std::int64_t base(std::int64_t idx) const { return (idx / inner) * n * inner + idx % inner; }
+};
+
+// Sum of n elements `stride` apart, in order, in op math.
+template <class T>
+QGRAD_HD op_math_t<T> sum_strided(const T* x, std::int64_t n, std::int64_t stride) {
+  using M = op_math_t<T>;
+  M acc = M(0);
+  for (std::int64_t r = 0; r < n; ++r) acc += M(x[r * stride]);
+  return acc;
+}
+
+// First index of the largest of n >= 1 elements `stride` apart; NaN wins.
+template <class T>
+QGRAD_HD std::int64_t argmax_strided(const T* x, std::int64_t n, std::int64_t stride) {
+  using M = op_math_t<T>;
+  M best = M(x[0]);
+  std::int64_t arg = 0;
+  for (std::int64_t r = 1; r < n && best == best; ++r) {
+    const M cur = M(x[r * stride]);
+    if (cur > best || cur != cur) {
+      best = cur;
+      arg = r;
+    }
+  }
+  return arg;
+}
+// The [outer, n, inner] view of `shape` around `axis` (already normalised).
+AxisView axis_view(const Shape& shape, std::int64_t axis);
+
+// out[o, j] = sum_r in[o, r, j] (divided by n when mean), accumulated in
+// op_math_t<T> in a fixed order (deterministic). in and out share a floating
+// dtype and a device; out has outer * inner elements.
+void sum_axis(const Tensor& in, const Tensor& out, const AxisView& v, bool mean);
+// out[o, r, j] = in[o, j] * scale (the backward of sum / mean).
+void expand_axis(const Tensor& in, const Tensor& out, const AxisView& v, double scale);
+// out[o, j] = the first r where in[o, r, j] is largest (NaN counts as
+// largest); out is s64. n >= 1.
+void argmax_axis(const Tensor& in, const Tensor& out, const AxisView& v);
+
+namespace cpu {
+void sum_axis(const Tensor& in, const Tensor& out, const AxisView& v, bool mean);
+void expand_axis(const Tensor& in, const Tensor& out, const AxisView& v, double scale);
+void argmax_axis(const Tensor& in, const Tensor& out, const AxisView& v);
+}  // namespace cpu
+namespace cuda {
+void sum_axis(const Tensor& in, const Tensor& out, const AxisView& v, bool mean);
+void expand_axis(const Tensor& in, const Tensor& out, const AxisView& v, double scale);
+void argmax_axis(const Tensor& in, const Tensor& out, const AxisView& v);
+}  // namespace cuda
+
+}  // namespace qgrad::kernels

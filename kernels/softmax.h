@@ -1,0 +1,50 @@
+// Kernels of log_softmax and the fused softmax + cross-entropy.
+#pragma once
+
+#include "core/tensor.h"
+#include "kernels/reduce.h"
+
+namespace qgrad::kernels {
+
+// y[o, :, j] = x - max - log(sum(exp(x - max))) along the n axis.
+void log_softmax(const Tensor& x, const Tensor& y, const AxisView& v);
+// dx = dy - exp(y) * sum(dy) along the n axis.
+void log_softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx, const AxisView& v);
+// logits [B, C] (floating), labels [B] (s64 or s32). row_loss [B] (f32, or
+// f64 for f64 logits) = logsumexp(logits[b]) - logits[b, label[b]], NaN when
+// the label is outside [0, C). probs [B, C] (logits' dtype) receives
+// softmax(logits) when defined.
+void cross_entropy_forward(const Tensor& logits, const Tensor& labels, const Tensor& probs, const Tensor& row_loss);
+// dlogits[b, c] = (probs[b, c] - [c == label[b]]) * g / B, with g a
+// one-element tensor of probs' dtype on the same device (read on device).
+// Rows with an out-of-range label get NaN.
+void cross_entropy_backward(const Tensor& probs, const Tensor& labels, const Tensor& g, const Tensor& dlogits);
+
+namespace cpu {
+void log_softmax(const Tensor& x, const Tensor& y, const AxisView& v);
+void log_softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx, const AxisView& v);
+void cross_entropy_forward(const Tensor& logits, const Tensor& labels, const Tensor& probs, const Tensor& row_loss);
+void cross_entropy_backward(const Tensor& probs, const Tensor& labels, const Tensor& g, const Tensor& dlogits);
+}  // namespace cpu
+namespace cuda {
+void log_softmax(const Tensor& x, const Tensor& y, const AxisView& v);
+void log_softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx, const AxisView& v);
+void cross_entropy_forward(const Tensor& logits, const Tensor& labels, const Tensor& probs, const Tensor& row_loss);
+void cross_entropy_backward(const Tensor& probs, const Tensor& labels, const Tensor& g, const Tensor& dlogits);
+}  // namespace cuda
+
+}  // namespace qgrad::kernels
+
+namespace qgrad::kernels {
+// Calls f(TypeTag<L>{}) with L the label type (s32 or s64; checked by the op).
+template <class F>
+decltype(auto) dispatch_label(DType t, F&& f) {
+  if (t == DType::s32) return f(TypeTag<std::int32_t>{});
+  return f(TypeTag<std::int64_t>{});
+}
+// Calls f(TypeTag<T>{}, TypeTag<L>{}) for a floating dtype T and a label type L.
+template <class F>
+void dispatch_floating_label(DType t, DType labels, const char* op, F&& f) {
+  dispatch_floating(t, op, [&](auto tag) { dispatch_label(labels, [&](auto ltag) { f(tag, ltag); }); });
+}
+}  // namespace qgrad::kernels

@@ -1,0 +1,146 @@
+// matmul, linear, transpose: validation, forward, saved state and backward.
+#include "ops/linalg.h"
+
+#include <climits>
+
+#include "autograd/node.h"
+#include "kernels/linalg.h"
+#include "kernels/reduce.h"
+#include "ops/check.h"
+
+namespace qgrad {
+
+using kernels::GemmShape;
+
+namespace {
+
+TensorOptions like(const Tensor& t) { return TensorOptions{}.with_dtype(t.dtype()).with_device(t.device()); }
+
+void fits_int(std::int64_t v, const char* op, const char* arg) {
+  QGRAD_CHECK(v <= INT_MAX, op, arg, "dimension ", v, " exceeds the GEMM limit ", INT_MAX);
+}
+
+// A new tensor of `shape` holding op(a) · op(b).
+Tensor gemm_new(const Shape& shape, const GemmShape& s, const Tensor& a, const Tensor& b) {
+  Tensor c = Tensor::empty(shape, like(a));
+  kernels::gemm(s, a, b, c);
+  return c;
+}
+
+}  // namespace
+
+// Backward: dA = dY · Bᵀ, dB = Aᵀ · dY (per batch). Saves B when A needs
+// grad and A when B needs grad (detached).
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  constexpr const char* op = "matmul";
+  check::floating(a, op, "a");
+  check::floating(b, op, "b");
+  check::same_dtype(b, a, op, "b");
+  check::same_device(b, a, op, "b");
+  QGRAD_CHECK(a.dim() == 2 || a.dim() == 3, op, "a", "expected rank 2 or 3, got shape ", shape_str(a.shape()));
+  QGRAD_CHECK(b.dim() == a.dim(), op, "b", "rank differs from a: shapes ", shape_str(a.shape()), " and ",
+              shape_str(b.shape()));
+  const bool batched = a.dim() == 3;
+  QGRAD_CHECK(!batched || a.size(0) == b.size(0), op, "b", "batch sizes differ: shapes ", shape_str(a.shape()),
+              " and ", shape_str(b.shape()));
+  QGRAD_CHECK(a.size(-1) == b.size(-2), op, "b", "inner dimensions differ: shapes ", shape_str(a.shape()), " and ",
+              shape_str(b.shape()));
+  GemmShape s;
+  s.batch = batched ? a.size(0) : 1;
+  s.m = a.size(-2);
+  s.k = a.size(-1);
+  s.n = b.size(-1);
+  fits_int(s.batch, op, "a");
+  fits_int(s.m, op, "a");
+  fits_int(s.k, op, "a");
+  fits_int(s.n, op, "b");
+  Shape out_shape = batched ? Shape{s.batch, s.m, s.n} : Shape{s.m, s.n};
+  Tensor out = gemm_new(out_shape, s, a, b);
+  if (any_requires_grad({a, b})) {
+    const bool need_a = a.requires_grad(), need_b = b.requires_grad();
+    Tensor sa = need_b ? a.detach() : Tensor(), sb = need_a ? b.detach() : Tensor();
+    record(
+        op, out, {a, b},
+        [sa, sb, s, shape_a = a.shape(), shape_b = b.shape()](const Tensor& g) {
+          Tensor ga, gb;
+          if (sb.defined()) ga = gemm_new(shape_a, GemmShape{s.batch, s.m, s.k, s.n, false, true}, g, sb);
+          if (sa.defined()) gb = gemm_new(shape_b, GemmShape{s.batch, s.k, s.n, s.m, true, false}, sa, g);
+          return std::vector<Tensor>{ga, gb};
+        },
+        (need_a ? b.nbytes() : 0) + (need_b ? a.nbytes() : 0));
+  }
+  return out;
+}
+
+// Backward: dx = dy · W, dW = dyᵀ · x, db = dy summed over rows. Saves W
+// when x needs grad and x when W needs grad (detached).
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
+  constexpr const char* op = "linear";
+  check::floating(x, op, "x");
+  check::floating(w, op, "w");
+  check::same_dtype(w, x, op, "w");
+  check::same_device(w, x, op, "w");
+  QGRAD_CHECK(x.dim() >= 1, op, "x", "expected rank >= 1, got a scalar");
+  check::rank_is(w, 2, op, "w");
+  QGRAD_CHECK(w.size(1) == x.size(-1), op, "w", "expected w of shape [N, ", x.size(-1), "] for x of shape ",
+              shape_str(x.shape()), ", got ", shape_str(w.shape()));
+  if (bias.defined()) {
+    check::floating(bias, op, "bias");
+    check::same_dtype(bias, x, op, "bias");
+    check::same_device(bias, x, op, "bias");
+    QGRAD_CHECK(bias.dim() == 1 && bias.size(0) == w.size(0), op, "bias", "expected shape [", w.size(0), "], got ",
+                shape_str(bias.shape()));
+  }
+  Shape out_shape = x.shape();
+  out_shape.back() = w.size(0);
+  GemmShape s;
+  s.k = w.size(1);
+  s.n = w.size(0);
+  s.m = shape_numel(Shape(x.shape().begin(), x.shape().end() - 1), op);
+  s.trans_b = true;
+  fits_int(s.m, op, "x");
+  fits_int(s.k, op, "x");
+  fits_int(s.n, op, "w");
+  Tensor out = Tensor::empty(out_shape, like(x));
+  if (bias.defined()) kernels::fill_rows(bias, out);
+  kernels::gemm(s, x, w, out, bias.defined());
+  if (any_requires_grad({x, w, bias})) {
+    const bool need_x = x.requires_grad(), need_w = w.requires_grad();
+    const bool need_b = bias.defined() && bias.requires_grad();
+    Tensor sx = need_w ? x.detach() : Tensor(), sw = need_x ? w.detach() : Tensor();
+    record(
+        op, out, {x, w, bias},
+        [sx, sw, s, need_b, shape_x = x.shape(), shape_w = w.shape()](const Tensor& g) {
+          Tensor gx, gw, gb;
+          if (sw.defined()) gx = gemm_new(shape_x, GemmShape{1, s.m, s.k, s.n, false, false}, g, sw);
+          if (sx.defined()) gw = gemm_new(shape_w, GemmShape{1, s.n, s.k, s.m, true, false}, g, sx);
+          if (need_b) {
+            gb = Tensor::empty({s.n}, like(g));
+            kernels::sum_axis(g, gb, kernels::AxisView{1, s.m, s.n}, false);
+          }
+          return std::vector<Tensor>{gx, gw, gb};
+        },
+        (need_x ? w.nbytes() : 0) + (need_w ? x.nbytes() : 0));
+  }
+  return out;
+}
+
+// Backward: transpose(dy, dim0, dim1). Saves nothing.
+Tensor transpose(const Tensor& x, std::int64_t dim0, std::int64_t dim1) {
+  constexpr const char* op = "transpose";
+  check::defined(x, op, "x");
+  QGRAD_CHECK(x.dim() <= kernels::kMaxTransposeDims, op, "x", "rank ", x.dim(), " exceeds the limit ",
+              kernels::kMaxTransposeDims);
+  const std::int64_t d0 = check::axis(dim0, x.dim(), op, "dim0");
+  const std::int64_t d1 = check::axis(dim1, x.dim(), op, "dim1");
+  Shape out_shape = x.shape();
+  std::swap(out_shape[static_cast<std::size_t>(d0)], out_shape[static_cast<std::size_t>(d1)]);
+  Tensor out = Tensor::empty(out_shape, like(x));
+  kernels::transpose(x, out, d0, d1);
+  if (any_requires_grad({x})) {
+    record(op, out, {x}, [d0, d1](const Tensor& g) { return std::vector<Tensor>{transpose(g, d0, d1)}; });
+  }
+  return out;
+}
+
+}  // namespace qgrad

@@ -1,0 +1,19 @@
+// Matrix products and transposition.
+#pragma once
+
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace qgrad {
+
+// [M, K] x [K, N] -> [M, N], or batched [B, M, K] x [B, K, N] -> [B, M, N].
+Tensor matmul(const Tensor& a, const Tensor& b);
+// y = x · wᵀ + bias with w in nn.Linear layout [N, K], bias [N] or an
+// undefined Tensor, x [..., K] -> y [..., N].
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias = Tensor());
+// A contiguous copy of x with dims dim0 and dim1 swapped (negative dims count
+// from the end). Any dtype; differentiable for floating ones.
+Tensor transpose(const Tensor& x, std::int64_t dim0, std::int64_t dim1);
+
+}  // namespace qgrad

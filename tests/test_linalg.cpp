@@ -1,0 +1,294 @@
+// matmul, linear, transpose: host references, gradcheck, CUDA vs CPU, errors.
+#include "train_ops_helpers.h"
+
+using namespace qgrad;
+using namespace qgrad::testing;
+
+namespace {
+
+// c[b, i, j] = sum_k op(a)[i, k] op(b)[k, j] in double.
+std::vector<double> ref_gemm(const std::vector<double>& a, const std::vector<double>& b, std::int64_t batch,
+                             std::int64_t m, std::int64_t n, std::int64_t k, bool trans_b) {
+  std::vector<double> c(static_cast<std::size_t>(batch * m * n));
+  for (std::int64_t t = 0; t < batch; ++t)
+    for (std::int64_t i = 0; i < m; ++i)
+      for (std::int64_t j = 0; j < n; ++j) {
+        double acc = 0;
+        for (std::int64_t p = 0; p < k; ++p) {
+          const double bv = trans_b ? b[static_cast<std::size_t>(t * n * k + j * k + p)]
+                                    : b[static_cast<std::size_t>(t * k * n + p * n + j)];
+          acc += a[static_cast<std::size_t>(t * m * k + i * k + p)] * bv;
+        }
+        c[static_cast<std::size_t>(t * m * n + i * n + j)] = acc;
+      }
+  return c;
+}
+
+double max_err(const std::vector<double>& got, const std::vector<double>& want) {
+  REQUIRE(got.size() == want.size());
+  double m = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) m = std::max(m, std::fabs(got[i] - want[i]));
+  return m;
+}
+double max_abs(const Tensor& t) {
+  double m = 0;
+  for (double v : values(t)) m = std::max(m, std::fabs(v));
+  return m;
+}
+// |a - b| <= rtol * max(1, max|b|) everywhere.
+void check_close(const Tensor& a, const Tensor& b, double rtol) {
+  CHECK(a.shape() == b.shape());
+  CHECK(a.dtype() == b.dtype());
+  CHECK(max_abs_diff(a, b) <= rtol * std::max(1.0, max_abs(b)));
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- values
+
+TEST_CASE("matmul 2-D f64 matches a double-loop reference") {
+  Tensor a = rnd({5, 7}, 1), b = rnd({7, 3}, 2);
+  Tensor c = matmul(a, b);
+  CHECK(c.shape() == Shape{5, 3});
+  CHECK(max_err(values(c), ref_gemm(values(a), values(b), 1, 5, 3, 7, false)) < 1e-12);
+}
+
+TEST_CASE("matmul 2-D f32 matches a double-loop reference") {
+  Tensor a = rnd({33, 65}, 3, DType::f32), b = rnd({65, 17}, 4, DType::f32);
+  Tensor c = matmul(a, b);
+  CHECK(c.dtype() == DType::f32);
+  CHECK(max_err(values(c), ref_gemm(values(a), values(b), 1, 33, 17, 65, false)) < 1e-4);
+}
+
+TEST_CASE("matmul batched matches a double-loop reference") {
+  Tensor a = rnd({3, 4, 6}, 5), b = rnd({3, 6, 2}, 6);
+  Tensor c = matmul(a, b);
+  CHECK(c.shape() == Shape{3, 4, 2});
+  CHECK(max_err(values(c), ref_gemm(values(a), values(b), 3, 4, 2, 6, false)) < 1e-12);
+}
+
+TEST_CASE("matmul with an empty inner dimension gives zeros") {
+  Tensor a = Tensor::empty({3, 0}, opts()), b = Tensor::empty({0, 2}, opts());
+  Tensor c = matmul(a, b);
+  CHECK(values(c) == std::vector<double>(6, 0.0));
+  CHECK(matmul(Tensor::empty({0, 4}, opts()), rnd({4, 2}, 1)).shape() == Shape{0, 2});
+}
+
+TEST_CASE("linear with bias matches x·wᵀ + b") {
+  Tensor x = rnd({2, 3, 5}, 7), w = rnd({4, 5}, 8), b = rnd({4}, 9);
+  Tensor y = linear(x, w, b);
+  CHECK(y.shape() == Shape{2, 3, 4});
+  auto want = ref_gemm(values(x), values(w), 1, 6, 4, 5, true);
+  auto bv = values(b);
+  for (std::size_t i = 0; i < want.size(); ++i) want[i] += bv[i % 4];
+  CHECK(max_err(values(y), want) < 1e-12);
+}
+
+TEST_CASE("linear without bias matches x·wᵀ") {
+  Tensor x = rnd({6, 5}, 10, DType::f32), w = rnd({3, 5}, 11, DType::f32);
+  Tensor y = linear(x, w);
+  CHECK(max_err(values(y), ref_gemm(values(x), values(w), 1, 6, 3, 5, true)) < 1e-5);
+}
+
+TEST_CASE("transpose swaps two dims of a 3-D tensor") {
+  Tensor x = rnd({2, 3, 4}, 12);
+  Tensor y = transpose(x, 0, -1);
+  CHECK(y.shape() == Shape{4, 3, 2});
+  auto xv = values(x), yv = values(y);
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < 3; ++j)
+      for (int k = 0; k < 4; ++k) CHECK(yv[static_cast<std::size_t>(k * 6 + j * 2 + i)] == xv[static_cast<std::size_t>(i * 12 + j * 4 + k)]);
+}
+
+TEST_CASE("transpose of integers and of a dim with itself") {
+  Tensor x = arange(0, 6, 1, opts(DType::s64)).reshape({2, 3});
+  CHECK(transpose(x, 0, 1).to_vector<std::int64_t>() == std::vector<std::int64_t>{0, 3, 1, 4, 2, 5});
+  Tensor same = transpose(x, 1, 1);
+  CHECK(same.to_vector<std::int64_t>() == x.to_vector<std::int64_t>());
+  CHECK(same.data_ptr() != x.data_ptr());
+}
+
+TEST_CASE("matmul and linear in f16 and bf16 stay near the f32 result") {
+  for (DType d : {DType::f16, DType::bf16}) {
+    Tensor a = rnd({16, 32}, 13, DType::f32).to(d), b = rnd({32, 8}, 14, DType::f32).to(d);
+    Tensor c = matmul(a, b);
+    CHECK(c.dtype() == d);
+    Tensor ref = matmul(a.to(DType::f32), b.to(DType::f32));
+    const double tol = d == DType::f16 ? 1e-2 : 6e-2;
+    CHECK(max_abs_diff(c.to(DType::f32), ref) <= tol * std::max(1.0, max_abs(ref)));
+    Tensor w = rnd({8, 32}, 15, DType::f32).to(d), bias = rnd({8}, 16, DType::f32).to(d);
+    Tensor y = linear(a, w, bias);
+    Tensor yref = linear(a.to(DType::f32), w.to(DType::f32), bias.to(DType::f32));
+    CHECK(max_abs_diff(y.to(DType::f32), yref) <= tol * std::max(1.0, max_abs(yref)));
+  }
+}
+
+// ---------------------------------------------------------------- gradients
+
+TEST_CASE("gradcheck matmul 2-D (both inputs)") {
+  check_grad([](const std::vector<Tensor>& in) { return matmul(in[0], in[1]); },
+             {param(rnd({3, 4}, 20)), param(rnd({4, 5}, 21))});
+}
+
+TEST_CASE("gradcheck matmul with only one input requiring grad") {
+  Tensor b = rnd({4, 2}, 23);
+  check_grad([b](const std::vector<Tensor>& in) { return matmul(in[0], b); }, {param(rnd({3, 4}, 22))});
+  Tensor a = rnd({3, 4}, 24);
+  check_grad([a](const std::vector<Tensor>& in) { return matmul(a, in[0]); }, {param(rnd({4, 2}, 25))});
+}
+
+TEST_CASE("gradcheck matmul batched") {
+  check_grad([](const std::vector<Tensor>& in) { return matmul(in[0], in[1]); },
+             {param(rnd({2, 3, 4}, 26)), param(rnd({2, 4, 3}, 27))});
+}
+
+TEST_CASE("gradcheck linear with bias (x, w, bias)") {
+  check_grad([](const std::vector<Tensor>& in) { return linear(in[0], in[1], in[2]); },
+             {param(rnd({4, 3}, 28)), param(rnd({5, 3}, 29)), param(rnd({5}, 30))});
+}
+
+TEST_CASE("gradcheck linear without bias and with a 3-D input") {
+  check_grad([](const std::vector<Tensor>& in) { return linear(in[0], in[1]); },
+             {param(rnd({2, 3, 4}, 31)), param(rnd({2, 4}, 32))});
+}
+
+TEST_CASE("gradcheck linear bias only") {
+  Tensor x = rnd({3, 2}, 33), w = rnd({4, 2}, 34);
+  check_grad([x, w](const std::vector<Tensor>& in) { return linear(x, w, in[0]); }, {param(rnd({4}, 35))});
+}
+
+TEST_CASE("gradcheck transpose") {
+  check_grad([](const std::vector<Tensor>& in) { return transpose(in[0], 2, 0); }, {param(rnd({2, 3, 4}, 36))});
+}
+
+TEST_CASE("linear saves only the tensors its backward needs") {
+  Tensor x = rnd({4, 3}, 37), w = param(rnd({2, 3}, 38));
+  Tensor y = linear(x, w);
+  CHECK(y.grad_fn()->saved_bytes == x.nbytes());  // x only: dW = dyᵀ·x
+  Tensor x2 = param(rnd({4, 3}, 39));
+  CHECK(linear(x2, rnd({2, 3}, 40)).grad_fn()->saved_bytes == 2 * 3 * 8);
+}
+
+// ---------------------------------------------------------------- errors
+
+TEST_CASE("matmul rejects bad inputs") {
+  Tensor a = rnd({3, 4}, 41), b = rnd({4, 2}, 42);
+  CHECK_THROWS_AS(matmul(Tensor(), b), Error);
+  CHECK_THROWS_AS(matmul(a.to(DType::s32), b), Error);           // dtype
+  CHECK_THROWS_AS(matmul(a, b.to(DType::f32)), Error);           // mixed dtypes
+  CHECK_THROWS_AS(matmul(a, rnd({3, 2}, 43)), Error);            // inner mismatch
+  CHECK_THROWS_AS(matmul(rnd({4}, 44), b), Error);               // rank 1
+  CHECK_THROWS_AS(matmul(a, rnd({2, 4, 2}, 45)), Error);         // rank mismatch
+  CHECK_THROWS_AS(matmul(rnd({2, 3, 4}, 46), rnd({3, 4, 2}, 47)), Error);  // batch mismatch
+  CHECK_THROWS_AS(matmul(rnd({1, 1, 1, 1}, 48), rnd({1, 1, 1, 1}, 49)), Error);  // rank 4
+}
+
+TEST_CASE("linear rejects bad inputs") {
+  Tensor x = rnd({3, 4}, 50), w = rnd({2, 4}, 51), b = rnd({2}, 52);
+  CHECK_THROWS_AS(linear(x, rnd({2, 3}, 53), b), Error);        // K mismatch
+  CHECK_THROWS_AS(linear(x, rnd({4}, 54)), Error);              // w rank
+  CHECK_THROWS_AS(linear(x, w, rnd({3}, 55)), Error);           // bias shape
+  CHECK_THROWS_AS(linear(x, w, rnd({1, 2}, 56)), Error);        // bias rank
+  CHECK_THROWS_AS(linear(x, w, b.to(DType::f32)), Error);       // bias dtype
+  CHECK_THROWS_AS(linear(x, w.to(DType::f32), b), Error);       // w dtype
+  CHECK_THROWS_AS(linear(Tensor::scalar(1.0), w), Error);       // x scalar
+  CHECK_THROWS_AS(linear(x.to(DType::s64), w), Error);          // integer x
+}
+
+TEST_CASE("transpose rejects bad dims") {
+  Tensor x = rnd({2, 3}, 57);
+  CHECK_THROWS_AS(transpose(x, 0, 2), Error);
+  CHECK_THROWS_AS(transpose(x, -3, 0), Error);
+  CHECK_THROWS_AS(transpose(Tensor::scalar(1.0), 0, 0), Error);
+  CHECK_THROWS_AS(transpose(Tensor(), 0, 1), Error);
+}
+
+// ---------------------------------------------------------------- CUDA
+
+TEST_CASE("cuda matmul f32 matches the CPU") {
+  QGRAD_REQUIRE_GPU();
+  Tensor a = rnd({67, 129}, 60, DType::f32), b = rnd({129, 33}, 61, DType::f32);
+  Tensor ac = a.cuda(), bc = b.cuda();
+  prepoison({67, 33}, DType::f32);
+  Tensor c = matmul(ac, bc);
+  CHECK(c.is_cuda());
+  check_close(c.cpu(), matmul(a, b), 1e-5);
+}
+
+TEST_CASE("cuda matmul batched and f64 match the CPU") {
+  QGRAD_REQUIRE_GPU();
+  Tensor a = rnd({3, 9, 17}, 62), b = rnd({3, 17, 5}, 63);
+  check_close(matmul(a.cuda(), b.cuda()).cpu(), matmul(a, b), 1e-12);
+  Tensor af = a.to(DType::f32), bf = b.to(DType::f32);
+  check_close(matmul(af.cuda(), bf.cuda()).cpu(), matmul(af, bf), 1e-5);
+}
+
+TEST_CASE("cuda linear with bias matches the CPU (f32, f16, bf16)") {
+  QGRAD_REQUIRE_GPU();
+  Tensor x = rnd({2, 31, 40}, 64, DType::f32), w = rnd({24, 40}, 65, DType::f32), b = rnd({24}, 66, DType::f32);
+  check_close(linear(x.cuda(), w.cuda(), b.cuda()).cpu(), linear(x, w, b), 1e-5);
+  check_close(linear(x.cuda(), w.cuda()).cpu(), linear(x, w), 1e-5);
+  for (DType d : {DType::f16, DType::bf16}) {
+    Tensor y = linear(x.to(d).cuda(), w.to(d).cuda(), b.to(d).cuda()).cpu().to(DType::f32);
+    Tensor ref = linear(x.to(d).to(DType::f32), w.to(d).to(DType::f32), b.to(d).to(DType::f32));
+    CHECK(max_abs_diff(y, ref) <= (d == DType::f16 ? 1e-2 : 6e-2) * std::max(1.0, max_abs(ref)));
+  }
+}
+
+TEST_CASE("cuda matmul with an empty inner dimension gives zeros") {
+  QGRAD_REQUIRE_GPU();
+  Tensor c = matmul(Tensor::empty({3, 0}, opts(DType::f32, Device::cuda())),
+                    Tensor::empty({0, 2}, opts(DType::f32, Device::cuda())));
+  CHECK(values(c) == std::vector<double>(6, 0.0));
+}
+
+TEST_CASE("cuda transpose is bit-identical to the CPU") {
+  QGRAD_REQUIRE_GPU();
+  for (DType d : {DType::f32, DType::f16, DType::f64}) {
+    Tensor x = rnd({5, 7, 3}, 67, DType::f32).to(d);
+    CHECK(bit_equal(transpose(x.cuda(), 0, 2), transpose(x, 0, 2)));
+    CHECK(bit_equal(transpose(x.cuda(), -1, 1), transpose(x, -1, 1)));
+  }
+}
+
+TEST_CASE("cuda backward of matmul and linear matches the CPU") {
+  QGRAD_REQUIRE_GPU();
+  Tensor x = rnd({8, 6}, 68, DType::f32), w = rnd({4, 6}, 69, DType::f32), b = rnd({4}, 70, DType::f32);
+  auto grads = [](Tensor xx, Tensor ww, Tensor bb) {
+    xx = param(xx.detach());
+    ww = param(ww.detach());
+    bb = param(bb.detach());
+    Tensor y = matmul(linear(xx, ww, bb), transpose(ww, 0, 1));
+    y.backward(ones_like(y));
+    return std::vector<Tensor>{xx.grad().cpu(), ww.grad().cpu(), bb.grad().cpu()};
+  };
+  auto gc = grads(x.cuda(), w.cuda(), b.cuda()), gh = grads(x, w, b);
+  for (int i = 0; i < 3; ++i) check_close(gc[static_cast<std::size_t>(i)], gh[static_cast<std::size_t>(i)], 1e-5);
+}
+
+TEST_CASE("cuda gradcheck matmul") {
+  QGRAD_REQUIRE_GPU();
+  check_grad([](const std::vector<Tensor>& in) { return matmul(in[0], in[1]); },
+             {param(rnd({3, 4}, 71).cuda()), param(rnd({4, 5}, 72).cuda())});
+  check_grad([](const std::vector<Tensor>& in) { return matmul(in[0], in[1]); },
+             {param(rnd({2, 3, 4}, 73).cuda()), param(rnd({2, 4, 2}, 74).cuda())});
+}
+
+TEST_CASE("cuda gradcheck linear") {
+  QGRAD_REQUIRE_GPU();
+  check_grad([](const std::vector<Tensor>& in) { return linear(in[0], in[1], in[2]); },
+             {param(rnd({4, 3}, 75).cuda()), param(rnd({5, 3}, 76).cuda()), param(rnd({5}, 77).cuda())});
+}
+
+TEST_CASE("cuda gradcheck transpose") {
+  QGRAD_REQUIRE_GPU();
+  check_grad([](const std::vector<Tensor>& in) { return transpose(in[0], 0, 1); }, {param(rnd({3, 4}, 78).cuda())});
+}
+
+TEST_CASE("matmul and linear reject mixed devices") {
+  QGRAD_REQUIRE_GPU();
+  Tensor a = rnd({3, 4}, 79), b = rnd({4, 2}, 80);
+  CHECK_THROWS_AS(matmul(a.cuda(), b), Error);
+  CHECK_THROWS_AS(linear(a, b.cuda()), Error);
+  CHECK_THROWS_AS(linear(a, rnd({2, 4}, 81), rnd({2}, 82).cuda()), Error);
+}

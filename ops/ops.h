@@ -2,3 +2,5 @@
 #pragma once
 
 #include "ops/elementwise.h"
+#include "ops/quantize.h"
+#include "ops/lerp.h"

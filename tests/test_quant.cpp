@@ -1,6 +1,7 @@
 // Fake quantize, quantize and dequantize on the CPU: forward against a host
 // reference of PyTorch's CPU formulas, straight-through backward against
 // the mask formula, saved bytes, scopes, and every argument check.
+#include "kernels/formulas/quantize.h"
 #include "test_quant_ref.h"
 
 using namespace qgrad;
@@ -436,4 +437,37 @@ TEST_CASE("empty tensors quantize to empty tensors") {
   Tensor y = fake_quantize_per_tensor(x, 0.1, 0, -128, 127);
   CHECK(y.numel() == 0);
   CHECK(quantize_per_tensor(x, 0.1, 0, DType::s8).numel() == 0);
+}
+
+TEST_CASE("the magic-number division finds every channel exactly") {
+  std::uint64_t state = 12345;
+  auto next = [&]() {
+    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+    return static_cast<std::uint32_t>(state >> 33);  // < 2^31
+  };
+  const std::uint32_t divisors[] = {1, 2, 3, 4, 5, 7, 31, 32, 33, 127, 128, 1000, 4096, 65535, 65536, 65537,
+                                    (1u << 30) + 1, (1u << 31) - 1, 1u << 31};
+  for (std::uint32_t d : divisors) {
+    const formulas::FastDiv fd(d);
+    for (std::uint32_t n : {0u, 1u, d - 1, d, d + 1, (1u << 31) - 1, (1u << 31) - 2})
+      if (n < (1u << 31)) REQUIRE(fd.div(n) == n / d);
+    for (int i = 0; i < 20000; ++i) {
+      const std::uint32_t n = next();
+      REQUIRE(fd.div(n) == n / d);
+    }
+  }
+  const formulas::ChannelMap map(5, 7, 1000);
+  for (std::int64_t i = 0; i < 1000; ++i) REQUIRE(map.channel(i) == (i / 5) % 7);
+  const formulas::ChannelMap big(3, 11, std::int64_t(1) << 33);  // the 64-bit path
+  for (std::int64_t i : {std::int64_t(0), (std::int64_t(1) << 32) + 7, (std::int64_t(1) << 33) - 1})
+    REQUIRE(big.channel(i) == (i / 3) % 11);
+}
+
+TEST_CASE("a wide integer range takes the exact f64 product (|q - zp| > 2^24)") {
+  for (DType dt : kFloatTypes) {
+    Tensor x = random_input({2000}, dt, 90, 1e8);
+    dispatch_floating(dt, "test", [&](auto tag) {
+      check_fq_tensor<typename decltype(tag)::type>(x, 0.37, 5, -2147483647LL - 1, 2147483647LL);
+    });
+  }
 }

@@ -78,10 +78,17 @@ QGRAD_HD std::int64_t quant_index(M x, float inv_scale, std::int32_t zp, bool& n
   return to_clamped_int(round_half_even(v)) + zp;
 }
 
-// (q - zp) * scale in double, rounded once to T.
+// (q - zp) * scale in double, rounded once to T. For a float-computed T
+// and |q - zp| <= 2^24 the f32 product is the same number (the exact
+// product has at most 48 significant bits, so rounding it once to f32 is
+// what the f32 multiply does), and it avoids 64-bit conversions on the GPU.
 template <class T>
 QGRAD_HD T dequant_value(std::int64_t q, std::int32_t zp, float scale) {
-  return from_double<T>(static_cast<double>(q - zp) * static_cast<double>(scale));
+  const std::int64_t k = q - zp;
+  if constexpr (!std::is_same_v<T, double>) {
+    if (k >= -16777216 && k <= 16777216) return T(static_cast<float>(static_cast<std::int32_t>(k)) * scale);
+  }
+  return from_double<T>(static_cast<double>(k) * static_cast<double>(scale));
 }
 
 // ---- per-channel parameters and the channel of an element ----

@@ -132,8 +132,9 @@ def main():
                 scale = (torch.rand(c, generator=gen(3)) * 0.2 + 0.01).float()
                 zp = torch.randint(-5, 6, (c,), generator=gen(4), dtype=torch.int32)
                 n = math.prod(shape)
-                base = torch.cat([random_values(n - 30, 4.0, 5), edge_values(0.125, 0, -16, 15)[:30]])
-                x = base[:n].reshape(shape).to(dt).requires_grad_()
+                edges = edge_values(0.125, 0, -16, 15)
+                base = torch.cat([random_values(n - len(edges), 4.0, 5), edges])
+                x = base.reshape(shape).to(dt).requires_grad_()
                 dy = torch.randn(shape, generator=gen(6), dtype=torch.float64).to(dt)
                 y = torch.fake_quantize_per_channel_affine(x, scale, zp, axis, -16, 15)
                 y.backward(dy)
@@ -206,7 +207,7 @@ def main():
         for kind, shape, axis, group in (("channel", [5, 24], 1, 0), ("channel", [4, 6, 5], 0, 0),
                                          ("token", [6, 32], 0, 0), ("group", [3, 64], 0, 16)):
             n = math.prod(shape)
-            xv = torch.cat([random_values(n, 3.0, 13), edge_values(0.125, 0, qmin, qmax)])[:n].float().reshape(shape)
+            xv = torch.cat([edge_values(0.125, 0, qmin, qmax), random_values(n, 3.0, 13)])[:n].float().reshape(shape)
             if kind == "group":
                 x2 = xv.reshape(-1, group)
                 c = x2.shape[0]

@@ -25,6 +25,9 @@ struct AffineArgs {
   formulas::ParamSource params;
   std::int64_t inner = 1, channels = 1;
   std::int64_t qmin = 0, qmax = 0;
+  // fake quantize / dequantize values: product in f64 (PyTorch's per-channel
+  // fake quantize) or in f32 (its per-tensor fake quantize and dequantize).
+  bool double_product = false;
 };
 void affine(const AffineArgs& args);
 
@@ -61,7 +64,10 @@ void dispatch_affine(const AffineArgs& a, F&& f) {
   dispatch_floating(ft, "affine", [&](auto tag) {
     using T = typename decltype(tag)::type;
     switch (a.op) {
-      case AffineOp::fake_quant: f.template operator()<formulas::FakeQuantOp<T>>(); break;
+      case AffineOp::fake_quant:
+        if (a.double_product) f.template operator()<formulas::FakeQuantOp<T, true>>();
+        else f.template operator()<formulas::FakeQuantOp<T, false>>();
+        break;
       case AffineOp::quantize:
         dispatch_int8(a.out.dtype(), "quantize", [&](auto itag) {
           f.template operator()<formulas::QuantizeOp<T, typename decltype(itag)::type>>();
@@ -69,7 +75,9 @@ void dispatch_affine(const AffineArgs& a, F&& f) {
         break;
       case AffineOp::dequantize:
         dispatch_int8(a.in.dtype(), "dequantize", [&](auto itag) {
-          f.template operator()<formulas::DequantizeOp<typename decltype(itag)::type, T>>();
+          using I = typename decltype(itag)::type;
+          if (a.double_product) f.template operator()<formulas::DequantizeOp<I, T, true>>();
+          else f.template operator()<formulas::DequantizeOp<I, T, false>>();
         });
         break;
       case AffineOp::mask_grad: f.template operator()<formulas::MaskGradOp<T>>(); break;

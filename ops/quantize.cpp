@@ -33,6 +33,7 @@ namespace {
 struct Scope {
   formulas::ParamSource params;
   std::int64_t inner = 1, channels = 1;
+  bool double_product = false;  // per channel/token/group: see formulas::dequant_value
   Tensor scale, zp;  // detached; undefined for host scalars
   std::size_t bytes() const { return scale.defined() ? scale.nbytes() + zp.nbytes() : 0; }
 };
@@ -128,6 +129,7 @@ void run_affine(AffineOp op, const Tensor& in, const Tensor& out, const Scope& s
   a.channels = std::max<std::int64_t>(sc.channels, 1);
   a.qmin = qmin;
   a.qmax = qmax;
+  a.double_product = sc.double_product;
   kernels::affine(a);
 }
 
@@ -212,6 +214,7 @@ Scope channel_scope(const Tensor& x, const Tensor& scale, const Tensor& zp, std:
   Scope sc = tensor_scope(x, scale, zp, &shape, qmin, qmax, op);
   sc.inner = inner_of(x.shape(), ax);
   sc.channels = shape[0];
+  sc.double_product = true;
   return sc;
 }
 
@@ -222,6 +225,7 @@ Scope token_scope(const Tensor& x, const Tensor& scale, const Tensor& zp, std::i
   Scope sc = tensor_scope(x, scale, zp, &shape, qmin, qmax, op);
   sc.inner = x.shape()[1];
   sc.channels = x.shape()[0];
+  sc.double_product = true;
   return sc;
 }
 
@@ -236,6 +240,7 @@ Scope group_scope(const Tensor& x, const Tensor& scale, const Tensor& zp, std::i
   Scope sc = tensor_scope(x, scale, zp, &shape, qmin, qmax, op);
   sc.inner = group_size;
   sc.channels = x.numel() / group_size;
+  sc.double_product = true;
   return sc;
 }
 
@@ -271,6 +276,7 @@ Tensor lsq_forward(const char* name, const Tensor& x, const Tensor& scale, const
   sc.params.zp = sc.zp.data<std::int32_t>();
   sc.inner = inner;
   sc.channels = channels;
+  sc.double_product = shape != nullptr;  // PyTorch: per tensor -> fake_quantize_per_tensor, per channel -> _per_channel
   Tensor out = Tensor::empty(x.shape(), like(x, x.dtype()));
   run_affine(AffineOp::fake_quant, x, out, sc, qmin, qmax, Tensor(), Tensor());
   if (any_requires_grad({x, scale, zp})) {

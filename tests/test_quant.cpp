@@ -171,7 +171,7 @@ TEST_CASE("fake_quantize_per_channel: every axis, negative axes, ranks 1 to 4") 
           for (std::size_t i = 0; i < xs.size(); ++i) {
             const std::size_t ch = (i / static_cast<std::size_t>(inner)) % static_cast<std::size_t>(c);
             bool in;
-            const T want = ref_fake_quant(xs[i], ss[ch], zs[ch], -16, 15, in);
+            const T want = ref_fake_quant(xs[i], ss[ch], zs[ch], -16, 15, in, true);
             REQUIRE(same_bits(ys[i], want));
             REQUIRE(to_d(dxs[i]) == (in ? 1.0 : 0.0));
           }
@@ -208,7 +208,7 @@ TEST_CASE("quantize_per_tensor / dequantize_per_tensor: s8 and u8 against the re
         CHECK(y.dtype() == dt);
         const auto ys = host<T>(y);
         for (std::size_t i = 0; i < ys.size(); ++i)
-          REQUIRE(same_bits(ys[i], to_t<T>(static_cast<double>(qv[i] - zp) * static_cast<double>(0.031f))));
+          REQUIRE(same_bits(ys[i], ref_value<T>(static_cast<long double>(qv[i] - zp), 0.031f, false)));
       });
     });
   }
@@ -470,4 +470,18 @@ TEST_CASE("a wide integer range takes the exact f64 product (|q - zp| > 2^24)") 
       check_fq_tensor<typename decltype(tag)::type>(x, 0.37, 5, -2147483647LL - 1, 2147483647LL);
     });
   }
+}
+
+TEST_CASE("f64 values: per tensor takes PyTorch's f32 product, per channel its f64 product") {
+  Tensor x = Tensor::from_vector<double>({0.3}, {1});
+  const double pt = fake_quantize_per_tensor(x, 0.1, 0, -128, 127).item();
+  CHECK(pt == static_cast<double>(3.0f * 0.1f));
+  const double pc = fake_quantize_per_channel(x, full({1}, 0.1), full({1}, 0, s32()), 0, -128, 127).item();
+  CHECK(pc == 3.0 * static_cast<double>(0.1f));
+  CHECK(pt != pc);
+  // dequantize follows the same split, so quantize -> dequantize is fake quantize in every scope
+  Tensor q = quantize_per_tensor(x, 0.1, 0, DType::s8);
+  CHECK(dequantize_per_tensor(q, 0.1, 0, DType::f64).item() == pt);
+  Tensor qc = quantize_per_channel(x, full({1}, 0.1), full({1}, 0, s32()), 0, DType::s8);
+  CHECK(dequantize_per_channel(qc, full({1}, 0.1), full({1}, 0, s32()), 0, DType::f64).item() == pc);
 }

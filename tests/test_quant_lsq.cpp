@@ -67,7 +67,7 @@ void check_lsq(const Shape& shape, std::int64_t axis, DType param_dtype, double 
     const float s = static_cast<float>(ss[ch]);
     const std::int64_t z = round_zp(zs[ch], -32, 31);
     bool in;
-    REQUIRE(same_bits(ys[i], ref_fake_quant(xs[i], s, z, -32, 31, in)));
+    REQUIRE(same_bits(ys[i], ref_fake_quant(xs[i], s, z, -32, 31, in, true)));
     const LsqRef r = lsq_ref<M>(M(to_d(xs[i])), M(to_d(gs[i])), s, z, -32, 31, static_cast<M>(grad_factor));
     REQUIRE(same_bits(dx[i], to_t<T>(r.dx)));
     want_ds[ch] += r.ds;

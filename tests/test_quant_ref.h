@@ -38,8 +38,17 @@ long double ref_q(T x, float s, std::int64_t zp, bool& nan) {
   return static_cast<long double>(std::nearbyint(v)) + static_cast<long double>(zp);
 }
 
+// (qc - zp) * s: in f64 rounded once (PyTorch's per-channel kernel) or as
+// float(qc - zp) * s in f32 (its per-tensor kernel and dequantize).
 template <class T>
-T ref_fake_quant(T x, float s, std::int64_t zp, std::int64_t qmin, std::int64_t qmax, bool& in) {
+T ref_value(long double k, float s, bool double_product) {
+  if (double_product) return to_t<T>(static_cast<double>(k) * static_cast<double>(s));
+  return to_t<T>(static_cast<double>(static_cast<float>(k) * s));
+}
+
+template <class T>
+T ref_fake_quant(T x, float s, std::int64_t zp, std::int64_t qmin, std::int64_t qmax, bool& in,
+                 bool double_product = false) {
   bool nan;
   const long double q = ref_q(x, s, zp, nan);
   if (nan) {
@@ -48,7 +57,7 @@ T ref_fake_quant(T x, float s, std::int64_t zp, std::int64_t qmin, std::int64_t 
   }
   in = q >= qmin && q <= qmax;
   const long double qc = std::min<long double>(std::max<long double>(q, qmin), qmax);
-  return to_t<T>(static_cast<double>(qc - zp) * static_cast<double>(s));
+  return ref_value<T>(qc - zp, s, double_product);
 }
 
 template <class T>

@@ -9,9 +9,11 @@
 //   integer q = nearbyint(x * inv_scale) + zp, computed exactly (the
 //   rounded value is clamped to +-2^32 first, so +-inf and huge values map
 //   to far out-of-range integers without undefined behaviour).
-// - fake quant: y = (clamp(q, qmin, qmax) - zp) * scale, the product taken
-//   in double and rounded once to the output type (as PyTorch's CPU kernel,
-//   whose std::fmin/fmax promote to double); in-range mask qmin <= q <= qmax.
+// - fake quant: y = (clamp(q, qmin, qmax) - zp) * scale (the product as
+//   PyTorch takes it, see dequant_value); in-range mask qmin <= q <= qmax.
+//   q is exact; PyTorch forms zp + nearbyint(v) in op math, which is the same
+//   integer while |q| <= 2^24 (so bit-exactness with PyTorch holds for every
+//   range within +-2^24).
 // - NaN input: y = NaN and mask 0 (PyTorch maps NaN to qmin); quantize to an
 //   integer maps NaN to qmin with mask 0.
 #pragma once
@@ -78,17 +80,26 @@ QGRAD_HD std::int64_t quant_index(M x, float inv_scale, std::int32_t zp, bool& n
   return to_clamped_int(round_half_even(v)) + zp;
 }
 
-// (q - zp) * scale in double, rounded once to T. For a float-computed T
-// and |q - zp| <= 2^24 the f32 product is the same number (the exact
-// product has at most 48 significant bits, so rounding it once to f32 is
-// what the f32 multiply does), and it avoids 64-bit conversions on the GPU.
-template <class T>
+// (q - zp) * scale, the product as PyTorch's CPU kernels take it:
+// - kDoubleProduct (fake_quantize_per_channel_affine: std::fmin/fmax promote
+//   to double): in f64, rounded once to T (16-bit types through f32);
+// - otherwise (fake_quantize_per_tensor_affine, dequantize: int64 * float):
+//   float(q - zp) * scale in f32, then widened or narrowed to T; so an f64
+//   per-tensor fake quantize has f32-precision values, as in PyTorch.
+// For T computed in f32 and |q - zp| <= 2^24 the two are the same number.
+template <class T, bool kDoubleProduct>
 QGRAD_HD T dequant_value(std::int64_t q, std::int32_t zp, float scale) {
   const std::int64_t k = q - zp;
-  if constexpr (!std::is_same_v<T, double>) {
-    if (k >= -16777216 && k <= 16777216) return T(static_cast<float>(static_cast<std::int32_t>(k)) * scale);
+  if constexpr (kDoubleProduct) {
+    if constexpr (!std::is_same_v<T, double>) {
+      if (k >= -16777216 && k <= 16777216) return T(static_cast<float>(static_cast<std::int32_t>(k)) * scale);
+    }
+    return from_double<T>(static_cast<double>(k) * static_cast<double>(scale));
+  } else {
+    const float y = static_cast<float>(k) * scale;
+    if constexpr (std::is_same_v<T, double>) return static_cast<double>(y);
+    else return T(y);
   }
-  return from_double<T>(static_cast<double>(k) * static_cast<double>(scale));
 }
 
 // ---- per-channel parameters and the channel of an element ----
@@ -167,7 +178,7 @@ struct ParamSource {
 // element's channel parameters; kReadsMask / kWritesMask: mask traffic.
 
 // fake quantize: y = (clamp(q) - zp) * scale; bit = qmin <= q <= qmax.
-template <class T>
+template <class T, bool kDoubleProduct>
 struct FakeQuantOp {
   using In = T;
   using Out = T;
@@ -182,7 +193,7 @@ struct FakeQuantOp {
       return x;
     }
     bit = qmin <= q && q <= qmax;
-    return dequant_value<T>(clamp_i64(q, qmin, qmax), p.zp, p.scale);
+    return dequant_value<T, kDoubleProduct>(clamp_i64(q, qmin, qmax), p.zp, p.scale);
   }
 };
 
@@ -207,14 +218,14 @@ struct QuantizeOp {
 };
 
 // dequantize: y = (q - zp) * scale.
-template <class I, class T>
+template <class I, class T, bool kDoubleProduct>
 struct DequantizeOp {
   using In = I;
   using Out = T;
   static constexpr bool kParams = true, kReadsMask = false, kWritesMask = false;
   std::int64_t qmin, qmax;
   QGRAD_HD Out operator()(In q, const ChannelParams& p, bool, bool&) const {
-    return dequant_value<T>(static_cast<std::int64_t>(q), p.zp, p.scale);
+    return dequant_value<T, kDoubleProduct>(static_cast<std::int64_t>(q), p.zp, p.scale);
   }
 };
 

@@ -51,13 +51,19 @@ struct LerpElems {
   }
 };
 
+// The data of an optional tensor, or null.
+template <class T>
+T* data_or_null(const Tensor& t) {
+  return t.defined() ? static_cast<T*>(t.data_ptr()) : nullptr;
+}
+
 template <class T>
 LerpElems<T> make_lerp_elems(const LerpArgs& args) {
   using M = op_math_t<T>;
   LerpElems<T> e;
   e.a = static_cast<const T*>(args.a.data_ptr());
   e.b = static_cast<const T*>(args.b.data_ptr());
-  e.w = args.w.defined() ? static_cast<const T*>(args.w.data_ptr()) : nullptr;
+  e.w = data_or_null<const T>(args.w);
   e.wm = static_cast<M>(args.w_scalar);
   e.one_minus_wm = static_cast<M>(1.0 - args.w_scalar);
   return e;

@@ -358,80 +358,79 @@ Tensor fake_quantize_learnable_per_channel(const Tensor& x, const Tensor& scale,
 }
 
 // ---- quantize / dequantize ----
-Tensor quantize_per_tensor(const Tensor& x, double scale, std::int64_t zero_point, DType dtype) {
-  const char* op = "quantize_per_tensor";
+namespace {
+// Validates, resolves the scope for the integer dtype's range, runs.
+template <class ScopeFn>
+Tensor quantize_op(const char* op, const Tensor& x, DType dtype, ScopeFn&& scope) {
   check_quant_input(x, dtype, op);
-  return quantize_forward(op, x, scalar_scope(scale, zero_point, quant_min_of(dtype), quant_max_of(dtype), op), dtype);
+  return quantize_forward(op, x, scope(quant_min_of(dtype), quant_max_of(dtype), op), dtype);
+}
+template <class ScopeFn>
+Tensor dequantize_op(const char* op, const Tensor& q, DType out_dtype, ScopeFn&& scope) {
+  check_dequant_input(q, out_dtype, op);
+  return dequantize_forward(op, q, scope(quant_min_of(q.dtype()), quant_max_of(q.dtype()), op), out_dtype);
+}
+using I64 = std::int64_t;
+}  // namespace
+
+Tensor quantize_per_tensor(const Tensor& x, double scale, std::int64_t zero_point, DType dtype) {
+  return quantize_op("quantize_per_tensor", x, dtype,
+                     [&](I64 lo, I64 hi, const char* op) { return scalar_scope(scale, zero_point, lo, hi, op); });
 }
 
 Tensor quantize_per_tensor(const Tensor& x, const Tensor& scale, const Tensor& zero_point, DType dtype) {
-  const char* op = "quantize_per_tensor";
-  check_quant_input(x, dtype, op);
-  return quantize_forward(
-      op, x, tensor_scope(x, scale, zero_point, nullptr, quant_min_of(dtype), quant_max_of(dtype), op), dtype);
+  return quantize_op("quantize_per_tensor", x, dtype, [&](I64 lo, I64 hi, const char* op) {
+    return tensor_scope(x, scale, zero_point, nullptr, lo, hi, op);
+  });
 }
 
 Tensor dequantize_per_tensor(const Tensor& q, double scale, std::int64_t zero_point, DType out_dtype) {
-  const char* op = "dequantize_per_tensor";
-  check_dequant_input(q, out_dtype, op);
-  return dequantize_forward(
-      op, q, scalar_scope(scale, zero_point, quant_min_of(q.dtype()), quant_max_of(q.dtype()), op), out_dtype);
+  return dequantize_op("dequantize_per_tensor", q, out_dtype,
+                       [&](I64 lo, I64 hi, const char* op) { return scalar_scope(scale, zero_point, lo, hi, op); });
 }
 
 Tensor dequantize_per_tensor(const Tensor& q, const Tensor& scale, const Tensor& zero_point, DType out_dtype) {
-  const char* op = "dequantize_per_tensor";
-  check_dequant_input(q, out_dtype, op);
-  return dequantize_forward(
-      op, q, tensor_scope(q, scale, zero_point, nullptr, quant_min_of(q.dtype()), quant_max_of(q.dtype()), op),
-      out_dtype);
+  return dequantize_op("dequantize_per_tensor", q, out_dtype, [&](I64 lo, I64 hi, const char* op) {
+    return tensor_scope(q, scale, zero_point, nullptr, lo, hi, op);
+  });
 }
 
 Tensor quantize_per_channel(const Tensor& x, const Tensor& scale, const Tensor& zero_point, std::int64_t axis,
                             DType dtype) {
-  const char* op = "quantize_per_channel";
-  check_quant_input(x, dtype, op);
-  return quantize_forward(
-      op, x, channel_scope(x, scale, zero_point, axis, quant_min_of(dtype), quant_max_of(dtype), op), dtype);
+  return quantize_op("quantize_per_channel", x, dtype, [&](I64 lo, I64 hi, const char* op) {
+    return channel_scope(x, scale, zero_point, axis, lo, hi, op);
+  });
 }
 
 Tensor dequantize_per_channel(const Tensor& q, const Tensor& scale, const Tensor& zero_point, std::int64_t axis,
                               DType out_dtype) {
-  const char* op = "dequantize_per_channel";
-  check_dequant_input(q, out_dtype, op);
-  return dequantize_forward(
-      op, q, channel_scope(q, scale, zero_point, axis, quant_min_of(q.dtype()), quant_max_of(q.dtype()), op),
-      out_dtype);
+  return dequantize_op("dequantize_per_channel", q, out_dtype, [&](I64 lo, I64 hi, const char* op) {
+    return channel_scope(q, scale, zero_point, axis, lo, hi, op);
+  });
 }
 
 Tensor quantize_per_token(const Tensor& x, const Tensor& scale, const Tensor& zero_point, DType dtype) {
-  const char* op = "quantize_per_token";
-  check_quant_input(x, dtype, op);
-  return quantize_forward(op, x, token_scope(x, scale, zero_point, quant_min_of(dtype), quant_max_of(dtype), op),
-                          dtype);
+  return quantize_op("quantize_per_token", x, dtype,
+                     [&](I64 lo, I64 hi, const char* op) { return token_scope(x, scale, zero_point, lo, hi, op); });
 }
 
 Tensor dequantize_per_token(const Tensor& q, const Tensor& scale, const Tensor& zero_point, DType out_dtype) {
-  const char* op = "dequantize_per_token";
-  check_dequant_input(q, out_dtype, op);
-  return dequantize_forward(
-      op, q, token_scope(q, scale, zero_point, quant_min_of(q.dtype()), quant_max_of(q.dtype()), op), out_dtype);
+  return dequantize_op("dequantize_per_token", q, out_dtype,
+                       [&](I64 lo, I64 hi, const char* op) { return token_scope(q, scale, zero_point, lo, hi, op); });
 }
 
 Tensor quantize_per_group(const Tensor& x, const Tensor& scale, const Tensor& zero_point, std::int64_t group_size,
                           DType dtype) {
-  const char* op = "quantize_per_group";
-  check_quant_input(x, dtype, op);
-  return quantize_forward(
-      op, x, group_scope(x, scale, zero_point, group_size, quant_min_of(dtype), quant_max_of(dtype), op), dtype);
+  return quantize_op("quantize_per_group", x, dtype, [&](I64 lo, I64 hi, const char* op) {
+    return group_scope(x, scale, zero_point, group_size, lo, hi, op);
+  });
 }
 
 Tensor dequantize_per_group(const Tensor& q, const Tensor& scale, const Tensor& zero_point, std::int64_t group_size,
                             DType out_dtype) {
-  const char* op = "dequantize_per_group";
-  check_dequant_input(q, out_dtype, op);
-  return dequantize_forward(
-      op, q, group_scope(q, scale, zero_point, group_size, quant_min_of(q.dtype()), quant_max_of(q.dtype()), op),
-      out_dtype);
+  return dequantize_op("dequantize_per_group", q, out_dtype, [&](I64 lo, I64 hi, const char* op) {
+    return group_scope(q, scale, zero_point, group_size, lo, hi, op);
+  });
 }
 
 }  // namespace qgrad

@@ -10,12 +10,6 @@ using namespace qref;
 
 namespace {
 
-Tensor leaf_of(const Tensor& t) {
-  Tensor l = t.detach().clone();
-  l.set_requires_grad(true);
-  return l;
-}
-
 template <class M>
 M ref_lerp(M a, M b, M w) {
   return std::fabs(w) < M(0.5) ? std::fma(w, b - a, a) : std::fma(w - M(1), b - a, b);

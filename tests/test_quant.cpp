@@ -10,12 +10,6 @@ using namespace qref;
 
 namespace {
 
-Tensor leaf_of(const Tensor& t) {
-  Tensor l = t.detach().clone();
-  l.set_requires_grad(true);
-  return l;
-}
-
 TensorOptions f32() { return TensorOptions{}.with_dtype(DType::f32); }
 TensorOptions s32() { return TensorOptions{}.with_dtype(DType::s32); }
 

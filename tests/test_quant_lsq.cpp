@@ -10,12 +10,6 @@ using namespace qref;
 
 namespace {
 
-Tensor leaf_of(const Tensor& t) {
-  Tensor l = t.detach().clone();
-  l.set_requires_grad(true);
-  return l;
-}
-
 struct LsqRef {
   double dx, ds, dz;
 };

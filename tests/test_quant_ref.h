@@ -99,6 +99,13 @@ inline Tensor from_doubles(const std::vector<double>& v, DType dt, Device dev = 
   return Tensor::from_vector(v, {static_cast<std::int64_t>(v.size())}).to(dt).to(dev);
 }
 
+// A fresh leaf holding t's values.
+inline Tensor leaf_of(const Tensor& t) {
+  Tensor l = t.detach().clone();
+  l.set_requires_grad(true);
+  return l;
+}
+
 inline const DType kFloatTypes[] = {DType::f32, DType::f64, DType::f16, DType::bf16};
 
 }  // namespace qref

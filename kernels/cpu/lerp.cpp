@@ -24,9 +24,9 @@ void lerp_backward(const LerpArgs& args, const Tensor& dy, const Tensor& da, con
     const LerpElems<T> e = make_lerp_elems<T>(args);
     const LerpIndex li = make_lerp_index(args, dy.shape());
     const T* g = static_cast<const T*>(dy.data_ptr());
-    T* pa = da.defined() ? static_cast<T*>(da.data_ptr()) : nullptr;
-    T* pb = db.defined() ? static_cast<T*>(db.data_ptr()) : nullptr;
-    T* pw = dw.defined() ? static_cast<T*>(dw.data_ptr()) : nullptr;
+    T* pa = data_or_null<T>(da);
+    T* pb = data_or_null<T>(db);
+    T* pw = data_or_null<T>(dw);
     parallel_for(dy.numel(), [&](std::int64_t i) {
       std::int64_t ia, ib, iw;
       li.offsets(i, ia, ib, iw);

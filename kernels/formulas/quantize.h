@@ -177,6 +177,18 @@ struct ParamSource {
 // output element (and its mask bit, for forward ops). kParams: needs the
 // element's channel parameters; kReadsMask / kWritesMask: mask traffic.
 
+// clamp(q, qmin, qmax) of storage value x, with bit = qmin <= q <= qmax;
+// returns false (bit 0) for NaN.
+template <class T>
+QGRAD_HD bool clamped_quant(T x, const ChannelParams& p, std::int64_t qmin, std::int64_t qmax, std::int64_t& qc,
+                            bool& bit) {
+  bool nan;
+  const std::int64_t q = quant_index(static_cast<op_math_t<T>>(x), p.inv_scale, p.zp, nan);
+  bit = !nan && qmin <= q && q <= qmax;
+  qc = clamp_i64(q, qmin, qmax);
+  return !nan;
+}
+
 // fake quantize: y = (clamp(q) - zp) * scale; bit = qmin <= q <= qmax.
 template <class T, bool kDoubleProduct>
 struct FakeQuantOp {
@@ -185,15 +197,8 @@ struct FakeQuantOp {
   static constexpr bool kParams = true, kReadsMask = false, kWritesMask = true;
   std::int64_t qmin, qmax;
   QGRAD_HD Out operator()(In x, const ChannelParams& p, bool, bool& bit) const {
-    using M = op_math_t<T>;
-    bool nan;
-    const std::int64_t q = quant_index(static_cast<M>(x), p.inv_scale, p.zp, nan);
-    if (nan) {
-      bit = false;
-      return x;
-    }
-    bit = qmin <= q && q <= qmax;
-    return dequant_value<T, kDoubleProduct>(clamp_i64(q, qmin, qmax), p.zp, p.scale);
+    std::int64_t qc;
+    return clamped_quant(x, p, qmin, qmax, qc, bit) ? dequant_value<T, kDoubleProduct>(qc, p.zp, p.scale) : x;
   }
 };
 
@@ -205,15 +210,8 @@ struct QuantizeOp {
   static constexpr bool kParams = true, kReadsMask = false, kWritesMask = true;
   std::int64_t qmin, qmax;
   QGRAD_HD Out operator()(In x, const ChannelParams& p, bool, bool& bit) const {
-    using M = op_math_t<T>;
-    bool nan;
-    const std::int64_t q = quant_index(static_cast<M>(x), p.inv_scale, p.zp, nan);
-    if (nan) {
-      bit = false;
-      return static_cast<I>(qmin);
-    }
-    bit = qmin <= q && q <= qmax;
-    return static_cast<I>(clamp_i64(q, qmin, qmax));
+    std::int64_t qc;
+    return static_cast<I>(clamped_quant(x, p, qmin, qmax, qc, bit) ? qc : qmin);
   }
 };
 

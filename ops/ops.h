@@ -6,3 +6,5 @@
 #include "ops/linalg.h"
 #include "ops/loss.h"
 #include "ops/reduce.h"
+#include "ops/quantize.h"
+#include "ops/lerp.h"

@@ -1,0 +1,120 @@
+// CPU kernels of the quantization ops: the same formulas, mask layout and
+// reduction order as kernels/cuda/quantize.cu, so the two agree bit for bit.
+#include <vector>
+
+#include "kernels/cpu/parallel.h"
+#include "kernels/quant_mask.h"
+#include "kernels/quantize.h"
+
+namespace qgrad::kernels::cpu {
+
+namespace {
+
+template <class Op>
+void affine_impl(const AffineArgs& a) {
+  using In = typename Op::In;
+  using Out = typename Op::Out;
+  const In* in = static_cast<const In*>(a.in.data_ptr());
+  Out* out = static_cast<Out*>(a.out.data_ptr());
+  const std::int64_t n = a.in.numel();
+  const Op op{a.qmin, a.qmax};
+  const formulas::ChannelMap map(a.inner, a.channels, n);
+  const formulas::ParamSource ps = a.params;
+  const std::uint32_t* mask_in = a.mask_in;
+  std::uint32_t* mask_out = a.mask_out;
+  // One 128-element mask block per iteration, as one warp on CUDA.
+  parallel_for(qmask::blocks(n), [&](std::int64_t b) {
+    std::uint32_t words[qmask::kWordsPerBlock] = {0, 0, 0, 0};
+    const std::int64_t end = std::min(n, (b + 1) * qmask::kBlock);
+    std::int64_t cached_c = -1;
+    formulas::ChannelParams p;
+    for (std::int64_t i = b * qmask::kBlock; i < end; ++i) {
+      if constexpr (Op::kParams) {
+        const std::int64_t c = map.channel(i);
+        if (c != cached_c) {
+          p = ps.get(c);
+          cached_c = c;
+        }
+      }
+      bool bit_in = false, bit_out = false;
+      if constexpr (Op::kReadsMask) bit_in = qmask::test(mask_in, i);
+      out[i] = op(in[i], p, bit_in, bit_out);
+      if (bit_out) words[i & 3] |= 1u << qmask::bit_of(i);
+    }
+    if constexpr (Op::kWritesMask) {
+      if (mask_out)
+        for (std::int64_t k = 0; k < qmask::kWordsPerBlock; ++k) mask_out[b * qmask::kWordsPerBlock + k] = words[k];
+    }
+  });
+}
+
+template <class T>
+void lsq_backward_impl(const LsqArgs& a) {
+  using M = op_math_t<T>;
+  const T* x = static_cast<const T*>(a.x.data_ptr());
+  const T* dy = static_cast<const T*>(a.dy.data_ptr());
+  T* dx = static_cast<T*>(a.dx.data_ptr());
+  M* ds = static_cast<M*>(a.ds.data_ptr());
+  M* dz = static_cast<M*>(a.dz.data_ptr());
+  const formulas::ParamSource ps{a.scale.data<float>(), a.zp.data<std::int32_t>(), 1.0f, 0};
+  const std::int64_t per_channel = a.outer * a.inner;
+  const std::int64_t chunks = (per_channel + formulas::kLsqChunk - 1) / formulas::kLsqChunk;
+  const M g = static_cast<M>(a.grad_factor);
+  std::vector<M> part_s(static_cast<std::size_t>(a.channels * chunks)), part_z(part_s.size());
+  parallel_for(a.channels * chunks, [&](std::int64_t blk) {
+    const std::int64_t c = blk / chunks, start = (blk % chunks) * formulas::kLsqChunk;
+    const std::int64_t end = std::min(per_channel, start + formulas::kLsqChunk);
+    const formulas::ChannelParams p = ps.get(c);
+    M acc_s[formulas::kLsqThreads], acc_z[formulas::kLsqThreads];
+    for (int t = 0; t < formulas::kLsqThreads; ++t) {
+      M s = M(0), z = M(0);
+      for (std::int64_t j = start + t; j < end; j += formulas::kLsqThreads) {
+        const std::int64_t off = formulas::channel_offset(j, c, a.channels, a.inner);
+        const auto r = formulas::lsq_grad<M>(M(x[off]), M(dy[off]), p, a.qmin, a.qmax, g);
+        dx[off] = T(r.dx);
+        s = s + r.ds;
+        z = z + r.dz;
+      }
+      acc_s[t] = s;
+      acc_z[t] = z;
+    }
+    for (int s = formulas::kLsqThreads / 2; s > 0; s >>= 1)
+      for (int t = 0; t < s; ++t) {
+        acc_s[t] = acc_s[t] + acc_s[t + s];
+        acc_z[t] = acc_z[t] + acc_z[t + s];
+      }
+    part_s[static_cast<std::size_t>(blk)] = acc_s[0];
+    part_z[static_cast<std::size_t>(blk)] = acc_z[0];
+  });
+  for (std::int64_t c = 0; c < a.channels; ++c) {
+    M s = M(0), z = M(0);
+    for (std::int64_t k = 0; k < chunks; ++k) {
+      s = s + part_s[static_cast<std::size_t>(c * chunks + k)];
+      z = z + part_z[static_cast<std::size_t>(c * chunks + k)];
+    }
+    ds[c] = s;
+    dz[c] = z;
+  }
+}
+
+}  // namespace
+
+void affine(const AffineArgs& args) {
+  dispatch_affine(args, [&]<class Op>() { affine_impl<Op>(args); });
+}
+
+void lsq_backward(const LsqArgs& args) {
+  dispatch_floating(args.x.dtype(), "lsq_backward",
+                    [&](auto tag) { lsq_backward_impl<typename decltype(tag)::type>(args); });
+}
+
+void lsq_round_zero_point(const Tensor& zp, const Tensor& out, std::int64_t qmin, std::int64_t qmax) {
+  dispatch_floating(zp.dtype(), "lsq_round_zero_point", [&](auto tag) {
+    using Z = typename decltype(tag)::type;
+    const Z* z = static_cast<const Z*>(zp.data_ptr());
+    std::int32_t* o = out.data<std::int32_t>();
+    for (std::int64_t i = 0; i < out.numel(); ++i) o[i] = formulas::lsq_zero_point(z[i], qmin, qmax);
+  });
+}
+
+}  // namespace qgrad::kernels::cpu

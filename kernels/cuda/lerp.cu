@@ -1,0 +1,161 @@
+// CUDA kernels of lerp: when every operand has the output's shape, each
+// thread handles four consecutive elements with 16-byte (f32) loads and
+// stores; otherwise one element per thread through the broadcast index.
+#include <cstdint>
+
+#include "kernels/cuda/launch.cuh"
+#include "kernels/lerp.h"
+
+namespace qgrad::kernels::cuda {
+
+namespace {
+
+template <class T>
+struct alignas(4 * sizeof(T)) Vec4 {
+  T v[4];
+};
+
+template <class T>
+__device__ __forceinline__ Vec4<T> load4(const T* p) {
+  return *reinterpret_cast<const Vec4<T>*>(p);
+}
+template <class T>
+__device__ __forceinline__ void store4(T* p, const Vec4<T>& v) {
+  *reinterpret_cast<Vec4<T>*>(p) = v;
+}
+
+bool aligned16(const void* p, std::size_t elem) {
+  return p == nullptr || reinterpret_cast<std::uintptr_t>(p) % (4 * elem) == 0;
+}
+
+unsigned vec_blocks(int dev, std::int64_t n) {
+  return ::qgrad::cuda::blocks_for((n + 3) / 4, 256, ::qgrad::cuda::fill_blocks(dev, 256) * 8LL);
+}
+
+template <class T>
+__global__ void lerp_fw_vec(LerpElems<T> e, T* __restrict__ out, std::int64_t n) {
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t v = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; 4 * v < n; v += stride) {
+    const std::int64_t i0 = 4 * v;
+    if (i0 + 3 < n) {
+      Vec4<T> o;
+      if (e.w) {
+        const Vec4<T> a = load4(e.a + i0), b = load4(e.b + i0), w = load4(e.w + i0);
+        using M = op_math_t<T>;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) o.v[k] = T(formulas::lerp_value<M>(M(a.v[k]), M(b.v[k]), M(w.v[k])));
+      } else {
+        const Vec4<T> a = load4(e.a + i0), b = load4(e.b + i0);
+        using M = op_math_t<T>;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) o.v[k] = T(formulas::lerp_value<M>(M(a.v[k]), M(b.v[k]), e.wm));
+      }
+      store4(out + i0, o);
+    } else {
+      for (std::int64_t i = i0; i < n; ++i) out[i] = e.forward(i, i, i);
+    }
+  }
+}
+
+template <class T>
+__global__ void lerp_bw_vec(LerpElems<T> e, const T* __restrict__ dy, T* __restrict__ da, T* __restrict__ db,
+                            T* __restrict__ dw, std::int64_t n) {
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t v = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; 4 * v < n; v += stride) {
+    const std::int64_t i0 = 4 * v;
+    if (i0 + 3 < n) {
+      const Vec4<T> g = load4(dy + i0);
+      Vec4<T> w;
+      if (e.w) w = load4(e.w + i0);
+      if (da) {
+        Vec4<T> o;
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+          o.v[k] = e.w ? formulas::mul_round(g.v[k], formulas::lerp_one_minus(w.v[k]))
+                       : T(op_math_t<T>(g.v[k]) * e.one_minus_wm);
+        store4(da + i0, o);
+      }
+      if (db) {
+        Vec4<T> o;
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+          o.v[k] = e.w ? formulas::mul_round(g.v[k], w.v[k]) : T(op_math_t<T>(g.v[k]) * e.wm);
+        store4(db + i0, o);
+      }
+      if (dw) {
+        const Vec4<T> a = load4(e.a + i0), b = load4(e.b + i0);
+        Vec4<T> o;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) o.v[k] = formulas::mul_round(g.v[k], formulas::sub_round(b.v[k], a.v[k]));
+        store4(dw + i0, o);
+      }
+    } else {
+      for (std::int64_t i = i0; i < n; ++i) {
+        if (da) da[i] = e.grad_a(dy[i], i);
+        if (db) db[i] = e.grad_b(dy[i], i);
+        if (dw) dw[i] = e.grad_w(dy[i], i, i);
+      }
+    }
+  }
+}
+
+template <class T>
+void lerp_forward_impl(const LerpArgs& args, const Tensor& out) {
+  const LerpElems<T> e = make_lerp_elems<T>(args);
+  const LerpIndex li = make_lerp_index(args, out.shape());
+  T* o = static_cast<T*>(out.data_ptr());
+  const int dev = out.device().index;
+  const std::int64_t n = out.numel();
+  if (n == 0) return;
+  if (li.same && aligned16(e.a, sizeof(T)) && aligned16(e.b, sizeof(T)) && aligned16(e.w, sizeof(T)) &&
+      aligned16(o, sizeof(T))) {
+    lerp_fw_vec<T><<<vec_blocks(dev, n), 256, 0, ::qgrad::cuda::stream(dev)>>>(e, o, n);
+    QGRAD_LAUNCH_CHECK();
+    return;
+  }
+  launch_elementwise(dev, n, [=] __device__(std::int64_t i) {
+    std::int64_t ia, ib, iw;
+    li.offsets(i, ia, ib, iw);
+    o[i] = e.forward(ia, ib, iw);
+  });
+}
+
+template <class T>
+void lerp_backward_impl(const LerpArgs& args, const Tensor& dy, const Tensor& da, const Tensor& db, const Tensor& dw) {
+  const LerpElems<T> e = make_lerp_elems<T>(args);
+  const LerpIndex li = make_lerp_index(args, dy.shape());
+  const T* g = static_cast<const T*>(dy.data_ptr());
+  T* pa = data_or_null<T>(da);
+  T* pb = data_or_null<T>(db);
+  T* pw = data_or_null<T>(dw);
+  const int dev = dy.device().index;
+  const std::int64_t n = dy.numel();
+  if (n == 0) return;
+  const std::size_t sz = sizeof(T);
+  if (li.same && aligned16(e.a, sz) && aligned16(e.b, sz) && aligned16(e.w, sz) && aligned16(g, sz) &&
+      aligned16(pa, sz) && aligned16(pb, sz) && aligned16(pw, sz)) {
+    lerp_bw_vec<T><<<vec_blocks(dev, n), 256, 0, ::qgrad::cuda::stream(dev)>>>(e, g, pa, pb, pw, n);
+    QGRAD_LAUNCH_CHECK();
+    return;
+  }
+  launch_elementwise(dev, n, [=] __device__(std::int64_t i) {
+    std::int64_t ia, ib, iw;
+    li.offsets(i, ia, ib, iw);
+    if (pa) pa[i] = e.grad_a(g[i], iw);
+    if (pb) pb[i] = e.grad_b(g[i], iw);
+    if (pw) pw[i] = e.grad_w(g[i], ia, ib);
+  });
+}
+
+}  // namespace
+
+void lerp_forward(const LerpArgs& args, const Tensor& out) {
+  dispatch_floating(out.dtype(), "lerp", [&](auto tag) { lerp_forward_impl<typename decltype(tag)::type>(args, out); });
+}
+
+void lerp_backward(const LerpArgs& args, const Tensor& dy, const Tensor& da, const Tensor& db, const Tensor& dw) {
+  dispatch_floating(dy.dtype(), "lerp_backward",
+                    [&](auto tag) { lerp_backward_impl<typename decltype(tag)::type>(args, dy, da, db, dw); });
+}
+
+}  // namespace qgrad::kernels::cuda

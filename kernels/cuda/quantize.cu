@@ -1,0 +1,213 @@
+// CUDA kernels of the quantization ops.
+//
+// The affine engine: one warp per 128-element mask block, each lane four
+// consecutive elements (a 16-byte load/store for f32 when the pointers are
+// aligned), the channel found once per lane by a magic-number division
+// when `inner` is a multiple of 4 (per element otherwise), and the mask
+// word k of the block built by one __ballot_sync over the lanes' k-th
+// elements: no atomics. Same formulas and mask layout as the CPU kernels.
+#include <cstdint>
+
+#include "kernels/cuda/launch.cuh"
+#include "kernels/quant_mask.h"
+#include "kernels/quantize.h"
+
+namespace qgrad::kernels::cuda {
+
+namespace {
+
+template <class T>
+struct alignas(4 * sizeof(T)) Vec4 {
+  T v[4];
+};
+
+template <class Op, bool kVec>
+__global__ void affine_kernel(Op op, const typename Op::In* __restrict__ in, typename Op::Out* __restrict__ out,
+                              const std::uint32_t* __restrict__ mask_in, std::uint32_t* __restrict__ mask_out,
+                              std::int64_t n, formulas::ChannelMap map, formulas::ParamSource ps, bool same4) {
+  using In = typename Op::In;
+  using Out = typename Op::Out;
+  const unsigned lane = threadIdx.x & 31u;
+  const std::int64_t warp = (static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  const std::int64_t nwarps = (static_cast<std::int64_t>(gridDim.x) * blockDim.x) >> 5;
+  const std::int64_t nblocks = qmask::blocks(n);
+  for (std::int64_t b = warp; b < nblocks; b += nwarps) {
+    const std::int64_t i0 = b * qmask::kBlock + 4 * static_cast<std::int64_t>(lane);
+    const bool full = i0 + 3 < n;
+    In v[4];
+    if (kVec && full) {
+      const Vec4<In> w = *reinterpret_cast<const Vec4<In>*>(in + i0);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) v[k] = w.v[k];
+    } else {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) v[k] = i0 + k < n ? in[i0 + k] : In{};
+    }
+    bool bit_in[4] = {false, false, false, false};
+    if constexpr (Op::kReadsMask) {
+      const uint4 w = *reinterpret_cast<const uint4*>(mask_in + b * qmask::kWordsPerBlock);
+      bit_in[0] = (w.x >> lane) & 1u;
+      bit_in[1] = (w.y >> lane) & 1u;
+      bit_in[2] = (w.z >> lane) & 1u;
+      bit_in[3] = (w.w >> lane) & 1u;
+    }
+    formulas::ChannelParams p;
+    if constexpr (Op::kParams) {
+      if (same4 && i0 < n) p = ps.get(map.channel(i0));
+    }
+    Out o[4];
+    bool bit[4] = {false, false, false, false};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      if (i0 + k < n) {
+        if constexpr (Op::kParams) {
+          if (!same4) p = ps.get(map.channel(i0 + k));
+        }
+        o[k] = op(v[k], p, bit_in[k], bit[k]);
+      }
+    }
+    if (kVec && full) {
+      Vec4<Out> w;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) w.v[k] = o[k];
+      *reinterpret_cast<Vec4<Out>*>(out + i0) = w;
+    } else {
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+        if (i0 + k < n) out[i0 + k] = o[k];
+    }
+    if constexpr (Op::kWritesMask) {
+      uint4 words;
+      words.x = __ballot_sync(0xffffffffu, bit[0]);
+      words.y = __ballot_sync(0xffffffffu, bit[1]);
+      words.z = __ballot_sync(0xffffffffu, bit[2]);
+      words.w = __ballot_sync(0xffffffffu, bit[3]);
+      if (mask_out && lane == 0) *reinterpret_cast<uint4*>(mask_out + b * qmask::kWordsPerBlock) = words;
+    }
+  }
+}
+
+template <class Op>
+void affine_impl(const AffineArgs& a) {
+  using In = typename Op::In;
+  using Out = typename Op::Out;
+  const std::int64_t n = a.in.numel();
+  if (n == 0) return;
+  const int dev = a.out.device().index;
+  const In* in = static_cast<const In*>(a.in.data_ptr());
+  Out* out = static_cast<Out*>(a.out.data_ptr());
+  const bool vec = reinterpret_cast<std::uintptr_t>(in) % sizeof(Vec4<In>) == 0 &&
+                   reinterpret_cast<std::uintptr_t>(out) % sizeof(Vec4<Out>) == 0;
+  const bool same4 = a.channels == 1 || a.inner % 4 == 0;
+  const formulas::ChannelMap map(a.inner, a.channels, n);
+  constexpr unsigned threads = 256;
+  const std::int64_t warps_needed = qmask::blocks(n);
+  const unsigned blocks = ::qgrad::cuda::blocks_for(warps_needed * 32, threads,
+                                                    ::qgrad::cuda::fill_blocks(dev, threads) * 8LL);
+  cudaStream_t s = ::qgrad::cuda::stream(dev);
+  const Op op{a.qmin, a.qmax};
+  if (vec)
+    affine_kernel<Op, true><<<blocks, threads, 0, s>>>(op, in, out, a.mask_in, a.mask_out, n, map, a.params, same4);
+  else
+    affine_kernel<Op, false><<<blocks, threads, 0, s>>>(op, in, out, a.mask_in, a.mask_out, n, map, a.params, same4);
+  QGRAD_LAUNCH_CHECK();
+}
+
+// Stage 1 of the LSQ backward: one block per (channel, chunk), the order of
+// kernels/cpu/quantize.cpp (thread t sums j = t, t + 256, ...; then a tree).
+template <class T>
+__global__ void lsq_partial_kernel(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx,
+                                   op_math_t<T>* part_s, op_math_t<T>* part_z, formulas::ParamSource ps,
+                                   std::int64_t channels, std::int64_t inner, std::int64_t per_channel,
+                                   std::int64_t chunks, std::int64_t qmin, std::int64_t qmax, op_math_t<T> g) {
+  using M = op_math_t<T>;
+  __shared__ M sh_s[formulas::kLsqThreads];
+  __shared__ M sh_z[formulas::kLsqThreads];
+  const int t = static_cast<int>(threadIdx.x);
+  for (std::int64_t blk = blockIdx.x; blk < channels * chunks; blk += gridDim.x) {
+    const std::int64_t c = blk / chunks, start = (blk % chunks) * formulas::kLsqChunk;
+    const std::int64_t end = start + formulas::kLsqChunk < per_channel ? start + formulas::kLsqChunk : per_channel;
+    const formulas::ChannelParams p = ps.get(c);
+    M s = M(0), z = M(0);
+    for (std::int64_t j = start + t; j < end; j += formulas::kLsqThreads) {
+      const std::int64_t off = formulas::channel_offset(j, c, channels, inner);
+      const auto r = formulas::lsq_grad<M>(M(x[off]), M(dy[off]), p, qmin, qmax, g);
+      dx[off] = T(r.dx);
+      s = s + r.ds;
+      z = z + r.dz;
+    }
+    sh_s[t] = s;
+    sh_z[t] = z;
+    __syncthreads();
+    for (int w = formulas::kLsqThreads / 2; w > 0; w >>= 1) {
+      if (t < w) {
+        sh_s[t] = sh_s[t] + sh_s[t + w];
+        sh_z[t] = sh_z[t] + sh_z[t + w];
+      }
+      __syncthreads();
+    }
+    if (t == 0) {
+      part_s[blk] = sh_s[0];
+      part_z[blk] = sh_z[0];
+    }
+    __syncthreads();
+  }
+}
+
+template <class T>
+void lsq_backward_impl(const LsqArgs& a) {
+  using M = op_math_t<T>;
+  const int dev = a.dx.device().index;
+  const std::int64_t per_channel = a.outer * a.inner;
+  const std::int64_t chunks = (per_channel + formulas::kLsqChunk - 1) / formulas::kLsqChunk;
+  Tensor part = Tensor::empty({2 * a.channels * chunks}, TensorOptions{}.with_dtype(dtype_of<M>).with_device(a.dx.device()));
+  M* part_s = static_cast<M*>(part.data_ptr());
+  M* part_z = part_s + a.channels * chunks;
+  const formulas::ParamSource ps{a.scale.data<float>(), a.zp.data<std::int32_t>(), 1.0f, 0};
+  const std::int64_t total = a.channels * chunks;
+  const unsigned blocks = static_cast<unsigned>(total < 65535LL * 32 ? total : 65535LL * 32);
+  cudaStream_t s = ::qgrad::cuda::stream(dev);
+  if (total > 0) {
+  lsq_partial_kernel<T><<<blocks, formulas::kLsqThreads, 0, s>>>(
+      static_cast<const T*>(a.x.data_ptr()), static_cast<const T*>(a.dy.data_ptr()), static_cast<T*>(a.dx.data_ptr()),
+      part_s, part_z, ps, a.channels, a.inner, per_channel, chunks, a.qmin, a.qmax, static_cast<M>(a.grad_factor));
+  QGRAD_LAUNCH_CHECK();
+  }
+  M* ds = static_cast<M*>(a.ds.data_ptr());
+  M* dz = static_cast<M*>(a.dz.data_ptr());
+  launch_elementwise(dev, a.channels, [=] __device__(std::int64_t c) {
+    M acc_s = M(0), acc_z = M(0);
+    for (std::int64_t k = 0; k < chunks; ++k) {
+      acc_s = acc_s + part_s[c * chunks + k];
+      acc_z = acc_z + part_z[c * chunks + k];
+    }
+    ds[c] = acc_s;
+    dz[c] = acc_z;
+  });
+}
+
+template <class Z>
+void round_zero_point_impl(const Tensor& zp, const Tensor& out, std::int64_t qmin, std::int64_t qmax) {
+  const Z* z = static_cast<const Z*>(zp.data_ptr());
+  std::int32_t* o = out.data<std::int32_t>();
+  launch_elementwise(out.device().index, out.numel(),
+                     [=] __device__(std::int64_t i) { o[i] = formulas::lsq_zero_point(z[i], qmin, qmax); });
+}
+
+}  // namespace
+
+void affine(const AffineArgs& args) {
+  dispatch_affine(args, [&]<class Op>() { affine_impl<Op>(args); });
+}
+
+void lsq_backward(const LsqArgs& args) {
+  dispatch_floating(args.x.dtype(), "lsq_backward",
+                    [&](auto tag) { lsq_backward_impl<typename decltype(tag)::type>(args); });
+}
+
+void lsq_round_zero_point(const Tensor& zp, const Tensor& out, std::int64_t qmin, std::int64_t qmax) {
+  dispatch_floating(zp.dtype(), "lsq_round_zero_point",
+                    [&](auto tag) { round_zero_point_impl<typename decltype(tag)::type>(zp, out, qmin, qmax); });
+}
+
+}  // namespace qgrad::kernels::cuda

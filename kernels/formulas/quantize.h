@@ -1,0 +1,320 @@
+// Scalar formulas of the quantization ops, shared by the CPU and CUDA
+// kernels (the build forbids FMA contraction on both sides, so every
+// product and sum here rounds once, identically on both devices).
+//
+// Conventions, following PyTorch 2.11's CPU kernels:
+// - inv_scale = 1.0f / scale in float; the forward multiplies by it.
+// - x * inv_scale in op math (float for f32/f16/bf16, double for f64),
+//   rounded half to even (nearbyint), then the zero point is added: the
+//   integer q = nearbyint(x * inv_scale) + zp, computed exactly (the
+//   rounded value is clamped to +-2^32 first, so +-inf and huge values map
+//   to far out-of-range integers without undefined behaviour).
+// - fake quant: y = (clamp(q, qmin, qmax) - zp) * scale (the product as
+//   PyTorch takes it, see dequant_value); in-range mask qmin <= q <= qmax.
+//   q is exact; PyTorch forms zp + nearbyint(v) in op math, which is the same
+//   integer while |q| <= 2^24 (so bit-exactness with PyTorch holds for every
+//   range within +-2^24).
+// - NaN input: y = NaN and mask 0 (PyTorch maps NaN to qmin); quantize to an
+//   integer maps NaN to qmin with mask 0.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "core/half.h"
+
+namespace qgrad::formulas {
+
+// ---- rounding and exact integer conversion ----
+QGRAD_HD float round_half_even(float v) {
+#if defined(__CUDA_ARCH__)
+  return rintf(v);
+#else
+  return std::nearbyint(v);
+#endif
+}
+QGRAD_HD double round_half_even(double v) {
+#if defined(__CUDA_ARCH__)
+  return rint(v);
+#else
+  return std::nearbyint(v);
+#endif
+}
+
+// An integer-valued (or infinite) M to int64, clamped to +-2^32: beyond
+// that every q is out of any int32 range [qmin, qmax] anyway.
+template <class M>
+QGRAD_HD std::int64_t to_clamped_int(M r) {
+  const M lim = M(4294967296.0);
+  r = r < -lim ? -lim : (r > lim ? lim : r);
+  return static_cast<std::int64_t>(r);
+}
+
+QGRAD_HD std::int64_t clamp_i64(std::int64_t q, std::int64_t lo, std::int64_t hi) {
+  return q < lo ? lo : (q > hi ? hi : q);
+}
+
+// A double rounded once to storage type T (16-bit types through float, as
+// PyTorch's c10::Half(double) does).
+template <class T>
+QGRAD_HD T from_double(double v) {
+  if constexpr (std::is_same_v<T, double>) return v;
+  else if constexpr (std::is_same_v<T, float>) return static_cast<float>(v);
+  else return T(static_cast<float>(v));
+}
+
+QGRAD_HD float inv_scale_of(float scale) { return 1.0f / scale; }
+
+template <class T>
+QGRAD_HD bool is_nan(T v) {
+  return !(v == v);
+}
+
+// q = nearbyint(x * inv_scale) + zp, exactly; `nan` set for NaN inputs.
+template <class M>
+QGRAD_HD std::int64_t quant_index(M x, float inv_scale, std::int32_t zp, bool& nan) {
+  const M v = x * static_cast<M>(inv_scale);
+  nan = is_nan(v);
+  if (nan) return 0;
+  return to_clamped_int(round_half_even(v)) + zp;
+}
+
+// (q - zp) * scale, the product as PyTorch's CPU kernels take it:
+// - kDoubleProduct (fake_quantize_per_channel_affine: std::fmin/fmax promote
+//   to double): in f64, rounded once to T (16-bit types through f32);
+// - otherwise (fake_quantize_per_tensor_affine, dequantize: int64 * float):
+//   float(q - zp) * scale in f32, then widened or narrowed to T; so an f64
+//   per-tensor fake quantize has f32-precision values, as in PyTorch.
+// For T computed in f32 and |q - zp| <= 2^24 the two are the same number.
+template <class T, bool kDoubleProduct>
+QGRAD_HD T dequant_value(std::int64_t q, std::int32_t zp, float scale) {
+  const std::int64_t k = q - zp;
+  if constexpr (kDoubleProduct) {
+    if constexpr (!std::is_same_v<T, double>) {
+      if (k >= -16777216 && k <= 16777216) return T(static_cast<float>(static_cast<std::int32_t>(k)) * scale);
+    }
+    return from_double<T>(static_cast<double>(k) * static_cast<double>(scale));
+  } else {
+    const float y = static_cast<float>(k) * scale;
+    if constexpr (std::is_same_v<T, double>) return static_cast<double>(y);
+    else return T(y);
+  }
+}
+
+// ---- per-channel parameters and the channel of an element ----
+struct ChannelParams {
+  float scale = 1.0f;
+  float inv_scale = 1.0f;
+  std::int32_t zp = 0;
+};
+
+// n / d for n < 2^31 and 1 <= d < 2^31 by a multiply and a shift (the
+// magic-number division of PyTorch's IntDivider); exact in that range.
+struct FastDiv {
+  std::uint32_t d = 1, m = 1, shift = 0;
+  FastDiv() = default;
+  explicit FastDiv(std::uint32_t divisor) : d(divisor) {
+    for (shift = 0; shift < 32; ++shift)
+      if ((1ull << shift) >= d) break;
+    const std::uint64_t magic = ((1ull << 32) * ((1ull << shift) - d)) / d + 1;
+    m = static_cast<std::uint32_t>(magic);
+  }
+  QGRAD_HD std::uint32_t div(std::uint32_t n) const {
+#if defined(__CUDA_ARCH__)
+    const std::uint32_t t = __umulhi(n, m);
+#else
+    const std::uint32_t t = static_cast<std::uint32_t>((static_cast<std::uint64_t>(n) * m) >> 32);
+#endif
+    return (t + n) >> shift;
+  }
+};
+
+// The parameter index of element i: (i / inner) % channels. Per tensor:
+// channels = 1; per channel: inner = product of the dims after the axis;
+// per token [N, D]: inner = D, channels = N; per group: inner = G,
+// channels = numel / G. `small` (numel < 2^31) selects the magic division.
+struct ChannelMap {
+  std::int64_t inner = 1, channels = 1;
+  bool small = true;
+  FastDiv div_inner, div_channels;
+  ChannelMap() = default;
+  ChannelMap(std::int64_t inner_, std::int64_t channels_, std::int64_t numel)
+      : inner(inner_), channels(channels_), small(numel < (std::int64_t(1) << 31)) {
+    if (small) {
+      div_inner = FastDiv(static_cast<std::uint32_t>(inner));
+      div_channels = FastDiv(static_cast<std::uint32_t>(channels));
+    }
+  }
+  QGRAD_HD std::int64_t channel(std::int64_t i) const {
+    if (channels == 1) return 0;
+    if (small) {
+      const std::uint32_t row = div_inner.div(static_cast<std::uint32_t>(i));
+      return static_cast<std::int64_t>(row - div_channels.div(row) * static_cast<std::uint32_t>(channels));
+    }
+    return (i / inner) % channels;
+  }
+};
+
+// Where the parameters come from: device/host arrays [channels], or the
+// host scalars when the pointers are null.
+struct ParamSource {
+  const float* scale = nullptr;
+  const std::int32_t* zp = nullptr;
+  float scale_value = 1.0f;
+  std::int32_t zp_value = 0;
+  QGRAD_HD ChannelParams get(std::int64_t c) const {
+    ChannelParams p;
+    p.scale = scale ? scale[c] : scale_value;
+    p.zp = zp ? zp[c] : zp_value;
+    p.inv_scale = inv_scale_of(p.scale);
+    return p;
+  }
+};
+
+// ---- elementwise ops of the affine engine ----
+// Each maps one input element (and its mask bit, for backward ops) to one
+// output element (and its mask bit, for forward ops). kParams: needs the
+// element's channel parameters; kReadsMask / kWritesMask: mask traffic.
+
+// clamp(q, qmin, qmax) of storage value x, with bit = qmin <= q <= qmax;
+// returns false (bit 0) for NaN.
+template <class T>
+QGRAD_HD bool clamped_quant(T x, const ChannelParams& p, std::int64_t qmin, std::int64_t qmax, std::int64_t& qc,
+                            bool& bit) {
+  bool nan;
+  const std::int64_t q = quant_index(static_cast<op_math_t<T>>(x), p.inv_scale, p.zp, nan);
+  bit = !nan && qmin <= q && q <= qmax;
+  qc = clamp_i64(q, qmin, qmax);
+  return !nan;
+}
+
+// fake quantize: y = (clamp(q) - zp) * scale; bit = qmin <= q <= qmax.
+template <class T, bool kDoubleProduct>
+struct FakeQuantOp {
+  using In = T;
+  using Out = T;
+  static constexpr bool kParams = true, kReadsMask = false, kWritesMask = true;
+  std::int64_t qmin, qmax;
+  QGRAD_HD Out operator()(In x, const ChannelParams& p, bool, bool& bit) const {
+    std::int64_t qc;
+    return clamped_quant(x, p, qmin, qmax, qc, bit) ? dequant_value<T, kDoubleProduct>(qc, p.zp, p.scale) : x;
+  }
+};
+
+// quantize to integer type I: clamp(q, qmin, qmax) (qmin/qmax: I's range).
+template <class T, class I>
+struct QuantizeOp {
+  using In = T;
+  using Out = I;
+  static constexpr bool kParams = true, kReadsMask = false, kWritesMask = true;
+  std::int64_t qmin, qmax;
+  QGRAD_HD Out operator()(In x, const ChannelParams& p, bool, bool& bit) const {
+    std::int64_t qc;
+    return static_cast<I>(clamped_quant(x, p, qmin, qmax, qc, bit) ? qc : qmin);
+  }
+};
+
+// dequantize: y = (q - zp) * scale.
+template <class I, class T, bool kDoubleProduct>
+struct DequantizeOp {
+  using In = I;
+  using Out = T;
+  static constexpr bool kParams = true, kReadsMask = false, kWritesMask = false;
+  std::int64_t qmin, qmax;
+  QGRAD_HD Out operator()(In q, const ChannelParams& p, bool, bool&) const {
+    return dequant_value<T, kDoubleProduct>(static_cast<std::int64_t>(q), p.zp, p.scale);
+  }
+};
+
+// straight-through backward of fake quantize: dx = dy * mask.
+template <class T>
+struct MaskGradOp {
+  using In = T;
+  using Out = T;
+  static constexpr bool kParams = false, kReadsMask = true, kWritesMask = false;
+  std::int64_t qmin, qmax;
+  QGRAD_HD Out operator()(In dy, const ChannelParams&, bool bit, bool&) const {
+    using M = op_math_t<T>;
+    return T(static_cast<M>(dy) * static_cast<M>(bit ? 1 : 0));  // as PyTorch's dy * mask: -0.0 kept
+  }
+};
+
+// backward of quantize: dx = dy / scale * mask.
+template <class T>
+struct QuantizeGradOp {
+  using In = T;
+  using Out = T;
+  static constexpr bool kParams = true, kReadsMask = true, kWritesMask = false;
+  std::int64_t qmin, qmax;
+  QGRAD_HD Out operator()(In dy, const ChannelParams& p, bool bit, bool&) const {
+    using M = op_math_t<T>;
+    return T((static_cast<M>(dy) / static_cast<M>(p.scale)) * static_cast<M>(bit ? 1 : 0));
+  }
+};
+
+// backward of dequantize: dq = dy * scale.
+template <class T>
+struct DequantizeGradOp {
+  using In = T;
+  using Out = T;
+  static constexpr bool kParams = true, kReadsMask = false, kWritesMask = false;
+  std::int64_t qmin, qmax;
+  QGRAD_HD Out operator()(In dy, const ChannelParams& p, bool, bool&) const {
+    using M = op_math_t<T>;
+    return T(static_cast<M>(dy) * static_cast<M>(p.scale));
+  }
+};
+
+// ---- learnable fake quantize (LSQ) ----
+// The zero point used by forward and backward alike:
+// clamp(nearbyint(float(zp)), qmin, qmax); NaN gives qmin. (PyTorch's
+// backward uses (int64)(zp + 0.5f) instead, so the two can disagree there.)
+template <class Z>
+QGRAD_HD std::int32_t lsq_zero_point(Z zp, std::int64_t qmin, std::int64_t qmax) {
+  const float z = static_cast<float>(zp);
+  if (is_nan(z)) return static_cast<std::int32_t>(qmin);
+  return static_cast<std::int32_t>(clamp_i64(to_clamped_int(round_half_even(z)), qmin, qmax));
+}
+
+template <class M>
+struct LsqGrad {
+  M dx, ds, dz;
+};
+
+// PyTorch's per-element LSQ gradients (_fake_quantize_grad_learnable_*),
+// with its multiplication order, in op math M; g = grad_factor.
+template <class M>
+QGRAD_HD LsqGrad<M> lsq_grad(M x, M dy, const ChannelParams& p, std::int64_t qmin, std::int64_t qmax, M g) {
+  bool nan;
+  const std::int64_t q = quant_index(x, p.inv_scale, p.zp, nan);
+  LsqGrad<M> r{M(0), M(0), M(0)};
+  if (nan) return r;
+  if (q < qmin || q > qmax) {
+    r.dx = dy * M(0);
+    r.dz = ((dy * M(-1)) * static_cast<M>(p.scale)) * g;
+    r.ds = (dy * static_cast<M>((q < qmin ? qmin : qmax) - p.zp)) * g;
+  } else {
+    r.dx = dy * M(1);
+    const M xfq = static_cast<M>(q - p.zp) * static_cast<M>(p.scale);
+    r.ds = ((dy * (xfq - x)) * static_cast<M>(p.inv_scale)) * g;
+  }
+  return r;
+}
+
+// The deterministic two-stage reduction of LSQ's scale and zero-point
+// gradients, identical on CPU and CUDA: each channel's elements (in
+// channel-local order j = outer * inner + i) are cut into chunks of
+// kLsqChunk; in a chunk, "thread" t of kLsqThreads sums j = t, t + 256, ...
+// in order, then the 256 partials combine by the tree p[t] += p[t + s] for
+// s = 128, 64, ..., 1; finally the chunk sums of a channel add in order.
+inline constexpr int kLsqThreads = 256;
+inline constexpr std::int64_t kLsqChunk = 2048;
+
+// Offset of channel-local element j of channel c in an [outer, C, inner] layout.
+QGRAD_HD std::int64_t channel_offset(std::int64_t j, std::int64_t c, std::int64_t channels, std::int64_t inner) {
+  const std::int64_t o = j / inner;
+  return (o * channels + c) * inner + (j - o * inner);
+}
+
+}  // namespace qgrad::formulas

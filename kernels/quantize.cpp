@@ -1,0 +1,20 @@
+#include "kernels/quantize.h"
+
+#include "kernels/dispatch.h"
+
+namespace qgrad::kernels {
+
+void affine(const AffineArgs& args) {
+  if (args.out.is_cuda()) QGRAD_ON_CUDA(cuda::affine(args));
+  else cpu::affine(args);
+}
+void lsq_backward(const LsqArgs& args) {
+  if (args.dx.is_cuda()) QGRAD_ON_CUDA(cuda::lsq_backward(args));
+  else cpu::lsq_backward(args);
+}
+void lsq_round_zero_point(const Tensor& zp, const Tensor& out, std::int64_t qmin, std::int64_t qmax) {
+  if (out.is_cuda()) QGRAD_ON_CUDA(cuda::lsq_round_zero_point(zp, out, qmin, qmax));
+  else cpu::lsq_round_zero_point(zp, out, qmin, qmax);
+}
+
+}  // namespace qgrad::kernels

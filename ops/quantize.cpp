@@ -1,0 +1,436 @@
+// Quantization ops: validation, forward kernel, saved state and backward
+// rule of each op in one place. Formulas: kernels/formulas/quantize.h.
+#include "ops/quantize.h"
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "autograd/node.h"
+#include "kernels/quant_mask.h"
+#include "kernels/quantize.h"
+#include "ops/check.h"
+
+namespace qgrad {
+
+using kernels::AffineOp;
+
+std::int64_t quant_min_of(DType dtype) {
+  return dispatch_int8(dtype, "quantize", [](auto tag) {
+    return static_cast<std::int64_t>(std::numeric_limits<typename decltype(tag)::type>::min());
+  });
+}
+std::int64_t quant_max_of(DType dtype) {
+  return dispatch_int8(dtype, "quantize", [](auto tag) {
+    return static_cast<std::int64_t>(std::numeric_limits<typename decltype(tag)::type>::max());
+  });
+}
+
+namespace {
+
+// Resolved quantization parameters: where the kernel reads them and how
+// an element finds its channel. Holds the parameter tensors alive.
+struct Scope {
+  formulas::ParamSource params;
+  std::int64_t inner = 1, channels = 1;
+  bool double_product = false;  // per channel/token/group: see formulas::dequant_value
+  Tensor scale, zp;  // detached; undefined for host scalars
+  std::size_t bytes() const { return scale.defined() ? scale.nbytes() + zp.nbytes() : 0; }
+};
+
+TensorOptions like(const Tensor& t, DType dtype) { return TensorOptions{}.with_dtype(dtype).with_device(t.device()); }
+
+void check_range(std::int64_t qmin, std::int64_t qmax, const char* op) {
+  constexpr std::int64_t lo = std::numeric_limits<std::int32_t>::min(), hi = std::numeric_limits<std::int32_t>::max();
+  QGRAD_CHECK(qmin >= lo && qmin <= hi, op, "qmin", "must fit in int32, got ", qmin);
+  QGRAD_CHECK(qmax >= lo && qmax <= hi, op, "qmax", "must fit in int32, got ", qmax);
+  QGRAD_CHECK(qmin < qmax, op, "qmax", "qmin must be < qmax, got qmin ", qmin, ", qmax ", qmax);
+}
+
+void check_int8(DType dtype, const char* op, const char* arg) {
+  QGRAD_CHECK(dtype == DType::s8 || dtype == DType::u8, op, arg, "expected s8 or u8, got ", dtype_name(dtype));
+}
+
+void check_scale_value(double scale, const char* op) {
+  check::finite_positive(scale, op, "scale");
+  const float f = static_cast<float>(scale);
+  QGRAD_CHECK(std::isfinite(f) && f > 0 && std::isfinite(1.0f / f), op, "scale",
+              "must be a finite positive f32 with a finite reciprocal, got ", scale);
+}
+
+void check_zp_value(std::int64_t zp, std::int64_t qmin, std::int64_t qmax, const char* op) {
+  QGRAD_CHECK(zp >= qmin && zp <= qmax, op, "zero_point", "must lie in [", qmin, ", ", qmax, "], got ", zp);
+}
+
+Scope scalar_scope(double scale, std::int64_t zp, std::int64_t qmin, std::int64_t qmax, const char* op) {
+  check_scale_value(scale, op);
+  check_zp_value(zp, qmin, qmax, op);
+  Scope s;
+  s.params.scale_value = static_cast<float>(scale);
+  s.params.zp_value = static_cast<std::int32_t>(zp);
+  return s;
+}
+
+// Tensor qparams: f32 scale and s32 zero point of `shape` (per tensor: any
+// shape of one element) on `ref`'s device. Values checked when on the CPU.
+Scope tensor_scope(const Tensor& ref, const Tensor& scale, const Tensor& zp, const Shape* shape, std::int64_t qmin,
+                   std::int64_t qmax, const char* op) {
+  check::dtype_is(scale, DType::f32, op, "scale");
+  check::dtype_is(zp, DType::s32, op, "zero_point");
+  check::same_device(scale, ref, op, "scale");
+  check::same_device(zp, ref, op, "zero_point");
+  if (shape) {
+    QGRAD_CHECK(scale.shape() == *shape, op, "scale", "expected shape ", shape_str(*shape), ", got ",
+                shape_str(scale.shape()));
+    QGRAD_CHECK(zp.shape() == *shape, op, "zero_point", "expected shape ", shape_str(*shape), ", got ",
+                shape_str(zp.shape()));
+  } else {
+    QGRAD_CHECK(scale.numel() == 1, op, "scale", "expected one element, got shape ", shape_str(scale.shape()));
+    QGRAD_CHECK(zp.numel() == 1, op, "zero_point", "expected one element, got shape ", shape_str(zp.shape()));
+  }
+  if (!scale.is_cuda()) {
+    const float* s = scale.data<float>();
+    const std::int32_t* z = zp.data<std::int32_t>();
+    for (std::int64_t i = 0; i < scale.numel(); ++i) check_scale_value(s[i], op);
+    for (std::int64_t i = 0; i < zp.numel(); ++i) check_zp_value(z[i], qmin, qmax, op);
+  }
+  Scope sc;
+  sc.scale = scale.detach();
+  sc.zp = zp.detach();
+  sc.params.scale = sc.scale.data<float>();
+  sc.params.zp = sc.zp.data<std::int32_t>();
+  return sc;
+}
+
+// inner = product of the dims after `axis`.
+std::int64_t inner_of(const Shape& shape, std::int64_t axis) {
+  std::int64_t inner = 1;
+  for (std::size_t d = static_cast<std::size_t>(axis) + 1; d < shape.size(); ++d) inner *= shape[d];
+  return inner;
+}
+
+std::int64_t outer_of(const Shape& shape, std::int64_t axis) {
+  std::int64_t outer = 1;
+  for (std::int64_t d = 0; d < axis; ++d) outer *= shape[static_cast<std::size_t>(d)];
+  return outer;
+}
+
+void run_affine(AffineOp op, const Tensor& in, const Tensor& out, const Scope& sc, std::int64_t qmin, std::int64_t qmax,
+                const Tensor& mask_in, const Tensor& mask_out) {
+  if (in.numel() == 0) return;
+  kernels::AffineArgs a;
+  a.op = op;
+  a.in = in;
+  a.out = out;
+  a.mask_in = mask_in.defined() ? static_cast<const std::uint32_t*>(mask_in.data_ptr()) : nullptr;
+  a.mask_out = mask_out.defined() ? static_cast<std::uint32_t*>(mask_out.data_ptr()) : nullptr;
+  a.params = sc.params;
+  a.inner = std::max<std::int64_t>(sc.inner, 1);
+  a.channels = std::max<std::int64_t>(sc.channels, 1);
+  a.qmin = qmin;
+  a.qmax = qmax;
+  a.double_product = sc.double_product;
+  kernels::affine(a);
+}
+
+Tensor new_mask(const Tensor& x) { return Tensor::empty({kernels::qmask::words(x.numel())}, like(x, DType::s32)); }
+
+// Fake quantize with straight-through backward: saves only the bit mask.
+Tensor fake_quant_forward(const char* name, const Tensor& x, const Scope& sc, std::int64_t qmin, std::int64_t qmax) {
+  Tensor out = Tensor::empty(x.shape(), like(x, x.dtype()));
+  const bool need = any_requires_grad({x});
+  Tensor mask = need ? new_mask(x) : Tensor();
+  run_affine(AffineOp::fake_quant, x, out, sc, qmin, qmax, Tensor(), mask);
+  if (need) {
+    record(
+        name, out, {x},
+        [mask](const Tensor& g) {
+          Tensor dx = Tensor::empty(g.shape(), like(g, g.dtype()));
+          run_affine(AffineOp::mask_grad, g, dx, Scope{}, 0, 0, mask, Tensor());
+          return std::vector<Tensor>{dx};
+        },
+        mask.nbytes());
+  }
+  return out;
+}
+
+// Quantize to s8/u8: saves the bit mask and the qparams; the gradient
+// travels in x's dtype.
+Tensor quantize_forward(const char* name, const Tensor& x, const Scope& sc, DType dtype) {
+  const std::int64_t qmin = quant_min_of(dtype), qmax = quant_max_of(dtype);
+  Tensor out = Tensor::empty(x.shape(), like(x, dtype));
+  const bool need = any_requires_grad({x});
+  Tensor mask = need ? new_mask(x) : Tensor();
+  run_affine(AffineOp::quantize, x, out, sc, qmin, qmax, Tensor(), mask);
+  if (need) {
+    const DType xd = x.dtype();
+    record(
+        name, out, {x},
+        [mask, sc, xd](const Tensor& g) {
+          Tensor gx = g.dtype() == xd ? g : g.to(xd);
+          Tensor dx = Tensor::empty(gx.shape(), like(gx, xd));
+          run_affine(AffineOp::quantize_grad, gx, dx, sc, 0, 0, mask, Tensor());
+          return std::vector<Tensor>{dx};
+        },
+        mask.nbytes() + sc.bytes(), xd, true);
+  }
+  return out;
+}
+
+// Dequantize from s8/u8: saves the qparams; dq = dy * scale in out_dtype.
+Tensor dequantize_forward(const char* name, const Tensor& q, const Scope& sc, DType out_dtype) {
+  Tensor out = Tensor::empty(q.shape(), like(q, out_dtype));
+  run_affine(AffineOp::dequantize, q, out, sc, 0, 0, Tensor(), Tensor());
+  if (any_requires_grad({q})) {
+    record(
+        name, out, {q},
+        [sc](const Tensor& g) {
+          Tensor dq = Tensor::empty(g.shape(), like(g, g.dtype()));
+          run_affine(AffineOp::dequantize_grad, g, dq, sc, 0, 0, Tensor(), Tensor());
+          return std::vector<Tensor>{dq};
+        },
+        sc.bytes());
+  }
+  return out;
+}
+
+void check_quant_input(const Tensor& x, DType dtype, const char* op) {
+  check::floating(x, op, "x");
+  check_int8(dtype, op, "dtype");
+}
+
+void check_dequant_input(const Tensor& q, DType out_dtype, const char* op) {
+  check::defined(q, op, "q");
+  check_int8(q.dtype(), op, "q");
+  QGRAD_CHECK(is_floating(out_dtype), op, "out_dtype", "expected a floating dtype, got ", dtype_name(out_dtype));
+}
+
+// Per-channel layout of `x` along `axis` (validated): scope dims.
+Scope channel_scope(const Tensor& x, const Tensor& scale, const Tensor& zp, std::int64_t axis, std::int64_t qmin,
+                    std::int64_t qmax, const char* op) {
+  QGRAD_CHECK(x.dim() >= 1, op, "x", "expected rank >= 1, got a scalar");
+  const std::int64_t ax = check::axis(axis, x.dim(), op);
+  const Shape shape{x.shape()[static_cast<std::size_t>(ax)]};
+  Scope sc = tensor_scope(x, scale, zp, &shape, qmin, qmax, op);
+  sc.inner = inner_of(x.shape(), ax);
+  sc.channels = shape[0];
+  sc.double_product = true;
+  return sc;
+}
+
+Scope token_scope(const Tensor& x, const Tensor& scale, const Tensor& zp, std::int64_t qmin, std::int64_t qmax,
+                  const char* op) {
+  check::rank_is(x, 2, op, "x");
+  const Shape shape{x.shape()[0]};
+  Scope sc = tensor_scope(x, scale, zp, &shape, qmin, qmax, op);
+  sc.inner = x.shape()[1];
+  sc.channels = x.shape()[0];
+  sc.double_product = true;
+  return sc;
+}
+
+Scope group_scope(const Tensor& x, const Tensor& scale, const Tensor& zp, std::int64_t group_size, std::int64_t qmin,
+                  std::int64_t qmax, const char* op) {
+  QGRAD_CHECK(x.dim() >= 1, op, "x", "expected rank >= 1, got a scalar");
+  QGRAD_CHECK(group_size > 0, op, "group_size", "must be > 0, got ", group_size);
+  const std::int64_t d = x.shape().back();
+  QGRAD_CHECK(d % group_size == 0, op, "group_size", "last dim ", d, " is not a multiple of ", group_size);
+  Shape shape = x.shape();
+  shape.back() = d / group_size;
+  Scope sc = tensor_scope(x, scale, zp, &shape, qmin, qmax, op);
+  sc.inner = group_size;
+  sc.channels = x.numel() / group_size;
+  sc.double_product = true;
+  return sc;
+}
+
+// ---- LSQ ----
+Tensor lsq_forward(const char* name, const Tensor& x, const Tensor& scale, const Tensor& zp, const Shape* shape,
+                   std::int64_t outer, std::int64_t channels, std::int64_t inner, std::int64_t qmin, std::int64_t qmax,
+                   double grad_factor) {
+  check::floating(scale, name, "scale");
+  check::floating(zp, name, "zero_point");
+  check::same_device(scale, x, name, "scale");
+  check::same_device(zp, x, name, "zero_point");
+  if (shape) {
+    QGRAD_CHECK(scale.shape() == *shape, name, "scale", "expected shape ", shape_str(*shape), ", got ",
+                shape_str(scale.shape()));
+    QGRAD_CHECK(zp.shape() == *shape, name, "zero_point", "expected shape ", shape_str(*shape), ", got ",
+                shape_str(zp.shape()));
+  } else {
+    QGRAD_CHECK(scale.numel() == 1, name, "scale", "expected one element, got shape ", shape_str(scale.shape()));
+    QGRAD_CHECK(zp.numel() == 1, name, "zero_point", "expected one element, got shape ", shape_str(zp.shape()));
+  }
+  check_range(qmin, qmax, name);
+  QGRAD_CHECK(std::isfinite(grad_factor), name, "grad_factor", "must be finite, got ", grad_factor);
+  if (!scale.is_cuda()) {
+    for (double s : scale.detach().to(DType::f64).to_vector<double>()) check_scale_value(s, name);
+    for (double z : zp.detach().to(DType::f64).to_vector<double>())
+      QGRAD_CHECK(!std::isnan(z), name, "zero_point", "must not be NaN");
+  }
+  Scope sc;
+  sc.scale = scale.detach().to(DType::f32);
+  sc.zp = Tensor::empty({channels}, like(x, DType::s32));
+  kernels::lsq_round_zero_point(zp.detach(), sc.zp, qmin, qmax);
+  sc.params.scale = sc.scale.data<float>();
+  sc.params.zp = sc.zp.data<std::int32_t>();
+  sc.inner = inner;
+  sc.channels = channels;
+  sc.double_product = shape != nullptr;  // PyTorch: per tensor -> fake_quantize_per_tensor, per channel -> _per_channel
+  Tensor out = Tensor::empty(x.shape(), like(x, x.dtype()));
+  run_affine(AffineOp::fake_quant, x, out, sc, qmin, qmax, Tensor(), Tensor());
+  if (any_requires_grad({x, scale, zp})) {
+    const Tensor xd = x.detach();
+    record(
+        name, out, {x, scale, zp},
+        [xd, sc, outer, qmin, qmax, grad_factor, s_shape = scale.shape(), s_dtype = scale.dtype(),
+         z_shape = zp.shape(), z_dtype = zp.dtype()](const Tensor& g) {
+          const DType m = xd.dtype() == DType::f64 ? DType::f64 : DType::f32;
+          kernels::LsqArgs a;
+          a.x = xd;
+          a.dy = g.dtype() == xd.dtype() ? g : g.to(xd.dtype());
+          a.scale = sc.scale;
+          a.zp = sc.zp;
+          a.dx = Tensor::empty(xd.shape(), like(xd, xd.dtype()));
+          a.ds = Tensor::empty({sc.channels}, like(xd, m));
+          a.dz = Tensor::empty({sc.channels}, like(xd, m));
+          a.outer = outer;
+          a.channels = sc.channels;
+          a.inner = sc.inner;
+          a.qmin = qmin;
+          a.qmax = qmax;
+          a.grad_factor = grad_factor;
+          kernels::lsq_backward(a);
+          return std::vector<Tensor>{a.dx, a.ds.to(s_dtype).reshape(s_shape), a.dz.to(z_dtype).reshape(z_shape)};
+        },
+        x.nbytes() + sc.bytes());
+  }
+  return out;
+}
+
+}  // namespace
+
+// ---- fake quantize ----
+Tensor fake_quantize_per_tensor(const Tensor& x, double scale, std::int64_t zero_point, std::int64_t qmin,
+                                std::int64_t qmax) {
+  const char* op = "fake_quantize_per_tensor";
+  check::floating(x, op, "x");
+  check_range(qmin, qmax, op);
+  const Scope sc = scalar_scope(scale, zero_point, qmin, qmax, op);
+  return fake_quant_forward(op, x, sc, qmin, qmax);
+}
+
+Tensor fake_quantize_per_tensor(const Tensor& x, const Tensor& scale, const Tensor& zero_point, std::int64_t qmin,
+                                std::int64_t qmax) {
+  const char* op = "fake_quantize_per_tensor";
+  check::floating(x, op, "x");
+  check_range(qmin, qmax, op);
+  const Scope sc = tensor_scope(x, scale, zero_point, nullptr, qmin, qmax, op);
+  return fake_quant_forward(op, x, sc, qmin, qmax);
+}
+
+Tensor fake_quantize_per_channel(const Tensor& x, const Tensor& scale, const Tensor& zero_point, std::int64_t axis,
+                                 std::int64_t qmin, std::int64_t qmax) {
+  const char* op = "fake_quantize_per_channel";
+  check::floating(x, op, "x");
+  check_range(qmin, qmax, op);
+  const Scope sc = channel_scope(x, scale, zero_point, axis, qmin, qmax, op);
+  return fake_quant_forward(op, x, sc, qmin, qmax);
+}
+
+Tensor fake_quantize_learnable_per_tensor(const Tensor& x, const Tensor& scale, const Tensor& zero_point,
+                                          std::int64_t qmin, std::int64_t qmax, double grad_factor) {
+  const char* op = "fake_quantize_learnable_per_tensor";
+  check::floating(x, op, "x");
+  return lsq_forward(op, x, scale, zero_point, nullptr, 1, 1, x.numel(), qmin, qmax, grad_factor);
+}
+
+Tensor fake_quantize_learnable_per_channel(const Tensor& x, const Tensor& scale, const Tensor& zero_point,
+                                           std::int64_t axis, std::int64_t qmin, std::int64_t qmax,
+                                           double grad_factor) {
+  const char* op = "fake_quantize_learnable_per_channel";
+  check::floating(x, op, "x");
+  QGRAD_CHECK(x.dim() >= 1, op, "x", "expected rank >= 1, got a scalar");
+  const std::int64_t ax = check::axis(axis, x.dim(), op);
+  const Shape shape{x.shape()[static_cast<std::size_t>(ax)]};
+  return lsq_forward(op, x, scale, zero_point, &shape, outer_of(x.shape(), ax), shape[0], inner_of(x.shape(), ax),
+                     qmin, qmax, grad_factor);
+}
+
+// ---- quantize / dequantize ----
+namespace {
+// Validates, resolves the scope for the integer dtype's range, runs.
+template <class ScopeFn>
+Tensor quantize_op(const char* op, const Tensor& x, DType dtype, ScopeFn&& scope) {
+  check_quant_input(x, dtype, op);
+  return quantize_forward(op, x, scope(quant_min_of(dtype), quant_max_of(dtype), op), dtype);
+}
+template <class ScopeFn>
+Tensor dequantize_op(const char* op, const Tensor& q, DType out_dtype, ScopeFn&& scope) {
+  check_dequant_input(q, out_dtype, op);
+  return dequantize_forward(op, q, scope(quant_min_of(q.dtype()), quant_max_of(q.dtype()), op), out_dtype);
+}
+using I64 = std::int64_t;
+}  // namespace
+
+Tensor quantize_per_tensor(const Tensor& x, double scale, std::int64_t zero_point, DType dtype) {
+  return quantize_op("quantize_per_tensor", x, dtype,
+                     [&](I64 lo, I64 hi, const char* op) { return scalar_scope(scale, zero_point, lo, hi, op); });
+}
+
+Tensor quantize_per_tensor(const Tensor& x, const Tensor& scale, const Tensor& zero_point, DType dtype) {
+  return quantize_op("quantize_per_tensor", x, dtype, [&](I64 lo, I64 hi, const char* op) {
+    return tensor_scope(x, scale, zero_point, nullptr, lo, hi, op);
+  });
+}
+
+Tensor dequantize_per_tensor(const Tensor& q, double scale, std::int64_t zero_point, DType out_dtype) {
+  return dequantize_op("dequantize_per_tensor", q, out_dtype,
+                       [&](I64 lo, I64 hi, const char* op) { return scalar_scope(scale, zero_point, lo, hi, op); });
+}
+
+Tensor dequantize_per_tensor(const Tensor& q, const Tensor& scale, const Tensor& zero_point, DType out_dtype) {
+  return dequantize_op("dequantize_per_tensor", q, out_dtype, [&](I64 lo, I64 hi, const char* op) {
+    return tensor_scope(q, scale, zero_point, nullptr, lo, hi, op);
+  });
+}
+
+Tensor quantize_per_channel(const Tensor& x, const Tensor& scale, const Tensor& zero_point, std::int64_t axis,
+                            DType dtype) {
+  return quantize_op("quantize_per_channel", x, dtype, [&](I64 lo, I64 hi, const char* op) {
+    return channel_scope(x, scale, zero_point, axis, lo, hi, op);
+  });
+}
+
+Tensor dequantize_per_channel(const Tensor& q, const Tensor& scale, const Tensor& zero_point, std::int64_t axis,
+                              DType out_dtype) {
+  return dequantize_op("dequantize_per_channel", q, out_dtype, [&](I64 lo, I64 hi, const char* op) {
+    return channel_scope(q, scale, zero_point, axis, lo, hi, op);
+  });
+}
+
+Tensor quantize_per_token(const Tensor& x, const Tensor& scale, const Tensor& zero_point, DType dtype) {
+  return quantize_op("quantize_per_token", x, dtype,
+                     [&](I64 lo, I64 hi, const char* op) { return token_scope(x, scale, zero_point, lo, hi, op); });
+}
+
+Tensor dequantize_per_token(const Tensor& q, const Tensor& scale, const Tensor& zero_point, DType out_dtype) {
+  return dequantize_op("dequantize_per_token", q, out_dtype,
+                       [&](I64 lo, I64 hi, const char* op) { return token_scope(q, scale, zero_point, lo, hi, op); });
+}
+
+Tensor quantize_per_group(const Tensor& x, const Tensor& scale, const Tensor& zero_point, std::int64_t group_size,
+                          DType dtype) {
+  return quantize_op("quantize_per_group", x, dtype, [&](I64 lo, I64 hi, const char* op) {
+    return group_scope(x, scale, zero_point, group_size, lo, hi, op);
+  });
+}
+
+Tensor dequantize_per_group(const Tensor& q, const Tensor& scale, const Tensor& zero_point, std::int64_t group_size,
+                            DType out_dtype) {
+  return dequantize_op("dequantize_per_group", q, out_dtype, [&](I64 lo, I64 hi, const char* op) {
+    return group_scope(q, scale, zero_point, group_size, lo, hi, op);
+  });
+}
+
+}  // namespace qgrad

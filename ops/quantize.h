@@ -1,0 +1,60 @@
+// Quantization ops: fake quantize (per tensor, per channel, learnable/LSQ),
+// quantize / dequantize (per tensor, channel, token, group) to and from s8/u8.
+// Every op is differentiable on the tape; the STE ops save a bit-packed
+// in-range mask (1 bit per element). Formulas, limits and saved bytes:
+// docs/ops.md. Scalar math: kernels/formulas/quantize.h.
+//
+// Qparams come either as host scalars (value-checked) or as tensors on the
+// op's device (f32 scale, s32 zero point): CPU-resident tensors are
+// value-checked, CUDA-resident ones are not (that would need a host sync);
+// the kernels stay in bounds whatever their values.
+#pragma once
+
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace qgrad {
+
+// y = (clamp(nearbyint(x * (1/scale)) + zp, qmin, qmax) - zp) * scale; dx = dy * 1[qmin <= q <= qmax].
+Tensor fake_quantize_per_tensor(const Tensor& x, double scale, std::int64_t zero_point, std::int64_t qmin,
+                                std::int64_t qmax);
+Tensor fake_quantize_per_tensor(const Tensor& x, const Tensor& scale /*f32, 1 element*/,
+                                const Tensor& zero_point /*s32, 1 element*/, std::int64_t qmin, std::int64_t qmax);
+Tensor fake_quantize_per_channel(const Tensor& x, const Tensor& scale /*f32 [C]*/, const Tensor& zero_point /*s32 [C]*/,
+                                 std::int64_t axis, std::int64_t qmin, std::int64_t qmax);
+
+// LSQ: gradients for x, scale and zero point with PyTorch's formulas.
+Tensor fake_quantize_learnable_per_tensor(const Tensor& x, const Tensor& scale /*float, 1 element*/,
+                                          const Tensor& zero_point /*float, 1 element*/, std::int64_t qmin,
+                                          std::int64_t qmax, double grad_factor = 1.0);
+Tensor fake_quantize_learnable_per_channel(const Tensor& x, const Tensor& scale /*float [C]*/,
+                                           const Tensor& zero_point /*float [C]*/, std::int64_t axis,
+                                           std::int64_t qmin, std::int64_t qmax, double grad_factor = 1.0);
+
+// quantize: q = clamp(nearbyint(x * (1/scale)) + zp, dtype range); dx = dy / scale * mask.
+// dequantize: y = (q - zp) * scale; dq = dy * scale.
+Tensor quantize_per_tensor(const Tensor& x, double scale, std::int64_t zero_point, DType dtype /*s8|u8*/);
+Tensor quantize_per_tensor(const Tensor& x, const Tensor& scale /*f32, 1 element*/,
+                           const Tensor& zero_point /*s32, 1 element*/, DType dtype);
+Tensor dequantize_per_tensor(const Tensor& q, double scale, std::int64_t zero_point, DType out_dtype = DType::f32);
+Tensor dequantize_per_tensor(const Tensor& q, const Tensor& scale, const Tensor& zero_point,
+                             DType out_dtype = DType::f32);
+Tensor quantize_per_channel(const Tensor& x, const Tensor& scale, const Tensor& zero_point, std::int64_t axis,
+                            DType dtype);
+Tensor dequantize_per_channel(const Tensor& q, const Tensor& scale, const Tensor& zero_point, std::int64_t axis,
+                              DType out_dtype = DType::f32);
+Tensor quantize_per_token(const Tensor& x /*[N, D]*/, const Tensor& scale /*[N]*/, const Tensor& zero_point /*[N]*/,
+                          DType dtype);
+Tensor dequantize_per_token(const Tensor& q, const Tensor& scale, const Tensor& zero_point,
+                            DType out_dtype = DType::f32);
+Tensor quantize_per_group(const Tensor& x /*[..., D]*/, const Tensor& scale /*[..., D/G]*/, const Tensor& zero_point,
+                          std::int64_t group_size, DType dtype);
+Tensor dequantize_per_group(const Tensor& q, const Tensor& scale, const Tensor& zero_point, std::int64_t group_size,
+                            DType out_dtype = DType::f32);
+
+// The integer range of s8 ([-128, 127]) or u8 ([0, 255]).
+std::int64_t quant_min_of(DType dtype);
+std::int64_t quant_max_of(DType dtype);
+
+}  // namespace qgrad

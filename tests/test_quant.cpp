@@ -1,0 +1,481 @@
+// Fake quantize, quantize and dequantize on the CPU: forward against a host
+// reference of PyTorch's CPU formulas, straight-through backward against
+// the mask formula, saved bytes, scopes, and every argument check.
+#include "kernels/formulas/quantize.h"
+#include "test_quant_ref.h"
+
+using namespace qgrad;
+using namespace qgrad::testing;
+using namespace qref;
+
+namespace {
+
+TensorOptions f32() { return TensorOptions{}.with_dtype(DType::f32); }
+TensorOptions s32() { return TensorOptions{}.with_dtype(DType::s32); }
+
+// Runs per-tensor fake quantize (forward + backward) on x and compares with
+// the host reference bit for bit.
+template <class T>
+void check_fq_tensor(const Tensor& x_in, double scale, std::int64_t zp, std::int64_t qmin, std::int64_t qmax) {
+  Tensor x = leaf_of(x_in);
+  Tensor y = fake_quantize_per_tensor(x, scale, zp, qmin, qmax);
+  Tensor dy = random_input(x.shape(), x.dtype(), 77, 1.0);
+  y.backward(dy);
+  const auto xs = host<T>(x), ys = host<T>(y), gs = host<T>(dy), dxs = host<T>(x.grad());
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    bool in;
+    const T want = ref_fake_quant(xs[i], static_cast<float>(scale), zp, qmin, qmax, in);
+    REQUIRE_MESSAGE(same_bits(ys[i], want), "element ", i, " x=", to_d(xs[i]), " got ", to_d(ys[i]), " want ", to_d(want));
+    const T want_dx = to_t<T>(to_d(gs[i]) * (in ? 1.0 : 0.0));
+    REQUIRE_MESSAGE(same_bits(dxs[i], want_dx), "grad element ", i);
+  }
+}
+
+void for_each_dtype(const std::function<void(DType)>& f) {
+  for (DType dt : kFloatTypes) f(dt);
+}
+
+}  // namespace
+
+TEST_CASE("fake_quantize_per_tensor: ties round to even and the zero point is added after rounding") {
+  Tensor x = Tensor::from_vector<float>({0.5f, 1.5f, 2.5f, -0.5f, -2.5f}, {5});
+  Tensor y = fake_quantize_per_tensor(x, 1.0, 1, -128, 127);
+  CHECK(y.to_vector<float>() == std::vector<float>{0, 2, 2, 0, -2});
+}
+
+TEST_CASE("fake_quantize_per_tensor matches the PyTorch CPU formula on random inputs, every dtype") {
+  for_each_dtype([](DType dt) {
+    Tensor x = random_input({3, 257}, dt, 11, 4.0);
+    dispatch_floating(dt, "test", [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      check_fq_tensor<T>(x, 0.0371, 3, -128, 127);
+      check_fq_tensor<T>(x, 0.1, 0, 0, 255);
+      check_fq_tensor<T>(x, 0.02, -5, -8, 7);  // 4-bit range: many clamped
+    });
+  });
+}
+
+TEST_CASE("fake_quantize_per_tensor: exact halves x/scale = k + 0.5 round to even") {
+  for_each_dtype([](DType dt) {
+    Tensor x = from_doubles(halves(-140, 140, 0.25), dt);
+    dispatch_floating(dt, "test", [&](auto tag) { check_fq_tensor<typename decltype(tag)::type>(x, 0.25, 2, -128, 127); });
+    auto y = values(fake_quantize_per_tensor(from_doubles({0.125, 0.375, -0.125}, dt), 0.25, 0, -128, 127));
+    CHECK(y == std::vector<double>{0.0, 0.5, 0.0});
+  });
+}
+
+TEST_CASE("fake_quantize_per_tensor: +inf and -inf go to the range edges with zero gradient") {
+  for_each_dtype([](DType dt) {
+    Tensor x = leaf_of(from_doubles({INFINITY, -INFINITY, 1.0}, dt));
+    Tensor y = fake_quantize_per_tensor(x, 0.5, 1, -8, 7);
+    CHECK(values(y) == std::vector<double>{3.0, -4.5, 1.0});
+    y.backward(ones({3}, TensorOptions{}.with_dtype(dt)));
+    CHECK(values(x.grad()) == std::vector<double>{0.0, 0.0, 1.0});
+  });
+}
+
+TEST_CASE("fake_quantize_per_tensor: NaN gives NaN and zero gradient (PyTorch maps NaN to qmin)") {
+  for_each_dtype([](DType dt) {
+    Tensor x = leaf_of(from_doubles({NAN, 2.0}, dt));
+    Tensor y = fake_quantize_per_tensor(x, 0.5, 0, -8, 7);
+    auto v = values(y);
+    CHECK(std::isnan(v[0]));
+    CHECK(v[1] == 2.0);
+    y.backward(ones({2}, TensorOptions{}.with_dtype(dt)));
+    CHECK(values(x.grad()) == std::vector<double>{0.0, 1.0});
+  });
+}
+
+TEST_CASE("fake_quantize_per_tensor: the mask bounds are inclusive at qmin and qmax") {
+  // scale 1, zp 0, range [-3, 4]: q = -4 .. 5
+  Tensor x = leaf_of(Tensor::from_vector<double>({-4, -3, 0, 4, 5, -3.5, 4.5}, {7}));
+  Tensor y = fake_quantize_per_tensor(x, 1.0, 0, -3, 4);
+  CHECK(y.to_vector<double>() == std::vector<double>{-3, -3, 0, 4, 4, -3, 4});
+  y.backward(ones({7}, TensorOptions{}.with_dtype(DType::f64)));
+  // -3.5 rounds to -4 (even): out; 4.5 rounds to 4: in.
+  CHECK(x.grad().to_vector<double>() == std::vector<double>{0, 1, 1, 1, 0, 0, 1});
+}
+
+TEST_CASE("fake_quantize_per_tensor: masked gradients keep PyTorch's signed zero (dy * 0)") {
+  Tensor x = leaf_of(Tensor::from_vector<float>({100.f}, {1}));
+  Tensor y = fake_quantize_per_tensor(x, 1.0, 0, -8, 7);
+  y.backward(Tensor::from_vector<float>({-2.f}, {1}));
+  const float g = x.grad().to_vector<float>()[0];
+  CHECK(g == 0.0f);
+  CHECK(std::signbit(g));
+}
+
+TEST_CASE("fake quantize saves a bit-packed mask: 1/32 of an f32 activation") {
+  for (std::int64_t n : {1, 31, 127, 128, 129, 1000, 4096}) {
+    Tensor x = leaf_of(random_input({n}, DType::f32, 5));
+    Tensor y = fake_quantize_per_tensor(x, 0.05, 0, -128, 127);
+    REQUIRE(y.grad_fn() != nullptr);
+    CHECK(y.grad_fn()->saved_bytes == static_cast<std::size_t>((n + 127) / 128 * 16));
+  }
+  Tensor x = leaf_of(random_input({4096}, DType::f32, 5));
+  CHECK(fake_quantize_per_tensor(x, 0.05, 0, -128, 127).grad_fn()->saved_bytes * 32 == x.nbytes());
+}
+
+TEST_CASE("fake quantize records nothing when no input requires grad") {
+  Tensor x = random_input({10}, DType::f32, 1);
+  CHECK(fake_quantize_per_tensor(x, 0.1, 0, -128, 127).grad_fn() == nullptr);
+  Tensor xl = leaf_of(x);
+  NoGradGuard guard;
+  CHECK(fake_quantize_per_tensor(xl, 0.1, 0, -128, 127).grad_fn() == nullptr);
+}
+
+TEST_CASE("fake_quantize_per_tensor: STE backward equals the mask formula at every size (f64 check)") {
+  for (std::int64_t n : {1, 3, 127, 128, 129, 300, 1031}) {
+    Tensor x = random_input({n}, DType::f64, static_cast<std::uint64_t>(n), 5.0);
+    check_fq_tensor<double>(x, 0.07, -1, -16, 15);
+  }
+}
+
+TEST_CASE("fake_quantize_per_tensor: device-tensor qparams equal host-scalar qparams") {
+  for_each_dtype([](DType dt) {
+    Tensor x = random_input({5, 77}, dt, 3);
+    Tensor a = fake_quantize_per_tensor(x, 0.043, 7, -128, 127);
+    Tensor b = fake_quantize_per_tensor(x, full({1}, 0.043, f32()), full({1}, 7, s32()), -128, 127);
+    CHECK(bit_equal(a, b));
+    Tensor c = fake_quantize_per_tensor(x, full({}, 0.043, f32()), full({}, 7, s32()), -128, 127);
+    CHECK(bit_equal(a, c));
+  });
+}
+
+TEST_CASE("fake_quantize_per_channel: every axis, negative axes, ranks 1 to 4") {
+  const std::vector<Shape> shapes{{6}, {3, 5}, {2, 3, 7}, {2, 3, 4, 5}, {4, 1, 3, 8}};
+  for (const Shape& shape : shapes) {
+    for (std::int64_t axis = -static_cast<std::int64_t>(shape.size()); axis < static_cast<std::int64_t>(shape.size()); ++axis) {
+      const std::int64_t ax = axis < 0 ? axis + static_cast<std::int64_t>(shape.size()) : axis;
+      const std::int64_t c = shape[static_cast<std::size_t>(ax)];
+      std::int64_t inner = 1;
+      for (std::size_t d = static_cast<std::size_t>(ax) + 1; d < shape.size(); ++d) inner *= shape[d];
+      Generator g(static_cast<std::uint64_t>(c * 31 + ax));
+      Tensor scale = rand({c}, g, f32(), 0.02, 0.3);
+      Tensor zp = randint(-5, 6, {c}, g, s32());
+      for_each_dtype([&](DType dt) {
+        Tensor x = leaf_of(random_input(shape, dt, 9));
+        Tensor y = fake_quantize_per_channel(x, scale, zp, axis, -16, 15);
+        y.backward(ones(shape, TensorOptions{}.with_dtype(dt)));
+        dispatch_floating(dt, "test", [&](auto tag) {
+          using T = typename decltype(tag)::type;
+          const auto xs = host<T>(x), ys = host<T>(y), dxs = host<T>(x.grad());
+          const auto ss = scale.to_vector<float>();
+          const auto zs = zp.to_vector<std::int32_t>();
+          for (std::size_t i = 0; i < xs.size(); ++i) {
+            const std::size_t ch = (i / static_cast<std::size_t>(inner)) % static_cast<std::size_t>(c);
+            bool in;
+            const T want = ref_fake_quant(xs[i], ss[ch], zs[ch], -16, 15, in, true);
+            REQUIRE(same_bits(ys[i], want));
+            REQUIRE(to_d(dxs[i]) == (in ? 1.0 : 0.0));
+          }
+        });
+      });
+    }
+  }
+}
+
+TEST_CASE("fake_quantize_per_channel with one channel equals per tensor") {
+  Tensor x = random_input({4, 9}, DType::f32, 2);
+  Tensor a = fake_quantize_per_channel(x.reshape({1, 36}), full({1}, 0.05, f32()), full({1}, 3, s32()), 0, -128, 127);
+  CHECK(bit_equal(a.reshape({4, 9}), fake_quantize_per_tensor(x, 0.05, 3, -128, 127)));
+}
+
+TEST_CASE("quantize_per_tensor / dequantize_per_tensor: s8 and u8 against the reference") {
+  for (DType qt : {DType::s8, DType::u8}) {
+    const std::int64_t qmin = quant_min_of(qt), qmax = quant_max_of(qt);
+    const std::int64_t zp = qt == DType::s8 ? -3 : 128;
+    for_each_dtype([&](DType dt) {
+      Tensor x = random_input({1000}, dt, 21, 4.0);
+      Tensor q = quantize_per_tensor(x, 0.031, zp, qt);
+      CHECK(q.dtype() == qt);
+      Tensor qs = q.to(DType::s64);
+      const auto qv = qs.to_vector<std::int64_t>();
+      dispatch_floating(dt, "test", [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        const auto xs = host<T>(x);
+        for (std::size_t i = 0; i < xs.size(); ++i) {
+          bool in;
+          REQUIRE(qv[i] == ref_quantize(xs[i], 0.031f, zp, qmin, qmax, in));
+        }
+        Tensor y = dequantize_per_tensor(q, 0.031, zp, dt);
+        CHECK(y.dtype() == dt);
+        const auto ys = host<T>(y);
+        for (std::size_t i = 0; i < ys.size(); ++i)
+          REQUIRE(same_bits(ys[i], ref_value<T>(static_cast<long double>(qv[i] - zp), 0.031f, false)));
+      });
+    });
+  }
+}
+
+TEST_CASE("quantize maps +-inf to the dtype's range edges and NaN to qmin, all with zero gradient") {
+  Tensor x = leaf_of(Tensor::from_vector<float>({INFINITY, -INFINITY, NAN, 1.0f}, {4}));
+  Tensor q = quantize_per_tensor(x, 0.5, 0, DType::s8);
+  CHECK(q.to_vector<std::int8_t>() == std::vector<std::int8_t>{127, -128, -128, 2});
+  dequantize_per_tensor(q, 0.5, 0).backward(ones({4}));
+  CHECK(x.grad().to_vector<float>() == std::vector<float>{0, 0, 0, 1});
+}
+
+TEST_CASE("quantize backward is dy / scale * mask; dequantize backward is dy * scale") {
+  Tensor x = leaf_of(random_input({300}, DType::f64, 4, 6.0));
+  Tensor q = quantize_per_tensor(x, 0.03, 5, DType::s8);
+  Tensor y = dequantize_per_tensor(q, 0.03, 5, DType::f64);
+  Tensor dy = random_input({300}, DType::f64, 8);
+  y.backward(dy);
+  const auto xs = x.to_vector<double>(), gs = dy.to_vector<double>(), dx = x.grad().to_vector<double>();
+  const double s = static_cast<double>(0.03f);
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    bool in;
+    ref_quantize(xs[i], 0.03f, 5, -128, 127, in);
+    REQUIRE(same_bits(dx[i], (gs[i] * s) / s * (in ? 1.0 : 0.0)));
+  }
+}
+
+TEST_CASE("quantize then dequantize gives exactly the gradients of fake quantize") {
+  for_each_dtype([](DType dt) {
+    for (DType qt : {DType::s8, DType::u8}) {
+      const std::int64_t zp = qt == DType::s8 ? 1 : 120;
+      Tensor x1 = leaf_of(random_input({2, 500}, dt, 31, 150.0)), x2 = leaf_of(x1);
+      Tensor dy = random_input({2, 500}, dt, 32);
+      // A power-of-two scale >= 1: (dy * s) / s == dy exactly, even in f16
+      // (a scale < 1 could push dy * s into f16's subnormals).
+      dequantize_per_tensor(quantize_per_tensor(x1, 2.0, zp, qt), 2.0, zp, dt).backward(dy);
+      Tensor y2 = fake_quantize_per_tensor(x2, 2.0, zp, quant_min_of(qt), quant_max_of(qt));
+      y2.backward(dy);
+      CHECK(bit_equal(x1.grad(), x2.grad()));
+      CHECK(bit_equal(dequantize_per_tensor(quantize_per_tensor(x1, 2.0, zp, qt), 2.0, zp, dt), y2));
+    }
+  });
+}
+
+TEST_CASE("quantize_per_channel / dequantize_per_channel on every axis with per-channel gradients") {
+  const Shape shape{3, 4, 5};
+  for (std::int64_t axis : {0, 1, 2, -1}) {
+    const std::int64_t ax = axis < 0 ? axis + 3 : axis;
+    const std::int64_t c = shape[static_cast<std::size_t>(ax)];
+    Generator g(static_cast<std::uint64_t>(40 + ax));
+    Tensor scale = rand({c}, g, f32(), 0.01, 0.1);
+    Tensor zp = randint(-10, 10, {c}, g, s32());
+    Tensor x = leaf_of(random_input(shape, DType::f32, 41));
+    Tensor q = quantize_per_channel(x, scale, zp, axis, DType::s8);
+    Tensor y = dequantize_per_channel(q, scale, zp, axis, DType::f32);
+    Tensor dy = random_input(shape, DType::f32, 42);
+    y.backward(dy);
+    const auto xs = x.to_vector<float>(), ys = y.to_vector<float>();
+    const auto qs = q.to_vector<std::int8_t>();
+    const auto gs = dy.to_vector<float>(), dx = x.grad().to_vector<float>();
+    const auto ss = scale.to_vector<float>();
+    const auto zs = zp.to_vector<std::int32_t>();
+    std::int64_t inner = 1;
+    for (std::size_t d = static_cast<std::size_t>(ax) + 1; d < 3; ++d) inner *= shape[d];
+    for (std::size_t i = 0; i < xs.size(); ++i) {
+      const std::size_t ch = (i / static_cast<std::size_t>(inner)) % static_cast<std::size_t>(c);
+      bool in;
+      REQUIRE(qs[i] == ref_quantize(xs[i], ss[ch], zs[ch], -128, 127, in));
+      REQUIRE(same_bits(ys[i], static_cast<float>(static_cast<double>(qs[i] - zs[ch]) * ss[ch])));
+      REQUIRE(same_bits(dx[i], (gs[i] * ss[ch]) / ss[ch] * (in ? 1.0f : 0.0f)));
+    }
+  }
+}
+
+TEST_CASE("dequantize_per_channel backward is dy * scale[c] (the seed's rank-4 case)") {
+  Generator g(50);
+  Tensor q = randint(-128, 128, {2, 3, 4, 5}, g, TensorOptions{}.with_dtype(DType::s8));
+  Tensor scale = rand({4}, g, f32(), 0.01, 0.2);
+  Tensor zp = randint(-4, 4, {4}, g, s32());
+  // q does not require grad: a stand-in graph makes it so through quantize.
+  Tensor xf = leaf_of(dequantize_per_channel(q, scale, zp, 2, DType::f32));
+  Tensor q2 = quantize_per_channel(xf, scale, zp, 2, DType::s8);
+  CHECK(bit_equal(q2, q));
+  Tensor y = dequantize_per_channel(q2, scale, zp, 2, DType::f32);
+  Tensor dy = random_input(y.shape(), DType::f32, 51);
+  Tensor dq = y.grad_fn()->backward(dy)[0];
+  const auto gs = dy.to_vector<float>(), d = dq.to_vector<float>();
+  const auto ss = scale.to_vector<float>();
+  for (std::size_t i = 0; i < gs.size(); ++i) REQUIRE(same_bits(d[i], gs[i] * ss[(i / 5) % 4]));
+}
+
+TEST_CASE("quantize_per_token quantizes each row with its own qparams") {
+  Generator g(60);
+  Tensor x = leaf_of(random_input({7, 33}, DType::bf16, 61));
+  Tensor scale = rand({7}, g, f32(), 0.01, 0.1);
+  Tensor zp = randint(0, 256, {7}, g, s32());
+  Tensor q = quantize_per_token(x, scale, zp, DType::u8);
+  Tensor y = dequantize_per_token(q, scale, zp, DType::bf16);
+  y.backward(ones({7, 33}, TensorOptions{}.with_dtype(DType::bf16)));
+  const auto xs = host<bfloat16>(x);
+  const auto qs = q.to_vector<std::uint8_t>();
+  const auto ss = scale.to_vector<float>();
+  const auto zs = zp.to_vector<std::int32_t>();
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    bool in;
+    REQUIRE(qs[i] == ref_quantize(xs[i], ss[i / 33], zs[i / 33], 0, 255, in));
+  }
+  // the same as per channel on axis 0
+  CHECK(bit_equal(q, quantize_per_channel(x, scale, zp, 0, DType::u8)));
+}
+
+TEST_CASE("quantize_per_group: groups along the last axis") {
+  Generator g(70);
+  Tensor x = leaf_of(random_input({2, 3, 64}, DType::f16, 71));
+  Tensor scale = rand({2, 3, 4}, g, f32(), 0.01, 0.1);
+  Tensor zp = randint(-20, 20, {2, 3, 4}, g, s32());
+  Tensor q = quantize_per_group(x, scale, zp, 16, DType::s8);
+  const auto xs = host<half>(x);
+  const auto qs = q.to_vector<std::int8_t>();
+  const auto ss = scale.to_vector<float>();
+  const auto zs = zp.to_vector<std::int32_t>();
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    bool in;
+    REQUIRE(qs[i] == ref_quantize(xs[i], ss[i / 16], zs[i / 16], -128, 127, in));
+  }
+  Tensor y = dequantize_per_group(q, scale, zp, 16, DType::f32);
+  const auto ys = y.to_vector<float>();
+  for (std::size_t i = 0; i < ys.size(); ++i)
+    REQUIRE(same_bits(ys[i], static_cast<float>(static_cast<double>(qs[i] - zs[i / 16]) * ss[i / 16])));
+  y.backward(ones({2, 3, 64}));
+  CHECK(x.grad().dtype() == DType::f16);
+  // per group with the group = the whole row is per token
+  Tensor x2 = random_input({5, 32}, DType::f32, 72);
+  Tensor s2 = rand({5, 1}, g, f32(), 0.01, 0.1);
+  Tensor z2 = randint(-3, 3, {5, 1}, g, s32());
+  CHECK(bit_equal(quantize_per_group(x2, s2, z2, 32, DType::s8),
+                  quantize_per_token(x2, s2.reshape({5}), z2.reshape({5}), DType::s8)));
+}
+
+TEST_CASE("quantize records its gradient in the float dtype of the input") {
+  Tensor x = leaf_of(random_input({8}, DType::f16, 3));
+  Tensor q = quantize_per_tensor(x, 0.1, 0, DType::s8);
+  REQUIRE(q.grad_fn() != nullptr);
+  CHECK(q.grad_fn()->grad_dtype == DType::f16);
+  CHECK(q.grad_fn()->saved_bytes == 16);
+  Tensor y = dequantize_per_tensor(q, 0.1, 0, DType::f32);  // another float dtype downstream
+  y.backward(ones({8}));
+  CHECK(x.grad().dtype() == DType::f16);
+}
+
+TEST_CASE("fake quantize argument checks fire before anything is written") {
+  Tensor x = random_input({4, 3}, DType::f32, 1);
+  CHECK_THROWS_AS(fake_quantize_per_tensor(Tensor(), 0.1, 0, -128, 127), Error);
+  CHECK_THROWS_AS(fake_quantize_per_tensor(x.to(DType::s32), 0.1, 0, -128, 127), Error);
+  CHECK_THROWS_AS(fake_quantize_per_tensor(x, 0.0, 0, -128, 127), Error);
+  CHECK_THROWS_AS(fake_quantize_per_tensor(x, -0.1, 0, -128, 127), Error);
+  CHECK_THROWS_AS(fake_quantize_per_tensor(x, INFINITY, 0, -128, 127), Error);
+  CHECK_THROWS_AS(fake_quantize_per_tensor(x, NAN, 0, -128, 127), Error);
+  CHECK_THROWS_AS(fake_quantize_per_tensor(x, 1e-300, 0, -128, 127), Error);  // 0 in f32
+  CHECK_THROWS_AS(fake_quantize_per_tensor(x, 1e300, 0, -128, 127), Error);   // inf in f32
+  CHECK_THROWS_AS(fake_quantize_per_tensor(x, 0.1, 0, 5, 5), Error);
+  CHECK_THROWS_AS(fake_quantize_per_tensor(x, 0.1, 0, 6, 5), Error);
+  CHECK_THROWS_AS(fake_quantize_per_tensor(x, 0.1, 0, -(1LL << 40), 5), Error);
+  CHECK_THROWS_AS(fake_quantize_per_tensor(x, 0.1, 0, 0, 1LL << 40), Error);
+  CHECK_THROWS_AS(fake_quantize_per_tensor(x, 0.1, 200, -128, 127), Error);
+  CHECK_THROWS_AS(fake_quantize_per_tensor(x, 0.1, -129, -128, 127), Error);
+  const Tensor s = full({1}, 0.1, f32()), z = full({1}, 0, s32());
+  CHECK_THROWS_AS(fake_quantize_per_tensor(x, s.to(DType::f64), z, -128, 127), Error);
+  CHECK_THROWS_AS(fake_quantize_per_tensor(x, s, z.to(DType::s64), -128, 127), Error);
+  CHECK_THROWS_AS(fake_quantize_per_tensor(x, full({2}, 0.1, f32()), z, -128, 127), Error);
+  CHECK_THROWS_AS(fake_quantize_per_tensor(x, s, full({2}, 0, s32()), -128, 127), Error);
+  CHECK_THROWS_AS(fake_quantize_per_tensor(x, full({1}, -1.0, f32()), z, -128, 127), Error);
+  CHECK_THROWS_AS(fake_quantize_per_tensor(x, full({1}, NAN, f32()), z, -128, 127), Error);
+  CHECK_THROWS_AS(fake_quantize_per_tensor(x, s, full({1}, 300, s32()), -128, 127), Error);
+  CHECK_THROWS_AS(fake_quantize_per_tensor(x, Tensor(), z, -128, 127), Error);
+}
+
+TEST_CASE("fake_quantize_per_channel argument checks") {
+  Tensor x = random_input({4, 3}, DType::f32, 1);
+  const Tensor s3 = full({3}, 0.1, f32()), z3 = full({3}, 0, s32());
+  CHECK_NOTHROW(fake_quantize_per_channel(x, s3, z3, 1, -128, 127));
+  CHECK_NOTHROW(fake_quantize_per_channel(x, s3, z3, -1, -128, 127));
+  CHECK_THROWS_AS(fake_quantize_per_channel(x, s3, z3, 0, -128, 127), Error);   // C mismatch
+  CHECK_THROWS_AS(fake_quantize_per_channel(x, s3, z3, 2, -128, 127), Error);   // axis
+  CHECK_THROWS_AS(fake_quantize_per_channel(x, s3, z3, -3, -128, 127), Error);  // axis
+  CHECK_THROWS_AS(fake_quantize_per_channel(full({}, 1.0), s3, z3, 0, -128, 127), Error);
+  CHECK_THROWS_AS(fake_quantize_per_channel(x, s3.reshape({1, 3}), z3, 1, -128, 127), Error);
+  CHECK_THROWS_AS(fake_quantize_per_channel(x, s3, z3.to(DType::f32), 1, -128, 127), Error);
+  CHECK_THROWS_AS(fake_quantize_per_channel(x, s3, z3, 1, 127, -128), Error);
+  CHECK_THROWS_AS(fake_quantize_per_channel(x, Tensor::from_vector<float>({0.1f, 0.f, 0.1f}, {3}), z3, 1, -128, 127),
+                  Error);
+  CHECK_THROWS_AS(fake_quantize_per_channel(x, s3, Tensor::from_vector<std::int32_t>({0, 0, 128}, {3}), 1, -128, 127),
+                  Error);
+}
+
+TEST_CASE("quantize / dequantize argument checks") {
+  Tensor x = random_input({4, 6}, DType::f32, 1);
+  CHECK_THROWS_AS(quantize_per_tensor(x, 0.1, 0, DType::s32), Error);
+  CHECK_THROWS_AS(quantize_per_tensor(x, 0.1, 0, DType::f32), Error);
+  CHECK_THROWS_AS(quantize_per_tensor(x, 0.1, 128, DType::s8), Error);
+  CHECK_THROWS_AS(quantize_per_tensor(x, 0.1, -1, DType::u8), Error);
+  CHECK_THROWS_AS(quantize_per_tensor(x, 0.0, 0, DType::u8), Error);
+  CHECK_THROWS_AS(quantize_per_tensor(x.to(DType::s8), 0.1, 0, DType::s8), Error);
+  Tensor q = quantize_per_tensor(x, 0.1, 0, DType::s8);
+  CHECK_THROWS_AS(dequantize_per_tensor(x, 0.1, 0), Error);  // float input
+  CHECK_THROWS_AS(dequantize_per_tensor(q, 0.1, 0, DType::s8), Error);
+  CHECK_THROWS_AS(dequantize_per_tensor(q, -0.1, 0), Error);
+  CHECK_THROWS_AS(dequantize_per_tensor(q, 0.1, 300), Error);
+  CHECK_THROWS_AS(dequantize_per_tensor(q, full({1}, 0.1, f32()), full({1}, 0, TensorOptions{}.with_dtype(DType::s64))),
+                  Error);
+  const Tensor s4 = full({4}, 0.1, f32()), z4 = full({4}, 0, s32());
+  CHECK_THROWS_AS(quantize_per_channel(x, s4, z4, 1, DType::s8), Error);
+  CHECK_THROWS_AS(quantize_per_token(x.reshape({24}), s4, z4, DType::s8), Error);
+  CHECK_THROWS_AS(quantize_per_token(x, full({6}, 0.1, f32()), full({6}, 0, s32()), DType::s8), Error);
+  CHECK_THROWS_AS(dequantize_per_token(q, s4, full({4}, 200, s32()), DType::f32), Error);
+  CHECK_THROWS_AS(quantize_per_group(x, full({4, 2}, 0.1, f32()), full({4, 2}, 0, s32()), 4, DType::s8), Error);
+  CHECK_THROWS_AS(quantize_per_group(x, full({4, 2}, 0.1, f32()), full({4, 2}, 0, s32()), 0, DType::s8), Error);
+  CHECK_THROWS_AS(quantize_per_group(x, full({4, 3}, 0.1, f32()), full({4, 2}, 0, s32()), 3, DType::s8), Error);
+  CHECK_NOTHROW(quantize_per_group(x, full({4, 2}, 0.1, f32()), full({4, 2}, 0, s32()), 3, DType::s8));
+  CHECK_THROWS_AS(dequantize_per_group(x, full({4, 2}, 0.1, f32()), full({4, 2}, 0, s32()), 3), Error);
+}
+
+TEST_CASE("empty tensors quantize to empty tensors") {
+  Tensor x = leaf_of(Tensor::empty({0, 3}));
+  Tensor y = fake_quantize_per_tensor(x, 0.1, 0, -128, 127);
+  CHECK(y.numel() == 0);
+  CHECK(quantize_per_tensor(x, 0.1, 0, DType::s8).numel() == 0);
+}
+
+TEST_CASE("the magic-number division finds every channel exactly") {
+  std::uint64_t state = 12345;
+  auto next = [&]() {
+    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+    return static_cast<std::uint32_t>(state >> 33);  // < 2^31
+  };
+  const std::uint32_t divisors[] = {1, 2, 3, 4, 5, 7, 31, 32, 33, 127, 128, 1000, 4096, 65535, 65536, 65537,
+                                    (1u << 30) + 1, (1u << 31) - 1, 1u << 31};
+  for (std::uint32_t d : divisors) {
+    const formulas::FastDiv fd(d);
+    for (std::uint32_t n : {0u, 1u, d - 1, d, d + 1, (1u << 31) - 1, (1u << 31) - 2})
+      if (n < (1u << 31)) REQUIRE(fd.div(n) == n / d);
+    for (int i = 0; i < 20000; ++i) {
+      const std::uint32_t n = next();
+      REQUIRE(fd.div(n) == n / d);
+    }
+  }
+  const formulas::ChannelMap map(5, 7, 1000);
+  for (std::int64_t i = 0; i < 1000; ++i) REQUIRE(map.channel(i) == (i / 5) % 7);
+  const formulas::ChannelMap big(3, 11, std::int64_t(1) << 33);  // the 64-bit path
+  for (std::int64_t i : {std::int64_t(0), (std::int64_t(1) << 32) + 7, (std::int64_t(1) << 33) - 1})
+    REQUIRE(big.channel(i) == (i / 3) % 11);
+}
+
+TEST_CASE("a wide integer range takes the exact f64 product (|q - zp| > 2^24)") {
+  for (DType dt : kFloatTypes) {
+    Tensor x = random_input({2000}, dt, 90, 1e8);
+    dispatch_floating(dt, "test", [&](auto tag) {
+      check_fq_tensor<typename decltype(tag)::type>(x, 0.37, 5, -2147483647LL - 1, 2147483647LL);
+    });
+  }
+}
+
+TEST_CASE("f64 values: per tensor takes PyTorch's f32 product, per channel its f64 product") {
+  Tensor x = Tensor::from_vector<double>({0.3}, {1});
+  const double pt = fake_quantize_per_tensor(x, 0.1, 0, -128, 127).item();
+  CHECK(pt == static_cast<double>(3.0f * 0.1f));
+  const double pc = fake_quantize_per_channel(x, full({1}, 0.1), full({1}, 0, s32()), 0, -128, 127).item();
+  CHECK(pc == 3.0 * static_cast<double>(0.1f));
+  CHECK(pt != pc);
+  // dequantize follows the same split, so quantize -> dequantize is fake quantize in every scope
+  Tensor q = quantize_per_tensor(x, 0.1, 0, DType::s8);
+  CHECK(dequantize_per_tensor(q, 0.1, 0, DType::f64).item() == pt);
+  Tensor qc = quantize_per_channel(x, full({1}, 0.1), full({1}, 0, s32()), 0, DType::s8);
+  CHECK(dequantize_per_channel(qc, full({1}, 0.1), full({1}, 0, s32()), 0, DType::f64).item() == pc);
+}

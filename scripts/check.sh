@@ -28,10 +28,10 @@ if [ "${QGRAD_SKIP_SANITIZE:-0}" != 1 ]; then
   stamp "sanitizer test run"
   # The install/consumer test builds an outside project: not a sanitizer matter.
   (cd "$ASAN_BUILD" && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
-     ctest -j"$QGRAD_JOBS" --output-on-failure --timeout 900 -LE install) \
+     ctest -j"$QGRAD_JOBS" --output-on-failure --timeout 900 --no-label-summary -LE install) \
     || { stamp "sanitizer suite FAILED"; exit 1; }
 fi
 
 stamp "full test suite"
 cd "$QGRAD_BUILD"
-exec ctest -j"$QGRAD_JOBS" --output-on-failure --timeout 900
+exec ctest -j"$QGRAD_JOBS" --output-on-failure --timeout 900 --no-label-summary

@@ -3,7 +3,8 @@
 # code too when nvcc exists) with warnings as errors, runs the CPU test suite
 # under AddressSanitizer + UndefinedBehaviorSanitizer, then the full suite.
 # Tests that need a GPU print SKIPPED and count as skipped. The last lines
-# printed are ctest's summary of the full suite.
+# printed are ctest's summary of the full suite (its result line is repeated
+# last, after the list of skipped tests).
 #
 #   QGRAD_SKIP_SANITIZE=1 bash scripts/check.sh   # leave out the sanitizer pass
 set -euo pipefail
@@ -33,5 +34,14 @@ if [ "${QGRAD_SKIP_SANITIZE:-0}" != 1 ]; then
 fi
 
 stamp "full test suite"
-cd "$QGRAD_BUILD"
-exec ctest -j"$QGRAD_JOBS" --output-on-failure --timeout 900 --no-label-summary
+log=$QGRAD_BUILD/ctest.log
+set +e
+(cd "$QGRAD_BUILD" && ctest -j"$QGRAD_JOBS" --output-on-failure --timeout 900 --no-label-summary) 2>&1 | tee "$log"
+rc=${PIPESTATUS[0]}
+set -e
+# ctest lists skipped tests after its summary: repeat the summary so that it
+# is the last line printed.
+summary=$(grep -E '^[0-9]+% tests passed' "$log" | tail -n1 || true)
+stamp "done"
+echo "${summary:-ctest printed no summary (exit code $rc)}"
+exit "$rc"

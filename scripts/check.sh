@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Quick start, command 2: installs what is missing, builds everything (CUDA
+# code too when nvcc exists) with warnings as errors, runs the CPU test suite
+# under AddressSanitizer + UndefinedBehaviorSanitizer, then the full suite.
+# Tests that need a GPU print SKIPPED and count as skipped. The last lines
+# printed are ctest's summary of the full suite (its result line is repeated
+# last, after the list of skipped tests).
+#
+#   QGRAD_SKIP_SANITIZE=1 bash scripts/check.sh   # leave out the sanitizer pass
+set -euo pipefail
+source "$(dirname "$0")/common.sh"
+ASAN_BUILD=${QGRAD_ASAN_BUILD:-$QGRAD_ROOT/build-asan}
+start=$SECONDS
+stamp() { printf 'check: %s (%ds)\n' "$*" $((SECONDS - start)); }
+
+bash "$QGRAD_ROOT/scripts/setup.sh"
+
+stamp "configure + build ($QGRAD_BUILD, $QGRAD_JOBS jobs)"
+configure_main
+ninja -C "$QGRAD_BUILD" -j"$QGRAD_JOBS"
+
+if [ "${QGRAD_SKIP_SANITIZE:-0}" != 1 ]; then
+  stamp "sanitizer build ($ASAN_BUILD: ASan + UBSan, CPU only, tests only)"
+  cmake -S "$QGRAD_ROOT" -B "$ASAN_BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" -DQGRAD_SANITIZE=ON -DQGRAD_CUDA=OFF \
+    -DQGRAD_WERROR=ON -DQGRAD_BUILD_EXAMPLES=OFF -DQGRAD_BUILD_BENCH=OFF \
+    -DQGRAD_PYTHON="$QGRAD_PYTHON" >/dev/null
+  ninja -C "$ASAN_BUILD" -j"$QGRAD_JOBS"
+  stamp "sanitizer test run"
+  # The install/consumer test builds an outside project: not a sanitizer matter.
+  (cd "$ASAN_BUILD" && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+     ctest -j"$QGRAD_JOBS" --output-on-failure --timeout 900 --no-label-summary -LE install) \
+    || { stamp "sanitizer suite FAILED"; exit 1; }
+fi
+
+stamp "full test suite"
+log=$QGRAD_BUILD/ctest.log
+set +e
+(cd "$QGRAD_BUILD" && ctest -j"$QGRAD_JOBS" --output-on-failure --timeout 900 --no-label-summary) 2>&1 | tee "$log"
+rc=${PIPESTATUS[0]}
+set -e
+# ctest lists skipped tests after its summary: repeat the summary so that it
+# is the last line printed.
+summary=$(grep -E '^[0-9]+% tests passed' "$log" | tail -n1 || true)
+stamp "done"
+echo "${summary:-ctest printed no summary (exit code $rc)}"
+exit "$rc"

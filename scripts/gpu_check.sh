@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# The whole GPU check, for the GPU machine (CUDA 13, g++ 13, CMake 4, ninja,
+# Eigen/doctest in /usr/include, Python with torch; no network needed).
+#
+#   bash scripts/gpu_check.sh OUTDIR [--memcheck] [--bench] [--no-build] [--arch 90] [--jobs 16]
+#
+# Builds with CUDA on (Ninja, sm_90 by default), runs every ctest test (GPU
+# tests run here), logs to OUTDIR/ctest.log; --memcheck runs each test
+# executable under compute-sanitizer memcheck (OUTDIR/memcheck_*.log);
+# --bench runs bench/bench_* (OUTDIR/bench_*.jsonl), the PyTorch peers
+# bench/peer_*.py (OUTDIR/peer_*.jsonl) and merges them into
+# OUTDIR/benchmarks.md with scripts/bench_table.py. Prints a short summary;
+# exits non-zero when any part failed.
+set -uo pipefail
+usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[ $# -ge 1 ] || usage
+OUT=$(mkdir -p "$1" && cd "$1" && pwd); shift
+MEMCHECK=0 BENCH=0 BUILD=1 ARCH=90 JOBS=16
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --memcheck) MEMCHECK=1 ;;
+    --bench) BENCH=1 ;;
+    --no-build) BUILD=0 ;;
+    --arch) ARCH=$2; shift ;;
+    --jobs) JOBS=$2; shift ;;
+    *) usage ;;
+  esac
+  shift
+done
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+B=${QGRAD_GPU_BUILD:-$ROOT/build-gpu}
+PY=${QGRAD_PYTHON:-$(command -v python3 || true)}
+export PATH=/usr/local/cuda/bin:$PATH
+status=0
+summary=()
+note() { summary+=("$*"); }
+t0=$SECONDS
+
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$OUT/gpu.txt" 2>&1 || true
+echo "gpu: $(head -n1 "$OUT/gpu.txt")"
+
+if [ $BUILD = 1 ]; then
+  if cmake -S "$ROOT" -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$ARCH" \
+       -DQGRAD_CUDA=ON -DQGRAD_WERROR=ON -DQGRAD_PYTHON="$PY" > "$OUT/configure.log" 2>&1 \
+     && ninja -C "$B" -j"$JOBS" > "$OUT/build.log" 2>&1; then
+    note "build: ok ($((SECONDS - t0))s)"
+  else
+    echo "build FAILED; last lines of $OUT/build.log:"; tail -n 40 "$OUT/configure.log" "$OUT/build.log" 2>/dev/null
+    exit 1
+  fi
+fi
+
+# ---- tests ----
+t1=$SECONDS
+(cd "$B" && QGRAD_PYTHON=$PY ctest -j"$JOBS" --output-on-failure --timeout 900) > "$OUT/ctest.log" 2>&1
+rc=$?
+skipped=$(grep -c "SKIPPED:" "$OUT/ctest.log" || true)
+note "ctest: $(grep -E '^[0-9]+% tests passed' "$OUT/ctest.log" | tail -n1) ($((SECONDS - t1))s; SKIPPED lines: $skipped)"
+if [ $rc != 0 ]; then
+  status=1
+  note "failed tests:"
+  while IFS= read -r l; do note "  $l"; done < <(sed -n '/The following tests FAILED/,$p' "$OUT/ctest.log" | grep -E '^\s+[0-9]+ -' | head -n 30)
+fi
+
+# ---- compute-sanitizer memcheck ----
+if [ $MEMCHECK = 1 ]; then
+  t2=$SECONDS
+  if ! command -v compute-sanitizer >/dev/null; then
+    note "memcheck: compute-sanitizer not found, skipped"
+  else
+    bad=()
+    for exe in "$B"/tests/test_*; do
+      [ -x "$exe" ] && [ -f "$exe" ] || continue
+      name=$(basename "$exe")
+      # The caching allocator hides out-of-bounds accesses that stay inside
+      # a cached block; memcheck still sees races with the host, invalid
+      # addresses, misaligned accesses and leaked launches errors.
+      compute-sanitizer --tool memcheck --error-exitcode 99 --print-limit 20 "$exe" > "$OUT/memcheck_$name.log" 2>&1
+      r=$?
+      [ $r = 0 ] || bad+=("$name(rc $r)")
+    done
+    if [ ${#bad[@]} = 0 ]; then note "memcheck: clean ($((SECONDS - t2))s)"
+    else status=1; note "memcheck: problems in ${bad[*]} (see $OUT/memcheck_*.log)"; fi
+  fi
+fi
+
+# ---- benchmarks ----
+if [ $BENCH = 1 ]; then
+  t3=$SECONDS
+  bad=()
+  for exe in "$B"/bench/bench_*; do
+    [ -x "$exe" ] && [ -f "$exe" ] || continue
+    name=$(basename "$exe")
+    "$exe" > "$OUT/$name.jsonl" 2> "$OUT/$name.err" || bad+=("$name")
+  done
+  for py in "$ROOT"/bench/peer_*.py; do
+    [ -f "$py" ] || continue
+    name=$(basename "$py" .py)
+    "$PY" "$py" > "$OUT/$name.jsonl" 2> "$OUT/$name.err" || bad+=("$name")
+  done
+  [ ${#bad[@]} = 0 ] || { status=1; note "bench: failed: ${bad[*]} (see $OUT/*.err)"; }
+  if ls "$OUT"/*.jsonl >/dev/null 2>&1; then
+    "$PY" "$ROOT/scripts/bench_table.py" "$OUT"/*.jsonl --device "$(head -n1 "$OUT/gpu.txt" | cut -d, -f1)" \
+      > "$OUT/benchmarks.md" 2> "$OUT/bench_table.err" || { status=1; note "bench: bench_table.py failed"; }
+    note "bench: $(cat "$OUT"/bench_*.jsonl 2>/dev/null | grep -c '^{') qgrad records, $(cat "$OUT"/peer_*.jsonl 2>/dev/null | grep -c '^{') peer records; table in $OUT/benchmarks.md ($((SECONDS - t3))s)"
+  else
+    note "bench: no benchmark output"
+  fi
+fi
+
+echo "---- gpu_check summary ($((SECONDS - t0))s, logs in $OUT) ----"
+printf '%s\n' "${summary[@]}"
+exit $status

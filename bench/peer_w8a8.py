@@ -65,7 +65,7 @@ def main():
 
         def w8a8():
             q, sa = quant_per_token(xb)
-            if m <= 16:  # torch._int_mm needs M > 16
+            if m <= 16:  # torch._int_mm needs M > 16: an f32 matmul of the int8 values stands in
                 acc = (q.float() @ wt.float()).to(torch.int32)
             else:
                 acc = torch._int_mm(q, wt)

@@ -9,12 +9,14 @@ namespace qgrad::kernels::cpu {
 
 namespace {
 
-// Exact int32 dot product of two int8 rows (|a|, |w| <= 128: K up to 2^17
-// cannot overflow; beyond that int32 wraps exactly as the GPU's does).
+// Exact int32 dot product of two int8 rows. Products are at most 2^14, so
+// K < 2^17 cannot overflow; beyond that the sum wraps modulo 2^32 (computed
+// in unsigned arithmetic: defined behaviour), as the GPU's int32 does.
 inline std::int32_t dot_s8(const std::int8_t* a, const std::int8_t* w, std::int64_t K) {
-  std::int32_t acc = 0;
-  for (std::int64_t k = 0; k < K; ++k) acc += static_cast<std::int32_t>(a[k]) * static_cast<std::int32_t>(w[k]);
-  return acc;
+  std::uint32_t acc = 0;
+  for (std::int64_t k = 0; k < K; ++k)
+    acc += static_cast<std::uint32_t>(static_cast<std::int32_t>(a[k]) * static_cast<std::int32_t>(w[k]));
+  return static_cast<std::int32_t>(acc);
 }
 
 template <class T>

@@ -57,7 +57,7 @@ __device__ Range<M> block_reduce(Range<M> r, Range<M>* sh) {
 }
 
 template <class X, class Q, int VEC>
-__global__ void rows_kernel(const X* __restrict__ x, std::int64_t rows, std::int64_t D, Q* __restrict__ q,
+__global__ void __launch_bounds__(256) rows_kernel(const X* __restrict__ x, std::int64_t rows, std::int64_t D, Q* __restrict__ q,
                             std::int64_t ldq, quant_math_t<X>* __restrict__ scale, std::int32_t* __restrict__ zp,
                             bool symmetric, int qmin, int qmax) {
   using M = quant_math_t<X>;

@@ -38,29 +38,36 @@ struct QuantSpec {
   int qmin = -128, qmax = 127;
 };
 
-// q (s8/u8, x's shape), scale (f32, or f64 for an f64 x; [segments]) and
-// zero_point (s32 [segments]) from x (floating). All on one device.
-void dynamic_quantize(const Tensor& x, const SegmentLayout& layout, const QuantSpec& spec, const Tensor& q,
-                      const Tensor& scale, const Tensor& zero_point);
+// The kernels, declared once for the dispatcher (kernels::) and each device
+// (kernels::cpu::, kernels::cuda::):
+//
+// dynamic_quantize: q (s8/u8, x's shape), scale (f32, or f64 for an f64 x;
+//   [segments]) and zero_point (s32 [segments]) from x (floating), one device.
+// quantize_rows_dynamic: row-wise dynamic quantization of x viewed as
+//   [rows, D] into q (s8/u8) with row stride ldq >= D; columns [D, ldq) of q
+//   are written 0. zero_point may be undefined (symmetric only).
+// quantize_rows_static: static per-tensor quantization of x [rows, D] into
+//   s8 q [rows, ldq]: q = clamp(nearbyint(x * (1/scale)) + zp, qmin, qmax) - zp
+//   (pad columns 0). scale (f32, 1 element) and zero_point (s32, 1 element)
+//   live on x's device (read by the kernel, never by the host) or on the
+//   host (read there).
+// column_absmax_update: SmoothQuant calibration, amax[j] = max(amax[j],
+//   max_r |x[r, j]|) over the finite values of x viewed [rows, D]; amax f32
+//   [D] on x's device.
+#define QGRAD_DYNAMIC_QUANT_KERNELS                                                                                   \
+  void dynamic_quantize(const Tensor& x, const SegmentLayout& layout, const QuantSpec& spec, const Tensor& q,         \
+                        const Tensor& scale, const Tensor& zero_point);                                               \
+  void quantize_rows_dynamic(const Tensor& x, std::int64_t D, const QuantSpec& spec, const Tensor& q,                 \
+                             std::int64_t ldq, const Tensor& scale, const Tensor& zero_point);                        \
+  void quantize_rows_static(const Tensor& x, std::int64_t D, const Tensor& scale, const Tensor& zero_point, int qmin, \
+                            int qmax, const Tensor& q, std::int64_t ldq);                                             \
+  void column_absmax_update(const Tensor& x, std::int64_t D, const Tensor& amax);
 
-// Row-wise dynamic quantization of x viewed as [rows, D] into q (s8/u8)
-// with row stride ldq >= D; columns [D, ldq) of q are written 0. zero_point
-// may be undefined (symmetric only).
-void quantize_rows_dynamic(const Tensor& x, std::int64_t D, const QuantSpec& spec, const Tensor& q, std::int64_t ldq,
-                           const Tensor& scale, const Tensor& zero_point);
-
-// Static per-tensor quantization of x [rows, D] into s8 q [rows, ldq]:
-// q = clamp(nearbyint(x * (1/scale)) + zp, qmin, qmax) - zp (pad columns 0).
-// scale (f32, 1 element) and zero_point (s32, 1 element) live either on x's
-// device (read by the kernel, never by the host) or on the host (read there).
-void quantize_rows_static(const Tensor& x, std::int64_t D, const Tensor& scale, const Tensor& zero_point, int qmin,
-                          int qmax, const Tensor& q, std::int64_t ldq);
-
-// SmoothQuant calibration: amax[j] = max(amax[j], max_r |x[r, j]|) over the
-// finite values of x viewed [rows, D]; amax f32 [D] on x's device.
-void column_absmax_update(const Tensor& x, std::int64_t D, const Tensor& amax);
+QGRAD_DYNAMIC_QUANT_KERNELS
 
 namespace cpu {
+QGRAD_DYNAMIC_QUANT_KERNELS
+
 // body(r) for r in [0, rows), OpenMP-parallel when rows * cost_per_row
 // reaches the CPU grain (each row is written by one thread).
 template <class F>
@@ -75,23 +82,10 @@ void parallel_rows(std::int64_t rows, std::int64_t cost_per_row, F&& body) {
   (void)cost_per_row;
   for (std::int64_t r = 0; r < rows; ++r) body(r);
 }
-
-void dynamic_quantize(const Tensor& x, const SegmentLayout& layout, const QuantSpec& spec, const Tensor& q,
-                      const Tensor& scale, const Tensor& zero_point);
-void quantize_rows_dynamic(const Tensor& x, std::int64_t D, const QuantSpec& spec, const Tensor& q, std::int64_t ldq,
-                           const Tensor& scale, const Tensor& zero_point);
-void quantize_rows_static(const Tensor& x, std::int64_t D, const Tensor& scale, const Tensor& zero_point, int qmin,
-                          int qmax, const Tensor& q, std::int64_t ldq);
-void column_absmax_update(const Tensor& x, std::int64_t D, const Tensor& amax);
 }  // namespace cpu
+
 namespace cuda {
-void dynamic_quantize(const Tensor& x, const SegmentLayout& layout, const QuantSpec& spec, const Tensor& q,
-                      const Tensor& scale, const Tensor& zero_point);
-void quantize_rows_dynamic(const Tensor& x, std::int64_t D, const QuantSpec& spec, const Tensor& q, std::int64_t ldq,
-                           const Tensor& scale, const Tensor& zero_point);
-void quantize_rows_static(const Tensor& x, std::int64_t D, const Tensor& scale, const Tensor& zero_point, int qmin,
-                          int qmax, const Tensor& q, std::int64_t ldq);
-void column_absmax_update(const Tensor& x, std::int64_t D, const Tensor& amax);
+QGRAD_DYNAMIC_QUANT_KERNELS
 }  // namespace cuda
 
 }  // namespace qgrad::kernels

@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "helpers.h"
+#include "kernels/dynamic_quant.h"
 
 using namespace qgrad;
 using namespace qgrad::testing;
@@ -257,6 +258,39 @@ TEST_CASE("bad inputs are rejected before anything runs") {
   CHECK_THROWS_AS(dynamic_range_quantize(x, bad), Error);
 }
 
+TEST_CASE("asymmetric one-sided segments: all positive -> zp = qmin, all negative -> zp = qmax") {
+  Tensor x = Tensor::from_vector<float>({1, 2, 3, 4, -1, -2, -3, -4}, {2, 4});
+  auto r = dynamic_range_quantize(x, QuantScope::per_token(), QuantMode::asymmetric, DType::u8);
+  CHECK(values(r.zero_point) == std::vector<double>{0, 255});
+  CHECK(values(r.q)[3] == 255);
+  CHECK(values(r.q)[7] == 0);
+  auto s = dynamic_range_quantize(x, QuantScope::per_token(), QuantMode::asymmetric, DType::s8);
+  CHECK(values(s.zero_point) == std::vector<double>{-128, 127});
+}
+
+TEST_CASE("round half to even at the quantization step") {
+  // max 127 gives scale 1 exactly: 0.5 -> 0, 1.5 -> 2, 2.5 -> 2, -0.5 -> -0, -2.5 -> -2.
+  Tensor x = Tensor::from_vector<float>({0.5f, 1.5f, 2.5f, -0.5f, -2.5f, 127.0f}, {6});
+  auto r = dynamic_range_quantize(x, QuantScope::per_tensor());
+  CHECK(r.scale.item() == 1.0);
+  CHECK(values(r.q) == std::vector<double>{0, 2, 2, 0, -2, 127});
+}
+
+TEST_CASE("row kernel with a padded row stride writes zeros into the pad") {
+  Tensor x = input({5, 13}, DType::f32, 30);
+  Tensor q = Tensor::empty({5, 16}, TensorOptions{}.with_dtype(DType::s8));
+  Tensor sc = Tensor::empty({5});
+  poison(q);
+  poison(sc);
+  kernels::quantize_rows_dynamic(x, 13, kernels::QuantSpec{}, q, 16, sc, Tensor());
+  auto ref = dynamic_range_quantize(x, QuantScope::per_token());
+  const auto qv = values(q), rv = values(ref.q);
+  for (int r = 0; r < 5; ++r)
+    for (int j = 0; j < 16; ++j)
+      CHECK(qv[static_cast<std::size_t>(r * 16 + j)] == (j < 13 ? rv[static_cast<std::size_t>(r * 13 + j)] : 0.0));
+  CHECK(bit_equal(sc, ref.scale));
+}
+
 // ---- CUDA (bit identity with the CPU) ----
 
 namespace {
@@ -311,5 +345,23 @@ TEST_CASE("CUDA non-finite and all-zero segments match the CPU") {
     check_cuda_matches(x, QuantScope::per_token(), mode, DType::s8);
     check_cuda_matches(x, QuantScope::per_tensor(), mode, DType::u8);
     check_cuda_matches(x, QuantScope::per_channel(1), mode, DType::s8);
+  }
+}
+
+TEST_CASE("CUDA row kernel with a padded row stride matches the CPU") {
+  QGRAD_REQUIRE_GPU();
+  for (DType dt : kFloat) {
+    Tensor x = input({7, 40}, dt, 31);
+    auto run = [&](Device d) {
+      Tensor q = Tensor::empty({7, 48}, TensorOptions{}.with_dtype(DType::s8).with_device(d));
+      Tensor sc = Tensor::empty({7}, TensorOptions{}.with_dtype(dt == DType::f64 ? DType::f64 : DType::f32).with_device(d));
+      poison(q);
+      kernels::quantize_rows_dynamic(x.to(d), 40, kernels::QuantSpec{}, q, 48, sc, Tensor());
+      return std::pair{q, sc};
+    };
+    auto [qc, sc] = run(Device::cpu());
+    auto [qg, sg] = run(Device::cuda());
+    CHECK(bit_equal(qc, qg));
+    CHECK(bit_equal(sc, sg));
   }
 }

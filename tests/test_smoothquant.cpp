@@ -169,6 +169,27 @@ TEST_CASE("bad arguments: alpha, shapes, empty calibration") {
   CHECK_THROWS_AS(q.fold_divisor_into(pw, pb), Error);
 }
 
+TEST_CASE("alpha near the ends of (0, 1) is accepted and moves the balance") {
+  Fixture f;
+  const auto s_lo = smoothquant_factors(f.calib.act_absmax(), f.w, 0.01).to_vector<float>();
+  const auto s_hi = smoothquant_factors(f.calib.act_absmax(), f.w, 0.99).to_vector<float>();
+  // The outlier channel 3 gets a larger divisor with a larger alpha.
+  CHECK(s_hi[3] > s_lo[3]);
+  SmoothQuantLinear q = SmoothQuantLinear::from_float(f.w, f.b, f.calib, 0.99);
+  CHECK(q.forward(outlier_batch(4, f.K, 5)).shape() == Shape{4, f.N});
+}
+
+TEST_CASE("forward output dtypes and batched input") {
+  Fixture f;
+  SmoothQuantLinear q = SmoothQuantLinear::from_float(f.w, f.b, f.calib);
+  Tensor x = outlier_batch(6, f.K, 9).reshape({2, 3, f.K});
+  for (DType out : {DType::f32, DType::f64, DType::f16, DType::bf16}) {
+    Tensor y = q.forward(x, out);
+    CHECK(y.dtype() == out);
+    CHECK(y.shape() == Shape{2, 3, f.N});
+  }
+}
+
 TEST_CASE("CUDA calibration and forward match the CPU bit for bit") {
   QGRAD_REQUIRE_GPU();
   Fixture f;

@@ -8,3 +8,6 @@
 #include "ops/reduce.h"
 #include "ops/quantize.h"
 #include "ops/lerp.h"
+#include "ops/dynamic_quant.h"
+#include "ops/quantized_linear.h"
+#include "ops/smoothquant.h"

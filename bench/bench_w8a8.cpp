@@ -1,0 +1,116 @@
+// bench_w8a8: per-token dynamic quantization bandwidth and the W8A8 linear
+// (activation quantization + int8 tensor-core GEMM + epilogue) against a bf16
+// cuBLAS GEMM of the same shape, in one run. JSON lines; the "case" keys
+// match bench/peer_w8a8.py (PyTorch), run side by side on the same machine.
+//
+//   case dynquant_token_<N>x<D>        qgrad per-token symmetric s8 of f32 x
+//   case w8a8_<M>x<N>x<K>             impl qgrad (end to end, bf16 in/out),
+//                                     impl qgrad_int8_gemm (cuBLASLt s8 GEMM only),
+//                                     impl cublas_bf16 (cublasGemmEx bf16, f32 accumulate)
+// TOPS = 2 M N K / time; int8 fraction against 1979 TOPS (H100 SXM dense).
+#include <cstdio>
+#include <string>
+
+#include "bench_common.h"
+
+#if QGRAD_WITH_CUDA
+#include <cublas_v2.h>
+
+#include "kernels/cuda/lt_gemm.cuh"
+#endif
+
+using namespace qgrad;
+using namespace qgrad::bench;
+
+namespace {
+
+constexpr double kInt8PeakTops = 1979.0;
+
+#if QGRAD_WITH_CUDA
+void bench_dynquant(std::int64_t N, std::int64_t D, double copy_gbs) {
+  Generator g(1);
+  Tensor x = randn({N, D}, g, TensorOptions{}.with_device(Device::cuda()));
+  Timing t = time_cuda([&](int) { (void)dynamic_range_quantize(x, QuantScope::per_token()); }, 30, 3);
+  const double bytes = static_cast<double>(N * D) * (4 + 1) + static_cast<double>(N) * 8;
+  const double gbs = bytes / (t.median_ms * 1e-3) / 1e9;
+  char line[512];
+  std::snprintf(line, sizeof line,
+                "{\"bench\":\"w8a8\",\"case\":\"dynquant_token_%lldx%lld\",\"impl\":\"qgrad\",\"ms\":%.4f,"
+                "\"gbs\":%.1f,\"copy_gbs\":%.1f,\"copy_fraction\":%.3f}",
+                static_cast<long long>(N), static_cast<long long>(D), t.median_ms, gbs, copy_gbs, gbs / copy_gbs);
+  emit(line);
+}
+
+void emit_gemm(const char* impl, std::int64_t M, std::int64_t N, std::int64_t K, const Timing& t, bool int8) {
+  const double tops = 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K) /
+                      (t.median_ms * 1e-3) / 1e12;
+  char line[512];
+  std::snprintf(line, sizeof line,
+                "{\"bench\":\"w8a8\",\"case\":\"w8a8_%lldx%lldx%lld\",\"impl\":\"%s\",\"ms\":%.4f,\"tops\":%.1f%s}",
+                static_cast<long long>(M), static_cast<long long>(N), static_cast<long long>(K), impl, t.median_ms, tops,
+                int8 ? (",\"int8_peak_fraction\":" + std::to_string(tops / kInt8PeakTops)).c_str() : "");
+  emit(line);
+}
+
+void bench_w8a8(cublasHandle_t h, std::int64_t M, std::int64_t N, std::int64_t K) {
+  Generator g(2);
+  const TensorOptions on = TensorOptions{}.with_device(Device::cuda());
+  Tensor x = randn({M, K}, g, TensorOptions(on).with_dtype(DType::bf16));
+  Tensor w = randint(-127, 128, {N, K}, g, TensorOptions(on).with_dtype(DType::s8));
+  Tensor sw = rand({N}, g, on, 0.001, 0.01);
+  Tensor wb = randn({N, K}, g, TensorOptions(on).with_dtype(DType::bf16));
+  Tensor yb = Tensor::empty({M, N}, TensorOptions(on).with_dtype(DType::bf16));
+  const int reps = M * N * K >= (std::int64_t(1) << 36) ? 20 : 50;
+
+  Timing tq = time_cuda(
+      [&](int) { (void)quantized_linear(x, w, sw, Tensor(), ActivationQuant::dynamic(), DType::bf16); }, reps, 5);
+  emit_gemm("qgrad", M, N, K, tq, true);
+
+  // The int8 GEMM alone (padded K is K here: the shapes are multiples of 16).
+  Tensor a = randint(-127, 128, {M, K}, g, TensorOptions(on).with_dtype(DType::s8));
+  Tensor c = Tensor::empty({M, N}, TensorOptions(on).with_dtype(DType::s32));
+  Tensor ws = Tensor::empty({static_cast<std::int64_t>(kernels::cuda::kLtWorkspaceBytes)},
+                            TensorOptions(on).with_dtype(DType::u8));
+  Timing tg = time_cuda(
+      [&](int) {
+        kernels::cuda::lt_int8_gemm(0, a.data<std::int8_t>(), K, w.data<std::int8_t>(), K, c.data<std::int32_t>(), N,
+                                    M, N, K, ws.data_ptr(), kernels::cuda::kLtWorkspaceBytes);
+      },
+      reps, 5);
+  emit_gemm("qgrad_int8_gemm", M, N, K, tg, true);
+
+  // bf16 reference: y[M, N] = x[M, K] wb[N, K]^T (column-major: y^T = wb x^T).
+  const float one = 1.0f, zero = 0.0f;
+  QGRAD_CHECK(cublasSetStream(h, qgrad::cuda::stream(0)) == CUBLAS_STATUS_SUCCESS, "bench", "", "cublasSetStream");
+  Timing tb = time_cuda(
+      [&](int) {
+        cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(N), static_cast<int>(M), static_cast<int>(K), &one,
+                     wb.data_ptr(), CUDA_R_16BF, static_cast<int>(K), x.data_ptr(), CUDA_R_16BF, static_cast<int>(K),
+                     &zero, yb.data_ptr(), CUDA_R_16BF, static_cast<int>(N), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+      },
+      reps, 5);
+  emit_gemm("cublas_bf16", M, N, K, tb, false);
+}
+#endif
+
+}  // namespace
+
+int main() {
+#if QGRAD_WITH_CUDA
+  if (!cuda_available()) {
+    std::printf("{\"bench\":\"w8a8\",\"skipped\":\"no CUDA device\"}\n");
+    return 0;
+  }
+  const double copy_gbs = copy_bandwidth_gbs(std::size_t(1) << 30);
+  bench_dynquant(16384, 8192, copy_gbs);
+  cublasHandle_t h = nullptr;
+  if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) return 1;
+  for (auto [M, N, K] : {std::tuple{8192, 8192, 8192}, std::tuple{4096, 4096, 4096}, std::tuple{1, 4096, 4096},
+                         std::tuple{16, 4096, 4096}, std::tuple{128, 4096, 4096}})
+    bench_w8a8(h, M, N, K);
+  cublasDestroy(h);
+#else
+  std::printf("{\"bench\":\"w8a8\",\"skipped\":\"built without CUDA\"}\n");
+#endif
+  return 0;
+}

@@ -1,0 +1,159 @@
+// CUDA W8A8 linear: the int8 GEMM on the tensor cores through cuBLASLt
+// (lt_gemm.cuh) into an int32 [M, ldc] buffer, then one epilogue kernel that
+// reads it once and writes the output (formulas/qlinear.h).
+//
+// Why not cuBLASLt's own epilogue: its per-row alpha vector
+// (CUBLASLT_POINTER_MODE_ALPHA_DEVICE_VECTOR_BETA_ZERO) covers only the
+// output-channel scale sw[n]; the per-token scale sa[m] would still need a
+// pass over the output, and cuBLASLt's float rounding of acc * alpha is not
+// specified, so the CPU could not reproduce it bit for bit. Bytes moved by
+// the epilogue: 4 M N (int32 read) + sizeof(out) M N (write) + 4 N + 4 M.
+// Shapes cuBLASLt does not take (it has no algorithm, or the status is not
+// success) run a SIMT dp4a fallback GEMM with the same int32 result.
+#include <algorithm>
+
+#include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/lt_gemm.cuh"
+#include "kernels/formulas/qlinear.h"
+#include "kernels/qlinear.h"
+
+namespace qgrad::kernels::cuda {
+
+namespace {
+
+bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
+
+template <class T, int N>
+struct alignas(sizeof(T) * N) Pack {
+  T v[N];
+};
+
+// Exact int32 fallback: one thread per output, 4 int8 lanes per dp4a (K is a
+// multiple of 16 and rows are 16-byte aligned).
+__global__ void fallback_gemm_kernel(const std::int8_t* __restrict__ a, std::int64_t lda,
+                                     const std::int8_t* __restrict__ w, std::int64_t ldw, std::int32_t* __restrict__ c,
+                                     std::int64_t ldc, std::int64_t M, std::int64_t N, std::int64_t K) {
+  const std::int64_t total = M * N;
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t m = i / N, n = i % N;
+    const int* ar = reinterpret_cast<const int*>(a + m * lda);
+    const int* wr = reinterpret_cast<const int*>(w + n * ldw);
+    int acc = 0;
+    for (std::int64_t k = 0; k < K / 4; ++k) acc = __dp4a(ar[k], wr[k], acc);
+    c[m * ldc + n] = acc;
+  }
+}
+
+// The activation scale as the kernel sees it: a device pointer (f32 or
+// f64; stride 1 per row, 0 for a device scalar) or a host value.
+struct ScaleArg {
+  const float* f32 = nullptr;
+  const double* f64 = nullptr;
+  double host = 0;
+  bool host_is_f64 = false;
+  std::int64_t stride = 0;
+
+  template <class M>
+  __device__ M at(std::int64_t m) const {
+    if (f32) return M(f32[m * stride]);
+    if (f64) return M(f64[m * stride]);
+    return host_is_f64 ? M(host) : M(static_cast<float>(host));
+  }
+};
+
+// One row per blockIdx.y (grid-stride), V consecutive outputs per thread:
+// a 16-byte int32 load and a V-element store when V = 4.
+template <class T, int V>
+__global__ void epilogue_kernel(const std::int32_t* __restrict__ c, std::int64_t ldc, T* __restrict__ o,
+                                std::int64_t M, std::int64_t N, ScaleArg sa_arg, const float* __restrict__ sw,
+                                const op_math_t<T>* __restrict__ bias) {
+  using Mt = op_math_t<T>;
+  using CP = Pack<std::int32_t, V>;
+  using OP = Pack<T, V>;
+  const std::int64_t nvec = N / V;
+  for (std::int64_t m = blockIdx.y; m < M; m += gridDim.y) {
+    const Mt sa = sa_arg.at<Mt>(m);
+    const CP* cr = reinterpret_cast<const CP*>(c + m * ldc);
+    OP* orow = reinterpret_cast<OP*>(o + m * N);
+    for (std::int64_t v = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; v < nvec;
+         v += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+      const CP acc = cr[v];
+      OP out;
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        const std::int64_t n = v * V + e;
+        out.v[e] = T(formulas::qlinear_epilogue<Mt>(acc.v[e], sa, Mt(sw[n]), bias ? bias[n] : Mt(0), bias != nullptr));
+      }
+      orow[v] = out;
+    }
+  }
+}
+
+template <class T>
+void epilogue_impl(const Tensor& c, std::int64_t ldc, const QLinearEpilogue& ep, const Tensor& out) {
+  using Mt = op_math_t<T>;
+  const std::int64_t M = out.shape()[0], N = out.shape()[1];
+  ScaleArg sa;
+  if (ep.sa.is_cuda()) {
+    if (ep.sa.dtype() == DType::f64) sa.f64 = static_cast<const double*>(ep.sa.data_ptr());
+    else sa.f32 = static_cast<const float*>(ep.sa.data_ptr());
+  } else {  // a host scalar (static scale kept on the host): read here, no sync
+    sa.host_is_f64 = ep.sa.dtype() == DType::f64;
+    sa.host = sa.host_is_f64 ? static_cast<const double*>(ep.sa.data_ptr())[0]
+                             : static_cast<const float*>(ep.sa.data_ptr())[0];
+  }
+  sa.stride = ep.per_row ? 1 : 0;
+  const float* sw = static_cast<const float*>(ep.sw.data_ptr());
+  const Mt* bias = ep.bias.defined() ? static_cast<const Mt*>(ep.bias.data_ptr()) : nullptr;
+  T* o = static_cast<T*>(out.data_ptr());
+  const std::int32_t* cp = static_cast<const std::int32_t*>(c.data_ptr());
+  const bool vec = N % 4 == 0 && (reinterpret_cast<std::uintptr_t>(o) % (4 * sizeof(T))) == 0;
+  const std::int64_t nvec = vec ? N / 4 : N;
+  constexpr unsigned threads = 256;
+  const unsigned gx = static_cast<unsigned>(std::min<std::int64_t>((nvec + threads - 1) / threads, 1024));
+  const unsigned gy = static_cast<unsigned>(std::min<std::int64_t>(M, 65535));
+  cudaStream_t s = ::qgrad::cuda::stream(out.device().index);
+  if (vec) epilogue_kernel<T, 4><<<dim3(gx, gy), threads, 0, s>>>(cp, ldc, o, M, N, sa, sw, bias);
+  else epilogue_kernel<T, 1><<<dim3(gx, gy), threads, 0, s>>>(cp, ldc, o, M, N, sa, sw, bias);
+  QGRAD_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+void qlinear(const Tensor& a, std::int64_t lda, std::int64_t K, const Tensor& w, const QLinearEpilogue& ep,
+             const Tensor& out) {
+  const Device dev = out.device();
+  const int d = dev.index;
+  const std::int64_t M = out.shape()[0], N = out.shape()[1];
+  const TensorOptions on = TensorOptions{}.with_device(dev);
+  // Weight rows padded to lda (a multiple of 16) and 16-byte aligned.
+  Tensor wpad = w;
+  std::int64_t ldw = K;
+  if (K != lda || !aligned16(w.data_ptr())) {
+    wpad = Tensor::empty({N, lda}, TensorOptions(on).with_dtype(DType::s8));
+    const std::int8_t* src = static_cast<const std::int8_t*>(w.data_ptr());
+    std::int8_t* dst = static_cast<std::int8_t*>(wpad.data_ptr());
+    launch_elementwise(d, N * lda, [=] __device__(std::int64_t i) {
+      const std::int64_t n = i / lda, k = i % lda;
+      dst[i] = k < K ? src[n * K + k] : std::int8_t(0);
+    });
+    ldw = lda;
+  }
+  const std::int64_t ldc = (N + 3) / 4 * 4;  // 16-byte rows: the epilogue's int4 loads
+  Tensor c = Tensor::empty({M, ldc}, TensorOptions(on).with_dtype(DType::s32));
+  Tensor ws = Tensor::empty({static_cast<std::int64_t>(kLtWorkspaceBytes)}, TensorOptions(on).with_dtype(DType::u8));
+  const auto* ap = static_cast<const std::int8_t*>(a.data_ptr());
+  const auto* wp = static_cast<const std::int8_t*>(wpad.data_ptr());
+  auto* cp = static_cast<std::int32_t*>(c.data_ptr());
+  if (!lt_int8_gemm(d, ap, lda, wp, ldw, cp, ldc, M, N, lda, ws.data_ptr(), kLtWorkspaceBytes)) {
+    constexpr unsigned threads = 256;
+    fallback_gemm_kernel<<<::qgrad::cuda::blocks_for(M * N, threads), threads, 0, ::qgrad::cuda::stream(d)>>>(
+        ap, lda, wp, ldw, cp, ldc, M, N, lda);
+    QGRAD_LAUNCH_CHECK();
+  }
+  dispatch_floating(out.dtype(), "quantized_linear",
+                    [&](auto tag) { epilogue_impl<typename decltype(tag)::type>(c, ldc, ep, out); });
+}
+
+}  // namespace qgrad::kernels::cuda

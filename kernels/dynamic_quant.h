@@ -1,0 +1,91 @@
+// Kernels of dynamic-range quantization (ops/dynamic_quant.h) and of the
+// activation quantization of quantized_linear (ops/quantized_linear.h).
+#pragma once
+
+#include <cstdint>
+
+#include "core/macros.h"
+#include "core/tensor.h"
+
+namespace qgrad::kernels {
+
+// How a tensor, viewed as [outer, L, inner] around one axis, splits into
+// quantization segments.
+//   per_slice: one segment per index l of the axis (reduces over outer and
+//              inner); the tensor scope is a per_slice layout with L = 1.
+//   grouped:   one segment per (o, l / group, i): `group` consecutive indices
+//              of the axis; the token scope is grouped along the last axis
+//              with group = L (one segment per row).
+struct SegmentLayout {
+  bool per_slice = true;
+  std::int64_t outer = 1, L = 1, inner = 1, group = 1;
+
+  std::int64_t segments() const { return per_slice ? L : outer * (L / group) * inner; }
+  QGRAD_HD std::int64_t segment_of(std::int64_t i) const {
+    const std::int64_t in = i % inner;
+    const std::int64_t l = (i / inner) % L;
+    if (per_slice) return l;
+    const std::int64_t o = i / (inner * L);
+    return (o * (L / group) + l / group) * inner + in;
+  }
+  // A row layout [rows, D]: segments are rows.
+  bool is_rows() const { return !per_slice && inner == 1 && group == L; }
+};
+
+// Quantization range and mode.
+struct QuantSpec {
+  bool symmetric = true;
+  int qmin = -128, qmax = 127;
+};
+
+// The kernels, declared once for the dispatcher (kernels::) and each device
+// (kernels::cpu::, kernels::cuda::):
+//
+// dynamic_quantize: q (s8/u8, x's shape), scale (f32, or f64 for an f64 x;
+//   [segments]) and zero_point (s32 [segments]) from x (floating), one device.
+// quantize_rows_dynamic: row-wise dynamic quantization of x viewed as
+//   [rows, D] into q (s8/u8) with row stride ldq >= D; columns [D, ldq) of q
+//   are written 0. zero_point may be undefined (symmetric only).
+// quantize_rows_static: static per-tensor quantization of x [rows, D] into
+//   s8 q [rows, ldq]: q = clamp(nearbyint(x * (1/scale)) + zp, qmin, qmax) - zp
+//   (pad columns 0). scale (f32, 1 element) and zero_point (s32, 1 element)
+//   live on x's device (read by the kernel, never by the host) or on the
+//   host (read there).
+// column_absmax_update: SmoothQuant calibration, amax[j] = max(amax[j],
+//   max_r |x[r, j]|) over the finite values of x viewed [rows, D]; amax f32
+//   [D] on x's device.
+#define QGRAD_DYNAMIC_QUANT_KERNELS                                                                                   \
+  void dynamic_quantize(const Tensor& x, const SegmentLayout& layout, const QuantSpec& spec, const Tensor& q,         \
+                        const Tensor& scale, const Tensor& zero_point);                                               \
+  void quantize_rows_dynamic(const Tensor& x, std::int64_t D, const QuantSpec& spec, const Tensor& q,                 \
+                             std::int64_t ldq, const Tensor& scale, const Tensor& zero_point);                        \
+  void quantize_rows_static(const Tensor& x, std::int64_t D, const Tensor& scale, const Tensor& zero_point, int qmin, \
+                            int qmax, const Tensor& q, std::int64_t ldq);                                             \
+  void column_absmax_update(const Tensor& x, std::int64_t D, const Tensor& amax);
+
+QGRAD_DYNAMIC_QUANT_KERNELS
+
+namespace cpu {
+QGRAD_DYNAMIC_QUANT_KERNELS
+
+// body(r) for r in [0, rows), OpenMP-parallel when rows * cost_per_row
+// reaches the CPU grain (each row is written by one thread).
+template <class F>
+void parallel_rows(std::int64_t rows, std::int64_t cost_per_row, F&& body) {
+#if defined(_OPENMP) && !defined(__CUDACC__)
+  if (rows > 1 && rows * cost_per_row >= 32768) {
+#pragma omp parallel for schedule(static)
+    for (std::int64_t r = 0; r < rows; ++r) body(r);
+    return;
+  }
+#endif
+  (void)cost_per_row;
+  for (std::int64_t r = 0; r < rows; ++r) body(r);
+}
+}  // namespace cpu
+
+namespace cuda {
+QGRAD_DYNAMIC_QUANT_KERNELS
+}  // namespace cuda
+
+}  // namespace qgrad::kernels

@@ -1,0 +1,41 @@
+// Kernels of the W8A8 quantized linear (ops/quantized_linear.h): the int8
+// GEMM with int32 accumulation and the float epilogue
+//   out[m, n] = acc[m, n] * (sa[m] * sw[n]) + bias[n]    (kernels/formulas/qlinear.h)
+#pragma once
+
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace qgrad::kernels {
+
+struct QLinearEpilogue {
+  // Activation scale: f32 or f64. Per row ([M], on the output's device) when
+  // per_row; otherwise one element, on the output's device (read by the
+  // kernel) or on the host (read by the host: a host scalar).
+  Tensor sa;
+  bool per_row = true;
+  Tensor sw;    // f32 [N], output's device
+  Tensor bias;  // undefined, or [N] in the epilogue math dtype (f64 for an f64 output, else f32)
+};
+
+// Row stride (in elements) the quantized activation must have for this
+// device: K on the CPU, K rounded up to 16 on CUDA (cuBLASLt int8 alignment;
+// the pad columns hold zeros).
+std::int64_t qlinear_lda(Device device, std::int64_t K);
+
+// out [M, N] (f32, f64, f16, bf16) = epilogue(a [M, lda] s8 (K used) x w^T),
+// w s8 [N, K] contiguous.
+void qlinear(const Tensor& a, std::int64_t lda, std::int64_t K, const Tensor& w, const QLinearEpilogue& ep,
+             const Tensor& out);
+
+namespace cpu {
+void qlinear(const Tensor& a, std::int64_t lda, std::int64_t K, const Tensor& w, const QLinearEpilogue& ep,
+             const Tensor& out);
+}  // namespace cpu
+namespace cuda {
+void qlinear(const Tensor& a, std::int64_t lda, std::int64_t K, const Tensor& w, const QLinearEpilogue& ep,
+             const Tensor& out);
+}  // namespace cuda
+
+}  // namespace qgrad::kernels

@@ -1,0 +1,116 @@
+#include "ops/quantized_linear.h"
+
+#include <cmath>
+
+#include "kernels/dynamic_quant.h"
+#include "kernels/qlinear.h"
+#include "ops/check.h"
+
+namespace qgrad {
+
+namespace {
+constexpr const char* kOp = "quantized_linear";
+
+// A one-element tensor on the host or on `dev`.
+void check_scalar_tensor(const Tensor& t, DType d, Device dev, const char* arg) {
+  check::dtype_is(t, d, kOp, arg);
+  QGRAD_CHECK(t.numel() == 1, kOp, arg, "expected one element, got shape ", shape_str(t.shape()));
+  QGRAD_CHECK(t.device().is_cpu() || t.device() == dev, kOp, arg, "must be on the host or on ", dev.str(),
+              ", got ", t.device().str());
+}
+
+void check_act(const ActivationQuant& act, Device dev) {
+  QGRAD_CHECK(act.qmin < act.qmax, kOp, "act.qmin", "qmin ", act.qmin, " must be < qmax ", act.qmax);
+  if (act.kind == ActivationQuant::dynamic_per_token) {
+    QGRAD_CHECK(act.qmin >= -128 && act.qmin < 0 && act.qmax > 0 && act.qmax <= 127, kOp, "act.qmin/qmax",
+                "dynamic per-token quantization is symmetric s8: need -128 <= qmin < 0 < qmax <= 127, got [",
+                act.qmin, ", ", act.qmax, "]");
+    return;
+  }
+  QGRAD_CHECK(act.kind == ActivationQuant::static_per_tensor, kOp, "act.kind", "unknown activation quantization");
+  check_scalar_tensor(act.scale, DType::f32, dev, "act.scale");
+  check_scalar_tensor(act.zero_point, DType::s32, dev, "act.zero_point");
+  QGRAD_CHECK(act.qmin >= -128 && act.qmax <= 255 && act.qmax - act.qmin <= 255, kOp, "act.qmin/qmax",
+              "range [", act.qmin, ", ", act.qmax, "] must lie in [-128, 255] and span at most 256 values");
+  if (act.scale.device().is_cpu()) check::finite_positive(act.scale.item(), kOp, "act.scale");
+  if (act.zero_point.device().is_cpu()) {
+    const auto za = static_cast<std::int64_t>(act.zero_point.item());
+    QGRAD_CHECK(za >= act.qmin && za <= act.qmax, kOp, "act.zero_point", "zero point ", za, " outside [", act.qmin,
+                ", ", act.qmax, "]");
+    QGRAD_CHECK(act.qmin - za >= -128 && act.qmax - za <= 127, kOp, "act.zero_point", "shifted range [",
+                act.qmin - za, ", ", act.qmax - za, "] = [qmin - zp, qmax - zp] does not fit s8 [-128, 127]");
+  }
+}
+
+}  // namespace
+
+ActivationQuant ActivationQuant::dynamic() { return ActivationQuant{}; }
+
+ActivationQuant ActivationQuant::fixed(Tensor scale, Tensor zero_point, std::int64_t qmin, std::int64_t qmax) {
+  ActivationQuant a;
+  a.kind = static_per_tensor;
+  a.scale = std::move(scale);
+  a.zero_point = std::move(zero_point);
+  a.qmin = qmin;
+  a.qmax = qmax;
+  return a;
+}
+
+Tensor quantized_linear(const Tensor& x, const Tensor& w_q, const Tensor& w_scale, const Tensor& bias,
+                        const ActivationQuant& act, DType out_dtype) {
+  // ---- validation: everything before any allocation or launch ----
+  check::floating(x, kOp, "x");
+  QGRAD_CHECK(x.dim() >= 1, kOp, "x", "expected rank >= 1 ([..., K]), got a scalar");
+  check::dtype_is(w_q, DType::s8, kOp, "w_q");
+  check::rank_is(w_q, 2, kOp, "w_q");
+  check::same_device(w_q, x, kOp, "w_q");
+  const std::int64_t K = x.size(-1), N = w_q.size(0);
+  QGRAD_CHECK(K >= 1, kOp, "x", "inner dimension K must be >= 1, got shape ", shape_str(x.shape()));
+  QGRAD_CHECK(N >= 1, kOp, "w_q", "needs at least one output channel, got shape ", shape_str(w_q.shape()));
+  QGRAD_CHECK(w_q.size(1) == K, kOp, "w_q", "shape ", shape_str(w_q.shape()), " does not match K = ", K, " of x ",
+              shape_str(x.shape()));
+  check::dtype_is(w_scale, DType::f32, kOp, "w_scale");
+  check::same_device(w_scale, x, kOp, "w_scale");
+  QGRAD_CHECK(w_scale.shape() == Shape{N}, kOp, "w_scale", "expected shape [", N, "], got ",
+              shape_str(w_scale.shape()));
+  if (w_scale.device().is_cpu()) {
+    const float* s = w_scale.data<float>();
+    for (std::int64_t n = 0; n < N; ++n) check::finite_positive(s[n], kOp, "w_scale");
+  }
+  if (bias.defined()) {
+    check::floating(bias, kOp, "bias");
+    check::same_device(bias, x, kOp, "bias");
+    QGRAD_CHECK(bias.shape() == Shape{N}, kOp, "bias", "expected shape [", N, "], got ", shape_str(bias.shape()));
+  }
+  QGRAD_CHECK(is_floating(out_dtype), kOp, "out_dtype", "expected f32, f64, f16 or bf16, got ", dtype_name(out_dtype));
+  check_act(act, x.device());
+
+  // ---- compute ----
+  Shape out_shape = x.shape();
+  out_shape.back() = N;
+  const Device dev = x.device();
+  const TensorOptions on = TensorOptions{}.with_device(dev);
+  Tensor out = Tensor::empty(out_shape, TensorOptions(on).with_dtype(out_dtype));
+  const std::int64_t M = x.numel() / K;
+  if (M == 0) return out;
+  const std::int64_t lda = kernels::qlinear_lda(dev, K);
+  Tensor a = Tensor::empty({M, lda}, TensorOptions(on).with_dtype(DType::s8));
+  kernels::QLinearEpilogue ep;
+  ep.sw = w_scale;
+  if (bias.defined()) ep.bias = bias.detach().to(out_dtype == DType::f64 ? DType::f64 : DType::f32);
+  if (act.kind == ActivationQuant::dynamic_per_token) {
+    ep.sa = Tensor::empty({M}, TensorOptions(on).with_dtype(x.dtype() == DType::f64 ? DType::f64 : DType::f32));
+    ep.per_row = true;
+    const kernels::QuantSpec spec{true, static_cast<int>(act.qmin), static_cast<int>(act.qmax)};
+    kernels::quantize_rows_dynamic(x, K, spec, a, lda, ep.sa, Tensor());
+  } else {
+    ep.sa = act.scale;
+    ep.per_row = false;
+    kernels::quantize_rows_static(x, K, act.scale, act.zero_point, static_cast<int>(act.qmin),
+                                  static_cast<int>(act.qmax), a, lda);
+  }
+  kernels::qlinear(a, lda, K, w_q, ep, out.reshape({M, N}));
+  return out;
+}
+
+}  // namespace qgrad

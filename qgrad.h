@@ -9,3 +9,4 @@
 #include "core/error.h"
 #include "core/tensor.h"
 #include "ops/ops.h"
+#include "nn/nn.h"

@@ -29,6 +29,7 @@ class Optimizer {
   std::int64_t step_count() const { return steps_; }
   const kernels::OptimHyper& hyper() const { return hyper_; }
   const NamedTensors& params() const { return params_; }
+  const char* kind() const { return kind_; }
 
   // "step" (s64 scalar), then per parameter "<name>.step" (s64 scalar) and
   // its buffers "<name>.momentum_buffer" (SGD, once created) or

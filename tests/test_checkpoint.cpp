@@ -6,25 +6,18 @@
 #include <sstream>
 
 #include "helpers.h"
+#include "test_nn_helpers.h"
 #include "nn/checkpoint.h"
 #include "nn/layers.h"
 
 using namespace qgrad;
 using namespace qgrad::nn;
+using qgrad::testing::error_of;
+using qgrad::testing::TempDir;
 using qgrad::testing::bit_equal;
 namespace fs = std::filesystem;
 
 namespace {
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    char tmpl[] = "/tmp/qgrad_ckpt_XXXXXX";
-    path = ::mkdtemp(tmpl);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string file(const std::string& n) const { return (path / n).string(); }
-};
 
 // The tensors tests/python/roundtrip_safetensors.py expects.
 NamedTensors sample() {
@@ -59,16 +52,6 @@ std::string make_file(const std::string& header, const std::string& data) {
   const std::uint64_t n = header.size();
   std::memcpy(s.data(), &n, 8);
   return s + header + data;
-}
-
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const qgrad::Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 }  // namespace

@@ -7,23 +7,16 @@
 #include <set>
 
 #include "helpers.h"
+#include "test_nn_helpers.h"
 #include "nn/data.h"
 
 using namespace qgrad;
 using namespace qgrad::nn;
+using qgrad::testing::error_of;
+using qgrad::testing::TempDir;
 namespace fs = std::filesystem;
 
 namespace {
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    char tmpl[] = "/tmp/qgrad_data_XXXXXX";
-    path = ::mkdtemp(tmpl);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string file(const std::string& n) const { return (path / n).string(); }
-};
 
 void be32(std::vector<unsigned char>& b, std::uint32_t v) {
   for (int s = 24; s >= 0; s -= 8) b.push_back(static_cast<unsigned char>(v >> s));
@@ -59,16 +52,6 @@ void write_gz(const std::string& path, const std::vector<unsigned char>& b) {
 void write_set(const TempDir& d, const std::string& prefix, std::uint32_t n_img, std::uint32_t n_lab) {
   write_gz(d.file(prefix + "-images-idx3-ubyte.gz"), images_bytes(n_img, 28, 28, std::size_t(n_img) * 784));
   write_gz(d.file(prefix + "-labels-idx1-ubyte.gz"), labels_bytes(n_lab, n_lab));
-}
-
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const qgrad::Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 }  // namespace

@@ -203,6 +203,9 @@ SafetensorsFile load_safetensors(const std::string& path) {
     fail(op, path, "tensors cover " + std::to_string(pos) + " of " + std::to_string(data_size) + " data bytes");
   for (const Entry& e : entries) {
     Tensor t = Tensor::empty(e.shape, TensorOptions{}.with_dtype(e.dtype));
+    if (e.dtype == DType::boolean)
+      for (std::uint64_t k = e.begin; k < e.end; ++k)
+        if (static_cast<unsigned char>(data[k]) > 1) fail(op, path, "tensor '" + e.name + "': BOOL byte is not 0 or 1");
     if (e.end > e.begin) std::memcpy(t.data_ptr(), data + e.begin, e.end - e.begin);
     out.tensors.emplace_back(e.name, t);
   }

@@ -64,9 +64,10 @@ void Optimizer::step() {
     kernels::OptimSlot slot;
     slot.param = p.detach();
     slot.grad = g;
+    // State follows its parameter after Module::to (a one-time copy).
+    move_in_place(buf1_[i], p.device());
+    move_in_place(buf2_[i], p.device());
     if (hyper_.kind == OptimKind::sgd && hyper_.momentum != 0.0) {
-      QGRAD_CHECK(!buf1_[i].defined() || buf1_[i].device() == p.device(), kind_, "state", "momentum buffer of '",
-                  params_[i].first, "' is on ", buf1_[i].device().str());
       if (!buf1_[i].defined()) {
         buf1_[i] = Tensor::empty(p.shape(), TensorOptions{}.with_dtype(p.dtype()).with_device(p.device()));
         slot.first = true;

@@ -130,6 +130,7 @@ TEST_CASE("safetensors: corrupt and truncated files give errors naming the file"
                "overflow");
   expect_error(make_file(R"({"a":{"dtype":"F32","shape":[2]}})", data), "data_offsets");
   expect_error(make_file(R"({"__metadata__":{"k":1}})", ""), "not a string");
+  expect_error(make_file(R"({"b":{"dtype":"BOOL","shape":[8],"data_offsets":[0,8]}})", data), "BOOL byte");
   // A valid file cut short.
   save_safetensors(p, {{"w", ones({16})}});
   std::string full = slurp(p);

@@ -2,6 +2,7 @@
 #include <cmath>
 
 #include "helpers.h"
+#include "nn/layers.h"
 #include "nn/optim.h"
 
 using namespace qgrad;
@@ -315,4 +316,25 @@ TEST_CASE("CUDA optimizers match CPU bit for bit (multi-tensor launch)") {
       REQUIRE(c.size() == g.size());
       for (std::size_t i = 0; i < c.size(); ++i) CHECK(bit_equal(c[i], g[i]));
     }
+}
+
+TEST_CASE("CUDA: an optimizer built before Module::to follows its parameters") {
+  QGRAD_REQUIRE_GPU();
+  Generator gen(21);
+  Linear a(8, 4, gen);
+  Generator gen2(21);
+  Linear b(8, 4, gen2);
+  AdamW oa(a.named_parameters(), AdamWOptions{});
+  AdamW ob(b.named_parameters(), AdamWOptions{});
+  b.to(Device::cuda(0));
+  for (int s = 0; s < 2; ++s) {
+    for (std::size_t i = 0; i < 2; ++i) {
+      Tensor g = rand(a.parameters()[i].shape(), gen, {}, -1, 1);
+      a.parameters()[i].set_grad(g);
+      b.parameters()[i].set_grad(g.cuda());
+    }
+    oa.step();
+    ob.step();
+  }
+  for (std::size_t i = 0; i < 2; ++i) CHECK(bit_equal(a.parameters()[i], b.parameters()[i]));
 }

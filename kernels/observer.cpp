@@ -19,6 +19,7 @@ ChannelView channel_view(const Tensor& x, std::int64_t axis) {
 
 void observer_minmax(const Tensor& x, const Tensor& run_min, const Tensor& run_max, std::int64_t axis,
                      double averaging_constant) {
+  if (x.numel() == 0) return;  // PyTorch's observers return early on empty input
   if (x.is_cuda()) QGRAD_ON_CUDA(cuda::observer_minmax(x, run_min, run_max, axis, averaging_constant));
   else cpu::observer_minmax(x, run_min, run_max, axis, averaging_constant);
 }

@@ -87,7 +87,6 @@ void minmax_impl(const Tensor& x, const Tensor& run_min, const Tensor& run_max, 
 
 void observer_minmax(const Tensor& x, const Tensor& run_min, const Tensor& run_max, std::int64_t axis,
                      double averaging_constant) {
-  if (x.numel() == 0) return;
   dispatch_floating(x.dtype(), "observer_minmax", [&](auto tag) {
     minmax_impl<typename decltype(tag)::type>(x, run_min, run_max, axis, averaging_constant);
   });

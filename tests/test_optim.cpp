@@ -338,3 +338,19 @@ TEST_CASE("CUDA: an optimizer built before Module::to follows its parameters") {
   }
   for (std::size_t i = 0; i < 2; ++i) CHECK(bit_equal(a.parameters()[i], b.parameters()[i]));
 }
+
+TEST_CASE("16-bit parameters update in float and round once per state write") {
+  // bf16 p = 1, g = 0.5, SGD lr 0.1: p = bf16(1 - 0.05) = bf16(0.95) = 0.94921875.
+  Tensor p = Tensor::from_vector<float>({1.0f}, {1}).to(DType::bf16);
+  p.set_parameter("w");
+  SGD opt({{"w", p}}, SGDOptions{0.1});
+  p.set_grad(Tensor::from_vector<float>({0.5f}, {1}).to(DType::bf16));
+  opt.step();
+  CHECK(p.item() == 0.94921875);
+  Tensor h = Tensor::from_vector<float>({1.0f}, {1}).to(DType::f16);
+  h.set_parameter("h");
+  AdamW ah({{"h", h}}, AdamWOptions{0.1, 0.9, 0.999, 1e-8, 0.0});
+  h.set_grad(Tensor::from_vector<float>({0.5f}, {1}).to(DType::f16));
+  ah.step();
+  CHECK(h.item() == doctest::Approx(0.9).epsilon(1e-3));  // one Adam step moves by lr
+}

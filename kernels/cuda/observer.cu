@@ -38,7 +38,8 @@ __global__ void partial_minmax_kernel(const T* x, std::int64_t channels, std::in
   float lo = INFINITY, hi = -INFINITY;
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t k = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; k < count; k += stride) {
-    const std::int64_t o = k / inner, i = k - o * inner;
+    // One outer slice (per tensor, or channels on axis 0) needs no division.
+    const std::int64_t o = count == inner ? 0 : k / inner, i = k - o * inner;
     const float f = formulas::cast_value<float>(x[(o * channels + ch) * inner + i]);
     lo = formulas::min_combine(lo, f);
     hi = formulas::max_combine(hi, f);

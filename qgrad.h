@@ -10,3 +10,4 @@
 #include "core/tensor.h"
 #include "ops/ops.h"
 #include "autograd/dot.h"
+#include "nn/nn.h"

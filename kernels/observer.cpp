@@ -1,0 +1,35 @@
+#include "kernels/observer.h"
+
+#include "kernels/dispatch.h"
+
+namespace qgrad::kernels {
+
+ChannelView channel_view(const Tensor& x, std::int64_t axis) {
+  ChannelView v;
+  if (axis < 0) {
+    v.inner = x.numel();
+    return v;
+  }
+  const Shape& s = x.shape();
+  for (std::int64_t d = 0; d < axis; ++d) v.outer *= s[static_cast<std::size_t>(d)];
+  v.channels = s[static_cast<std::size_t>(axis)];
+  for (std::size_t d = static_cast<std::size_t>(axis) + 1; d < s.size(); ++d) v.inner *= s[d];
+  return v;
+}
+
+void observer_minmax(const Tensor& x, const Tensor& run_min, const Tensor& run_max, std::int64_t axis,
+                     double averaging_constant) {
+  if (x.numel() == 0) return;  // PyTorch's observers return early on empty input
+  if (x.is_cuda()) QGRAD_ON_CUDA(cuda::observer_minmax(x, run_min, run_max, axis, averaging_constant));
+  else cpu::observer_minmax(x, run_min, run_max, axis, averaging_constant);
+}
+
+void observer_qparams(const Tensor& run_min, const Tensor& run_max, const Tensor& scale, const Tensor& zero_point,
+                      std::int64_t qmin, std::int64_t qmax, bool symmetric, std::int32_t symmetric_zero_point) {
+  if (scale.is_cuda())
+    QGRAD_ON_CUDA(cuda::observer_qparams(run_min, run_max, scale, zero_point, qmin, qmax, symmetric,
+                                         symmetric_zero_point));
+  else cpu::observer_qparams(run_min, run_max, scale, zero_point, qmin, qmax, symmetric, symmetric_zero_point);
+}
+
+}  // namespace qgrad::kernels

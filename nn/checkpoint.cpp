@@ -1,0 +1,252 @@
+#include "nn/checkpoint.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+namespace qgrad::nn {
+
+static_assert(std::endian::native == std::endian::little, "safetensors data is little-endian");
+
+namespace {
+
+constexpr std::uint64_t kMaxHeader = 100u << 20;  // the safetensors library's limit
+
+[[noreturn]] void fail(const char* op, const std::string& path, const std::string& what) {
+  throw Error(op, "path", "'" + path + "': " + what);
+}
+
+const char* st_dtype(DType t) {
+  switch (t) {
+    case DType::f32: return "F32";
+    case DType::f64: return "F64";
+    case DType::f16: return "F16";
+    case DType::bf16: return "BF16";
+    case DType::s8: return "I8";
+    case DType::u8: return "U8";
+    case DType::s32: return "I32";
+    case DType::s64: return "I64";
+    case DType::boolean: return "BOOL";
+  }
+  return "?";
+}
+
+bool parse_st_dtype(const std::string& s, DType& out) {
+  for (DType t : {DType::f32, DType::f64, DType::f16, DType::bf16, DType::s8, DType::u8, DType::s32, DType::s64,
+                  DType::boolean})
+    if (s == st_dtype(t)) {
+      out = t;
+      return true;
+    }
+  return false;
+}
+
+void write_all(int fd, const char* data, std::size_t n, const char* op, const std::string& path) {
+  while (n > 0) {
+    const ssize_t w = ::write(fd, data, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      fail(op, path, std::string("write failed: ") + std::strerror(errno));
+    }
+    data += w;
+    n -= static_cast<std::size_t>(w);
+  }
+}
+
+}  // namespace
+
+void save_safetensors(const std::string& path, const NamedTensors& tensors, const Metadata& metadata) {
+  const char* op = "save_safetensors";
+  // Validate and build the header before touching the file system.
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) {
+    nlohmann::ordered_json meta = nlohmann::ordered_json::object();
+    for (const auto& [k, v] : metadata) meta[k] = v;
+    header["__metadata__"] = meta;
+  }
+  std::vector<Tensor> host;
+  std::uint64_t offset = 0;
+  for (const auto& [name, t] : tensors) {
+    QGRAD_CHECK(!name.empty() && name != "__metadata__", op, "tensors", "invalid tensor name '", name, "'");
+    QGRAD_CHECK(!header.contains(name), op, "tensors", "duplicate tensor name '", name, "'");
+    QGRAD_CHECK(t.defined(), op, "tensors", "tensor '", name, "' is undefined");
+    host.push_back(t.detach().cpu());
+    const std::uint64_t n = t.nbytes();
+    header[name] = {{"dtype", st_dtype(t.dtype())}, {"shape", t.shape()}, {"data_offsets", {offset, offset + n}}};
+    offset += n;
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+  char len[8];
+  const std::uint64_t hl = text.size();
+  std::memcpy(len, &hl, 8);
+
+  namespace fs = std::filesystem;
+  const fs::path target(path);
+  fs::path dir = target.parent_path();
+  if (dir.empty()) dir = ".";
+  std::string tmpl = (dir / ("." + target.filename().string() + ".tmp.XXXXXX")).string();
+  const int fd = ::mkstemp(tmpl.data());
+  if (fd < 0) fail(op, path, std::string("cannot create a temporary file in ") + dir.string() + ": " + std::strerror(errno));
+  try {
+    write_all(fd, len, 8, op, path);
+    write_all(fd, text.data(), text.size(), op, path);
+    for (const Tensor& t : host) write_all(fd, static_cast<const char*>(t.data_ptr()), t.nbytes(), op, path);
+    if (::fsync(fd) != 0) fail(op, path, std::string("fsync failed: ") + std::strerror(errno));
+    if (::close(fd) != 0) fail(op, path, std::string("close failed: ") + std::strerror(errno));
+  } catch (...) {
+    ::close(fd);
+    ::unlink(tmpl.c_str());
+    throw;
+  }
+  ::chmod(tmpl.c_str(), 0644);
+  if (::rename(tmpl.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmpl.c_str());
+    fail(op, path, std::string("rename failed: ") + std::strerror(err));
+  }
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+}
+
+SafetensorsFile load_safetensors(const std::string& path) {
+  const char* op = "load_safetensors";
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail(op, path, std::string("cannot open: ") + std::strerror(errno));
+  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (bytes.size() < 8) fail(op, path, "file too small (" + std::to_string(bytes.size()) + " bytes) for the header length");
+  std::uint64_t hl = 0;
+  std::memcpy(&hl, bytes.data(), 8);
+  if (hl == 0 || hl > kMaxHeader) fail(op, path, "invalid header length " + std::to_string(hl));
+  if (hl > bytes.size() - 8)
+    fail(op, path, "header length " + std::to_string(hl) + " exceeds the file size " + std::to_string(bytes.size()));
+  const char* hb = bytes.data() + 8;
+  nlohmann::json header = nlohmann::json::parse(hb, hb + hl, nullptr, false);
+  if (header.is_discarded()) fail(op, path, "header is not valid JSON");
+  if (!header.is_object()) fail(op, path, "header is not a JSON object");
+  const std::uint64_t data_size = bytes.size() - 8 - hl;
+  const char* data = hb + hl;
+
+  SafetensorsFile out;
+  struct Entry {
+    std::string name;
+    DType dtype;
+    Shape shape;
+    std::uint64_t begin, end;
+  };
+  std::vector<Entry> entries;
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    const std::string& name = it.key();
+    const nlohmann::json& v = it.value();
+    if (name == "__metadata__") {
+      if (!v.is_object()) fail(op, path, "__metadata__ is not an object");
+      for (auto m = v.begin(); m != v.end(); ++m) {
+        if (!m.value().is_string()) fail(op, path, "__metadata__ value of '" + m.key() + "' is not a string");
+        out.metadata[m.key()] = m.value().get<std::string>();
+      }
+      continue;
+    }
+    const std::string where = "tensor '" + name + "': ";
+    if (!v.is_object()) fail(op, path, where + "entry is not an object");
+    Entry e{name, DType::f32, {}, 0, 0};
+    if (!v.contains("dtype") || !v["dtype"].is_string() || !parse_st_dtype(v["dtype"].get<std::string>(), e.dtype))
+      fail(op, path, where + "missing or unsupported dtype");
+    if (!v.contains("shape") || !v["shape"].is_array()) fail(op, path, where + "missing shape");
+    for (const auto& d : v["shape"]) {
+      if (!d.is_number_unsigned() || d.get<std::uint64_t>() > static_cast<std::uint64_t>(INT64_MAX))
+        fail(op, path, where + "shape entries must be non-negative integers");
+      e.shape.push_back(d.get<std::int64_t>());
+    }
+    const auto& off = v.contains("data_offsets") ? v["data_offsets"] : nlohmann::json();
+    if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())
+      fail(op, path, where + "data_offsets must be two non-negative integers");
+    e.begin = off[0].get<std::uint64_t>();
+    e.end = off[1].get<std::uint64_t>();
+    if (e.begin > e.end || e.end > data_size)
+      fail(op, path, where + "data_offsets [" + std::to_string(e.begin) + ", " + std::to_string(e.end) +
+                         "] out of range (data has " + std::to_string(data_size) + " bytes)");
+    std::uint64_t numel = 1;
+    for (std::int64_t d : e.shape) {
+      const auto ud = static_cast<std::uint64_t>(d);
+      if (ud != 0 && numel > UINT64_MAX / ud) fail(op, path, where + "shape overflows");
+      numel *= ud;
+    }
+    const std::uint64_t es = dtype_size(e.dtype);
+    if (numel > UINT64_MAX / es || numel > static_cast<std::uint64_t>(INT64_MAX)) fail(op, path, where + "size overflows");
+    if (numel * es != e.end - e.begin)
+      fail(op, path, where + "dtype " + st_dtype(e.dtype) + " and shape " + shape_str(e.shape) + " need " +
+                         std::to_string(numel * es) + " bytes, data_offsets give " + std::to_string(e.end - e.begin));
+    entries.push_back(std::move(e));
+  }
+  std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  std::uint64_t pos = 0;
+  for (const Entry& e : entries) {
+    if (e.begin != pos)
+      fail(op, path, "tensor '" + e.name + "' " + (e.begin < pos ? "overlaps the previous tensor" : "leaves a gap") +
+                         " (starts at " + std::to_string(e.begin) + ", expected " + std::to_string(pos) + ")");
+    pos = e.end;
+  }
+  if (pos != data_size)
+    fail(op, path, "tensors cover " + std::to_string(pos) + " of " + std::to_string(data_size) + " data bytes");
+  for (const Entry& e : entries) {
+    Tensor t = Tensor::empty(e.shape, TensorOptions{}.with_dtype(e.dtype));
+    if (e.dtype == DType::boolean)
+      for (std::uint64_t k = e.begin; k < e.end; ++k)
+        if (static_cast<unsigned char>(data[k]) > 1) fail(op, path, "tensor '" + e.name + "': BOOL byte is not 0 or 1");
+    if (e.end > e.begin) std::memcpy(t.data_ptr(), data + e.begin, e.end - e.begin);
+    out.tensors.emplace_back(e.name, t);
+  }
+  return out;
+}
+
+void save_checkpoint(const std::string& path, const Module& model, const Optimizer* optimizer,
+                     const Metadata& metadata) {
+  NamedTensors all;
+  for (const auto& [n, t] : model.state_dict()) all.emplace_back("model." + n, t);
+  Metadata meta = metadata;
+  meta["format"] = "qgrad-checkpoint";
+  if (optimizer) {
+    for (const auto& [n, t] : optimizer->state_dict()) all.emplace_back("optim." + n, t);
+    meta["optimizer"] = optimizer->kind();
+  }
+  save_safetensors(path, all, meta);
+}
+
+Metadata load_checkpoint(const std::string& path, Module& model, Optimizer* optimizer) {
+  const char* op = "load_checkpoint";
+  SafetensorsFile f = load_safetensors(path);
+  NamedTensors m, o;
+  for (auto& [n, t] : f.tensors) {
+    if (n.rfind("model.", 0) == 0) m.emplace_back(n.substr(6), t);
+    else if (n.rfind("optim.", 0) == 0) o.emplace_back(n.substr(6), t);
+    else fail(op, path, "unexpected tensor '" + n + "' (expected model.* or optim.*)");
+  }
+  if (optimizer) {
+    auto it = f.metadata.find("optimizer");
+    if (o.empty() || it == f.metadata.end()) fail(op, path, "holds no optimizer state");
+    if (it->second != optimizer->kind())
+      fail(op, path, "optimizer state is for " + it->second + ", not " + optimizer->kind());
+  }
+  try {
+    model.load_state_dict(m);
+    if (optimizer) optimizer->load_state_dict(o);
+  } catch (const Error& e) {
+    fail(op, path, e.what());
+  }
+  return f.metadata;
+}
+
+}  // namespace qgrad::nn

@@ -1,0 +1,44 @@
+// Checkpoints in the safetensors format (readable by Python's
+// `safetensors`): an 8-byte little-endian header length, a JSON header
+// {"name": {"dtype", "shape", "data_offsets": [begin, end]}, ...,
+// "__metadata__": {string: string}} padded with spaces to 8 bytes, then the
+// raw little-endian data. Dtypes: F32 F64 F16 BF16 I8 U8 I32 I64 BOOL.
+//
+// Saving is atomic: the file is written to a temporary file in the target's
+// directory, fsynced, renamed over the target and the directory fsynced, so
+// a crash leaves either the old or the new checkpoint, never a torn one.
+// Loading validates everything (header length, JSON, dtypes, shapes,
+// offsets in range, contiguous, non-overlapping and covering the data,
+// byte sizes, overflow) and throws a qgrad::Error naming the file.
+#pragma once
+
+#include <map>
+#include <string>
+
+#include "nn/module.h"
+#include "nn/optim.h"
+
+namespace qgrad::nn {
+
+using Metadata = std::map<std::string, std::string>;
+
+struct SafetensorsFile {
+  NamedTensors tensors;  // host tensors, in data order
+  Metadata metadata;
+};
+
+// Tensors on any device (copied to the host). Names must be unique,
+// non-empty and not "__metadata__".
+void save_safetensors(const std::string& path, const NamedTensors& tensors, const Metadata& metadata = {});
+SafetensorsFile load_safetensors(const std::string& path);
+
+// Model state ("model.<name>": parameters and buffers) and optionally the
+// optimizer's ("optim.<name>"), with metadata "format" = "qgrad-checkpoint"
+// and "optimizer" = its kind, plus `metadata`.
+void save_checkpoint(const std::string& path, const Module& model, const Optimizer* optimizer = nullptr,
+                     const Metadata& metadata = {});
+// Loads into `model` (strict: names, shapes and dtypes must match) and, if
+// given, `optimizer`. Returns the file's metadata.
+Metadata load_checkpoint(const std::string& path, Module& model, Optimizer* optimizer = nullptr);
+
+}  // namespace qgrad::nn

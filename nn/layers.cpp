@@ -1,0 +1,40 @@
+#include "nn/layers.h"
+
+#include <cmath>
+
+#include "nn/ops_adapter.h"
+
+namespace qgrad::nn {
+
+Linear::Linear(std::int64_t in_features, std::int64_t out_features, Generator& gen, bool bias, TensorOptions options)
+    : in_(in_features), out_(out_features) {
+  QGRAD_CHECK(in_features > 0, "Linear", "in_features", "must be > 0, got ", in_features);
+  QGRAD_CHECK(out_features > 0, "Linear", "out_features", "must be > 0, got ", out_features);
+  QGRAD_CHECK(is_floating(options.dtype), "Linear", "options", "dtype must be floating, got ",
+              dtype_name(options.dtype));
+  options.requires_grad = false;
+  const double bound = 1.0 / std::sqrt(static_cast<double>(in_features));
+  weight_ = register_parameter("weight", rand({out_features, in_features}, gen, options, -bound, bound));
+  if (bias) bias_ = register_parameter("bias", rand({out_features}, gen, options, -bound, bound));
+}
+
+Tensor Linear::forward(const Tensor& x) { return ops::linear(x, weight_, bias_); }
+
+Tensor ReLU::forward(const Tensor& x) { return ops::relu(x); }
+
+Sequential& Sequential::push_back(std::shared_ptr<Module> m) {
+  return push_back(std::to_string(size()), std::move(m));
+}
+
+Sequential& Sequential::push_back(const std::string& name, std::shared_ptr<Module> m) {
+  add_child(name, std::move(m));
+  return *this;
+}
+
+Tensor Sequential::forward(const Tensor& x) {
+  Tensor h = x;
+  for (const auto& [n, m] : named_children()) h = m->forward(h);
+  return h;
+}
+
+}  // namespace qgrad::nn

@@ -1,0 +1,144 @@
+#include "nn/module.h"
+
+#include <map>
+
+#include "autograd/node.h"
+
+namespace qgrad::nn {
+
+void Module::check_new_name(const std::string& name) const {
+  QGRAD_CHECK(!name.empty() && name.find('.') == std::string::npos, "Module::register", "name",
+              "name must be non-empty and contain no '.', got '", name, "'");
+  auto taken = [&](const auto& list) {
+    for (const auto& [n, v] : list)
+      if (n == name) return true;
+    return false;
+  };
+  QGRAD_CHECK(!taken(params_) && !taken(buffers_) && !taken(children_), "Module::register", "name", "name '", name,
+              "' already registered in ", type_name());
+}
+
+Tensor Module::register_parameter(const std::string& name, Tensor t) {
+  check_new_name(name);
+  QGRAD_CHECK(t.defined(), "Module::register_parameter", name, "undefined tensor");
+  if (!t.requires_grad()) t.set_parameter(name);
+  params_.emplace_back(name, t);
+  return t;
+}
+
+Tensor Module::register_buffer(const std::string& name, Tensor t) {
+  check_new_name(name);
+  QGRAD_CHECK(t.defined(), "Module::register_buffer", name, "undefined tensor");
+  buffers_.emplace_back(name, t);
+  return t;
+}
+
+void Module::add_child(const std::string& name, std::shared_ptr<Module> m) {
+  check_new_name(name);
+  QGRAD_CHECK(m != nullptr, "Module::register_module", name, "null module");
+  children_.emplace_back(name, std::move(m));
+}
+
+void Module::replace_child(std::size_t index, std::shared_ptr<Module> m) {
+  QGRAD_CHECK(index < children_.size() && m != nullptr, "Module::replace_child", "index", "no child ", index);
+  children_[index].second = std::move(m);
+}
+
+void Module::insert_child(std::size_t index, const std::string& name, std::shared_ptr<Module> m) {
+  check_new_name(name);
+  QGRAD_CHECK(index <= children_.size() && m != nullptr, "Module::insert_child", "index", "bad index ", index);
+  children_.insert(children_.begin() + static_cast<std::ptrdiff_t>(index), {name, std::move(m)});
+}
+
+void Module::collect(const std::string& prefix, bool params, NamedTensors& out) const {
+  for (const auto& [n, t] : params ? params_ : buffers_) out.emplace_back(prefix + n, t);
+  for (const auto& [n, c] : children_) c->collect(prefix + n + ".", params, out);
+}
+
+NamedTensors Module::named_parameters() const {
+  NamedTensors out;
+  collect("", true, out);
+  return out;
+}
+
+std::vector<Tensor> Module::parameters() const {
+  std::vector<Tensor> out;
+  for (auto& [n, t] : named_parameters()) out.push_back(t);
+  return out;
+}
+
+NamedTensors Module::named_buffers() const {
+  NamedTensors out;
+  collect("", false, out);
+  return out;
+}
+
+NamedTensors Module::state_dict() const {
+  NamedTensors out = named_parameters();
+  for (auto& nb : named_buffers()) out.push_back(nb);
+  return out;
+}
+
+void Module::load_state_dict(const NamedTensors& state, bool strict) {
+  const char* op = "Module::load_state_dict";
+  const NamedTensors mine = state_dict();
+  std::map<std::string, Tensor> given;
+  for (const auto& [n, t] : state) {
+    QGRAD_CHECK(given.emplace(n, t).second, op, n, "duplicate entry");
+  }
+  // Validate everything before writing anything.
+  for (const auto& [n, t] : mine) {
+    auto it = given.find(n);
+    if (it == given.end()) {
+      QGRAD_CHECK(!strict, op, n, "missing from the state (model ", type_name(), ")");
+      continue;
+    }
+    QGRAD_CHECK(it->second.defined(), op, n, "undefined tensor");
+    QGRAD_CHECK(it->second.shape() == t.shape(), op, n, "shape ", shape_str(it->second.shape()),
+                " does not match the model's ", shape_str(t.shape()));
+    QGRAD_CHECK(it->second.dtype() == t.dtype(), op, n, "dtype ", dtype_name(it->second.dtype()),
+                " does not match the model's ", dtype_name(t.dtype()));
+  }
+  if (strict) {
+    for (const auto& [n, t] : state) {
+      bool found = false;
+      for (const auto& m : mine) found = found || m.first == n;
+      QGRAD_CHECK(found, op, n, "unexpected entry: the model has no tensor of that name");
+    }
+  }
+  for (const auto& [n, t] : mine) {
+    auto it = given.find(n);
+    if (it != given.end()) const_cast<Tensor&>(t).copy_(it->second);
+  }
+}
+
+void move_in_place(Tensor& t, Device device) {
+  if (!t.defined() || t.device() == device) return;
+  Tensor moved = t.detach().to(device);
+  TensorImpl* impl = t.impl();
+  impl->storage = moved.impl()->storage;
+  impl->offset = moved.impl()->offset;
+  if (impl->autograd) {
+    impl->autograd->grad = Tensor();
+    impl->autograd->meta.device = device;
+  }
+}
+
+void Module::to(Device device) {
+  for (auto& [n, t] : params_) move_in_place(t, device);
+  for (auto& [n, t] : buffers_) move_in_place(t, device);
+  for (auto& [n, c] : children_) c->to(device);
+}
+
+void Module::train(bool on) {
+  training_ = on;
+  on_train(on);
+  for (auto& [n, c] : children_) c->train(on);
+}
+
+void Module::zero_grad() {
+  for (auto& [n, t] : params_) t.zero_grad();
+  for (auto& [n, c] : children_) c->zero_grad();
+}
+
+}  // namespace qgrad::nn

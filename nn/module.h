@@ -1,0 +1,80 @@
+// qgrad::nn: modules with named parameters and buffers.
+//
+// A Module owns parameters (leaf tensors requiring grad), buffers (state
+// that is saved but not trained: observer ranges, qparams) and child
+// modules, each under a name; named_parameters() walks the tree and joins
+// names with dots ("0.weight", "2.weight_fake_quant.scale"), in
+// registration order. Tensors are handles: the module and an optimizer
+// share them, and to(Device) moves each one in place (its storage is
+// swapped), so an optimizer built before the move still sees the model.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace qgrad::nn {
+
+using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+
+class Module {
+ public:
+  Module() = default;
+  virtual ~Module() = default;
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+
+  virtual Tensor forward(const Tensor& x) = 0;
+  Tensor operator()(const Tensor& x) { return forward(x); }
+  // A short type name ("Linear", "ReLU", ...), used by convert and errors.
+  virtual std::string type_name() const = 0;
+
+  NamedTensors named_parameters() const;  // recursive, "child.name"
+  std::vector<Tensor> parameters() const;
+  NamedTensors named_buffers() const;     // recursive
+  // Parameters then buffers: what a checkpoint of the model holds.
+  NamedTensors state_dict() const;
+  // Copies `state` into this model's tensors; every name must exist here
+  // with the same shape and dtype (strict: no name may be missing or
+  // extra). Throws qgrad::Error naming the entry.
+  void load_state_dict(const NamedTensors& state, bool strict = true);
+  const std::vector<std::pair<std::string, std::shared_ptr<Module>>>& named_children() const { return children_; }
+
+  // Moves every parameter and buffer to `device` in place (gradients drop).
+  void to(Device device);
+  void train(bool on = true);
+  void eval() { train(false); }
+  bool is_training() const { return training_; }
+  void zero_grad();
+
+ protected:
+  // Register and return the (shared) handle. Names must be unique and
+  // contain no dot.
+  Tensor register_parameter(const std::string& name, Tensor t);
+  Tensor register_buffer(const std::string& name, Tensor t);
+  template <class M>
+  std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> m) {
+    add_child(name, m);
+    return m;
+  }
+  void add_child(const std::string& name, std::shared_ptr<Module> m);
+  void replace_child(std::size_t index, std::shared_ptr<Module> m);
+  void insert_child(std::size_t index, const std::string& name, std::shared_ptr<Module> m);
+  virtual void on_train(bool /*on*/) {}
+
+ private:
+  void check_new_name(const std::string& name) const;
+  void collect(const std::string& prefix, bool params, NamedTensors& out) const;
+  NamedTensors params_, buffers_;
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+  bool training_ = true;
+};
+
+// Moves a tensor's data to `device` in place: every handle sharing it sees
+// the move. Drops its gradient.
+void move_in_place(Tensor& t, Device device);
+
+}  // namespace qgrad::nn

@@ -1,0 +1,138 @@
+#include "nn/qat.h"
+
+#include "autograd/node.h"
+#include "nn/ops_adapter.h"
+
+namespace qgrad::nn {
+
+QConfig default_qat_qconfig() {
+  QConfig q;
+  q.activation.dtype = DType::u8;
+  q.activation.qscheme = QScheme::per_tensor_affine;
+  q.activation.quant_range = {{0, 255}};
+  q.activation.reduce_range = true;
+  q.activation.averaging_constant = 0.01;
+  q.weight.dtype = DType::s8;
+  q.weight.qscheme = QScheme::per_channel_symmetric;
+  q.weight.quant_range = {{-128, 127}};
+  q.weight.averaging_constant = 0.01;
+  q.weight.ch_axis = 0;
+  return q;
+}
+
+QATLinear::QATLinear(const Linear& linear, const QConfig& qconfig) {
+  QGRAD_CHECK(!is_per_channel(qconfig.activation.qscheme), "QATLinear", "qconfig",
+              "the activation fake quant must be per tensor");
+  ObserverOptions w = qconfig.weight;
+  if (is_per_channel(w.qscheme)) {
+    QGRAD_CHECK(w.ch_axis == 0, "QATLinear", "qconfig", "per-channel weight quantization must use axis 0, got ",
+                w.ch_axis);
+    w.channels = linear.out_features();
+  }
+  weight_ = register_parameter("weight", linear.weight());
+  if (linear.bias().defined()) bias_ = register_parameter("bias", linear.bias());
+  weight_fq_ = register_module("weight_fake_quant", std::make_shared<FakeQuantize>(w));
+  act_fq_ = register_module("activation_post_process", std::make_shared<FakeQuantize>(qconfig.activation));
+  const Device dev = weight_.device();
+  weight_fq_->to(dev);
+  act_fq_->to(dev);
+}
+
+Tensor QATLinear::forward(const Tensor& x) {
+  return act_fq_->forward(ops::linear(x, weight_fq_->forward(weight_), bias_));
+}
+
+QuantizedLinear::QuantizedLinear(Tensor weight_q, Tensor weight_scale, Tensor bias, Tensor input_scale,
+                                 Tensor input_zero_point, Tensor output_scale, Tensor output_zero_point,
+                                 std::int64_t qmin, std::int64_t qmax)
+    : qmin_(qmin), qmax_(qmax) {
+  const char* op = "QuantizedLinear";
+  QGRAD_CHECK(weight_q.defined() && weight_q.dtype() == DType::s8 && weight_q.dim() == 2, op, "weight",
+              "expected s8 [N, K]");
+  const std::int64_t n = weight_q.size(0);
+  QGRAD_CHECK(weight_scale.defined() && weight_scale.dtype() == DType::f32 && weight_scale.shape() == Shape{n}, op,
+              "weight_scale", "expected f32 [", n, "]");
+  QGRAD_CHECK(!bias.defined() || (is_floating(bias.dtype()) && bias.shape() == Shape{n}), op, "bias",
+              "expected floating [", n, "]");
+  for (const Tensor* s : {&input_scale, &output_scale})
+    QGRAD_CHECK(s->defined() && s->dtype() == DType::f32 && s->numel() == 1, op, "scale", "expected f32 [1]");
+  for (const Tensor* z : {&input_zero_point, &output_zero_point})
+    QGRAD_CHECK(z->defined() && z->dtype() == DType::s32 && z->numel() == 1, op, "zero_point", "expected s32 [1]");
+  QGRAD_CHECK(qmin < qmax, op, "qmin", "qmin ", qmin, " must be < qmax ", qmax);
+  weight_ = register_buffer("weight", weight_q);
+  weight_scale_ = register_buffer("weight_scale", weight_scale);
+  if (bias.defined()) bias_ = register_buffer("bias", bias);
+  in_scale_ = register_buffer("input_scale", input_scale);
+  in_zp_ = register_buffer("input_zero_point", input_zero_point);
+  out_scale_ = register_buffer("output_scale", output_scale);
+  out_zp_ = register_buffer("output_zero_point", output_zero_point);
+}
+
+Tensor QuantizedLinear::forward(const Tensor& x) {
+  Tensor y = ops::quantized_linear_fixed(x, weight_, weight_scale_, bias_, in_scale_, in_zp_, qmin_, qmax_);
+  return ops::fake_quantize_per_tensor(y, out_scale_, out_zp_, qmin_, qmax_);
+}
+
+void prepare_qat(Sequential& model, const QConfig& qconfig) {
+  const char* op = "prepare_qat";
+  for (std::size_t i = 0; i < model.size(); ++i) {
+    QGRAD_CHECK(model.name_at(i) != "quant" && model[i]->type_name() != "QATLinear", op, "model",
+                "model is already prepared");
+  }
+  QGRAD_CHECK(model.size() > 0, op, "model", "empty model");
+  QGRAD_CHECK(!is_per_channel(qconfig.activation.qscheme), op, "qconfig", "activation must be per tensor");
+  // Validate the whole model before changing it.
+  Device dev = Device::cpu();
+  bool any = false;
+  for (std::size_t i = 0; i < model.size(); ++i) {
+    if (auto* lin = dynamic_cast<Linear*>(model[i].get())) {
+      dev = lin->weight().device();
+      any = true;
+    }
+  }
+  QGRAD_CHECK(any, op, "model", "no Linear layer to prepare");
+  for (std::size_t i = 0; i < model.size(); ++i) {
+    if (auto* lin = dynamic_cast<Linear*>(model[i].get())) model.set(i, std::make_shared<QATLinear>(*lin, qconfig));
+  }
+  auto stub = std::make_shared<FakeQuantize>(qconfig.activation);
+  stub->to(dev);
+  model.insert(0, "quant", stub);
+}
+
+std::shared_ptr<Sequential> convert(const Sequential& model) {
+  const char* op = "convert";
+  QGRAD_CHECK(model.size() > 0 && model.name_at(0) == "quant" && dynamic_cast<FakeQuantize*>(model[0].get()), op,
+              "model", "not a prepared model (prepare_qat adds an input fake quant named 'quant' first)");
+  NoGradGuard no_grad;
+  // Validate before building anything.
+  for (std::size_t i = 1; i < model.size(); ++i) {
+    const std::string t = model[i]->type_name();
+    QGRAD_CHECK(t == "QATLinear" || t == "ReLU", op, model.name_at(i), "cannot convert a ", t,
+                " (supported: QATLinear, ReLU)");
+  }
+  auto out = std::make_shared<Sequential>();
+  const FakeQuantize* prev = static_cast<const FakeQuantize*>(model[0].get());
+  for (std::size_t i = 1; i < model.size(); ++i) {
+    if (auto* q = dynamic_cast<QATLinear*>(model[i].get())) {
+      const FakeQuantize& wfq = q->weight_fake_quant();
+      const FakeQuantize& afq = q->activation_fake_quant();
+      QGRAD_CHECK(wfq.options().dtype == DType::s8 && is_per_channel(wfq.options().qscheme), op, model.name_at(i),
+                  "weights must be quantized per channel to s8");
+      QGRAD_CHECK(prev->qmin() == afq.qmin() && prev->qmax() == afq.qmax(), op, model.name_at(i),
+                  "input and output activation ranges differ");
+      Tensor wq = ops::quantize_per_channel(q->weight().detach(), wfq.scale(), wfq.zero_point(), 0, DType::s8);
+      Tensor bias = q->bias().defined() ? q->bias().detach().clone() : Tensor();
+      out->push_back(model.name_at(i),
+                     std::make_shared<QuantizedLinear>(wq, wfq.scale().clone(), bias, prev->scale().clone(),
+                                                       prev->zero_point().clone(), afq.scale().clone(),
+                                                       afq.zero_point().clone(), afq.qmin(), afq.qmax()));
+      prev = &afq;
+    } else {
+      out->push_back(model.name_at(i), std::make_shared<ReLU>());
+    }
+  }
+  out->eval();
+  return out;
+}
+
+}  // namespace qgrad::nn

@@ -1,0 +1,94 @@
+// Quantization-aware training flow, after PyTorch's eager mode:
+//   prepare_qat(model)  inserts an input fake quant ("quant", like a
+//                       QuantStub) and swaps each Linear for a QATLinear;
+//   ... train ...;
+//   convert(model)      builds an int8 model of QuantizedLinear layers.
+//
+// Why the int8 model predicts what the fake-quant model predicts: each
+// QuantizedLinear quantizes its input with exactly the qparams the
+// fake-quant model used for that tensor (the scale/zero_point buffers of
+// the preceding fake quant: "quant" for the first layer, the previous
+// layer's output fake quant after that), with the same rounding
+// (nearbyint(x * (1/scale)) + zp, clamped); ReLU commutes with that
+// quantization (zp lies in [qmin, qmax], so relu(fq(y)) = fq(relu(y)));
+// its int8 weights are quantize_per_channel with the weight fake quant's
+// qparams, so w_q * w_scale equals fake_quant(w) exactly; and its float
+// output is re-quantized by the next layer's static activation quant (and,
+// for the last layer, by its own output qparams) exactly as the fake quant
+// would. The one difference is the accumulation: int32 exact sums in the
+// int8 layer versus float sums of the same products in the fake-quant
+// matmul, a relative difference near float epsilon that can move a value
+// across a rounding boundary only when it lies within that distance of it.
+#pragma once
+
+#include "nn/layers.h"
+#include "nn/quant.h"
+
+namespace qgrad::nn {
+
+struct QConfig {
+  ObserverOptions activation;
+  ObserverOptions weight;
+};
+// PyTorch's default QAT qconfig for 'x86'/'fbgemm': activations quint8 per
+// tensor affine, range [0, 255] reduced to [0, 127], moving average 0.01;
+// weights qint8 per channel symmetric on axis 0, [-128, 127], moving average 0.01.
+QConfig default_qat_qconfig();
+
+// F.linear(x, weight_fake_quant(weight), bias) followed by the output
+// activation fake quant. Shares weight and bias with the Linear it wraps.
+// Names: "weight", "bias", "weight_fake_quant.*", "activation_post_process.*".
+class QATLinear : public Module {
+ public:
+  QATLinear(const Linear& linear, const QConfig& qconfig);
+  Tensor forward(const Tensor& x) override;
+  std::string type_name() const override { return "QATLinear"; }
+  Tensor weight() const { return weight_; }
+  Tensor bias() const { return bias_; }
+  const FakeQuantize& weight_fake_quant() const { return *weight_fq_; }
+  const FakeQuantize& activation_fake_quant() const { return *act_fq_; }
+
+ private:
+  Tensor weight_, bias_;
+  std::shared_ptr<FakeQuantize> weight_fq_, act_fq_;
+};
+
+// The int8 linear layer of a converted model. Buffers: "weight" (s8
+// [N, K]), "weight_scale" (f32 [N]), "bias" (f32 [N], when present),
+// "input_scale" / "input_zero_point" (f32 [1] / s32 [1]) and
+// "output_scale" / "output_zero_point".
+//   y = quantized_linear(x, weight, weight_scale, bias, ActivationQuant::fixed(input qparams, qmin, qmax))
+//   out = fake_quantize_per_tensor(y, output qparams, qmin, qmax)   (PyTorch's quint8 output, dequantized)
+class QuantizedLinear : public Module {
+ public:
+  QuantizedLinear(Tensor weight_q, Tensor weight_scale, Tensor bias, Tensor input_scale, Tensor input_zero_point,
+                  Tensor output_scale, Tensor output_zero_point, std::int64_t qmin, std::int64_t qmax);
+  Tensor forward(const Tensor& x) override;
+  std::string type_name() const override { return "QuantizedLinear"; }
+  Tensor weight() const { return weight_; }
+  Tensor weight_scale() const { return weight_scale_; }
+  Tensor bias() const { return bias_; }
+  Tensor input_scale() const { return in_scale_; }
+  Tensor input_zero_point() const { return in_zp_; }
+  Tensor output_scale() const { return out_scale_; }
+  Tensor output_zero_point() const { return out_zp_; }
+
+ private:
+  Tensor weight_, weight_scale_, bias_, in_scale_, in_zp_, out_scale_, out_zp_;
+  std::int64_t qmin_, qmax_;
+};
+
+// In place: inserts "quant" (a FakeQuantize with the activation qconfig) at
+// the front and replaces every Linear child with a QATLinear under the
+// same name (parameter names are unchanged). Throws if already prepared.
+void prepare_qat(Sequential& model, const QConfig& qconfig = default_qat_qconfig());
+
+// A new int8 Sequential from a prepared (and trained) model: "quant" is
+// folded into the first QuantizedLinear; QATLinear -> QuantizedLinear
+// (weights quantized with quantize_per_channel and the weight fake quant's
+// current qparams); ReLU is kept. All qparams are copied, so further
+// training of `model` does not change the result. Any other child type is
+// an error (it would need its own quantized kernel).
+std::shared_ptr<Sequential> convert(const Sequential& model);
+
+}  // namespace qgrad::nn

@@ -1,0 +1,150 @@
+// Quantization toolkit: observers, FakeQuantize, LearnableFakeQuantize
+// (torch/ao/quantization/{observer,fake_quantize,_learnable_fake_quantize}.py).
+//
+// Everything stays on the device: an observer's forward is one fused
+// min/max + running-update kernel (kernels/observer.h), its qparams one
+// more small kernel writing the f32 scale and s32 zero_point tensors the
+// fake-quant ops read. The enable switches are host booleans, so a
+// training step never waits for the device (PyTorch keeps them in device
+// tensors and reads them back every call).
+#pragma once
+
+#include <optional>
+#include <utility>
+
+#include "nn/module.h"
+
+namespace qgrad::nn {
+
+enum class QScheme : unsigned char { per_tensor_affine, per_tensor_symmetric, per_channel_affine, per_channel_symmetric };
+
+inline bool is_per_channel(QScheme q) { return q == QScheme::per_channel_affine || q == QScheme::per_channel_symmetric; }
+inline bool is_symmetric(QScheme q) { return q == QScheme::per_tensor_symmetric || q == QScheme::per_channel_symmetric; }
+
+struct ObserverOptions {
+  DType dtype = DType::u8;  // u8 = torch.quint8, s8 = torch.qint8
+  QScheme qscheme = QScheme::per_tensor_affine;
+  bool reduce_range = false;
+  // < 0: MinMaxObserver (running min/max); otherwise moving average with
+  // this constant (PyTorch's default 0.01).
+  double averaging_constant = -1.0;
+  std::int64_t ch_axis = 0;   // per-channel only
+  std::int64_t channels = 1;  // per-channel only: size of x along ch_axis
+  // A customized [quant_min, quant_max] (PyTorch's quant_min/quant_max
+  // arguments); reduce_range then halves both (floor division).
+  std::optional<std::pair<std::int64_t, std::int64_t>> quant_range;
+};
+
+// PyTorch's _calculate_qmin_qmax. Throws qgrad::Error for a bad dtype or range.
+std::pair<std::int64_t, std::int64_t> quant_min_max(const ObserverOptions& o);
+
+// Records the running min/max of what it sees (buffers "min_val",
+// "max_val": f32 [C], starting at +inf / -inf) and turns them into qparams.
+class Observer : public Module {
+ public:
+  explicit Observer(const ObserverOptions& options);
+  // Observes x (never recorded on the tape) and returns x unchanged.
+  Tensor forward(const Tensor& x) override;
+  std::string type_name() const override { return "Observer"; }
+  // Writes scale (f32 [C]) and zero_point (s32 [C]) on the observer's
+  // device with formulas::observer_qparams; never-observed channels get
+  // scale 1, zero point 0.
+  void calculate_qparams(const Tensor& scale, const Tensor& zero_point) const;
+  std::pair<Tensor, Tensor> calculate_qparams() const;
+  const ObserverOptions& options() const { return options_; }
+  std::int64_t qmin() const { return qmin_; }
+  std::int64_t qmax() const { return qmax_; }
+  std::int64_t channels() const { return is_per_channel(options_.qscheme) ? options_.channels : 1; }
+  Tensor min_val() const { return min_val_; }
+  Tensor max_val() const { return max_val_; }
+  // Back to the never-observed state.
+  void reset();
+
+ private:
+  ObserverOptions options_;
+  std::int64_t qmin_, qmax_;
+  std::int32_t sym_zp_;
+  Tensor min_val_, max_val_;
+};
+
+// The observers PyTorch names, as constructors of Observer.
+struct MinMaxObserver : Observer {
+  explicit MinMaxObserver(DType dtype = DType::u8, QScheme qscheme = QScheme::per_tensor_affine,
+                          bool reduce_range = false);
+};
+struct MovingAverageMinMaxObserver : Observer {
+  explicit MovingAverageMinMaxObserver(double averaging_constant = 0.01, DType dtype = DType::u8,
+                                       QScheme qscheme = QScheme::per_tensor_affine, bool reduce_range = false);
+};
+struct PerChannelMinMaxObserver : Observer {
+  PerChannelMinMaxObserver(std::int64_t channels, std::int64_t ch_axis = 0, DType dtype = DType::u8,
+                           QScheme qscheme = QScheme::per_channel_affine, bool reduce_range = false);
+};
+struct MovingAveragePerChannelMinMaxObserver : Observer {
+  MovingAveragePerChannelMinMaxObserver(std::int64_t channels, std::int64_t ch_axis = 0,
+                                        double averaging_constant = 0.01, DType dtype = DType::u8,
+                                        QScheme qscheme = QScheme::per_channel_affine, bool reduce_range = false);
+};
+
+// Observer + fake quantization. Buffers "scale" (f32 [C], 1) and
+// "zero_point" (s32 [C], 0); child "activation_post_process" (observer).
+//   forward: if observer enabled: observe x, recompute scale/zero_point;
+//            if fake quant enabled: fake_quantize_per_{tensor,channel}(x, scale, zero_point, qmin, qmax).
+class FakeQuantize : public Module {
+ public:
+  explicit FakeQuantize(const ObserverOptions& options);
+  Tensor forward(const Tensor& x) override;
+  std::string type_name() const override { return "FakeQuantize"; }
+  void enable_observer(bool on = true) { observer_enabled_ = on; }
+  void enable_fake_quant(bool on = true) { fake_quant_enabled_ = on; }
+  bool observer_enabled() const { return observer_enabled_; }
+  bool fake_quant_enabled() const { return fake_quant_enabled_; }
+  Tensor scale() const { return scale_; }
+  Tensor zero_point() const { return zero_point_; }
+  std::int64_t qmin() const { return observer_->qmin(); }
+  std::int64_t qmax() const { return observer_->qmax(); }
+  const Observer& observer() const { return *observer_; }
+  const ObserverOptions& options() const { return observer_->options(); }
+
+ private:
+  std::shared_ptr<Observer> observer_;
+  Tensor scale_, zero_point_;
+  bool observer_enabled_ = true, fake_quant_enabled_ = true;
+};
+
+// LSQ (PyTorch's _LearnableFakeQuantize): parameters "scale" and
+// "zero_point" (f32 [C]). While the observer ("static estimate") is on,
+// each forward overwrites them with the observer's qparams; fake quant
+// uses fake_quantize_learnable_per_{tensor,channel} with grad_factor =
+// 1/sqrt(numel(x) * qmax) when use_grad_scaling, else 1. Unlike PyTorch it
+// does not clamp the scale to eps while the observer is off.
+class LearnableFakeQuantize : public Module {
+ public:
+  LearnableFakeQuantize(const ObserverOptions& options, bool use_grad_scaling = false);
+  Tensor forward(const Tensor& x) override;
+  std::string type_name() const override { return "LearnableFakeQuantize"; }
+  void enable_observer(bool on = true) { observer_enabled_ = on; }
+  void enable_fake_quant(bool on = true) { fake_quant_enabled_ = on; }
+  // PyTorch's enable_param_learning: observer off, fake quant on, scale and
+  // zero point require grad.
+  void enable_param_learning();
+  // PyTorch's enable_static_estimate: observer on, no learning.
+  void enable_static_estimate();
+  double grad_factor(std::int64_t numel) const;
+  Tensor scale() const { return scale_; }
+  Tensor zero_point() const { return zero_point_; }
+  std::int64_t qmin() const { return observer_->qmin(); }
+  std::int64_t qmax() const { return observer_->qmax(); }
+
+ private:
+  std::shared_ptr<Observer> observer_;
+  Tensor scale_, zero_point_;
+  bool use_grad_scaling_;
+  bool observer_enabled_ = true, fake_quant_enabled_ = true;
+};
+
+// Recursive switches over every (Learnable)FakeQuantize under `root`.
+void enable_observer(Module& root, bool on = true);
+void enable_fake_quant(Module& root, bool on = true);
+
+}  // namespace qgrad::nn

@@ -1,0 +1,326 @@
+// Modules, Linear init, Sequential, state dicts, QAT prepare/convert.
+// The ops owned by other parts of qgrad (linear, relu, fake quant,
+// quantized_linear) are replaced by host stand-ins through
+// nn::ops::op_hooks(), so these tests run before those ops are merged.
+#include <cmath>
+
+#include "helpers.h"
+#include "nn/layers.h"
+#include "nn/ops_adapter.h"
+#include "nn/qat.h"
+
+using namespace qgrad;
+using namespace qgrad::nn;
+using qgrad::testing::bit_equal;
+
+namespace {
+
+Tensor linear_ref(const Tensor& x, const Tensor& w, const Tensor& b) {
+  auto xv = x.detach().to_vector<float>(), wv = w.detach().to_vector<float>();
+  const std::int64_t m = x.size(0), k = x.size(1), n = w.size(0);
+  std::vector<float> bv = b.defined() ? b.detach().to_vector<float>() : std::vector<float>(n, 0.0f);
+  std::vector<float> y(m * n);
+  for (std::int64_t i = 0; i < m; ++i)
+    for (std::int64_t j = 0; j < n; ++j) {
+      float acc = 0;
+      for (std::int64_t t = 0; t < k; ++t) acc += xv[i * k + t] * wv[j * k + t];
+      y[i * n + j] = acc + bv[j];
+    }
+  return Tensor::from_vector(y, {m, n});
+}
+
+Tensor relu_ref(const Tensor& x) {
+  auto v = x.detach().to_vector<float>();
+  for (float& f : v) f = f > 0 ? f : 0.0f;
+  return Tensor::from_vector(v, x.shape());
+}
+
+float fq1(float x, float s, int z, std::int64_t qmin, std::int64_t qmax) {
+  float q = std::nearbyint(x * (1.0f / s)) + static_cast<float>(z);
+  q = std::clamp(q, static_cast<float>(qmin), static_cast<float>(qmax));
+  return (q - static_cast<float>(z)) * s;
+}
+
+Tensor fq_tensor_ref(const Tensor& x, const Tensor& s, const Tensor& z, std::int64_t qmin, std::int64_t qmax) {
+  auto v = x.detach().to_vector<float>();
+  const float sv = s.to_vector<float>()[0];
+  const int zv = z.to_vector<std::int32_t>()[0];
+  for (float& f : v) f = fq1(f, sv, zv, qmin, qmax);
+  return Tensor::from_vector(v, x.shape());
+}
+
+// Axis 0 only (weights [N, K]).
+Tensor fq_channel_ref(const Tensor& x, const Tensor& s, const Tensor& z, std::int64_t axis, std::int64_t qmin,
+                      std::int64_t qmax) {
+  REQUIRE(axis == 0);
+  auto v = x.detach().to_vector<float>();
+  auto sv = s.to_vector<float>();
+  auto zv = z.to_vector<std::int32_t>();
+  const std::int64_t inner = x.numel() / x.size(0);
+  for (std::int64_t i = 0; i < x.numel(); ++i) v[i] = fq1(v[i], sv[i / inner], zv[i / inner], qmin, qmax);
+  return Tensor::from_vector(v, x.shape());
+}
+
+Tensor quantize_channel_ref(const Tensor& x, const Tensor& s, const Tensor& z, std::int64_t axis, DType dt) {
+  REQUIRE(axis == 0);
+  REQUIRE(dt == DType::s8);
+  auto v = x.detach().to_vector<float>();
+  auto sv = s.to_vector<float>();
+  auto zv = z.to_vector<std::int32_t>();
+  const std::int64_t inner = x.numel() / x.size(0);
+  std::vector<std::int8_t> q(v.size());
+  for (std::int64_t i = 0; i < x.numel(); ++i) {
+    const float r = std::nearbyint(v[i] * (1.0f / sv[i / inner])) + static_cast<float>(zv[i / inner]);
+    q[i] = static_cast<std::int8_t>(std::clamp(r, -128.0f, 127.0f));
+  }
+  return Tensor::from_vector(q, x.shape());
+}
+
+// int32 accumulation of (xq - zp) * wq, then acc * (xs * ws) + bias.
+Tensor qlinear_ref(const Tensor& x, const Tensor& wq, const Tensor& ws, const Tensor& b, const Tensor& xs,
+                   const Tensor& xz, std::int64_t qmin, std::int64_t qmax) {
+  auto xv = x.detach().to_vector<float>();
+  auto wv = wq.to_vector<std::int8_t>();
+  auto wsv = ws.to_vector<float>();
+  const float s = xs.to_vector<float>()[0];
+  const int z = xz.to_vector<std::int32_t>()[0];
+  const std::int64_t m = x.size(0), k = x.size(1), n = wq.size(0);
+  std::vector<float> bv = b.defined() ? b.to_vector<float>() : std::vector<float>(n, 0.0f);
+  std::vector<float> y(m * n);
+  for (std::int64_t i = 0; i < m; ++i)
+    for (std::int64_t j = 0; j < n; ++j) {
+      std::int32_t acc = 0;
+      for (std::int64_t t = 0; t < k; ++t) {
+        float q = std::nearbyint(xv[i * k + t] * (1.0f / s)) + static_cast<float>(z);
+        q = std::clamp(q, static_cast<float>(qmin), static_cast<float>(qmax));
+        acc += (static_cast<std::int32_t>(q) - z) * wv[j * k + t];
+      }
+      y[i * n + j] = static_cast<float>(acc) * (s * wsv[j]) + bv[j];
+    }
+  return Tensor::from_vector(y, {m, n});
+}
+
+struct StandIns {
+  StandIns() {
+    auto& h = ops::op_hooks();
+    h.linear = linear_ref;
+    h.relu = relu_ref;
+    h.fake_quantize_per_tensor = fq_tensor_ref;
+    h.fake_quantize_per_channel = fq_channel_ref;
+    h.quantize_per_channel = quantize_channel_ref;
+    h.quantized_linear_fixed = qlinear_ref;
+  }
+  ~StandIns() { ops::op_hooks() = ops::OpHooks{}; }
+};
+
+std::shared_ptr<Sequential> mlp(Generator& gen) {
+  auto m = std::make_shared<Sequential>();
+  m->emplace_back<Linear>(12, 16, gen);
+  m->emplace_back<ReLU>();
+  m->emplace_back<Linear>(16, 8, gen);
+  m->emplace_back<ReLU>();
+  m->emplace_back<Linear>(8, 4, gen);
+  return m;
+}
+
+std::vector<std::int64_t> argmax_rows(const Tensor& y) {
+  auto v = y.detach().to_vector<float>();
+  const std::int64_t n = y.size(1);
+  std::vector<std::int64_t> out;
+  for (std::int64_t i = 0; i < y.size(0); ++i) {
+    std::int64_t best = 0;
+    for (std::int64_t j = 1; j < n; ++j)
+      if (v[i * n + j] > v[i * n + best]) best = j;
+    out.push_back(best);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("Linear: PyTorch kaiming-uniform bounds, deterministic per seed, names") {
+  Generator g1(3), g2(3);
+  Linear a(50, 20, g1), b(50, 20, g2);
+  CHECK(bit_equal(a.weight(), b.weight()));
+  CHECK(bit_equal(a.bias(), b.bias()));
+  const double bound = 1.0 / std::sqrt(50.0);
+  for (double v : qgrad::testing::values(a.weight())) CHECK(std::fabs(v) <= bound);
+  for (double v : qgrad::testing::values(a.bias())) CHECK(std::fabs(v) <= bound);
+  CHECK(a.weight().shape() == Shape{20, 50});
+  CHECK(a.weight().requires_grad());
+  auto np = a.named_parameters();
+  REQUIRE(np.size() == 2);
+  CHECK(np[0].first == "weight");
+  CHECK(np[1].first == "bias");
+  Linear nb(4, 3, g1, false);
+  CHECK(nb.named_parameters().size() == 1);
+  CHECK_THROWS_AS(Linear(0, 3, g1), qgrad::Error);
+  CHECK_THROWS_AS(Linear(3, 3, g1, true, TensorOptions{}.with_dtype(DType::s32)), qgrad::Error);
+}
+
+TEST_CASE("Sequential: recursive dotted names, train/eval, zero_grad") {
+  Generator gen(1);
+  auto m = mlp(gen);
+  auto np = m->named_parameters();
+  REQUIRE(np.size() == 6);
+  CHECK(np[0].first == "0.weight");
+  CHECK(np[1].first == "0.bias");
+  CHECK(np[4].first == "4.weight");
+  auto outer = std::make_shared<Sequential>();
+  outer->push_back("body", m);
+  CHECK(outer->named_parameters()[2].first == "body.2.weight");
+  CHECK(outer->is_training());
+  outer->eval();
+  CHECK_FALSE((*m)[0]->is_training());
+  outer->train();
+  CHECK((*m)[4]->is_training());
+  np[0].second.set_grad(ones(np[0].second.shape()));
+  outer->zero_grad();
+  CHECK_FALSE(np[0].second.grad().defined());
+  CHECK_THROWS_AS(m->push_back("0", std::make_shared<ReLU>()), qgrad::Error);
+  CHECK_THROWS_AS(m->push_back("a.b", std::make_shared<ReLU>()), qgrad::Error);
+}
+
+TEST_CASE("Sequential forward chains children (stand-in ops)") {
+  StandIns s;
+  Generator gen(2);
+  auto m = mlp(gen);
+  Tensor x = randn({5, 12}, gen);
+  Tensor y = m->forward(x);
+  CHECK(y.shape() == Shape{5, 4});
+  Tensor h = x;
+  for (std::size_t i = 0; i < m->size(); ++i) h = (*m)[i]->forward(h);
+  CHECK(bit_equal(y, h));
+}
+
+TEST_CASE("Module::load_state_dict checks names, shapes, dtypes before writing") {
+  Generator gen(4);
+  auto a = mlp(gen);
+  auto b = mlp(gen);
+  b->load_state_dict(a->state_dict());
+  for (std::size_t i = 0; i < a->state_dict().size(); ++i)
+    CHECK(bit_equal(a->state_dict()[i].second, b->state_dict()[i].second));
+  auto sd = a->state_dict();
+  auto before = b->state_dict()[0].second.clone();
+  NamedTensors missing(sd.begin() + 1, sd.end());
+  CHECK_THROWS_AS(b->load_state_dict(missing), qgrad::Error);
+  b->load_state_dict(missing, false);  // non-strict: the rest loads
+  NamedTensors extra = sd;
+  extra.emplace_back("9.weight", zeros({1}));
+  CHECK_THROWS_AS(b->load_state_dict(extra), qgrad::Error);
+  NamedTensors wrong_shape = sd;
+  wrong_shape[0].second = zeros({16, 13});
+  CHECK_THROWS_AS(b->load_state_dict(wrong_shape), qgrad::Error);
+  NamedTensors wrong_dtype = sd;
+  wrong_dtype[0].second = sd[0].second.to(DType::f64);
+  CHECK_THROWS_AS(b->load_state_dict(wrong_dtype), qgrad::Error);
+  (void)before;
+}
+
+TEST_CASE("Module::to moves in place: handles held elsewhere follow") {
+  Generator gen(5);
+  Linear l(3, 2, gen);
+  Tensor held = l.weight();
+  l.to(Device::cpu());
+  CHECK(held.impl() == l.weight().impl());
+  if (!qgrad::testing::has_gpu()) return;
+  l.to(Device::cuda(0));
+  CHECK(held.is_cuda());
+  CHECK(held.requires_grad());
+  l.to(Device::cpu());
+  CHECK_FALSE(held.is_cuda());
+}
+
+TEST_CASE("prepare_qat: input stub, QATLinear with shared weights, PyTorch x86 qconfig") {
+  Generator gen(6);
+  auto m = mlp(gen);
+  Tensor w0 = std::dynamic_pointer_cast<Linear>((*m)[0])->weight();
+  prepare_qat(*m);
+  REQUIRE(m->size() == 6);
+  CHECK(m->name_at(0) == "quant");
+  CHECK((*m)[1]->type_name() == "QATLinear");
+  auto* q = dynamic_cast<QATLinear*>((*m)[1].get());
+  REQUIRE(q);
+  CHECK(q->weight().impl() == w0.impl());
+  CHECK(q->weight_fake_quant().qmin() == -128);
+  CHECK(q->weight_fake_quant().qmax() == 127);
+  CHECK(q->weight_fake_quant().scale().shape() == Shape{16});
+  CHECK(q->activation_fake_quant().qmin() == 0);
+  CHECK(q->activation_fake_quant().qmax() == 127);
+  auto np = m->named_parameters();
+  REQUIRE(np.size() == 6);
+  CHECK(np[0].first == "0.weight");  // names survive the swap
+  bool found = false;
+  for (auto& [n, t] : m->named_buffers()) found = found || n == "0.weight_fake_quant.scale";
+  CHECK(found);
+  CHECK_THROWS_AS(prepare_qat(*m), qgrad::Error);
+  Sequential empty;
+  CHECK_THROWS_AS(prepare_qat(empty), qgrad::Error);
+}
+
+TEST_CASE("convert: int8 model agrees with the fake-quant model (stand-in ops)") {
+  StandIns s;
+  Generator gen(8);
+  auto m = mlp(gen);
+  prepare_qat(*m);
+  // Calibrate the observers, then freeze them (the state convert captures).
+  for (int i = 0; i < 5; ++i) m->forward(randn({32, 12}, gen));
+  enable_observer(*m, false);
+  auto qm = convert(*m);
+  REQUIRE(qm->size() == 5);
+  CHECK((*qm)[0]->type_name() == "QuantizedLinear");
+  CHECK((*qm)[1]->type_name() == "ReLU");
+  // Weights: w_q * w_scale equals the weight fake quant exactly.
+  auto* q0 = dynamic_cast<QATLinear*>((*m)[1].get());
+  auto* i0 = dynamic_cast<QuantizedLinear*>((*qm)[0].get());
+  REQUIRE(q0);
+  REQUIRE(i0);
+  CHECK(i0->weight().dtype() == DType::s8);
+  auto wq = i0->weight().to_vector<std::int8_t>();
+  auto ws = i0->weight_scale().to_vector<float>();
+  auto fw = fq_channel_ref(q0->weight(), q0->weight_fake_quant().scale(), q0->weight_fake_quant().zero_point(), 0,
+                           -128, 127)
+                .to_vector<float>();
+  for (std::size_t k = 0; k < wq.size(); ++k) CHECK(static_cast<float>(wq[k]) * ws[k / 12] == fw[k]);
+  // Input qparams of layer 0 come from the stub, of layer 2 from layer 0's output fake quant.
+  auto* stub = dynamic_cast<FakeQuantize*>((*m)[0].get());
+  CHECK(bit_equal(i0->input_scale(), stub->scale()));
+  auto* i2 = dynamic_cast<QuantizedLinear*>((*qm)[2].get());
+  CHECK(bit_equal(i2->input_scale(), q0->activation_fake_quant().scale()));
+  CHECK(bit_equal(i2->input_zero_point(), q0->activation_fake_quant().zero_point()));
+  // Predictions agree; outputs agree to within one output quantization step.
+  Tensor x = randn({256, 12}, gen);
+  Tensor yf = m->forward(x), yq = qm->forward(x);
+  auto pf = argmax_rows(yf), pq = argmax_rows(yq);
+  int agree = 0;
+  for (std::size_t i = 0; i < pf.size(); ++i) agree += pf[i] == pq[i];
+  CHECK(agree >= 253);  // rare ties at a rounding boundary may flip
+  const double out_step = dynamic_cast<QATLinear*>((*m)[5].get())->activation_fake_quant().scale().item();
+  CHECK(qgrad::testing::max_abs_diff(yf, yq) <= out_step * 1.0001 * 3);
+  // The converted model is independent of further training.
+  const auto before = i0->input_scale().clone();
+  enable_observer(*m, true);
+  m->forward(mul(randn({8, 12}, gen), 10.0));
+  CHECK(bit_equal(i0->input_scale(), before));
+}
+
+TEST_CASE("convert errors") {
+  Generator gen(9);
+  auto m = mlp(gen);
+  CHECK_THROWS_AS(convert(*m), qgrad::Error);  // not prepared
+  prepare_qat(*m);
+  struct Odd : Module {
+    Tensor forward(const Tensor& x) override { return x; }
+    std::string type_name() const override { return "Odd"; }
+  };
+  m->push_back(std::make_shared<Odd>());
+  CHECK_THROWS_AS(convert(*m), qgrad::Error);
+}
+
+TEST_CASE("ops adapter: a missing op names itself") {
+#if !__has_include("ops/linalg.h")
+  Generator gen(10);
+  Linear l(2, 2, gen);
+  CHECK_THROWS_AS(l.forward(zeros({1, 2})), qgrad::Error);
+#endif
+}

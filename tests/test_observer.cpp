@@ -1,0 +1,348 @@
+// Observers and qparams against PyTorch's observer.py formulas.
+#include <cmath>
+
+#include "helpers.h"
+#include "nn/ops_adapter.h"
+#include "nn/quant.h"
+
+using namespace qgrad;
+using namespace qgrad::nn;
+using qgrad::testing::bit_equal;
+
+namespace {
+
+// torch.ao.quantization _calculate_qparams, transcribed in float.
+std::pair<float, int> ref_qparams(float mn, float mx, int qmin, int qmax, bool symmetric, int sym_zp) {
+  if (mn == INFINITY && mx == -INFINITY) return {1.0f, 0};
+  const float min_neg = std::min(mn, 0.0f), max_pos = std::max(mx, 0.0f);
+  const float eps = std::numeric_limits<float>::epsilon();
+  if (symmetric) {
+    float s = std::max(-min_neg, max_pos) / static_cast<float>((qmax - qmin) / 2.0);
+    return {std::max(s, eps), sym_zp};
+  }
+  float s = std::max((max_pos - min_neg) / static_cast<float>(qmax - qmin), eps);
+  int zp = qmin - static_cast<int>(std::nearbyint(min_neg / s));
+  return {s, std::clamp(zp, qmin, qmax)};
+}
+
+Tensor vec(const std::vector<float>& v, Shape s = {}) {
+  if (s.empty()) s = {static_cast<std::int64_t>(v.size())};
+  return Tensor::from_vector(v, s);
+}
+
+std::pair<float, int> qp(const Observer& o) {
+  auto [s, z] = o.calculate_qparams();
+  return {s.to_vector<float>()[0], z.to_vector<std::int32_t>()[0]};
+}
+
+}  // namespace
+
+TEST_CASE("quant_min_max: PyTorch ranges incl. reduce_range and custom ranges") {
+  ObserverOptions o;
+  o.dtype = DType::u8;
+  CHECK(quant_min_max(o) == std::pair<std::int64_t, std::int64_t>{0, 255});
+  o.reduce_range = true;
+  CHECK(quant_min_max(o) == std::pair<std::int64_t, std::int64_t>{0, 127});
+  o.dtype = DType::s8;
+  CHECK(quant_min_max(o) == std::pair<std::int64_t, std::int64_t>{-64, 63});
+  o.reduce_range = false;
+  CHECK(quant_min_max(o) == std::pair<std::int64_t, std::int64_t>{-128, 127});
+  o.quant_range = {{-128, 127}};
+  o.reduce_range = true;
+  CHECK(quant_min_max(o) == std::pair<std::int64_t, std::int64_t>{-64, 63});
+  o.dtype = DType::u8;
+  o.quant_range = {{0, 255}};
+  CHECK(quant_min_max(o) == std::pair<std::int64_t, std::int64_t>{0, 127});
+}
+
+TEST_CASE("MinMaxObserver affine quint8: hand-computed qparams") {
+  MinMaxObserver obs;
+  obs.forward(vec({-1.0f, 0.5f, 2.0f}));
+  auto [s, z] = qp(obs);
+  CHECK(s == 3.0f / 255.0f);
+  CHECK(z == 85);
+  CHECK(obs.min_val().item() == -1.0);
+  CHECK(obs.max_val().item() == 2.0);
+  // Running min/max across calls.
+  obs.forward(vec({-3.0f, 1.0f}));
+  CHECK(obs.min_val().item() == -3.0);
+  CHECK(obs.max_val().item() == 2.0);
+  auto [s2, z2] = qp(obs);
+  CHECK(s2 == 5.0f / 255.0f);
+  CHECK(z2 == ref_qparams(-3, 2, 0, 255, false, 0).second);
+}
+
+TEST_CASE("Symmetric qparams: qint8 zero point 0, quint8 zero point 128") {
+  MinMaxObserver s8(DType::s8, QScheme::per_tensor_symmetric);
+  s8.forward(vec({-1.0f, 0.5f, 2.0f}));
+  auto [s, z] = qp(s8);
+  CHECK(s == 2.0f / 127.5f);
+  CHECK(z == 0);
+  MinMaxObserver u8(DType::u8, QScheme::per_tensor_symmetric);
+  u8.forward(vec({-4.0f, 0.5f, 2.0f}));
+  auto [su, zu] = qp(u8);
+  CHECK(su == 4.0f / 127.5f);
+  CHECK(zu == 128);
+}
+
+TEST_CASE("reduce_range quint8 uses [0, 127]") {
+  MinMaxObserver obs(DType::u8, QScheme::per_tensor_affine, true);
+  obs.forward(vec({-1.0f, 2.0f}));
+  auto [s, z] = qp(obs);
+  CHECK(s == 3.0f / 127.0f);
+  CHECK(z == ref_qparams(-1, 2, 0, 127, false, 0).second);
+  CHECK(obs.qmax() == 127);
+}
+
+TEST_CASE("eps floor, all-positive, all-negative, clamped zero points") {
+  {
+    MinMaxObserver obs;
+    obs.forward(vec({1e-9f, 2e-9f}));
+    auto [s, z] = qp(obs);
+    CHECK(s == std::numeric_limits<float>::epsilon());
+    CHECK(z == 0);
+  }
+  {
+    MinMaxObserver obs;
+    obs.forward(vec({0.0f, 0.0f}));
+    CHECK(qp(obs) == std::pair<float, int>{std::numeric_limits<float>::epsilon(), 0});
+  }
+  {
+    MinMaxObserver obs(DType::s8);
+    obs.forward(vec({5.0f, 10.0f}));
+    auto [s, z] = qp(obs);
+    CHECK(s == 10.0f / 255.0f);
+    CHECK(z == -128);
+  }
+  {
+    MinMaxObserver obs(DType::s8);
+    obs.forward(vec({-10.0f, -5.0f}));
+    auto [s, z] = qp(obs);
+    CHECK(s == 10.0f / 255.0f);
+    CHECK(z == 127);
+  }
+}
+
+TEST_CASE("never observed: scale 1, zero point 0") {
+  MinMaxObserver obs;
+  CHECK(qp(obs) == std::pair<float, int>{1.0f, 0});
+  PerChannelMinMaxObserver pc(3, 0, DType::s8, QScheme::per_channel_symmetric);
+  auto [s, z] = pc.calculate_qparams();
+  CHECK(s.to_vector<float>() == std::vector<float>{1, 1, 1});
+  CHECK(z.to_vector<std::int32_t>() == std::vector<std::int32_t>{0, 0, 0});
+  obs.forward(Tensor::empty({0}));  // an empty input changes nothing
+  CHECK(qp(obs) == std::pair<float, int>{1.0f, 0});
+}
+
+TEST_CASE("qparams match the PyTorch transcription on random ranges") {
+  Generator gen(5);
+  auto lo = rand({200}, gen, {}, -50, 5).to_vector<float>();
+  auto hi = rand({200}, gen, {}, -5, 50).to_vector<float>();
+  for (int sym = 0; sym < 2; ++sym)
+    for (DType dt : {DType::u8, DType::s8})
+      for (int rr = 0; rr < 2; ++rr) {
+        for (int i = 0; i < 200; ++i) {
+          MinMaxObserver obs(dt, sym ? QScheme::per_tensor_symmetric : QScheme::per_tensor_affine, rr != 0);
+          const float a = std::min(lo[i], hi[i]), b = std::max(lo[i], hi[i]);
+          obs.forward(vec({a, b}));
+          const int sym_zp = dt == DType::u8 ? 128 : 0;
+          auto want = ref_qparams(a, b, static_cast<int>(obs.qmin()), static_cast<int>(obs.qmax()), sym != 0, sym_zp);
+          REQUIRE(qp(obs) == want);
+        }
+      }
+}
+
+TEST_CASE("MovingAverageMinMaxObserver: first call copies, then min += c*(cur - min)") {
+  MovingAverageMinMaxObserver obs(0.01);
+  obs.forward(vec({-2.0f, 3.0f}));
+  CHECK(obs.min_val().item() == -2.0);
+  CHECK(obs.max_val().item() == 3.0);
+  obs.forward(vec({-1.0f, 5.0f}));
+  float mn = -2.0f, mx = 3.0f;
+  mn = mn + 0.01f * (-1.0f - mn);
+  mx = mx + 0.01f * (5.0f - mx);
+  CHECK(obs.min_val().to_vector<float>()[0] == mn);
+  CHECK(obs.max_val().to_vector<float>()[0] == mx);
+  auto [s, z] = qp(obs);
+  CHECK(std::pair<float, int>{s, z} == ref_qparams(mn, mx, 0, 255, false, 0));
+  obs.reset();
+  obs.forward(vec({4.0f}));
+  CHECK(obs.min_val().item() == 4.0);
+}
+
+TEST_CASE("PerChannelMinMaxObserver: min/max over every axis but ch_axis") {
+  Generator gen(6);
+  Tensor x = rand({2, 3, 4}, gen, {}, -3, 3);
+  auto v = x.to_vector<float>();
+  for (std::int64_t axis = 0; axis < 3; ++axis) {
+    const std::int64_t c = x.size(axis);
+    PerChannelMinMaxObserver obs(c, axis, DType::s8, QScheme::per_channel_symmetric);
+    obs.forward(x);
+    std::vector<float> mn(c, INFINITY), mx(c, -INFINITY);
+    for (int i = 0; i < 2; ++i)
+      for (int j = 0; j < 3; ++j)
+        for (int k = 0; k < 4; ++k) {
+          const int idx[3] = {i, j, k};
+          const float f = v[(i * 3 + j) * 4 + k];
+          mn[idx[axis]] = std::min(mn[idx[axis]], f);
+          mx[idx[axis]] = std::max(mx[idx[axis]], f);
+        }
+    CHECK(obs.min_val().to_vector<float>() == mn);
+    CHECK(obs.max_val().to_vector<float>() == mx);
+    auto [s, z] = obs.calculate_qparams();
+    auto sv = s.to_vector<float>();
+    for (std::int64_t ch = 0; ch < c; ++ch) CHECK(sv[ch] == ref_qparams(mn[ch], mx[ch], -128, 127, true, 0).first);
+    CHECK(z.to_vector<std::int32_t>() == std::vector<std::int32_t>(c, 0));
+  }
+}
+
+TEST_CASE("MovingAveragePerChannelMinMaxObserver and f64 / bf16 inputs") {
+  MovingAveragePerChannelMinMaxObserver obs(2, 0, 0.5);
+  obs.forward(Tensor::from_vector<double>({1, 2, -3, 4}, {2, 2}));
+  CHECK(obs.min_val().to_vector<float>() == std::vector<float>{1, -3});
+  obs.forward(Tensor::from_vector<double>({3, 3, -1, 0}, {2, 2}));
+  CHECK(obs.min_val().to_vector<float>() == std::vector<float>{2, -2});
+  CHECK(obs.max_val().to_vector<float>() == std::vector<float>{2.5f, 2});
+  MinMaxObserver b;
+  b.forward(Tensor::from_vector<float>({-1.5f, 2.25f}, {2}).to(DType::bf16));
+  CHECK(b.min_val().item() == -1.5);
+  CHECK(b.max_val().item() == 2.25);
+}
+
+TEST_CASE("Observer errors") {
+  CHECK_THROWS_AS(MinMaxObserver(DType::f32), qgrad::Error);
+  CHECK_THROWS_AS(MinMaxObserver(DType::u8, QScheme::per_channel_affine), qgrad::Error);
+  CHECK_THROWS_AS(PerChannelMinMaxObserver(0), qgrad::Error);
+  CHECK_THROWS_AS(MovingAverageMinMaxObserver(1.5), qgrad::Error);
+  ObserverOptions bad;
+  bad.quant_range = {{1, 255}};
+  CHECK_THROWS_AS(Observer{bad}, qgrad::Error);
+  PerChannelMinMaxObserver pc(3, 1);
+  CHECK_THROWS_AS(pc.forward(Tensor::empty({2, 4})), qgrad::Error);   // 4 channels, not 3
+  CHECK_THROWS_AS(pc.forward(Tensor::empty({3})), qgrad::Error);      // axis 1 out of range
+  MinMaxObserver obs;
+  CHECK_THROWS_AS(obs.forward(Tensor::from_vector<std::int32_t>({1}, {1})), qgrad::Error);
+  CHECK_THROWS_AS(obs.forward(Tensor()), qgrad::Error);
+  CHECK_THROWS_AS(obs.calculate_qparams(zeros({2}), zeros({1}, TensorOptions{}.with_dtype(DType::s32))),
+                  qgrad::Error);
+  CHECK_THROWS_AS(obs.calculate_qparams(zeros({1}), zeros({1})), qgrad::Error);
+}
+
+namespace {
+// Host stand-in for ops/quantize.h's fake_quantize_per_tensor (forward only).
+Tensor fq_ref(const Tensor& x, const Tensor& scale, const Tensor& zp, std::int64_t qmin, std::int64_t qmax) {
+  const float s = scale.to_vector<float>()[0];
+  const int z = zp.to_vector<std::int32_t>()[0];
+  auto v = x.to_vector<float>();
+  const float inv = 1.0f / s;
+  for (float& f : v) {
+    float q = std::nearbyint(f * inv) + static_cast<float>(z);
+    q = std::clamp(q, static_cast<float>(qmin), static_cast<float>(qmax));
+    f = (q - static_cast<float>(z)) * s;
+  }
+  return Tensor::from_vector(v, x.shape());
+}
+struct HookGuard {
+  HookGuard() { ops::op_hooks().fake_quantize_per_tensor = fq_ref; }
+  ~HookGuard() { ops::op_hooks() = ops::OpHooks{}; }
+};
+}  // namespace
+
+TEST_CASE("FakeQuantize: observer updates device qparams; switches freeze and bypass") {
+  HookGuard hooks;
+  ObserverOptions o;
+  o.averaging_constant = 0.01;
+  o.quant_range = {{0, 255}};
+  o.reduce_range = true;
+  FakeQuantize fq(o);
+  CHECK(fq.qmin() == 0);
+  CHECK(fq.qmax() == 127);
+  Tensor x = vec({-1.0f, 0.3f, 2.0f});
+  Tensor y = fq(x);
+  auto [s, z] = ref_qparams(-1, 2, 0, 127, false, 0);
+  CHECK(fq.scale().to_vector<float>()[0] == s);
+  CHECK(fq.zero_point().to_vector<std::int32_t>()[0] == z);
+  CHECK(bit_equal(y, fq_ref(x, fq.scale(), fq.zero_point(), 0, 127)));
+  // Frozen observer: qparams stay.
+  fq.enable_observer(false);
+  fq(vec({-100.0f, 100.0f}));
+  CHECK(fq.scale().to_vector<float>()[0] == s);
+  // No fake quant: identity (the same tensor).
+  fq.enable_fake_quant(false);
+  Tensor same = fq(x);
+  CHECK(same.impl() == x.impl());
+  // State names.
+  auto names = fq.named_buffers();
+  REQUIRE(names.size() == 4);
+  CHECK(names[0].first == "scale");
+  CHECK(names[2].first == "activation_post_process.min_val");
+  // Recursive switches.
+  enable_fake_quant(fq, true);
+  CHECK(fq.fake_quant_enabled());
+  enable_observer(fq, true);
+  CHECK(fq.observer_enabled());
+}
+
+TEST_CASE("LearnableFakeQuantize: grad factor and parameter switches") {
+  ObserverOptions o;
+  LearnableFakeQuantize lfq(o, true);
+  CHECK(lfq.grad_factor(100) == doctest::Approx(1.0 / std::sqrt(100.0 * 255.0)));
+  LearnableFakeQuantize plain(o, false);
+  CHECK(plain.grad_factor(100) == 1.0);
+  CHECK(lfq.named_parameters().size() == 2);
+  lfq.enable_static_estimate();
+  CHECK_FALSE(lfq.scale().requires_grad());
+  lfq.enable_param_learning();
+  CHECK(lfq.scale().requires_grad());
+  // Observer-only pass: qparams land in the float parameters.
+  lfq.enable_static_estimate();
+  lfq.enable_fake_quant(false);
+  lfq(vec({-1.0f, 2.0f}));
+  CHECK(lfq.scale().to_vector<float>()[0] == 3.0f / 255.0f);
+  CHECK(lfq.zero_point().to_vector<float>()[0] == 85.0f);
+}
+
+TEST_CASE("CUDA observers match CPU bit for bit") {
+  QGRAD_REQUIRE_GPU();
+  Generator gen(7);
+  // Large per-tensor input (many partial blocks), and per-channel on each axis.
+  Tensor big = randn({1 << 20}, gen, {}, 0.3, 2.0);
+  Tensor w = randn({64, 33, 5}, gen);
+  for (double c : {-1.0, 0.01}) {
+    ObserverOptions pt;
+    pt.averaging_constant = c;
+    Observer oc(pt), og(pt);
+    og.to(Device::cuda(0));
+    for (int rep = 0; rep < 3; ++rep) {
+      Tensor x = rep == 0 ? big : mul(big, 0.5 + rep);
+      oc.forward(x);
+      og.forward(x.cuda());
+    }
+    CHECK(bit_equal(oc.min_val(), og.min_val()));
+    CHECK(bit_equal(oc.max_val(), og.max_val()));
+    auto [sc, zc] = oc.calculate_qparams();
+    auto [sg, zg] = og.calculate_qparams();
+    CHECK(bit_equal(sc, sg));
+    CHECK(bit_equal(zc, zg));
+    for (std::int64_t axis = 0; axis < 3; ++axis) {
+      ObserverOptions pc;
+      pc.qscheme = QScheme::per_channel_symmetric;
+      pc.dtype = DType::s8;
+      pc.ch_axis = axis;
+      pc.channels = w.size(axis);
+      pc.averaging_constant = c;
+      Observer a(pc), b(pc);
+      b.to(Device::cuda(0));
+      a.forward(w);
+      b.forward(w.cuda());
+      a.forward(mul(w, 1.5));
+      b.forward(mul(w, 1.5).cuda());
+      CHECK(bit_equal(a.min_val(), b.min_val()));
+      CHECK(bit_equal(a.max_val(), b.max_val()));
+      auto [s1, z1] = a.calculate_qparams();
+      auto [s2, z2] = b.calculate_qparams();
+      CHECK(bit_equal(s1, s2));
+      CHECK(bit_equal(z1, z2));
+    }
+  }
+}

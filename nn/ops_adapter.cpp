@@ -22,7 +22,7 @@
 namespace qgrad::nn::ops {
 
 namespace {
-[[noreturn]] void missing(const char* op, const char* header) {
+[[noreturn, maybe_unused]] void missing(const char* op, const char* header) {
   throw Error(op, "", std::string("not available in this build (") + header + " is not merged yet)");
 }
 }  // namespace

@@ -37,12 +37,6 @@ Tensor linear_f(const Tensor& x, const Linear& l, bool relu) {
   return Tensor::from_vector<float>(y, {M, N});
 }
 
-Tensor relu(const Tensor& t) {
-  auto v = t.detach().to(DType::f32).cpu().to_vector<float>();
-  for (float& e : v) e = e < 0 ? 0 : e;
-  return Tensor::from_vector<float>(v, t.shape());
-}
-
 double rel_fro(const Tensor& a, const Tensor& ref) {
   const auto av = a.detach().to(DType::f64).cpu().to_vector<double>();
   const auto rv = ref.detach().to(DType::f64).cpu().to_vector<double>();
@@ -124,11 +118,11 @@ int main(int argc, char** argv) {
     }
     Tensor x = make_input(rows, D, g);
     const Tensor y_float = linear_f(linear_f(x, l1, true), l2, false);
-    const Tensor y_naive = naive_layer(relu(naive_layer(x, l1, c1, dev)), l2, c2, dev);
-    const Tensor y_dyn = dynamic_layer(relu(dynamic_layer(x, l1, dev)), l2, dev);
+    const Tensor y_naive = naive_layer(qgrad::relu(naive_layer(x, l1, c1, dev)), l2, c2, dev);
+    const Tensor y_dyn = dynamic_layer(qgrad::relu(dynamic_layer(x, l1, dev)), l2, dev);
     const SmoothQuantLinear s1 = SmoothQuantLinear::from_float(l1.w.to(dev), l1.b.to(dev), c1, alpha);
     const SmoothQuantLinear s2 = SmoothQuantLinear::from_float(l2.w.to(dev), l2.b.to(dev), c2, alpha);
-    const Tensor y_sq = s2.forward(relu(s1.forward(x.to(dev))).to(dev));
+    const Tensor y_sq = s2.forward(qgrad::relu(s1.forward(x.to(dev))).to(dev));
     const double e_naive = rel_fro(y_naive, y_float), e_dyn = rel_fro(y_dyn, y_float), e_sq = rel_fro(y_sq, y_float);
     char table[1024];
     std::snprintf(table, sizeof table,

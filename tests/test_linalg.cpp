@@ -169,6 +169,30 @@ TEST_CASE("linear saves only the tensors its backward needs") {
   CHECK(linear(x2, rnd({2, 3}, 40)).grad_fn()->saved_bytes == 2 * 3 * 8);
 }
 
+TEST_CASE("linear_relu equals relu(linear) in value and gradient") {
+  Tensor x = rnd({6, 5}, 83), w = rnd({4, 5}, 84), b = rnd({4}, 85);
+  auto run = [&](bool fused) {
+    Tensor px = param(x.detach().clone()), pw = param(w.detach().clone()), pb = param(b.detach().clone());
+    Tensor y = fused ? linear_relu(px, pw, pb) : relu(linear(px, pw, pb));
+    y.backward(ones_like(y));
+    return std::vector<Tensor>{y, px.grad(), pw.grad(), pb.grad()};
+  };
+  auto fused = run(true), plain = run(false);
+  for (std::size_t i = 0; i < 4; ++i) CHECK(bit_equal(fused[i], plain[i]));
+}
+
+TEST_CASE("linear_relu saves x, w and a bit mask") {
+  Tensor x = param(rnd({6, 5}, 86)), w = param(rnd({40, 5}, 87));
+  CHECK(linear_relu(x, w).grad_fn()->saved_bytes == x.nbytes() + w.nbytes() + 8 * 4);
+  NoGradGuard no_grad;
+  CHECK(linear_relu(x, w).grad_fn() == nullptr);
+}
+
+TEST_CASE("gradcheck linear_relu (x, w, bias)") {
+  check_grad([](const std::vector<Tensor>& in) { return linear_relu(in[0], in[1], in[2]); },
+             {param(rnd({4, 3}, 88)), param(rnd({5, 3}, 89)), param(rnd({5}, 90))});
+}
+
 // ---------------------------------------------------------------- errors
 
 TEST_CASE("matmul rejects bad inputs") {
@@ -193,6 +217,14 @@ TEST_CASE("linear rejects bad inputs") {
   CHECK_THROWS_AS(linear(x, w.to(DType::f32), b), Error);       // w dtype
   CHECK_THROWS_AS(linear(Tensor::scalar(1.0), w), Error);       // x scalar
   CHECK_THROWS_AS(linear(x.to(DType::s64), w), Error);          // integer x
+}
+
+TEST_CASE("linear_relu rejects what linear rejects") {
+  Tensor x = rnd({3, 4}, 91), w = rnd({2, 4}, 92);
+  CHECK_THROWS_AS(linear_relu(x, rnd({2, 3}, 93)), Error);
+  CHECK_THROWS_AS(linear_relu(x, w, rnd({3}, 94)), Error);
+  CHECK_THROWS_AS(linear_relu(x.to(DType::f32), w), Error);
+  CHECK_THROWS_AS(linear_relu(Tensor(), w), Error);
 }
 
 TEST_CASE("transpose rejects bad dims") {
@@ -278,6 +310,16 @@ TEST_CASE("cuda gradcheck linear") {
   QGRAD_REQUIRE_GPU();
   check_grad([](const std::vector<Tensor>& in) { return linear(in[0], in[1], in[2]); },
              {param(rnd({4, 3}, 75).cuda()), param(rnd({5, 3}, 76).cuda()), param(rnd({5}, 77).cuda())});
+}
+
+TEST_CASE("cuda linear_relu matches relu(linear) on the device and the CPU") {
+  QGRAD_REQUIRE_GPU();
+  Tensor x = rnd({37, 20}, 95, DType::f32), w = rnd({30, 20}, 96, DType::f32), b = rnd({30}, 97, DType::f32);
+  Tensor xc = x.cuda(), wc = w.cuda(), bc = b.cuda();
+  CHECK(bit_equal(linear_relu(xc, wc, bc), relu(linear(xc, wc, bc))));
+  check_close(linear_relu(xc, wc, bc).cpu(), linear_relu(x, w, b), 1e-5);
+  check_grad([](const std::vector<Tensor>& in) { return linear_relu(in[0], in[1], in[2]); },
+             {param(rnd({4, 3}, 98).cuda()), param(rnd({5, 3}, 99).cuda()), param(rnd({5}, 100).cuda())});
 }
 
 TEST_CASE("cuda gradcheck transpose") {

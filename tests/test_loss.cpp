@@ -169,6 +169,50 @@ TEST_CASE("cross_entropy rejects bad inputs") {
   CHECK_THROWS_AS(cross_entropy(Tensor::empty({3, 0}, opts()), labels), Error);
 }
 
+// ---------------------------------------------------------------- nll_loss
+
+TEST_CASE("nll_loss of log_softmax equals cross_entropy") {
+  Tensor logits = rnd({7, 5}, 60);
+  Tensor labels = labels_for(7, 5, 61);
+  CHECK(nll_loss(log_softmax(logits), labels).item() ==
+        doctest::Approx(cross_entropy(logits, labels).item()).epsilon(1e-12));
+}
+
+TEST_CASE("nll_loss matches -mean of the picked entries (s32 labels)") {
+  Tensor logp = rnd({4, 3}, 62, DType::f32);
+  Tensor labels = Tensor::from_vector<std::int32_t>({2, 0, 0, 1}, {4});
+  auto v = values(logp);
+  CHECK(nll_loss(logp, labels).item() == doctest::Approx(-(v[2] + v[3] + v[6] + v[10]) / 4).epsilon(1e-6));
+}
+
+TEST_CASE("nll_loss backward puts -g/B at the labels") {
+  Tensor logp = param(rnd({2, 3}, 63));
+  Tensor labels = Tensor::from_vector<std::int64_t>({1, 2}, {2});
+  mul(nll_loss(logp, labels), 4.0).backward();
+  CHECK(values(logp.grad()) == std::vector<double>{0, -2, 0, 0, 0, -2});
+}
+
+TEST_CASE("gradcheck nll_loss") {
+  Tensor labels = labels_for(4, 5, 64);
+  check_grad([labels](const std::vector<Tensor>& in) { return nll_loss(in[0], labels); }, {param(rnd({4, 5}, 65))});
+}
+
+TEST_CASE("gradcheck nll_loss of log_softmax") {
+  Tensor labels = labels_for(3, 4, 66, DType::s32);
+  check_grad([labels](const std::vector<Tensor>& in) { return nll_loss(log_softmax(in[0]), labels); },
+             {param(rnd({3, 4}, 67))});
+}
+
+TEST_CASE("nll_loss rejects bad inputs") {
+  Tensor logp = rnd({3, 4}, 68);
+  Tensor labels = labels_for(3, 4, 69);
+  CHECK_THROWS_AS(nll_loss(logp, labels.to(DType::f64)), Error);
+  CHECK_THROWS_AS(nll_loss(logp, Tensor::from_vector<std::int64_t>({0, 1, 4}, {3})), Error);
+  CHECK_THROWS_AS(nll_loss(rnd({3}, 70), labels), Error);
+  CHECK_THROWS_AS(nll_loss(logp, labels_for(4, 4, 71)), Error);
+  CHECK_THROWS_AS(nll_loss(logp.to(DType::s64), labels), Error);
+}
+
 // ---------------------------------------------------------------- training
 
 TEST_CASE("a tiny MLP trained with SGD lowers its loss") {
@@ -261,6 +305,26 @@ TEST_CASE("cuda cross_entropy in f16 and bf16 stays near the CPU") {
     CHECK(cross_entropy(logits.to(d).cuda(), labels.cuda()).item() ==
           doctest::Approx(cross_entropy(logits.to(d), labels).item()).epsilon(1e-2));
   }
+}
+
+TEST_CASE("cuda nll_loss and its gradient match the CPU") {
+  QGRAD_REQUIRE_GPU();
+  Tensor logp = rnd({50, 6}, 72, DType::f32);
+  Tensor labels = labels_for(50, 6, 73);
+  auto run = [&](const Tensor& l, const Tensor& lab) {
+    Tensor p = param(l.detach());
+    Tensor loss = nll_loss(p, lab);
+    loss.backward();
+    return std::pair<double, Tensor>{loss.item(), p.grad().cpu()};
+  };
+  auto [lc, gc] = run(logp.cuda(), labels.cuda());
+  auto [lh, gh] = run(logp, labels);
+  CHECK(lc == doctest::Approx(lh).epsilon(1e-6));
+  CHECK(bit_equal(gc, gh));
+  Tensor bad = Tensor::from_vector<std::int64_t>({0, -3}, {2}).cuda();
+  CHECK(std::isnan(nll_loss(rnd({2, 6}, 74).cuda(), bad).item()));
+  check_grad([lab = labels_for(4, 5, 75).cuda()](const std::vector<Tensor>& in) { return nll_loss(in[0], lab); },
+             {param(rnd({4, 5}, 76).cuda())});
 }
 
 TEST_CASE("cuda gradcheck log_softmax") {

@@ -57,6 +57,31 @@ void cross_entropy_backward_impl(const Tensor& probs, const Tensor& labels, cons
   });
 }
 
+template <class T, class L>
+void nll_forward_impl(const Tensor& logp, const Tensor& labels, const Tensor& row_loss) {
+  using M = op_math_t<T>;
+  const std::int64_t B = logp.size(0), C = logp.size(1);
+  const T* x = static_cast<const T*>(logp.data_ptr());
+  const L* lab = static_cast<const L*>(labels.data_ptr());
+  M* loss = static_cast<M*>(row_loss.data_ptr());
+  launch_elementwise(row_loss.device().index, B, [=] __device__(std::int64_t b) {
+    loss[b] = formulas::nll_row(x + b * C, static_cast<std::int64_t>(lab[b]), C);
+  });
+}
+
+template <class T, class L>
+void nll_backward_impl(const Tensor& labels, const Tensor& g, const Tensor& dlogp) {
+  using M = op_math_t<T>;
+  const std::int64_t B = dlogp.size(0), C = dlogp.size(1);
+  const L* lab = static_cast<const L*>(labels.data_ptr());
+  const T* pg = static_cast<const T*>(g.data_ptr());
+  T* d = static_cast<T*>(dlogp.data_ptr());
+  launch_elementwise(dlogp.device().index, B * C, [=] __device__(std::int64_t i) {
+    const M gb = M(pg[0]) / M(B);
+    d[i] = formulas::nll_grad_at<T>(static_cast<std::int64_t>(lab[i / C]), i, C, gb);
+  });
+}
+
 }  // namespace
 
 void log_softmax(const Tensor& x, const Tensor& y, const AxisView& v) {
@@ -79,6 +104,18 @@ void cross_entropy_backward(const Tensor& probs, const Tensor& labels, const Ten
   dispatch_floating_label(probs.dtype(), labels.dtype(), "cross_entropy_backward", [&](auto tag, auto ltag) {
     cross_entropy_backward_impl<typename decltype(tag)::type, typename decltype(ltag)::type>(probs, labels, g,
                                                                                              dlogits);
+  });
+}
+
+void nll_forward(const Tensor& logp, const Tensor& labels, const Tensor& row_loss) {
+  dispatch_floating_label(logp.dtype(), labels.dtype(), "nll_loss", [&](auto tag, auto ltag) {
+    nll_forward_impl<typename decltype(tag)::type, typename decltype(ltag)::type>(logp, labels, row_loss);
+  });
+}
+
+void nll_backward(const Tensor& labels, const Tensor& g, const Tensor& dlogp) {
+  dispatch_floating_label(dlogp.dtype(), labels.dtype(), "nll_loss_backward", [&](auto tag, auto ltag) {
+    nll_backward_impl<typename decltype(tag)::type, typename decltype(ltag)::type>(labels, g, dlogp);
   });
 }
 

@@ -99,4 +99,18 @@ QGRAD_HD T cross_entropy_grad_at(const T* p, std::int64_t label, std::int64_t i,
   return T(cross_entropy_grad(M(p[i]), label == i % C, g_over_b));
 }
 
+// nll_loss: the row loss -logp[label] (NaN for an invalid label) and the
+// gradient at flat index i of [B, C]: -g/B at the label, 0 elsewhere.
+template <class T>
+QGRAD_HD op_math_t<T> nll_row(const T* logp, std::int64_t label, std::int64_t C) {
+  using M = op_math_t<T>;
+  return (label >= 0 && label < C) ? -M(logp[label]) : quiet_nan<M>();
+}
+template <class T>
+QGRAD_HD T nll_grad_at(std::int64_t label, std::int64_t i, std::int64_t C, op_math_t<T> g_over_b) {
+  using M = op_math_t<T>;
+  if (label < 0 || label >= C) return T(quiet_nan<M>());
+  return T(label == i % C ? -g_over_b : M(0));
+}
+
 }  // namespace qgrad::formulas

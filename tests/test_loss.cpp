@@ -284,6 +284,52 @@ TEST_CASE("cuda cross_entropy loss and gradient match the CPU") {
   }
 }
 
+TEST_CASE("cuda log_softmax over wide rows (one warp per row) matches the CPU") {
+  QGRAD_REQUIRE_GPU();
+  for (std::int64_t n : {33, 1000}) {
+    Tensor x = rnd({20, n}, 52, DType::f32, 3.0);
+    Tensor xc = x.cuda();
+    prepoison({20, n}, DType::f32);
+    CHECK(max_abs_diff(log_softmax(xc), log_softmax(x)) < 1e-5);
+    Tensor g = rnd({20, n}, 53, DType::f32);
+    auto grad = [&](const Tensor& in, const Tensor& gg) {
+      Tensor p = param(in.detach());
+      log_softmax(p).backward(gg);
+      return p.grad().cpu();
+    };
+    CHECK(max_abs_diff(grad(xc, g.cuda()), grad(x, g)) < 1e-4);
+  }
+}
+
+TEST_CASE("cuda cross_entropy over wide rows (one warp per row) matches the CPU") {
+  QGRAD_REQUIRE_GPU();
+  Tensor logits = rnd({64, 1000}, 54, DType::f32, 2.0);
+  Tensor labels = labels_for(64, 1000, 55);
+  auto run = [&](const Tensor& l, const Tensor& lab) {
+    Tensor p = param(l.detach());
+    Tensor loss = cross_entropy(p, lab);
+    loss.backward();
+    return std::pair<double, Tensor>{loss.item(), p.grad().cpu()};
+  };
+  auto [lc, gc] = run(logits.cuda(), labels.cuda());
+  auto [lh, gh] = run(logits, labels);
+  CHECK(lc == doctest::Approx(lh).epsilon(1e-5));
+  CHECK(max_abs_diff(gc, gh) < 1e-7);
+  CHECK(cross_entropy(logits.to(DType::bf16).cuda(), labels.cuda()).item() ==
+        doctest::Approx(cross_entropy(logits.to(DType::bf16), labels).item()).epsilon(1e-2));
+  Tensor bad = labels.clone();
+  bad.copy_(Tensor::from_vector(std::vector<std::int64_t>(64, 1000), {64}));
+  CHECK(std::isnan(cross_entropy(logits.cuda(), bad.cuda()).item()));
+}
+
+TEST_CASE("cuda gradcheck log_softmax and cross_entropy over wide rows") {
+  QGRAD_REQUIRE_GPU();
+  check_grad([](const std::vector<Tensor>& in) { return log_softmax(in[0]); }, {param(rnd({2, 40}, 56).cuda())});
+  Tensor labels = labels_for(3, 40, 57).cuda();
+  check_grad([labels](const std::vector<Tensor>& in) { return cross_entropy(in[0], labels); },
+             {param(rnd({3, 40}, 58).cuda())});
+}
+
 TEST_CASE("cuda cross_entropy with an out-of-range label gives NaN, not a crash") {
   QGRAD_REQUIRE_GPU();
   Tensor logits = param(rnd({3, 4}, 44).cuda());

@@ -76,8 +76,9 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 
 namespace {
 
-// Validates linear's arguments and computes y = x · wᵀ + bias, then, with
-// relu_mask defined, relu in place while packing the x·wᵀ + b > 0 mask.
+// Validates linear's arguments and computes y = x · wᵀ + bias; with
+// fuse_relu, then relu in place, packing the y > 0 mask into `mask` when
+// grad is needed. Fills in the GEMM shape for the backward.
 Tensor linear_forward(const char* op, const Tensor& x, const Tensor& w, const Tensor& bias, bool fuse_relu,
                       GemmShape& s, Tensor& mask) {
   check::floating(x, op, "x");

@@ -147,22 +147,20 @@ void linear_record(const char* op, Tensor& out, const Tensor& x, const Tensor& w
       (need_x ? w.nbytes() : 0) + (need_w ? x.nbytes() : 0) + (mask.defined() ? mask.nbytes() : 0));
 }
 
-}  // namespace
-
-Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
+Tensor linear_op(const char* op, const Tensor& x, const Tensor& w, const Tensor& bias, bool fuse_relu) {
   GemmShape s;
   Tensor mask;
-  Tensor out = linear_forward("linear", x, w, bias, false, s, mask);
-  if (any_requires_grad({x, w, bias})) linear_record("linear", out, x, w, bias, s, mask);
+  Tensor out = linear_forward(op, x, w, bias, fuse_relu, s, mask);
+  if (any_requires_grad({x, w, bias})) linear_record(op, out, x, w, bias, s, mask);
   return out;
 }
 
+}  // namespace
+
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) { return linear_op("linear", x, w, bias, false); }
+
 Tensor linear_relu(const Tensor& x, const Tensor& w, const Tensor& bias) {
-  GemmShape s;
-  Tensor mask;
-  Tensor out = linear_forward("linear_relu", x, w, bias, true, s, mask);
-  if (any_requires_grad({x, w, bias})) linear_record("linear_relu", out, x, w, bias, s, mask);
-  return out;
+  return linear_op("linear_relu", x, w, bias, true);
 }
 
 // Backward: transpose(dy, dim0, dim1). Saves nothing.

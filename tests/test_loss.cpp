@@ -24,6 +24,22 @@ std::vector<double> ref_log_softmax(const std::vector<double>& x, std::size_t ro
   return y;
 }
 
+// The loss value and the gradient (on the host) of loss_fn(scores, labels).
+template <class LossFn>
+std::pair<double, Tensor> loss_and_grad(LossFn loss_fn, const Tensor& scores, const Tensor& labels) {
+  Tensor p = param(scores.detach());
+  Tensor loss = loss_fn(p, labels);
+  loss.backward();
+  return {loss.item(), p.grad().cpu()};
+}
+Tensor log_softmax_grad(const Tensor& x, const Tensor& g) {
+  Tensor p = param(x.detach());
+  log_softmax(p).backward(g);
+  return p.grad().cpu();
+}
+auto ce = [](const Tensor& l, const Tensor& y) { return cross_entropy(l, y); };
+auto nll = [](const Tensor& l, const Tensor& y) { return nll_loss(l, y); };
+
 double ref_cross_entropy(const Tensor& logits, const Tensor& labels) {
   const auto b = static_cast<std::size_t>(logits.size(0)), c = static_cast<std::size_t>(logits.size(1));
   auto ls = ref_log_softmax(values(logits), b, c);
@@ -258,12 +274,7 @@ TEST_CASE("cuda log_softmax and its backward match the CPU") {
   CHECK(max_abs_diff(log_softmax(xc), log_softmax(x)) < 1e-5);
   CHECK(max_abs_diff(log_softmax(xc, 0), log_softmax(x, 0)) < 1e-5);
   Tensor g = rnd({33, 10}, 41, DType::f32);
-  auto grad = [&](const Tensor& in, const Tensor& gg) {
-    Tensor p = param(in.detach());
-    log_softmax(p).backward(gg);
-    return p.grad().cpu();
-  };
-  CHECK(max_abs_diff(grad(xc, g.cuda()), grad(x, g)) < 1e-5);
+  CHECK(max_abs_diff(log_softmax_grad(xc, g.cuda()), log_softmax_grad(x, g)) < 1e-5);
 }
 
 TEST_CASE("cuda cross_entropy loss and gradient match the CPU") {
@@ -271,14 +282,8 @@ TEST_CASE("cuda cross_entropy loss and gradient match the CPU") {
   Tensor logits = rnd({100, 7}, 42, DType::f32, 2.0);
   for (DType ld : {DType::s64, DType::s32}) {
     Tensor labels = labels_for(100, 7, 43, ld);
-    auto run = [&](const Tensor& l, const Tensor& lab) {
-      Tensor p = param(l.detach());
-      Tensor loss = cross_entropy(p, lab);
-      loss.backward();
-      return std::pair<double, Tensor>{loss.item(), p.grad().cpu()};
-    };
-    auto [lc, gc] = run(logits.cuda(), labels.cuda());
-    auto [lh, gh] = run(logits, labels);
+    auto [lc, gc] = loss_and_grad(ce, logits.cuda(), labels.cuda());
+    auto [lh, gh] = loss_and_grad(ce, logits, labels);
     CHECK(lc == doctest::Approx(lh).epsilon(1e-5));
     CHECK(max_abs_diff(gc, gh) < 1e-6);
   }
@@ -292,12 +297,7 @@ TEST_CASE("cuda log_softmax over wide rows (one warp per row) matches the CPU") 
     prepoison({20, n}, DType::f32);
     CHECK(max_abs_diff(log_softmax(xc), log_softmax(x)) < 1e-5);
     Tensor g = rnd({20, n}, 53, DType::f32);
-    auto grad = [&](const Tensor& in, const Tensor& gg) {
-      Tensor p = param(in.detach());
-      log_softmax(p).backward(gg);
-      return p.grad().cpu();
-    };
-    CHECK(max_abs_diff(grad(xc, g.cuda()), grad(x, g)) < 1e-4);
+    CHECK(max_abs_diff(log_softmax_grad(xc, g.cuda()), log_softmax_grad(x, g)) < 1e-4);
   }
 }
 
@@ -305,14 +305,8 @@ TEST_CASE("cuda cross_entropy over wide rows (one warp per row) matches the CPU"
   QGRAD_REQUIRE_GPU();
   Tensor logits = rnd({64, 1000}, 54, DType::f32, 2.0);
   Tensor labels = labels_for(64, 1000, 55);
-  auto run = [&](const Tensor& l, const Tensor& lab) {
-    Tensor p = param(l.detach());
-    Tensor loss = cross_entropy(p, lab);
-    loss.backward();
-    return std::pair<double, Tensor>{loss.item(), p.grad().cpu()};
-  };
-  auto [lc, gc] = run(logits.cuda(), labels.cuda());
-  auto [lh, gh] = run(logits, labels);
+  auto [lc, gc] = loss_and_grad(ce, logits.cuda(), labels.cuda());
+  auto [lh, gh] = loss_and_grad(ce, logits, labels);
   CHECK(lc == doctest::Approx(lh).epsilon(1e-5));
   CHECK(max_abs_diff(gc, gh) < 1e-7);
   CHECK(cross_entropy(logits.to(DType::bf16).cuda(), labels.cuda()).item() ==
@@ -357,14 +351,8 @@ TEST_CASE("cuda nll_loss and its gradient match the CPU") {
   QGRAD_REQUIRE_GPU();
   Tensor logp = rnd({50, 6}, 72, DType::f32);
   Tensor labels = labels_for(50, 6, 73);
-  auto run = [&](const Tensor& l, const Tensor& lab) {
-    Tensor p = param(l.detach());
-    Tensor loss = nll_loss(p, lab);
-    loss.backward();
-    return std::pair<double, Tensor>{loss.item(), p.grad().cpu()};
-  };
-  auto [lc, gc] = run(logp.cuda(), labels.cuda());
-  auto [lh, gh] = run(logp, labels);
+  auto [lc, gc] = loss_and_grad(nll, logp.cuda(), labels.cuda());
+  auto [lh, gh] = loss_and_grad(nll, logp, labels);
   CHECK(lc == doctest::Approx(lh).epsilon(1e-6));
   CHECK(bit_equal(gc, gh));
   Tensor bad = Tensor::from_vector<std::int64_t>({0, -3}, {2}).cuda();

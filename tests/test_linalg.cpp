@@ -1,4 +1,5 @@
 // matmul, linear, transpose: host references, gradcheck, CUDA vs CPU, errors.
+#include "kernels/linalg.h"
 #include "train_ops_helpers.h"
 
 using namespace qgrad;
@@ -121,6 +122,40 @@ TEST_CASE("matmul and linear in f16 and bf16 stay near the f32 result") {
     Tensor yref = linear(a.to(DType::f32), w.to(DType::f32), bias.to(DType::f32));
     CHECK(max_abs_diff(y.to(DType::f32), yref) <= tol * std::max(1.0, max_abs(yref)));
   }
+}
+
+namespace {
+// kernels::gemm for every transpose combination against a double reference
+// (materialising op(a) and op(b) with transpose first), on `dev`.
+void check_gemm_flags(Device dev, DType d, double tol) {
+  const std::int64_t batch = 2, m = 5, n = 4, k = 3;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      Tensor a = rnd(ta ? Shape{batch, k, m} : Shape{batch, m, k}, 110 + ta, d);
+      Tensor b = rnd(tb ? Shape{batch, n, k} : Shape{batch, k, n}, 120 + tb, d);
+      Tensor opa = ta ? transpose(a, 1, 2) : a, opb = tb ? transpose(b, 1, 2) : b;
+      auto want = ref_gemm(values(opa), values(opb), batch, m, n, k, false);
+      Tensor c = Tensor::empty({batch, m, n}, opts(d, dev));
+      poison(c);
+      kernels::gemm(kernels::GemmShape{batch, m, n, k, ta, tb}, a.to(dev), b.to(dev), c);
+      CHECK_MESSAGE(max_err(values(c), want) < tol, "trans_a ", ta, " trans_b ", tb);
+      // accumulate adds onto what is there
+      kernels::gemm(kernels::GemmShape{batch, m, n, k, ta, tb}, a.to(dev), b.to(dev), c, true);
+      for (double& v : want) v *= 2;
+      CHECK_MESSAGE(max_err(values(c), want) < 2 * tol, "accumulate, trans_a ", ta, " trans_b ", tb);
+    }
+}
+}  // namespace
+
+TEST_CASE("gemm kernel: all transpose flags, batched, with accumulate (CPU)") {
+  check_gemm_flags(Device::cpu(), DType::f64, 1e-12);
+  check_gemm_flags(Device::cpu(), DType::f32, 1e-5);
+}
+
+TEST_CASE("gemm kernel: all transpose flags, batched, with accumulate (CUDA)") {
+  QGRAD_REQUIRE_GPU();
+  check_gemm_flags(Device::cuda(), DType::f64, 1e-12);
+  check_gemm_flags(Device::cuda(), DType::f32, 1e-5);
 }
 
 // ---------------------------------------------------------------- gradients

@@ -21,4 +21,13 @@ void cross_entropy_backward(const Tensor& probs, const Tensor& labels, const Ten
   else cpu::cross_entropy_backward(probs, labels, g, dlogits);
 }
 
+void nll_forward(const Tensor& logp, const Tensor& labels, const Tensor& row_loss) {
+  if (row_loss.is_cuda()) QGRAD_ON_CUDA(cuda::nll_forward(logp, labels, row_loss));
+  else cpu::nll_forward(logp, labels, row_loss);
+}
+void nll_backward(const Tensor& labels, const Tensor& g, const Tensor& dlogp) {
+  if (dlogp.is_cuda()) QGRAD_ON_CUDA(cuda::nll_backward(labels, g, dlogp));
+  else cpu::nll_backward(labels, g, dlogp);
+}
+
 }  // namespace qgrad::kernels

@@ -4,6 +4,8 @@
 #include <climits>
 
 #include "autograd/node.h"
+#include "kernels/activation.h"
+#include "kernels/bitmask.h"
 #include "kernels/linalg.h"
 #include "kernels/reduce.h"
 #include "ops/check.h"
@@ -72,10 +74,13 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   return out;
 }
 
-// Backward: dx = dy · W, dW = dyᵀ · x, db = dy summed over rows. Saves W
-// when x needs grad and x when W needs grad (detached).
-Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
-  constexpr const char* op = "linear";
+namespace {
+
+// Validates linear's arguments and computes y = x · wᵀ + bias; with
+// fuse_relu, then relu in place, packing the y > 0 mask into `mask` when
+// grad is needed. Fills in the GEMM shape for the backward.
+Tensor linear_forward(const char* op, const Tensor& x, const Tensor& w, const Tensor& bias, bool fuse_relu,
+                      GemmShape& s, Tensor& mask) {
   check::floating(x, op, "x");
   check::floating(w, op, "w");
   check::same_dtype(w, x, op, "w");
@@ -93,7 +98,7 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
   }
   Shape out_shape = x.shape();
   out_shape.back() = w.size(0);
-  GemmShape s;
+  s = GemmShape{};
   s.k = w.size(1);
   s.n = w.size(0);
   s.m = shape_numel(Shape(x.shape().begin(), x.shape().end() - 1), op);
@@ -104,25 +109,58 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
   Tensor out = Tensor::empty(out_shape, like(x));
   if (bias.defined()) kernels::fill_rows(bias, out);
   kernels::gemm(s, x, w, out, bias.defined());
-  if (any_requires_grad({x, w, bias})) {
-    const bool need_x = x.requires_grad(), need_w = w.requires_grad();
-    const bool need_b = bias.defined() && bias.requires_grad();
-    Tensor sx = need_w ? x.detach() : Tensor(), sw = need_x ? w.detach() : Tensor();
-    record(
-        op, out, {x, w, bias},
-        [sx, sw, s, need_b, shape_x = x.shape(), shape_w = w.shape()](const Tensor& g) {
-          Tensor gx, gw, gb;
-          if (sw.defined()) gx = gemm_new(shape_x, GemmShape{1, s.m, s.k, s.n, false, false}, g, sw);
-          if (sx.defined()) gw = gemm_new(shape_w, GemmShape{1, s.n, s.k, s.m, true, false}, g, sx);
-          if (need_b) {
-            gb = Tensor::empty({s.n}, like(g));
-            kernels::sum_axis(g, gb, kernels::AxisView{1, s.m, s.n}, false);
-          }
-          return std::vector<Tensor>{gx, gw, gb};
-        },
-        (need_x ? w.nbytes() : 0) + (need_w ? x.nbytes() : 0));
+  if (fuse_relu) {
+    if (any_requires_grad({x, w, bias}))
+      mask = Tensor::empty({bitmask_words(out.numel())}, TensorOptions{}.with_dtype(DType::s32).with_device(x.device()));
+    // In place: relu(v) > 0 exactly when v > 0, so the mask is the same
+    // whether a kernel reads an element before or after rewriting it.
+    kernels::relu(out, out, mask);
   }
   return out;
+}
+
+// Records linear's backward: dx = dy · W, dW = dyᵀ · x, db = dy summed over
+// rows, with dy first masked by relu's bits when mask is defined. Saves W
+// when x needs grad, x when W needs grad (detached), and the mask.
+void linear_record(const char* op, Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias,
+                   const GemmShape& s, const Tensor& mask) {
+  const bool need_x = x.requires_grad(), need_w = w.requires_grad();
+  const bool need_b = bias.defined() && bias.requires_grad();
+  Tensor sx = need_w ? x.detach() : Tensor(), sw = need_x ? w.detach() : Tensor();
+  record(
+      op, out, {x, w, bias},
+      [sx, sw, s, need_b, mask, shape_x = x.shape(), shape_w = w.shape()](const Tensor& dy) {
+        Tensor g = dy;
+        if (mask.defined()) {
+          g = Tensor::empty(dy.shape(), like(dy));
+          kernels::relu_backward(dy, mask, g);
+        }
+        Tensor gx, gw, gb;
+        if (sw.defined()) gx = gemm_new(shape_x, GemmShape{1, s.m, s.k, s.n, false, false}, g, sw);
+        if (sx.defined()) gw = gemm_new(shape_w, GemmShape{1, s.n, s.k, s.m, true, false}, g, sx);
+        if (need_b) {
+          gb = Tensor::empty({s.n}, like(g));
+          kernels::sum_axis(g, gb, kernels::AxisView{1, s.m, s.n}, false);
+        }
+        return std::vector<Tensor>{gx, gw, gb};
+      },
+      (need_x ? w.nbytes() : 0) + (need_w ? x.nbytes() : 0) + (mask.defined() ? mask.nbytes() : 0));
+}
+
+Tensor linear_op(const char* op, const Tensor& x, const Tensor& w, const Tensor& bias, bool fuse_relu) {
+  GemmShape s;
+  Tensor mask;
+  Tensor out = linear_forward(op, x, w, bias, fuse_relu, s, mask);
+  if (any_requires_grad({x, w, bias})) linear_record(op, out, x, w, bias, s, mask);
+  return out;
+}
+
+}  // namespace
+
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) { return linear_op("linear", x, w, bias, false); }
+
+Tensor linear_relu(const Tensor& x, const Tensor& w, const Tensor& bias) {
+  return linear_op("linear_relu", x, w, bias, true);
 }
 
 // Backward: transpose(dy, dim0, dim1). Saves nothing.

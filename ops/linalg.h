@@ -12,6 +12,9 @@ Tensor matmul(const Tensor& a, const Tensor& b);
 // y = x · wᵀ + bias with w in nn.Linear layout [N, K], bias [N] or an
 // undefined Tensor, x [..., K] -> y [..., N].
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias = Tensor());
+// relu(linear(x, w, bias)) in one op: the relu runs in place on the GEMM
+// output and the backward keeps a bit mask instead of a second tensor.
+Tensor linear_relu(const Tensor& x, const Tensor& w, const Tensor& bias = Tensor());
 // A contiguous copy of x with dims dim0 and dim1 swapped (negative dims count
 // from the end). Any dtype; differentiable for floating ones.
 Tensor transpose(const Tensor& x, std::int64_t dim0, std::int64_t dim1);

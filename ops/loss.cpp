@@ -34,37 +34,55 @@ Tensor log_softmax(const Tensor& x, std::int64_t axis) {
   return out;
 }
 
+namespace {
+
+// Checks a [B, C] score matrix and its [B] labels (s64 or s32, same device);
+// on the CPU also that every label lies in [0, C).
+void check_scores_and_labels(const Tensor& scores, const Tensor& labels, const char* op, const char* arg) {
+  check::floating(scores, op, arg);
+  check::rank_is(scores, 2, op, arg);
+  check::non_empty(scores, op, arg);
+  check::defined(labels, op, "labels");
+  QGRAD_CHECK(labels.dtype() == DType::s64 || labels.dtype() == DType::s32, op, "labels",
+              "expected dtype s64 or s32, got ", dtype_name(labels.dtype()));
+  check::same_device(labels, scores, op, "labels");
+  QGRAD_CHECK(labels.dim() == 1 && labels.size(0) == scores.size(0), op, "labels", "expected shape [",
+              scores.size(0), "], got ", shape_str(labels.shape()));
+  if (!labels.device().is_cpu()) return;  // CUDA: bad labels give NaN (see ops/loss.h)
+  const std::int64_t C = scores.size(1);
+  kernels::dispatch_label(labels.dtype(), [&](auto tag) {
+    using L = typename decltype(tag)::type;
+    const L* lab = static_cast<const L*>(labels.data_ptr());
+    for (std::int64_t b = 0; b < labels.numel(); ++b)
+      QGRAD_CHECK(lab[b] >= 0 && static_cast<std::int64_t>(lab[b]) < C, op, "labels", "label ",
+                  static_cast<std::int64_t>(lab[b]), " at index ", b, " is outside [0, ", C, ")");
+  });
+}
+
+// The batch mean of per-row losses (f32, or f64), in the scores' dtype.
+Tensor batch_mean(const Tensor& rows, DType dtype) {
+  Tensor loss = Tensor::empty({}, TensorOptions{}.with_dtype(rows.dtype()).with_device(rows.device()));
+  kernels::sum_axis(rows, loss, kernels::AxisView{1, rows.numel(), 1}, true);
+  return loss.to(dtype);
+}
+
+Tensor row_losses(const Tensor& scores) {
+  const DType math = scores.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  return Tensor::empty({scores.size(0)}, TensorOptions{}.with_dtype(math).with_device(scores.device()));
+}
+
+}  // namespace
+
 // Backward: dlogits = (softmax(logits) - onehot(labels)) · g / B. Saves the
 // softmax probabilities [B, C] (logits' dtype) and the labels (detached).
 Tensor cross_entropy(const Tensor& logits, const Tensor& labels) {
   constexpr const char* op = "cross_entropy";
-  check::floating(logits, op, "logits");
-  check::rank_is(logits, 2, op, "logits");
-  check::non_empty(logits, op, "logits");
-  check::defined(labels, op, "labels");
-  QGRAD_CHECK(labels.dtype() == DType::s64 || labels.dtype() == DType::s32, op, "labels",
-              "expected dtype s64 or s32, got ", dtype_name(labels.dtype()));
-  check::same_device(labels, logits, op, "labels");
-  QGRAD_CHECK(labels.dim() == 1 && labels.size(0) == logits.size(0), op, "labels", "expected shape [",
-              logits.size(0), "], got ", shape_str(labels.shape()));
-  const std::int64_t B = logits.size(0), C = logits.size(1);
-  if (labels.device().is_cpu()) {
-    kernels::dispatch_label(labels.dtype(), [&](auto tag) {
-      using L = typename decltype(tag)::type;
-      const L* lab = static_cast<const L*>(labels.data_ptr());
-      for (std::int64_t b = 0; b < B; ++b)
-        QGRAD_CHECK(lab[b] >= 0 && static_cast<std::int64_t>(lab[b]) < C, op, "labels", "label ",
-                    static_cast<std::int64_t>(lab[b]), " at index ", b, " is outside [0, ", C, ")");
-    });
-  }
+  check_scores_and_labels(logits, labels, op, "logits");
   const bool grad = any_requires_grad({logits});
-  const DType math = logits.dtype() == DType::f64 ? DType::f64 : DType::f32;
-  Tensor probs = grad ? Tensor::empty({B, C}, like(logits)) : Tensor();
-  Tensor rows = Tensor::empty({B}, TensorOptions{}.with_dtype(math).with_device(logits.device()));
+  Tensor probs = grad ? Tensor::empty(logits.shape(), like(logits)) : Tensor();
+  Tensor rows = row_losses(logits);
   kernels::cross_entropy_forward(logits, labels, probs, rows);
-  Tensor loss = Tensor::empty({}, TensorOptions{}.with_dtype(math).with_device(logits.device()));
-  kernels::sum_axis(rows, loss, kernels::AxisView{1, B, 1}, true);
-  Tensor out = loss.to(logits.dtype());
+  Tensor out = batch_mean(rows, logits.dtype());
   if (grad) {
     record(
         op, out, {logits, labels},
@@ -74,6 +92,26 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels) {
           return std::vector<Tensor>{d, Tensor()};
         },
         probs.nbytes() + labels.nbytes());
+  }
+  return out;
+}
+
+// Backward: dlogp[b, c] = -g / B at c == labels[b], else 0. Saves the labels.
+Tensor nll_loss(const Tensor& logp, const Tensor& labels) {
+  constexpr const char* op = "nll_loss";
+  check_scores_and_labels(logp, labels, op, "logp");
+  Tensor rows = row_losses(logp);
+  kernels::nll_forward(logp, labels, rows);
+  Tensor out = batch_mean(rows, logp.dtype());
+  if (any_requires_grad({logp})) {
+    record(
+        op, out, {logp, labels},
+        [lab = labels.detach(), shape = logp.shape()](const Tensor& g) {
+          Tensor d = Tensor::empty(shape, like(g));
+          kernels::nll_backward(lab, g, d);
+          return std::vector<Tensor>{d, Tensor()};
+        },
+        labels.nbytes());
   }
   return out;
 }

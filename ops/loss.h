@@ -14,5 +14,8 @@ Tensor log_softmax(const Tensor& x, std::int64_t axis = -1);
 // throw on the CPU; on CUDA (where checking would need a host sync) they give
 // a NaN loss and NaN gradient rows, and nothing is read out of bounds.
 Tensor cross_entropy(const Tensor& logits, const Tensor& labels);
+// mean over b of -logp[b, labels[b]] for log-probabilities logp [B, C]
+// (nll_loss(log_softmax(x), y) == cross_entropy(x, y)). Same label rules.
+Tensor nll_loss(const Tensor& logp, const Tensor& labels);
 
 }  // namespace qgrad

@@ -1,4 +1,5 @@
 // matmul, linear, transpose: host references, gradcheck, CUDA vs CPU, errors.
+#include "kernels/linalg.h"
 #include "train_ops_helpers.h"
 
 using namespace qgrad;
@@ -123,6 +124,40 @@ TEST_CASE("matmul and linear in f16 and bf16 stay near the f32 result") {
   }
 }
 
+namespace {
+// kernels::gemm for every transpose combination against a double reference
+// (materialising op(a) and op(b) with transpose first), on `dev`.
+void check_gemm_flags(Device dev, DType d, double tol) {
+  const std::int64_t batch = 2, m = 5, n = 4, k = 3;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      Tensor a = rnd(ta ? Shape{batch, k, m} : Shape{batch, m, k}, 110 + ta, d);
+      Tensor b = rnd(tb ? Shape{batch, n, k} : Shape{batch, k, n}, 120 + tb, d);
+      Tensor opa = ta ? transpose(a, 1, 2) : a, opb = tb ? transpose(b, 1, 2) : b;
+      auto want = ref_gemm(values(opa), values(opb), batch, m, n, k, false);
+      Tensor c = Tensor::empty({batch, m, n}, opts(d, dev));
+      poison(c);
+      kernels::gemm(kernels::GemmShape{batch, m, n, k, ta, tb}, a.to(dev), b.to(dev), c);
+      CHECK_MESSAGE(max_err(values(c), want) < tol, "trans_a ", ta, " trans_b ", tb);
+      // accumulate adds onto what is there
+      kernels::gemm(kernels::GemmShape{batch, m, n, k, ta, tb}, a.to(dev), b.to(dev), c, true);
+      for (double& v : want) v *= 2;
+      CHECK_MESSAGE(max_err(values(c), want) < 2 * tol, "accumulate, trans_a ", ta, " trans_b ", tb);
+    }
+}
+}  // namespace
+
+TEST_CASE("gemm kernel: all transpose flags, batched, with accumulate (CPU)") {
+  check_gemm_flags(Device::cpu(), DType::f64, 1e-12);
+  check_gemm_flags(Device::cpu(), DType::f32, 1e-5);
+}
+
+TEST_CASE("gemm kernel: all transpose flags, batched, with accumulate (CUDA)") {
+  QGRAD_REQUIRE_GPU();
+  check_gemm_flags(Device::cuda(), DType::f64, 1e-12);
+  check_gemm_flags(Device::cuda(), DType::f32, 1e-5);
+}
+
 // ---------------------------------------------------------------- gradients
 
 TEST_CASE("gradcheck matmul 2-D (both inputs)") {
@@ -169,6 +204,30 @@ TEST_CASE("linear saves only the tensors its backward needs") {
   CHECK(linear(x2, rnd({2, 3}, 40)).grad_fn()->saved_bytes == 2 * 3 * 8);
 }
 
+TEST_CASE("linear_relu equals relu(linear) in value and gradient") {
+  Tensor x = rnd({6, 5}, 83), w = rnd({4, 5}, 84), b = rnd({4}, 85);
+  auto run = [&](bool fused) {
+    Tensor px = param(x.detach().clone()), pw = param(w.detach().clone()), pb = param(b.detach().clone());
+    Tensor y = fused ? linear_relu(px, pw, pb) : relu(linear(px, pw, pb));
+    y.backward(ones_like(y));
+    return std::vector<Tensor>{y, px.grad(), pw.grad(), pb.grad()};
+  };
+  auto fused = run(true), plain = run(false);
+  for (std::size_t i = 0; i < 4; ++i) CHECK(bit_equal(fused[i], plain[i]));
+}
+
+TEST_CASE("linear_relu saves x, w and a bit mask") {
+  Tensor x = param(rnd({6, 5}, 86)), w = param(rnd({40, 5}, 87));
+  CHECK(linear_relu(x, w).grad_fn()->saved_bytes == x.nbytes() + w.nbytes() + 8 * 4);
+  NoGradGuard no_grad;
+  CHECK(linear_relu(x, w).grad_fn() == nullptr);
+}
+
+TEST_CASE("gradcheck linear_relu (x, w, bias)") {
+  check_grad([](const std::vector<Tensor>& in) { return linear_relu(in[0], in[1], in[2]); },
+             {param(rnd({4, 3}, 88)), param(rnd({5, 3}, 89)), param(rnd({5}, 90))});
+}
+
 // ---------------------------------------------------------------- errors
 
 TEST_CASE("matmul rejects bad inputs") {
@@ -193,6 +252,14 @@ TEST_CASE("linear rejects bad inputs") {
   CHECK_THROWS_AS(linear(x, w.to(DType::f32), b), Error);       // w dtype
   CHECK_THROWS_AS(linear(Tensor::scalar(1.0), w), Error);       // x scalar
   CHECK_THROWS_AS(linear(x.to(DType::s64), w), Error);          // integer x
+}
+
+TEST_CASE("linear_relu rejects what linear rejects") {
+  Tensor x = rnd({3, 4}, 91), w = rnd({2, 4}, 92);
+  CHECK_THROWS_AS(linear_relu(x, rnd({2, 3}, 93)), Error);
+  CHECK_THROWS_AS(linear_relu(x, w, rnd({3}, 94)), Error);
+  CHECK_THROWS_AS(linear_relu(x.to(DType::f32), w), Error);
+  CHECK_THROWS_AS(linear_relu(Tensor(), w), Error);
 }
 
 TEST_CASE("transpose rejects bad dims") {
@@ -278,6 +345,16 @@ TEST_CASE("cuda gradcheck linear") {
   QGRAD_REQUIRE_GPU();
   check_grad([](const std::vector<Tensor>& in) { return linear(in[0], in[1], in[2]); },
              {param(rnd({4, 3}, 75).cuda()), param(rnd({5, 3}, 76).cuda()), param(rnd({5}, 77).cuda())});
+}
+
+TEST_CASE("cuda linear_relu matches relu(linear) on the device and the CPU") {
+  QGRAD_REQUIRE_GPU();
+  Tensor x = rnd({37, 20}, 95, DType::f32), w = rnd({30, 20}, 96, DType::f32), b = rnd({30}, 97, DType::f32);
+  Tensor xc = x.cuda(), wc = w.cuda(), bc = b.cuda();
+  CHECK(bit_equal(linear_relu(xc, wc, bc), relu(linear(xc, wc, bc))));
+  check_close(linear_relu(xc, wc, bc).cpu(), linear_relu(x, w, b), 1e-5);
+  check_grad([](const std::vector<Tensor>& in) { return linear_relu(in[0], in[1], in[2]); },
+             {param(rnd({4, 3}, 98).cuda()), param(rnd({5, 3}, 99).cuda()), param(rnd({5}, 100).cuda())});
 }
 
 TEST_CASE("cuda gradcheck transpose") {

@@ -24,6 +24,22 @@ std::vector<double> ref_log_softmax(const std::vector<double>& x, std::size_t ro
   return y;
 }
 
+// The loss value and the gradient (on the host) of loss_fn(scores, labels).
+template <class LossFn>
+std::pair<double, Tensor> loss_and_grad(LossFn loss_fn, const Tensor& scores, const Tensor& labels) {
+  Tensor p = param(scores.detach());
+  Tensor loss = loss_fn(p, labels);
+  loss.backward();
+  return {loss.item(), p.grad().cpu()};
+}
+Tensor log_softmax_grad(const Tensor& x, const Tensor& g) {
+  Tensor p = param(x.detach());
+  log_softmax(p).backward(g);
+  return p.grad().cpu();
+}
+auto ce = [](const Tensor& l, const Tensor& y) { return cross_entropy(l, y); };
+auto nll = [](const Tensor& l, const Tensor& y) { return nll_loss(l, y); };
+
 double ref_cross_entropy(const Tensor& logits, const Tensor& labels) {
   const auto b = static_cast<std::size_t>(logits.size(0)), c = static_cast<std::size_t>(logits.size(1));
   auto ls = ref_log_softmax(values(logits), b, c);
@@ -169,6 +185,50 @@ TEST_CASE("cross_entropy rejects bad inputs") {
   CHECK_THROWS_AS(cross_entropy(Tensor::empty({3, 0}, opts()), labels), Error);
 }
 
+// ---------------------------------------------------------------- nll_loss
+
+TEST_CASE("nll_loss of log_softmax equals cross_entropy") {
+  Tensor logits = rnd({7, 5}, 60);
+  Tensor labels = labels_for(7, 5, 61);
+  CHECK(nll_loss(log_softmax(logits), labels).item() ==
+        doctest::Approx(cross_entropy(logits, labels).item()).epsilon(1e-12));
+}
+
+TEST_CASE("nll_loss matches -mean of the picked entries (s32 labels)") {
+  Tensor logp = rnd({4, 3}, 62, DType::f32);
+  Tensor labels = Tensor::from_vector<std::int32_t>({2, 0, 0, 1}, {4});
+  auto v = values(logp);
+  CHECK(nll_loss(logp, labels).item() == doctest::Approx(-(v[2] + v[3] + v[6] + v[10]) / 4).epsilon(1e-6));
+}
+
+TEST_CASE("nll_loss backward puts -g/B at the labels") {
+  Tensor logp = param(rnd({2, 3}, 63));
+  Tensor labels = Tensor::from_vector<std::int64_t>({1, 2}, {2});
+  mul(nll_loss(logp, labels), 4.0).backward();
+  CHECK(values(logp.grad()) == std::vector<double>{0, -2, 0, 0, 0, -2});
+}
+
+TEST_CASE("gradcheck nll_loss") {
+  Tensor labels = labels_for(4, 5, 64);
+  check_grad([labels](const std::vector<Tensor>& in) { return nll_loss(in[0], labels); }, {param(rnd({4, 5}, 65))});
+}
+
+TEST_CASE("gradcheck nll_loss of log_softmax") {
+  Tensor labels = labels_for(3, 4, 66, DType::s32);
+  check_grad([labels](const std::vector<Tensor>& in) { return nll_loss(log_softmax(in[0]), labels); },
+             {param(rnd({3, 4}, 67))});
+}
+
+TEST_CASE("nll_loss rejects bad inputs") {
+  Tensor logp = rnd({3, 4}, 68);
+  Tensor labels = labels_for(3, 4, 69);
+  CHECK_THROWS_AS(nll_loss(logp, labels.to(DType::f64)), Error);
+  CHECK_THROWS_AS(nll_loss(logp, Tensor::from_vector<std::int64_t>({0, 1, 4}, {3})), Error);
+  CHECK_THROWS_AS(nll_loss(rnd({3}, 70), labels), Error);
+  CHECK_THROWS_AS(nll_loss(logp, labels_for(4, 4, 71)), Error);
+  CHECK_THROWS_AS(nll_loss(logp.to(DType::s64), labels), Error);
+}
+
 // ---------------------------------------------------------------- training
 
 TEST_CASE("a tiny MLP trained with SGD lowers its loss") {
@@ -214,12 +274,7 @@ TEST_CASE("cuda log_softmax and its backward match the CPU") {
   CHECK(max_abs_diff(log_softmax(xc), log_softmax(x)) < 1e-5);
   CHECK(max_abs_diff(log_softmax(xc, 0), log_softmax(x, 0)) < 1e-5);
   Tensor g = rnd({33, 10}, 41, DType::f32);
-  auto grad = [&](const Tensor& in, const Tensor& gg) {
-    Tensor p = param(in.detach());
-    log_softmax(p).backward(gg);
-    return p.grad().cpu();
-  };
-  CHECK(max_abs_diff(grad(xc, g.cuda()), grad(x, g)) < 1e-5);
+  CHECK(max_abs_diff(log_softmax_grad(xc, g.cuda()), log_softmax_grad(x, g)) < 1e-5);
 }
 
 TEST_CASE("cuda cross_entropy loss and gradient match the CPU") {
@@ -227,17 +282,46 @@ TEST_CASE("cuda cross_entropy loss and gradient match the CPU") {
   Tensor logits = rnd({100, 7}, 42, DType::f32, 2.0);
   for (DType ld : {DType::s64, DType::s32}) {
     Tensor labels = labels_for(100, 7, 43, ld);
-    auto run = [&](const Tensor& l, const Tensor& lab) {
-      Tensor p = param(l.detach());
-      Tensor loss = cross_entropy(p, lab);
-      loss.backward();
-      return std::pair<double, Tensor>{loss.item(), p.grad().cpu()};
-    };
-    auto [lc, gc] = run(logits.cuda(), labels.cuda());
-    auto [lh, gh] = run(logits, labels);
+    auto [lc, gc] = loss_and_grad(ce, logits.cuda(), labels.cuda());
+    auto [lh, gh] = loss_and_grad(ce, logits, labels);
     CHECK(lc == doctest::Approx(lh).epsilon(1e-5));
     CHECK(max_abs_diff(gc, gh) < 1e-6);
   }
+}
+
+TEST_CASE("cuda log_softmax over wide rows (one warp per row) matches the CPU") {
+  QGRAD_REQUIRE_GPU();
+  for (std::int64_t n : {33, 1000}) {
+    Tensor x = rnd({20, n}, 52, DType::f32, 3.0);
+    Tensor xc = x.cuda();
+    prepoison({20, n}, DType::f32);
+    CHECK(max_abs_diff(log_softmax(xc), log_softmax(x)) < 1e-5);
+    Tensor g = rnd({20, n}, 53, DType::f32);
+    CHECK(max_abs_diff(log_softmax_grad(xc, g.cuda()), log_softmax_grad(x, g)) < 1e-4);
+  }
+}
+
+TEST_CASE("cuda cross_entropy over wide rows (one warp per row) matches the CPU") {
+  QGRAD_REQUIRE_GPU();
+  Tensor logits = rnd({64, 1000}, 54, DType::f32, 2.0);
+  Tensor labels = labels_for(64, 1000, 55);
+  auto [lc, gc] = loss_and_grad(ce, logits.cuda(), labels.cuda());
+  auto [lh, gh] = loss_and_grad(ce, logits, labels);
+  CHECK(lc == doctest::Approx(lh).epsilon(1e-5));
+  CHECK(max_abs_diff(gc, gh) < 1e-7);
+  CHECK(cross_entropy(logits.to(DType::bf16).cuda(), labels.cuda()).item() ==
+        doctest::Approx(cross_entropy(logits.to(DType::bf16), labels).item()).epsilon(1e-2));
+  Tensor bad = labels.clone();
+  bad.copy_(Tensor::from_vector(std::vector<std::int64_t>(64, 1000), {64}));
+  CHECK(std::isnan(cross_entropy(logits.cuda(), bad.cuda()).item()));
+}
+
+TEST_CASE("cuda gradcheck log_softmax and cross_entropy over wide rows") {
+  QGRAD_REQUIRE_GPU();
+  check_grad([](const std::vector<Tensor>& in) { return log_softmax(in[0]); }, {param(rnd({2, 40}, 56).cuda())});
+  Tensor labels = labels_for(3, 40, 57).cuda();
+  check_grad([labels](const std::vector<Tensor>& in) { return cross_entropy(in[0], labels); },
+             {param(rnd({3, 40}, 58).cuda())});
 }
 
 TEST_CASE("cuda cross_entropy with an out-of-range label gives NaN, not a crash") {
@@ -261,6 +345,20 @@ TEST_CASE("cuda cross_entropy in f16 and bf16 stays near the CPU") {
     CHECK(cross_entropy(logits.to(d).cuda(), labels.cuda()).item() ==
           doctest::Approx(cross_entropy(logits.to(d), labels).item()).epsilon(1e-2));
   }
+}
+
+TEST_CASE("cuda nll_loss and its gradient match the CPU") {
+  QGRAD_REQUIRE_GPU();
+  Tensor logp = rnd({50, 6}, 72, DType::f32);
+  Tensor labels = labels_for(50, 6, 73);
+  auto [lc, gc] = loss_and_grad(nll, logp.cuda(), labels.cuda());
+  auto [lh, gh] = loss_and_grad(nll, logp, labels);
+  CHECK(lc == doctest::Approx(lh).epsilon(1e-6));
+  CHECK(bit_equal(gc, gh));
+  Tensor bad = Tensor::from_vector<std::int64_t>({0, -3}, {2}).cuda();
+  CHECK(std::isnan(nll_loss(rnd({2, 6}, 74).cuda(), bad).item()));
+  check_grad([lab = labels_for(4, 5, 75).cuda()](const std::vector<Tensor>& in) { return nll_loss(in[0], lab); },
+             {param(rnd({4, 5}, 76).cuda())});
 }
 
 TEST_CASE("cuda gradcheck log_softmax") {

@@ -61,4 +61,32 @@ void cross_entropy_backward(const Tensor& probs, const Tensor& labels, const Ten
   });
 }
 
+void nll_forward(const Tensor& logp, const Tensor& labels, const Tensor& row_loss) {
+  dispatch_floating_label(logp.dtype(), labels.dtype(), "nll_loss", [&](auto tag, auto ltag) {
+    using T = typename decltype(tag)::type;
+    using M = op_math_t<T>;
+    using L = typename decltype(ltag)::type;
+    const std::int64_t B = logp.size(0), C = logp.size(1);
+    const T* x = static_cast<const T*>(logp.data_ptr());
+    const L* lab = static_cast<const L*>(labels.data_ptr());
+    M* loss = static_cast<M*>(row_loss.data_ptr());
+    parallel_for(B, [&](std::int64_t b) { loss[b] = formulas::nll_row(x + b * C, static_cast<std::int64_t>(lab[b]), C); });
+  });
+}
+
+void nll_backward(const Tensor& labels, const Tensor& g, const Tensor& dlogp) {
+  dispatch_floating_label(dlogp.dtype(), labels.dtype(), "nll_loss_backward", [&](auto tag, auto ltag) {
+    using T = typename decltype(tag)::type;
+    using M = op_math_t<T>;
+    using L = typename decltype(ltag)::type;
+    const std::int64_t B = dlogp.size(0), C = dlogp.size(1);
+    const L* lab = static_cast<const L*>(labels.data_ptr());
+    const M gb = M(static_cast<const T*>(g.data_ptr())[0]) / M(B);
+    T* d = static_cast<T*>(dlogp.data_ptr());
+    parallel_for(B * C, [&](std::int64_t i) {
+      d[i] = formulas::nll_grad_at<T>(static_cast<std::int64_t>(lab[i / C]), i, C, gb);
+    });
+  });
+}
+
 }  // namespace qgrad::kernels::cpu

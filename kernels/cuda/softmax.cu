@@ -1,6 +1,10 @@
-// CUDA log_softmax and fused cross-entropy: one thread per row running the
-// same row formulas as the CPU (kernels/formulas/softmax.h). Rows are short
-// in classification heads; a warp-per-row kernel is the upgrade for wide ones.
+// CUDA log_softmax and fused cross-entropy. Rows of up to 32 elements, and
+// rows strided in memory (axis not last), use one thread per row running the
+// CPU's row formulas (kernels/formulas/softmax.h). Wider contiguous rows use
+// one warp per row: lanes stride over the row, then butterfly shuffles
+// combine them. Both are deterministic: the choice and the order depend only
+// on the shape. (Commutative butterfly steps leave every lane with the same
+// sum; the max is taken from lane 0.)
 #include "kernels/cuda/launch.cuh"
 #include "kernels/formulas/softmax.h"
 #include "kernels/softmax.h"
@@ -9,10 +13,71 @@ namespace qgrad::kernels::cuda {
 
 namespace {
 
+constexpr std::int64_t kWarpRowMin = 33;  // rows at least this long (and contiguous) get a warp
+
+template <class F>
+__global__ void warp_rows_kernel(std::int64_t rows, F f) {
+  const std::int64_t warps = (static_cast<std::int64_t>(gridDim.x) * blockDim.x) >> 5;
+  const int lane = static_cast<int>(threadIdx.x & 31u);
+  for (std::int64_t row = (static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5; row < rows;
+       row += warps)
+    f(row, lane);
+}
+
+// Runs f(row, lane) for every row, one full warp per row.
+template <class F>
+void launch_warp_rows(int device, std::int64_t rows, F f) {
+  if (rows <= 0) return;
+  constexpr unsigned threads = 256;
+  const unsigned blocks =
+      ::qgrad::cuda::blocks_for(rows * 32, threads, ::qgrad::cuda::fill_blocks(device, threads) * 4LL);
+  warp_rows_kernel<<<blocks, threads, 0, ::qgrad::cuda::stream(device)>>>(rows, f);
+  QGRAD_LAUNCH_CHECK();
+}
+
+template <class M>
+__device__ __forceinline__ M warp_sum(M v) {
+  for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
+  return v;
+}
+
+template <class M>
+__device__ __forceinline__ M warp_max(M v) {
+  for (int m = 16; m > 0; m >>= 1) v = formulas::max_nan(v, __shfl_xor_sync(0xffffffffu, v, m));
+  return __shfl_sync(0xffffffffu, v, 0);
+}
+
+// max and sum(exp(x - max)) of a contiguous row of n, across the warp.
+template <class T>
+__device__ __forceinline__ void warp_row_stats(const T* x, std::int64_t n, int lane, op_math_t<T>& mx,
+                                               op_math_t<T>& sum) {
+  using M = op_math_t<T>;
+  M m = -std::numeric_limits<M>::infinity();
+  for (std::int64_t c = lane; c < n; c += 32) m = formulas::max_nan(m, M(x[c]));
+  mx = warp_max(m);
+  M s = M(0);
+  for (std::int64_t c = lane; c < n; c += 32) s += formulas::exp_m(M(x[c]) - mx);
+  sum = warp_sum(s);
+}
+
+bool use_warp_rows(const AxisView& v) { return v.inner == 1 && v.n >= kWarpRowMin; }
+
 template <class T>
 void log_softmax_impl(const Tensor& x, const Tensor& y, const AxisView& v) {
+  using M = op_math_t<T>;
   const T* in = static_cast<const T*>(x.data_ptr());
   T* out = static_cast<T*>(y.data_ptr());
+  if (use_warp_rows(v)) {
+    const std::int64_t n = v.n;
+    launch_warp_rows(y.device().index, v.outer, [=] __device__(std::int64_t row, int lane) {
+      const T* xr = in + row * n;
+      M mx, sum;
+      warp_row_stats(xr, n, lane, mx, sum);
+      const M lse = formulas::log_m(sum);
+      for (std::int64_t c = lane; c < n; c += 32) out[row * n + c] = T((M(xr[c]) - mx) - lse);
+    });
+    return;
+  }
   launch_elementwise(y.device().index, v.outer * v.inner, [=] __device__(std::int64_t row) {
     formulas::log_softmax_row(in + v.base(row), out + v.base(row), v.n, v.inner);
   });
@@ -20,9 +85,22 @@ void log_softmax_impl(const Tensor& x, const Tensor& y, const AxisView& v) {
 
 template <class T>
 void log_softmax_backward_impl(const Tensor& y, const Tensor& dy, const Tensor& dx, const AxisView& v) {
+  using M = op_math_t<T>;
   const T* py = static_cast<const T*>(y.data_ptr());
   const T* pg = static_cast<const T*>(dy.data_ptr());
   T* out = static_cast<T*>(dx.data_ptr());
+  if (use_warp_rows(v)) {
+    const std::int64_t n = v.n;
+    launch_warp_rows(dx.device().index, v.outer, [=] __device__(std::int64_t row, int lane) {
+      const std::int64_t base = row * n;
+      M s = M(0);
+      for (std::int64_t c = lane; c < n; c += 32) s += M(pg[base + c]);
+      const M sum = warp_sum(s);
+      for (std::int64_t c = lane; c < n; c += 32)
+        out[base + c] = T(formulas::log_softmax_grad(M(pg[base + c]), M(py[base + c]), sum));
+    });
+    return;
+  }
   launch_elementwise(dx.device().index, v.outer * v.inner, [=] __device__(std::int64_t row) {
     const std::int64_t b = v.base(row);
     formulas::log_softmax_backward_row(py + b, pg + b, out + b, v.n, v.inner);
@@ -38,6 +116,17 @@ void cross_entropy_forward_impl(const Tensor& logits, const Tensor& labels, cons
   const L* lab = static_cast<const L*>(labels.data_ptr());
   T* p = probs.defined() ? static_cast<T*>(probs.data_ptr()) : nullptr;
   M* loss = static_cast<M*>(row_loss.data_ptr());
+  if (use_warp_rows(AxisView{B, C, 1})) {
+    launch_warp_rows(row_loss.device().index, B, [=] __device__(std::int64_t b, int lane) {
+      const T* xr = x + b * C;
+      M mx, sum;
+      warp_row_stats(xr, C, lane, mx, sum);
+      if (p != nullptr)
+        for (std::int64_t c = lane; c < C; c += 32) p[b * C + c] = T(formulas::exp_m(M(xr[c]) - mx) / sum);
+      if (lane == 0) loss[b] = formulas::cross_entropy_loss(xr, static_cast<std::int64_t>(lab[b]), C, mx, sum);
+    });
+    return;
+  }
   launch_elementwise(row_loss.device().index, B, [=] __device__(std::int64_t b) {
     loss[b] = formulas::cross_entropy_row(x + b * C, static_cast<std::int64_t>(lab[b]), C, p ? p + b * C : nullptr);
   });
@@ -54,6 +143,31 @@ void cross_entropy_backward_impl(const Tensor& probs, const Tensor& labels, cons
   launch_elementwise(dlogits.device().index, B * C, [=] __device__(std::int64_t i) {
     const M gb = M(pg[0]) / M(B);
     d[i] = formulas::cross_entropy_grad_at(p, static_cast<std::int64_t>(lab[i / C]), i, C, gb);
+  });
+}
+
+template <class T, class L>
+void nll_forward_impl(const Tensor& logp, const Tensor& labels, const Tensor& row_loss) {
+  using M = op_math_t<T>;
+  const std::int64_t B = logp.size(0), C = logp.size(1);
+  const T* x = static_cast<const T*>(logp.data_ptr());
+  const L* lab = static_cast<const L*>(labels.data_ptr());
+  M* loss = static_cast<M*>(row_loss.data_ptr());
+  launch_elementwise(row_loss.device().index, B, [=] __device__(std::int64_t b) {
+    loss[b] = formulas::nll_row(x + b * C, static_cast<std::int64_t>(lab[b]), C);
+  });
+}
+
+template <class T, class L>
+void nll_backward_impl(const Tensor& labels, const Tensor& g, const Tensor& dlogp) {
+  using M = op_math_t<T>;
+  const std::int64_t B = dlogp.size(0), C = dlogp.size(1);
+  const L* lab = static_cast<const L*>(labels.data_ptr());
+  const T* pg = static_cast<const T*>(g.data_ptr());
+  T* d = static_cast<T*>(dlogp.data_ptr());
+  launch_elementwise(dlogp.device().index, B * C, [=] __device__(std::int64_t i) {
+    const M gb = M(pg[0]) / M(B);
+    d[i] = formulas::nll_grad_at<T>(static_cast<std::int64_t>(lab[i / C]), i, C, gb);
   });
 }
 
@@ -79,6 +193,18 @@ void cross_entropy_backward(const Tensor& probs, const Tensor& labels, const Ten
   dispatch_floating_label(probs.dtype(), labels.dtype(), "cross_entropy_backward", [&](auto tag, auto ltag) {
     cross_entropy_backward_impl<typename decltype(tag)::type, typename decltype(ltag)::type>(probs, labels, g,
                                                                                              dlogits);
+  });
+}
+
+void nll_forward(const Tensor& logp, const Tensor& labels, const Tensor& row_loss) {
+  dispatch_floating_label(logp.dtype(), labels.dtype(), "nll_loss", [&](auto tag, auto ltag) {
+    nll_forward_impl<typename decltype(tag)::type, typename decltype(ltag)::type>(logp, labels, row_loss);
+  });
+}
+
+void nll_backward(const Tensor& labels, const Tensor& g, const Tensor& dlogp) {
+  dispatch_floating_label(dlogp.dtype(), labels.dtype(), "nll_loss_backward", [&](auto tag, auto ltag) {
+    nll_backward_impl<typename decltype(tag)::type, typename decltype(ltag)::type>(labels, g, dlogp);
   });
 }
 

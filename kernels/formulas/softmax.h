@@ -76,6 +76,15 @@ QGRAD_HD void log_softmax_backward_row(const T* y, const T* dy, T* dx, std::int6
   for (std::int64_t r = 0; r < n; ++r) dx[r * stride] = T(log_softmax_grad(M(dy[r * stride]), M(y[r * stride]), sum));
 }
 
+// A row's loss given its max and sum(exp(x - max)): log(sum) - (x[label] - max),
+// NaN when label is outside [0, C) (x[label] is then never read).
+template <class T>
+QGRAD_HD op_math_t<T> cross_entropy_loss(const T* x, std::int64_t label, std::int64_t C, op_math_t<T> mx,
+                                         op_math_t<T> sum) {
+  using M = op_math_t<T>;
+  return (label >= 0 && label < C) ? log_m(sum) - (M(x[label]) - mx) : quiet_nan<M>();
+}
+
 // One row of logits (C contiguous values): returns logsumexp - x[label]
 // (NaN when label is outside [0, C)); writes softmax into p when non-null.
 template <class T>
@@ -87,7 +96,7 @@ QGRAD_HD op_math_t<T> cross_entropy_row(const T* x, std::int64_t label, std::int
   for (std::int64_t c = 0; c < C; ++c) sum += exp_m(M(x[c]) - mx);
   if (p != nullptr)
     for (std::int64_t c = 0; c < C; ++c) p[c] = T(exp_m(M(x[c]) - mx) / sum);
-  return (label >= 0 && label < C) ? log_m(sum) - (M(x[label]) - mx) : quiet_nan<M>();
+  return cross_entropy_loss(x, label, C, mx, sum);
 }
 
 // dlogits at flat index i of [B, C]: NaN for a row whose label is invalid.
@@ -97,6 +106,20 @@ QGRAD_HD T cross_entropy_grad_at(const T* p, std::int64_t label, std::int64_t i,
   using M = op_math_t<T>;
   if (label < 0 || label >= C) return T(quiet_nan<M>());
   return T(cross_entropy_grad(M(p[i]), label == i % C, g_over_b));
+}
+
+// nll_loss: the row loss -logp[label] (NaN for an invalid label) and the
+// gradient at flat index i of [B, C]: -g/B at the label, 0 elsewhere.
+template <class T>
+QGRAD_HD op_math_t<T> nll_row(const T* logp, std::int64_t label, std::int64_t C) {
+  using M = op_math_t<T>;
+  return (label >= 0 && label < C) ? -M(logp[label]) : quiet_nan<M>();
+}
+template <class T>
+QGRAD_HD T nll_grad_at(std::int64_t label, std::int64_t i, std::int64_t C, op_math_t<T> g_over_b) {
+  using M = op_math_t<T>;
+  if (label < 0 || label >= C) return T(quiet_nan<M>());
+  return T(label == i % C ? -g_over_b : M(0));
 }
 
 }  // namespace qgrad::formulas

@@ -117,10 +117,9 @@ TEST_CASE("CUDA fake_quantize_per_channel is bit-identical to the CPU on every a
     }
 }
 
-TEST_CASE("CUDA fake quantize on a misaligned view uses the scalar path and agrees") {
+TEST_CASE("CUDA fake quantize with an inner size not a multiple of 4 finds the channel per element") {
   QGRAD_REQUIRE_GPU();
-  // A reshape of a slice is not available; an odd-sized tensor's tail and a
-  // non-multiple-of-4 inner dimension cover the scalar path.
+  // inner = 5: a lane's four elements can span two channels; 105 elements: a partial last block.
   Tensor x = mixed_input(3 * 7 * 5, DType::f32, 0.25, 1, -8, 7, 4).reshape({3, 7, 5});
   Tensor s = full({7}, 0.25), z = full({7}, 1, TensorOptions{}.with_dtype(DType::s32));
   same_on_both([&](const std::vector<Tensor>& in) { return fake_quantize_per_channel(in[0], in[1], in[2], 1, -8, 7); },
@@ -195,7 +194,7 @@ TEST_CASE("CUDA lerp forward and backward are bit-identical to the CPU (scalar, 
                random_input({3, 4, 5}, DType::f32, 3));
 }
 
-TEST_CASE("CUDA gradcheck (f64): lerp and dequantize chains") {
+TEST_CASE("CUDA gradcheck (f64): lerp") {
   QGRAD_REQUIRE_GPU();
   Generator g(20);
   Tensor a = random_input({3, 4}, DType::f64, 1).cuda(), b = random_input({3, 4}, DType::f64, 2).cuda();
@@ -205,4 +204,19 @@ TEST_CASE("CUDA gradcheck (f64): lerp and dequantize chains") {
   w.set_requires_grad(true);
   auto r = gradcheck([](const std::vector<Tensor>& in) { return lerp(in[0], in[1], in[2]); }, {a, b, w});
   CHECK_MESSAGE(r.ok, r.message);
+}
+
+TEST_CASE("CUDA: qparams and operands on another device are rejected before any work") {
+  QGRAD_REQUIRE_GPU();
+  Tensor x = random_input({4, 3}, DType::f32, 1).cuda();
+  const Tensor s_cpu = full({1}, 0.1), z_cpu = full({1}, 0, TensorOptions{}.with_dtype(DType::s32));
+  CHECK_THROWS_AS(fake_quantize_per_tensor(x, s_cpu, z_cpu.cuda(), -8, 7), Error);
+  CHECK_THROWS_AS(fake_quantize_per_tensor(x, s_cpu.cuda(), z_cpu, -8, 7), Error);
+  CHECK_THROWS_AS(fake_quantize_per_channel(x, full({3}, 0.1), full({3}, 0, TensorOptions{}.with_dtype(DType::s32)).cuda(),
+                                            1, -8, 7),
+                  Error);
+  CHECK_THROWS_AS(quantize_per_tensor(x, s_cpu, z_cpu, DType::s8), Error);
+  CHECK_THROWS_AS(fake_quantize_learnable_per_tensor(x, full({1}, 0.1), full({1}, 0.0).cuda(), -8, 7), Error);
+  CHECK_THROWS_AS(lerp(x, x.cpu(), 0.5), Error);
+  CHECK_THROWS_AS(lerp(x, x, x.cpu()), Error);
 }

@@ -479,3 +479,49 @@ TEST_CASE("f64 values: per tensor takes PyTorch's f32 product, per channel its f
   Tensor qc = quantize_per_channel(x, full({1}, 0.1), full({1}, 0, s32()), 0, DType::s8);
   CHECK(dequantize_per_channel(qc, full({1}, 0.1), full({1}, 0, s32()), 0, DType::f64).item() == pc);
 }
+
+TEST_CASE("dequantize gradcheck (f64) in the scale, every scope") {
+  Generator g(80);
+  Tensor q = randint(-128, 128, {3, 4, 8}, g, TensorOptions{}.with_dtype(DType::s8));
+  auto check_scope = [&](const Shape& sshape, const Tensor& zp, auto&& fn) {
+    Tensor s = leaf_of(rand(sshape, g, TensorOptions{}.with_dtype(DType::f64), 0.01, 0.2));
+    auto r = gradcheck([&](const std::vector<Tensor>& in) { return fn(in[0]); }, {s});
+    CHECK_MESSAGE(r.ok, r.message);
+    (void)zp;
+  };
+  const TensorOptions i32 = s32();
+  Tensor z1 = full({1}, 3, i32), zc = randint(-5, 5, {4}, g, i32), zg = randint(-5, 5, {3, 4, 2}, g, i32);
+  check_scope({1}, z1, [&](const Tensor& s) { return dequantize_per_tensor(q, s, z1, DType::f64); });
+  check_scope({4}, zc, [&](const Tensor& s) { return dequantize_per_channel(q, s, zc, 1, DType::f64); });
+  check_scope({4}, zc, [&](const Tensor& s) { return dequantize_per_channel(q, s, zc, -2, DType::f64); });
+  Tensor q2 = q.reshape({12, 8});
+  Tensor zt = randint(-5, 5, {12}, g, i32);
+  check_scope({12}, zt, [&](const Tensor& s) { return dequantize_per_token(q2, s, zt, DType::f64); });
+  check_scope({3, 4, 2}, zg, [&](const Tensor& s) { return dequantize_per_group(q, s, zg, 4, DType::f64); });
+}
+
+TEST_CASE("dequantize with a scale that requires grad: same values, dscale = sum dy (q - zp), dq = dy * scale") {
+  Generator g(81);
+  Tensor x = leaf_of(random_input({6, 5}, DType::f32, 82));
+  Tensor s = rand({5}, g, TensorOptions{}, 0.05, 0.2), z = randint(-3, 3, {5}, g, s32());
+  Tensor q = quantize_per_channel(x, s, z, 1, DType::s8);
+  Tensor ys = leaf_of(s);
+  Tensor y = dequantize_per_channel(q, ys, z, 1, DType::f32);
+  CHECK(bit_equal(y, dequantize_per_channel(q, s, z, 1, DType::f32)));
+  Tensor dy = random_input({6, 5}, DType::f32, 83);
+  y.backward(dy);
+  const auto qv = q.to_vector<std::int8_t>();
+  const auto zv = z.to_vector<std::int32_t>();
+  const auto gv = dy.to_vector<float>(), sv = s.to_vector<float>();
+  std::vector<double> want(5, 0.0);
+  for (std::size_t i = 0; i < qv.size(); ++i) want[i % 5] += static_cast<double>(gv[i]) * (qv[i] - zv[i % 5]);
+  const auto ds = values(ys.grad());
+  for (std::size_t c = 0; c < 5; ++c) CHECK(ds[c] == doctest::Approx(want[c]).epsilon(1e-5));
+  // x's gradient is the STE rule of quantize after dq = dy * scale
+  const auto xv = x.to_vector<float>(), dx = x.grad().to_vector<float>();
+  for (std::size_t i = 0; i < xv.size(); ++i) {
+    bool in;
+    ref_quantize(xv[i], sv[i % 5], zv[i % 5], -128, 127, in);
+    REQUIRE(same_bits(dx[i], (gv[i] * sv[i % 5]) / sv[i % 5] * (in ? 1.0f : 0.0f)));
+  }
+}

@@ -220,3 +220,16 @@ TEST_CASE("CUDA: qparams and operands on another device are rejected before any 
   CHECK_THROWS_AS(lerp(x, x.cpu(), 0.5), Error);
   CHECK_THROWS_AS(lerp(x, x, x.cpu()), Error);
 }
+
+TEST_CASE("CUDA gradcheck (f64): dequantize in the scale") {
+  QGRAD_REQUIRE_GPU();
+  Generator g(21);
+  const TensorOptions i32 = TensorOptions{}.with_dtype(DType::s32).with_device(Device::cuda());
+  Tensor q = randint(-128, 128, {3, 4, 8}, g, TensorOptions{}.with_dtype(DType::s8)).cuda();
+  Tensor zc = full({4}, 2, i32);
+  Tensor s = rand({4}, g, TensorOptions{}.with_dtype(DType::f64), 0.01, 0.2).cuda();
+  s.set_requires_grad(true);
+  auto r = gradcheck([&](const std::vector<Tensor>& in) { return dequantize_per_channel(q, in[0], zc, 1, DType::f64); },
+                     {s});
+  CHECK_MESSAGE(r.ok, r.message);
+}

@@ -25,7 +25,7 @@ Cases and where PyTorch supports the dtype:
   with its forward; qgrad rounds both the forward way (documented). The
   scale / zero-point gradients are sums whose order PyTorch does not fix:
   "sum_exact" cases have one element per channel (compared bit for bit),
-  the others are compared to a relative 1e-5.
+  the others are compared to a relative 1e-4.
 - quantize / dequantize: torch.quantize_per_tensor / quantize_per_channel
   (f32 input only: PyTorch quantizes float32 tensors only) and
   torch.dequantize (f32 output). Per token = per channel on axis 0 of

@@ -2,6 +2,8 @@
 // reference of PyTorch's CPU formulas, straight-through backward against
 // the mask formula, saved bytes, scopes, and every argument check.
 #include "kernels/formulas/quantize.h"
+#include "kernels/quant_mask.h"
+#include "kernels/quantize.h"
 #include "test_quant_ref.h"
 
 using namespace qgrad;
@@ -523,5 +525,31 @@ TEST_CASE("dequantize with a scale that requires grad: same values, dscale = sum
     bool in;
     ref_quantize(xv[i], sv[i % 5], zv[i % 5], -128, 127, in);
     REQUIRE(same_bits(dx[i], (gv[i] * sv[i % 5]) / sv[i % 5] * (in ? 1.0f : 0.0f)));
+  }
+}
+
+TEST_CASE("the saved mask has the documented layout: element 128b + 4l + k is bit l of word 4b + k") {
+  const std::int64_t n = 300;
+  Tensor x = random_input({n}, DType::f32, 91, 8.0);
+  Tensor y = Tensor::empty({n});
+  Tensor mask = Tensor::empty({kernels::qmask::words(n)}, s32());
+  CHECK(mask.numel() == 12);
+  kernels::AffineArgs a;
+  a.op = kernels::AffineOp::fake_quant;
+  a.in = x;
+  a.out = y;
+  a.mask_out = static_cast<std::uint32_t*>(mask.data_ptr());
+  a.params.scale_value = 0.05f;
+  a.qmin = -100;
+  a.qmax = 100;
+  kernels::affine(a);
+  const auto xs = x.to_vector<float>();
+  const auto words = mask.to_vector<std::int32_t>();
+  for (std::int64_t i = 0; i < 384; ++i) {
+    const std::int64_t b = i / 128, l = (i % 128) / 4, k = i % 4;
+    const bool bit = (static_cast<std::uint32_t>(words[static_cast<std::size_t>(4 * b + k)]) >> l) & 1u;
+    bool in = false;
+    if (i < n) ref_fake_quant(xs[static_cast<std::size_t>(i)], 0.05f, 0, -100, 100, in);
+    REQUIRE_MESSAGE(bit == in, "element ", i);  // bits past the end are 0
   }
 }

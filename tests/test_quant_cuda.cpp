@@ -2,6 +2,8 @@
 // inputs, exact halves, +-inf, NaN and the range edges; forward and backward;
 // sizes that exercise the vectorised path, the scalar tail and misaligned
 // views; device-resident qparams. All tests skip without a GPU.
+#include "kernels/quant_mask.h"
+#include "kernels/quantize.h"
 #include "test_quant_ref.h"
 
 using namespace qgrad;
@@ -232,4 +234,30 @@ TEST_CASE("CUDA gradcheck (f64): dequantize in the scale") {
   auto r = gradcheck([&](const std::vector<Tensor>& in) { return dequantize_per_channel(q, in[0], zc, 1, DType::f64); },
                      {s});
   CHECK_MESSAGE(r.ok, r.message);
+}
+
+TEST_CASE("CUDA writes the same mask words as the CPU (one __ballot_sync per word)") {
+  QGRAD_REQUIRE_GPU();
+  for (std::int64_t n : kSizes) {
+    for (DType dt : kFloatTypes) {
+      Tensor x = mixed_input(n, dt, 0.125, 0, -16, 15, static_cast<std::uint64_t>(n) + 5);
+      Tensor masks[2];
+      for (int d = 0; d < 2; ++d) {
+        const Device dev = d == 0 ? Device::cpu() : Device::cuda();
+        Tensor xi = x.to(dev);
+        Tensor y = Tensor::empty({n}, TensorOptions{}.with_dtype(dt).with_device(dev));
+        masks[d] = Tensor::empty({kernels::qmask::words(n)}, TensorOptions{}.with_dtype(DType::s32).with_device(dev));
+        kernels::AffineArgs a;
+        a.op = kernels::AffineOp::fake_quant;
+        a.in = xi;
+        a.out = y;
+        a.mask_out = static_cast<std::uint32_t*>(masks[d].data_ptr());
+        a.params.scale_value = 0.125f;
+        a.qmin = -16;
+        a.qmax = 15;
+        kernels::affine(a);
+      }
+      REQUIRE(bit_equal(masks[0], masks[1]));
+    }
+  }
 }

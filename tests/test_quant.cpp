@@ -553,3 +553,18 @@ TEST_CASE("the saved mask has the documented layout: element 128b + 4l + k is bi
     REQUIRE_MESSAGE(bit == in, "element ", i);  // bits past the end are 0
   }
 }
+
+TEST_CASE("per-channel quantize then dequantize gives exactly the values and gradients of fake quantize") {
+  for (DType dt : kFloatTypes) {
+    const Tensor scale = Tensor::from_vector<float>({0.5f, 1.0f, 2.0f, 4.0f}, {4});  // powers of two
+    const Tensor zp = Tensor::from_vector<std::int32_t>({-3, 0, 5, 100}, {4});
+    Tensor x1 = leaf_of(random_input({3, 4, 33}, dt, 95, 150.0)), x2 = leaf_of(x1);
+    Tensor dy = random_input({3, 4, 33}, dt, 96);
+    Tensor y1 = dequantize_per_channel(quantize_per_channel(x1, scale, zp, 1, DType::s8), scale, zp, 1, dt);
+    Tensor y2 = fake_quantize_per_channel(x2, scale, zp, 1, -128, 127);
+    CHECK(bit_equal(y1, y2));
+    y1.backward(dy);
+    y2.backward(dy);
+    CHECK(bit_equal(x1.grad(), x2.grad()));
+  }
+}

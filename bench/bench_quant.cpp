@@ -30,7 +30,7 @@ void report(const Ctx& ctx, const std::string& name, const Timing& t, double byt
   char buf[512];
   std::snprintf(buf, sizeof buf,
                 "{\"bench\":\"quant\",\"impl\":\"qgrad\",\"case\":\"%s\",\"n\":%lld,\"ms\":%.4f,\"min_ms\":%.4f,"
-                "\"gbs\":%.1f,\"copy_gbs\":%.1f,\"fraction_of_copy\":%.3f,\"device\":\"%s\"}",
+                "\"gbs\":%.1f,\"copy_gbs\":%.1f,\"frac_copy\":%.3f,\"device\":\"%s\"}",
                 name.c_str(), static_cast<long long>(kN), t.median_ms, t.min_ms, gbs, ctx.copy_gbs,
                 gbs / ctx.copy_gbs, ctx.device.c_str());
   emit(buf);

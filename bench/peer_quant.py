@@ -42,7 +42,7 @@ def main():
         ms, mn = timing
         gbs = nbytes / (ms * 1e-3) / 1e9
         rec = {"bench": "quant", "impl": "torch", "case": case, "n": N, "ms": round(ms, 4), "min_ms": round(mn, 4),
-               "gbs": round(gbs, 1), "copy_gbs": round(copy_gbs, 1), "fraction_of_copy": round(gbs / copy_gbs, 3),
+               "gbs": round(gbs, 1), "copy_gbs": round(copy_gbs, 1), "frac_copy": round(gbs / copy_gbs, 3),
                "device": name, "torch": torch.__version__}
         if note:
             rec["note"] = note

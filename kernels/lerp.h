@@ -69,6 +69,25 @@ LerpElems<T> make_lerp_elems(const LerpArgs& args) {
   return e;
 }
 
+// The backward's output pointers (null where a gradient is not needed).
+template <class T>
+struct LerpGradOut {
+  const T* g = nullptr;
+  T* da = nullptr;
+  T* db = nullptr;
+  T* dw = nullptr;
+  QGRAD_HD void write(const LerpElems<T>& e, std::int64_t i, std::int64_t ia, std::int64_t ib, std::int64_t iw) const {
+    if (da) da[i] = e.grad_a(g[i], iw);
+    if (db) db[i] = e.grad_b(g[i], iw);
+    if (dw) dw[i] = e.grad_w(g[i], ia, ib);
+  }
+};
+
+template <class T>
+LerpGradOut<T> make_lerp_grad_out(const Tensor& dy, const Tensor& da, const Tensor& db, const Tensor& dw) {
+  return {static_cast<const T*>(dy.data_ptr()), data_or_null<T>(da), data_or_null<T>(db), data_or_null<T>(dw)};
+}
+
 // out = lerp(a, b, w) (out has the broadcast shape).
 void lerp_forward(const LerpArgs& args, const Tensor& out);
 // da, db, dw (each of dy's shape, undefined where not needed) from dy.

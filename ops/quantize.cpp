@@ -10,6 +10,7 @@
 #include "kernels/quant_mask.h"
 #include "kernels/quantize.h"
 #include "ops/check.h"
+#include "ops/elementwise.h"
 
 namespace qgrad {
 
@@ -371,6 +372,35 @@ Tensor dequantize_op(const char* op, const Tensor& q, DType out_dtype, ScopeFn&&
   return dequantize_forward(op, q, scope(quant_min_of(q.dtype()), quant_max_of(q.dtype()), op), out_dtype);
 }
 using I64 = std::int64_t;
+
+// The views under which (q - zp) and the scale broadcast against each other.
+struct ScaleViews {
+  Shape q, s;
+};
+
+// Dequantize with a scale tensor. When the scale requires grad or is not f32
+// (any floating dtype), y = (q - zp) * scale runs through mul, so the scale gets
+// dscale = sum of dy * (q - zp) over its broadcast; (q - zp) comes exactly
+// from the kernel, and the product is taken in f32 (f64 when the output or
+// the scale is f64), then converted: the same values as the kernel path
+// except for f64 outputs with an f32 scale (f64 product here).
+template <class ScopeFn, class ViewsFn>
+Tensor dequantize_tensor_op(const char* op, const Tensor& q, const Tensor& scale, DType out_dtype, ScopeFn&& scope,
+                            ViewsFn&& views) {
+  check_dequant_input(q, out_dtype, op);
+  const I64 lo = quant_min_of(q.dtype()), hi = quant_max_of(q.dtype());
+  const bool composite = any_requires_grad({scale}) ||
+                         (scale.defined() && is_floating(scale.dtype()) && scale.dtype() != DType::f32);
+  if (!composite) return dequantize_forward(op, q, scope(scale, lo, hi, op), out_dtype);
+  check::floating(scale, op, "scale");
+  Scope sc = scope(scale.detach().to(DType::f32), lo, hi, op);  // validates shape, device, values
+  sc.params.scale = nullptr;
+  sc.params.scale_value = 1.0f;
+  const DType m = out_dtype == DType::f64 || scale.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  const ScaleViews v = views();
+  Tensor k = dequantize_forward(op, q, sc, m);
+  return mul(k.reshape(v.q), scale.to(m).reshape(v.s)).reshape(q.shape()).to(out_dtype);
+}
 }  // namespace
 
 Tensor quantize_per_tensor(const Tensor& x, double scale, std::int64_t zero_point, DType dtype) {
@@ -390,9 +420,10 @@ Tensor dequantize_per_tensor(const Tensor& q, double scale, std::int64_t zero_po
 }
 
 Tensor dequantize_per_tensor(const Tensor& q, const Tensor& scale, const Tensor& zero_point, DType out_dtype) {
-  return dequantize_op("dequantize_per_tensor", q, out_dtype, [&](I64 lo, I64 hi, const char* op) {
-    return tensor_scope(q, scale, zero_point, nullptr, lo, hi, op);
-  });
+  return dequantize_tensor_op(
+      "dequantize_per_tensor", q, scale, out_dtype,
+      [&](const Tensor& s, I64 lo, I64 hi, const char* op) { return tensor_scope(q, s, zero_point, nullptr, lo, hi, op); },
+      [&] { return ScaleViews{q.shape(), Shape{}}; });
 }
 
 Tensor quantize_per_channel(const Tensor& x, const Tensor& scale, const Tensor& zero_point, std::int64_t axis,
@@ -404,9 +435,15 @@ Tensor quantize_per_channel(const Tensor& x, const Tensor& scale, const Tensor& 
 
 Tensor dequantize_per_channel(const Tensor& q, const Tensor& scale, const Tensor& zero_point, std::int64_t axis,
                               DType out_dtype) {
-  return dequantize_op("dequantize_per_channel", q, out_dtype, [&](I64 lo, I64 hi, const char* op) {
-    return channel_scope(q, scale, zero_point, axis, lo, hi, op);
-  });
+  return dequantize_tensor_op(
+      "dequantize_per_channel", q, scale, out_dtype,
+      [&](const Tensor& s, I64 lo, I64 hi, const char* op) { return channel_scope(q, s, zero_point, axis, lo, hi, op); },
+      [&] {
+        const I64 ax = axis < 0 ? axis + q.dim() : axis;
+        Shape sv(static_cast<std::size_t>(q.dim() - ax), 1);
+        sv[0] = q.shape()[static_cast<std::size_t>(ax)];
+        return ScaleViews{q.shape(), sv};
+      });
 }
 
 Tensor quantize_per_token(const Tensor& x, const Tensor& scale, const Tensor& zero_point, DType dtype) {
@@ -415,8 +452,10 @@ Tensor quantize_per_token(const Tensor& x, const Tensor& scale, const Tensor& ze
 }
 
 Tensor dequantize_per_token(const Tensor& q, const Tensor& scale, const Tensor& zero_point, DType out_dtype) {
-  return dequantize_op("dequantize_per_token", q, out_dtype,
-                       [&](I64 lo, I64 hi, const char* op) { return token_scope(q, scale, zero_point, lo, hi, op); });
+  return dequantize_tensor_op(
+      "dequantize_per_token", q, scale, out_dtype,
+      [&](const Tensor& s, I64 lo, I64 hi, const char* op) { return token_scope(q, s, zero_point, lo, hi, op); },
+      [&] { return ScaleViews{q.shape(), Shape{q.shape()[0], 1}}; });
 }
 
 Tensor quantize_per_group(const Tensor& x, const Tensor& scale, const Tensor& zero_point, std::int64_t group_size,
@@ -428,9 +467,18 @@ Tensor quantize_per_group(const Tensor& x, const Tensor& scale, const Tensor& ze
 
 Tensor dequantize_per_group(const Tensor& q, const Tensor& scale, const Tensor& zero_point, std::int64_t group_size,
                             DType out_dtype) {
-  return dequantize_op("dequantize_per_group", q, out_dtype, [&](I64 lo, I64 hi, const char* op) {
-    return group_scope(q, scale, zero_point, group_size, lo, hi, op);
-  });
+  return dequantize_tensor_op(
+      "dequantize_per_group", q, scale, out_dtype,
+      [&](const Tensor& s, I64 lo, I64 hi, const char* op) {
+        return group_scope(q, s, zero_point, group_size, lo, hi, op);
+      },
+      [&] {
+        Shape qv = q.shape(), sv = scale.shape();
+        qv.back() /= group_size;
+        qv.push_back(group_size);
+        sv.push_back(1);
+        return ScaleViews{qv, sv};
+      });
 }
 
 }  // namespace qgrad

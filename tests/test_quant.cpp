@@ -2,6 +2,8 @@
 // reference of PyTorch's CPU formulas, straight-through backward against
 // the mask formula, saved bytes, scopes, and every argument check.
 #include "kernels/formulas/quantize.h"
+#include "kernels/quant_mask.h"
+#include "kernels/quantize.h"
 #include "test_quant_ref.h"
 
 using namespace qgrad;
@@ -478,4 +480,91 @@ TEST_CASE("f64 values: per tensor takes PyTorch's f32 product, per channel its f
   CHECK(dequantize_per_tensor(q, 0.1, 0, DType::f64).item() == pt);
   Tensor qc = quantize_per_channel(x, full({1}, 0.1), full({1}, 0, s32()), 0, DType::s8);
   CHECK(dequantize_per_channel(qc, full({1}, 0.1), full({1}, 0, s32()), 0, DType::f64).item() == pc);
+}
+
+TEST_CASE("dequantize gradcheck (f64) in the scale, every scope") {
+  Generator g(80);
+  Tensor q = randint(-128, 128, {3, 4, 8}, g, TensorOptions{}.with_dtype(DType::s8));
+  auto check_scope = [&](const Shape& sshape, const Tensor& zp, auto&& fn) {
+    Tensor s = leaf_of(rand(sshape, g, TensorOptions{}.with_dtype(DType::f64), 0.01, 0.2));
+    auto r = gradcheck([&](const std::vector<Tensor>& in) { return fn(in[0]); }, {s});
+    CHECK_MESSAGE(r.ok, r.message);
+    (void)zp;
+  };
+  const TensorOptions i32 = s32();
+  Tensor z1 = full({1}, 3, i32), zc = randint(-5, 5, {4}, g, i32), zg = randint(-5, 5, {3, 4, 2}, g, i32);
+  check_scope({1}, z1, [&](const Tensor& s) { return dequantize_per_tensor(q, s, z1, DType::f64); });
+  check_scope({4}, zc, [&](const Tensor& s) { return dequantize_per_channel(q, s, zc, 1, DType::f64); });
+  check_scope({4}, zc, [&](const Tensor& s) { return dequantize_per_channel(q, s, zc, -2, DType::f64); });
+  Tensor q2 = q.reshape({12, 8});
+  Tensor zt = randint(-5, 5, {12}, g, i32);
+  check_scope({12}, zt, [&](const Tensor& s) { return dequantize_per_token(q2, s, zt, DType::f64); });
+  check_scope({3, 4, 2}, zg, [&](const Tensor& s) { return dequantize_per_group(q, s, zg, 4, DType::f64); });
+}
+
+TEST_CASE("dequantize with a scale that requires grad: same values, dscale = sum dy (q - zp), dq = dy * scale") {
+  Generator g(81);
+  Tensor x = leaf_of(random_input({6, 5}, DType::f32, 82));
+  Tensor s = rand({5}, g, TensorOptions{}, 0.05, 0.2), z = randint(-3, 3, {5}, g, s32());
+  Tensor q = quantize_per_channel(x, s, z, 1, DType::s8);
+  Tensor ys = leaf_of(s);
+  Tensor y = dequantize_per_channel(q, ys, z, 1, DType::f32);
+  CHECK(bit_equal(y, dequantize_per_channel(q, s, z, 1, DType::f32)));
+  Tensor dy = random_input({6, 5}, DType::f32, 83);
+  y.backward(dy);
+  const auto qv = q.to_vector<std::int8_t>();
+  const auto zv = z.to_vector<std::int32_t>();
+  const auto gv = dy.to_vector<float>(), sv = s.to_vector<float>();
+  std::vector<double> want(5, 0.0);
+  for (std::size_t i = 0; i < qv.size(); ++i) want[i % 5] += static_cast<double>(gv[i]) * (qv[i] - zv[i % 5]);
+  const auto ds = values(ys.grad());
+  for (std::size_t c = 0; c < 5; ++c) CHECK(ds[c] == doctest::Approx(want[c]).epsilon(1e-5));
+  // x's gradient is the STE rule of quantize after dq = dy * scale
+  const auto xv = x.to_vector<float>(), dx = x.grad().to_vector<float>();
+  for (std::size_t i = 0; i < xv.size(); ++i) {
+    bool in;
+    ref_quantize(xv[i], sv[i % 5], zv[i % 5], -128, 127, in);
+    REQUIRE(same_bits(dx[i], (gv[i] * sv[i % 5]) / sv[i % 5] * (in ? 1.0f : 0.0f)));
+  }
+}
+
+TEST_CASE("the saved mask has the documented layout: element 128b + 4l + k is bit l of word 4b + k") {
+  const std::int64_t n = 300;
+  Tensor x = random_input({n}, DType::f32, 91, 8.0);
+  Tensor y = Tensor::empty({n});
+  Tensor mask = Tensor::empty({kernels::qmask::words(n)}, s32());
+  CHECK(mask.numel() == 12);
+  kernels::AffineArgs a;
+  a.op = kernels::AffineOp::fake_quant;
+  a.in = x;
+  a.out = y;
+  a.mask_out = static_cast<std::uint32_t*>(mask.data_ptr());
+  a.params.scale_value = 0.05f;
+  a.qmin = -100;
+  a.qmax = 100;
+  kernels::affine(a);
+  const auto xs = x.to_vector<float>();
+  const auto words = mask.to_vector<std::int32_t>();
+  for (std::int64_t i = 0; i < 384; ++i) {
+    const std::int64_t b = i / 128, l = (i % 128) / 4, k = i % 4;
+    const bool bit = (static_cast<std::uint32_t>(words[static_cast<std::size_t>(4 * b + k)]) >> l) & 1u;
+    bool in = false;
+    if (i < n) ref_fake_quant(xs[static_cast<std::size_t>(i)], 0.05f, 0, -100, 100, in);
+    REQUIRE_MESSAGE(bit == in, "element ", i);  // bits past the end are 0
+  }
+}
+
+TEST_CASE("per-channel quantize then dequantize gives exactly the values and gradients of fake quantize") {
+  for (DType dt : kFloatTypes) {
+    const Tensor scale = Tensor::from_vector<float>({0.5f, 1.0f, 2.0f, 4.0f}, {4});  // powers of two
+    const Tensor zp = Tensor::from_vector<std::int32_t>({-3, 0, 5, 100}, {4});
+    Tensor x1 = leaf_of(random_input({3, 4, 33}, dt, 95, 150.0)), x2 = leaf_of(x1);
+    Tensor dy = random_input({3, 4, 33}, dt, 96);
+    Tensor y1 = dequantize_per_channel(quantize_per_channel(x1, scale, zp, 1, DType::s8), scale, zp, 1, dt);
+    Tensor y2 = fake_quantize_per_channel(x2, scale, zp, 1, -128, 127);
+    CHECK(bit_equal(y1, y2));
+    y1.backward(dy);
+    y2.backward(dy);
+    CHECK(bit_equal(x1.grad(), x2.grad()));
+  }
 }

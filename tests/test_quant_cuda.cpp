@@ -2,6 +2,8 @@
 // inputs, exact halves, +-inf, NaN and the range edges; forward and backward;
 // sizes that exercise the vectorised path, the scalar tail and misaligned
 // views; device-resident qparams. All tests skip without a GPU.
+#include "kernels/quant_mask.h"
+#include "kernels/quantize.h"
 #include "test_quant_ref.h"
 
 using namespace qgrad;
@@ -117,10 +119,9 @@ TEST_CASE("CUDA fake_quantize_per_channel is bit-identical to the CPU on every a
     }
 }
 
-TEST_CASE("CUDA fake quantize on a misaligned view uses the scalar path and agrees") {
+TEST_CASE("CUDA fake quantize with an inner size not a multiple of 4 finds the channel per element") {
   QGRAD_REQUIRE_GPU();
-  // A reshape of a slice is not available; an odd-sized tensor's tail and a
-  // non-multiple-of-4 inner dimension cover the scalar path.
+  // inner = 5: a lane's four elements can span two channels; 105 elements: a partial last block.
   Tensor x = mixed_input(3 * 7 * 5, DType::f32, 0.25, 1, -8, 7, 4).reshape({3, 7, 5});
   Tensor s = full({7}, 0.25), z = full({7}, 1, TensorOptions{}.with_dtype(DType::s32));
   same_on_both([&](const std::vector<Tensor>& in) { return fake_quantize_per_channel(in[0], in[1], in[2], 1, -8, 7); },
@@ -195,7 +196,7 @@ TEST_CASE("CUDA lerp forward and backward are bit-identical to the CPU (scalar, 
                random_input({3, 4, 5}, DType::f32, 3));
 }
 
-TEST_CASE("CUDA gradcheck (f64): lerp and dequantize chains") {
+TEST_CASE("CUDA gradcheck (f64): lerp") {
   QGRAD_REQUIRE_GPU();
   Generator g(20);
   Tensor a = random_input({3, 4}, DType::f64, 1).cuda(), b = random_input({3, 4}, DType::f64, 2).cuda();
@@ -205,4 +206,58 @@ TEST_CASE("CUDA gradcheck (f64): lerp and dequantize chains") {
   w.set_requires_grad(true);
   auto r = gradcheck([](const std::vector<Tensor>& in) { return lerp(in[0], in[1], in[2]); }, {a, b, w});
   CHECK_MESSAGE(r.ok, r.message);
+}
+
+TEST_CASE("CUDA: qparams and operands on another device are rejected before any work") {
+  QGRAD_REQUIRE_GPU();
+  Tensor x = random_input({4, 3}, DType::f32, 1).cuda();
+  const Tensor s_cpu = full({1}, 0.1), z_cpu = full({1}, 0, TensorOptions{}.with_dtype(DType::s32));
+  CHECK_THROWS_AS(fake_quantize_per_tensor(x, s_cpu, z_cpu.cuda(), -8, 7), Error);
+  CHECK_THROWS_AS(fake_quantize_per_tensor(x, s_cpu.cuda(), z_cpu, -8, 7), Error);
+  CHECK_THROWS_AS(fake_quantize_per_channel(x, full({3}, 0.1), full({3}, 0, TensorOptions{}.with_dtype(DType::s32)).cuda(),
+                                            1, -8, 7),
+                  Error);
+  CHECK_THROWS_AS(quantize_per_tensor(x, s_cpu, z_cpu, DType::s8), Error);
+  CHECK_THROWS_AS(fake_quantize_learnable_per_tensor(x, full({1}, 0.1), full({1}, 0.0).cuda(), -8, 7), Error);
+  CHECK_THROWS_AS(lerp(x, x.cpu(), 0.5), Error);
+  CHECK_THROWS_AS(lerp(x, x, x.cpu()), Error);
+}
+
+TEST_CASE("CUDA gradcheck (f64): dequantize in the scale") {
+  QGRAD_REQUIRE_GPU();
+  Generator g(21);
+  const TensorOptions i32 = TensorOptions{}.with_dtype(DType::s32).with_device(Device::cuda());
+  Tensor q = randint(-128, 128, {3, 4, 8}, g, TensorOptions{}.with_dtype(DType::s8)).cuda();
+  Tensor zc = full({4}, 2, i32);
+  Tensor s = rand({4}, g, TensorOptions{}.with_dtype(DType::f64), 0.01, 0.2).cuda();
+  s.set_requires_grad(true);
+  auto r = gradcheck([&](const std::vector<Tensor>& in) { return dequantize_per_channel(q, in[0], zc, 1, DType::f64); },
+                     {s});
+  CHECK_MESSAGE(r.ok, r.message);
+}
+
+TEST_CASE("CUDA writes the same mask words as the CPU (one __ballot_sync per word)") {
+  QGRAD_REQUIRE_GPU();
+  for (std::int64_t n : kSizes) {
+    for (DType dt : kFloatTypes) {
+      Tensor x = mixed_input(n, dt, 0.125, 0, -16, 15, static_cast<std::uint64_t>(n) + 5);
+      Tensor masks[2];
+      for (int d = 0; d < 2; ++d) {
+        const Device dev = d == 0 ? Device::cpu() : Device::cuda();
+        Tensor xi = x.to(dev);
+        Tensor y = Tensor::empty({n}, TensorOptions{}.with_dtype(dt).with_device(dev));
+        masks[d] = Tensor::empty({kernels::qmask::words(n)}, TensorOptions{}.with_dtype(DType::s32).with_device(dev));
+        kernels::AffineArgs a;
+        a.op = kernels::AffineOp::fake_quant;
+        a.in = xi;
+        a.out = y;
+        a.mask_out = static_cast<std::uint32_t*>(masks[d].data_ptr());
+        a.params.scale_value = 0.125f;
+        a.qmin = -16;
+        a.qmax = 15;
+        kernels::affine(a);
+      }
+      REQUIRE(bit_equal(masks[0], masks[1]));
+    }
+  }
 }

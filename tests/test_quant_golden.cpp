@@ -174,8 +174,8 @@ TEST_CASE("golden: learnable fake quantize (LSQ)") {
       check_bits(s.grad(), c["dscale"], "dscale");
       check_bits(z.grad(), c["dzero_point"], "dzero_point");
     } else {
-      check_close(s.grad(), c["dscale"], 1e-5, "dscale");
-      check_close(z.grad(), c["dzero_point"], 1e-5, "dzero_point");
+      check_close(s.grad(), c["dscale"], 1e-4, "dscale");
+      check_close(z.grad(), c["dzero_point"], 1e-4, "dzero_point");
     }
   });
 }

@@ -23,16 +23,11 @@ void lerp_backward(const LerpArgs& args, const Tensor& dy, const Tensor& da, con
     using T = typename decltype(tag)::type;
     const LerpElems<T> e = make_lerp_elems<T>(args);
     const LerpIndex li = make_lerp_index(args, dy.shape());
-    const T* g = static_cast<const T*>(dy.data_ptr());
-    T* pa = data_or_null<T>(da);
-    T* pb = data_or_null<T>(db);
-    T* pw = data_or_null<T>(dw);
+    const LerpGradOut<T> go = make_lerp_grad_out<T>(dy, da, db, dw);
     parallel_for(dy.numel(), [&](std::int64_t i) {
       std::int64_t ia, ib, iw;
       li.offsets(i, ia, ib, iw);
-      if (pa) pa[i] = e.grad_a(g[i], iw);
-      if (pb) pb[i] = e.grad_b(g[i], iw);
-      if (pw) pw[i] = e.grad_w(g[i], ia, ib);
+      go.write(e, i, ia, ib, iw);
     });
   });
 }

@@ -58,8 +58,11 @@ __global__ void lerp_fw_vec(LerpElems<T> e, T* __restrict__ out, std::int64_t n)
 }
 
 template <class T>
-__global__ void lerp_bw_vec(LerpElems<T> e, const T* __restrict__ dy, T* __restrict__ da, T* __restrict__ db,
-                            T* __restrict__ dw, std::int64_t n) {
+__global__ void lerp_bw_vec(LerpElems<T> e, LerpGradOut<T> go, std::int64_t n) {
+  const T* __restrict__ dy = go.g;
+  T* __restrict__ da = go.da;
+  T* __restrict__ db = go.db;
+  T* __restrict__ dw = go.dw;
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t v = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; 4 * v < n; v += stride) {
     const std::int64_t i0 = 4 * v;
@@ -90,11 +93,7 @@ __global__ void lerp_bw_vec(LerpElems<T> e, const T* __restrict__ dy, T* __restr
         store4(dw + i0, o);
       }
     } else {
-      for (std::int64_t i = i0; i < n; ++i) {
-        if (da) da[i] = e.grad_a(dy[i], i);
-        if (db) db[i] = e.grad_b(dy[i], i);
-        if (dw) dw[i] = e.grad_w(dy[i], i, i);
-      }
+      for (std::int64_t i = i0; i < n; ++i) go.write(e, i, i, i, i);
     }
   }
 }
@@ -124,26 +123,21 @@ template <class T>
 void lerp_backward_impl(const LerpArgs& args, const Tensor& dy, const Tensor& da, const Tensor& db, const Tensor& dw) {
   const LerpElems<T> e = make_lerp_elems<T>(args);
   const LerpIndex li = make_lerp_index(args, dy.shape());
-  const T* g = static_cast<const T*>(dy.data_ptr());
-  T* pa = data_or_null<T>(da);
-  T* pb = data_or_null<T>(db);
-  T* pw = data_or_null<T>(dw);
+  const LerpGradOut<T> go = make_lerp_grad_out<T>(dy, da, db, dw);
   const int dev = dy.device().index;
   const std::int64_t n = dy.numel();
   if (n == 0) return;
   const std::size_t sz = sizeof(T);
-  if (li.same && aligned16(e.a, sz) && aligned16(e.b, sz) && aligned16(e.w, sz) && aligned16(g, sz) &&
-      aligned16(pa, sz) && aligned16(pb, sz) && aligned16(pw, sz)) {
-    lerp_bw_vec<T><<<vec_blocks(dev, n), 256, 0, ::qgrad::cuda::stream(dev)>>>(e, g, pa, pb, pw, n);
+  if (li.same && aligned16(e.a, sz) && aligned16(e.b, sz) && aligned16(e.w, sz) && aligned16(go.g, sz) &&
+      aligned16(go.da, sz) && aligned16(go.db, sz) && aligned16(go.dw, sz)) {
+    lerp_bw_vec<T><<<vec_blocks(dev, n), 256, 0, ::qgrad::cuda::stream(dev)>>>(e, go, n);
     QGRAD_LAUNCH_CHECK();
     return;
   }
   launch_elementwise(dev, n, [=] __device__(std::int64_t i) {
     std::int64_t ia, ib, iw;
     li.offsets(i, ia, ib, iw);
-    if (pa) pa[i] = e.grad_a(g[i], iw);
-    if (pb) pb[i] = e.grad_b(g[i], iw);
-    if (pw) pw[i] = e.grad_w(g[i], ia, ib);
+    go.write(e, i, ia, ib, iw);
   });
 }
 

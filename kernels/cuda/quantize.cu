@@ -168,11 +168,14 @@ void lsq_backward_impl(const LsqArgs& a) {
   const unsigned blocks = static_cast<unsigned>(total < 65535LL * 32 ? total : 65535LL * 32);
   cudaStream_t s = ::qgrad::cuda::stream(dev);
   if (total > 0) {
-  lsq_partial_kernel<T><<<blocks, formulas::kLsqThreads, 0, s>>>(
-      static_cast<const T*>(a.x.data_ptr()), static_cast<const T*>(a.dy.data_ptr()), static_cast<T*>(a.dx.data_ptr()),
-      part_s, part_z, ps, a.channels, a.inner, per_channel, chunks, a.qmin, a.qmax, static_cast<M>(a.grad_factor));
-  QGRAD_LAUNCH_CHECK();
+    lsq_partial_kernel<T><<<blocks, formulas::kLsqThreads, 0, s>>>(
+        static_cast<const T*>(a.x.data_ptr()), static_cast<const T*>(a.dy.data_ptr()),
+        static_cast<T*>(a.dx.data_ptr()), part_s, part_z, ps, a.channels, a.inner, per_channel, chunks, a.qmin,
+        a.qmax, static_cast<M>(a.grad_factor));
+    QGRAD_LAUNCH_CHECK();
   }
+  // Stage 2: each channel adds its chunk sums in order (`part` returns to the
+  // stream-ordered cache after these launches, as every temporary does).
   M* ds = static_cast<M*>(a.ds.data_ptr());
   M* dz = static_cast<M*>(a.dz.data_ptr());
   launch_elementwise(dev, a.channels, [=] __device__(std::int64_t c) {

@@ -25,7 +25,7 @@ Cases and where PyTorch supports the dtype:
   with its forward; qgrad rounds both the forward way (documented). The
   scale / zero-point gradients are sums whose order PyTorch does not fix:
   "sum_exact" cases have one element per channel (compared bit for bit),
-  the others are compared to a relative 1e-5.
+  the others are compared to a relative 1e-4.
 - quantize / dequantize: torch.quantize_per_tensor / quantize_per_channel
   (f32 input only: PyTorch quantizes float32 tensors only) and
   torch.dequantize (f32 output). Per token = per channel on axis 0 of
@@ -132,7 +132,11 @@ def main():
                 scale = (torch.rand(c, generator=gen(3)) * 0.2 + 0.01).float()
                 zp = torch.randint(-5, 6, (c,), generator=gen(4), dtype=torch.int32)
                 n = math.prod(shape)
+                # finite, moderate edges only: PyTorch's per-channel kernel casts zp + nearbyint(v) to int64
+                # without a range check (UB; on x86 +inf and huge values become INT64_MIN, i.e. qmin), a
+                # documented difference (qgrad saturates as PyTorch's per-tensor kernel does)
                 edges = edge_values(0.125, 0, -16, 15)
+                edges = edges[torch.isfinite(edges) & (edges.abs() < 1e6)]
                 base = torch.cat([random_values(n - len(edges), 4.0, 5), edges])
                 x = base.reshape(shape).to(dt).requires_grad_()
                 dy = torch.randn(shape, generator=gen(6), dtype=torch.float64).to(dt)

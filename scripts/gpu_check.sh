@@ -30,13 +30,17 @@ done
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 B=${QGRAD_GPU_BUILD:-$ROOT/build-gpu}
 PY=${QGRAD_PYTHON:-$(command -v python3 || true)}
-export PATH=/usr/local/cuda/bin:$PATH
+export PATH=/usr/local/cuda/bin:/usr/local/cuda/compute-sanitizer:$PATH
 status=0
 summary=()
 note() { summary+=("$*"); }
 t0=$SECONDS
 
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$OUT/gpu.txt" 2>&1 || true
+if command -v nvidia-smi >/dev/null; then
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$OUT/gpu.txt" 2>&1 || true
+else
+  echo "no GPU (nvidia-smi not found)" > "$OUT/gpu.txt"
+fi
 echo "gpu: $(head -n1 "$OUT/gpu.txt")"
 
 if [ $BUILD = 1 ]; then
@@ -54,8 +58,11 @@ fi
 t1=$SECONDS
 (cd "$B" && QGRAD_PYTHON=$PY ctest -j"$JOBS" --output-on-failure --timeout 900) > "$OUT/ctest.log" 2>&1
 rc=$?
-skipped=$(grep -c "SKIPPED:" "$OUT/ctest.log" || true)
-note "ctest: $(grep -E '^[0-9]+% tests passed' "$OUT/ctest.log" | tail -n1) ($((SECONDS - t1))s; SKIPPED lines: $skipped)"
+skipped=$(grep -cE '^\s+[0-9]+ - .*\(Skipped\)$' "$OUT/ctest.log" || true)
+note "ctest: $(grep -E '^[0-9]+% tests passed' "$OUT/ctest.log" | tail -n1) ($((SECONDS - t1))s; $skipped skipped)"
+if [ "$skipped" != 0 ]; then
+  while IFS= read -r l; do note "  $l"; done < <(grep -E '^\s+[0-9]+ - .*\(Skipped\)$' "$OUT/ctest.log" | head -n 20)
+fi
 if [ $rc != 0 ]; then
   status=1
   note "failed tests:"
@@ -75,7 +82,7 @@ if [ $MEMCHECK = 1 ]; then
       # The caching allocator hides out-of-bounds accesses that stay inside
       # a cached block; memcheck still sees races with the host, invalid
       # addresses, misaligned accesses and leaked launches errors.
-      compute-sanitizer --tool memcheck --error-exitcode 99 --print-limit 20 "$exe" > "$OUT/memcheck_$name.log" 2>&1
+      timeout "${QGRAD_MEMCHECK_TIMEOUT:-900}" compute-sanitizer --tool memcheck --error-exitcode 99 --print-limit 20 "$exe" > "$OUT/memcheck_$name.log" 2>&1
       r=$?
       [ $r = 0 ] || bad+=("$name(rc $r)")
     done

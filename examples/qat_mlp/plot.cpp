@@ -92,6 +92,17 @@ void pad_range(double& lo, double& hi) {
   hi += m;
 }
 
+// Round tick positions (steps of 1, 2 or 5 times a power of ten) inside [lo, hi].
+std::vector<double> nice_ticks(double lo, double hi) {
+  const double raw = (hi - lo) / 5;
+  const double p = std::pow(10.0, std::floor(std::log10(raw)));
+  const double step = raw / p < 1.5 ? p : raw / p < 3.5 ? 2 * p : raw / p < 7.5 ? 5 * p : 10 * p;
+  std::vector<double> t;
+  for (double v = std::ceil(lo / step) * step; v <= hi + 1e-9 * step && t.size() < 20; v += step)
+    t.push_back(std::fabs(v) < 1e-12 * step ? 0.0 : v);
+  return t;
+}
+
 void svg_axes(std::ostream& o, const Frame& f, const std::string& title, const std::string& xlabel,
               const std::string& ylabel) {
   o << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << f.w << "\" height=\"" << f.h
@@ -101,15 +112,14 @@ void svg_axes(std::ostream& o, const Frame& f, const std::string& title, const s
   const double bx = f.left, by = f.h - f.bottom, ex = f.w - f.right, ey = f.top;
   o << "<rect x=\"" << bx << "\" y=\"" << ey << "\" width=\"" << ex - bx << "\" height=\"" << by - ey
     << "\" fill=\"none\" stroke=\"black\"/>\n";
-  for (int i = 0; i <= 5; ++i) {
-    const double xv = f.x0 + (f.x1 - f.x0) * i / 5, yv = f.y0 + (f.y1 - f.y0) * i / 5;
+  for (double xv : nice_ticks(f.x0, f.x1))
     o << "<line x1=\"" << f.px(xv) << "\" y1=\"" << by << "\" x2=\"" << f.px(xv) << "\" y2=\"" << by + 5
       << "\" stroke=\"black\"/><text x=\"" << f.px(xv) << "\" y=\"" << by + 18 << "\" text-anchor=\"middle\">"
       << fmt(xv) << "</text>\n";
+  for (double yv : nice_ticks(f.y0, f.y1))
     o << "<line x1=\"" << bx - 5 << "\" y1=\"" << f.py(yv) << "\" x2=\"" << bx << "\" y2=\"" << f.py(yv)
       << "\" stroke=\"black\"/><text x=\"" << bx - 8 << "\" y=\"" << f.py(yv) + 4 << "\" text-anchor=\"end\">"
       << fmt(yv) << "</text>\n";
-  }
   o << "<text x=\"" << (bx + ex) / 2 << "\" y=\"" << f.h - 15 << "\" text-anchor=\"middle\">" << clean(xlabel)
     << "</text>\n";
   o << "<text transform=\"translate(18," << (by + ey) / 2 << ") rotate(-90)\" text-anchor=\"middle\">"
@@ -172,7 +182,7 @@ std::string plot_lines(const LineChart& c, const std::string& stem, PlotFormat f
       auto g = open_out(stem + ".gp");
       g << "set terminal pngcairo size 800,500\nset output '" << stem << ".png'\n"
         << "set title '" << gp_text(c.title) << "'\nset xlabel '" << gp_text(c.xlabel) << "'\nset ylabel '"
-        << gp_text(c.ylabel) << "'\nset grid\nset key right center\nplot ";
+        << gp_text(c.ylabel) << "'\nset grid\nset offsets graph 0.03, graph 0.03, graph 0.05, graph 0.05\nset key right center\nplot ";
       for (std::size_t i = 0; i < c.series.size(); ++i)
         g << (i ? ", " : "") << "'" << stem << ".dat' index " << i << " with linespoints lw 2 lc rgb '"
           << kColors[i % 6] << "' title '" << gp_text(c.series[i].label) << "'";

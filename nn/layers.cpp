@@ -2,7 +2,8 @@
 
 #include <cmath>
 
-#include "nn/ops_adapter.h"
+#include "ops/activation.h"
+#include "ops/linalg.h"
 
 namespace qgrad::nn {
 
@@ -18,9 +19,9 @@ Linear::Linear(std::int64_t in_features, std::int64_t out_features, Generator& g
   if (bias) bias_ = register_parameter("bias", rand({out_features}, gen, options, -bound, bound));
 }
 
-Tensor Linear::forward(const Tensor& x) { return ops::linear(x, weight_, bias_); }
+Tensor Linear::forward(const Tensor& x) { return ::qgrad::linear(x, weight_, bias_); }
 
-Tensor ReLU::forward(const Tensor& x) { return ops::relu(x); }
+Tensor ReLU::forward(const Tensor& x) { return ::qgrad::relu(x); }
 
 Sequential& Sequential::push_back(std::shared_ptr<Module> m) {
   return push_back(std::to_string(size()), std::move(m));

@@ -1,7 +1,9 @@
 #include "nn/qat.h"
 
 #include "autograd/node.h"
-#include "nn/ops_adapter.h"
+#include "ops/linalg.h"
+#include "ops/quantize.h"
+#include "ops/quantized_linear.h"
 
 namespace qgrad::nn {
 
@@ -39,7 +41,7 @@ QATLinear::QATLinear(const Linear& linear, const QConfig& qconfig) {
 }
 
 Tensor QATLinear::forward(const Tensor& x) {
-  return act_fq_->forward(ops::linear(x, weight_fq_->forward(weight_), bias_));
+  return act_fq_->forward(::qgrad::linear(x, weight_fq_->forward(weight_), bias_));
 }
 
 QuantizedLinear::QuantizedLinear(Tensor weight_q, Tensor weight_scale, Tensor bias, Tensor input_scale,
@@ -69,8 +71,9 @@ QuantizedLinear::QuantizedLinear(Tensor weight_q, Tensor weight_scale, Tensor bi
 }
 
 Tensor QuantizedLinear::forward(const Tensor& x) {
-  Tensor y = ops::quantized_linear_fixed(x, weight_, weight_scale_, bias_, in_scale_, in_zp_, qmin_, qmax_);
-  return ops::fake_quantize_per_tensor(y, out_scale_, out_zp_, qmin_, qmax_);
+  Tensor y = ::qgrad::quantized_linear(x, weight_, weight_scale_, bias_,
+                                        ActivationQuant::fixed(in_scale_, in_zp_, qmin_, qmax_), DType::f32);
+  return ::qgrad::fake_quantize_per_tensor(y, out_scale_, out_zp_, qmin_, qmax_);
 }
 
 void prepare_qat(Sequential& model, const QConfig& qconfig) {
@@ -120,7 +123,7 @@ std::shared_ptr<Sequential> convert(const Sequential& model) {
                   "weights must be quantized per channel to s8");
       QGRAD_CHECK(prev->qmin() == afq.qmin() && prev->qmax() == afq.qmax(), op, model.name_at(i),
                   "input and output activation ranges differ");
-      Tensor wq = ops::quantize_per_channel(q->weight().detach(), wfq.scale(), wfq.zero_point(), 0, DType::s8);
+      Tensor wq = ::qgrad::quantize_per_channel(q->weight().detach(), wfq.scale(), wfq.zero_point(), 0, DType::s8);
       Tensor bias = q->bias().defined() ? q->bias().detach().clone() : Tensor();
       out->push_back(model.name_at(i),
                      std::make_shared<QuantizedLinear>(wq, wfq.scale().clone(), bias, prev->scale().clone(),

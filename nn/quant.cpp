@@ -4,7 +4,7 @@
 
 #include "autograd/node.h"
 #include "kernels/observer.h"
-#include "nn/ops_adapter.h"
+#include "ops/quantize.h"
 
 namespace qgrad::nn {
 
@@ -144,8 +144,8 @@ Tensor FakeQuantize::forward(const Tensor& x) {
   if (!fake_quant_enabled_) return x;
   const ObserverOptions& o = observer_->options();
   if (is_per_channel(o.qscheme))
-    return ops::fake_quantize_per_channel(x, scale_, zero_point_, o.ch_axis, qmin(), qmax());
-  return ops::fake_quantize_per_tensor(x, scale_, zero_point_, qmin(), qmax());
+    return ::qgrad::fake_quantize_per_channel(x, scale_, zero_point_, o.ch_axis, qmin(), qmax());
+  return ::qgrad::fake_quantize_per_tensor(x, scale_, zero_point_, qmin(), qmax());
 }
 
 // ---- LearnableFakeQuantize ----
@@ -187,8 +187,8 @@ Tensor LearnableFakeQuantize::forward(const Tensor& x) {
   const ObserverOptions& o = observer_->options();
   const double g = grad_factor(x.numel());
   if (is_per_channel(o.qscheme))
-    return ops::fake_quantize_learnable_per_channel(x, scale_, zero_point_, o.ch_axis, qmin(), qmax(), g);
-  return ops::fake_quantize_learnable_per_tensor(x, scale_, zero_point_, qmin(), qmax(), g);
+    return ::qgrad::fake_quantize_learnable_per_channel(x, scale_, zero_point_, o.ch_axis, qmin(), qmax(), g);
+  return ::qgrad::fake_quantize_learnable_per_tensor(x, scale_, zero_point_, qmin(), qmax(), g);
 }
 
 namespace {

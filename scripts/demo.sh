@@ -2,7 +2,7 @@
 # Quick start, command 1: installs what is missing, builds the main demo and
 # runs it (extra arguments are passed to the demo).
 set -euo pipefail
-DEMO=qgrad-train-mlp   # the example target this script builds and runs
+DEMO=qgrad-qat-mlp     # the example target this script builds and runs
 source "$(dirname "$0")/common.sh"
 
 bash "$QGRAD_ROOT/scripts/setup.sh"
@@ -13,5 +13,17 @@ if ! ninja -C "$QGRAD_BUILD" -t targets all 2>/dev/null | grep -q "^$DEMO:"; the
 fi
 ninja -C "$QGRAD_BUILD" -j"$QGRAD_JOBS" "$DEMO"
 exe=$(find "$QGRAD_BUILD" -type f -name "$DEMO" -perm -u+x | head -n1)
+# The demo writes its report, metrics, plots and graph under --out
+# (default: qat-mlp-out in the current directory) unless told otherwise.
+out=qat-mlp-out
+prev=""
+for a in "$@"; do
+  case "$a" in
+    --out=*) out="${a#--out=}" ;;
+  esac
+  if [ "$prev" = "--out" ]; then out="$a"; fi
+  prev="$a"
+done
 echo "demo: running $exe $*"
-exec "$exe" "$@"
+"$exe" "$@"
+echo "demo: report, metrics and plots are in $(cd "$out" && pwd)/ (report.json, metrics.csv, *.png or *.svg, qat_step.dot)"

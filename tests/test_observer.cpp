@@ -2,7 +2,6 @@
 #include <cmath>
 
 #include "helpers.h"
-#include "nn/ops_adapter.h"
 #include "nn/quant.h"
 
 using namespace qgrad;
@@ -229,7 +228,7 @@ TEST_CASE("Observer errors") {
 }
 
 namespace {
-// Host stand-in for ops/quantize.h's fake_quantize_per_tensor (forward only).
+// Host reference of fake_quantize_per_tensor (forward only).
 Tensor fq_ref(const Tensor& x, const Tensor& scale, const Tensor& zp, std::int64_t qmin, std::int64_t qmax) {
   const float s = scale.to_vector<float>()[0];
   const int z = zp.to_vector<std::int32_t>()[0];
@@ -242,14 +241,9 @@ Tensor fq_ref(const Tensor& x, const Tensor& scale, const Tensor& zp, std::int64
   }
   return Tensor::from_vector(v, x.shape());
 }
-struct HookGuard {
-  HookGuard() { ops::op_hooks().fake_quantize_per_tensor = fq_ref; }
-  ~HookGuard() { ops::op_hooks() = ops::OpHooks{}; }
-};
 }  // namespace
 
 TEST_CASE("FakeQuantize: observer updates device qparams; switches freeze and bypass") {
-  HookGuard hooks;
   ObserverOptions o;
   o.averaging_constant = 0.01;
   o.quant_range = {{0, 255}};

@@ -1,5 +1,6 @@
 #include "core/tensor.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -49,6 +50,10 @@ Storage::Storage(std::size_t nbytes, Device dev) : bytes(nbytes), device(dev) {
                 cuda_device_count() == 0 ? std::string("no CUDA device is present")
                                          : "no CUDA device " + std::to_string(dev.index));
   }
+  // No machine has more than 2^47 bytes of (user) address space: refuse
+  // larger requests here, before the allocator's rounding could wrap.
+  if (nbytes > (std::size_t{1} << 47))
+    throw OutOfMemory("allocate", "bytes", detail::concat("cannot allocate ", nbytes, " bytes on ", dev.str()));
   data = memory::allocate(nbytes, dev);
 }
 Storage::~Storage() { memory::release(data, device); }
@@ -315,6 +320,9 @@ Tensor arange(double start, double end, double step, TensorOptions options) {
   QGRAD_CHECK(step != 0 && std::isfinite(step), "arange", "step", "step must be finite and non-zero");
   QGRAD_CHECK(std::isfinite(start) && std::isfinite(end), "arange", "start", "bounds must be finite");
   const double count = std::ceil((end - start) / step);
+  // (A count beyond int64 cannot be converted; one beyond 2^62 cannot be allocated anyway.)
+  QGRAD_CHECK(!(count > 0x1p62), "arange", "end", "[", start, ", ", end, ") in steps of ", step,
+              " has too many elements");
   const auto n = static_cast<std::int64_t>(count > 0 ? count : 0);
   Tensor t = Tensor::empty({n}, options);
   kernels::arange(t, start, step);
@@ -338,15 +346,20 @@ Tensor rand(const Shape& shape, Generator& gen, TensorOptions options, double lo
 
 Tensor randint(std::int64_t low, std::int64_t high, const Shape& shape, Generator& gen, TensorOptions options) {
   QGRAD_CHECK(low < high, "randint", "high", "need low < high");
-  const std::int64_t n = shape_numel(shape, "randint");
+  // The host buffer first: a shape too large fails here with qgrad::Error.
+  Tensor host = Tensor::empty(shape, TensorOptions{}.with_dtype(DType::s64));
+  const std::int64_t n = host.numel();
   const std::uint64_t first = gen.advance(static_cast<std::uint64_t>(n));
-  const double span = static_cast<double>(high - low);
-  std::vector<std::int64_t> v(static_cast<std::size_t>(n));
-  for (std::int64_t i = 0; i < n; ++i)
-    v[static_cast<std::size_t>(i)] =
-        low + static_cast<std::int64_t>(std::floor(span * formulas::random_uniform(gen.seed(), first + static_cast<std::uint64_t>(i))));
-  Tensor out = Tensor::from_vector(v, shape, Device::cpu()).to(options.dtype);
-  return out.to(options.device);
+  // high - low in uint64 (it may exceed int64); a draw rounded up to the
+  // span is clamped back into [low, high).
+  const std::uint64_t span = static_cast<std::uint64_t>(high) - static_cast<std::uint64_t>(low);
+  std::int64_t* v = host.data<std::int64_t>();
+  for (std::int64_t i = 0; i < n; ++i) {
+    const double u = formulas::random_uniform(gen.seed(), first + static_cast<std::uint64_t>(i));
+    const std::uint64_t r = std::min(static_cast<std::uint64_t>(std::floor(static_cast<double>(span) * u)), span - 1);
+    v[i] = static_cast<std::int64_t>(static_cast<std::uint64_t>(low) + r);
+  }
+  return host.to(options.dtype).to(options.device);
 }
 
 // Box-Muller on the host in double: device math libraries are not bitwise
@@ -355,20 +368,21 @@ Tensor randint(std::int64_t low, std::int64_t high, const Shape& shape, Generato
 Tensor randn(const Shape& shape, Generator& gen, TensorOptions options, double mean, double stddev) {
   QGRAD_CHECK(std::isfinite(mean) && std::isfinite(stddev) && stddev >= 0, "randn", "stddev",
               "need finite mean and stddev >= 0");
-  const std::int64_t n = shape_numel(shape, "randn");
-  const std::uint64_t first = gen.advance(static_cast<std::uint64_t>(2 * ((n + 1) / 2)));
-  std::vector<double> v(static_cast<std::size_t>(n));
+  // The host buffer first: a shape too large fails here with qgrad::Error.
+  Tensor host = Tensor::empty(shape, TensorOptions{}.with_dtype(DType::f64));
+  const std::int64_t n = host.numel();
+  const std::uint64_t first = gen.advance(2 * ((static_cast<std::uint64_t>(n) + 1) / 2));
+  double* v = host.data<double>();
   for (std::int64_t i = 0; i < n; i += 2) {
     const std::uint64_t c = first + static_cast<std::uint64_t>(i);
     const double u1 = 1.0 - formulas::random_uniform(gen.seed(), c);  // (0, 1]
     const double u2 = formulas::random_uniform(gen.seed(), c + 1);
     const double r = std::sqrt(-2.0 * std::log(u1));
     const double theta = 6.283185307179586 * u2;
-    v[static_cast<std::size_t>(i)] = mean + stddev * r * std::cos(theta);
-    if (i + 1 < n) v[static_cast<std::size_t>(i + 1)] = mean + stddev * r * std::sin(theta);
+    v[i] = mean + stddev * r * std::cos(theta);
+    if (i + 1 < n) v[i + 1] = mean + stddev * r * std::sin(theta);
   }
   const bool rg = options.requires_grad;
-  Tensor host = Tensor::from_vector(v, shape, Device::cpu());
   Tensor out = Tensor::empty(shape, TensorOptions{}.with_dtype(options.dtype).with_device(Device::cpu()));
   kernels::cast(host, out);
   out = out.to(options.device);

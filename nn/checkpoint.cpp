@@ -1,12 +1,14 @@
 #include "nn/checkpoint.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <bit>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -61,6 +63,23 @@ void write_all(int fd, const char* data, std::size_t n, const char* op, const st
   }
 }
 
+// Unlinks dir/<prefix><pid>.XXXXXX files left by processes that no longer
+// exist. Best effort: errors are ignored (the save itself reports its own).
+void remove_stale_temps(const std::filesystem::path& dir, const std::string& prefix) {
+  std::error_code ec;
+  for (auto it = std::filesystem::directory_iterator(dir, ec); !ec && it != std::filesystem::directory_iterator();
+       it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) continue;
+    const std::string rest = name.substr(prefix.size());
+    const std::size_t dot = rest.find('.');
+    if (dot == 0 || dot == std::string::npos || rest.find_first_not_of("0123456789") != dot) continue;
+    const long pid = std::strtol(rest.substr(0, dot).c_str(), nullptr, 10);
+    if (pid <= 0 || pid == ::getpid()) continue;
+    if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) ::unlink(it->path().c_str());
+  }
+}
+
 }  // namespace
 
 void save_safetensors(const std::string& path, const NamedTensors& tensors, const Metadata& metadata) {
@@ -93,7 +112,12 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors, cons
   const fs::path target(path);
   fs::path dir = target.parent_path();
   if (dir.empty()) dir = ".";
-  std::string tmpl = (dir / ("." + target.filename().string() + ".tmp.XXXXXX")).string();
+  // Temporary files are named .<target>.tmp.<pid>.XXXXXX: a process killed
+  // while saving leaves one behind, and the next save removes those whose
+  // process is gone (never one of a live process, which may be writing it).
+  const std::string tmp_prefix = "." + target.filename().string() + ".tmp.";
+  remove_stale_temps(dir, tmp_prefix);
+  std::string tmpl = (dir / (tmp_prefix + std::to_string(::getpid()) + ".XXXXXX")).string();
   const int fd = ::mkstemp(tmpl.data());
   if (fd < 0) fail(op, path, std::string("cannot create a temporary file in ") + dir.string() + ": " + std::strerror(errno));
   try {
@@ -124,18 +148,23 @@ SafetensorsFile load_safetensors(const std::string& path) {
   const char* op = "load_safetensors";
   std::ifstream in(path, std::ios::binary);
   if (!in) fail(op, path, std::string("cannot open: ") + std::strerror(errno));
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (bytes.size() < 8) fail(op, path, "file too small (" + std::to_string(bytes.size()) + " bytes) for the header length");
+  const std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return parse_safetensors(bytes.data(), bytes.size(), path);
+}
+
+SafetensorsFile parse_safetensors(const char* bytes, std::size_t size, const std::string& path) {
+  const char* op = "load_safetensors";
+  if (size < 8) fail(op, path, "file too small (" + std::to_string(size) + " bytes) for the header length");
   std::uint64_t hl = 0;
-  std::memcpy(&hl, bytes.data(), 8);
+  std::memcpy(&hl, bytes, 8);
   if (hl == 0 || hl > kMaxHeader) fail(op, path, "invalid header length " + std::to_string(hl));
-  if (hl > bytes.size() - 8)
-    fail(op, path, "header length " + std::to_string(hl) + " exceeds the file size " + std::to_string(bytes.size()));
-  const char* hb = bytes.data() + 8;
+  if (hl > size - 8)
+    fail(op, path, "header length " + std::to_string(hl) + " exceeds the file size " + std::to_string(size));
+  const char* hb = bytes + 8;
   nlohmann::json header = nlohmann::json::parse(hb, hb + hl, nullptr, false);
   if (header.is_discarded()) fail(op, path, "header is not valid JSON");
   if (!header.is_object()) fail(op, path, "header is not a JSON object");
-  const std::uint64_t data_size = bytes.size() - 8 - hl;
+  const std::uint64_t data_size = size - 8 - hl;
   const char* data = hb + hl;
 
   SafetensorsFile out;
@@ -240,10 +269,21 @@ Metadata load_checkpoint(const std::string& path, Module& model, Optimizer* opti
     if (it->second != optimizer->kind())
       fail(op, path, "optimizer state is for " + it->second + ", not " + optimizer->kind());
   }
+  // The model's load validates before writing; the optimizer's is checked
+  // after it, so keep a copy of the model's state to restore if it fails:
+  // a failed load leaves both untouched.
+  NamedTensors backup;
+  if (optimizer)
+    for (const auto& [n, t] : model.state_dict()) backup.emplace_back(n, t.detach().clone());
   try {
     model.load_state_dict(m);
+  } catch (const Error& e) {
+    fail(op, path, e.what());
+  }
+  try {
     if (optimizer) optimizer->load_state_dict(o);
   } catch (const Error& e) {
+    model.load_state_dict(backup);
     fail(op, path, e.what());
   }
   return f.metadata;

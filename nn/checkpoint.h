@@ -31,6 +31,10 @@ struct SafetensorsFile {
 // non-empty and not "__metadata__".
 void save_safetensors(const std::string& path, const NamedTensors& tensors, const Metadata& metadata = {});
 SafetensorsFile load_safetensors(const std::string& path);
+// The same parser on a file's bytes already in memory; `name` stands for the
+// file in error messages. load_safetensors calls it; the fuzzer
+// (fuzz/fuzz_safetensors.cpp) feeds it directly.
+SafetensorsFile parse_safetensors(const char* bytes, std::size_t size, const std::string& name);
 
 // Model state ("model.<name>": parameters and buffers) and optionally the
 // optimizer's ("optim.<name>"), with metadata "format" = "qgrad-checkpoint"

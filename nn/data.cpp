@@ -89,13 +89,24 @@ std::vector<std::int64_t> idx_header(const char* op, const std::string& path, co
 
 }  // namespace
 
-Tensor read_idx_images(const std::string& path, const Normalize& norm, std::int64_t expect_rows,
-                       std::int64_t expect_cols) {
-  const char* op = "read_idx_images";
+namespace {
+void check_norm(const char* op, const Normalize& norm) {
   if (norm.enabled)
     QGRAD_CHECK(std::isfinite(norm.mean) && std::isfinite(norm.std) && norm.std > 0, op, "norm",
                 "std must be finite and > 0, got ", norm.std);
-  const auto bytes = read_all(op, path);
+}
+}  // namespace
+
+Tensor read_idx_images(const std::string& path, const Normalize& norm, std::int64_t expect_rows,
+                       std::int64_t expect_cols) {
+  check_norm("read_idx_images", norm);
+  return parse_idx_images(read_all("read_idx_images", path), path, norm, expect_rows, expect_cols);
+}
+
+Tensor parse_idx_images(const std::vector<unsigned char>& bytes, const std::string& path, const Normalize& norm,
+                        std::int64_t expect_rows, std::int64_t expect_cols) {
+  const char* op = "read_idx_images";
+  check_norm(op, norm);
   const auto dims = idx_header(op, path, bytes, 0x00000803u, 3);
   if ((expect_rows > 0 && dims[1] != expect_rows) || (expect_cols > 0 && dims[2] != expect_cols))
     fail(op, path, "images are " + std::to_string(dims[1]) + "x" + std::to_string(dims[2]) + ", expected " +
@@ -113,8 +124,11 @@ Tensor read_idx_images(const std::string& path, const Normalize& norm, std::int6
 }
 
 Tensor read_idx_labels(const std::string& path, std::int64_t num_classes) {
+  return parse_idx_labels(read_all("read_idx_labels", path), path, num_classes);
+}
+
+Tensor parse_idx_labels(const std::vector<unsigned char>& bytes, const std::string& path, std::int64_t num_classes) {
   const char* op = "read_idx_labels";
-  const auto bytes = read_all(op, path);
   const auto dims = idx_header(op, path, bytes, 0x00000801u, 1);
   std::vector<std::int64_t> labels(static_cast<std::size_t>(dims[0]));
   for (std::size_t i = 0; i < labels.size(); ++i) {

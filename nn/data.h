@@ -33,6 +33,13 @@ struct Dataset {
 Tensor read_idx_images(const std::string& path, const Normalize& norm = {}, std::int64_t expect_rows = 28,
                        std::int64_t expect_cols = 28);
 Tensor read_idx_labels(const std::string& path, std::int64_t num_classes = 10);
+// The same parsers on bytes already in memory (decompressed); `name` stands
+// for the file in error messages. The file readers call these; the fuzzer
+// (fuzz/fuzz_idx.cpp) feeds them directly.
+Tensor parse_idx_images(const std::vector<unsigned char>& bytes, const std::string& name, const Normalize& norm = {},
+                        std::int64_t expect_rows = 28, std::int64_t expect_cols = 28);
+Tensor parse_idx_labels(const std::vector<unsigned char>& bytes, const std::string& name,
+                        std::int64_t num_classes = 10);
 
 // split: "train" or "t10k" (alias "test"). Checks label count == image count.
 Dataset load_fashion_mnist(const std::string& split, const std::string& folder = kFashionMnistDir,

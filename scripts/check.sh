@@ -33,6 +33,7 @@ if [ "${QGRAD_SKIP_SANITIZE:-0}" != 1 ]; then
     || { stamp "sanitizer suite FAILED"; exit 1; }
 fi
 
+stamp "fuzzing (scripts/fuzz.sh: 60 s per harness)"; bash "$QGRAD_ROOT/scripts/fuzz.sh" 60
 stamp "full test suite"
 log=$QGRAD_BUILD/ctest.log
 set +e

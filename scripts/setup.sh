@@ -13,7 +13,8 @@ say() { printf 'setup: %s\n' "$*"; }
 
 # ---- Debian packages ---------------------------------------------------------
 REQUIRED=(build-essential cmake ninja-build pkg-config libeigen3-dev doctest-dev zlib1g-dev
-          nlohmann-json3-dev libcli11-dev python3 python3-venv dataset-fashion-mnist)
+          nlohmann-json3-dev libcli11-dev python3 python3-venv dataset-fashion-mnist
+          clang libclang-rt-14-dev)  # the last two: libFuzzer + sanitizers for scripts/fuzz.sh
 OPTIONAL=(graphviz gnuplot-nox clang)
 
 installed() { [ "$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null)" = "install ok installed" ]; }

@@ -1,0 +1,618 @@
+// The bad-input matrix: every documented error of every public op and
+// reader (docs/ops.md "Errors" lines and the ops' QGRAD_CHECKs) is provoked.
+// Each case must throw a qgrad::Error (nothing else) whose op() and arg()
+// name the op (or reader) and the argument at fault; cases with a
+// destination (in-place copies, optimizer steps, state loads, checkpoint
+// loads, observers) also check that the destination is bit-identical after
+// the failed call. Each TEST_CASE prints how many cases it tried.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "helpers.h"
+#include "nn/nn.h"
+
+using namespace qgrad;
+using namespace qgrad::testing;
+
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+constexpr std::int64_t kBig = std::int64_t{1} << 40;
+
+struct Case {
+  std::string op;   // substring of Error::op()
+  std::string arg;  // substring of Error::arg() (or of the message when arg() is a path)
+  std::function<void()> run;
+  int line;
+};
+
+// Runs every case: each must throw qgrad::Error naming op and arg.
+class Matrix {
+ public:
+  void add(std::string op, std::string arg, std::function<void()> run, int line) {
+    cases_.push_back({std::move(op), std::move(arg), std::move(run), line});
+  }
+  std::size_t run_all(const char* name) {
+    for (const Case& c : cases_) {
+      INFO("case at line ", c.line, " (op ", c.op, ", arg ", c.arg, ")");
+      bool threw = false;
+      try {
+        c.run();
+      } catch (const Error& e) {
+        threw = true;
+        INFO("message: ", e.what());
+        CHECK(e.op().find(c.op) != std::string::npos);
+        CHECK((e.arg().find(c.arg) != std::string::npos || std::string(e.what()).find(c.arg) != std::string::npos));
+      } catch (const std::exception& e) {
+        FAIL_CHECK("threw a non-qgrad exception: ", e.what());
+        threw = true;
+      }
+      if (!threw) FAIL_CHECK("no exception");
+    }
+    MESSAGE(name, ": ", cases_.size(), " bad-input cases tried");
+    total() += cases_.size();
+    return cases_.size();
+  }
+  static std::size_t& total() {
+    static std::size_t n = 0;
+    return n;
+  }
+
+ private:
+  std::vector<Case> cases_;
+};
+
+#define BAD(m, op, arg, ...) (m).add(op, arg, [&] { (void)(__VA_ARGS__); }, __LINE__)
+
+Generator& gen() {
+  static Generator g(2024);
+  return g;
+}
+Tensor rnd(const Shape& s, DType d = DType::f32) {
+  if (is_floating(d)) return randn(s, gen(), TensorOptions{}.with_dtype(d));
+  if (d == DType::boolean) return randint(0, 2, s, gen(), TensorOptions{}.with_dtype(DType::s32)).to(d);
+  return randint(1, 5, s, gen(), TensorOptions{}.with_dtype(d));
+}
+Tensor f32(const std::vector<float>& v) { return Tensor::from_vector(v, {static_cast<std::int64_t>(v.size())}); }
+Tensor s32(const std::vector<std::int32_t>& v) {
+  return Tensor::from_vector(v, {static_cast<std::int64_t>(v.size())});
+}
+
+const DType kNonFloat[] = {DType::s8, DType::u8, DType::s32, DType::s64, DType::boolean};
+
+// A copy of a tensor's bytes, to check a destination is untouched.
+struct Snapshot {
+  std::vector<Tensor> copies, originals;
+  explicit Snapshot(const std::vector<Tensor>& ts) {
+    for (const Tensor& t : ts) {
+      originals.push_back(t);
+      copies.push_back(t.detach().clone());
+    }
+  }
+  bool unchanged() const {
+    for (std::size_t i = 0; i < copies.size(); ++i)
+      if (!bit_equal(copies[i], originals[i])) return false;
+    return true;
+  }
+};
+
+struct TmpDir {
+  std::filesystem::path path;
+  TmpDir() {
+    std::string t = "/tmp/qgrad_bad_XXXXXX";
+    path = ::mkdtemp(t.data());
+  }
+  ~TmpDir() { std::filesystem::remove_all(path); }
+  std::string file(const std::string& n, const std::string& bytes) const {
+    const std::string p = (path / n).string();
+    std::ofstream(p, std::ios::binary) << bytes;
+    return p;
+  }
+};
+
+std::string be32(std::uint32_t v) {
+  return {char(v >> 24), char(v >> 16), char(v >> 8), char(v)};
+}
+std::string le64(std::uint64_t v) {
+  std::string s(8, '\0');
+  for (int i = 0; i < 8; ++i) s[i] = char(v >> (8 * i));
+  return s;
+}
+std::string safetensors(const std::string& header, const std::string& data) {
+  std::string h = header;
+  h.append((8 - h.size() % 8) % 8, ' ');
+  return le64(h.size()) + h + data;
+}
+
+}  // namespace
+
+TEST_CASE("bad inputs: arithmetic, activations, reductions, linalg, loss, lerp") {
+  Matrix m;
+  const Tensor a = rnd({2, 3}), b = rnd({2, 3}), u;
+  // Binary ops: undefined / non-floating / mixed dtypes / shapes that do not broadcast.
+  using Bin = Tensor (*)(const Tensor&, const Tensor&);
+  const std::pair<const char*, Bin> bins[] = {{"add", [](const Tensor& x, const Tensor& y) { return add(x, y); }},
+                                              {"sub", [](const Tensor& x, const Tensor& y) { return sub(x, y); }},
+                                              {"mul", [](const Tensor& x, const Tensor& y) { return mul(x, y); }},
+                                              {"div", [](const Tensor& x, const Tensor& y) { return div(x, y); }},
+                                              {"lerp", [](const Tensor& x, const Tensor& y) { return lerp(x, y, 0.25); }}};
+  for (const auto& [name, f] : bins) {
+    BAD(m, name, "a", f(u, b));
+    BAD(m, name, "b", f(a, u));
+    for (DType d : kNonFloat) BAD(m, name, "a", f(rnd({2, 3}, d), b));
+    BAD(m, name, "b", f(a, rnd({2, 3}, DType::f64)));
+    BAD(m, name, "", f(a, rnd({4, 3})));
+  }
+  BAD(m, "lerp", "weight", lerp(a, b, kNaN));
+  BAD(m, "lerp", "weight", lerp(a, b, kInf));
+  BAD(m, "lerp", "weight", lerp(a, b, u));
+  BAD(m, "lerp", "weight", lerp(a, b, rnd({2, 3}, DType::s32)));
+  BAD(m, "lerp", "", lerp(a, b, rnd({5})));
+  BAD(m, "add", "a", add(u, 1.0));
+  BAD(m, "mul", "a", mul(rnd({2}, DType::s32), 2.0));
+  BAD(m, "neg", "", neg(u));
+  BAD(m, "neg", "", neg(rnd({2}, DType::s8)));
+  // Unary float ops.
+  for (DType d : kNonFloat) {
+    BAD(m, "relu", "x", relu(rnd({3}, d)));
+    BAD(m, "sum", "x", sum(rnd({3}, d)));
+    BAD(m, "mean", "x", mean(rnd({3}, d), 0));
+    BAD(m, "log_softmax", "x", log_softmax(rnd({2, 3}, d)));
+    BAD(m, "argmax", "x", argmax(rnd({2, 3}, d)));
+  }
+  BAD(m, "relu", "x", relu(u));
+  BAD(m, "sum", "x", sum(u));
+  BAD(m, "mean", "x", mean(u));
+  // Axes out of range (a scalar has none).
+  for (std::int64_t ax : std::vector<std::int64_t>{2, -3, 100, std::numeric_limits<std::int64_t>::min()}) {
+    BAD(m, "sum", "axis", sum(a, ax));
+    BAD(m, "mean", "axis", mean(a, ax, true));
+    BAD(m, "argmax", "axis", argmax(a, ax));
+    BAD(m, "log_softmax", "axis", log_softmax(a, ax));
+    BAD(m, "transpose", "dim", transpose(a, ax, 0));
+  }
+  const Tensor scalar = Tensor::scalar(1.5f);
+  BAD(m, "sum", "axis", sum(scalar, 0));
+  BAD(m, "log_softmax", "axis", log_softmax(scalar, 0));
+  BAD(m, "transpose", "dim", transpose(scalar, 0, 0));
+  BAD(m, "transpose", "x", transpose(u, 0, 1));
+  BAD(m, "transpose", "x", transpose(rnd({1, 1, 1, 1, 1, 1, 1, 1, 1}), 0, 1));
+  BAD(m, "mean", "x", mean(rnd({0, 3})));
+  BAD(m, "mean", "x", mean(rnd({0, 3}), 0));
+  BAD(m, "argmax", "x", argmax(rnd({2, 0}), 1));
+  // matmul / linear.
+  BAD(m, "matmul", "a", matmul(u, b));
+  BAD(m, "matmul", "b", matmul(a, u));
+  BAD(m, "matmul", "a", matmul(rnd({2, 3}, DType::s32), rnd({3, 2})));
+  BAD(m, "matmul", "b", matmul(a, rnd({3, 2}, DType::f64)));
+  BAD(m, "matmul", "", matmul(a, rnd({2, 3})));
+  BAD(m, "matmul", "a", matmul(rnd({3}), rnd({3, 2})));
+  BAD(m, "matmul", "a", matmul(rnd({1, 1, 2, 3}), rnd({1, 1, 3, 2})));
+  BAD(m, "matmul", "", matmul(rnd({2, 2, 3}), rnd({3, 3, 2})));
+  BAD(m, "linear", "x", linear(u, rnd({4, 3})));
+  BAD(m, "linear", "w", linear(a, u));
+  BAD(m, "linear", "w", linear(a, rnd({4, 2})));
+  BAD(m, "linear", "w", linear(a, rnd({4, 3}, DType::f64)));
+  BAD(m, "linear", "w", linear(a, rnd({4, 3}, DType::s8)));
+  BAD(m, "linear", "w", linear(a, rnd({3})));
+  BAD(m, "linear", "bias", linear(a, rnd({4, 3}), rnd({3})));
+  BAD(m, "linear", "bias", linear(a, rnd({4, 3}), rnd({4}, DType::s32)));
+  BAD(m, "linear", "x", linear(scalar, rnd({4, 1})));
+  // cross_entropy.
+  const Tensor labels = Tensor::from_vector<std::int64_t>({0, 2}, {2});
+  BAD(m, "cross_entropy", "logits", cross_entropy(u, labels));
+  BAD(m, "cross_entropy", "logits", cross_entropy(rnd({2, 3}, DType::s32), labels));
+  BAD(m, "cross_entropy", "logits", cross_entropy(rnd({6}), labels));
+  BAD(m, "cross_entropy", "logits", cross_entropy(rnd({0, 3}), Tensor::from_vector<std::int64_t>({}, {0})));
+  BAD(m, "cross_entropy", "labels", cross_entropy(a, u));
+  BAD(m, "cross_entropy", "labels", cross_entropy(a, rnd({2})));
+  BAD(m, "cross_entropy", "labels", cross_entropy(a, Tensor::from_vector<std::int64_t>({0, 1, 2}, {3})));
+  BAD(m, "cross_entropy", "labels", cross_entropy(a, Tensor::from_vector<std::int64_t>({0, 3}, {2})));
+  BAD(m, "cross_entropy", "labels", cross_entropy(a, Tensor::from_vector<std::int64_t>({-1, 0}, {2})));
+  m.run_all("ops");
+}
+
+TEST_CASE("bad inputs: quantization ops") {
+  Matrix m;
+  const Tensor x = rnd({4, 6}), u;
+  const Tensor s1 = f32({0.1f}), z1 = s32({3});
+  const Tensor sc = f32({0.1f, 0.2f, 0.3f, 0.4f}), zc = s32({0, 1, 2, 3});
+  // Host scalars: scale, zero point, qmin/qmax.
+  for (double s : {0.0, -0.1, kInf, -kInf, kNaN, 1e-300, 1e300}) {
+    BAD(m, "fake_quantize_per_tensor", "scale", fake_quantize_per_tensor(x, s, 0, -128, 127));
+    BAD(m, "quantize_per_tensor", "scale", quantize_per_tensor(x, s, 0, DType::s8));
+    BAD(m, "dequantize_per_tensor", "scale", dequantize_per_tensor(rnd({4}, DType::s8), s, 0));
+  }
+  BAD(m, "fake_quantize_per_tensor", "zero_point", fake_quantize_per_tensor(x, 0.1, 128, -128, 127));
+  BAD(m, "fake_quantize_per_tensor", "zero_point", fake_quantize_per_tensor(x, 0.1, -1, 0, 255));
+  BAD(m, "fake_quantize_per_tensor", "qmax", fake_quantize_per_tensor(x, 0.1, 0, 5, 5));
+  BAD(m, "fake_quantize_per_tensor", "qmax", fake_quantize_per_tensor(x, 0.1, 0, 10, -10));
+  BAD(m, "fake_quantize_per_tensor", "qmin", fake_quantize_per_tensor(x, 0.1, 0, -kBig, 10));
+  BAD(m, "fake_quantize_per_tensor", "qmax", fake_quantize_per_tensor(x, 0.1, 0, 0, kBig));
+  BAD(m, "fake_quantize_per_tensor", "x", fake_quantize_per_tensor(u, 0.1, 0, 0, 255));
+  for (DType d : kNonFloat) BAD(m, "fake_quantize_per_tensor", "x", fake_quantize_per_tensor(rnd({3}, d), 0.1, 0, 0, 255));
+  BAD(m, "quantize_per_tensor", "zero_point", quantize_per_tensor(x, 0.1, 300, DType::u8));
+  BAD(m, "quantize_per_tensor", "zero_point", quantize_per_tensor(x, 0.1, -129, DType::s8));
+  for (DType d : {DType::f32, DType::s32, DType::s64, DType::boolean, DType::f16})
+    BAD(m, "quantize_per_tensor", "dtype", quantize_per_tensor(x, 0.1, 0, d));
+  BAD(m, "quantize_per_tensor", "x", quantize_per_tensor(rnd({3}, DType::s32), 0.1, 0, DType::s8));
+  // Tensor qparams: dtype, numel, values.
+  BAD(m, "fake_quantize_per_tensor", "scale", fake_quantize_per_tensor(x, u, z1, 0, 255));
+  BAD(m, "fake_quantize_per_tensor", "zero_point", fake_quantize_per_tensor(x, s1, u, 0, 255));
+  BAD(m, "fake_quantize_per_tensor", "scale", fake_quantize_per_tensor(x, s1.to(DType::f64), z1, 0, 255));
+  BAD(m, "fake_quantize_per_tensor", "zero_point", fake_quantize_per_tensor(x, s1, z1.to(DType::s64), 0, 255));
+  BAD(m, "fake_quantize_per_tensor", "scale", fake_quantize_per_tensor(x, sc, z1, 0, 255));
+  BAD(m, "fake_quantize_per_tensor", "zero_point", fake_quantize_per_tensor(x, s1, zc, 0, 255));
+  for (float s : {0.0f, -1.0f, INFINITY, NAN})
+    BAD(m, "fake_quantize_per_tensor", "scale", fake_quantize_per_tensor(x, f32({s}), z1, 0, 255));
+  BAD(m, "fake_quantize_per_tensor", "zero_point", fake_quantize_per_tensor(x, s1, s32({-5}), 0, 255));
+  BAD(m, "quantize_per_tensor", "scale", quantize_per_tensor(x, f32({0.0f}), z1, DType::u8));
+  BAD(m, "quantize_per_tensor", "zero_point", quantize_per_tensor(x, s1, s32({1000}), DType::u8));
+  BAD(m, "dequantize_per_tensor", "q", dequantize_per_tensor(x, s1, z1));
+  BAD(m, "dequantize_per_tensor", "q", dequantize_per_tensor(u, 0.1, 0));
+  BAD(m, "dequantize_per_tensor", "out_dtype", dequantize_per_tensor(rnd({3}, DType::u8), 0.1, 0, DType::s32));
+  BAD(m, "dequantize_per_tensor", "zero_point", dequantize_per_tensor(rnd({3}, DType::u8), 0.1, 256));
+  // Per channel.
+  BAD(m, "fake_quantize_per_channel", "axis", fake_quantize_per_channel(x, sc, zc, 2, 0, 255));
+  BAD(m, "fake_quantize_per_channel", "axis", fake_quantize_per_channel(x, sc, zc, -3, 0, 255));
+  BAD(m, "fake_quantize_per_channel", "x", fake_quantize_per_channel(Tensor::scalar(1.0f), s1, z1, 0, 0, 255));
+  BAD(m, "fake_quantize_per_channel", "scale", fake_quantize_per_channel(x, sc, zc, 1, 0, 255));
+  BAD(m, "fake_quantize_per_channel", "zero_point", fake_quantize_per_channel(x, sc, s32({0, 1}), 0, 0, 255));
+  BAD(m, "fake_quantize_per_channel", "scale", fake_quantize_per_channel(x, f32({0.1f, 0.0f, 0.1f, 0.1f}), zc, 0, 0, 255));
+  BAD(m, "fake_quantize_per_channel", "scale", fake_quantize_per_channel(x, f32({0.1f, NAN, 0.1f, 0.1f}), zc, 0, 0, 255));
+  BAD(m, "fake_quantize_per_channel", "zero_point", fake_quantize_per_channel(x, sc, s32({0, 1, 2, 300}), 0, 0, 255));
+  BAD(m, "fake_quantize_per_channel", "qmax", fake_quantize_per_channel(x, sc, zc, 0, 3, 3));
+  BAD(m, "quantize_per_channel", "dtype", quantize_per_channel(x, sc, zc, 0, DType::s32));
+  BAD(m, "quantize_per_channel", "axis", quantize_per_channel(x, sc, zc, 5, DType::u8));
+  BAD(m, "quantize_per_channel", "zero_point", quantize_per_channel(x, sc, s32({0, 0, 0, -1}), 0, DType::u8));
+  BAD(m, "dequantize_per_channel", "q", dequantize_per_channel(x, sc, zc, 0));
+  BAD(m, "dequantize_per_channel", "scale", dequantize_per_channel(rnd({4, 6}, DType::s8), f32({1, 2}), zc, 0));
+  // Per token / per group.
+  BAD(m, "quantize_per_token", "x", quantize_per_token(rnd({4}), sc, zc, DType::s8));
+  BAD(m, "quantize_per_token", "scale", quantize_per_token(x, f32({1, 2}), zc, DType::s8));
+  BAD(m, "quantize_per_token", "zero_point", quantize_per_token(x, sc, s32({1}), DType::s8));
+  BAD(m, "dequantize_per_token", "q", dequantize_per_token(x, sc, zc));
+  const Tensor sg = full({4, 2}, 0.5), zg = zeros({4, 2}, TensorOptions{}.with_dtype(DType::s32));
+  BAD(m, "quantize_per_group", "group_size", quantize_per_group(x, sg, zg, 0, DType::s8));
+  BAD(m, "quantize_per_group", "group_size", quantize_per_group(x, sg, zg, -3, DType::s8));
+  BAD(m, "quantize_per_group", "group_size", quantize_per_group(x, sg, zg, 4, DType::s8));
+  BAD(m, "quantize_per_group", "scale", quantize_per_group(x, sg, zg, 2, DType::s8));
+  BAD(m, "quantize_per_group", "x", quantize_per_group(Tensor::scalar(1.0f), sg, zg, 3, DType::s8));
+  BAD(m, "dequantize_per_group", "out_dtype", dequantize_per_group(rnd({4, 6}, DType::s8), sg, zg, 3, DType::u8));
+  // LSQ.
+  const Tensor ls = f32({0.1f}), lz = f32({2.0f});
+  BAD(m, "fake_quantize_learnable_per_tensor", "scale", fake_quantize_learnable_per_tensor(x, u, lz, 0, 255));
+  BAD(m, "fake_quantize_learnable_per_tensor", "zero_point", fake_quantize_learnable_per_tensor(x, ls, u, 0, 255));
+  BAD(m, "fake_quantize_learnable_per_tensor", "scale", fake_quantize_learnable_per_tensor(x, s32({1}), lz, 0, 255));
+  BAD(m, "fake_quantize_learnable_per_tensor", "scale", fake_quantize_learnable_per_tensor(x, f32({0.0f}), lz, 0, 255));
+  BAD(m, "fake_quantize_learnable_per_tensor", "zero_point", fake_quantize_learnable_per_tensor(x, ls, f32({NAN}), 0, 255));
+  BAD(m, "fake_quantize_learnable_per_tensor", "grad_factor", fake_quantize_learnable_per_tensor(x, ls, lz, 0, 255, kInf));
+  BAD(m, "fake_quantize_learnable_per_tensor", "qmax", fake_quantize_learnable_per_tensor(x, ls, lz, 9, 1));
+  BAD(m, "fake_quantize_learnable_per_tensor", "x", fake_quantize_learnable_per_tensor(rnd({2}, DType::u8), ls, lz, 0, 255));
+  BAD(m, "fake_quantize_learnable_per_channel", "axis", fake_quantize_learnable_per_channel(x, sc, sc, 3, 0, 255));
+  BAD(m, "fake_quantize_learnable_per_channel", "scale", fake_quantize_learnable_per_channel(x, ls, sc, 0, 0, 255));
+  BAD(m, "fake_quantize_learnable_per_channel", "grad_factor", fake_quantize_learnable_per_channel(x, sc, sc, 0, 0, 255, kNaN));
+  // dynamic_range_quantize.
+  BAD(m, "dynamic_range_quantize", "x", dynamic_range_quantize(u, QuantScope::per_tensor()));
+  BAD(m, "dynamic_range_quantize", "x", dynamic_range_quantize(rnd({3}, DType::s32), QuantScope::per_tensor()));
+  BAD(m, "dynamic_range_quantize", "out_dtype", dynamic_range_quantize(x, QuantScope::per_tensor(), QuantMode::symmetric, DType::f32));
+  BAD(m, "dynamic_range_quantize", "q", dynamic_range_quantize(x, QuantScope::per_tensor(), QuantMode::symmetric, DType::s8, -129, 127));
+  BAD(m, "dynamic_range_quantize", "q", dynamic_range_quantize(x, QuantScope::per_tensor(), QuantMode::asymmetric, DType::u8, 10, 10));
+  BAD(m, "dynamic_range_quantize", "q", dynamic_range_quantize(x, QuantScope::per_tensor(), QuantMode::symmetric, DType::s8, -10, 0));
+  BAD(m, "dynamic_range_quantize", "axis", dynamic_range_quantize(x, QuantScope::per_channel(2)));
+  BAD(m, "dynamic_range_quantize", "group_size", dynamic_range_quantize(x, QuantScope::per_group(1, 0)));
+  BAD(m, "dynamic_range_quantize", "group_size", dynamic_range_quantize(x, QuantScope::per_group(1, 4)));
+  BAD(m, "dynamic_range_quantize", "x", dynamic_range_quantize(Tensor::scalar(1.0f), QuantScope::per_token()));
+  // quantized_linear.
+  const Tensor wq = rnd({5, 6}, DType::s8), ws = f32({1, 1, 1, 1, 1});
+  const auto dyn = ActivationQuant::dynamic();
+  BAD(m, "quantized_linear", "x", quantized_linear(u, wq, ws, Tensor(), dyn));
+  BAD(m, "quantized_linear", "x", quantized_linear(rnd({4, 6}, DType::s32), wq, ws, Tensor(), dyn));
+  BAD(m, "quantized_linear", "x", quantized_linear(Tensor::scalar(1.0f), wq, ws, Tensor(), dyn));
+  BAD(m, "quantized_linear", "x", quantized_linear(rnd({4, 0}), rnd({5, 0}, DType::s8), ws, Tensor(), dyn));
+  BAD(m, "quantized_linear", "w_q", quantized_linear(x, rnd({5, 6}, DType::u8), ws, Tensor(), dyn));
+  BAD(m, "quantized_linear", "w_q", quantized_linear(x, rnd({5, 4}, DType::s8), ws, Tensor(), dyn));
+  BAD(m, "quantized_linear", "w_scale", quantized_linear(x, wq, f32({1, 1}), Tensor(), dyn));
+  BAD(m, "quantized_linear", "w_scale", quantized_linear(x, wq, f32({1, 1, 0, 1, 1}), Tensor(), dyn));
+  BAD(m, "quantized_linear", "w_scale", quantized_linear(x, wq, f32({1, 1, NAN, 1, 1}), Tensor(), dyn));
+  BAD(m, "quantized_linear", "bias", quantized_linear(x, wq, ws, f32({1, 2}), dyn));
+  BAD(m, "quantized_linear", "bias", quantized_linear(x, wq, ws, rnd({5}, DType::s32), dyn));
+  BAD(m, "quantized_linear", "out_dtype", quantized_linear(x, wq, ws, Tensor(), dyn, DType::s8));
+  ActivationQuant bad_dyn = dyn;
+  bad_dyn.qmin = 0;
+  BAD(m, "quantized_linear", "act", quantized_linear(x, wq, ws, Tensor(), bad_dyn));
+  BAD(m, "quantized_linear", "act", quantized_linear(x, wq, ws, Tensor(), ActivationQuant::fixed(f32({0.0f}), s32({0}), -127, 127)));
+  BAD(m, "quantized_linear", "act", quantized_linear(x, wq, ws, Tensor(), ActivationQuant::fixed(s1, s32({0}), 5, 5)));
+  BAD(m, "quantized_linear", "act", quantized_linear(x, wq, ws, Tensor(), ActivationQuant::fixed(s1, s32({0}), -300, 0)));
+  BAD(m, "quantized_linear", "act", quantized_linear(x, wq, ws, Tensor(), ActivationQuant::fixed(s1, s32({300}), 0, 255)));
+  BAD(m, "quantized_linear", "act", quantized_linear(x, wq, ws, Tensor(), ActivationQuant::fixed(sc, s32({0}), -127, 127)));
+  // SmoothQuant.
+  BAD(m, "smoothquant_factors", "alpha", smoothquant_factors(f32({1, 1, 1, 1, 1, 1}), rnd({5, 6}), 0.0));
+  BAD(m, "smoothquant_factors", "alpha", smoothquant_factors(f32({1, 1, 1, 1, 1, 1}), rnd({5, 6}), 1.0));
+  BAD(m, "smoothquant_factors", "alpha", smoothquant_factors(f32({1, 1, 1, 1, 1, 1}), rnd({5, 6}), kNaN));
+  BAD(m, "smoothquant_factors", "weight", smoothquant_factors(f32({1, 1, 1, 1, 1, 1}), rnd({5, 4}), 0.5));
+  BAD(m, "SmoothQuantCalibrator", "in_features", SmoothQuantCalibrator(0));
+  SmoothQuantCalibrator calib(6);
+  BAD(m, "SmoothQuantCalibrator", "x", calib.observe(rnd({2, 5})));
+  BAD(m, "SmoothQuantCalibrator", "x", calib.observe(rnd({2, 6}, DType::s8)));
+  BAD(m, "SmoothQuantLinear", "calib", SmoothQuantLinear::from_float(rnd({5, 6}), Tensor(), calib));
+  m.run_all("quantization ops");
+}
+
+TEST_CASE("bad inputs: factories, shapes, conversions, in-place copy leave the destination untouched") {
+  Matrix m;
+  const std::int64_t i64max = std::numeric_limits<std::int64_t>::max();
+  const Shape overflow{kBig, kBig}, negative{2, -3};
+  for (const Shape& s : {overflow, negative, Shape{i64max, 2}, Shape{3, i64max, i64max}}) {
+    BAD(m, "empty", "shape", Tensor::empty(s));
+    BAD(m, "", "shape", zeros(s));
+    BAD(m, "", "shape", full(s, 1.0));
+    BAD(m, "", "shape", randn(s, gen()));
+    BAD(m, "", "shape", rand(s, gen()));
+    BAD(m, "", "shape", randint(0, 3, s, gen()));
+    BAD(m, "reshape", "shape", rnd({2, 3}).reshape(s));
+  }
+  // Addressable element counts whose bytes cannot exist: OutOfMemory, not bad_alloc.
+  BAD(m, "allocate", "bytes", Tensor::empty({(std::int64_t{1} << 61) - 1}, TensorOptions{}.with_dtype(DType::f64)));
+  BAD(m, "allocate", "bytes", Tensor::empty({std::int64_t{1} << 45}, TensorOptions{}.with_dtype(DType::f64)));
+  BAD(m, "empty", "shape", Tensor::empty({std::int64_t{1} << 62}, TensorOptions{}.with_dtype(DType::f64)));
+  CHECK_THROWS_AS(Tensor::empty({std::int64_t{1} << 50}), OutOfMemory);
+  BAD(m, "reshape", "shape", rnd({2, 3}).reshape({4, 2}));
+  BAD(m, "reshape", "shape", rnd({2, 3}).reshape({-1, -1}));
+  BAD(m, "reshape", "shape", rnd({2, 3}).reshape({-1, 4}));
+  BAD(m, "reshape", "shape", rnd({2, 3}).reshape({0, -1}));
+  BAD(m, "arange", "step", arange(0, 10, 0));
+  BAD(m, "arange", "", arange(0, kInf, 1));
+  BAD(m, "arange", "", arange(kNaN, 1, 1));
+  BAD(m, "randint", "", randint(5, 5, {3}, gen()));
+  BAD(m, "randint", "", randint(5, 1, {3}, gen()));
+  BAD(m, "from_vector", "values", Tensor::from_vector<float>({1, 2, 3}, {2, 2}));
+  BAD(m, "Tensor::data", "T", rnd({2}).data<double>());
+  BAD(m, "item", "", rnd({2}).item());
+  m.run_all("factories and shapes");
+
+  // In-place copy_: every failure leaves the destination bit-identical.
+  Matrix mc;
+  const Tensor dst = rnd({2, 3});
+  Snapshot snap({dst});
+  BAD(mc, "copy_", "src", Tensor(dst).copy_(Tensor()));
+  BAD(mc, "copy_", "src", Tensor(dst).copy_(rnd({3, 2})));
+  BAD(mc, "copy_", "src", Tensor(dst).copy_(rnd({6})));
+  for (DType d : {DType::f64, DType::f16, DType::bf16, DType::s8, DType::u8, DType::s32, DType::s64, DType::boolean})
+    BAD(mc, "copy_", "src", Tensor(dst).copy_(rnd({2, 3}, d)));
+  BAD(mc, "copy_", "tensor", Tensor().copy_(dst));
+  mc.run_all("copy_");
+  CHECK(snap.unchanged());
+}
+
+TEST_CASE("bad inputs: optimizers, modules and observers leave their state untouched") {
+  Matrix m;
+  Generator g(5);
+  nn::Linear lin(3, 2, g);
+  auto params = lin.named_parameters();
+  // Constructors.
+  BAD(m, "Optimizer", "params", nn::SGD({}, {}));
+  BAD(m, "Optimizer", "lr", nn::SGD(params, {.lr = -1.0}));
+  BAD(m, "Optimizer", "lr", nn::SGD(params, {.lr = kNaN}));
+  BAD(m, "Optimizer", "momentum", nn::SGD(params, {.lr = 0.1, .momentum = -0.5}));
+  BAD(m, "Optimizer", "weight_decay", nn::SGD(params, {.lr = 0.1, .weight_decay = -1}));
+  BAD(m, "Optimizer", "nesterov", nn::SGD(params, {.lr = 0.1, .nesterov = true}));
+  BAD(m, "Optimizer", "beta", nn::AdamW(params, {.beta1 = 1.0}));
+  BAD(m, "Optimizer", "beta", nn::AdamW(params, {.beta2 = -0.1}));
+  BAD(m, "Optimizer", "params", nn::SGD({{"a", params[0].second}, {"a", params[1].second}}, {}));
+  BAD(m, "Optimizer", "", nn::SGD({{"c", rnd({2})}}, {}));
+  BAD(m, "Optimizer", "", nn::SGD({{"c", rnd({2}, DType::s32)}}, {}));
+
+  // step() with a bad gradient: parameters and buffers unchanged.
+  nn::SGD sgd(params, {.lr = 0.1, .momentum = 0.9});
+  for (auto& [n, p] : params) p.set_grad(ones_like(p));
+  sgd.step();  // creates momentum buffers
+  std::vector<Tensor> state;
+  for (auto& [n, t] : sgd.state_dict()) state.push_back(t);
+  for (auto& [n, p] : params) state.push_back(p);
+  Snapshot snap(state);
+  params[1].second.set_grad(rnd({5}));
+  BAD(m, "", "grad", sgd.step());
+  params[1].second.set_grad(rnd({2}, DType::f64));
+  BAD(m, "", "grad", sgd.step());
+  params[1].second.set_grad(ones_like(params[1].second));
+
+  // Optimizer::load_state_dict: missing, extra, wrong shape / dtype, negative steps.
+  nn::NamedTensors good = sgd.state_dict();
+  auto edited = [&](const std::string& name, Tensor t) {
+    nn::NamedTensors s;
+    for (auto& [n, v] : good) s.emplace_back(n, n == name ? t : v.detach().clone());
+    return s;
+  };
+  nn::NamedTensors missing(good.begin() + 1, good.end());
+  BAD(m, "Optimizer::load_state_dict", "step", sgd.load_state_dict(missing));
+  BAD(m, "Optimizer::load_state_dict", "step", sgd.load_state_dict(edited("step", Tensor::scalar<std::int64_t>(-1))));
+  BAD(m, "Optimizer::load_state_dict", "step", sgd.load_state_dict(edited("step", Tensor::scalar<float>(1))));
+  BAD(m, "Optimizer::load_state_dict", "momentum_buffer",
+      sgd.load_state_dict(edited(good.back().first, rnd({7}))));
+  nn::NamedTensors extra = good;
+  extra.emplace_back("bogus", rnd({1}));
+  BAD(m, "Optimizer::load_state_dict", "bogus", sgd.load_state_dict(extra));
+  nn::NamedTensors dup = good;
+  dup.push_back(good.front());
+  BAD(m, "Optimizer::load_state_dict", "step", sgd.load_state_dict(dup));
+
+  // Module::load_state_dict.
+  nn::NamedTensors ms = lin.state_dict();
+  BAD(m, "Module::load_state_dict", "weight", lin.load_state_dict({{"bias", rnd({2})}}));
+  BAD(m, "Module::load_state_dict", "weight", lin.load_state_dict({{"weight", rnd({3, 2})}, {"bias", rnd({2})}}));
+  BAD(m, "Module::load_state_dict", "bias", lin.load_state_dict({{"weight", rnd({2, 3})}, {"bias", rnd({2}, DType::f64)}}));
+  BAD(m, "Module::load_state_dict", "extra",
+      lin.load_state_dict({{"weight", rnd({2, 3})}, {"bias", rnd({2})}, {"extra", rnd({1})}}));
+  BAD(m, "Module::load_state_dict", "weight", lin.load_state_dict({{"weight", Tensor()}, {"bias", rnd({2})}}));
+
+  // Observers.
+  nn::ObserverOptions oo;
+  oo.dtype = DType::s32;
+  BAD(m, "", "dtype", nn::Observer(oo));
+  oo = {};
+  oo.quant_range = std::make_pair(std::int64_t{5}, std::int64_t{10});
+  BAD(m, "", "quant_range", nn::Observer(oo));
+  oo = {};
+  oo.averaging_constant = 2.0;
+  BAD(m, "", "averaging_constant", nn::Observer(oo));
+  oo = {};
+  oo.qscheme = nn::QScheme::per_channel_affine;
+  oo.channels = 0;
+  BAD(m, "", "channels", nn::Observer(oo));
+  nn::PerChannelMinMaxObserver obs(3, 1);
+  obs.forward(rnd({2, 3}));
+  std::vector<Tensor> obs_state;
+  for (auto& [n, t] : obs.state_dict()) obs_state.push_back(t);
+  Snapshot obs_snap(obs_state);
+  BAD(m, "", "x", obs.forward(rnd({2, 4})));
+  BAD(m, "", "x", obs.forward(rnd({2, 3}, DType::s32)));
+  BAD(m, "", "x", obs.forward(Tensor()));
+  const Tensor qs = f32({7, 7, 7}), qz = s32({9, 9, 9});
+  Snapshot q_snap({qs, qz});
+  BAD(m, "", "scale", obs.calculate_qparams(f32({1, 1}), qz));
+  BAD(m, "", "zero_point", obs.calculate_qparams(qs, f32({1, 1, 1})));
+  m.run_all("optimizers, modules, observers");
+  CHECK(snap.unchanged());
+  CHECK(obs_snap.unchanged());
+  CHECK(q_snap.unchanged());
+}
+
+TEST_CASE("bad inputs: IDX and safetensors files that are missing, empty, truncated or lie about sizes") {
+  Matrix m;
+  TmpDir d;
+  const std::string img_header = be32(0x803) + be32(2) + be32(28) + be32(28);
+  const std::string good_images = img_header + std::string(2 * 784, '\x10');
+  const std::string lab_header = be32(0x801) + be32(3);
+  for (auto [name, bytes] : std::vector<std::pair<std::string, std::string>>{
+           {"empty", ""},
+           {"short_magic", "\0\0\x08"},
+           {"bad_magic", be32(0x801) + be32(2) + be32(28) + be32(28)},
+           {"short_header", be32(0x803) + be32(2)},
+           {"truncated", good_images.substr(0, good_images.size() - 1)},
+           {"trailing", good_images + "xx"},
+           {"zero_dim", be32(0x803) + be32(0) + be32(28) + be32(28)},
+           {"lies_huge", be32(0x803) + be32(0xffffffff) + be32(0xffffffff) + be32(0xffffffff) + "abc"},
+           {"wrong_size", be32(0x803) + be32(1) + be32(2) + be32(2) + "abcd"},
+           {"gz_garbage", std::string("\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03garbage", 18)}}) {
+    const std::string p = d.file(name, bytes);
+    BAD(m, "read_idx_images", p, nn::read_idx_images(p));
+  }
+  BAD(m, "read_idx_images", "missing", nn::read_idx_images(d.path.string() + "/missing.gz"));
+  BAD(m, "read_idx_images", "not a regular file", nn::read_idx_images(d.path.string()));
+  BAD(m, "read_idx_images", "norm", nn::read_idx_images(d.file("ok", good_images), {true, 0.0, 0.0}));
+  for (auto [name, bytes] : std::vector<std::pair<std::string, std::string>>{
+           {"l_empty", ""},
+           {"l_truncated", lab_header + "\x01\x02"},
+           {"l_trailing", lab_header + "\x01\x02\x03\x04"},
+           {"l_class", lab_header + "\x01\x02\x0a"},
+           {"l_images", good_images}}) {
+    const std::string p = d.file(name, bytes);
+    BAD(m, "read_idx_labels", p, nn::read_idx_labels(p));
+  }
+  BAD(m, "load_fashion_mnist", "split", nn::load_fashion_mnist("valid", d.path.string()));
+  BAD(m, "read_idx_images", "cannot open", nn::load_fashion_mnist("train", d.path.string()));
+
+  const std::string w_hdr = R"({"weight":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]}})";
+  const std::string data24(24, '\0');
+  for (auto [name, bytes] : std::vector<std::pair<std::string, std::string>>{
+           {"st_empty", ""},
+           {"st_short", "\x08\0\0"},
+           {"st_zero_header", le64(0)},
+           {"st_huge_header", le64(std::uint64_t{1} << 40) + "{}"},
+           {"st_header_past_end", le64(100) + "{}"},
+           {"st_not_json", safetensors("{not json", "")},
+           {"st_not_object", safetensors("[1,2]", "")},
+           {"st_truncated", safetensors(w_hdr, data24.substr(0, 20))},
+           {"st_trailing", safetensors(w_hdr, data24 + "zz")},
+           {"st_bad_dtype", safetensors(R"({"w":{"dtype":"F128","shape":[1],"data_offsets":[0,16]}})", std::string(16, 0))},
+           {"st_neg_shape", safetensors(R"({"w":{"dtype":"U8","shape":[-1],"data_offsets":[0,1]}})", "a")},
+           {"st_overflow_shape",
+            safetensors(R"({"w":{"dtype":"F64","shape":[4294967296,4294967296,4294967296],"data_offsets":[0,8]}})",
+                        std::string(8, 0))},
+           {"st_size_lie", safetensors(R"({"w":{"dtype":"F32","shape":[7],"data_offsets":[0,24]}})", data24)},
+           {"st_offsets_reversed", safetensors(R"({"w":{"dtype":"U8","shape":[0],"data_offsets":[5,4]}})", "abcde")},
+           {"st_offsets_past_end", safetensors(R"({"w":{"dtype":"U8","shape":[4],"data_offsets":[30,34]}})", "abcd")},
+           {"st_overlap", safetensors(R"({"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},)"
+                                      R"("b":{"dtype":"U8","shape":[4],"data_offsets":[2,6]}})", "abcdef")},
+           {"st_gap", safetensors(R"({"a":{"dtype":"U8","shape":[2],"data_offsets":[2,4]}})", "abcd")},
+           {"st_bool", safetensors(R"({"a":{"dtype":"BOOL","shape":[2],"data_offsets":[0,2]}})", "\x01\x07")},
+           {"st_meta", safetensors(R"({"__metadata__":{"k":1}})", "")},
+           {"st_no_offsets", safetensors(R"({"a":{"dtype":"U8","shape":[2]}})", "ab")}}) {
+    const std::string p = d.file(name, bytes);
+    BAD(m, "load_safetensors", p, nn::load_safetensors(p));
+  }
+  BAD(m, "load_safetensors", "cannot open", nn::load_safetensors(d.path.string() + "/none.safetensors"));
+  BAD(m, "save_safetensors", "tensors", nn::save_safetensors(d.path.string() + "/x", {{"", rnd({1})}}));
+  BAD(m, "save_safetensors", "tensors", nn::save_safetensors(d.path.string() + "/x", {{"a", rnd({1})}, {"a", rnd({1})}}));
+  BAD(m, "save_safetensors", "tensors", nn::save_safetensors(d.path.string() + "/x", {{"__metadata__", rnd({1})}}));
+  BAD(m, "save_safetensors", "tensors", nn::save_safetensors(d.path.string() + "/x", {{"a", Tensor()}}));
+  BAD(m, "save_safetensors", "cannot create", nn::save_safetensors(d.path.string() + "/no/dir/x", {{"a", rnd({1})}}));
+  const std::string regular = d.file("regular", "x");
+  BAD(m, "save_safetensors", "cannot create", nn::save_safetensors(regular + "/x", {{"a", rnd({1})}}));
+
+  // Checkpoint loads into a model (and optimizer): a failure leaves both untouched.
+  Generator g(3);
+  nn::Linear lin(3, 2, g), other(4, 2, g);
+  nn::SGD sgd(lin.named_parameters(), {.lr = 0.1, .momentum = 0.9});
+  for (auto& p : lin.parameters()) p.set_grad(ones_like(p));
+  sgd.step();
+  nn::AdamW adam(lin.named_parameters(), {});
+  const std::string ck_other = d.path.string() + "/other.ckpt", ck_noopt = d.path.string() + "/noopt.ckpt";
+  nn::save_checkpoint(ck_other, other, nullptr);
+  nn::save_checkpoint(ck_noopt, lin, nullptr);
+  const std::string ck_sgd = d.path.string() + "/sgd.ckpt";
+  nn::save_checkpoint(ck_sgd, lin, &sgd);
+  std::vector<Tensor> state;
+  for (auto& [n, t] : lin.state_dict()) state.push_back(t);
+  for (auto& [n, t] : sgd.state_dict()) state.push_back(t);
+  // Perturb the live state so a load that wrote anything would be visible.
+  for (auto& t : lin.parameters()) Tensor(t).copy_(rnd(t.shape()));
+  Snapshot snap(state);
+  BAD(m, "load_checkpoint", "other.ckpt", nn::load_checkpoint(ck_other, lin));
+  BAD(m, "load_checkpoint", "holds no optimizer", nn::load_checkpoint(ck_noopt, lin, &sgd));
+  BAD(m, "load_checkpoint", "optimizer state is for", nn::load_checkpoint(ck_sgd, lin, &adam));
+  // An optimizer state that fails validation after the model part was fine.
+  nn::SGD sgd_other(lin.named_parameters(), {.lr = 0.1});
+  nn::NamedTensors bad_state;
+  for (auto& [n, t] : lin.state_dict()) bad_state.emplace_back("model." + n, add(t.detach().clone(), 1.0));
+  bad_state.emplace_back("optim.step", Tensor::scalar<std::int64_t>(-4));
+  const std::string ck_bad = d.path.string() + "/bad.ckpt";
+  nn::save_safetensors(ck_bad, bad_state, {{"format", "qgrad-checkpoint"}, {"optimizer", "sgd"}});
+  BAD(m, "load_checkpoint", "step", nn::load_checkpoint(ck_bad, lin, &sgd));
+  BAD(m, "load_checkpoint", "missing", nn::load_checkpoint(d.path.string() + "/missing.ckpt", lin));
+  const std::string ck_stray = d.path.string() + "/stray.ckpt";
+  nn::save_safetensors(ck_stray, {{"weight", rnd({2, 3})}});
+  BAD(m, "load_checkpoint", "unexpected tensor", nn::load_checkpoint(ck_stray, lin));
+  m.run_all("files");
+  CHECK(snap.unchanged());
+  MESSAGE("bad-input cases so far: ", Matrix::total());
+}
+
+TEST_CASE("bad inputs: mixed devices (GPU)") {
+  QGRAD_REQUIRE_GPU();
+  Matrix m;
+  const Tensor a = rnd({2, 3}), ga = rnd({2, 3}).cuda();
+  BAD(m, "add", "b", add(a, ga));
+  BAD(m, "mul", "b", mul(ga, a));
+  BAD(m, "matmul", "b", matmul(ga, rnd({3, 2})));
+  BAD(m, "linear", "w", linear(ga, rnd({4, 3})));
+  BAD(m, "linear", "bias", linear(ga, rnd({4, 3}).cuda(), rnd({4})));
+  BAD(m, "lerp", "b", lerp(a, ga, 0.5));
+  BAD(m, "cross_entropy", "labels", cross_entropy(ga, Tensor::from_vector<std::int64_t>({0, 1}, {2})));
+  BAD(m, "fake_quantize_per_tensor", "scale", fake_quantize_per_tensor(ga, f32({0.1f}), s32({0}).cuda(), 0, 255));
+  BAD(m, "fake_quantize_per_tensor", "zero_point", fake_quantize_per_tensor(ga, f32({0.1f}).cuda(), s32({0}), 0, 255));
+  BAD(m, "quantized_linear", "w_q", quantized_linear(ga, rnd({5, 3}, DType::s8), f32({1, 1, 1, 1, 1}).cuda(), Tensor(),
+                                                     ActivationQuant::dynamic()));
+  m.run_all("mixed devices");
+}

@@ -28,7 +28,7 @@
 namespace qgrad {
 
 struct QuantScope {
-  enum Kind { tensor, channel, token, group } kind = tensor;
+  enum Kind : int { tensor, channel, token, group } kind = tensor;  // fixed type: any int is a valid value to reject
   std::int64_t axis = 0;
   std::int64_t group_size = 0;
   static QuantScope per_tensor() { return {tensor, 0, 0}; }

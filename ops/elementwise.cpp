@@ -114,6 +114,9 @@ Tensor mul(const Tensor& a, double b) {
   Tensor s = scalar_like(a, b, "mul");
   return mul(a, s);
 }
-Tensor neg(const Tensor& a) { return mul(a, -1.0); }
+Tensor neg(const Tensor& a) {
+  Tensor s = scalar_like(a, -1.0, "neg");
+  return mul(a, s);
+}
 
 }  // namespace qgrad

@@ -13,8 +13,8 @@
 // flags, the data and the device, bit-identical between runs with the same
 // seed on the same device; "timing" holds the wall-clock measurements.
 //
-//   qgrad-qat-mlp [--epochs 8] [--qat-epochs 2] [--device auto|cpu|cuda] [--out qat-mlp-out] ...
-//   longer schedule: --epochs 40 --qat-epochs 4
+//   qgrad-qat-mlp [--epochs 6] [--qat-epochs 2] [--device auto|cpu|cuda] [--out qat-mlp-out] ...
+//   longer schedule: --epochs 30 --qat-epochs 3
 #include <CLI/CLI.hpp>
 #include <unistd.h>
 
@@ -37,7 +37,7 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 struct Flags {
-  int epochs = 8;
+  int epochs = 6;
   int qat_epochs = 2;
   std::int64_t batch = 128;
   double lr = 0.05;
@@ -178,6 +178,8 @@ struct Phase {
   int epochs;
   double lr;
   bool qat;
+  bool warmup;        // linear warmup (training from scratch)
+  int freeze_epoch;   // QAT: observers are off from this epoch on
 };
 
 class Trainer {
@@ -186,15 +188,16 @@ class Trainer {
       : f_(f), dev_(dev), train_(train), test_(test), loader_(train, f.batch, true, f.seed, false, dev) {}
 
   // Trains `model` for one phase; records per-epoch metrics. For a QAT
-  // phase the observers run during the first epoch only, then freeze
-  // (PyTorch's recipe), and the first step's graph is written as DOT.
+  // phase the observers freeze at ph.freeze_epoch (PyTorch's recipe:
+  // fine-tuning observes during its first epoch only), and the first
+  // step's graph is written as DOT.
   void run(Sequential& model, const Phase& ph, const std::string& out_dir) {
     SGD opt(model.named_parameters(), SGDOptions{ph.lr, f_.momentum, 0.0, f_.weight_decay, f_.nesterov});
     const std::int64_t steps = static_cast<std::int64_t>(ph.epochs) * loader_.num_batches();
-    CosineSchedule schedule(ph.lr, steps, ph.qat ? 0 : std::min<std::int64_t>(steps / 20, 200));
+    CosineSchedule schedule(ph.lr, steps, ph.warmup ? std::min<std::int64_t>(steps / 20, 200) : 0);
     bool observers_on = true;
     for (int e = 1; e <= ph.epochs; ++e) {
-      if (ph.qat && e == 2) {
+      if (ph.qat && e == ph.freeze_epoch) {
         enable_observer(model, false);
         observers_on = false;
       }
@@ -330,13 +333,15 @@ int run(const Flags& f, const std::string& flags_text) {
   Trainer trainer(f, dev, train, test);
   double float_acc = 0;
   if (!f.qat_from_scratch) {
-    trainer.run(*model, {"float", f.epochs, f.lr, false}, f.out);
+    trainer.run(*model, {"float", f.epochs, f.lr, false, true, 0}, f.out);
     float_acc = accuracy(predict(*model, test, dev), test);
     save_checkpoint(f.out + "/float.safetensors", *model, nullptr, {{"phase", "float"}});
   }
   prepare_qat(*model);
-  trainer.run(*model, {"qat", f.qat_from_scratch ? f.epochs : f.qat_epochs, f.qat_from_scratch ? f.lr : f.qat_lr, true},
-              f.out);
+  if (f.qat_from_scratch)  // observe while the weights move most, freeze for the last quarter
+    trainer.run(*model, {"qat", f.epochs, f.lr, true, true, std::max(2, f.epochs - f.epochs / 4)}, f.out);
+  else  // fine-tuning: observe during the first epoch, then freeze
+    trainer.run(*model, {"qat", f.qat_epochs, f.qat_lr, true, false, 2}, f.out);
   model->eval();
   const auto qat_pred = predict_qat(*model, test, dev, false);
   const double qat_acc = accuracy(qat_pred, test);
@@ -435,7 +440,10 @@ int main(int argc, char** argv) {
   app.add_option("--plot-format", f.plot_format, "auto, png or svg")
       ->check(CLI::IsMember({"auto", "png", "svg"}))
       ->group("");
+  bool probe_cuda = false;
+  app.add_flag("--probe-cuda", probe_cuda, "exit 0 when a CUDA device is present, 77 otherwise (testing)")->group("");
   CLI11_PARSE(app, argc, argv);
+  if (probe_cuda) return cuda_device_count() > 0 ? 0 : 77;
 
   nlohmann::ordered_json flags = {{"epochs", f.epochs},
                                   {"qat_epochs", f.qat_epochs},

@@ -1,9 +1,19 @@
 # Runs qgrad-qat-mlp twice on 2000 training / 2000 test images (1 float +
-# 1 QAT epoch) and checks its outputs; see CMakeLists.txt.
+# 1 QAT epoch) on DEVICE (default cpu) and checks its outputs; see CMakeLists.txt.
 set(data /usr/share/datasets/fashion-mnist)
 if(NOT EXISTS ${data}/train-images-idx3-ubyte.gz)
   message("SKIPPED: Fashion-MNIST is not installed at ${data}")
   return()
+endif()
+if(NOT DEVICE)
+  set(DEVICE cpu)
+endif()
+if(NOT DEVICE STREQUAL "cpu")
+  execute_process(COMMAND ${EXE} --probe-cuda RESULT_VARIABLE has_cuda)
+  if(NOT has_cuda EQUAL 0)
+    message("SKIPPED: no CUDA device present; this test needs a GPU")
+    return()
+  endif()
 endif()
 file(REMOVE_RECURSE ${OUT})
 foreach(run a b)
@@ -14,7 +24,7 @@ foreach(run a b)
     set(fmt svg)
   endif()
   execute_process(COMMAND ${EXE} --epochs 1 --qat-epochs 1 --limit-train 2000 --limit-test 2000 --seed 3
-                          --device cpu --data ${data} --out ${OUT}/${run} --plot-format ${fmt}
+                          --device ${DEVICE} --data ${data} --out ${OUT}/${run} --plot-format ${fmt}
                   RESULT_VARIABLE rc OUTPUT_VARIABLE log ERROR_VARIABLE log)
   if(NOT rc EQUAL 0)
     message(FATAL_ERROR "run ${run} failed (${rc}):\n${log}")

@@ -1,9 +1,17 @@
-// qgrad-smoothquant: naive W8A8 against SmoothQuant against float on a
-// two-layer MLP whose activations have a few outlier channels (synthetic,
-// seeded). Prints the relative Frobenius error of the output of each variant
-// and writes the same table as Markdown to --out.
+// qgrad-smoothquant: naive W8A8 against SmoothQuant against float.
+//
+// Two models: (1) a two-layer MLP whose activations have a few outlier
+// channels (synthetic, seeded); (2) with --fmnist-checkpoint, the trained
+// 784-256-256-10 Fashion-MNIST MLP that qgrad-qat-mlp saves as
+// <out>/float.safetensors, calibrated on training images and evaluated on
+// the test set. Prints the relative Frobenius error of each variant's output
+// against float (and, for Fashion-MNIST, the test accuracy) and writes the
+// tables as Markdown to --out.
 //
 //   qgrad-smoothquant [--out FILE] [--seed N] [--alpha A] [--device cpu|cuda]
+//                     [--fmnist-checkpoint qat-mlp-out/float.safetensors] [--data DIR]
+#include <CLI/CLI.hpp>
+
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -73,30 +81,89 @@ Tensor dynamic_layer(const Tensor& x, const Linear& l, Device dev) {
   return quantized_linear(x.to(dev), wq.q.to(dev), wq.scale.to(dev), l.b.to(dev), ActivationQuant::dynamic());
 }
 
+// The trained Fashion-MNIST MLP: three linear layers with ReLU between,
+// each quantized three ways. Returns the Markdown table.
+std::string fashion_mnist_table(const std::string& checkpoint, const std::string& data_dir, double alpha, Device dev) {
+  const nn::SafetensorsFile file = nn::load_safetensors(checkpoint);
+  auto get = [&](const std::string& name) {
+    for (const auto& [n, t] : file.tensors)
+      if (n == "model." + name) return t.to(DType::f32);
+    throw Error("qgrad-smoothquant", "fmnist-checkpoint", checkpoint + " has no tensor model." + name);
+  };
+  const std::vector<Linear> layers = {{get("0.weight"), get("0.bias")}, {get("2.weight"), get("2.bias")},
+                                      {get("4.weight"), get("4.bias")}};
+  const nn::Dataset train = nn::load_fashion_mnist("train", data_dir);
+  const nn::Dataset test = nn::load_fashion_mnist("t10k", data_dir);
+  // Calibrate every layer's input on 2048 training images (float activations).
+  const std::int64_t calib_rows = 2048;
+  auto first_rows = train.images.to_vector<float>();
+  first_rows.resize(static_cast<std::size_t>(calib_rows * 784));
+  const Tensor calib_x = Tensor::from_vector(first_rows, {calib_rows, 784});
+  std::vector<SmoothQuantCalibrator> calib;
+  Tensor h = calib_x;
+  for (std::size_t i = 0; i < layers.size(); ++i) {
+    calib.emplace_back(layers[i].w.size(1), dev);
+    calib.back().observe(h.to(dev));
+    h = linear_f(h, layers[i], i + 1 < layers.size());
+  }
+  const Tensor x = test.images;
+  // Float reference and the three W8A8 variants, layer by layer.
+  Tensor y_float = x, y_naive = x, y_dyn = x, y_sq = x;
+  for (std::size_t i = 0; i < layers.size(); ++i) {
+    const bool last = i + 1 == layers.size();
+    y_float = linear_f(y_float, layers[i], !last);
+    y_naive = naive_layer(y_naive, layers[i], calib[i], dev);
+    y_dyn = dynamic_layer(y_dyn, layers[i], dev);
+    const SmoothQuantLinear sq = SmoothQuantLinear::from_float(layers[i].w.to(dev), layers[i].b.to(dev), calib[i], alpha);
+    y_sq = sq.forward(y_sq.to(dev));
+    if (!last) {
+      y_naive = qgrad::relu(y_naive);
+      y_dyn = qgrad::relu(y_dyn);
+      y_sq = qgrad::relu(y_sq);
+    }
+  }
+  auto accuracy = [&](const Tensor& logits) {
+    const auto pred = argmax(logits.to(DType::f32).cpu(), 1).to_vector<std::int64_t>();
+    const auto lab = test.labels.to_vector<std::int64_t>();
+    std::int64_t ok = 0;
+    for (std::size_t i = 0; i < lab.size(); ++i) ok += pred[i] == lab[i];
+    return 100.0 * static_cast<double>(ok) / static_cast<double>(lab.size());
+  };
+  char table[1024];
+  std::snprintf(table, sizeof table,
+                "| variant | relative Frobenius error of the logits | test accuracy |\n"
+                "| --- | --- | --- |\n"
+                "| float (f64 reference) | 0 | %.2f%% |\n"
+                "| naive W8A8 (static per-tensor activations, per-channel weights) | %.4e | %.2f%% |\n"
+                "| W8A8, dynamic per-token activations | %.4e | %.2f%% |\n"
+                "| SmoothQuant W8A8 (alpha %.2f, static per-tensor activations) | %.4e | %.2f%% |\n",
+                accuracy(y_float), rel_fro(y_naive, y_float), accuracy(y_naive), rel_fro(y_dyn, y_float),
+                accuracy(y_dyn), alpha, rel_fro(y_sq, y_float), accuracy(y_sq));
+  return table;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string out_path;
+  std::string out_path, fmnist_checkpoint, data_dir = nn::kFashionMnistDir;
   std::uint64_t seed = 1234;
   double alpha = 0.5;
-  Device dev = Device::cpu();
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "missing value after %s\n", a.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (a == "--out") out_path = next();
-    else if (a == "--seed") seed = std::stoull(next());
-    else if (a == "--alpha") alpha = std::stod(next());
-    else if (a == "--device") dev = Device::parse(next());
-    else {
-      std::fprintf(stderr, "usage: %s [--out FILE] [--seed N] [--alpha A] [--device cpu|cuda]\n", argv[0]);
-      return 2;
-    }
+  std::string device = "cpu";
+  CLI::App app{"naive W8A8 against SmoothQuant against float"};
+  app.add_option("--out", out_path, "write the tables as Markdown to this file");
+  app.add_option("--seed", seed, "seed of the synthetic model and data")->capture_default_str();
+  app.add_option("--alpha", alpha, "SmoothQuant migration strength, in (0, 1)")->capture_default_str();
+  app.add_option("--device", device, "cpu, cuda or cuda:N")->capture_default_str();
+  app.add_option("--fmnist-checkpoint", fmnist_checkpoint,
+                 "float.safetensors written by qgrad-qat-mlp: also compare on the trained Fashion-MNIST MLP");
+  app.add_option("--data", data_dir, "folder with the Fashion-MNIST IDX files")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  Device dev;
+  try {
+    dev = Device::parse(device);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
   }
   try {
     const std::int64_t D = 128, H = 256, O = 64, calib_batches = 8, rows = 64;
@@ -136,6 +203,12 @@ int main(int argc, char** argv) {
     std::printf("MLP %lld-%lld-%lld, ReLU, outlier channels in both layers' inputs; seed %llu, device %s\n\n%s",
                 static_cast<long long>(D), static_cast<long long>(H), static_cast<long long>(O),
                 static_cast<unsigned long long>(seed), dev.str().c_str(), table);
+    std::string fmnist;
+    if (!fmnist_checkpoint.empty()) {
+      fmnist = fashion_mnist_table(fmnist_checkpoint, data_dir, alpha, dev);
+      std::printf("\nThe trained Fashion-MNIST MLP (%s), 10000 test images:\n\n%s", fmnist_checkpoint.c_str(),
+                  fmnist.c_str());
+    }
     if (!out_path.empty()) {
       std::ofstream f(out_path);
       f << "# SmoothQuant on a synthetic MLP with outlier channels\n\n"
@@ -143,6 +216,12 @@ int main(int argc, char** argv) {
         << "hidden units with 20x weights; " << calib_batches << " calibration batches of " << rows
         << " rows; seed " << seed << ", device " << dev.str() << ".\n\n"
         << table;
+      if (!fmnist.empty()) {
+        f << "\n# SmoothQuant on the trained Fashion-MNIST MLP\n\n784-256-256-10 MLP trained by qgrad-qat-mlp "
+          << "(float phase), every layer's input calibrated on 2048 training images; logits of the 10000 test "
+          << "images against the float model; device " << dev.str() << ".\n\n"
+          << fmnist;
+      }
       if (!f) {
         std::fprintf(stderr, "cannot write %s\n", out_path.c_str());
         return 1;

@@ -243,8 +243,11 @@ bool launch_reg(const X* xp, std::int64_t rows, std::int64_t D, Q* qp, std::int6
   auto kernel = rows_reg_kernel<X, Q, VEC, ITEMS, PERSIST>;
   std::int64_t blocks = (rows + rb - 1) / rb;
   if constexpr (PERSIST) {
-    int per_sm = 0;
-    QGRAD_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, static_cast<int>(G * rb), 0));
+    // Resident blocks per SM, by log2 of the block size (32..512 threads).
+    static int occupancy[16] = {};
+    int& per_sm = occupancy[__builtin_ctz(G * rb)];
+    if (per_sm == 0)
+      QGRAD_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, static_cast<int>(G * rb), 0));
     const std::int64_t resident = static_cast<std::int64_t>(::qgrad::cuda::fill_blocks(dev, 2048)) * std::max(per_sm, 1);
     blocks = std::min(blocks, resident);
   }

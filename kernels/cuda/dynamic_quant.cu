@@ -27,6 +27,7 @@
 // per block on order-preserving integer keys, a per-segment qparams kernel,
 // then an elementwise quantize; grouped layouts use one thread per segment.
 #include <climits>
+#include <limits>
 
 #include "kernels/cuda/launch.cuh"
 #include "kernels/dynamic_quant.h"
@@ -48,6 +49,8 @@ constexpr int kItems = 8;
 //   2  rows_reg_kernel, ITEMS 4 (f32 D 8192: 512 threads a row)
 //   3  as 1, persistent grid, next row prefetched into registers
 //   4  as 2, persistent grid, next row prefetched into registers
+//   5  as 1, LEAN (symmetric abs-max reduction, branch-free quantize clamp)
+//   6  as 3, LEAN
 constexpr int kDefaultTokenVariant = 1;
 
 template <class T, int N>
@@ -152,7 +155,29 @@ __device__ __forceinline__ void load_row(XP (&c)[ITEMS], const XP* __restrict__ 
   }
 }
 
-template <class X, class Q, int VEC, int ITEMS, bool PERSIST>
+// LEAN (variants 5, 6): fewer instructions per element, same bits.
+// Symmetric reduction: only max |x| over finite x matters (qparams use
+// max(-min(lo, 0), max(hi, 0)), which is exactly that), so it tracks one
+// abs-max (2 instructions an element instead of 7) and hands the exact
+// Range {-m, m} to qparams_from_range. Quantize: formulas::quantize_value
+// compiles to compare-and-branch; the min/max clamp below returns the same
+// int for every input (NaN: fmax drops it -> qmin; +-inf -> qmax / qmin;
+// in range r is integral, so the conversion is exact either way). If it
+// wins, the clamp form belongs in formulas::quantize_value itself.
+__device__ __forceinline__ float fmax_nn(float a, float b) { return fmaxf(a, b); }  // NaN-dropping max / min
+__device__ __forceinline__ double fmax_nn(double a, double b) { return fmax(a, b); }
+__device__ __forceinline__ float fmin_nn(float a, float b) { return fminf(a, b); }
+__device__ __forceinline__ double fmin_nn(double a, double b) { return fmin(a, b); }
+__device__ __forceinline__ float fabs_of(float a) { return fabsf(a); }
+__device__ __forceinline__ double fabs_of(double a) { return fabs(a); }
+
+template <class M>
+__device__ __forceinline__ int quantize_lean(M x, M inv_scale, int zero_point, int qmin, int qmax) {
+  const M r = formulas::round_even(x * inv_scale) + M(zero_point);
+  return static_cast<int>(fmin_nn(fmax_nn(r, M(qmin)), M(qmax)));  // fmax(NaN, qmin) = qmin
+}
+
+template <class X, class Q, int VEC, int ITEMS, bool PERSIST, bool LEAN>
 __global__ void __launch_bounds__(512) rows_reg_kernel(const X* __restrict__ x, std::int64_t rows, std::int64_t D,
                                                        Q* __restrict__ q, std::int64_t ldq,
                                                        quant_math_t<X>* __restrict__ scale,
@@ -180,10 +205,22 @@ __global__ void __launch_bounds__(512) rows_reg_kernel(const X* __restrict__ x, 
     if constexpr (PERSIST)
       load_row<ITEMS>(nxt, reinterpret_cast<const XP*>(x + (r + step) * D), r + step < rows, nvec, tx, G);
     Range<M> range = Range<M>::empty();
+    if (LEAN && symmetric) {
+      M m = M(0);
 #pragma unroll
-    for (int it = 0; it < ITEMS; ++it)
+      for (int it = 0; it < ITEMS; ++it)
 #pragma unroll
-      for (int e = 0; e < VEC; ++e) range.add(M(cur[it].v[e]));
+        for (int e = 0; e < VEC; ++e) {
+          const M a = fabs_of(M(cur[it].v[e]));
+          m = fmax_nn(m, a < std::numeric_limits<M>::infinity() ? a : M(0));  // NaN, inf: compare false
+        }
+      range = Range<M>{-m, m};
+    } else {
+#pragma unroll
+      for (int it = 0; it < ITEMS; ++it)
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) range.add(M(cur[it].v[e]));
+    }
     range = warp_reduce(range);
     if (gw > 1) {
       if (lane == 0) sh[parity][w0 + (tx >> 5)] = range;
@@ -207,7 +244,9 @@ __global__ void __launch_bounds__(512) rows_reg_kernel(const X* __restrict__ x, 
           QP out;
 #pragma unroll
           for (int e = 0; e < VEC; ++e)
-            out.v[e] = static_cast<Q>(formulas::quantize_value<M>(M(cur[it].v[e]), inv, p.zero_point, qmin, qmax));
+            out.v[e] = static_cast<Q>(
+                LEAN ? quantize_lean<M>(M(cur[it].v[e]), inv, p.zero_point, qmin, qmax)
+                     : formulas::quantize_value<M>(M(cur[it].v[e]), inv, p.zero_point, qmin, qmax));
           qr[v] = out;
         }
       }
@@ -231,7 +270,7 @@ bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15
 // Launches rows_reg_kernel when a row fits in 512 * ITEMS vectors; false
 // (nothing launched) otherwise. The persistent form of 16-bit inputs holds
 // 4 vectors a set (8 spill: two sets of 64 widened floats).
-template <class X, class Q, int VEC, int ITEMS_ASKED, bool PERSIST>
+template <class X, class Q, int VEC, int ITEMS_ASKED, bool PERSIST, bool LEAN = false>
 bool launch_reg(const X* xp, std::int64_t rows, std::int64_t D, Q* qp, std::int64_t ldq, quant_math_t<X>* sp,
                 std::int32_t* zp, const QuantSpec& spec, int dev) {
   constexpr int ITEMS = PERSIST && sizeof(X) == 2 && ITEMS_ASKED > 4 ? 4 : ITEMS_ASKED;
@@ -240,7 +279,7 @@ bool launch_reg(const X* xp, std::int64_t rows, std::int64_t D, Q* qp, std::int6
   unsigned G = 32;
   while (static_cast<std::int64_t>(G) * ITEMS < nvec) G <<= 1;
   const unsigned rb = G >= 256 ? 1 : 256 / G;
-  auto kernel = rows_reg_kernel<X, Q, VEC, ITEMS, PERSIST>;
+  auto kernel = rows_reg_kernel<X, Q, VEC, ITEMS, PERSIST, LEAN>;
   std::int64_t blocks = (rows + rb - 1) / rb;
   if constexpr (PERSIST) {
     // Resident blocks per SM, by log2 of the block size (32..512 threads).
@@ -267,6 +306,8 @@ void rows_launch(const X* xp, std::int64_t rows, std::int64_t D, Q* qp, std::int
     case 2: done = launch_reg<X, Q, VEC, 4, false>(xp, rows, D, qp, ldq, sp, zp, spec, dev); break;
     case 3: done = launch_reg<X, Q, VEC, 8, true>(xp, rows, D, qp, ldq, sp, zp, spec, dev); break;
     case 4: done = launch_reg<X, Q, VEC, 4, true>(xp, rows, D, qp, ldq, sp, zp, spec, dev); break;
+    case 5: done = launch_reg<X, Q, VEC, 8, false, true>(xp, rows, D, qp, ldq, sp, zp, spec, dev); break;
+    case 6: done = launch_reg<X, Q, VEC, 8, true, true>(xp, rows, D, qp, ldq, sp, zp, spec, dev); break;
     default: break;
   }
   if (done) return;

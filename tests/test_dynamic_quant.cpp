@@ -393,10 +393,10 @@ TEST_CASE("CUDA per-token: every row-kernel variant matches the CPU bit for bit 
       const Tensor x = xf.to(dt);
       const Tensor xg = x.cuda();
       const DType st = dt == DType::f64 ? DType::f64 : DType::f32;
-      for (auto mode : {QuantMode::symmetric, QuantMode::asymmetric}) {
-        const kernels::QuantSpec spec{mode == QuantMode::symmetric, mode == QuantMode::symmetric ? -128 : 0,
-                                      mode == QuantMode::symmetric ? 127 : 255};
-        const DType qt = mode == QuantMode::symmetric ? DType::s8 : DType::u8;
+      // symmetric s8, asymmetric u8, symmetric u8 (zero point 128)
+      for (const kernels::QuantSpec spec : {kernels::QuantSpec{true, -128, 127}, kernels::QuantSpec{false, 0, 255},
+                                            kernels::QuantSpec{true, 0, 255}}) {
+        const DType qt = spec.qmin < 0 ? DType::s8 : DType::u8;
         for (std::int64_t ldq : {D, (D + 15) / 16 * 16 + 16}) {
           auto run = [&](const Tensor& xin, Device d) {
             const TensorOptions on = TensorOptions{}.with_device(d);

@@ -365,3 +365,68 @@ TEST_CASE("CUDA row kernel with a padded row stride matches the CPU") {
     CHECK(bit_equal(sc, sg));
   }
 }
+
+TEST_CASE("CUDA per-token: every row-kernel variant matches the CPU bit for bit on many shapes") {
+  QGRAD_REQUIRE_GPU();
+#if QGRAD_WITH_CUDA
+  // (rows, D): one column to longer than any register-resident variant
+  // holds (8193 is odd: scalar path; 16384 f64 outgrows ITEMS 4).
+  const std::pair<std::int64_t, std::int64_t> shapes[] = {{70000, 1}, {1, 3},    {5, 7},     {33, 64},   {257, 1000},
+                                                          {9, 4096},  {65, 8192}, {3, 8193}, {2, 16384}, {1000, 24}};
+  struct Out {
+    Tensor q, scale, zp;
+  };
+  for (DType dt : kFloat) {
+    for (auto [rows, D] : shapes) {
+      // Finite values plus specials: an inf, a -inf and a NaN in row 0, an all-zero last row.
+      Generator g(static_cast<std::uint64_t>(rows * 131 + D));
+      Tensor xf = randn({rows, D}, g, TensorOptions{}, 0.5, 3.0);
+      float* p = xf.data<float>();
+      if (rows > 1) {
+        for (std::int64_t j = 0; j < D; ++j) p[(rows - 1) * D + j] = 0.0f;
+        p[0] = INFINITY;
+        if (D > 2) {
+          p[1] = -INFINITY;
+          p[2] = NAN;
+        }
+      }
+      const Tensor x = xf.to(dt);
+      const Tensor xg = x.cuda();
+      const DType st = dt == DType::f64 ? DType::f64 : DType::f32;
+      // symmetric s8, asymmetric u8, symmetric u8 (zero point 128)
+      for (const kernels::QuantSpec spec : {kernels::QuantSpec{true, -128, 127}, kernels::QuantSpec{false, 0, 255},
+                                            kernels::QuantSpec{true, 0, 255}}) {
+        const DType qt = spec.qmin < 0 ? DType::s8 : DType::u8;
+        for (std::int64_t ldq : {D, (D + 15) / 16 * 16 + 16}) {
+          auto run = [&](const Tensor& xin, Device d) {
+            const TensorOptions on = TensorOptions{}.with_device(d);
+            Out o{Tensor::empty({rows, ldq}, TensorOptions(on).with_dtype(qt)),
+                  Tensor::empty({rows}, TensorOptions(on).with_dtype(st)),
+                  Tensor::empty({rows}, TensorOptions(on).with_dtype(DType::s32))};
+            poison(o.q);
+            poison(o.scale);
+            poison(o.zp);
+            kernels::quantize_rows_dynamic(xin, D, spec, o.q, ldq, o.scale, o.zp);
+            return o;
+          };
+          const Out c = run(x, Device::cpu());
+          for (int v = 0; v < kernels::cuda::kDynamicQuantTokenVariants; ++v) {
+            CAPTURE(v);
+            CAPTURE(rows);
+            CAPTURE(D);
+            CAPTURE(ldq);
+            CAPTURE(dtype_name(dt));
+            CAPTURE(spec.symmetric);
+            kernels::cuda::set_dynamic_quant_token_variant(v);
+            const Out o = run(xg, Device::cuda());
+            CHECK(bit_equal(c.q, o.q));
+            CHECK(bit_equal(c.scale, o.scale));
+            CHECK(bit_equal(c.zp, o.zp));
+          }
+          kernels::cuda::set_dynamic_quant_token_variant(-1);
+        }
+      }
+    }
+  }
+#endif
+}

@@ -45,12 +45,23 @@ void affine_impl(const AffineArgs& a) {
       if (mask_out)
         for (std::int64_t k = 0; k < qmask::kWordsPerBlock; ++k) mask_out[b * qmask::kWordsPerBlock + k] = words[k];
     }
-  });
+  }, kParallelGrain / qmask::kBlock);
+}
+
+// The tree p[t] += p[t + s], s = 128, ..., 1, over kLsqThreads partials.
+template <class M>
+void lsq_tree(M* acc_s, M* acc_z) {
+  for (int s = formulas::kLsqThreads / 2; s > 0; s >>= 1)
+    for (int t = 0; t < s; ++t) {
+      acc_s[t] = acc_s[t] + acc_s[t + s];
+      acc_z[t] = acc_z[t] + acc_z[t + s];
+    }
 }
 
 template <class T>
 void lsq_backward_impl(const LsqArgs& a) {
   using M = op_math_t<T>;
+  constexpr int kT = formulas::kLsqThreads;
   const T* x = static_cast<const T*>(a.x.data_ptr());
   const T* dy = static_cast<const T*>(a.dy.data_ptr());
   T* dx = static_cast<T*>(a.dx.data_ptr());
@@ -61,15 +72,16 @@ void lsq_backward_impl(const LsqArgs& a) {
   const std::int64_t chunks = (per_channel + formulas::kLsqChunk - 1) / formulas::kLsqChunk;
   const M g = static_cast<M>(a.grad_factor);
   std::vector<M> part_s(static_cast<std::size_t>(a.channels * chunks)), part_z(part_s.size());
+  // Stage 1: one chunk per iteration, as one thread block on CUDA.
   parallel_for(a.channels * chunks, [&](std::int64_t blk) {
     const std::int64_t c = blk / chunks, start = (blk % chunks) * formulas::kLsqChunk;
     const std::int64_t end = std::min(per_channel, start + formulas::kLsqChunk);
     const formulas::ChannelParams p = ps.get(c);
-    M acc_s[formulas::kLsqThreads], acc_z[formulas::kLsqThreads];
-    for (int t = 0; t < formulas::kLsqThreads; ++t) {
+    M acc_s[kT], acc_z[kT];
+    for (int t = 0; t < kT; ++t) {
       M s = M(0), z = M(0);
-      for (std::int64_t j = start + t; j < end; j += formulas::kLsqThreads) {
-        const std::int64_t off = formulas::channel_offset(j, c, a.channels, a.inner);
+      for (std::int64_t j = start + t; j < end; j += kT) {
+        const std::int64_t off = formulas::lsq_offset(j, c, a.outer, a.channels, a.inner);
         const auto r = formulas::lsq_grad<M>(M(x[off]), M(dy[off]), p, a.qmin, a.qmax, g);
         dx[off] = T(r.dx);
         s = s + r.ds;
@@ -78,23 +90,26 @@ void lsq_backward_impl(const LsqArgs& a) {
       acc_s[t] = s;
       acc_z[t] = z;
     }
-    for (int s = formulas::kLsqThreads / 2; s > 0; s >>= 1)
-      for (int t = 0; t < s; ++t) {
-        acc_s[t] = acc_s[t] + acc_s[t + s];
-        acc_z[t] = acc_z[t] + acc_z[t + s];
-      }
+    lsq_tree(acc_s, acc_z);
     part_s[static_cast<std::size_t>(blk)] = acc_s[0];
     part_z[static_cast<std::size_t>(blk)] = acc_z[0];
-  });
-  for (std::int64_t c = 0; c < a.channels; ++c) {
-    M s = M(0), z = M(0);
-    for (std::int64_t k = 0; k < chunks; ++k) {
-      s = s + part_s[static_cast<std::size_t>(c * chunks + k)];
-      z = z + part_z[static_cast<std::size_t>(c * chunks + k)];
+  }, 2);
+  // Stage 2: one channel per iteration, as one thread block on CUDA.
+  parallel_for(a.channels, [&](std::int64_t c) {
+    M acc_s[kT], acc_z[kT];
+    for (int t = 0; t < kT; ++t) {
+      M s = M(0), z = M(0);
+      for (std::int64_t k = t; k < chunks; k += kT) {
+        s = s + part_s[static_cast<std::size_t>(c * chunks + k)];
+        z = z + part_z[static_cast<std::size_t>(c * chunks + k)];
+      }
+      acc_s[t] = s;
+      acc_z[t] = z;
     }
-    ds[c] = s;
-    dz[c] = z;
-  }
+    lsq_tree(acc_s, acc_z);
+    ds[c] = acc_s[0];
+    dz[c] = acc_z[0];
+  });
 }
 
 }  // namespace

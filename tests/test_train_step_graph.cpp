@@ -1,0 +1,128 @@
+// The QAT training step of bench/bench_train_step.cpp (784-64-64-10 MLP,
+// prepare_qat with the default QAT qconfig, cross-entropy, SGD with
+// momentum, gradients set to none) captured in a CudaGraph. Capture throws
+// on any host synchronisation, so a successful capture proves the step
+// never waits for the device; replaying it must then give the parameters,
+// observer ranges and qparams of the same steps run eagerly, bit for bit.
+#include "helpers.h"
+
+using namespace qgrad;
+using namespace qgrad::testing;
+
+namespace {
+
+struct Trainer {
+  std::shared_ptr<nn::Sequential> model;
+  std::unique_ptr<nn::SGD> opt;
+
+  Trainer(Device dev, std::int64_t hidden) {
+    Generator gen(0x51a);
+    model = std::make_shared<nn::Sequential>();
+    model->emplace_back<nn::Linear>(784, hidden, gen);
+    model->emplace_back<nn::ReLU>();
+    model->emplace_back<nn::Linear>(hidden, hidden, gen);
+    model->emplace_back<nn::ReLU>();
+    model->emplace_back<nn::Linear>(hidden, 10, gen);
+    nn::prepare_qat(*model, nn::default_qat_qconfig());
+    model->to(dev);
+    nn::SGDOptions o;
+    o.lr = 0.05;
+    o.momentum = 0.9;
+    opt = std::make_unique<nn::SGD>(model->named_parameters(), o);
+  }
+
+  void step(const Tensor& x, const Tensor& y) {
+    opt->zero_grad();
+    Tensor loss = cross_entropy(model->forward(x), y);
+    loss.backward();
+    opt->step();
+  }
+};
+
+struct Batches {
+  std::vector<Tensor> xs, ys;
+  Batches(int count, std::int64_t batch, Device dev) {
+    Generator gen(0xba7);
+    for (int i = 0; i < count; ++i) {
+      xs.push_back(randn({batch, 784}, gen, TensorOptions{}.with_device(dev)));
+      ys.push_back(randint(0, 10, {batch}, gen, TensorOptions{}.with_dtype(DType::s64).with_device(dev)));
+    }
+  }
+};
+
+}  // namespace
+
+TEST_CASE("the QAT step changes the model (CPU)") {
+  // The CPU half of the comparison below: the step trains at all.
+  Trainer t(Device::cpu(), 32);
+  Batches b(2, 16, Device::cpu());
+  const Tensor w0 = t.model->named_parameters().front().second.clone();
+  t.step(b.xs[0], b.ys[0]);
+  t.step(b.xs[1], b.ys[1]);
+  CHECK_FALSE(bit_equal(w0, t.model->named_parameters().front().second));
+}
+
+TEST_CASE("CUDA: the QAT step captures with no host sync and replays bit for bit like eager steps") {
+  QGRAD_REQUIRE_GPU();
+  const Device dev = Device::cuda();
+  constexpr int kWarmup = 3, kSteps = 6;
+  Batches b(kWarmup + kSteps, 64, dev);
+  Trainer eager(dev, 64), graphed(dev, 64);
+  Tensor x_static = empty_like(b.xs[0]), y_static = empty_like(b.ys[0]);
+  // Warm-up, eagerly, on both: momentum buffers exist and the observers
+  // have seen data, so no host-side branch changes after this point.
+  for (int i = 0; i < kWarmup; ++i) {
+    eager.step(b.xs[static_cast<std::size_t>(i)], b.ys[static_cast<std::size_t>(i)]);
+    x_static.copy_(b.xs[static_cast<std::size_t>(i)]);
+    y_static.copy_(b.ys[static_cast<std::size_t>(i)]);
+    graphed.step(x_static, y_static);
+  }
+  CudaGraph graph;
+  graph.capture([&] { graphed.step(x_static, y_static); });  // throws on a host sync
+  REQUIRE(graph.captured());
+  for (int i = kWarmup; i < kWarmup + kSteps; ++i) {
+    const auto k = static_cast<std::size_t>(i);
+    eager.step(b.xs[k], b.ys[k]);
+    x_static.copy_(b.xs[k]);
+    y_static.copy_(b.ys[k]);
+    graph.replay();
+  }
+  cuda_synchronize();
+  const nn::NamedTensors se = eager.model->state_dict(), sg = graphed.model->state_dict();
+  REQUIRE(se.size() == sg.size());
+  for (std::size_t i = 0; i < se.size(); ++i) {
+    INFO(se[i].first);
+    CHECK(se[i].first == sg[i].first);
+    CHECK(bit_equal(se[i].second, sg[i].second));
+  }
+  // The momentum buffers too.
+  const nn::NamedTensors oe = eager.opt->state_dict(), og = graphed.opt->state_dict();
+  REQUIRE(oe.size() == og.size());
+  for (std::size_t i = 0; i < oe.size(); ++i) {
+    if (oe[i].first.find("momentum_buffer") == std::string::npos) continue;
+    INFO(oe[i].first);
+    CHECK(bit_equal(oe[i].second, og[i].second));
+  }
+}
+
+TEST_CASE("CUDA: replaying the captured QAT step allocates no device memory") {
+  QGRAD_REQUIRE_GPU();
+  const Device dev = Device::cuda();
+  Batches b(2, 32, dev);
+  Trainer t(dev, 32);
+  Tensor x = b.xs[0].clone(), y = b.ys[0].clone();
+  for (int i = 0; i < 2; ++i) t.step(x, y);
+  CudaGraph graph;
+  graph.capture([&] { t.step(x, y); });
+  cuda_synchronize();
+  const AllocatorStats before = cuda_allocator_stats();
+  for (int i = 0; i < 5; ++i) {
+    x.copy_(b.xs[static_cast<std::size_t>(i % 2)]);
+    y.copy_(b.ys[static_cast<std::size_t>(i % 2)]);
+    graph.replay();
+  }
+  cuda_synchronize();
+  const AllocatorStats after = cuda_allocator_stats();
+  CHECK(after.num_device_mallocs == before.num_device_mallocs);
+  CHECK(after.num_allocations == before.num_allocations);
+}

@@ -4,7 +4,12 @@
 // on any host synchronisation, so a successful capture proves the step
 // never waits for the device; replaying it must then give the parameters,
 // observer ranges and qparams of the same steps run eagerly, bit for bit.
+#include <cmath>
+#include <cstring>
+
 #include "helpers.h"
+#include "kernels/formulas/observer.h"
+#include "kernels/observer.h"
 
 using namespace qgrad;
 using namespace qgrad::testing;
@@ -125,4 +130,41 @@ TEST_CASE("CUDA: replaying the captured QAT step allocates no device memory") {
   const AllocatorStats after = cuda_allocator_stats();
   CHECK(after.num_device_mallocs == before.num_device_mallocs);
   CHECK(after.num_allocations == before.num_allocations);
+}
+
+// The CPU observer splits a channel into chunks and reduces f32 four lanes
+// at a time; its min/max must stay the sequential min_combine / max_combine
+// (NaN wins, -0 < +0) on every kind of input.
+TEST_CASE("observer min/max: chunked SIMD reduction equals the sequential combine") {
+  Generator gen(0x0b5);
+  const std::int64_t n = 40003;  // three chunks and a tail that is not a multiple of 4
+  for (int variant = 0; variant < 5; ++variant) {
+    std::vector<float> v = randn({n}, gen).to_vector<float>();
+    if (variant == 1) for (auto& f : v) f = std::fabs(f);    // min near +0
+    if (variant == 2) for (auto& f : v) f = -std::fabs(f);   // max near -0
+    if (variant >= 1) {
+      v[17] = 0.0f;
+      v[20001] = -0.0f;
+      v[40002] = variant == 2 ? 0.0f : -0.0f;
+    }
+    if (variant == 3) v[30000] = NAN;
+    if (variant == 4) v[40001] = NAN;  // in the scalar tail
+    float lo = INFINITY, hi = -INFINITY;
+    for (float f : v) {
+      lo = formulas::min_combine(lo, f);
+      hi = formulas::max_combine(hi, f);
+    }
+    Tensor x = Tensor::from_vector(v, {n});
+    Tensor mn = full({1}, INFINITY), mx = full({1}, -INFINITY);
+    kernels::observer_minmax(x, mn, mx, -1, -1.0);
+    const float got_lo = mn.to_vector<float>()[0], got_hi = mx.to_vector<float>()[0];
+    INFO("variant " << variant);
+    if (std::isnan(lo)) {
+      CHECK(std::isnan(got_lo));
+      CHECK(std::isnan(got_hi));
+    } else {
+      CHECK(std::memcmp(&got_lo, &lo, 4) == 0);
+      CHECK(std::memcmp(&got_hi, &hi, 4) == 0);
+    }
+  }
 }

@@ -1,6 +1,11 @@
 // CPU kernels of the quantization ops: the same formulas, mask layout and
 // reduction order as kernels/cuda/quantize.cu, so the two agree bit for bit.
+#include <cmath>
 #include <vector>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include "kernels/cpu/parallel.h"
 #include "kernels/quant_mask.h"
@@ -9,6 +14,57 @@
 namespace qgrad::kernels::cpu {
 
 namespace {
+
+template <class Op>
+inline constexpr bool kIsF32FakeQuant = false;
+template <bool kD>
+inline constexpr bool kIsF32FakeQuant<formulas::FakeQuantOp<float, kD>> = true;
+
+// Fake quantize of `len` (<= 128) f32 elements of one mask block that share
+// one channel, written so the compiler vectorises it (no integer
+// conversions, no branches): round half to even by adding and subtracting
+// 2^23, clamp in float against lo = qmin - zp and hi = qmax - zp. Each step
+// is exact, so values and mask bits equal FakeQuantOp's (formulas/quantize.h)
+// whenever |lo|, |hi| <= 2^24 (the caller checks): float(clamp(q) - zp) is
+// the clamped rounded value itself (+ 0.0f turns -0 into the +0 the integer
+// path gives), NaN passes x through with bit 0, +-inf clamps to hi / lo.
+void fake_quant_block_f32(const float* x, float* y, std::int64_t len, const formulas::ChannelParams& p, float lo,
+                          float hi, std::uint32_t* words) {
+  constexpr float big = 8388608.0f;
+  std::uint32_t w[qmask::kWordsPerBlock] = {0, 0, 0, 0};
+  std::int64_t k = 0;
+#if defined(__SSE2__)
+  // The same steps four lanes at a time (SSE2 is in every x86-64 CPU; each
+  // instruction is one IEEE single operation, as the scalar code below).
+  const __m128 vbig = _mm_set1_ps(big), vlo = _mm_set1_ps(lo), vhi = _mm_set1_ps(hi);
+  const __m128 vinv = _mm_set1_ps(p.inv_scale), vscale = _mm_set1_ps(p.scale), zero = _mm_setzero_ps();
+  const __m128 absmask = _mm_castsi128_ps(_mm_set1_epi32(0x7fffffff));
+  auto blend = [](__m128 m, __m128 a, __m128 b) { return _mm_or_ps(_mm_and_ps(m, a), _mm_andnot_ps(m, b)); };
+  for (; k + 4 <= len; k += 4) {
+    const __m128 xv = _mm_loadu_ps(x + k);
+    const __m128 v = _mm_mul_ps(xv, vinv);
+    const __m128 rp = _mm_sub_ps(_mm_add_ps(v, vbig), vbig), rn = _mm_add_ps(_mm_sub_ps(v, vbig), vbig);
+    const __m128 r0 = blend(_mm_cmpge_ps(v, zero), rp, rn);
+    const __m128 r = blend(_mm_cmplt_ps(_mm_and_ps(v, absmask), vbig), r0, v);
+    const __m128 in = _mm_and_ps(_mm_cmpge_ps(r, vlo), _mm_cmple_ps(r, vhi));
+    const __m128 c = _mm_add_ps(blend(_mm_cmplt_ps(r, vlo), vlo, blend(_mm_cmpgt_ps(r, vhi), vhi, r)), zero);
+    _mm_storeu_ps(y + k, blend(_mm_cmpeq_ps(v, v), _mm_mul_ps(c, vscale), xv));
+    const unsigned m = static_cast<unsigned>(_mm_movemask_ps(in));
+    for (unsigned j = 0; j < 4; ++j) w[j] |= ((m >> j) & 1u) << (k >> 2);
+  }
+#endif
+  for (; k < len; ++k) {
+    const float xv = x[k];
+    const float v = xv * p.inv_scale;
+    const float r0 = v >= 0.0f ? (v + big) - big : (v - big) + big;
+    const float r = std::fabs(v) < big ? r0 : v;
+    w[k & 3] |= static_cast<std::uint32_t>(r >= lo && r <= hi) << (k >> 2);
+    const float c = (r < lo ? lo : (r > hi ? hi : r)) + 0.0f;
+    y[k] = v == v ? c * p.scale : xv;
+  }
+  if (words)
+    for (std::int64_t j = 0; j < qmask::kWordsPerBlock; ++j) words[j] = w[j];
+}
 
 template <class Op>
 void affine_impl(const AffineArgs& a) {
@@ -26,6 +82,18 @@ void affine_impl(const AffineArgs& a) {
   parallel_for(qmask::blocks(n), [&](std::int64_t b) {
     std::uint32_t words[qmask::kWordsPerBlock] = {0, 0, 0, 0};
     const std::int64_t end = std::min(n, (b + 1) * qmask::kBlock);
+    if constexpr (kIsF32FakeQuant<Op>) {
+      const std::int64_t i0 = b * qmask::kBlock, c0 = map.channel(i0);
+      if (c0 == map.channel(end - 1)) {
+        const formulas::ChannelParams p0 = ps.get(c0);
+        const std::int64_t lo = a.qmin - p0.zp, hi = a.qmax - p0.zp, lim = std::int64_t(1) << 24;
+        if (lo >= -lim && hi <= lim) {
+          fake_quant_block_f32(in + i0, out + i0, end - i0, p0, static_cast<float>(lo), static_cast<float>(hi),
+                               mask_out ? mask_out + b * qmask::kWordsPerBlock : nullptr);
+          return;
+        }
+      }
+    }
     std::int64_t cached_c = -1;
     formulas::ChannelParams p;
     for (std::int64_t i = b * qmask::kBlock; i < end; ++i) {

@@ -51,6 +51,9 @@ class Observer : public Module {
   // scale 1, zero point 0.
   void calculate_qparams(const Tensor& scale, const Tensor& zero_point) const;
   std::pair<Tensor, Tensor> calculate_qparams() const;
+  // forward(x) then calculate_qparams(scale, zero_point), fused: on CUDA the
+  // qparams are written by the kernel that finishes the min/max reduction.
+  void observe_and_calculate_qparams(const Tensor& x, const Tensor& scale, const Tensor& zero_point);
   const ObserverOptions& options() const { return options_; }
   std::int64_t qmin() const { return qmin_; }
   std::int64_t qmax() const { return qmax_; }
@@ -61,6 +64,8 @@ class Observer : public Module {
   void reset();
 
  private:
+  std::int64_t check_x(const Tensor& x) const;  // returns the channel axis (-1: per tensor)
+  void check_qparams(const Tensor& scale, const Tensor& zero_point) const;
   ObserverOptions options_;
   std::int64_t qmin_, qmax_;
   std::int32_t sym_zp_;

@@ -107,10 +107,12 @@ void minmax_impl(const Tensor& x, const Tensor& run_min, const Tensor& run_max, 
 }  // namespace
 
 void observer_minmax(const Tensor& x, const Tensor& run_min, const Tensor& run_max, std::int64_t axis,
-                     double averaging_constant) {
+                     double averaging_constant, const ObserverQparams* q) {
   dispatch_floating(x.dtype(), "observer_minmax", [&](auto tag) {
     minmax_impl<typename decltype(tag)::type>(x, run_min, run_max, axis, averaging_constant);
   });
+  if (q) observer_qparams(run_min, run_max, q->scale, q->zero_point, q->qmin, q->qmax, q->symmetric,
+                          q->symmetric_zero_point);
 }
 
 void observer_qparams(const Tensor& run_min, const Tensor& run_max, const Tensor& scale, const Tensor& zero_point,

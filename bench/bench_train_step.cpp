@@ -28,6 +28,7 @@
 #endif
 
 #include "bench_common.h"
+#include "qat_mlp.h"
 
 using namespace qgrad;
 using namespace qgrad::bench;
@@ -35,27 +36,14 @@ using namespace qgrad::bench;
 namespace {
 
 struct Setup {
-  std::shared_ptr<nn::Sequential> model;
-  std::unique_ptr<nn::SGD> opt;
+  std::unique_ptr<QatMlp> mlp;
   std::vector<Tensor> xs, ys;
 };
 
 Setup make_setup(Device dev, std::int64_t batch, std::int64_t hidden) {
   Generator gen(0x7a1);
   Setup s;
-  s.model = std::make_shared<nn::Sequential>();
-  s.model->emplace_back<nn::Linear>(784, hidden, gen);
-  s.model->emplace_back<nn::ReLU>();
-  s.model->emplace_back<nn::Linear>(hidden, hidden, gen);
-  s.model->emplace_back<nn::ReLU>();
-  s.model->emplace_back<nn::Linear>(hidden, 10, gen);
-  nn::prepare_qat(*s.model, nn::default_qat_qconfig());
-  s.model->to(dev);
-  s.model->train();
-  nn::SGDOptions o;
-  o.lr = 0.01;  // fixed: the captured step bakes it in
-  o.momentum = 0.9;
-  s.opt = std::make_unique<nn::SGD>(s.model->named_parameters(), o);
+  s.mlp = std::make_unique<QatMlp>(dev, hidden, gen);
   const auto on = TensorOptions{}.with_device(dev);
   for (int i = 0; i < 4; ++i) {  // several batches, as the peer
     s.xs.push_back(randn({batch, 784}, gen, on));
@@ -64,12 +52,7 @@ Setup make_setup(Device dev, std::int64_t batch, std::int64_t hidden) {
   return s;
 }
 
-void train_step(Setup& s, const Tensor& x, const Tensor& y) {
-  s.opt->zero_grad();  // set to none
-  Tensor loss = cross_entropy(s.model->forward(x), y);
-  loss.backward();
-  s.opt->step();
-}
+void train_step(Setup& s, const Tensor& x, const Tensor& y) { s.mlp->step(x, y); }
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());

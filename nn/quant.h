@@ -2,11 +2,13 @@
 // (torch/ao/quantization/{observer,fake_quantize,_learnable_fake_quantize}.py).
 //
 // Everything stays on the device: an observer's forward is one fused
-// min/max + running-update kernel (kernels/observer.h), its qparams one
-// more small kernel writing the f32 scale and s32 zero_point tensors the
-// fake-quant ops read. The enable switches are host booleans, so a
-// training step never waits for the device (PyTorch keeps them in device
-// tensors and reads them back every call).
+// min/max + running-update reduction (kernels/observer.h); in FakeQuantize
+// the kernel that finishes it also writes the f32 scale and s32 zero_point
+// tensors the fake-quant ops read. The enable switches are host booleans,
+// and a never-observed range is recognised on the device (+-inf), so a
+// training step never waits for the device and, once warmed up, takes the
+// same host path every step: it can be captured in a CudaGraph (PyTorch
+// keeps the switches in device tensors and reads them back every call).
 #pragma once
 
 #include <optional>

@@ -1,4 +1,4 @@
-// The QAT training step of bench/bench_train_step.cpp (784-64-64-10 MLP,
+// The QAT training step of bench/bench_train_step.cpp (784-H-H-10 MLP,
 // prepare_qat with the default QAT qconfig, cross-entropy, SGD with
 // momentum, gradients set to none) captured in a CudaGraph. Capture throws
 // on any host synchronisation, so a successful capture proves the step
@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "bench/qat_mlp.h"
 #include "helpers.h"
 #include "kernels/formulas/observer.h"
 #include "kernels/observer.h"
@@ -16,33 +17,12 @@ using namespace qgrad::testing;
 
 namespace {
 
-struct Trainer {
-  std::shared_ptr<nn::Sequential> model;
-  std::unique_ptr<nn::SGD> opt;
-
-  Trainer(Device dev, std::int64_t hidden) {
-    Generator gen(0x51a);
-    model = std::make_shared<nn::Sequential>();
-    model->emplace_back<nn::Linear>(784, hidden, gen);
-    model->emplace_back<nn::ReLU>();
-    model->emplace_back<nn::Linear>(hidden, hidden, gen);
-    model->emplace_back<nn::ReLU>();
-    model->emplace_back<nn::Linear>(hidden, 10, gen);
-    nn::prepare_qat(*model, nn::default_qat_qconfig());
-    model->to(dev);
-    nn::SGDOptions o;
-    o.lr = 0.05;
-    o.momentum = 0.9;
-    opt = std::make_unique<nn::SGD>(model->named_parameters(), o);
-  }
-
-  void step(const Tensor& x, const Tensor& y) {
-    opt->zero_grad();
-    Tensor loss = cross_entropy(model->forward(x), y);
-    loss.backward();
-    opt->step();
-  }
-};
+// bench/qat_mlp.h: the benchmark's model, optimizer and step; every
+// instance built here starts from the same seed.
+bench::QatMlp make_trainer(Device dev, std::int64_t hidden) {
+  Generator gen(0x51a);
+  return bench::QatMlp(dev, hidden, gen, 0.05);
+}
 
 struct Batches {
   std::vector<Tensor> xs, ys;
@@ -59,7 +39,7 @@ struct Batches {
 
 TEST_CASE("the QAT step changes the model (CPU)") {
   // The CPU half of the comparison below: the step trains at all.
-  Trainer t(Device::cpu(), 32);
+  bench::QatMlp t = make_trainer(Device::cpu(), 32);
   Batches b(2, 16, Device::cpu());
   const Tensor w0 = t.model->named_parameters().front().second.clone();
   t.step(b.xs[0], b.ys[0]);
@@ -72,7 +52,7 @@ TEST_CASE("CUDA: the QAT step captures with no host sync and replays bit for bit
   const Device dev = Device::cuda();
   constexpr int kWarmup = 3, kSteps = 6;
   Batches b(kWarmup + kSteps, 64, dev);
-  Trainer eager(dev, 64), graphed(dev, 64);
+  bench::QatMlp eager = make_trainer(dev, 64), graphed = make_trainer(dev, 64);
   Tensor x_static = empty_like(b.xs[0]), y_static = empty_like(b.ys[0]);
   // Warm-up, eagerly, on both: momentum buffers exist and the observers
   // have seen data, so no host-side branch changes after this point.
@@ -114,7 +94,7 @@ TEST_CASE("CUDA: replaying the captured QAT step allocates no device memory") {
   QGRAD_REQUIRE_GPU();
   const Device dev = Device::cuda();
   Batches b(2, 32, dev);
-  Trainer t(dev, 32);
+  bench::QatMlp t = make_trainer(dev, 32);
   Tensor x = b.xs[0].clone(), y = b.ys[0].clone();
   for (int i = 0; i < 2; ++i) t.step(x, y);
   CudaGraph graph;

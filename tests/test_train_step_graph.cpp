@@ -148,3 +148,30 @@ TEST_CASE("observer min/max: chunked SIMD reduction equals the sequential combin
     }
   }
 }
+
+// mul/add with a host scalar take a fast path (one kernel, no scalar
+// tensor); its values must stay those of the op with the scalar tensor
+// full({}, s), in every floating dtype, and on CUDA those of the CPU.
+TEST_CASE("scalar fast path of mul/add equals the scalar-tensor op") {
+  Generator gen(0x5ca);
+  for (DType dt : {DType::f32, DType::f64, DType::f16, DType::bf16}) {
+    const Tensor a = randn({3, 37}, gen, TensorOptions{}.with_dtype(dt));
+    for (double s : {0.1, -3.7, 1e-3, 65504.0}) {
+      INFO(dtype_name(dt) << " " << s);
+      const Tensor st = full({}, s, TensorOptions{}.with_dtype(dt));
+      CHECK(bit_equal(mul(a, s), mul(a, st)));
+      CHECK(bit_equal(add(a, s), add(a, st)));
+      CHECK(bit_equal(neg(a), mul(a, full({}, -1.0, TensorOptions{}.with_dtype(dt)))));
+      if (has_gpu()) {
+        const Tensor ag = a.cuda();
+        CHECK(bit_equal(mul(ag, s), mul(a, s)));
+        CHECK(bit_equal(add(ag, s), add(a, s)));
+      }
+    }
+  }
+  // Gradients: d(a*s) = g*s, d(a+s) = g.
+  Tensor x = randn({5}, gen, TensorOptions{}.with_dtype(DType::f64));
+  x.set_requires_grad(true);
+  add(mul(x, 2.5), 1.0).backward(ones({5}, TensorOptions{}.with_dtype(DType::f64)));
+  CHECK(bit_equal(x.grad(), full({5}, 2.5, TensorOptions{}.with_dtype(DType::f64))));
+}

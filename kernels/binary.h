@@ -9,15 +9,21 @@ namespace qgrad::kernels {
 
 // out = a (op) b with broadcasting; a, b, out share a floating dtype and device.
 void binary(formulas::BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out);
+// out = a (op) b for a host scalar b, first rounded to a's dtype (as
+// full({}, b) stores it), so the values equal binary() with that scalar
+// tensor; out has a's shape, dtype and device.
+void binary_scalar(formulas::BinaryOp op, const Tensor& a, double b, const Tensor& out);
 // out[j] = sum of in over the dims that broadcasting added or stretched.
 void sum_to_shape(const Tensor& in, const Tensor& out);
 
 namespace cpu {
 void binary(formulas::BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out);
+void binary_scalar(formulas::BinaryOp op, const Tensor& a, double b, const Tensor& out);
 void sum_to_shape(const Tensor& in, const Tensor& out);
 }  // namespace cpu
 namespace cuda {
 void binary(formulas::BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out);
+void binary_scalar(formulas::BinaryOp op, const Tensor& a, double b, const Tensor& out);
 void sum_to_shape(const Tensor& in, const Tensor& out);
 }  // namespace cuda
 

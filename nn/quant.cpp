@@ -54,7 +54,7 @@ void Observer::reset() {
   max_val_.copy_(full({channels()}, -INFINITY, TensorOptions{}.with_device(max_val_.device())));
 }
 
-Tensor Observer::forward(const Tensor& x) {
+std::int64_t Observer::check_x(const Tensor& x) const {
   const char* op = "Observer::forward";
   QGRAD_CHECK(x.defined() && is_floating(x.dtype()), op, "x", "expected a defined floating tensor");
   QGRAD_CHECK(x.device() == min_val_.device(), op, "x", "x is on ", x.device().str(), " but the observer on ",
@@ -66,11 +66,16 @@ Tensor Observer::forward(const Tensor& x) {
     QGRAD_CHECK(x.size(axis) == options_.channels, op, "x", "expected ", options_.channels,
                 " channels on axis ", axis, ", got shape ", shape_str(x.shape()));
   }
+  return axis;
+}
+
+Tensor Observer::forward(const Tensor& x) {
+  const std::int64_t axis = check_x(x);
   kernels::observer_minmax(x, min_val_, max_val_, axis, options_.averaging_constant);
   return x;
 }
 
-void Observer::calculate_qparams(const Tensor& scale, const Tensor& zero_point) const {
+void Observer::check_qparams(const Tensor& scale, const Tensor& zero_point) const {
   const char* op = "Observer::calculate_qparams";
   const Shape s{channels()};
   QGRAD_CHECK(scale.defined() && scale.dtype() == DType::f32 && scale.shape() == s, op, "scale",
@@ -79,8 +84,19 @@ void Observer::calculate_qparams(const Tensor& scale, const Tensor& zero_point) 
               "zero_point", "expected s32 ", shape_str(s));
   QGRAD_CHECK(scale.device() == min_val_.device() && zero_point.device() == min_val_.device(), op, "scale",
               "qparams must be on the observer's device ", min_val_.device().str());
+}
+
+void Observer::calculate_qparams(const Tensor& scale, const Tensor& zero_point) const {
+  check_qparams(scale, zero_point);
   kernels::observer_qparams(min_val_, max_val_, scale, zero_point, qmin_, qmax_, is_symmetric(options_.qscheme),
                             sym_zp_);
+}
+
+void Observer::observe_and_calculate_qparams(const Tensor& x, const Tensor& scale, const Tensor& zero_point) {
+  const std::int64_t axis = check_x(x);
+  check_qparams(scale, zero_point);
+  const kernels::ObserverQparams q{scale, zero_point, qmin_, qmax_, is_symmetric(options_.qscheme), sym_zp_};
+  kernels::observer_minmax(x, min_val_, max_val_, axis, options_.averaging_constant, &q);
 }
 
 std::pair<Tensor, Tensor> Observer::calculate_qparams() const {
@@ -137,10 +153,7 @@ FakeQuantize::FakeQuantize(const ObserverOptions& options) {
 }
 
 Tensor FakeQuantize::forward(const Tensor& x) {
-  if (observer_enabled_) {
-    observer_->forward(x.detach());
-    observer_->calculate_qparams(scale_, zero_point_);
-  }
+  if (observer_enabled_) observer_->observe_and_calculate_qparams(x.detach(), scale_, zero_point_);
   if (!fake_quant_enabled_) return x;
   const ObserverOptions& o = observer_->options();
   if (is_per_channel(o.qscheme))

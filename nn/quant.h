@@ -2,11 +2,13 @@
 // (torch/ao/quantization/{observer,fake_quantize,_learnable_fake_quantize}.py).
 //
 // Everything stays on the device: an observer's forward is one fused
-// min/max + running-update kernel (kernels/observer.h), its qparams one
-// more small kernel writing the f32 scale and s32 zero_point tensors the
-// fake-quant ops read. The enable switches are host booleans, so a
-// training step never waits for the device (PyTorch keeps them in device
-// tensors and reads them back every call).
+// min/max + running-update reduction (kernels/observer.h); in FakeQuantize
+// the kernel that finishes it also writes the f32 scale and s32 zero_point
+// tensors the fake-quant ops read. The enable switches are host booleans,
+// and a never-observed range is recognised on the device (+-inf), so a
+// training step never waits for the device and, once warmed up, takes the
+// same host path every step: it can be captured in a CudaGraph (PyTorch
+// keeps the switches in device tensors and reads them back every call).
 #pragma once
 
 #include <optional>
@@ -51,6 +53,9 @@ class Observer : public Module {
   // scale 1, zero point 0.
   void calculate_qparams(const Tensor& scale, const Tensor& zero_point) const;
   std::pair<Tensor, Tensor> calculate_qparams() const;
+  // forward(x) then calculate_qparams(scale, zero_point), fused: on CUDA the
+  // qparams are written by the kernel that finishes the min/max reduction.
+  void observe_and_calculate_qparams(const Tensor& x, const Tensor& scale, const Tensor& zero_point);
   const ObserverOptions& options() const { return options_; }
   std::int64_t qmin() const { return qmin_; }
   std::int64_t qmax() const { return qmax_; }
@@ -61,6 +66,8 @@ class Observer : public Module {
   void reset();
 
  private:
+  std::int64_t check_x(const Tensor& x) const;  // returns the channel axis (-1: per tensor)
+  void check_qparams(const Tensor& scale, const Tensor& zero_point) const;
   ObserverOptions options_;
   std::int64_t qmin_, qmax_;
   std::int32_t sym_zp_;

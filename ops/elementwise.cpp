@@ -100,19 +100,29 @@ Tensor div(const Tensor& a, const Tensor& b) {
 }
 
 namespace {
-Tensor scalar_like(const Tensor& a, double v, const char* op) {
-  check::floating(a, op, "a");
-  return full({}, v, TensorOptions{}.with_dtype(a.dtype()).with_device(a.device()));
+// a (op) s for a host scalar: one kernel over a, with s rounded to a's
+// dtype first, the values of the op with the scalar tensor full({}, s)
+// (no scalar tensor, no fill, no broadcast index).
+Tensor scalar_forward(const char* name, BinaryOp op, const Tensor& a, double s) {
+  check::floating(a, name, "a");
+  Tensor out = Tensor::empty(a.shape(), TensorOptions{}.with_dtype(a.dtype()).with_device(a.device()));
+  kernels::binary_scalar(op, a, s, out);
+  return out;
 }
 }  // namespace
 
+// d(a+s) = g.
 Tensor add(const Tensor& a, double b) {
-  Tensor s = scalar_like(a, b, "add");
-  return add(a, s);
+  Tensor out = scalar_forward("add", BinaryOp::add, a, b);
+  if (any_requires_grad({a})) record("add", out, {a}, [](const Tensor& g) { return std::vector<Tensor>{g}; });
+  return out;
 }
+// d(a*s) = g*s. Saves nothing.
 Tensor mul(const Tensor& a, double b) {
-  Tensor s = scalar_like(a, b, "mul");
-  return mul(a, s);
+  Tensor out = scalar_forward("mul", BinaryOp::mul, a, b);
+  if (any_requires_grad({a}))
+    record("mul", out, {a}, [b](const Tensor& g) { return std::vector<Tensor>{mul(g, b)}; });
+  return out;
 }
 Tensor neg(const Tensor& a) {
   Tensor s = scalar_like(a, -1.0, "neg");

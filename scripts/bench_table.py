@@ -4,12 +4,18 @@
     bench_table.py FILE.jsonl... [--device NAME] [--date YYYY-MM-DD]
 
 Each input line is a JSON object with at least "case" and "ms"; optional
-"bench", "gbs", "frac_copy", "tops", "tflops", "note" and "impl". A record
-belongs to PyTorch when its "impl" says "torch"/"pytorch" or, without
-"impl", when its file name starts with "peer_"; otherwise to qgrad. Records
-with the same "case" are put on one row; the speed-up column is PyTorch ms /
-qgrad ms (above 1: qgrad is faster). Lines that are not JSON are ignored.
-Output (stdout) is a section for docs/benchmarks.md.
+"bench", "gbs", "tops", "tflops", "peak_bytes", "note" and "impl", and the
+fraction of the limit the measurement reached: of the device-to-device copy
+bandwidth measured in the same run for memory-bound work ("frac_copy",
+"fraction_of_copy" or "copy_fraction") or of the int8 / f32 peak for GEMMs
+("int8_peak_fraction", "f32_peak_fraction"). A record belongs to PyTorch
+when its "impl" says "torch"/"pytorch" or, without "impl", when its file
+name starts with "peer_"; otherwise to qgrad. Records with the same "case"
+are put on one row; the speed-up column is PyTorch ms / qgrad ms (above 1:
+qgrad is faster). A qgrad case "X_graph" (a step captured in a CUDA graph)
+with no PyTorch record of its own is compared with PyTorch's "X" (eager).
+Lines that are not JSON are ignored. Output (stdout) is a section for
+docs/benchmarks.md.
 """
 import argparse
 import datetime
@@ -18,6 +24,20 @@ import os
 import sys
 
 RATES = [("gbs", "GB/s"), ("tops", "TOPS"), ("tflops", "TFLOP/s")]
+LIMITS = [("frac_copy", "copy"), ("fraction_of_copy", "copy"), ("copy_fraction", "copy"),
+          ("int8_peak_fraction", "int8 peak"), ("f32_peak_fraction", "f32 peak")]
+
+
+def limit_of(record):
+    for key, what in LIMITS:
+        v = record.get(key)
+        if isinstance(v, (int, float)):
+            return f"{100 * v:.0f}% of {what}"
+    return ""
+
+
+def mib(v):
+    return f"{v / 2**20:.1f}" if isinstance(v, (int, float)) and v > 0 else ""
 
 
 def side_of(record, path):
@@ -74,23 +94,35 @@ def main():
     header = ["bench", "case", "qgrad ms", "PyTorch ms", "speed-up"]
     for _, unit in rate_keys:
         header += [f"qgrad {unit}", f"PyTorch {unit}"]
-    header += ["qgrad % of copy", "note"]
+    with_peak = any("peak_bytes" in r.get(s, {}) for r in rows.values() for s in ("qgrad", "torch"))
+    header += ["qgrad: fraction of limit"]
+    if with_peak:
+        header += ["qgrad peak MiB", "PyTorch peak MiB"]
+    header += ["note"]
 
     out = [f"### {args.device}, {args.date}", "",
-           "Median of CUDA-event timings, both measured in the same run on the same machine. "
-           "speed-up = PyTorch ms / qgrad ms.", "",
+           "Median of CUDA-event timings (CPU cases: wall clock), both measured in the same run on the "
+           "same machine. speed-up = PyTorch ms / qgrad ms. Fraction of limit: of the device-to-device "
+           "copy bandwidth measured in the same run (memory-bound kernels) or of the int8 / f32 peak "
+           "(GEMMs). Peak MiB: the allocator's peak of bytes held by tensors over the step "
+           "(PyTorch: torch.cuda.max_memory_allocated).", "",
            "| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     for case in sorted(order, key=lambda c: (rows[c]["bench"], order.index(c))):
         r = rows[case]
         q, t = r.get("qgrad", {}), r.get("torch", {})
+        note = ""
+        if not t and case.endswith("_graph") and case[: -len("_graph")] in rows:
+            t = rows[case[: -len("_graph")]].get("torch", {})
+            note = "vs PyTorch eager" if t else ""
         qms, tms = q.get("ms"), t.get("ms")
         speed = f"{tms / qms:.2f}x" if isinstance(qms, (int, float)) and isinstance(tms, (int, float)) and qms > 0 else ""
         cells = [r["bench"], case, fmt(qms), fmt(tms), speed]
         for k, _ in rate_keys:
             cells += [fmt(q.get(k)), fmt(t.get(k))]
-        frac = q.get("frac_copy")
-        cells.append(f"{100 * frac:.0f}%" if isinstance(frac, (int, float)) else "")
-        cells.append(" ".join(str(x) for x in (q.get("note"), t.get("note")) if x))
+        cells.append(limit_of(q))
+        if with_peak:
+            cells += [mib(q.get("peak_bytes")), mib(t.get("peak_bytes")) if not note else ""]
+        cells.append(" ".join(str(x) for x in (note, q.get("note"), t.get("note")) if x))
         out.append("| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |")
     print("\n".join(out))
     return 0

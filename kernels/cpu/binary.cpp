@@ -2,6 +2,7 @@
 
 #include "kernels/broadcast.h"
 #include "kernels/cpu/parallel.h"
+#include "kernels/formulas/cast.h"
 
 namespace qgrad::kernels::cpu {
 
@@ -22,6 +23,17 @@ void binary(formulas::BinaryOp op, const Tensor& a, const Tensor& b, const Tenso
       bi.offsets(i, oa, ob);
       o[i] = T(formulas::binary_apply<M>(op, M(x[oa]), M(y[ob])));
     });
+  });
+}
+
+void binary_scalar(formulas::BinaryOp op, const Tensor& a, double b, const Tensor& out) {
+  dispatch_floating(out.dtype(), "binary_scalar", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using M = op_math_t<T>;
+    const M s = M(formulas::cast_value<T>(b));
+    const T* x = static_cast<const T*>(a.data_ptr());
+    T* o = static_cast<T*>(out.data_ptr());
+    parallel_for(out.numel(), [&](std::int64_t i) { o[i] = T(formulas::binary_apply<M>(op, M(x[i]), s)); });
   });
 }
 

@@ -1,3 +1,11 @@
+#include <algorithm>
+#include <type_traits>
+#include <vector>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #include "kernels/cpu/parallel.h"
 #include "kernels/formulas/cast.h"
 #include "kernels/formulas/observer.h"
@@ -7,6 +15,54 @@ namespace qgrad::kernels::cpu {
 
 namespace {
 
+// Elements per task: a channel's elements are cut into chunks so that
+// per-tensor observation (one channel) also uses every thread.
+constexpr std::int64_t kMinmaxChunk = 16384;
+
+// min_combine / max_combine over row[i0, i1) of f32, four lanes at a time
+// (SSE2): exact for NaN-free data, where the combine is the ordinary min
+// and max with -0 < +0; the sign of a zero result is fixed from whether a
+// -0 (for the min) or a +0 (for the max) was seen. A chunk holding a NaN is
+// left to the scalar loop (returns i0). Returns the first index not done.
+std::int64_t minmax_f32(const float* row, std::int64_t i0, std::int64_t i1, float& lo, float& hi) {
+#if defined(__SSE2__)
+  const std::int64_t n4 = i0 + (i1 - i0) / 4 * 4;
+  if (n4 == i0) return i0;
+  __m128 vlo = _mm_set1_ps(INFINITY), vhi = _mm_set1_ps(-INFINITY), nan = _mm_setzero_ps();
+  __m128 neg_zero = _mm_setzero_ps(), pos_zero = _mm_setzero_ps();
+  const __m128 zero = _mm_setzero_ps(), sign = _mm_set1_ps(-0.0f);
+  for (std::int64_t i = i0; i < n4; i += 4) {
+    const __m128 f = _mm_loadu_ps(row + i);
+    nan = _mm_or_ps(nan, _mm_cmpunord_ps(f, f));
+    vlo = _mm_min_ps(vlo, f);
+    vhi = _mm_max_ps(vhi, f);
+    const __m128 is_zero = _mm_cmpeq_ps(f, zero), negative = _mm_and_ps(f, sign);
+    neg_zero = _mm_or_ps(neg_zero, _mm_and_ps(is_zero, negative));
+    pos_zero = _mm_or_ps(pos_zero, _mm_andnot_ps(negative, is_zero));
+  }
+  if (_mm_movemask_ps(nan) != 0) return i0;
+  alignas(16) float l[4], h[4];
+  _mm_store_ps(l, vlo);
+  _mm_store_ps(h, vhi);
+  float a = lo, b = hi;
+  for (int k = 0; k < 4; ++k) {
+    a = l[k] < a ? l[k] : a;
+    b = h[k] > b ? h[k] : b;
+  }
+  if (a == 0.0f) a = _mm_movemask_ps(neg_zero) != 0 ? -0.0f : 0.0f;
+  if (b == 0.0f) b = _mm_movemask_ps(pos_zero) != 0 ? 0.0f : -0.0f;
+  lo = a;
+  hi = b;
+  return n4;
+#else
+  (void)row;
+  (void)i1;
+  (void)lo;
+  (void)hi;
+  return i0;
+#endif
+}
+
 template <class T>
 void minmax_impl(const Tensor& x, const Tensor& run_min, const Tensor& run_max, std::int64_t axis, double c) {
   const ChannelView v = channel_view(x, axis);
@@ -15,28 +71,48 @@ void minmax_impl(const Tensor& x, const Tensor& run_min, const Tensor& run_max, 
   float* mx = run_max.data<float>();
   const float cf = static_cast<float>(c);
   const bool moving = c >= 0.0;
-  // One fixed sequential order per channel (the combine is order-free anyway).
-  parallel_for(v.channels, [&](std::int64_t ch) {
+  // Chunks of one outer row of a channel, or of the channel's whole range
+  // when there is one outer row (per tensor, channels on axis 0). The
+  // combine is exact and order-free, so chunking changes no result.
+  const std::int64_t per_row = (v.inner + kMinmaxChunk - 1) / kMinmaxChunk;
+  const std::int64_t tasks_per_channel = v.outer * std::max<std::int64_t>(per_row, 1);
+  std::vector<float> part(static_cast<std::size_t>(2 * v.channels * tasks_per_channel));
+  parallel_for(v.channels * tasks_per_channel, [&](std::int64_t task) {
+    const std::int64_t ch = task / tasks_per_channel, r = task % tasks_per_channel;
+    const std::int64_t o = r / std::max<std::int64_t>(per_row, 1), piece = r % std::max<std::int64_t>(per_row, 1);
+    const T* row = px + (o * v.channels + ch) * v.inner;
+    const std::int64_t i0 = piece * kMinmaxChunk, i1 = std::min(v.inner, i0 + kMinmaxChunk);
     float lo = INFINITY, hi = -INFINITY;
-    for (std::int64_t o = 0; o < v.outer; ++o) {
-      const T* row = px + (o * v.channels + ch) * v.inner;
-      for (std::int64_t i = 0; i < v.inner; ++i) {
-        const float f = formulas::cast_value<float>(row[i]);
-        lo = formulas::min_combine(lo, f);
-        hi = formulas::max_combine(hi, f);
-      }
+    std::int64_t i = i0;
+    if constexpr (std::is_same_v<T, float>) i = minmax_f32(row, i0, i1, lo, hi);
+    for (; i < i1; ++i) {
+      const float f = formulas::cast_value<float>(row[i]);
+      lo = formulas::min_combine(lo, f);
+      hi = formulas::max_combine(hi, f);
+    }
+    part[static_cast<std::size_t>(2 * task)] = lo;
+    part[static_cast<std::size_t>(2 * task + 1)] = hi;
+  }, std::max<std::int64_t>(2, kParallelGrain / std::max<std::int64_t>(1, std::min(v.inner, kMinmaxChunk))));
+  for (std::int64_t ch = 0; ch < v.channels; ++ch) {
+    float lo = INFINITY, hi = -INFINITY;
+    for (std::int64_t t = 0; t < tasks_per_channel; ++t) {
+      const std::size_t k = static_cast<std::size_t>(2 * (ch * tasks_per_channel + t));
+      lo = formulas::min_combine(lo, part[k]);
+      hi = formulas::max_combine(hi, part[k + 1]);
     }
     formulas::observer_update(mn[ch], mx[ch], lo, hi, cf, moving);
-  });
+  }
 }
 
 }  // namespace
 
 void observer_minmax(const Tensor& x, const Tensor& run_min, const Tensor& run_max, std::int64_t axis,
-                     double averaging_constant) {
+                     double averaging_constant, const ObserverQparams* q) {
   dispatch_floating(x.dtype(), "observer_minmax", [&](auto tag) {
     minmax_impl<typename decltype(tag)::type>(x, run_min, run_max, axis, averaging_constant);
   });
+  if (q) observer_qparams(run_min, run_max, q->scale, q->zero_point, q->qmin, q->qmax, q->symmetric,
+                          q->symmetric_zero_point);
 }
 
 void observer_qparams(const Tensor& run_min, const Tensor& run_max, const Tensor& scale, const Tensor& zero_point,

@@ -1,6 +1,11 @@
 // CPU kernels of the quantization ops: the same formulas, mask layout and
 // reduction order as kernels/cuda/quantize.cu, so the two agree bit for bit.
+#include <cmath>
 #include <vector>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include "kernels/cpu/parallel.h"
 #include "kernels/quant_mask.h"
@@ -9,6 +14,57 @@
 namespace qgrad::kernels::cpu {
 
 namespace {
+
+template <class Op>
+inline constexpr bool kIsF32FakeQuant = false;
+template <bool kD>
+inline constexpr bool kIsF32FakeQuant<formulas::FakeQuantOp<float, kD>> = true;
+
+// Fake quantize of `len` (<= 128) f32 elements of one mask block that share
+// one channel, written so the compiler vectorises it (no integer
+// conversions, no branches): round half to even by adding and subtracting
+// 2^23, clamp in float against lo = qmin - zp and hi = qmax - zp. Each step
+// is exact, so values and mask bits equal FakeQuantOp's (formulas/quantize.h)
+// whenever |lo|, |hi| <= 2^24 (the caller checks): float(clamp(q) - zp) is
+// the clamped rounded value itself (+ 0.0f turns -0 into the +0 the integer
+// path gives), NaN passes x through with bit 0, +-inf clamps to hi / lo.
+void fake_quant_block_f32(const float* x, float* y, std::int64_t len, const formulas::ChannelParams& p, float lo,
+                          float hi, std::uint32_t* words) {
+  constexpr float big = 8388608.0f;
+  std::uint32_t w[qmask::kWordsPerBlock] = {0, 0, 0, 0};
+  std::int64_t k = 0;
+#if defined(__SSE2__)
+  // The same steps four lanes at a time (SSE2 is in every x86-64 CPU; each
+  // instruction is one IEEE single operation, as the scalar code below).
+  const __m128 vbig = _mm_set1_ps(big), vlo = _mm_set1_ps(lo), vhi = _mm_set1_ps(hi);
+  const __m128 vinv = _mm_set1_ps(p.inv_scale), vscale = _mm_set1_ps(p.scale), zero = _mm_setzero_ps();
+  const __m128 absmask = _mm_castsi128_ps(_mm_set1_epi32(0x7fffffff));
+  auto blend = [](__m128 m, __m128 a, __m128 b) { return _mm_or_ps(_mm_and_ps(m, a), _mm_andnot_ps(m, b)); };
+  for (; k + 4 <= len; k += 4) {
+    const __m128 xv = _mm_loadu_ps(x + k);
+    const __m128 v = _mm_mul_ps(xv, vinv);
+    const __m128 rp = _mm_sub_ps(_mm_add_ps(v, vbig), vbig), rn = _mm_add_ps(_mm_sub_ps(v, vbig), vbig);
+    const __m128 r0 = blend(_mm_cmpge_ps(v, zero), rp, rn);
+    const __m128 r = blend(_mm_cmplt_ps(_mm_and_ps(v, absmask), vbig), r0, v);
+    const __m128 in = _mm_and_ps(_mm_cmpge_ps(r, vlo), _mm_cmple_ps(r, vhi));
+    const __m128 c = _mm_add_ps(blend(_mm_cmplt_ps(r, vlo), vlo, blend(_mm_cmpgt_ps(r, vhi), vhi, r)), zero);
+    _mm_storeu_ps(y + k, blend(_mm_cmpeq_ps(v, v), _mm_mul_ps(c, vscale), xv));
+    const unsigned m = static_cast<unsigned>(_mm_movemask_ps(in));
+    for (unsigned j = 0; j < 4; ++j) w[j] |= ((m >> j) & 1u) << (k >> 2);
+  }
+#endif
+  for (; k < len; ++k) {
+    const float xv = x[k];
+    const float v = xv * p.inv_scale;
+    const float r0 = v >= 0.0f ? (v + big) - big : (v - big) + big;
+    const float r = std::fabs(v) < big ? r0 : v;
+    w[k & 3] |= static_cast<std::uint32_t>(r >= lo && r <= hi) << (k >> 2);
+    const float c = (r < lo ? lo : (r > hi ? hi : r)) + 0.0f;
+    y[k] = v == v ? c * p.scale : xv;
+  }
+  if (words)
+    for (std::int64_t j = 0; j < qmask::kWordsPerBlock; ++j) words[j] = w[j];
+}
 
 template <class Op>
 void affine_impl(const AffineArgs& a) {
@@ -26,6 +82,18 @@ void affine_impl(const AffineArgs& a) {
   parallel_for(qmask::blocks(n), [&](std::int64_t b) {
     std::uint32_t words[qmask::kWordsPerBlock] = {0, 0, 0, 0};
     const std::int64_t end = std::min(n, (b + 1) * qmask::kBlock);
+    if constexpr (kIsF32FakeQuant<Op>) {
+      const std::int64_t i0 = b * qmask::kBlock, c0 = map.channel(i0);
+      if (c0 == map.channel(end - 1)) {
+        const formulas::ChannelParams p0 = ps.get(c0);
+        const std::int64_t lo = a.qmin - p0.zp, hi = a.qmax - p0.zp, lim = std::int64_t(1) << 24;
+        if (lo >= -lim && hi <= lim) {
+          fake_quant_block_f32(in + i0, out + i0, end - i0, p0, static_cast<float>(lo), static_cast<float>(hi),
+                               mask_out ? mask_out + b * qmask::kWordsPerBlock : nullptr);
+          return;
+        }
+      }
+    }
     std::int64_t cached_c = -1;
     formulas::ChannelParams p;
     for (std::int64_t i = b * qmask::kBlock; i < end; ++i) {
@@ -45,12 +113,23 @@ void affine_impl(const AffineArgs& a) {
       if (mask_out)
         for (std::int64_t k = 0; k < qmask::kWordsPerBlock; ++k) mask_out[b * qmask::kWordsPerBlock + k] = words[k];
     }
-  });
+  }, kParallelGrain / qmask::kBlock);
+}
+
+// The tree p[t] += p[t + s], s = 128, ..., 1, over kLsqThreads partials.
+template <class M>
+void lsq_tree(M* acc_s, M* acc_z) {
+  for (int s = formulas::kLsqThreads / 2; s > 0; s >>= 1)
+    for (int t = 0; t < s; ++t) {
+      acc_s[t] = acc_s[t] + acc_s[t + s];
+      acc_z[t] = acc_z[t] + acc_z[t + s];
+    }
 }
 
 template <class T>
 void lsq_backward_impl(const LsqArgs& a) {
   using M = op_math_t<T>;
+  constexpr int kT = formulas::kLsqThreads;
   const T* x = static_cast<const T*>(a.x.data_ptr());
   const T* dy = static_cast<const T*>(a.dy.data_ptr());
   T* dx = static_cast<T*>(a.dx.data_ptr());
@@ -61,15 +140,16 @@ void lsq_backward_impl(const LsqArgs& a) {
   const std::int64_t chunks = (per_channel + formulas::kLsqChunk - 1) / formulas::kLsqChunk;
   const M g = static_cast<M>(a.grad_factor);
   std::vector<M> part_s(static_cast<std::size_t>(a.channels * chunks)), part_z(part_s.size());
+  // Stage 1: one chunk per iteration, as one thread block on CUDA.
   parallel_for(a.channels * chunks, [&](std::int64_t blk) {
     const std::int64_t c = blk / chunks, start = (blk % chunks) * formulas::kLsqChunk;
     const std::int64_t end = std::min(per_channel, start + formulas::kLsqChunk);
     const formulas::ChannelParams p = ps.get(c);
-    M acc_s[formulas::kLsqThreads], acc_z[formulas::kLsqThreads];
-    for (int t = 0; t < formulas::kLsqThreads; ++t) {
+    M acc_s[kT], acc_z[kT];
+    for (int t = 0; t < kT; ++t) {
       M s = M(0), z = M(0);
-      for (std::int64_t j = start + t; j < end; j += formulas::kLsqThreads) {
-        const std::int64_t off = formulas::channel_offset(j, c, a.channels, a.inner);
+      for (std::int64_t j = start + t; j < end; j += kT) {
+        const std::int64_t off = formulas::lsq_offset(j, c, a.outer, a.channels, a.inner);
         const auto r = formulas::lsq_grad<M>(M(x[off]), M(dy[off]), p, a.qmin, a.qmax, g);
         dx[off] = T(r.dx);
         s = s + r.ds;
@@ -78,23 +158,26 @@ void lsq_backward_impl(const LsqArgs& a) {
       acc_s[t] = s;
       acc_z[t] = z;
     }
-    for (int s = formulas::kLsqThreads / 2; s > 0; s >>= 1)
-      for (int t = 0; t < s; ++t) {
-        acc_s[t] = acc_s[t] + acc_s[t + s];
-        acc_z[t] = acc_z[t] + acc_z[t + s];
-      }
+    lsq_tree(acc_s, acc_z);
     part_s[static_cast<std::size_t>(blk)] = acc_s[0];
     part_z[static_cast<std::size_t>(blk)] = acc_z[0];
-  });
-  for (std::int64_t c = 0; c < a.channels; ++c) {
-    M s = M(0), z = M(0);
-    for (std::int64_t k = 0; k < chunks; ++k) {
-      s = s + part_s[static_cast<std::size_t>(c * chunks + k)];
-      z = z + part_z[static_cast<std::size_t>(c * chunks + k)];
+  }, 2);
+  // Stage 2: one channel per iteration, as one thread block on CUDA.
+  parallel_for(a.channels, [&](std::int64_t c) {
+    M acc_s[kT], acc_z[kT];
+    for (int t = 0; t < kT; ++t) {
+      M s = M(0), z = M(0);
+      for (std::int64_t k = t; k < chunks; k += kT) {
+        s = s + part_s[static_cast<std::size_t>(c * chunks + k)];
+        z = z + part_z[static_cast<std::size_t>(c * chunks + k)];
+      }
+      acc_s[t] = s;
+      acc_z[t] = z;
     }
-    ds[c] = s;
-    dz[c] = z;
-  }
+    lsq_tree(acc_s, acc_z);
+    ds[c] = acc_s[0];
+    dz[c] = acc_z[0];
+  });
 }
 
 }  // namespace

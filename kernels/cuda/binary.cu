@@ -2,6 +2,7 @@
 
 #include "kernels/broadcast.h"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/formulas/cast.h"
 
 namespace qgrad::kernels::cuda {
 
@@ -28,6 +29,16 @@ void binary_impl(formulas::BinaryOp op, const Tensor& a, const Tensor& b, const 
   });
 }
 
+template <class T>
+void binary_scalar_impl(formulas::BinaryOp op, const Tensor& a, double b, const Tensor& out) {
+  using M = op_math_t<T>;
+  const M s = M(formulas::cast_value<T>(b));
+  const T* x = static_cast<const T*>(a.data_ptr());
+  T* o = static_cast<T*>(out.data_ptr());
+  launch_elementwise(out.device().index, out.numel(),
+                     [=] __device__(std::int64_t i) { o[i] = T(formulas::binary_apply<M>(op, M(x[i]), s)); });
+}
+
 // One thread per output element, summing in the same order as the CPU, so
 // the two agree bit for bit (and the result is deterministic).
 template <class T>
@@ -48,6 +59,11 @@ void sum_to_shape_impl(const Tensor& in, const Tensor& out) {
 
 void binary(formulas::BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
   dispatch_floating(out.dtype(), "binary", [&](auto tag) { binary_impl<typename decltype(tag)::type>(op, a, b, out); });
+}
+
+void binary_scalar(formulas::BinaryOp op, const Tensor& a, double b, const Tensor& out) {
+  dispatch_floating(out.dtype(), "binary_scalar",
+                    [&](auto tag) { binary_scalar_impl<typename decltype(tag)::type>(op, a, b, out); });
 }
 
 void sum_to_shape(const Tensor& in, const Tensor& out) {

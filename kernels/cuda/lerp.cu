@@ -32,29 +32,39 @@ unsigned vec_blocks(int dev, std::int64_t n) {
   return ::qgrad::cuda::blocks_for((n + 3) / 4, 256, ::qgrad::cuda::fill_blocks(dev, 256) * 8LL);
 }
 
+// Two vectors per thread per iteration (v and v + stride, both coalesced),
+// loaded before either is computed: twice the bytes in flight of a plain
+// grid-stride loop.
 template <class T>
-__global__ void lerp_fw_vec(LerpElems<T> e, T* __restrict__ out, std::int64_t n) {
+__global__ void __launch_bounds__(256) lerp_fw_vec(LerpElems<T> e, T* __restrict__ out, std::int64_t n) {
+  using M = op_math_t<T>;
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-  for (std::int64_t v = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; 4 * v < n; v += stride) {
-    const std::int64_t i0 = 4 * v;
-    if (i0 + 3 < n) {
+  const std::int64_t full = n / 4;  // whole vectors
+  for (std::int64_t v = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; v < full; v += 2 * stride) {
+    const std::int64_t v2 = v + stride;
+    const bool two = v2 < full;
+    Vec4<T> a[2], b[2], w[2];
+    a[0] = load4(e.a + 4 * v);
+    b[0] = load4(e.b + 4 * v);
+    if (e.w) w[0] = load4(e.w + 4 * v);
+    if (two) {
+      a[1] = load4(e.a + 4 * v2);
+      b[1] = load4(e.b + 4 * v2);
+      if (e.w) w[1] = load4(e.w + 4 * v2);
+    }
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      if (u == 1 && !two) break;
       Vec4<T> o;
-      if (e.w) {
-        const Vec4<T> a = load4(e.a + i0), b = load4(e.b + i0), w = load4(e.w + i0);
-        using M = op_math_t<T>;
 #pragma unroll
-        for (int k = 0; k < 4; ++k) o.v[k] = T(formulas::lerp_value<M>(M(a.v[k]), M(b.v[k]), M(w.v[k])));
-      } else {
-        const Vec4<T> a = load4(e.a + i0), b = load4(e.b + i0);
-        using M = op_math_t<T>;
-#pragma unroll
-        for (int k = 0; k < 4; ++k) o.v[k] = T(formulas::lerp_value<M>(M(a.v[k]), M(b.v[k]), e.wm));
-      }
-      store4(out + i0, o);
-    } else {
-      for (std::int64_t i = i0; i < n; ++i) out[i] = e.forward(i, i, i);
+      for (int k = 0; k < 4; ++k)
+        o.v[k] = T(formulas::lerp_value<M>(M(a[u].v[k]), M(b[u].v[k]), e.w ? M(w[u].v[k]) : e.wm));
+      store4(out + 4 * (u == 0 ? v : v2), o);
     }
   }
+  // The last n % 4 elements.
+  const std::int64_t tail = 4 * full + static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (tail < n) out[tail] = e.forward(tail, tail, tail);
 }
 
 template <class T>

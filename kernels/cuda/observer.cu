@@ -52,8 +52,17 @@ __global__ void partial_minmax_kernel(const T* x, std::int64_t channels, std::in
   }
 }
 
+// Optional qparams (scale == nullptr: none), as observer_qparams computes them.
+struct QparamsArgs {
+  float* scale = nullptr;
+  std::int32_t* zero_point = nullptr;
+  std::int64_t qmin = 0, qmax = 0;
+  bool symmetric = false;
+  std::int32_t symmetric_zero_point = 0;
+};
+
 __global__ void finish_minmax_kernel(const float* partial, unsigned parts, float* run_min, float* run_max, float c,
-                                     bool moving) {
+                                     bool moving, QparamsArgs q) {
   const std::int64_t ch = blockIdx.x;
   float lo = INFINITY, hi = -INFINITY;
   for (unsigned k = threadIdx.x; k < parts; k += blockDim.x) {
@@ -62,11 +71,17 @@ __global__ void finish_minmax_kernel(const float* partial, unsigned parts, float
     hi = formulas::max_combine(hi, partial[2 * slot + 1]);
   }
   block_minmax(lo, hi);
-  if (threadIdx.x == 0) formulas::observer_update(run_min[ch], run_max[ch], lo, hi, c, moving);
+  if (threadIdx.x == 0) {
+    formulas::observer_update(run_min[ch], run_max[ch], lo, hi, c, moving);
+    if (q.scale)
+      formulas::observer_qparams(run_min[ch], run_max[ch], q.qmin, q.qmax, q.symmetric, q.symmetric_zero_point,
+                                 q.scale[ch], q.zero_point[ch]);
+  }
 }
 
 template <class T>
-void minmax_impl(const Tensor& x, const Tensor& run_min, const Tensor& run_max, std::int64_t axis, double c) {
+void minmax_impl(const Tensor& x, const Tensor& run_min, const Tensor& run_max, std::int64_t axis, double c,
+                 const QparamsArgs& q) {
   const ChannelView v = channel_view(x, axis);
   const int dev = x.device().index;
   const std::int64_t count = v.outer * v.inner;
@@ -80,16 +95,25 @@ void minmax_impl(const Tensor& x, const Tensor& run_min, const Tensor& run_max, 
       static_cast<const T*>(x.data_ptr()), v.channels, v.inner, count, partial.data<float>());
   QGRAD_LAUNCH_CHECK();
   finish_minmax_kernel<<<static_cast<unsigned>(v.channels), kThreads, 0, s>>>(
-      partial.data<float>(), parts, run_min.data<float>(), run_max.data<float>(), static_cast<float>(c), c >= 0.0);
+      partial.data<float>(), parts, run_min.data<float>(), run_max.data<float>(), static_cast<float>(c), c >= 0.0, q);
   QGRAD_LAUNCH_CHECK();
 }
 
 }  // namespace
 
 void observer_minmax(const Tensor& x, const Tensor& run_min, const Tensor& run_max, std::int64_t axis,
-                     double averaging_constant) {
+                     double averaging_constant, const ObserverQparams* qparams) {
+  QparamsArgs q;
+  if (qparams) {
+    q.scale = qparams->scale.data<float>();
+    q.zero_point = qparams->zero_point.data<std::int32_t>();
+    q.qmin = qparams->qmin;
+    q.qmax = qparams->qmax;
+    q.symmetric = qparams->symmetric;
+    q.symmetric_zero_point = qparams->symmetric_zero_point;
+  }
   dispatch_floating(x.dtype(), "observer_minmax", [&](auto tag) {
-    minmax_impl<typename decltype(tag)::type>(x, run_min, run_max, axis, averaging_constant);
+    minmax_impl<typename decltype(tag)::type>(x, run_min, run_max, axis, averaging_constant, q);
   });
 }
 

@@ -21,69 +21,100 @@ struct alignas(4 * sizeof(T)) Vec4 {
   T v[4];
 };
 
+// Loads the four elements of lane `lane` in mask block b.
+template <class In, bool kVec>
+__device__ __forceinline__ void affine_load(const In* __restrict__ in, std::int64_t b, unsigned lane, std::int64_t n,
+                                            In (&v)[4]) {
+  const std::int64_t i0 = b * qmask::kBlock + 4 * static_cast<std::int64_t>(lane);
+  if (kVec && i0 + 3 < n) {
+    const Vec4<In> w = *reinterpret_cast<const Vec4<In>*>(in + i0);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) v[k] = w.v[k];
+  } else {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) v[k] = i0 + k < n ? in[i0 + k] : In{};
+  }
+}
+
+// Applies op to the loaded elements of mask block b and stores the results
+// (and the block's mask words, built by ballots).
 template <class Op, bool kVec>
-__global__ void affine_kernel(Op op, const typename Op::In* __restrict__ in, typename Op::Out* __restrict__ out,
-                              const std::uint32_t* __restrict__ mask_in, std::uint32_t* __restrict__ mask_out,
-                              std::int64_t n, formulas::ChannelMap map, formulas::ParamSource ps, bool same4) {
-  using In = typename Op::In;
+__device__ __forceinline__ void affine_finish(const Op& op, const typename Op::In (&v)[4],
+                                              typename Op::Out* __restrict__ out,
+                                              const std::uint32_t* __restrict__ mask_in,
+                                              std::uint32_t* __restrict__ mask_out, std::int64_t b, unsigned lane,
+                                              std::int64_t n, const formulas::ChannelMap& map,
+                                              const formulas::ParamSource& ps, bool same4) {
   using Out = typename Op::Out;
+  const std::int64_t i0 = b * qmask::kBlock + 4 * static_cast<std::int64_t>(lane);
+  const bool full = i0 + 3 < n;
+  bool bit_in[4] = {false, false, false, false};
+  if constexpr (Op::kReadsMask) {
+    const uint4 w = *reinterpret_cast<const uint4*>(mask_in + b * qmask::kWordsPerBlock);
+    bit_in[0] = (w.x >> lane) & 1u;
+    bit_in[1] = (w.y >> lane) & 1u;
+    bit_in[2] = (w.z >> lane) & 1u;
+    bit_in[3] = (w.w >> lane) & 1u;
+  }
+  formulas::ChannelParams p;
+  if constexpr (Op::kParams) {
+    if (same4 && i0 < n) p = ps.get(map.channel(i0));
+  }
+  Out o[4];
+  bool bit[4] = {false, false, false, false};
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    if (i0 + k < n) {
+      if constexpr (Op::kParams) {
+        if (!same4) p = ps.get(map.channel(i0 + k));
+      }
+      o[k] = op(v[k], p, bit_in[k], bit[k]);
+    }
+  }
+  if (kVec && full) {
+    Vec4<Out> w;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) w.v[k] = o[k];
+    *reinterpret_cast<Vec4<Out>*>(out + i0) = w;
+  } else {
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+      if (i0 + k < n) out[i0 + k] = o[k];
+  }
+  if constexpr (Op::kWritesMask) {
+    uint4 words;
+    words.x = __ballot_sync(0xffffffffu, bit[0]);
+    words.y = __ballot_sync(0xffffffffu, bit[1]);
+    words.z = __ballot_sync(0xffffffffu, bit[2]);
+    words.w = __ballot_sync(0xffffffffu, bit[3]);
+    if (mask_out && lane == 0) *reinterpret_cast<uint4*>(mask_out + b * qmask::kWordsPerBlock) = words;
+  }
+}
+
+// Each warp takes kAffineUnroll consecutive mask blocks per iteration and
+// issues all their loads before any arithmetic: more bytes in flight per
+// warp, which the narrow-output ops (quantize: 4 bytes in, 1 out) need to
+// reach the copy bandwidth.
+constexpr int kAffineUnroll = 4;
+
+template <class Op, bool kVec>
+__global__ void __launch_bounds__(256)
+    affine_kernel(Op op, const typename Op::In* __restrict__ in, typename Op::Out* __restrict__ out,
+                  const std::uint32_t* __restrict__ mask_in, std::uint32_t* __restrict__ mask_out, std::int64_t n,
+                  formulas::ChannelMap map, formulas::ParamSource ps, bool same4) {
+  using In = typename Op::In;
   const unsigned lane = threadIdx.x & 31u;
   const std::int64_t warp = (static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   const std::int64_t nwarps = (static_cast<std::int64_t>(gridDim.x) * blockDim.x) >> 5;
   const std::int64_t nblocks = qmask::blocks(n);
-  for (std::int64_t b = warp; b < nblocks; b += nwarps) {
-    const std::int64_t i0 = b * qmask::kBlock + 4 * static_cast<std::int64_t>(lane);
-    const bool full = i0 + 3 < n;
-    In v[4];
-    if (kVec && full) {
-      const Vec4<In> w = *reinterpret_cast<const Vec4<In>*>(in + i0);
+  for (std::int64_t b0 = warp * kAffineUnroll; b0 < nblocks; b0 += nwarps * kAffineUnroll) {
+    In v[kAffineUnroll][4];
 #pragma unroll
-      for (int k = 0; k < 4; ++k) v[k] = w.v[k];
-    } else {
+    for (int u = 0; u < kAffineUnroll; ++u)
+      if (b0 + u < nblocks) affine_load<In, kVec>(in, b0 + u, lane, n, v[u]);
 #pragma unroll
-      for (int k = 0; k < 4; ++k) v[k] = i0 + k < n ? in[i0 + k] : In{};
-    }
-    bool bit_in[4] = {false, false, false, false};
-    if constexpr (Op::kReadsMask) {
-      const uint4 w = *reinterpret_cast<const uint4*>(mask_in + b * qmask::kWordsPerBlock);
-      bit_in[0] = (w.x >> lane) & 1u;
-      bit_in[1] = (w.y >> lane) & 1u;
-      bit_in[2] = (w.z >> lane) & 1u;
-      bit_in[3] = (w.w >> lane) & 1u;
-    }
-    formulas::ChannelParams p;
-    if constexpr (Op::kParams) {
-      if (same4 && i0 < n) p = ps.get(map.channel(i0));
-    }
-    Out o[4];
-    bool bit[4] = {false, false, false, false};
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      if (i0 + k < n) {
-        if constexpr (Op::kParams) {
-          if (!same4) p = ps.get(map.channel(i0 + k));
-        }
-        o[k] = op(v[k], p, bit_in[k], bit[k]);
-      }
-    }
-    if (kVec && full) {
-      Vec4<Out> w;
-#pragma unroll
-      for (int k = 0; k < 4; ++k) w.v[k] = o[k];
-      *reinterpret_cast<Vec4<Out>*>(out + i0) = w;
-    } else {
-#pragma unroll
-      for (int k = 0; k < 4; ++k)
-        if (i0 + k < n) out[i0 + k] = o[k];
-    }
-    if constexpr (Op::kWritesMask) {
-      uint4 words;
-      words.x = __ballot_sync(0xffffffffu, bit[0]);
-      words.y = __ballot_sync(0xffffffffu, bit[1]);
-      words.z = __ballot_sync(0xffffffffu, bit[2]);
-      words.w = __ballot_sync(0xffffffffu, bit[3]);
-      if (mask_out && lane == 0) *reinterpret_cast<uint4*>(mask_out + b * qmask::kWordsPerBlock) = words;
-    }
+    for (int u = 0; u < kAffineUnroll; ++u)
+      if (b0 + u < nblocks) affine_finish<Op, kVec>(op, v[u], out, mask_in, mask_out, b0 + u, lane, n, map, ps, same4);
   }
 }
 
@@ -101,7 +132,7 @@ void affine_impl(const AffineArgs& a) {
   const bool same4 = a.channels == 1 || a.inner % 4 == 0;
   const formulas::ChannelMap map(a.inner, a.channels, n);
   constexpr unsigned threads = 256;
-  const std::int64_t warps_needed = qmask::blocks(n);
+  const std::int64_t warps_needed = (qmask::blocks(n) + kAffineUnroll - 1) / kAffineUnroll;
   const unsigned blocks = ::qgrad::cuda::blocks_for(warps_needed * 32, threads,
                                                     ::qgrad::cuda::fill_blocks(dev, threads) * 8LL);
   cudaStream_t s = ::qgrad::cuda::stream(dev);
@@ -113,44 +144,91 @@ void affine_impl(const AffineArgs& a) {
   QGRAD_LAUNCH_CHECK();
 }
 
-// Stage 1 of the LSQ backward: one block per (channel, chunk), the order of
-// kernels/cpu/quantize.cpp (thread t sums j = t, t + 256, ...; then a tree).
-template <class T>
-__global__ void lsq_partial_kernel(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx,
-                                   op_math_t<T>* part_s, op_math_t<T>* part_z, formulas::ParamSource ps,
-                                   std::int64_t channels, std::int64_t inner, std::int64_t per_channel,
-                                   std::int64_t chunks, std::int64_t qmin, std::int64_t qmax, op_math_t<T> g) {
-  using M = op_math_t<T>;
-  __shared__ M sh_s[formulas::kLsqThreads];
-  __shared__ M sh_z[formulas::kLsqThreads];
+// The tree p[t] += p[t + s], s = 128, ..., 1, over the block's partials;
+// thread 0 gets the result. Same order as kernels/cpu/quantize.cpp.
+template <class M>
+__device__ void lsq_block_tree(M s, M z, M* sh_s, M* sh_z) {
   const int t = static_cast<int>(threadIdx.x);
+  sh_s[t] = s;
+  sh_z[t] = z;
+  __syncthreads();
+  for (int w = formulas::kLsqThreads / 2; w > 0; w >>= 1) {
+    if (t < w) {
+      sh_s[t] = sh_s[t] + sh_s[t + w];
+      sh_z[t] = sh_z[t] + sh_z[t + w];
+    }
+    __syncthreads();
+  }
+}
+
+// Stage 1 of the LSQ backward: one block per (channel, chunk), fused with
+// dx (x and dy read once). Thread t sums j = t, t + 256, ... in order; the
+// loads of four iterations are issued before their sums, to keep enough
+// bytes in flight.
+template <class T>
+__global__ void __launch_bounds__(formulas::kLsqThreads)
+    lsq_partial_kernel(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx,
+                       op_math_t<T>* __restrict__ part_s, op_math_t<T>* __restrict__ part_z,
+                       formulas::ParamSource ps, std::int64_t outer, std::int64_t channels, std::int64_t inner,
+                       std::int64_t chunks, std::int64_t qmin, std::int64_t qmax, op_math_t<T> g) {
+  using M = op_math_t<T>;
+  constexpr int kT = formulas::kLsqThreads, kU = 4;
+  __shared__ M sh_s[kT];
+  __shared__ M sh_z[kT];
+  const int t = static_cast<int>(threadIdx.x);
+  const std::int64_t per_channel = outer * inner;
   for (std::int64_t blk = blockIdx.x; blk < channels * chunks; blk += gridDim.x) {
     const std::int64_t c = blk / chunks, start = (blk % chunks) * formulas::kLsqChunk;
     const std::int64_t end = start + formulas::kLsqChunk < per_channel ? start + formulas::kLsqChunk : per_channel;
     const formulas::ChannelParams p = ps.get(c);
     M s = M(0), z = M(0);
-    for (std::int64_t j = start + t; j < end; j += formulas::kLsqThreads) {
-      const std::int64_t off = formulas::channel_offset(j, c, channels, inner);
-      const auto r = formulas::lsq_grad<M>(M(x[off]), M(dy[off]), p, qmin, qmax, g);
-      dx[off] = T(r.dx);
-      s = s + r.ds;
-      z = z + r.dz;
-    }
-    sh_s[t] = s;
-    sh_z[t] = z;
-    __syncthreads();
-    for (int w = formulas::kLsqThreads / 2; w > 0; w >>= 1) {
-      if (t < w) {
-        sh_s[t] = sh_s[t] + sh_s[t + w];
-        sh_z[t] = sh_z[t] + sh_z[t + w];
+    for (std::int64_t j0 = start + t; j0 < end; j0 += kU * kT) {
+      std::int64_t off[kU];
+      T xv[kU], gv[kU];
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const std::int64_t j = j0 + u * kT;
+        off[u] = j < end ? formulas::lsq_offset(j, c, outer, channels, inner) : -1;
+        if (off[u] >= 0) {
+          xv[u] = x[off[u]];
+          gv[u] = dy[off[u]];
+        }
       }
-      __syncthreads();
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        if (off[u] < 0) break;
+        const auto r = formulas::lsq_grad<M>(M(xv[u]), M(gv[u]), p, qmin, qmax, g);
+        dx[off[u]] = T(r.dx);
+        s = s + r.ds;
+        z = z + r.dz;
+      }
     }
+    lsq_block_tree<M>(s, z, sh_s, sh_z);
     if (t == 0) {
       part_s[blk] = sh_s[0];
       part_z[blk] = sh_z[0];
     }
     __syncthreads();
+  }
+}
+
+// Stage 2: one block per channel combines its chunk sums in fixed order.
+template <class M>
+__global__ void __launch_bounds__(formulas::kLsqThreads)
+    lsq_finish_kernel(const M* __restrict__ part_s, const M* __restrict__ part_z, std::int64_t chunks,
+                      M* __restrict__ ds, M* __restrict__ dz) {
+  __shared__ M sh_s[formulas::kLsqThreads];
+  __shared__ M sh_z[formulas::kLsqThreads];
+  const std::int64_t c = blockIdx.x;
+  M s = M(0), z = M(0);
+  for (std::int64_t k = threadIdx.x; k < chunks; k += formulas::kLsqThreads) {
+    s = s + part_s[c * chunks + k];
+    z = z + part_z[c * chunks + k];
+  }
+  lsq_block_tree<M>(s, z, sh_s, sh_z);
+  if (threadIdx.x == 0) {
+    ds[c] = sh_s[0];
+    dz[c] = sh_z[0];
   }
 }
 
@@ -160,33 +238,25 @@ void lsq_backward_impl(const LsqArgs& a) {
   const int dev = a.dx.device().index;
   const std::int64_t per_channel = a.outer * a.inner;
   const std::int64_t chunks = (per_channel + formulas::kLsqChunk - 1) / formulas::kLsqChunk;
-  Tensor part = Tensor::empty({2 * a.channels * chunks}, TensorOptions{}.with_dtype(dtype_of<M>).with_device(a.dx.device()));
-  M* part_s = static_cast<M*>(part.data_ptr());
-  M* part_z = part_s + a.channels * chunks;
-  const formulas::ParamSource ps{a.scale.data<float>(), a.zp.data<std::int32_t>(), 1.0f, 0};
   const std::int64_t total = a.channels * chunks;
-  const unsigned blocks = static_cast<unsigned>(total < 65535LL * 32 ? total : 65535LL * 32);
+  if (a.channels == 0) return;
+  Tensor part = Tensor::empty({2 * total}, TensorOptions{}.with_dtype(dtype_of<M>).with_device(a.dx.device()));
+  M* part_s = static_cast<M*>(part.data_ptr());
+  M* part_z = part_s + total;
+  const formulas::ParamSource ps{a.scale.data<float>(), a.zp.data<std::int32_t>(), 1.0f, 0};
   cudaStream_t s = ::qgrad::cuda::stream(dev);
   if (total > 0) {
+    const unsigned blocks = static_cast<unsigned>(total < 65535LL * 32 ? total : 65535LL * 32);
     lsq_partial_kernel<T><<<blocks, formulas::kLsqThreads, 0, s>>>(
         static_cast<const T*>(a.x.data_ptr()), static_cast<const T*>(a.dy.data_ptr()),
-        static_cast<T*>(a.dx.data_ptr()), part_s, part_z, ps, a.channels, a.inner, per_channel, chunks, a.qmin,
-        a.qmax, static_cast<M>(a.grad_factor));
+        static_cast<T*>(a.dx.data_ptr()), part_s, part_z, ps, a.outer, a.channels, a.inner, chunks, a.qmin, a.qmax,
+        static_cast<M>(a.grad_factor));
     QGRAD_LAUNCH_CHECK();
   }
-  // Stage 2: each channel adds its chunk sums in order (`part` returns to the
-  // stream-ordered cache after these launches, as every temporary does).
-  M* ds = static_cast<M*>(a.ds.data_ptr());
-  M* dz = static_cast<M*>(a.dz.data_ptr());
-  launch_elementwise(dev, a.channels, [=] __device__(std::int64_t c) {
-    M acc_s = M(0), acc_z = M(0);
-    for (std::int64_t k = 0; k < chunks; ++k) {
-      acc_s = acc_s + part_s[c * chunks + k];
-      acc_z = acc_z + part_z[c * chunks + k];
-    }
-    ds[c] = acc_s;
-    dz[c] = acc_z;
-  });
+  // One block per channel (grid x allows 2^31 - 1 blocks).
+  lsq_finish_kernel<M><<<static_cast<unsigned>(a.channels), formulas::kLsqThreads, 0, s>>>(
+      part_s, part_z, chunks, static_cast<M*>(a.ds.data_ptr()), static_cast<M*>(a.dz.data_ptr()));
+  QGRAD_LAUNCH_CHECK();
 }
 
 template <class Z>

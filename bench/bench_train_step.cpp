@@ -1,0 +1,187 @@
+// The QAT training step of bench/peer_train_step.py: a 784-H-H-10 MLP
+// (nn::Sequential of Linear/ReLU) prepared with prepare_qat and the default
+// QAT qconfig (per-channel symmetric s8 weight fake quant, per-tensor u8
+// activation fake quant with moving-average observers), cross-entropy, SGD
+// with momentum 0.9, gradients set to none before each step.
+//
+// Cases (same "case" keys as the peer, plus "_graph" variants):
+//   qat_step_cuda_b256_h256, qat_step_cuda_b4096_h1024: eager steps, each
+//     bracketed by CUDA events and synchronised (as the peer does), median
+//     over >= 200 steps after 20 warm-up steps;
+//   ..._graph: the same step captured once in a CudaGraph (after the eager
+//     warm-up) and replayed; each timed step copies the next batch into the
+//     static inputs the graph reads, then replays;
+//   qat_step_cpu_b256_h256: 2 OpenMP threads, wall-clock median.
+// peak_bytes: the allocator's peak of bytes held by tensors (model,
+// optimizer state, the four input batches, the step's temporaries), reset
+// after warm-up; PyTorch's peer reports torch.cuda.max_memory_allocated
+// over the same set. For a graph, the peak is taken over the capture (the
+// replays allocate nothing) and graph_pool_bytes is the memory the graph's
+// private pool holds.
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+
+#include "bench_common.h"
+#include "qat_mlp.h"
+
+using namespace qgrad;
+using namespace qgrad::bench;
+
+namespace {
+
+struct Setup {
+  std::unique_ptr<QatMlp> mlp;
+  std::vector<Tensor> xs, ys;
+};
+
+Setup make_setup(Device dev, std::int64_t batch, std::int64_t hidden) {
+  Generator gen(0x7a1);
+  Setup s;
+  s.mlp = std::make_unique<QatMlp>(dev, hidden, gen);
+  const auto on = TensorOptions{}.with_device(dev);
+  for (int i = 0; i < 4; ++i) {  // several batches, as the peer
+    s.xs.push_back(randn({batch, 784}, gen, on));
+    s.ys.push_back(randint(0, 10, {batch}, gen, TensorOptions{}.with_dtype(DType::s64).with_device(dev)));
+  }
+  return s;
+}
+
+void train_step(Setup& s, const Tensor& x, const Tensor& y) { s.mlp->step(x, y); }
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+void emit_case(const std::string& name, double ms, long long peak, const std::string& device, const std::string& extra) {
+  char buf[768];
+  std::snprintf(buf, sizeof buf,
+                "{\"bench\":\"train_step\",\"impl\":\"qgrad\",\"case\":\"%s\",\"ms\":%.4f,\"peak_bytes\":%lld,"
+                "\"device\":\"%s\"%s}",
+                name.c_str(), ms, peak, device.c_str(), extra.c_str());
+  emit(buf);
+}
+
+#if QGRAD_WITH_CUDA
+// Per-step CUDA-event times, each step synchronised (as the peer measures).
+template <class F>
+std::vector<double> time_steps_cuda(int reps, F&& step) {
+  cudaStream_t st = qgrad::cuda::stream(0);
+  cudaEvent_t a, b;
+  QGRAD_CUDA_CHECK(cudaEventCreate(&a));
+  QGRAD_CUDA_CHECK(cudaEventCreate(&b));
+  std::vector<double> ms;
+  for (int i = 0; i < reps; ++i) {
+    QGRAD_CUDA_CHECK(cudaEventRecord(a, st));
+    step(i);
+    QGRAD_CUDA_CHECK(cudaEventRecord(b, st));
+    QGRAD_CUDA_CHECK(cudaEventSynchronize(b));
+    float m = 0;
+    QGRAD_CUDA_CHECK(cudaEventElapsedTime(&m, a, b));
+    ms.push_back(m);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return ms;
+}
+
+void bench_cuda(std::int64_t batch, std::int64_t hidden, int reps) {
+  const std::string name = "qat_step_cuda_b" + std::to_string(batch) + "_h" + std::to_string(hidden);
+  const std::string dev_name = cuda_device_name(0);
+  {  // eager
+    Setup s = make_setup(Device::cuda(), batch, hidden);
+    for (int i = 0; i < 20; ++i) train_step(s, s.xs[i % 4], s.ys[i % 4]);
+    cuda_synchronize();
+    cuda_reset_peak_stats();
+    const long long mallocs0 = cuda_allocator_stats().num_device_mallocs;
+    // Host time to queue one step (the GPU may still be busy): the overhead
+    // a captured graph removes.
+    std::vector<double> host_ms;
+    const auto t = time_steps_cuda(reps, [&](int i) {
+      const auto h0 = std::chrono::steady_clock::now();
+      train_step(s, s.xs[i % 4], s.ys[i % 4]);
+      host_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - h0).count());
+    });
+    const AllocatorStats st = cuda_allocator_stats();
+    char extra[160];
+    std::snprintf(extra, sizeof extra, ",\"host_ms\":%.4f,\"reps\":%d,\"device_mallocs_in_steps\":%lld",
+                  median(host_ms), reps, st.num_device_mallocs - mallocs0);
+    emit_case(name, median(t), st.peak_bytes_in_use, dev_name, extra);
+  }
+  cuda_empty_cache();
+  {  // captured
+    Setup s = make_setup(Device::cuda(), batch, hidden);
+    Tensor x_static = empty_like(s.xs[0]), y_static = empty_like(s.ys[0]);
+    for (int i = 0; i < 20; ++i) {  // warm-up: momentum buffers exist, observers have seen data
+      x_static.copy_(s.xs[i % 4]);
+      y_static.copy_(s.ys[i % 4]);
+      train_step(s, x_static, y_static);
+    }
+    cuda_synchronize();
+    cuda_reset_peak_stats();
+    const long long reserved0 = cuda_allocator_stats().bytes_reserved;
+    CudaGraph graph;
+    graph.capture([&] { train_step(s, x_static, y_static); });
+    const AllocatorStats cap = cuda_allocator_stats();
+    const auto t = time_steps_cuda(reps, [&](int i) {
+      x_static.copy_(s.xs[i % 4]);
+      y_static.copy_(s.ys[i % 4]);
+      graph.replay();
+    });
+    char extra[160];
+    std::snprintf(extra, sizeof extra, ",\"graph_pool_bytes\":%lld,\"reps\":%d", cap.bytes_reserved - reserved0, reps);
+    emit_case(name + "_graph", median(t), cap.peak_bytes_in_use, dev_name, extra);
+  }
+  cuda_empty_cache();
+}
+#endif
+
+void bench_cpu(std::int64_t batch, std::int64_t hidden, int reps, int threads) {
+#if defined(_OPENMP)
+  omp_set_num_threads(threads);
+#else
+  (void)threads;
+#endif
+  Setup s = make_setup(Device::cpu(), batch, hidden);
+  for (int i = 0; i < 10; ++i) train_step(s, s.xs[i % 4], s.ys[i % 4]);
+  std::vector<double> ms;
+  for (int i = 0; i < reps; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    train_step(s, s.xs[i % 4], s.ys[i % 4]);
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  char extra[64];
+  std::snprintf(extra, sizeof extra, ",\"reps\":%d,\"min_ms\":%.4f", reps, *std::min_element(ms.begin(), ms.end()));
+  emit_case("qat_step_cpu_b" + std::to_string(batch) + "_h" + std::to_string(hidden), median(ms), 0,
+            "cpu (" + std::to_string(threads) + " threads)", extra);
+}
+
+}  // namespace
+
+// bench_train_step [--cpu-only] [--cpu-reps N] [--cpu-threads N (default 2)]
+int main(int argc, char** argv) {
+  bool cpu_only = false;
+  int cpu_reps = 50, cpu_threads = 2;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--cpu-only") cpu_only = true;
+    else if (a == "--cpu-reps" && i + 1 < argc) cpu_reps = std::stoi(argv[++i]);
+    else if (a == "--cpu-threads" && i + 1 < argc) cpu_threads = std::stoi(argv[++i]);
+  }
+#if QGRAD_WITH_CUDA
+  if (!cpu_only && cuda_available()) {
+    bench_cuda(256, 256, 300);
+    bench_cuda(4096, 1024, 200);
+  }
+#else
+  (void)cpu_only;
+#endif
+  bench_cpu(256, 256, cpu_reps, cpu_threads);
+  return 0;
+}

@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""PyTorch peer for bench_train_ops: the training ops of the QAT step.
+
+Same "case" keys, shapes and byte counts as bench/bench_train_ops.cpp;
+median of CUDA-event timings after warm-up. JSON lines on stdout.
+"""
+import json
+import sys
+
+import torch
+import torch.nn.functional as F
+
+ROWS, COLS = 8192, 8192
+N = ROWS * COLS
+
+
+def time_cuda(fn, reps=50, warmup=5):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    ms = []
+    for _ in range(reps):
+        a = torch.cuda.Event(enable_timing=True)
+        b = torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        ms.append(a.elapsed_time(b))
+    ms.sort()
+    return ms[len(ms) // 2]
+
+
+def emit(case, ms, **extra):
+    rec = {"bench": "train_ops", "impl": "torch", "case": case, "ms": ms, "torch": torch.__version__,
+           "device": torch.cuda.get_device_name()}
+    rec.update(extra)
+    print(json.dumps(rec), flush=True)
+
+
+def gbs(bytes_, ms):
+    return bytes_ / (ms * 1e-3) / 1e9
+
+
+def main():
+    if not torch.cuda.is_available():
+        print("peer_train_ops: no CUDA device", file=sys.stderr)
+        return 0
+    f4 = 4.0 * N
+    x = torch.randn(ROWS, COLS, device="cuda")
+    dy = torch.randn(ROWS, COLS, device="cuda")
+    with torch.no_grad():
+        ms = time_cuda(lambda: torch.relu(x))
+        emit("relu_fw", ms, gbs=gbs(2 * f4, ms))
+        ms = time_cuda(lambda: torch.aminmax(x))
+        emit("observer_minmax_per_tensor", ms, gbs=gbs(f4, ms))
+        ms = time_cuda(lambda: torch.aminmax(x, dim=1))
+        emit("observer_minmax_per_channel", ms, gbs=gbs(f4, ms))
+    xl = x.detach().requires_grad_(True)
+    y = torch.relu(xl)
+    ms = time_cuda(lambda: torch.autograd.grad(y, xl, dy, retain_graph=True))
+    emit("relu_bw", ms, gbs=gbs(f4 + N / 8 + f4, ms))
+    p = torch.nn.Parameter(torch.randn(N, device="cuda"))
+    p.grad = torch.randn(N, device="cuda")
+    opt = torch.optim.SGD([p], lr=1e-6, momentum=0.9)
+    ms = time_cuda(opt.step)
+    emit("sgd_momentum_step", ms, gbs=gbs(5 * f4, ms))
+    B, C = 65536, 1000
+    logits = torch.randn(B, C, device="cuda", requires_grad=True)
+    labels = torch.randint(0, C, (B,), device="cuda")
+
+    def ce():
+        logits.grad = None
+        F.cross_entropy(logits, labels).backward()
+    ms = time_cuda(ce, reps=20, warmup=3)
+    emit("cross_entropy_fwbw", ms, gbs=gbs(4.0 * B * C * 4, ms))
+    M, K, Nn = 4096, 1024, 1024
+    a = torch.randn(M, K, device="cuda", requires_grad=True)
+    w = torch.randn(Nn, K, device="cuda", requires_grad=True)
+    b = torch.randn(Nn, device="cuda", requires_grad=True)
+    g = torch.randn(M, Nn, device="cuda")
+
+    def lin():
+        a.grad = w.grad = b.grad = None
+        F.linear(a, w, b).backward(g)
+    ms = time_cuda(lin, reps=30, warmup=3)
+    emit("linear_fwbw_4096x1024x1024", ms, tflops=3 * 2.0 * M * Nn * K / (ms * 1e-3) / 1e12)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,42 @@
+// The model of the QAT step benchmark (bench_train_step.cpp) and of its
+// capture test (tests/test_train_step_graph.cpp): a 784-H-H-10 MLP,
+// nn::Sequential of Linear/ReLU, prepared with prepare_qat and the default
+// QAT qconfig, on `device`, with SGD (momentum 0.9, fixed lr) over its
+// parameters; step() is one training step with gradients set to none.
+#pragma once
+
+#include <memory>
+
+#include "qgrad.h"
+
+namespace qgrad::bench {
+
+struct QatMlp {
+  std::shared_ptr<nn::Sequential> model;
+  std::unique_ptr<nn::SGD> opt;
+
+  QatMlp(Device device, std::int64_t hidden, Generator& gen, double lr = 0.01) {
+    model = std::make_shared<nn::Sequential>();
+    model->emplace_back<nn::Linear>(784, hidden, gen);
+    model->emplace_back<nn::ReLU>();
+    model->emplace_back<nn::Linear>(hidden, hidden, gen);
+    model->emplace_back<nn::ReLU>();
+    model->emplace_back<nn::Linear>(hidden, 10, gen);
+    nn::prepare_qat(*model, nn::default_qat_qconfig());
+    model->to(device);
+    model->train();
+    nn::SGDOptions o;
+    o.lr = lr;  // fixed: a captured step bakes it in
+    o.momentum = 0.9;
+    opt = std::make_unique<nn::SGD>(model->named_parameters(), o);
+  }
+
+  void step(const Tensor& x, const Tensor& y) {
+    opt->zero_grad();  // set to none
+    Tensor loss = cross_entropy(model->forward(x), y);
+    loss.backward();
+    opt->step();
+  }
+};
+
+}  // namespace qgrad::bench

@@ -1,0 +1,177 @@
+// The QAT training step of bench/bench_train_step.cpp (784-H-H-10 MLP,
+// prepare_qat with the default QAT qconfig, cross-entropy, SGD with
+// momentum, gradients set to none) captured in a CudaGraph. Capture throws
+// on any host synchronisation, so a successful capture proves the step
+// never waits for the device; replaying it must then give the parameters,
+// observer ranges and qparams of the same steps run eagerly, bit for bit.
+#include <cmath>
+#include <cstring>
+
+#include "bench/qat_mlp.h"
+#include "helpers.h"
+#include "kernels/formulas/observer.h"
+#include "kernels/observer.h"
+
+using namespace qgrad;
+using namespace qgrad::testing;
+
+namespace {
+
+// bench/qat_mlp.h: the benchmark's model, optimizer and step; every
+// instance built here starts from the same seed.
+bench::QatMlp make_trainer(Device dev, std::int64_t hidden) {
+  Generator gen(0x51a);
+  return bench::QatMlp(dev, hidden, gen, 0.05);
+}
+
+struct Batches {
+  std::vector<Tensor> xs, ys;
+  Batches(int count, std::int64_t batch, Device dev) {
+    Generator gen(0xba7);
+    for (int i = 0; i < count; ++i) {
+      xs.push_back(randn({batch, 784}, gen, TensorOptions{}.with_device(dev)));
+      ys.push_back(randint(0, 10, {batch}, gen, TensorOptions{}.with_dtype(DType::s64).with_device(dev)));
+    }
+  }
+};
+
+}  // namespace
+
+TEST_CASE("the QAT step changes the model (CPU)") {
+  // The CPU half of the comparison below: the step trains at all.
+  bench::QatMlp t = make_trainer(Device::cpu(), 32);
+  Batches b(2, 16, Device::cpu());
+  const Tensor w0 = t.model->named_parameters().front().second.clone();
+  t.step(b.xs[0], b.ys[0]);
+  t.step(b.xs[1], b.ys[1]);
+  CHECK_FALSE(bit_equal(w0, t.model->named_parameters().front().second));
+}
+
+TEST_CASE("CUDA: the QAT step captures with no host sync and replays bit for bit like eager steps") {
+  QGRAD_REQUIRE_GPU();
+  const Device dev = Device::cuda();
+  constexpr int kWarmup = 3, kSteps = 6;
+  Batches b(kWarmup + kSteps, 64, dev);
+  bench::QatMlp eager = make_trainer(dev, 64), graphed = make_trainer(dev, 64);
+  Tensor x_static = empty_like(b.xs[0]), y_static = empty_like(b.ys[0]);
+  // Warm-up, eagerly, on both: momentum buffers exist and the observers
+  // have seen data, so no host-side branch changes after this point.
+  for (int i = 0; i < kWarmup; ++i) {
+    eager.step(b.xs[static_cast<std::size_t>(i)], b.ys[static_cast<std::size_t>(i)]);
+    x_static.copy_(b.xs[static_cast<std::size_t>(i)]);
+    y_static.copy_(b.ys[static_cast<std::size_t>(i)]);
+    graphed.step(x_static, y_static);
+  }
+  CudaGraph graph;
+  graph.capture([&] { graphed.step(x_static, y_static); });  // throws on a host sync
+  REQUIRE(graph.captured());
+  for (int i = kWarmup; i < kWarmup + kSteps; ++i) {
+    const auto k = static_cast<std::size_t>(i);
+    eager.step(b.xs[k], b.ys[k]);
+    x_static.copy_(b.xs[k]);
+    y_static.copy_(b.ys[k]);
+    graph.replay();
+  }
+  cuda_synchronize();
+  const nn::NamedTensors se = eager.model->state_dict(), sg = graphed.model->state_dict();
+  REQUIRE(se.size() == sg.size());
+  for (std::size_t i = 0; i < se.size(); ++i) {
+    INFO(se[i].first);
+    CHECK(se[i].first == sg[i].first);
+    CHECK(bit_equal(se[i].second, sg[i].second));
+  }
+  // The momentum buffers too.
+  const nn::NamedTensors oe = eager.opt->state_dict(), og = graphed.opt->state_dict();
+  REQUIRE(oe.size() == og.size());
+  for (std::size_t i = 0; i < oe.size(); ++i) {
+    if (oe[i].first.find("momentum_buffer") == std::string::npos) continue;
+    INFO(oe[i].first);
+    CHECK(bit_equal(oe[i].second, og[i].second));
+  }
+}
+
+TEST_CASE("CUDA: replaying the captured QAT step allocates no device memory") {
+  QGRAD_REQUIRE_GPU();
+  const Device dev = Device::cuda();
+  Batches b(2, 32, dev);
+  bench::QatMlp t = make_trainer(dev, 32);
+  Tensor x = b.xs[0].clone(), y = b.ys[0].clone();
+  for (int i = 0; i < 2; ++i) t.step(x, y);
+  CudaGraph graph;
+  graph.capture([&] { t.step(x, y); });
+  cuda_synchronize();
+  const AllocatorStats before = cuda_allocator_stats();
+  for (int i = 0; i < 5; ++i) {
+    x.copy_(b.xs[static_cast<std::size_t>(i % 2)]);
+    y.copy_(b.ys[static_cast<std::size_t>(i % 2)]);
+    graph.replay();
+  }
+  cuda_synchronize();
+  const AllocatorStats after = cuda_allocator_stats();
+  CHECK(after.num_device_mallocs == before.num_device_mallocs);
+  CHECK(after.num_allocations == before.num_allocations);
+}
+
+// The CPU observer splits a channel into chunks and reduces f32 four lanes
+// at a time; its min/max must stay the sequential min_combine / max_combine
+// (NaN wins, -0 < +0) on every kind of input.
+TEST_CASE("observer min/max: chunked SIMD reduction equals the sequential combine") {
+  Generator gen(0x0b5);
+  const std::int64_t n = 40003;  // three chunks and a tail that is not a multiple of 4
+  for (int variant = 0; variant < 5; ++variant) {
+    std::vector<float> v = randn({n}, gen).to_vector<float>();
+    if (variant == 1) for (auto& f : v) f = std::fabs(f);    // min near +0
+    if (variant == 2) for (auto& f : v) f = -std::fabs(f);   // max near -0
+    if (variant >= 1) {
+      v[17] = 0.0f;
+      v[20001] = -0.0f;
+      v[40002] = variant == 2 ? 0.0f : -0.0f;
+    }
+    if (variant == 3) v[30000] = NAN;
+    if (variant == 4) v[40001] = NAN;  // in the scalar tail
+    float lo = INFINITY, hi = -INFINITY;
+    for (float f : v) {
+      lo = formulas::min_combine(lo, f);
+      hi = formulas::max_combine(hi, f);
+    }
+    Tensor x = Tensor::from_vector(v, {n});
+    Tensor mn = full({1}, INFINITY), mx = full({1}, -INFINITY);
+    kernels::observer_minmax(x, mn, mx, -1, -1.0);
+    const float got_lo = mn.to_vector<float>()[0], got_hi = mx.to_vector<float>()[0];
+    INFO("variant " << variant);
+    if (std::isnan(lo)) {
+      CHECK(std::isnan(got_lo));
+      CHECK(std::isnan(got_hi));
+    } else {
+      CHECK(std::memcmp(&got_lo, &lo, 4) == 0);
+      CHECK(std::memcmp(&got_hi, &hi, 4) == 0);
+    }
+  }
+}
+
+// mul/add with a host scalar take a fast path (one kernel, no scalar
+// tensor); its values must stay those of the op with the scalar tensor
+// full({}, s), in every floating dtype, and on CUDA those of the CPU.
+TEST_CASE("scalar fast path of mul/add equals the scalar-tensor op") {
+  Generator gen(0x5ca);
+  for (DType dt : {DType::f32, DType::f64, DType::f16, DType::bf16}) {
+    const Tensor a = randn({3, 37}, gen, TensorOptions{}.with_dtype(dt));
+    for (double s : {0.1, -3.7, 1e-3, 65504.0}) {
+      INFO(dtype_name(dt) << " " << s);
+      const Tensor st = full({}, s, TensorOptions{}.with_dtype(dt));
+      CHECK(bit_equal(mul(a, s), mul(a, st)));
+      CHECK(bit_equal(add(a, s), add(a, st)));
+      CHECK(bit_equal(neg(a), mul(a, full({}, -1.0, TensorOptions{}.with_dtype(dt)))));
+      if (has_gpu()) {
+        const Tensor ag = a.cuda();
+        CHECK(bit_equal(mul(ag, s), mul(a, s)));
+        CHECK(bit_equal(add(ag, s), add(a, s)));
+      }
+    }
+  }
+  // Gradients: d(a*s) = g*s, d(a+s) = g.
+  Tensor x = randn({5}, gen, TensorOptions{}.with_dtype(DType::f64));
+  x.set_requires_grad(true);
+  add(mul(x, 2.5), 1.0).backward(ones({5}, TensorOptions{}.with_dtype(DType::f64)));
+  CHECK(bit_equal(x.grad(), full({5}, 2.5, TensorOptions{}.with_dtype(DType::f64))));
+}

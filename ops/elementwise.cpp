@@ -124,9 +124,11 @@ Tensor mul(const Tensor& a, double b) {
     record("mul", out, {a}, [b](const Tensor& g) { return std::vector<Tensor>{mul(g, b)}; });
   return out;
 }
+// d(-a) = -g.
 Tensor neg(const Tensor& a) {
-  Tensor s = scalar_like(a, -1.0, "neg");
-  return mul(a, s);
+  Tensor out = scalar_forward("neg", BinaryOp::mul, a, -1.0);
+  if (any_requires_grad({a})) record("neg", out, {a}, [](const Tensor& g) { return std::vector<Tensor>{neg(g)}; });
+  return out;
 }
 
 }  // namespace qgrad

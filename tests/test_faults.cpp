@@ -91,11 +91,16 @@ TEST_CASE("faults: SIGKILL during checkpoint saves never leaves a torn or missin
     const pid_t pid = ::fork();
     REQUIRE(pid >= 0);
     if (pid == 0) {
-      // Child: alternate the two versions forever; never returns.
-      for (int k = 0;; ++k) {
-        const bool a = (k + i) % 2 == 0;
-        nn::save_safetensors(target.string(), a ? va : vb, {{"v", a ? "a" : "b"}});
+      // Child: alternate the two versions until killed; never returns
+      // into doctest (an error exits with status 1, which fails the check below).
+      try {
+        for (int k = 0;; ++k) {
+          const bool a = (k + i) % 2 == 0;
+          nn::save_safetensors(target.string(), a ? va : vb, {{"v", a ? "a" : "b"}});
+        }
+      } catch (...) {
       }
+      ::_exit(1);
     }
     std::this_thread::sleep_for(std::chrono::microseconds(static_cast<long>(delay(rng))));
     REQUIRE(::kill(pid, SIGKILL) == 0);
@@ -163,6 +168,9 @@ TEST_CASE("faults: a full disk (file size limit) gives a clear error and keeps t
   const std::string before = read_bytes(target);
   // In a child, so the limit does not outlive the case: writes past 1 MB
   // fail with EFBIG (SIGXFSZ ignored), as writes to a full disk fail with ENOSPC.
+  // The tensor is made before the fork: the child runs no parallel kernel
+  // (OpenMP's thread pool does not survive fork).
+  const nn::NamedTensors big = {{"w", full({1 << 20}, 3.0)}};
   const pid_t pid = ::fork();
   REQUIRE(pid >= 0);
   if (pid == 0) {
@@ -170,7 +178,7 @@ TEST_CASE("faults: a full disk (file size limit) gives a clear error and keeps t
     struct rlimit lim {1 << 20, 1 << 20};
     if (::setrlimit(RLIMIT_FSIZE, &lim) != 0) ::_exit(10);
     try {
-      nn::save_safetensors(target.string(), {{"w", full({1 << 20}, 3.0)}});
+      nn::save_safetensors(target.string(), big);
       ::_exit(11);  // no error
     } catch (const Error& e) {
       const std::string msg = e.what();

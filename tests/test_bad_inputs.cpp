@@ -374,6 +374,11 @@ TEST_CASE("bad inputs: factories, shapes, conversions, in-place copy leave the d
   BAD(m, "reshape", "shape", rnd({2, 3}).reshape({-1, -1}));
   BAD(m, "reshape", "shape", rnd({2, 3}).reshape({-1, 4}));
   BAD(m, "reshape", "shape", rnd({2, 3}).reshape({0, -1}));
+  // Huge but int64-valid requests: qgrad::Error/OutOfMemory, not std::bad_alloc
+  // (randn/randint used to build a std::vector first) nor UB (arange's count).
+  BAD(m, "allocate", "bytes", randn({std::int64_t{1} << 45}, gen()));
+  BAD(m, "allocate", "bytes", randint(0, 5, {std::int64_t{1} << 45}, gen()));
+  BAD(m, "arange", "end", arange(0, 1e300, 1e-300));
   BAD(m, "arange", "step", arange(0, 10, 0));
   BAD(m, "arange", "", arange(0, kInf, 1));
   BAD(m, "arange", "", arange(kNaN, 1, 1));
@@ -620,4 +625,22 @@ TEST_CASE("bad inputs: mixed devices (GPU)") {
   BAD(m, "quantized_linear", "w_q", quantized_linear(ga, rnd({5, 3}, DType::s8), f32({1, 1, 1, 1, 1}).cuda(), Tensor(),
                                                      ActivationQuant::dynamic()));
   m.run_all("mixed devices");
+}
+
+TEST_CASE("regression: randint over the whole int64 range stays in range (high - low overflowed)") {
+  Generator g(9);
+  const std::int64_t lo = std::numeric_limits<std::int64_t>::min(), hi = std::numeric_limits<std::int64_t>::max();
+  const std::vector<std::int64_t> v = randint(lo, hi, {1000}, g, TensorOptions{}.with_dtype(DType::s64)).to_vector<std::int64_t>();
+  int negative = 0;
+  for (std::int64_t x : v) {
+    CHECK(x < hi);
+    negative += x < 0;
+  }
+  CHECK(negative > 400);
+  CHECK(negative < 600);
+  // Ordinary ranges are unchanged: values in [low, high).
+  for (std::int64_t x : randint(-3, 4, {1000}, g, TensorOptions{}.with_dtype(DType::s64)).to_vector<std::int64_t>()) {
+    CHECK(x >= -3);
+    CHECK(x < 4);
+  }
 }

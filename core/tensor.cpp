@@ -19,14 +19,22 @@ std::string shape_str(const Shape& shape) {
 }
 
 std::int64_t shape_numel(const Shape& shape, const char* op) {
+  // The product of the non-zero dims must fit int64 even when a zero dim
+  // makes the count 0: every contiguous stride (a product of trailing
+  // dims) then fits too.
   std::int64_t n = 1;
+  bool empty = false;
   for (std::int64_t d : shape) {
     QGRAD_CHECK(d >= 0, op, "shape", "negative dimension in ", shape_str(shape));
-    QGRAD_CHECK(d == 0 || n <= std::numeric_limits<std::int64_t>::max() / d, op, "shape",
-                "element count of ", shape_str(shape), " overflows int64");
+    if (d == 0) {
+      empty = true;
+      continue;
+    }
+    QGRAD_CHECK(n <= std::numeric_limits<std::int64_t>::max() / d, op, "shape", "element count of ",
+                shape_str(shape), " overflows int64");
     n *= d;
   }
-  return n;
+  return empty ? 0 : n;
 }
 
 DType dtype_from_name(const std::string& name) {

@@ -21,7 +21,9 @@ using namespace qgrad;
 
 namespace {
 
-constexpr std::int64_t kMaxElems = 1 << 12;
+// Small enough that broadcasting two such tensors (up to kMaxElems^2
+// elements) and their backward stay far below the 2 GB RSS limit.
+constexpr std::int64_t kMaxElems = 1 << 9;
 
 const DType kDTypes[] = {DType::f32, DType::f64, DType::f16, DType::bf16, DType::s8,
                          DType::u8,  DType::s32, DType::s64, DType::boolean};
@@ -81,11 +83,20 @@ std::int64_t count(const Shape& s) {
   return n;
 }
 
+// Product of the non-zero dims (what an op reducing a zero-size axis may
+// allocate), or -1 when negative / overflowing.
+std::int64_t count_nonzero(const Shape& s) {
+  Shape nz;
+  for (std::int64_t d : s)
+    if (d != 0) nz.push_back(d);
+  return count(nz);
+}
+
 // A tensor with fuzzed values, or an undefined one. Shapes too large to
-// build are shrunk to one element.
+// build (or whose zero-size reductions would be) are shrunk to one element.
 Tensor make_tensor(FuzzedDataProvider& p, DType dtype, Shape shape) {
   if (p.ConsumeIntegral<std::uint8_t>() == 0) return Tensor();
-  const std::int64_t n = count(shape);
+  const std::int64_t n = count_nonzero(shape);
   if (n < 0 || n > kMaxElems) shape.assign(shape.size(), 1);
   const std::int64_t m = count(shape);
   std::vector<double> v(static_cast<std::size_t>(m));
@@ -250,7 +261,7 @@ Tensor run_op(FuzzedDataProvider& p) {
       // Factories and views with arbitrary shapes: only shapes that are
       // invalid (negative, overflowing, unaddressable) or small are tried.
       const Shape s = pick_shape(p);
-      const std::int64_t n = count(s);
+      const std::int64_t n = count_nonzero(s);
       if (n > kMaxElems && static_cast<std::uint64_t>(n) <= (std::uint64_t{1} << 47) / 8) return x;
       switch (p.ConsumeIntegral<std::uint8_t>() % 5) {
         case 0: return Tensor::empty(s, TensorOptions{}.with_dtype(pick_dtype(p)));

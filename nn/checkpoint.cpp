@@ -205,10 +205,13 @@ SafetensorsFile parse_safetensors(const char* bytes, std::size_t size, const std
     if (e.begin > e.end || e.end > data_size)
       fail(op, path, where + "data_offsets [" + std::to_string(e.begin) + ", " + std::to_string(e.end) +
                          "] out of range (data has " + std::to_string(data_size) + " bytes)");
-    std::uint64_t numel = 1;
+    // The non-zero dims' product must fit int64 (as Tensor shapes require),
+    // also when a zero dim makes the element count 0.
+    std::uint64_t numel = 1, nonzero = 1;
     for (std::int64_t d : e.shape) {
       const auto ud = static_cast<std::uint64_t>(d);
-      if (ud != 0 && numel > UINT64_MAX / ud) fail(op, path, where + "shape overflows");
+      if (ud != 0 && nonzero > static_cast<std::uint64_t>(INT64_MAX) / ud) fail(op, path, where + "shape overflows");
+      nonzero *= ud != 0 ? ud : 1;
       numel *= ud;
     }
     const std::uint64_t es = dtype_size(e.dtype);

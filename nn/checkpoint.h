@@ -7,6 +7,10 @@
 // Saving is atomic: the file is written to a temporary file in the target's
 // directory, fsynced, renamed over the target and the directory fsynced, so
 // a crash leaves either the old or the new checkpoint, never a torn one.
+// The temporary file is named .<target>.tmp.<pid>.XXXXXX; one left by a
+// killed process is removed by the next save to the same target (only
+// when that process no longer exists). tests/test_faults.cpp checks this
+// with hundreds of SIGKILLs.
 // Loading validates everything (header length, JSON, dtypes, shapes,
 // offsets in range, contiguous, non-overlapping and covering the data,
 // byte sizes, overflow) and throws a qgrad::Error naming the file.

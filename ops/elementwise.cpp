@@ -22,7 +22,18 @@ Shape check::broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
 }
 
 Tensor sum_to_shape(const Tensor& t, const Shape& shape) {
-  if (t.shape() == shape) return t;
+  const char* op = "sum_to_shape";
+  check::floating(t, op, "t");
+  // `shape` must broadcast to t's shape (each of its dims 1 or equal to t's,
+  // aligned from the right); anything else would index out of bounds.
+  const Shape& ts = t.shape();
+  bool ok = shape.size() <= ts.size();
+  for (std::size_t k = 0; ok && k < shape.size(); ++k) {
+    const std::int64_t d = ts[ts.size() - shape.size() + k];
+    ok = shape[k] == 1 || shape[k] == d;
+  }
+  QGRAD_CHECK(ok, op, "shape", shape_str(shape), " does not broadcast to ", shape_str(ts));
+  if (ts == shape) return t;
   Tensor out = Tensor::empty(shape, TensorOptions{}.with_dtype(t.dtype()).with_device(t.device()));
   kernels::sum_to_shape(t, out);
   return out;

@@ -29,39 +29,32 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 constexpr std::int64_t kBig = std::int64_t{1} << 40;
 
-struct Case {
-  std::string op;   // substring of Error::op()
-  std::string arg;  // substring of Error::arg() (or of the message when arg() is a path)
-  std::function<void()> run;
-  int line;
-};
-
-// Runs every case: each must throw qgrad::Error naming op and arg.
+// Runs each case as it is added (lambdas capture loop variables by
+// reference): each must throw qgrad::Error naming op and arg.
 class Matrix {
  public:
-  void add(std::string op, std::string arg, std::function<void()> run, int line) {
-    cases_.push_back({std::move(op), std::move(arg), std::move(run), line});
+  void add(const std::string& op, const std::string& arg, const std::function<void()>& run, int line) {
+    ++count_;
+    INFO("case at line ", line, " (op ", op, ", arg ", arg, ")");
+    bool threw = false;
+    try {
+      run();
+    } catch (const Error& e) {
+      threw = true;
+      const std::string what = e.what();
+      INFO("message: ", what);
+      CHECK(e.op().find(op) != std::string::npos);
+      CHECK((e.arg().find(arg) != std::string::npos || what.find(arg) != std::string::npos));
+    } catch (const std::exception& e) {
+      FAIL_CHECK("threw a non-qgrad exception: ", std::string(e.what()));
+      threw = true;
+    }
+    if (!threw) FAIL_CHECK("no exception");
   }
   std::size_t run_all(const char* name) {
-    for (const Case& c : cases_) {
-      INFO("case at line ", c.line, " (op ", c.op, ", arg ", c.arg, ")");
-      bool threw = false;
-      try {
-        c.run();
-      } catch (const Error& e) {
-        threw = true;
-        INFO("message: ", e.what());
-        CHECK(e.op().find(c.op) != std::string::npos);
-        CHECK((e.arg().find(c.arg) != std::string::npos || std::string(e.what()).find(c.arg) != std::string::npos));
-      } catch (const std::exception& e) {
-        FAIL_CHECK("threw a non-qgrad exception: ", e.what());
-        threw = true;
-      }
-      if (!threw) FAIL_CHECK("no exception");
-    }
-    MESSAGE(name, ": ", cases_.size(), " bad-input cases tried");
-    total() += cases_.size();
-    return cases_.size();
+    MESSAGE(std::string(name), ": ", count_, " bad-input cases tried");
+    total() += count_;
+    return count_;
   }
   static std::size_t& total() {
     static std::size_t n = 0;
@@ -69,7 +62,7 @@ class Matrix {
   }
 
  private:
-  std::vector<Case> cases_;
+  std::size_t count_ = 0;
 };
 
 #define BAD(m, op, arg, ...) (m).add(op, arg, [&] { (void)(__VA_ARGS__); }, __LINE__)
@@ -160,6 +153,13 @@ TEST_CASE("bad inputs: arithmetic, activations, reductions, linalg, loss, lerp")
   BAD(m, "lerp", "", lerp(a, b, rnd({5})));
   BAD(m, "add", "a", add(u, 1.0));
   BAD(m, "mul", "a", mul(rnd({2}, DType::s32), 2.0));
+  // sum_to_shape: the target must broadcast to the input (it used to read out of bounds).
+  BAD(m, "sum_to_shape", "shape", sum_to_shape(a, {3, 3}));
+  BAD(m, "sum_to_shape", "shape", sum_to_shape(a, {5}));
+  BAD(m, "sum_to_shape", "shape", sum_to_shape(a, {1, 2, 3}));
+  BAD(m, "sum_to_shape", "shape", sum_to_shape(a, {2, -1}));
+  BAD(m, "sum_to_shape", "t", sum_to_shape(rnd({2, 3}, DType::s32), {3}));
+  BAD(m, "sum_to_shape", "t", sum_to_shape(u, {3}));
   BAD(m, "neg", "", neg(u));
   BAD(m, "neg", "", neg(rnd({2}, DType::s8)));
   // Unary float ops.
@@ -353,7 +353,10 @@ TEST_CASE("bad inputs: factories, shapes, conversions, in-place copy leave the d
   Matrix m;
   const std::int64_t i64max = std::numeric_limits<std::int64_t>::max();
   const Shape overflow{kBig, kBig}, negative{2, -3};
-  for (const Shape& s : {overflow, negative, Shape{i64max, 2}, Shape{3, i64max, i64max}}) {
+  // Zero-element shapes whose other dims overflow (found by fuzz_ops: their
+  // strides overflowed int64) are rejected too.
+  const Shape zero_overflow{0, 16, i64max};
+  for (const Shape& s : {overflow, negative, Shape{i64max, 2}, Shape{3, i64max, i64max}, zero_overflow}) {
     BAD(m, "empty", "shape", Tensor::empty(s));
     BAD(m, "", "shape", zeros(s));
     BAD(m, "", "shape", full(s, 1.0));
@@ -371,6 +374,11 @@ TEST_CASE("bad inputs: factories, shapes, conversions, in-place copy leave the d
   BAD(m, "reshape", "shape", rnd({2, 3}).reshape({-1, -1}));
   BAD(m, "reshape", "shape", rnd({2, 3}).reshape({-1, 4}));
   BAD(m, "reshape", "shape", rnd({2, 3}).reshape({0, -1}));
+  // Huge but int64-valid requests: qgrad::Error/OutOfMemory, not std::bad_alloc
+  // (randn/randint used to build a std::vector first) nor UB (arange's count).
+  BAD(m, "allocate", "bytes", randn({std::int64_t{1} << 45}, gen()));
+  BAD(m, "allocate", "bytes", randint(0, 5, {std::int64_t{1} << 45}, gen()));
+  BAD(m, "arange", "end", arange(0, 1e300, 1e-300));
   BAD(m, "arange", "step", arange(0, 10, 0));
   BAD(m, "arange", "", arange(0, kInf, 1));
   BAD(m, "arange", "", arange(kNaN, 1, 1));
@@ -401,17 +409,17 @@ TEST_CASE("bad inputs: optimizers, modules and observers leave their state untou
   nn::Linear lin(3, 2, g);
   auto params = lin.named_parameters();
   // Constructors.
-  BAD(m, "Optimizer", "params", nn::SGD({}, {}));
-  BAD(m, "Optimizer", "lr", nn::SGD(params, {.lr = -1.0}));
-  BAD(m, "Optimizer", "lr", nn::SGD(params, {.lr = kNaN}));
-  BAD(m, "Optimizer", "momentum", nn::SGD(params, {.lr = 0.1, .momentum = -0.5}));
-  BAD(m, "Optimizer", "weight_decay", nn::SGD(params, {.lr = 0.1, .weight_decay = -1}));
-  BAD(m, "Optimizer", "nesterov", nn::SGD(params, {.lr = 0.1, .nesterov = true}));
-  BAD(m, "Optimizer", "beta", nn::AdamW(params, {.beta1 = 1.0}));
-  BAD(m, "Optimizer", "beta", nn::AdamW(params, {.beta2 = -0.1}));
-  BAD(m, "Optimizer", "params", nn::SGD({{"a", params[0].second}, {"a", params[1].second}}, {}));
-  BAD(m, "Optimizer", "", nn::SGD({{"c", rnd({2})}}, {}));
-  BAD(m, "Optimizer", "", nn::SGD({{"c", rnd({2}, DType::s32)}}, {}));
+  BAD(m, "SGD", "params", nn::SGD({}, {}));
+  BAD(m, "SGD", "lr", nn::SGD(params, {.lr = -1.0}));
+  BAD(m, "SGD", "lr", nn::SGD(params, {.lr = kNaN}));
+  BAD(m, "SGD", "momentum", nn::SGD(params, {.lr = 0.1, .momentum = -0.5}));
+  BAD(m, "SGD", "weight_decay", nn::SGD(params, {.lr = 0.1, .weight_decay = -1}));
+  BAD(m, "SGD", "nesterov", nn::SGD(params, {.lr = 0.1, .nesterov = true}));
+  BAD(m, "AdamW", "beta1", nn::AdamW(params, {.beta1 = 1.0}));
+  BAD(m, "AdamW", "beta2", nn::AdamW(params, {.beta2 = -0.1}));
+  BAD(m, "SGD", "params", nn::SGD({{"a", params[0].second}, {"a", params[1].second}}, {}));
+  BAD(m, "SGD", "params", nn::SGD({{"c", rnd({2})}}, {}));
+  BAD(m, "SGD", "params", nn::SGD({{"c", rnd({2}, DType::s32)}}, {}));
 
   // step() with a bad gradient: parameters and buffers unchanged.
   nn::SGD sgd(params, {.lr = 0.1, .momentum = 0.9});
@@ -421,8 +429,8 @@ TEST_CASE("bad inputs: optimizers, modules and observers leave their state untou
   for (auto& [n, t] : sgd.state_dict()) state.push_back(t);
   for (auto& [n, p] : params) state.push_back(p);
   Snapshot snap(state);
-  params[1].second.set_grad(rnd({5}));
-  BAD(m, "", "grad", sgd.step());
+  BAD(m, "set_grad", "grad", params[1].second.set_grad(rnd({5})));
+  BAD(m, "set_grad", "grad", params[1].second.set_grad(rnd({2, 2})));
   params[1].second.set_grad(rnd({2}, DType::f64));
   BAD(m, "", "grad", sgd.step());
   params[1].second.set_grad(ones_like(params[1].second));
@@ -442,7 +450,7 @@ TEST_CASE("bad inputs: optimizers, modules and observers leave their state untou
       sgd.load_state_dict(edited(good.back().first, rnd({7}))));
   nn::NamedTensors extra = good;
   extra.emplace_back("bogus", rnd({1}));
-  BAD(m, "Optimizer::load_state_dict", "bogus", sgd.load_state_dict(extra));
+  BAD(m, "Optimizer::load_state_dict", "state", sgd.load_state_dict(extra));
   nn::NamedTensors dup = good;
   dup.push_back(good.front());
   BAD(m, "Optimizer::load_state_dict", "step", sgd.load_state_dict(dup));
@@ -540,6 +548,8 @@ TEST_CASE("bad inputs: IDX and safetensors files that are missing, empty, trunca
            {"st_overflow_shape",
             safetensors(R"({"w":{"dtype":"F64","shape":[4294967296,4294967296,4294967296],"data_offsets":[0,8]}})",
                         std::string(8, 0))},
+           {"st_zero_overflow_shape",
+            safetensors(R"({"w":{"dtype":"F32","shape":[0,4294967296,4294967296],"data_offsets":[0,0]}})", "")},
            {"st_size_lie", safetensors(R"({"w":{"dtype":"F32","shape":[7],"data_offsets":[0,24]}})", data24)},
            {"st_offsets_reversed", safetensors(R"({"w":{"dtype":"U8","shape":[0],"data_offsets":[5,4]}})", "abcde")},
            {"st_offsets_past_end", safetensors(R"({"w":{"dtype":"U8","shape":[4],"data_offsets":[30,34]}})", "abcd")},
@@ -588,9 +598,9 @@ TEST_CASE("bad inputs: IDX and safetensors files that are missing, empty, trunca
   for (auto& [n, t] : lin.state_dict()) bad_state.emplace_back("model." + n, add(t.detach().clone(), 1.0));
   bad_state.emplace_back("optim.step", Tensor::scalar<std::int64_t>(-4));
   const std::string ck_bad = d.path.string() + "/bad.ckpt";
-  nn::save_safetensors(ck_bad, bad_state, {{"format", "qgrad-checkpoint"}, {"optimizer", "sgd"}});
+  nn::save_safetensors(ck_bad, bad_state, {{"format", "qgrad-checkpoint"}, {"optimizer", sgd.kind()}});
   BAD(m, "load_checkpoint", "step", nn::load_checkpoint(ck_bad, lin, &sgd));
-  BAD(m, "load_checkpoint", "missing", nn::load_checkpoint(d.path.string() + "/missing.ckpt", lin));
+  BAD(m, "load_safetensors", "missing", nn::load_checkpoint(d.path.string() + "/missing.ckpt", lin));
   const std::string ck_stray = d.path.string() + "/stray.ckpt";
   nn::save_safetensors(ck_stray, {{"weight", rnd({2, 3})}});
   BAD(m, "load_checkpoint", "unexpected tensor", nn::load_checkpoint(ck_stray, lin));
@@ -615,4 +625,22 @@ TEST_CASE("bad inputs: mixed devices (GPU)") {
   BAD(m, "quantized_linear", "w_q", quantized_linear(ga, rnd({5, 3}, DType::s8), f32({1, 1, 1, 1, 1}).cuda(), Tensor(),
                                                      ActivationQuant::dynamic()));
   m.run_all("mixed devices");
+}
+
+TEST_CASE("regression: randint over the whole int64 range stays in range (high - low overflowed)") {
+  Generator g(9);
+  const std::int64_t lo = std::numeric_limits<std::int64_t>::min(), hi = std::numeric_limits<std::int64_t>::max();
+  const std::vector<std::int64_t> v = randint(lo, hi, {1000}, g, TensorOptions{}.with_dtype(DType::s64)).to_vector<std::int64_t>();
+  int negative = 0;
+  for (std::int64_t x : v) {
+    CHECK(x < hi);
+    negative += x < 0;
+  }
+  CHECK(negative > 400);
+  CHECK(negative < 600);
+  // Ordinary ranges are unchanged: values in [low, high).
+  for (std::int64_t x : randint(-3, 4, {1000}, g, TensorOptions{}.with_dtype(DType::s64)).to_vector<std::int64_t>()) {
+    CHECK(x >= -3);
+    CHECK(x < 4);
+  }
 }

@@ -83,8 +83,11 @@ void affine_impl(const AffineArgs& a) {
     std::uint32_t words[qmask::kWordsPerBlock] = {0, 0, 0, 0};
     const std::int64_t end = std::min(n, (b + 1) * qmask::kBlock);
     if constexpr (kIsF32FakeQuant<Op>) {
+      // One channel for the whole block: the block lies inside one run of
+      // `inner` consecutive elements (equal channels at both ends are not
+      // enough: the channel pattern repeats).
       const std::int64_t i0 = b * qmask::kBlock, c0 = map.channel(i0);
-      if (c0 == map.channel(end - 1)) {
+      if (a.channels == 1 || (a.inner > 0 && i0 / a.inner == (end - 1) / a.inner)) {
         const formulas::ChannelParams p0 = ps.get(c0);
         const std::int64_t lo = a.qmin - p0.zp, hi = a.qmax - p0.zp, lim = std::int64_t(1) << 24;
         if (lo >= -lim && hi <= lim) {

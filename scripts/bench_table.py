@@ -40,11 +40,21 @@ def mib(v):
     return f"{v / 2**20:.1f}" if isinstance(v, (int, float)) and v > 0 else ""
 
 
-def side_of(record, path):
+MAIN_IMPLS = {"qgrad": "qgrad", "torch": "torch", "pytorch": "torch", "peer": "torch", "torch_eager": "torch"}
+
+
+def side_and_key(record, path, case):
+    """The side (qgrad or torch) and the row of a record. The main
+    implementations ("qgrad", and PyTorch's eager "torch"/"torch_eager")
+    share the case's row; any other variant ("qgrad_v1", "qgrad_int8_gemm",
+    "cublas_bf16", "torch_compile", "torch_int_mm", ...) gets a row of its
+    own, "case (impl)", on the side its name starts with."""
     impl = str(record.get("impl", "")).lower()
-    if impl:
-        return "torch" if impl in ("torch", "pytorch", "peer") else "qgrad"
-    return "torch" if os.path.basename(path).startswith("peer_") else "qgrad"
+    if not impl:
+        return ("torch" if os.path.basename(path).startswith("peer_") else "qgrad"), case
+    if impl in MAIN_IMPLS:
+        return MAIN_IMPLS[impl], case
+    return ("torch" if impl.startswith("torch") else "qgrad"), f"{case} ({impl})"
 
 
 def fmt(v, digits=3):
@@ -77,14 +87,14 @@ def main():
                 case = rec.get("case")
                 if case is None or "ms" not in rec:
                     continue
-                case = str(case)
+                side, case = side_and_key(rec, path, str(case))
                 if case not in rows:
                     rows[case] = {"bench": rec.get("bench", "")}
                     order.append(case)
                 row = rows[case]
                 if rec.get("bench") and not row["bench"]:
                     row["bench"] = rec["bench"]
-                row[side_of(rec, path)] = rec
+                row[side] = rec
     if not rows:
         print("bench_table.py: no records with \"case\" and \"ms\"", file=sys.stderr)
         return 1

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# compute-sanitizer over the CUDA test cases, on the GPU machine:
+#
+#   bash scripts/gpu_sanitize.sh BUILD_DIR OUTDIR [TOOLS...]
+#
+# Runs every test executable of BUILD_DIR/tests, restricted to its CUDA test
+# cases (doctest filter *cuda*, case-insensitive; the out-of-memory test is
+# left out: it fills the device on purpose), under each tool (default:
+# memcheck racecheck initcheck synccheck). One log per tool and executable in
+# OUTDIR; prints a summary line per tool and exits non-zero when any run
+# reported an error.
+set -uo pipefail
+[ $# -ge 2 ] || { sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+B=$1
+OUT=$(mkdir -p "$2" && cd "$2" && pwd)
+shift 2
+TOOLS=${*:-memcheck racecheck initcheck synccheck}
+export PATH=/usr/local/cuda/bin:$PATH
+command -v compute-sanitizer >/dev/null || { echo "compute-sanitizer not found"; exit 1; }
+status=0
+for tool in $TOOLS; do
+  ran=0 bad=()
+  for exe in "$B"/tests/test_*; do
+    [ -f "$exe" ] && [ -x "$exe" ] || continue
+    name=$(basename "$exe")
+    log="$OUT/${tool}_$name.log"
+    timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 99 --print-limit 20 \
+      "$exe" -tc='*cuda*' -tce='*out of memory*' > "$log" 2>&1
+    rc=$?
+    ran=$((ran + 1))
+    [ $rc = 0 ] || bad+=("$name(rc $rc)")
+  done
+  if [ ${#bad[@]} = 0 ]; then
+    echo "$tool: clean over $ran test executables"
+  else
+    status=1
+    echo "$tool: errors in ${bad[*]} (of $ran; logs in $OUT)"
+  fi
+done
+exit $status

@@ -69,7 +69,9 @@ void Optimizer::step() {
     move_in_place(buf2_[i], p.device());
     if (hyper_.kind == OptimKind::sgd && hyper_.momentum != 0.0) {
       if (!buf1_[i].defined()) {
-        buf1_[i] = Tensor::empty(p.shape(), TensorOptions{}.with_dtype(p.dtype()).with_device(p.device()));
+        // Zeros, not empty: the first step overwrites the buffer with the
+        // gradient, but the kernel reads it before choosing (initcheck-clean).
+        buf1_[i] = zeros(p.shape(), TensorOptions{}.with_dtype(p.dtype()).with_device(p.device()));
         slot.first = true;
       }
     }

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstdint>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -246,6 +247,31 @@ bool cuda_is_capturing(int index) {
 namespace memory {
 
 namespace {
+
+// Same-device copies run as a kernel rather than cudaMemcpyAsync, so that in
+// a captured graph they are kernel nodes, which compute-sanitizer's initcheck
+// follows like any other kernel (it does not track what earlier kernels of
+// a graph wrote when a memcpy node reads it).
+template <class T>
+__global__ void copy_kernel(T* __restrict__ dst, const T* __restrict__ src, std::size_t n) {
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    dst[i] = src[i];
+}
+
+void copy_on_device(void* dst, const void* src, std::size_t bytes, cudaStream_t s) {
+  constexpr unsigned threads = 256;
+  const bool wide = bytes % 16 == 0 && reinterpret_cast<std::uintptr_t>(dst) % 16 == 0 &&
+                    reinterpret_cast<std::uintptr_t>(src) % 16 == 0;
+  const std::size_t n = wide ? bytes / 16 : bytes;
+  const unsigned blocks = static_cast<unsigned>(std::min<std::size_t>((n + threads - 1) / threads, 132 * 16));
+  if (wide)
+    copy_kernel<<<blocks, threads, 0, s>>>(static_cast<uint4*>(dst), static_cast<const uint4*>(src), n);
+  else
+    copy_kernel<<<blocks, threads, 0, s>>>(static_cast<unsigned char*>(dst), static_cast<const unsigned char*>(src), n);
+  QGRAD_LAUNCH_CHECK();
+}
+
 void* cuda_allocate(std::size_t bytes, int device) {
   const std::size_t size = cuda::round_size(bytes);
   std::lock_guard<std::mutex> lock(cuda::g_mutex);
@@ -327,7 +353,7 @@ void copy(void* dst, Device dst_device, const void* src, Device src_device, std:
   }
   if (dst_device.is_cuda() && src_device.is_cuda()) {
     if (dst_device.index == src_device.index) {
-      QGRAD_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cuda::stream(dst_device.index)));
+      copy_on_device(dst, src, bytes, cuda::stream(dst_device.index));
     } else {
       // Order after the source's queued work, then copy peer to peer.
       QGRAD_CUDA_CHECK(cudaStreamSynchronize(cuda::stream(src_device.index)));

@@ -11,22 +11,10 @@ import json
 
 import torch
 
+from torch_timing import time_cuda
+
 ROWS, COLS = 4096, 65536
 N = ROWS * COLS
-
-
-def time_cuda(fn, reps=50, warmup=5):
-    for _ in range(warmup):
-        fn()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    for i in range(reps):
-        starts[i].record()
-        fn()
-        ends[i].record()
-    torch.cuda.synchronize()
-    ms = sorted(s.elapsed_time(e) for s, e in zip(starts, ends))
-    return ms[len(ms) // 2], ms[0]
 
 
 def main():

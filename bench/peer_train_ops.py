@@ -10,25 +10,10 @@ import sys
 import torch
 import torch.nn.functional as F
 
+from torch_timing import median_ms as time_cuda
+
 ROWS, COLS = 8192, 8192
 N = ROWS * COLS
-
-
-def time_cuda(fn, reps=50, warmup=5):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    ms = []
-    for _ in range(reps):
-        a = torch.cuda.Event(enable_timing=True)
-        b = torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ms.append(a.elapsed_time(b))
-    ms.sort()
-    return ms[len(ms) // 2]
 
 
 def emit(case, ms, **extra):

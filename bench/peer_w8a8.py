@@ -10,19 +10,7 @@ import json
 
 import torch
 
-
-def time_ms(fn, reps=50, warmup=5):
-    for _ in range(warmup):
-        fn()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    for i in range(reps):
-        starts[i].record()
-        fn()
-        ends[i].record()
-    torch.cuda.synchronize()
-    ms = sorted(s.elapsed_time(e) for s, e in zip(starts, ends))
-    return ms[len(ms) // 2]
+from torch_timing import median_ms as time_ms
 
 
 def emit(**kw):

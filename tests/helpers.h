@@ -53,6 +53,16 @@ inline double max_abs_diff(const Tensor& a, const Tensor& b) {
   return m;
 }
 
+// Relative Frobenius error ||a - b|| / ||b|| of two value lists.
+inline double rel_fro(const std::vector<double>& a, const std::vector<double>& b) {
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    num += (a[i] - b[i]) * (a[i] - b[i]);
+    den += b[i] * b[i];
+  }
+  return std::sqrt(num / den);
+}
+
 // Fills a tensor with NaN (floating) or a 0x5A byte pattern (integers) so an
 // element a kernel forgot to write is caught.
 inline void poison(const Tensor& t) {

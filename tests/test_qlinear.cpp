@@ -111,15 +111,6 @@ std::vector<double> float_linear(const Tensor& x, const Layer& l) {
   return y;
 }
 
-double rel_fro(const std::vector<double>& a, const std::vector<double>& b) {
-  double num = 0, den = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    num += (a[i] - b[i]) * (a[i] - b[i]);
-    den += b[i] * b[i];
-  }
-  return std::sqrt(num / den);
-}
-
 const DType kFloat[] = {DType::f32, DType::f64, DType::f16, DType::bf16};
 
 ActivationQuant static_act(float scale, int zp, std::int64_t qmin, std::int64_t qmax, Device dev = Device::cpu()) {

@@ -34,15 +34,6 @@ std::vector<double> float_linear(const Tensor& x, const Tensor& w, const Tensor&
   return y;
 }
 
-double rel_fro(const std::vector<double>& a, const std::vector<double>& b) {
-  double num = 0, den = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    num += (a[i] - b[i]) * (a[i] - b[i]);
-    den += b[i] * b[i];
-  }
-  return std::sqrt(num / den);
-}
-
 struct Fixture {
   std::int64_t N = 32, K = 64;
   Tensor w, b;

@@ -26,6 +26,9 @@
 #if defined(_OPENMP)
 #include <omp.h>
 #endif
+#if QGRAD_WITH_CUDA
+#include <cuda_profiler_api.h>
+#endif
 
 #include "bench_common.h"
 #include "qat_mlp.h"
@@ -140,6 +143,26 @@ void bench_cuda(std::int64_t batch, std::int64_t hidden, int reps) {
   }
   cuda_empty_cache();
 }
+
+// --profile: the b256 step captured as in bench_cuda, then `replays` graph
+// replays (no input copies) between cudaProfilerStart/Stop, for a profiler
+// started with profiling off (scripts/profile_step.sh runs ncu on it).
+// Prints the number of kernel nodes and the CUDA-event time per replay.
+void profile_graph(std::int64_t batch, std::int64_t hidden, int replays) {
+  Setup s = make_setup(Device::cuda(), batch, hidden);
+  for (int i = 0; i < 20; ++i) train_step(s, s.xs[0], s.ys[0]);
+  CudaGraph graph;
+  graph.capture([&] { train_step(s, s.xs[0], s.ys[0]); });
+  for (int i = 0; i < 20; ++i) graph.replay();
+  cuda_synchronize();
+  QGRAD_CUDA_CHECK(cudaProfilerStart());
+  const auto t = time_steps_cuda(replays, [&](int) { graph.replay(); });
+  QGRAD_CUDA_CHECK(cudaProfilerStop());
+  std::printf("{\"bench\":\"train_step_profile\",\"case\":\"qat_step_cuda_b%lld_h%lld_graph\",\"kernel_nodes\":%lld,"
+              "\"replay_ms\":%.4f,\"replays\":%d}\n",
+              static_cast<long long>(batch), static_cast<long long>(hidden),
+              static_cast<long long>(graph.kernel_node_count()), median(t), replays);
+}
 #endif
 
 void bench_cpu(std::int64_t batch, std::int64_t hidden, int reps, int threads) {
@@ -165,16 +188,25 @@ void bench_cpu(std::int64_t batch, std::int64_t hidden, int reps, int threads) {
 }  // namespace
 
 // bench_train_step [--cpu-only] [--cpu-reps N] [--cpu-threads N (default 2)]
+//                  [--profile [REPLAYS]]
 int main(int argc, char** argv) {
   bool cpu_only = false;
+  int profile_replays = 0;
   int cpu_reps = 50, cpu_threads = 2;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--cpu-only") cpu_only = true;
     else if (a == "--cpu-reps" && i + 1 < argc) cpu_reps = std::stoi(argv[++i]);
     else if (a == "--cpu-threads" && i + 1 < argc) cpu_threads = std::stoi(argv[++i]);
+    else if (a == "--profile") profile_replays = i + 1 < argc && argv[i + 1][0] != '-' ? std::stoi(argv[++i]) : 3;
   }
 #if QGRAD_WITH_CUDA
+  if (profile_replays > 0) {
+    if (!cuda_available()) return 1;
+    profile_graph(256, 256, profile_replays);
+    profile_graph(4096, 1024, profile_replays);
+    return 0;
+  }
   if (!cpu_only && cuda_available()) {
     bench_cuda(256, 256, 300);
     bench_cuda(4096, 1024, 200);

@@ -30,6 +30,8 @@ CudaGraph::~CudaGraph() = default;
 void CudaGraph::capture(const std::function<void()>&) { no_cuda("CudaGraph::capture"); }
 void CudaGraph::replay() { no_cuda("CudaGraph::replay"); }
 bool CudaGraph::captured() const { return false; }
+std::size_t CudaGraph::node_count() const { return 0; }
+std::size_t CudaGraph::kernel_node_count() const { return 0; }
 bool cuda_is_capturing(int) { return false; }
 
 namespace memory {

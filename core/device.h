@@ -61,6 +61,10 @@ class CudaGraph {
   void capture(const std::function<void()>& step);
   void replay();  // queues the recorded work on the device's stream
   bool captured() const;
+  // Nodes of the captured graph: all of them, and the kernel launches among
+  // them (0 before capture). For profiling: each kernel node costs a launch.
+  std::size_t node_count() const;
+  std::size_t kernel_node_count() const;
 
  private:
   struct Impl;

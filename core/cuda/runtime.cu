@@ -17,6 +17,7 @@
 #include <mutex>
 #include <unordered_map>
 #include <vector>
+#include <vector>
 
 #include "core/cuda/common.cuh"
 #include "core/device.h"
@@ -173,6 +174,7 @@ void cuda_empty_cache(int index) {
 struct CudaGraph::Impl {
   int device = 0;
   cudaGraphExec_t exec = nullptr;
+  std::size_t nodes = 0, kernel_nodes = 0;
   std::shared_ptr<cuda::Pool> pool = std::make_shared<cuda::Pool>();
 };
 
@@ -227,6 +229,19 @@ void CudaGraph::capture(const std::function<void()>& step) {
                 "queue device work only");
   }
   QGRAD_CUDA_CHECK(end);
+  std::size_t count = 0;
+  cudaError_t e = cudaGraphGetNodes(graph, nullptr, &count);
+  std::vector<cudaGraphNode_t> nodes(count);
+  if (e == cudaSuccess && count > 0) e = cudaGraphGetNodes(graph, nodes.data(), &count);
+  impl_->nodes = count;
+  impl_->kernel_nodes = 0;
+  for (std::size_t i = 0; e == cudaSuccess && i < count; ++i) {
+    cudaGraphNodeType type{};
+    e = cudaGraphNodeGetType(nodes[i], &type);
+    if (e == cudaSuccess && type == cudaGraphNodeTypeKernel) ++impl_->kernel_nodes;
+  }
+  if (e != cudaSuccess) cudaGraphDestroy(graph);
+  QGRAD_CUDA_CHECK(e);
   const cudaError_t inst = cudaGraphInstantiate(&impl_->exec, graph, 0);
   cudaGraphDestroy(graph);
   QGRAD_CUDA_CHECK(inst);
@@ -238,6 +253,8 @@ void CudaGraph::replay() {
 }
 
 bool CudaGraph::captured() const { return impl_->exec != nullptr; }
+std::size_t CudaGraph::node_count() const { return impl_->nodes; }
+std::size_t CudaGraph::kernel_node_count() const { return impl_->kernel_nodes; }
 
 bool cuda_is_capturing(int index) {
   std::lock_guard<std::mutex> lock(cuda::g_mutex);

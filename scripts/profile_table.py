@@ -1,0 +1,71 @@
+#!/usr/bin/env python3
+"""Turns scripts/profile_step.sh's outputs into a markdown table.
+
+profile_table.py EVENTS.jsonl NCU_NODE.csv NCU_GRAPH.csv
+
+EVENTS.jsonl: bench_train_step --profile lines (case, kernel_nodes,
+replay_ms), in the order the cases ran; NCU_NODE.csv: ncu --csv --page raw
+with --graph-profiling node (one row per kernel node, the cases' graphs one
+after the other); NCU_GRAPH.csv: the same with --graph-profiling graph (one
+row per graph).
+"""
+import csv
+import json
+import re
+import sys
+
+
+def ncu_rows(path):
+    lines = [l for l in open(path, encoding="utf-8", errors="replace") if l.startswith('"')]
+    rows = list(csv.DictReader(lines))
+    # The first data row holds the units.
+    return [r for r in rows if r.get("ID", "").strip().isdigit()]
+
+
+def duration_us(row):
+    v = float(row["gpu__time_duration.sum"].replace(",", ""))
+    return v / 1e3  # ns
+
+
+def short_name(name):
+    name = re.sub(r"\(.*", "", name)  # drop the argument list
+    name = re.sub(r"<.*", "", name)   # and template arguments
+    name = re.sub(r"^.*::", "", name)
+    return name.strip() or "?"
+
+
+def main():
+    events = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+    nodes = ncu_rows(sys.argv[2])
+    graphs = ncu_rows(sys.argv[3])
+    out = []
+    pos = 0
+    for i, ev in enumerate(events):
+        k = ev["kernel_nodes"]
+        mine = nodes[pos:pos + k]
+        pos += k
+        total = sum(duration_us(r) for r in mine)
+        graph_us = duration_us(graphs[i]) if i < len(graphs) else float("nan")
+        out.append(f"### {ev['case']}\n")
+        out.append(f"- replay without a profiler: {ev['replay_ms'] * 1e3:.1f} us (median of {ev['replays']})")
+        out.append(f"- whole graph under ncu: {graph_us:.1f} us; kernel nodes: {k} (profiled {len(mine)})")
+        out.append(f"- sum of the kernels' own durations: {total:.1f} us, "
+                   f"{100 * total / graph_us:.0f}% of the graph; the other {graph_us - total:.1f} us "
+                   f"({(graph_us - total) / max(k, 1):.2f} us per node) is launch and dependency latency\n")
+        groups = {}
+        for r in mine:
+            n = short_name(r["Kernel Name"])
+            g = groups.setdefault(n, [0, 0.0])
+            g[0] += 1
+            g[1] += duration_us(r)
+        out.append("| kernel | launches | total us | mean us | share of kernel time |")
+        out.append("| --- | --- | --- | --- | --- |")
+        for n, (c, t) in sorted(groups.items(), key=lambda kv: -kv[1][1]):
+            out.append(f"| `{n}` | {c} | {t:.1f} | {t / c:.2f} | {100 * t / total:.0f}% |")
+        out.append("")
+    print("\n".join(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -213,6 +213,7 @@ int main(int argc, char** argv) {
   }
 #else
   (void)cpu_only;
+  if (profile_replays > 0) return 1;  // nothing to profile without CUDA
 #endif
   bench_cpu(256, 256, cpu_reps, cpu_threads);
   return 0;

@@ -1,6 +1,7 @@
 #include "kernels/quantize.h"
 
 #include "kernels/dispatch.h"
+#include "kernels/observer.h"
 
 namespace qgrad::kernels {
 
@@ -8,6 +9,16 @@ void affine(const AffineArgs& args) {
   if (args.out.is_cuda()) QGRAD_ON_CUDA(cuda::affine(args));
   else cpu::affine(args);
 }
+void observe_fake_quant(const AffineArgs& args, const ObserveArgs& obs) {
+  if (args.out.is_cuda() && args.in.numel() > 0) {
+    QGRAD_ON_CUDA(cuda::observe_fake_quant(args, obs));
+    return;
+  }
+  const ObserverQparams q{obs.scale, obs.zero_point, args.qmin, args.qmax, obs.symmetric, obs.symmetric_zero_point};
+  observer_minmax(args.in, obs.run_min, obs.run_max, obs.axis, obs.averaging_constant, &q);
+  if (args.in.numel() > 0) affine(args);
+}
+
 void lsq_backward(const LsqArgs& args) {
   if (args.dx.is_cuda()) QGRAD_ON_CUDA(cuda::lsq_backward(args));
   else cpu::lsq_backward(args);

@@ -31,6 +31,25 @@ struct AffineArgs {
 };
 void affine(const AffineArgs& args);
 
+// The observer step of nn::FakeQuantize fused with its fake quantize: the
+// update of observer_minmax (kernels/observer.h) over args.in viewed around
+// `axis` (< 0: per tensor), scale and zero_point (f32 / s32 [C]) written
+// from the updated range, then the fake_quant op of `affine` reading them
+// (args.params must point at them). On CUDA, per-channel weights on axis 0
+// ([C, inner], up to 64Ki elements per block of whole rows) take one
+// launch: a block per group of rows reduces, updates and fake quantizes
+// them; anything else takes two: the one-launch observer, then the engine.
+// On the CPU the observer kernel, then the engine. Same bits either way.
+struct ObserveArgs {
+  Tensor run_min, run_max;  // f32 [C], updated in place
+  Tensor scale, zero_point;
+  std::int64_t axis = -1;
+  double averaging_constant = -1.0;  // < 0: min/max, else moving average
+  bool symmetric = false;
+  std::int32_t symmetric_zero_point = 0;
+};
+void observe_fake_quant(const AffineArgs& args, const ObserveArgs& obs);
+
 // LSQ backward over an [outer, C, inner] layout: writes dx (x's dtype) and
 // the per-channel sums ds, dz (op-math dtype of x: f32, or f64 for f64).
 struct LsqArgs {
@@ -51,6 +70,7 @@ void lsq_round_zero_point(const Tensor& zp, const Tensor& out, std::int64_t qmin
 }  // namespace cpu
 namespace cuda {
 void affine(const AffineArgs& args);
+void observe_fake_quant(const AffineArgs& args, const ObserveArgs& obs);
 void lsq_backward(const LsqArgs& args);
 void lsq_round_zero_point(const Tensor& zp, const Tensor& out, std::int64_t qmin, std::int64_t qmax);
 }  // namespace cuda

@@ -99,6 +99,14 @@ void Observer::observe_and_calculate_qparams(const Tensor& x, const Tensor& scal
   kernels::observer_minmax(x, min_val_, max_val_, axis, options_.averaging_constant, &q);
 }
 
+Tensor Observer::observe_and_fake_quantize(const Tensor& x, const Tensor& scale, const Tensor& zero_point) {
+  const std::int64_t axis = check_x(x);
+  check_qparams(scale, zero_point);
+  const ObserverUpdate u{min_val_, max_val_, options_.averaging_constant, is_symmetric(options_.qscheme), sym_zp_};
+  if (axis >= 0) return observe_fake_quantize_per_channel(x, scale, zero_point, axis, qmin_, qmax_, u);
+  return observe_fake_quantize_per_tensor(x, scale, zero_point, qmin_, qmax_, u);
+}
+
 std::pair<Tensor, Tensor> Observer::calculate_qparams() const {
   Tensor s = Tensor::empty({channels()}, TensorOptions{}.with_device(min_val_.device()));
   Tensor z = Tensor::empty({channels()}, TensorOptions{}.with_dtype(DType::s32).with_device(min_val_.device()));
@@ -153,6 +161,7 @@ FakeQuantize::FakeQuantize(const ObserverOptions& options) {
 }
 
 Tensor FakeQuantize::forward(const Tensor& x) {
+  if (observer_enabled_ && fake_quant_enabled_) return observer_->observe_and_fake_quantize(x, scale_, zero_point_);
   if (observer_enabled_) observer_->observe_and_calculate_qparams(x.detach(), scale_, zero_point_);
   if (!fake_quant_enabled_) return x;
   const ObserverOptions& o = observer_->options();

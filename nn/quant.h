@@ -56,6 +56,10 @@ class Observer : public Module {
   // forward(x) then calculate_qparams(scale, zero_point), fused: on CUDA the
   // qparams are written by the kernel that finishes the min/max reduction.
   void observe_and_calculate_qparams(const Tensor& x, const Tensor& scale, const Tensor& zero_point);
+  // observe_and_calculate_qparams(x, scale, zero_point), then the fake
+  // quantize of x with them (per tensor, or per channel on ch_axis), in one
+  // op: observe_fake_quantize_per_{tensor,channel} (one launch on CUDA).
+  Tensor observe_and_fake_quantize(const Tensor& x, const Tensor& scale, const Tensor& zero_point);
   const ObserverOptions& options() const { return options_; }
   std::int64_t qmin() const { return qmin_; }
   std::int64_t qmax() const { return qmax_; }
@@ -96,7 +100,8 @@ struct MovingAveragePerChannelMinMaxObserver : Observer {
 // Observer + fake quantization. Buffers "scale" (f32 [C], 1) and
 // "zero_point" (s32 [C], 0); child "activation_post_process" (observer).
 //   forward: if observer enabled: observe x, recompute scale/zero_point;
-//            if fake quant enabled: fake_quantize_per_{tensor,channel}(x, scale, zero_point, qmin, qmax).
+//            if fake quant enabled: fake_quantize_per_{tensor,channel}(x, scale, zero_point, qmin, qmax);
+//            both: Observer::observe_and_fake_quantize (one op, one CUDA launch).
 class FakeQuantize : public Module {
  public:
   explicit FakeQuantize(const ObserverOptions& options);

@@ -2,8 +2,10 @@
 // rule of each op in one place. Formulas: kernels/formulas/quantize.h.
 #include "ops/quantize.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "autograd/node.h"
@@ -75,7 +77,7 @@ Scope scalar_scope(double scale, std::int64_t zp, std::int64_t qmin, std::int64_
 // Tensor qparams: f32 scale and s32 zero point of `shape` (per tensor: any
 // shape of one element) on `ref`'s device. Values checked when on the CPU.
 Scope tensor_scope(const Tensor& ref, const Tensor& scale, const Tensor& zp, const Shape* shape, std::int64_t qmin,
-                   std::int64_t qmax, const char* op) {
+                   std::int64_t qmax, const char* op, bool check_values = true) {
   check::dtype_is(scale, DType::f32, op, "scale");
   check::dtype_is(zp, DType::s32, op, "zero_point");
   check::same_device(scale, ref, op, "scale");
@@ -89,7 +91,7 @@ Scope tensor_scope(const Tensor& ref, const Tensor& scale, const Tensor& zp, con
     QGRAD_CHECK(scale.numel() == 1, op, "scale", "expected one element, got shape ", shape_str(scale.shape()));
     QGRAD_CHECK(zp.numel() == 1, op, "zero_point", "expected one element, got shape ", shape_str(zp.shape()));
   }
-  if (!scale.is_cuda()) {
+  if (check_values && !scale.is_cuda()) {
     const float* s = scale.data<float>();
     const std::int32_t* z = zp.data<std::int32_t>();
     for (std::int64_t i = 0; i < scale.numel(); ++i) check_scale_value(s[i], op);
@@ -137,11 +139,29 @@ void run_affine(AffineOp op, const Tensor& in, const Tensor& out, const Scope& s
 Tensor new_mask(const Tensor& x) { return Tensor::empty({kernels::qmask::words(x.numel())}, like(x, DType::s32)); }
 
 // Fake quantize with straight-through backward: saves only the bit mask.
-Tensor fake_quant_forward(const char* name, const Tensor& x, const Scope& sc, std::int64_t qmin, std::int64_t qmax) {
+// With `obs`, the observer update that writes sc's qparams runs first (the
+// same launch on CUDA).
+Tensor fake_quant_forward(const char* name, const Tensor& x, const Scope& sc, std::int64_t qmin, std::int64_t qmax,
+                          const kernels::ObserveArgs* obs = nullptr) {
   Tensor out = Tensor::empty(x.shape(), like(x, x.dtype()));
   const bool need = any_requires_grad({x});
   Tensor mask = need ? new_mask(x) : Tensor();
-  run_affine(AffineOp::fake_quant, x, out, sc, qmin, qmax, Tensor(), mask);
+  if (obs) {
+    kernels::AffineArgs a;
+    a.op = AffineOp::fake_quant;
+    a.in = x;
+    a.out = out;
+    a.mask_out = mask.defined() ? static_cast<std::uint32_t*>(mask.data_ptr()) : nullptr;
+    a.params = sc.params;
+    a.inner = std::max<std::int64_t>(sc.inner, 1);
+    a.channels = std::max<std::int64_t>(sc.channels, 1);
+    a.qmin = qmin;
+    a.qmax = qmax;
+    a.double_product = sc.double_product;
+    kernels::observe_fake_quant(a, *obs);
+  } else {
+    run_affine(AffineOp::fake_quant, x, out, sc, qmin, qmax, Tensor(), mask);
+  }
   if (need) {
     record(
         name, out, {x},
@@ -208,11 +228,11 @@ void check_dequant_input(const Tensor& q, DType out_dtype, const char* op) {
 
 // Per-channel layout of `x` along `axis` (validated): scope dims.
 Scope channel_scope(const Tensor& x, const Tensor& scale, const Tensor& zp, std::int64_t axis, std::int64_t qmin,
-                    std::int64_t qmax, const char* op) {
+                    std::int64_t qmax, const char* op, bool check_values = true) {
   QGRAD_CHECK(x.dim() >= 1, op, "x", "expected rank >= 1, got a scalar");
   const std::int64_t ax = check::axis(axis, x.dim(), op);
   const Shape shape{x.shape()[static_cast<std::size_t>(ax)]};
-  Scope sc = tensor_scope(x, scale, zp, &shape, qmin, qmax, op);
+  Scope sc = tensor_scope(x, scale, zp, &shape, qmin, qmax, op, check_values);
   sc.inner = inner_of(x.shape(), ax);
   sc.channels = shape[0];
   sc.double_product = true;
@@ -337,6 +357,54 @@ Tensor fake_quantize_per_channel(const Tensor& x, const Tensor& scale, const Ten
   check_range(qmin, qmax, op);
   const Scope sc = channel_scope(x, scale, zero_point, axis, qmin, qmax, op);
   return fake_quant_forward(op, x, sc, qmin, qmax);
+}
+
+namespace {
+
+// The observer arguments, validated against x's channels (1 per tensor).
+kernels::ObserveArgs observe_args(const Tensor& x, const Scope& sc, std::int64_t axis, const ObserverUpdate& u,
+                                  const char* op) {
+  const Shape c{std::max<std::int64_t>(sc.channels, 1)};
+  for (const auto& [t, arg] : {std::pair{&u.run_min, "run_min"}, std::pair{&u.run_max, "run_max"}}) {
+    check::dtype_is(*t, DType::f32, op, arg);
+    check::same_device(*t, x, op, arg);
+    QGRAD_CHECK(t->shape() == c, op, arg, "expected shape ", shape_str(c), ", got ", shape_str(t->shape()));
+  }
+  QGRAD_CHECK(std::isfinite(u.averaging_constant) && u.averaging_constant <= 1.0, op, "averaging_constant",
+              "must be < 0 (min/max) or in [0, 1], got ", u.averaging_constant);
+  kernels::ObserveArgs o;
+  o.run_min = u.run_min;
+  o.run_max = u.run_max;
+  o.scale = sc.scale;
+  o.zero_point = sc.zp;
+  o.axis = axis;
+  o.averaging_constant = u.averaging_constant;
+  o.symmetric = u.symmetric;
+  o.symmetric_zero_point = u.symmetric_zero_point;
+  return o;
+}
+
+}  // namespace
+
+Tensor observe_fake_quantize_per_tensor(const Tensor& x, const Tensor& scale, const Tensor& zero_point,
+                                        std::int64_t qmin, std::int64_t qmax, const ObserverUpdate& observer) {
+  const char* op = "observe_fake_quantize_per_tensor";
+  check::floating(x, op, "x");
+  check_range(qmin, qmax, op);
+  const Scope sc = tensor_scope(x, scale, zero_point, nullptr, qmin, qmax, op, false);
+  const kernels::ObserveArgs o = observe_args(x, sc, -1, observer, op);
+  return fake_quant_forward(op, x, sc, qmin, qmax, &o);
+}
+
+Tensor observe_fake_quantize_per_channel(const Tensor& x, const Tensor& scale, const Tensor& zero_point,
+                                         std::int64_t axis, std::int64_t qmin, std::int64_t qmax,
+                                         const ObserverUpdate& observer) {
+  const char* op = "observe_fake_quantize_per_channel";
+  check::floating(x, op, "x");
+  check_range(qmin, qmax, op);
+  const Scope sc = channel_scope(x, scale, zero_point, axis, qmin, qmax, op, false);
+  const kernels::ObserveArgs o = observe_args(x, sc, check::axis(axis, x.dim(), op), observer, op);
+  return fake_quant_forward(op, x, sc, qmin, qmax, &o);
 }
 
 Tensor fake_quantize_learnable_per_tensor(const Tensor& x, const Tensor& scale, const Tensor& zero_point,

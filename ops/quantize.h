@@ -24,6 +24,26 @@ Tensor fake_quantize_per_tensor(const Tensor& x, const Tensor& scale /*f32, 1 el
 Tensor fake_quantize_per_channel(const Tensor& x, const Tensor& scale /*f32 [C]*/, const Tensor& zero_point /*s32 [C]*/,
                                  std::int64_t axis, std::int64_t qmin, std::int64_t qmax);
 
+// The observer update nn::FakeQuantize runs before its fake quantize: the
+// running range run_min / run_max (f32 [C]; C = 1 per tensor) moves to x's
+// min/max (averaging_constant < 0: running min/max, else moving average;
+// nn::Observer), scale / zero_point are written from it (PyTorch's
+// calculate_qparams; symmetric: zero point symmetric_zero_point), then x is
+// fake quantized with them (one or two launches on CUDA). The qparams come
+// from the observer, so their values are not checked: scale >= eps, or NaN
+// when x holds NaN (then the output is NaN with zero gradient, as on CUDA).
+struct ObserverUpdate {
+  Tensor run_min, run_max;
+  double averaging_constant = -1.0;
+  bool symmetric = false;
+  std::int32_t symmetric_zero_point = 0;
+};
+Tensor observe_fake_quantize_per_tensor(const Tensor& x, const Tensor& scale, const Tensor& zero_point,
+                                        std::int64_t qmin, std::int64_t qmax, const ObserverUpdate& observer);
+Tensor observe_fake_quantize_per_channel(const Tensor& x, const Tensor& scale, const Tensor& zero_point,
+                                         std::int64_t axis, std::int64_t qmin, std::int64_t qmax,
+                                         const ObserverUpdate& observer);
+
 // LSQ: gradients for x, scale and zero point with PyTorch's formulas.
 Tensor fake_quantize_learnable_per_tensor(const Tensor& x, const Tensor& scale /*float, 1 element*/,
                                           const Tensor& zero_point /*float, 1 element*/, std::int64_t qmin,

@@ -1,5 +1,6 @@
 // Observers and qparams against PyTorch's observer.py formulas.
 #include <cmath>
+#include <functional>
 
 #include "helpers.h"
 #include "nn/quant.h"
@@ -337,6 +338,153 @@ TEST_CASE("CUDA observers match CPU bit for bit") {
       auto [s2, z2] = b.calculate_qparams();
       CHECK(bit_equal(s1, s2));
       CHECK(bit_equal(z1, z2));
+    }
+  }
+}
+
+namespace {
+
+// One observe + fake quantize case: x of `shape` (dtype), observed per
+// tensor (axis < 0) or on `axis`, `calls` times with growing inputs.
+struct ObserveCase {
+  Shape shape;
+  std::int64_t axis;
+  DType dtype;
+  double c;  // averaging constant
+};
+
+ObserverOptions observe_options(const ObserveCase& k, const Tensor& x) {
+  ObserverOptions o;
+  o.averaging_constant = k.c;
+  if (k.axis >= 0) {
+    o.qscheme = QScheme::per_channel_symmetric;
+    o.dtype = DType::s8;
+    o.ch_axis = k.axis;
+    o.channels = x.size(k.axis);
+  } else {
+    o.quant_range = {{0, 255}};
+    o.reduce_range = true;
+  }
+  return o;
+}
+
+// The fused step's results: out, the gradient of sum(out * g) (the mask
+// times g), and the observer's and qparams' state.
+struct ObserveResult {
+  Tensor out, dx, run_min, run_max, scale, zp;
+};
+
+ObserveResult run_fused(Observer& obs, const Tensor& x, const Tensor& g, Tensor scale, Tensor zp) {
+  testing::poison(scale);  // the op must write every qparam before the fake quantize reads it
+  testing::poison(zp);
+  Tensor leaf = x.detach();
+  leaf.set_requires_grad(true);
+  Tensor out = obs.observe_and_fake_quantize(leaf, scale, zp);
+  sum(mul(out, g)).backward();
+  return {out.detach(), leaf.grad(), obs.min_val(), obs.max_val(), scale, zp};
+}
+
+}  // namespace
+
+TEST_CASE("observe + fake quantize equals the observer followed by the fake quantize") {
+  Generator gen(11);
+  for (const ObserveCase& k : {ObserveCase{{1000}, -1, DType::f32, 0.01}, ObserveCase{{64, 33, 5}, 1, DType::f32, -1.0},
+                               ObserveCase{{16, 40}, 0, DType::f64, 0.01}, ObserveCase{{7, 9}, -1, DType::bf16, -1.0},
+                               ObserveCase{{8, 24}, 1, DType::f16, 0.01}}) {
+    CAPTURE(shape_str(k.shape));
+    CAPTURE(k.axis);
+    Tensor x0 = randn(k.shape, gen, TensorOptions{}.with_dtype(k.dtype), 0.2, 1.5);
+    const ObserverOptions o = observe_options(k, x0);
+    Observer fused(o), two_step(o);
+    const std::int64_t c = fused.channels();
+    for (int call = 0; call < 3; ++call) {
+      Tensor x = mul(x0, 1.0 + 0.5 * call);
+      Tensor g = randn(k.shape, gen, TensorOptions{}.with_dtype(k.dtype));
+      const ObserveResult r =
+          run_fused(fused, x, g, Tensor::empty({c}), Tensor::empty({c}, TensorOptions{}.with_dtype(DType::s32)));
+      Tensor s = Tensor::empty({c}), z = Tensor::empty({c}, TensorOptions{}.with_dtype(DType::s32));
+      two_step.observe_and_calculate_qparams(x, s, z);
+      Tensor leaf = x.detach();
+      leaf.set_requires_grad(true);
+      Tensor ref = k.axis >= 0 ? fake_quantize_per_channel(leaf, s, z, k.axis, two_step.qmin(), two_step.qmax())
+                               : fake_quantize_per_tensor(leaf, s, z, two_step.qmin(), two_step.qmax());
+      sum(mul(ref, g)).backward();
+      CHECK(bit_equal(r.out, ref));
+      CHECK(bit_equal(r.dx, leaf.grad()));
+      CHECK(bit_equal(r.run_min, two_step.min_val()));
+      CHECK(bit_equal(r.run_max, two_step.max_val()));
+      CHECK(bit_equal(r.scale, s));
+      CHECK(bit_equal(r.zp, z));
+    }
+  }
+}
+
+TEST_CASE("observe + fake quantize: argument errors name the op and the argument, state untouched") {
+  Generator gen(12);
+  Tensor x = randn({4, 6}, gen);
+  Tensor run = full({1}, 2.0f), scale = full({1}, 0.5f), zp = zeros({1}, TensorOptions{}.with_dtype(DType::s32));
+  auto expect = [&](const std::function<void()>& f, const char* op, const char* arg) {
+    try {
+      f();
+      FAIL("no error");
+    } catch (const Error& e) {
+      CHECK(e.op() == op);
+      CHECK(e.arg() == arg);
+    }
+    CHECK(run.to_vector<float>()[0] == 2.0f);
+    CHECK(scale.to_vector<float>()[0] == 0.5f);
+  };
+  const char* pt = "observe_fake_quantize_per_tensor";
+  const char* pc = "observe_fake_quantize_per_channel";
+  expect([&] { observe_fake_quantize_per_tensor(x, scale, zp, 0, 255, {full({2}, 0.0f), run, 0.01}); }, pt,
+         "run_min");
+  expect([&] { observe_fake_quantize_per_tensor(x, scale, zp, 0, 255, {run, run.to(DType::f64), 0.01}); }, pt,
+         "run_max");
+  expect([&] { observe_fake_quantize_per_tensor(x, scale, zp, 0, 255, {run, run, 1.5}); }, pt, "averaging_constant");
+  expect([&] { observe_fake_quantize_per_tensor(x, scale, zp, 5, 5, {run, run, 0.01}); }, pt, "qmax");
+  expect([&] { observe_fake_quantize_per_tensor(x.to(DType::s32), scale, zp, 0, 255, {run, run, 0.01}); }, pt, "x");
+  expect([&] { observe_fake_quantize_per_channel(x, scale, zp, 1, -128, 127, {run, run, 0.01}); }, pc, "scale");
+  expect([&] { observe_fake_quantize_per_channel(x, full({6}, 0.5f), zeros({6}, TensorOptions{}.with_dtype(DType::s32)),
+                                                 1, -128, 127, {run, run, 0.01}); },
+         pc, "run_min");
+}
+
+TEST_CASE("CUDA observe + fake quantize (rows kernel and observer + engine) matches the CPU bit for bit") {
+  QGRAD_REQUIRE_GPU();
+  Generator gen(13);
+  // The QAT MLP's activations and weights, large and odd sizes, every axis.
+  for (const ObserveCase& k :
+       {ObserveCase{{256, 256}, -1, DType::f32, 0.01}, ObserveCase{{256, 10}, -1, DType::f32, 0.01},
+        ObserveCase{{256, 784}, 0, DType::f32, 0.01}, ObserveCase{{10, 256}, 0, DType::f32, 0.01},
+        ObserveCase{{(1 << 20) + 7}, -1, DType::f32, -1.0}, ObserveCase{{4096, 1024}, -1, DType::f32, 0.01},
+        ObserveCase{{1024, 1024}, 0, DType::f32, -1.0}, ObserveCase{{64, 33, 5}, 1, DType::f32, 0.01},
+        ObserveCase{{64, 33, 5}, 2, DType::f64, -1.0}, ObserveCase{{3}, -1, DType::f32, 0.01},
+        ObserveCase{{300, 70}, -1, DType::bf16, 0.01}, ObserveCase{{70, 300}, 0, DType::f16, 0.01},
+        // rows per block: 128 (inner 7), 16 (inner 1000); too much for one block: two launches
+        ObserveCase{{300, 7}, 0, DType::f32, 0.01}, ObserveCase{{300, 1000}, 0, DType::f32, -1.0},
+        ObserveCase{{4, 70000}, 0, DType::f32, 0.01}}) {
+    CAPTURE(shape_str(k.shape));
+    CAPTURE(k.axis);
+    CAPTURE(dtype_name(k.dtype));
+    Tensor x0 = randn(k.shape, gen, TensorOptions{}.with_dtype(k.dtype), 0.2, 1.5);
+    const ObserverOptions o = observe_options(k, x0);
+    Observer on_cpu(o), on_gpu(o);
+    on_gpu.to(Device::cuda(0));
+    const std::int64_t c = on_cpu.channels();
+    const auto gpu = TensorOptions{}.with_device(Device::cuda(0));
+    for (int call = 0; call < 3; ++call) {
+      Tensor x = mul(x0, 1.0 + 0.5 * call);
+      Tensor g = randn(k.shape, gen, TensorOptions{}.with_dtype(k.dtype));
+      const ObserveResult a =
+          run_fused(on_cpu, x, g, Tensor::empty({c}), Tensor::empty({c}, TensorOptions{}.with_dtype(DType::s32)));
+      const ObserveResult b = run_fused(on_gpu, x.cuda(), g.cuda(), Tensor::empty({c}, gpu),
+                                        Tensor::empty({c}, TensorOptions{}.with_device(Device::cuda(0)).with_dtype(DType::s32)));
+      CHECK(bit_equal(a.out, b.out));
+      CHECK(bit_equal(a.dx, b.dx));
+      CHECK(bit_equal(a.run_min, b.run_min));
+      CHECK(bit_equal(a.run_max, b.run_max));
+      CHECK(bit_equal(a.scale, b.scale));
+      CHECK(bit_equal(a.zp, b.zp));
     }
   }
 }

@@ -4,6 +4,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -39,6 +40,15 @@ inline unsigned blocks_for(std::int64_t n, unsigned threads, std::int64_t max_bl
 // Number of resident blocks that fill the device for a given block size
 // (for grid-stride kernels).
 unsigned fill_blocks(int device, unsigned threads);
+
+// kBlockCounters zero-initialised device words of `device`, for kernels
+// whose last block to finish does a final step (the "last block" pattern:
+// each block bumps a counter after its work; the one that sees the final
+// count does the rest and sets the counter back to 0). Kernels on the
+// device's one stream run one after another, so they can share them; every
+// kernel must leave the words it used at 0.
+inline constexpr std::size_t kBlockCounters = 65536;
+std::uint32_t* block_counters(int device);
 
 }  // namespace qgrad::cuda
 

@@ -56,6 +56,7 @@ struct DeviceState {
   std::shared_ptr<Pool> capture_pool;  // set while a graph is being captured
   std::unordered_map<void*, LiveBlock> live_blocks;
   AllocatorStats stats;
+  std::uint32_t* block_counters = nullptr;  // kBlockCounters zeros, for the life of the process
 };
 
 std::mutex g_mutex;
@@ -67,7 +68,11 @@ std::vector<DeviceState>& states() {
     cudaGetDevice(&previous);
     for (int d = 0; d < cuda_device_count(); ++d) {
       QGRAD_CUDA_CHECK(cudaSetDevice(d));
-      QGRAD_CUDA_CHECK(cudaStreamCreateWithFlags(&v[static_cast<std::size_t>(d)].stream, cudaStreamNonBlocking));
+      DeviceState& st = v[static_cast<std::size_t>(d)];
+      QGRAD_CUDA_CHECK(cudaStreamCreateWithFlags(&st.stream, cudaStreamNonBlocking));
+      QGRAD_CUDA_CHECK(cudaMalloc(&st.block_counters, kBlockCounters * sizeof(std::uint32_t)));
+      QGRAD_CUDA_CHECK(cudaMemset(st.block_counters, 0, kBlockCounters * sizeof(std::uint32_t)));
+      QGRAD_CUDA_CHECK(cudaDeviceSynchronize());
     }
     cudaSetDevice(previous);
     return v;
@@ -117,6 +122,8 @@ DeviceGuard::DeviceGuard(int device) {
   if (previous_ != device) QGRAD_CUDA_CHECK(cudaSetDevice(device));
 }
 DeviceGuard::~DeviceGuard() { cudaSetDevice(previous_); }
+
+std::uint32_t* block_counters(int device) { return state(device).block_counters; }
 
 unsigned fill_blocks(int device, unsigned threads) {
   static std::vector<int> sms(16, 0);

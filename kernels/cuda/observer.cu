@@ -1,82 +1,52 @@
-// Observer kernels on CUDA. The min/max reduction runs in two launches:
-// grid (G, C) blocks write per-block partial min/max of channel c to a
-// scratch [C, G]; then one block per channel combines its G partials and
-// applies the running update. The combine is exact and order-free
+// Observer kernels on CUDA. The min/max reduction is one launch: grid
+// (G, C) blocks write per-block partial min/max of channel c to a scratch
+// [C, G], and the last of channel c's G blocks to finish (a per-channel
+// counter, core/cuda/common.cuh's block_counters) combines them and applies
+// the running update. More channels than counters: a second launch, one
+// block per channel, does the combine. The combine is exact and order-free
 // (formulas::min_combine), so the result equals the CPU's bit for bit.
 #include "kernels/cuda/launch.cuh"
-#include "kernels/formulas/cast.h"
-#include "kernels/formulas/observer.h"
+#include "kernels/cuda/minmax.cuh"
 #include "kernels/observer.h"
 
 namespace qgrad::kernels::cuda {
 
 namespace {
 
-constexpr unsigned kThreads = 256;
-
-__device__ void block_minmax(float& lo, float& hi) {
-  __shared__ float smin[kThreads];
-  __shared__ float smax[kThreads];
-  smin[threadIdx.x] = lo;
-  smax[threadIdx.x] = hi;
-  __syncthreads();
-  for (unsigned w = kThreads / 2; w > 0; w /= 2) {
-    if (threadIdx.x < w) {
-      smin[threadIdx.x] = formulas::min_combine(smin[threadIdx.x], smin[threadIdx.x + w]);
-      smax[threadIdx.x] = formulas::max_combine(smax[threadIdx.x], smax[threadIdx.x + w]);
-    }
-    __syncthreads();
-  }
-  lo = smin[0];
-  hi = smax[0];
-}
-
+// counters == nullptr: only the partials (finish_minmax_kernel follows).
 template <class T>
 __global__ void partial_minmax_kernel(const T* x, std::int64_t channels, std::int64_t inner, std::int64_t count,
-                                      float* partial) {
+                                      float* partial, std::uint32_t* counters, float* run_min, float* run_max,
+                                      float c, bool moving, QparamsArgs q) {
   const std::int64_t ch = blockIdx.y;
-  float lo = INFINITY, hi = -INFINITY;
-  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-  for (std::int64_t k = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; k < count; k += stride) {
-    // One outer slice (per tensor, or channels on axis 0) needs no division.
-    const std::int64_t o = count == inner ? 0 : k / inner, i = k - o * inner;
-    const float f = formulas::cast_value<float>(x[(o * channels + ch) * inner + i]);
-    lo = formulas::min_combine(lo, f);
-    hi = formulas::max_combine(hi, f);
-  }
+  float lo, hi;
+  slice_minmax(x, channels, inner, count, ch, blockIdx.x, gridDim.x, lo, hi);
   block_minmax(lo, hi);
+  if (gridDim.x == 1) {  // the block saw the whole channel
+    if (counters && threadIdx.x == 0) update_channel(ch, lo, hi, run_min, run_max, c, moving, q);
+    if (counters) return;
+  }
+  __shared__ bool last;
   if (threadIdx.x == 0) {
     const std::int64_t slot = ch * gridDim.x + blockIdx.x;
     partial[2 * slot] = lo;
     partial[2 * slot + 1] = hi;
+    if (counters) {
+      __threadfence();  // the partial is visible before the count says so
+      last = atomicAdd(counters + ch, 1u) == gridDim.x - 1;
+    }
   }
+  if (!counters) return;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  finish_channel(partial, gridDim.x, ch, run_min, run_max, c, moving, q);
+  if (threadIdx.x == 0) counters[ch] = 0;  // ready for the next launch
 }
-
-// Optional qparams (scale == nullptr: none), as observer_qparams computes them.
-struct QparamsArgs {
-  float* scale = nullptr;
-  std::int32_t* zero_point = nullptr;
-  std::int64_t qmin = 0, qmax = 0;
-  bool symmetric = false;
-  std::int32_t symmetric_zero_point = 0;
-};
 
 __global__ void finish_minmax_kernel(const float* partial, unsigned parts, float* run_min, float* run_max, float c,
                                      bool moving, QparamsArgs q) {
-  const std::int64_t ch = blockIdx.x;
-  float lo = INFINITY, hi = -INFINITY;
-  for (unsigned k = threadIdx.x; k < parts; k += blockDim.x) {
-    const std::int64_t slot = ch * parts + k;
-    lo = formulas::min_combine(lo, partial[2 * slot]);
-    hi = formulas::max_combine(hi, partial[2 * slot + 1]);
-  }
-  block_minmax(lo, hi);
-  if (threadIdx.x == 0) {
-    formulas::observer_update(run_min[ch], run_max[ch], lo, hi, c, moving);
-    if (q.scale)
-      formulas::observer_qparams(run_min[ch], run_max[ch], q.qmin, q.qmax, q.symmetric, q.symmetric_zero_point,
-                                 q.scale[ch], q.zero_point[ch]);
-  }
+  finish_channel(partial, parts, blockIdx.x, run_min, run_max, c, moving, q);
 }
 
 template <class T>
@@ -85,21 +55,28 @@ void minmax_impl(const Tensor& x, const Tensor& run_min, const Tensor& run_max, 
   const ChannelView v = channel_view(x, axis);
   const int dev = x.device().index;
   const std::int64_t count = v.outer * v.inner;
-  // Enough blocks to fill the device across all channels, at most 1024 per channel.
-  const std::int64_t target = std::max<std::int64_t>(1, ::qgrad::cuda::fill_blocks(dev, kThreads) * 2LL / v.channels);
-  const unsigned parts = ::qgrad::cuda::blocks_for(count, kThreads, std::min<std::int64_t>(target, 1024));
+  const unsigned parts = minmax_parts(dev, v.channels, count);
   Tensor partial = Tensor::empty({v.channels, static_cast<std::int64_t>(parts), 2},
                                  TensorOptions{}.with_device(x.device()));
   cudaStream_t s = ::qgrad::cuda::stream(dev);
-  partial_minmax_kernel<T><<<dim3(parts, static_cast<unsigned>(v.channels)), kThreads, 0, s>>>(
-      static_cast<const T*>(x.data_ptr()), v.channels, v.inner, count, partial.data<float>());
+  const bool one_launch = static_cast<std::size_t>(v.channels) <= ::qgrad::cuda::kBlockCounters;
+  std::uint32_t* counters = one_launch ? ::qgrad::cuda::block_counters(dev) : nullptr;
+  partial_minmax_kernel<T><<<dim3(parts, static_cast<unsigned>(v.channels)), kMinmaxThreads, 0, s>>>(
+      static_cast<const T*>(x.data_ptr()), v.channels, v.inner, count, partial.data<float>(), counters,
+      run_min.data<float>(), run_max.data<float>(), static_cast<float>(c), c >= 0.0, q);
   QGRAD_LAUNCH_CHECK();
-  finish_minmax_kernel<<<static_cast<unsigned>(v.channels), kThreads, 0, s>>>(
+  if (one_launch) return;
+  finish_minmax_kernel<<<static_cast<unsigned>(v.channels), kMinmaxThreads, 0, s>>>(
       partial.data<float>(), parts, run_min.data<float>(), run_max.data<float>(), static_cast<float>(c), c >= 0.0, q);
   QGRAD_LAUNCH_CHECK();
 }
 
 }  // namespace
+
+unsigned minmax_parts(int device, std::int64_t channels, std::int64_t count) {
+  const std::int64_t target = std::max<std::int64_t>(1, ::qgrad::cuda::fill_blocks(device, kMinmaxThreads) * 2LL / channels);
+  return ::qgrad::cuda::blocks_for(count, kMinmaxThreads, std::min<std::int64_t>(target, 1024));
+}
 
 void observer_minmax(const Tensor& x, const Tensor& run_min, const Tensor& run_max, std::int64_t axis,
                      double averaging_constant, const ObserverQparams* qparams) {

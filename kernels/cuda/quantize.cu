@@ -6,9 +6,13 @@
 // when `inner` is a multiple of 4 (per element otherwise), and the mask
 // word k of the block built by one __ballot_sync over the lanes' k-th
 // elements: no atomics. Same formulas and mask layout as the CPU kernels.
+#include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/minmax.cuh"
+#include "kernels/observer.h"
 #include "kernels/quant_mask.h"
 #include "kernels/quantize.h"
 
@@ -97,11 +101,14 @@ __device__ __forceinline__ void affine_finish(const Op& op, const typename Op::I
 // reach the copy bandwidth.
 constexpr int kAffineUnroll = 4;
 
+// The engine over the whole grid (grid-stride over groups of mask blocks).
 template <class Op, bool kVec>
-__global__ void __launch_bounds__(256)
-    affine_kernel(Op op, const typename Op::In* __restrict__ in, typename Op::Out* __restrict__ out,
-                  const std::uint32_t* __restrict__ mask_in, std::uint32_t* __restrict__ mask_out, std::int64_t n,
-                  formulas::ChannelMap map, formulas::ParamSource ps, bool same4) {
+__device__ __forceinline__ void affine_grid(const Op& op, const typename Op::In* __restrict__ in,
+                                            typename Op::Out* __restrict__ out,
+                                            const std::uint32_t* __restrict__ mask_in,
+                                            std::uint32_t* __restrict__ mask_out, std::int64_t n,
+                                            const formulas::ChannelMap& map, const formulas::ParamSource& ps,
+                                            bool same4) {
   using In = typename Op::In;
   const unsigned lane = threadIdx.x & 31u;
   const std::int64_t warp = (static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
@@ -118,6 +125,21 @@ __global__ void __launch_bounds__(256)
   }
 }
 
+template <class Op, bool kVec>
+__global__ void __launch_bounds__(256)
+    affine_kernel(Op op, const typename Op::In* __restrict__ in, typename Op::Out* __restrict__ out,
+                  const std::uint32_t* __restrict__ mask_in, std::uint32_t* __restrict__ mask_out, std::int64_t n,
+                  formulas::ChannelMap map, formulas::ParamSource ps, bool same4) {
+  affine_grid<Op, kVec>(op, in, out, mask_in, mask_out, n, map, ps, same4);
+}
+
+// Blocks of 256 threads for the engine over n elements: one warp per
+// kAffineUnroll mask blocks, at most 8 waves of resident blocks.
+unsigned affine_blocks(int dev, std::int64_t n) {
+  const std::int64_t warps_needed = (qmask::blocks(n) + kAffineUnroll - 1) / kAffineUnroll;
+  return ::qgrad::cuda::blocks_for(warps_needed * 32, 256, ::qgrad::cuda::fill_blocks(dev, 256) * 8LL);
+}
+
 template <class Op>
 void affine_impl(const AffineArgs& a) {
   using In = typename Op::In;
@@ -132,15 +154,108 @@ void affine_impl(const AffineArgs& a) {
   const bool same4 = a.channels == 1 || a.inner % 4 == 0;
   const formulas::ChannelMap map(a.inner, a.channels, n);
   constexpr unsigned threads = 256;
-  const std::int64_t warps_needed = (qmask::blocks(n) + kAffineUnroll - 1) / kAffineUnroll;
-  const unsigned blocks = ::qgrad::cuda::blocks_for(warps_needed * 32, threads,
-                                                    ::qgrad::cuda::fill_blocks(dev, threads) * 8LL);
+  const unsigned blocks = affine_blocks(dev, n);
   cudaStream_t s = ::qgrad::cuda::stream(dev);
   const Op op{a.qmin, a.qmax};
   if (vec)
     affine_kernel<Op, true><<<blocks, threads, 0, s>>>(op, in, out, a.mask_in, a.mask_out, n, map, a.params, same4);
   else
     affine_kernel<Op, false><<<blocks, threads, 0, s>>>(op, in, out, a.mask_in, a.mask_out, n, map, a.params, same4);
+  QGRAD_LAUNCH_CHECK();
+}
+
+// ---- observe + fake quantize of rows (per-channel weights) ----
+// x is [C, inner] (channel axis 0). Each block takes `rows` consecutive
+// channels, where rows * inner is a multiple of the 128-element mask block
+// (or reaches the end), so the mask words of its elements are its own. It
+// reduces each row, updates that channel's running range and writes its
+// qparams, then fake quantizes its rows with them: one launch, no barrier
+// between blocks. Same formulas as observer_minmax + affine: the same bits.
+template <class Op, bool kVec>
+__global__ void __launch_bounds__(kMinmaxThreads)
+    observe_rows_kernel(Op op, const typename Op::In* __restrict__ in, typename Op::Out* __restrict__ out,
+                        std::uint32_t* __restrict__ mask_out, std::int64_t n, std::int64_t channels,
+                        std::int64_t inner, std::int64_t rows, formulas::ChannelMap map, float* run_min,
+                        float* run_max, float c, bool moving, QparamsArgs q, bool same4) {
+  using In = typename Op::In;
+  const std::int64_t r0 = static_cast<std::int64_t>(blockIdx.x) * rows;
+  const std::int64_t r1 = r0 + rows < channels ? r0 + rows : channels;
+  for (std::int64_t r = r0; r < r1; ++r) {
+    float lo, hi;
+    slice_minmax(in + r * inner, 1, inner, inner, 0, 0, 1, lo, hi);
+    block_minmax(lo, hi);
+    if (threadIdx.x == 0) update_channel(r, lo, hi, run_min, run_max, c, moving, q);
+  }
+  __syncthreads();  // the block's qparams (global, written by thread 0) are visible to the block
+  const formulas::ParamSource ps{q.scale, q.zero_point, 1.0f, 0};
+  const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  const std::int64_t first = r0 * inner / qmask::kBlock;
+  const std::int64_t last = r1 == channels ? qmask::blocks(n) : r1 * inner / qmask::kBlock;
+  for (std::int64_t b0 = first + warp * kAffineUnroll; b0 < last; b0 += nwarps * kAffineUnroll) {
+    In v[kAffineUnroll][4];
+#pragma unroll
+    for (int u = 0; u < kAffineUnroll; ++u)
+      if (b0 + u < last) affine_load<In, kVec>(in, b0 + u, lane, n, v[u]);
+#pragma unroll
+    for (int u = 0; u < kAffineUnroll; ++u)
+      if (b0 + u < last) affine_finish<Op, kVec>(op, v[u], out, nullptr, mask_out, b0 + u, lane, n, map, ps, same4);
+  }
+}
+
+// Channels per block for observe_rows_kernel: the fewest whole rows that
+// end on a mask-block boundary; 0 when that is more work than one block
+// should take (then the observer and the engine run as two launches).
+std::int64_t rows_per_block(std::int64_t inner) {
+  std::int64_t g = qmask::kBlock, k = inner;  // rows = kBlock / gcd(inner, kBlock)
+  while (k != 0) {
+    const std::int64_t t = g % k;
+    g = k;
+    k = t;
+  }
+  const std::int64_t rows = qmask::kBlock / g;
+  return rows * inner <= (std::int64_t(1) << 16) ? rows : 0;
+}
+
+template <class Op>
+void observe_affine_impl(const AffineArgs& a, const ObserveArgs& o) {
+  using In = typename Op::In;
+  using Out = typename Op::Out;
+  const std::int64_t n = a.in.numel();
+  const int dev = a.out.device().index;
+  const ChannelView v = channel_view(a.in, o.axis);
+  const std::int64_t rows = o.axis >= 0 && v.outer == 1 ? rows_per_block(v.inner) : 0;
+  if (rows == 0) {  // the observer (one launch), then the engine
+    const ObserverQparams q{o.scale, o.zero_point, a.qmin, a.qmax, o.symmetric, o.symmetric_zero_point};
+    cuda::observer_minmax(a.in, o.run_min, o.run_max, o.axis, o.averaging_constant, &q);
+    affine_impl<Op>(a);
+    return;
+  }
+  QparamsArgs q;
+  q.scale = o.scale.data<float>();
+  q.zero_point = o.zero_point.data<std::int32_t>();
+  q.qmin = a.qmin;
+  q.qmax = a.qmax;
+  q.symmetric = o.symmetric;
+  q.symmetric_zero_point = o.symmetric_zero_point;
+  const In* in = static_cast<const In*>(a.in.data_ptr());
+  Out* out = static_cast<Out*>(a.out.data_ptr());
+  const bool vec = reinterpret_cast<std::uintptr_t>(in) % sizeof(Vec4<In>) == 0 &&
+                   reinterpret_cast<std::uintptr_t>(out) % sizeof(Vec4<Out>) == 0;
+  const bool same4 = v.inner % 4 == 0;
+  const formulas::ChannelMap map(v.inner, v.channels, n);
+  const Op op{a.qmin, a.qmax};
+  const unsigned blocks = static_cast<unsigned>((v.channels + rows - 1) / rows);
+  cudaStream_t s = ::qgrad::cuda::stream(dev);
+  const float c = static_cast<float>(o.averaging_constant);
+  const bool moving = o.averaging_constant >= 0.0;
+  float* mn = o.run_min.data<float>();
+  float* mx = o.run_max.data<float>();
+  if (vec)
+    observe_rows_kernel<Op, true><<<blocks, kMinmaxThreads, 0, s>>>(op, in, out, a.mask_out, n, v.channels, v.inner,
+                                                                     rows, map, mn, mx, c, moving, q, same4);
+  else
+    observe_rows_kernel<Op, false><<<blocks, kMinmaxThreads, 0, s>>>(op, in, out, a.mask_out, n, v.channels, v.inner,
+                                                                      rows, map, mn, mx, c, moving, q, same4);
   QGRAD_LAUNCH_CHECK();
 }
 
@@ -271,6 +386,16 @@ void round_zero_point_impl(const Tensor& zp, const Tensor& out, std::int64_t qmi
 
 void affine(const AffineArgs& args) {
   dispatch_affine(args, [&]<class Op>() { affine_impl<Op>(args); });
+}
+
+void observe_fake_quant(const AffineArgs& fq, const ObserveArgs& obs) {
+  dispatch_affine(fq, [&]<class Op>() {
+    if constexpr (std::is_same_v<Op, formulas::FakeQuantOp<typename Op::In, true>> ||
+                  std::is_same_v<Op, formulas::FakeQuantOp<typename Op::In, false>>)
+      observe_affine_impl<Op>(fq, obs);
+    else
+      throw Error("observe_fake_quant", "op", "only the fake quantize op follows an observer");
+  });
 }
 
 void lsq_backward(const LsqArgs& args) {

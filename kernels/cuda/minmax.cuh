@@ -1,0 +1,106 @@
+// Device pieces of the observer's min/max reduction, shared by the observer
+// kernels (observer.cu) and the fused observe + fake quantize kernel
+// (quantize.cu). The combine is exact and order-free
+// (formulas::min_combine), so any split of the work gives the CPU's bits.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/formulas/cast.h"
+#include "kernels/formulas/observer.h"
+
+namespace qgrad::kernels::cuda {
+
+inline constexpr unsigned kMinmaxThreads = 256;  // blockDim of every kernel using block_minmax
+
+// Min/max over the block (blockDim.x == kMinmaxThreads); every thread gets
+// the result. Ends with a barrier, so a loop may call it again.
+__device__ inline void block_minmax(float& lo, float& hi) {
+  __shared__ float smin[kMinmaxThreads];
+  __shared__ float smax[kMinmaxThreads];
+  smin[threadIdx.x] = lo;
+  smax[threadIdx.x] = hi;
+  __syncthreads();
+  for (unsigned w = kMinmaxThreads / 2; w > 0; w /= 2) {
+    if (threadIdx.x < w) {
+      smin[threadIdx.x] = formulas::min_combine(smin[threadIdx.x], smin[threadIdx.x + w]);
+      smax[threadIdx.x] = formulas::max_combine(smax[threadIdx.x], smax[threadIdx.x + w]);
+    }
+    __syncthreads();
+  }
+  lo = smin[0];
+  hi = smax[0];
+  __syncthreads();
+}
+
+// This thread's min/max over part `part` of `parts` of channel ch of x
+// viewed as [outer, channels, inner] (count = outer * inner elements per
+// channel): elements k = part * blockDim + t, then strides of parts * blockDim,
+// four loads issued before their combines (bytes in flight).
+template <class T>
+__device__ inline void slice_minmax(const T* x, std::int64_t channels, std::int64_t inner, std::int64_t count,
+                                    std::int64_t ch, std::int64_t part, std::int64_t parts, float& lo, float& hi) {
+  constexpr int kUnroll = 4;
+  lo = INFINITY;
+  hi = -INFINITY;
+  const std::int64_t stride = parts * blockDim.x;
+  // One outer slice (per tensor, or channels on axis 0) needs no division.
+  const bool one_slice = count == inner;
+  for (std::int64_t k0 = part * blockDim.x + threadIdx.x; k0 < count; k0 += kUnroll * stride) {
+    float f[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const std::int64_t k = k0 + u * stride;
+      if (k < count) {
+        const std::int64_t o = one_slice ? 0 : k / inner, i = k - o * inner;
+        f[u] = formulas::cast_value<float>(x[(o * channels + ch) * inner + i]);
+      } else {
+        f[u] = f[0];  // k0 < count: a repeat changes neither min nor max
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      lo = formulas::min_combine(lo, f[u]);
+      hi = formulas::max_combine(hi, f[u]);
+    }
+  }
+}
+
+// Optional qparams (scale == nullptr: none), as observer_qparams computes them.
+struct QparamsArgs {
+  float* scale = nullptr;
+  std::int32_t* zero_point = nullptr;
+  std::int64_t qmin = 0, qmax = 0;
+  bool symmetric = false;
+  std::int32_t symmetric_zero_point = 0;
+};
+
+// Thread 0: the running update of channel ch with the batch's (lo, hi),
+// then its qparams.
+__device__ inline void update_channel(std::int64_t ch, float lo, float hi, float* run_min, float* run_max, float c,
+                                      bool moving, const QparamsArgs& q) {
+  formulas::observer_update(run_min[ch], run_max[ch], lo, hi, c, moving);
+  if (q.scale)
+    formulas::observer_qparams(run_min[ch], run_max[ch], q.qmin, q.qmax, q.symmetric, q.symmetric_zero_point,
+                               q.scale[ch], q.zero_point[ch]);
+}
+
+// The block combines channel ch's `parts` partial (min, max) pairs (read
+// through L2: other blocks wrote them), then thread 0 updates the channel.
+__device__ inline void finish_channel(const float* partial, std::int64_t parts, std::int64_t ch, float* run_min,
+                                      float* run_max, float c, bool moving, const QparamsArgs& q) {
+  float lo = INFINITY, hi = -INFINITY;
+  for (std::int64_t k = threadIdx.x; k < parts; k += blockDim.x) {
+    const std::int64_t slot = ch * parts + k;
+    lo = formulas::min_combine(lo, __ldcg(partial + 2 * slot));
+    hi = formulas::max_combine(hi, __ldcg(partial + 2 * slot + 1));
+  }
+  block_minmax(lo, hi);
+  if (threadIdx.x == 0) update_channel(ch, lo, hi, run_min, run_max, c, moving, q);
+}
+
+// How many parts each channel's reduction is split into: enough blocks to
+// fill the device across all channels, at most 1024 per channel.
+unsigned minmax_parts(int device, std::int64_t channels, std::int64_t count);
+
+}  // namespace qgrad::kernels::cuda

@@ -213,6 +213,7 @@ int main(int argc, char** argv) {
   }
 #else
   (void)cpu_only;
+  (void)profile_replays;
 #endif
   bench_cpu(256, 256, cpu_reps, cpu_threads);
   return 0;

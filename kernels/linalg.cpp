@@ -1,7 +1,6 @@
 #include "kernels/linalg.h"
 
 #include "kernels/dispatch.h"
-#include "kernels/reduce.h"
 
 namespace qgrad::kernels {
 
@@ -30,26 +29,6 @@ void fill_rows(const Tensor& row, const Tensor& out) {
   if (out.is_cuda()) QGRAD_ON_CUDA(cuda::fill_rows(row, out));
   else cpu::fill_rows(row, out);
 }
-void linear_forward_gemm(const GemmShape& s, const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out) {
-  if (out.is_cuda()) {
-    bool done = false;
-    QGRAD_ON_CUDA(done = cuda::linear_forward_gemm(s, x, w, bias, out));
-    if (done) return;
-  }
-  if (bias.defined()) fill_rows(bias, out);
-  gemm(s, x, w, out, bias.defined());
-}
-
-void linear_weight_grad(const GemmShape& s, const Tensor& dy, const Tensor& x, const Tensor& gw, const Tensor& gb) {
-  if (gw.is_cuda()) {
-    bool done = false;
-    QGRAD_ON_CUDA(done = cuda::linear_weight_grad(s, dy, x, gw, gb));
-    if (done) return;
-  }
-  gemm(weight_grad_shape(s), dy, x, gw);
-  if (gb.defined()) sum_axis(dy, gb, AxisView{1, s.m, s.n}, false);
-}
-
 void transpose(const Tensor& in, const Tensor& out, std::int64_t dim0, std::int64_t dim1) {
   if (out.is_cuda()) QGRAD_ON_CUDA(cuda::transpose(in, out, dim0, dim1));
   else cpu::transpose(in, out, dim0, dim1);

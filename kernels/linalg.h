@@ -20,21 +20,6 @@ void gemm(const GemmShape& s, const Tensor& a, const Tensor& b, const Tensor& c,
 // out[r, :] = row for every row r of out ([rows, row.numel()]); same dtype.
 void fill_rows(const Tensor& row, const Tensor& out);
 
-// linear's two GEMMs with their bias work fused where the device can. s is
-// linear's shape: m rows of x, n = N outputs, k = K inputs, batch 1,
-// trans_b (w is [N, K]). All tensors share one floating dtype and device.
-// out[m, n] = x[m, k] · w[n, k]ᵀ (+ bias[n] on every row when bias is
-// defined; the sum rounds once). CUDA f32/f16/bf16: one cuBLASLt matmul with
-// the BIAS epilogue; otherwise (CPU, f64, no cuBLASLt algorithm) fill_rows
-// then gemm with accumulate.
-void linear_forward_gemm(const GemmShape& s, const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out);
-// gw[n, k] = dy[m, n]ᵀ · x[m, k] and, when gb is defined, gb[n] = Σ_r dy[r, n].
-// CUDA f32/f16/bf16: one cuBLASLt matmul with the BGRADB epilogue; otherwise
-// gemm then sum_axis.
-void linear_weight_grad(const GemmShape& s, const Tensor& dy, const Tensor& x, const Tensor& gw, const Tensor& gb);
-// The GEMM of gw above: [n, k] = dyᵀ · x, reducing over linear's m rows.
-inline GemmShape weight_grad_shape(const GemmShape& s) { return GemmShape{1, s.n, s.k, s.m, true, false}; }
-
 // A permutation of dims as index arithmetic: out element i reads input
 // offset offset(i). sizes are out's sizes, strides the input's strides of
 // the dims that land at each position.
@@ -76,10 +61,6 @@ void transpose(const Tensor& in, const Tensor& out, std::int64_t dim0, std::int6
 }  // namespace cpu
 namespace cuda {
 void gemm(const GemmShape& s, const Tensor& a, const Tensor& b, const Tensor& c, bool accumulate);
-// The fused cuBLASLt forms of the two above: true when done, false (nothing
-// launched) when the caller must run the unfused path.
-bool linear_forward_gemm(const GemmShape& s, const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out);
-bool linear_weight_grad(const GemmShape& s, const Tensor& dy, const Tensor& x, const Tensor& gw, const Tensor& gb);
 void fill_rows(const Tensor& row, const Tensor& out);
 void transpose(const Tensor& in, const Tensor& out, std::int64_t dim0, std::int64_t dim1);
 }  // namespace cuda

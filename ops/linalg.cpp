@@ -107,7 +107,8 @@ Tensor linear_forward(const char* op, const Tensor& x, const Tensor& w, const Te
   fits_int(s.k, op, "x");
   fits_int(s.n, op, "w");
   Tensor out = Tensor::empty(out_shape, like(x));
-  kernels::linear_forward_gemm(s, x, w, bias, out);
+  if (bias.defined()) kernels::fill_rows(bias, out);
+  kernels::gemm(s, x, w, out, bias.defined());
   if (fuse_relu) {
     if (any_requires_grad({x, w, bias}))
       mask = Tensor::empty({bitmask_words(out.numel())}, TensorOptions{}.with_dtype(DType::s32).with_device(x.device()));
@@ -136,12 +137,9 @@ void linear_record(const char* op, Tensor& out, const Tensor& x, const Tensor& w
         }
         Tensor gx, gw, gb;
         if (sw.defined()) gx = gemm_new(shape_x, GemmShape{1, s.m, s.k, s.n, false, false}, g, sw);
-        if (need_b) gb = Tensor::empty({s.n}, like(g));
-        if (sx.defined()) {
-          // dW and db in one pass over dy (one cuBLASLt launch on CUDA).
-          gw = Tensor::empty(shape_w, like(g));
-          kernels::linear_weight_grad(s, g, sx, gw, gb);
-        } else if (need_b) {
+        if (sx.defined()) gw = gemm_new(shape_w, GemmShape{1, s.n, s.k, s.m, true, false}, g, sx);
+        if (need_b) {
+          gb = Tensor::empty({s.n}, like(g));
           kernels::sum_axis(g, gb, kernels::AxisView{1, s.m, s.n}, false);
         }
         return std::vector<Tensor>{gx, gw, gb};

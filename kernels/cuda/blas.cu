@@ -11,45 +11,23 @@ void throw_cublas_error(cublasStatus_t status, const char* what, const char* fil
                                 ") in " + what + " at " + file + ":" + std::to_string(line));
 }
 
-namespace {
-
-// handles[device], made by create() under `device` on first use.
-template <class H, class Create>
-H per_device(std::vector<H>& handles, std::mutex& mutex, int device, Create create) {
+cublasHandle_t blas_handle(int device) {
+  static std::mutex mutex;
+  static std::vector<cublasHandle_t> handles;
   std::lock_guard<std::mutex> lock(mutex);
   if (device < 0) throw Error("cublas", "device", "negative device index " + std::to_string(device));
   const auto d = static_cast<std::size_t>(device);
   if (handles.size() <= d) handles.resize(d + 1, nullptr);
   if (handles[d] == nullptr) {
     DeviceGuard guard(device);
-    handles[d] = create();
-  }
-  return handles[d];
-}
-
-}  // namespace
-
-cublasHandle_t blas_handle(int device) {
-  static std::mutex mutex;
-  static std::vector<cublasHandle_t> handles;
-  return per_device(handles, mutex, device, [device] {
     cublasHandle_t h = nullptr;
     QGRAD_CUBLAS_CHECK(cublasCreate(&h));
     QGRAD_CUBLAS_CHECK(cublasSetStream(h, stream(device)));
     QGRAD_CUBLAS_CHECK(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH));
     QGRAD_CUBLAS_CHECK(cublasSetPointerMode(h, CUBLAS_POINTER_MODE_HOST));
-    return h;
-  });
-}
-
-cublasLtHandle_t lt_handle(int device) {
-  static std::mutex mutex;
-  static std::vector<cublasLtHandle_t> handles;
-  return per_device(handles, mutex, device, [] {
-    cublasLtHandle_t h = nullptr;
-    QGRAD_CUBLAS_CHECK(cublasLtCreate(&h));
-    return h;
-  });
+    handles[d] = h;
+  }
+  return handles[d];
 }
 
 }  // namespace qgrad::cuda

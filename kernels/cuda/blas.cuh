@@ -1,10 +1,7 @@
-// cuBLAS and cuBLASLt for qgrad's kernels: one handle of each per device,
-// created on first use. The cuBLAS handle is bound to
-// qgrad::cuda::stream(device) with the default math mode (no TF32); cuBLASLt
-// handles carry no stream (each cublasLtMatmul names its own).
+// cuBLAS for qgrad's kernels: one handle per device, created on first use,
+// bound to qgrad::cuda::stream(device), default math mode (no TF32).
 #pragma once
 
-#include <cublasLt.h>
 #include <cublas_v2.h>
 
 #include "core/cuda/common.cuh"
@@ -14,8 +11,6 @@ namespace qgrad::cuda {
 // The handle of `device`. Thread-safe; the handles live until the process
 // ends (never destroyed, so no teardown-order hazard with the runtime).
 cublasHandle_t blas_handle(int device);
-// The cuBLASLt handle of `device`; same lifetime and thread-safety.
-cublasLtHandle_t lt_handle(int device);
 
 [[noreturn]] void throw_cublas_error(cublasStatus_t status, const char* what, const char* file, int line);
 

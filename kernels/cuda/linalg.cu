@@ -1,14 +1,11 @@
-// CUDA matmul: f32 / f16 / bf16 through cuBLASLt (kernels/cuda/lt_matmul.cu,
-// one launch, with linear's bias epilogues), f64 and whatever cuBLASLt turns
-// down through cuBLAS (row-major operands passed as their column-major
-// transposes: C^T = op(B)^T · op(A)^T, no copies); plus the bias broadcast
-// and the transpose copy.
+// CUDA matmul through cuBLAS (row-major operands passed as their
+// column-major transposes: C^T = op(B)^T · op(A)^T, no copies), plus the
+// bias broadcast and the transpose copy.
 #include <climits>
 #include <type_traits>
 
 #include "kernels/cuda/blas.cuh"
 #include "kernels/cuda/launch.cuh"
-#include "kernels/cuda/lt_matmul.cuh"
 #include "kernels/linalg.h"
 
 namespace qgrad::kernels::cuda {
@@ -33,7 +30,6 @@ void gemm_impl(const GemmShape& s, const Tensor& a, const Tensor& b, const Tenso
     }
     return;
   }
-  if (lt_matmul(s, a, b, c, accumulate)) return;
   ::qgrad::cuda::DeviceGuard guard(dev);
   cublasHandle_t h = ::qgrad::cuda::blas_handle(dev);
   // Column-major view: C^T (n x m) = op(B)^T (n x k) · op(A)^T (k x m).
@@ -84,15 +80,6 @@ void transpose_impl(const Tensor& in, const Tensor& out, std::int64_t dim0, std:
 void gemm(const GemmShape& s, const Tensor& a, const Tensor& b, const Tensor& c, bool accumulate) {
   dispatch_floating(c.dtype(), "gemm",
                     [&](auto tag) { gemm_impl<typename decltype(tag)::type>(s, a, b, c, accumulate); });
-}
-
-bool linear_forward_gemm(const GemmShape& s, const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out) {
-  return lt_matmul(s, x, w, out, false, bias.defined() ? LtEpilogue::bias : LtEpilogue::none, bias);
-}
-
-bool linear_weight_grad(const GemmShape& s, const Tensor& dy, const Tensor& x, const Tensor& gw, const Tensor& gb) {
-  return lt_matmul(weight_grad_shape(s), dy, x, gw, false,
-                   gb.defined() ? LtEpilogue::bias_grad_a : LtEpilogue::none, gb);
 }
 
 void fill_rows(const Tensor& row, const Tensor& out) {

@@ -6,7 +6,7 @@
 #include <mutex>
 #include <tuple>
 
-#include "kernels/cuda/blas.cuh"
+#include "core/cuda/common.cuh"
 
 namespace qgrad::kernels::cuda {
 
@@ -22,7 +22,17 @@ struct LtPlan {
 using PlanKey = std::tuple<int, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t>;
 
 std::mutex g_mutex;
+std::map<int, cublasLtHandle_t> g_handles;  // per device, for the life of the process
 std::map<PlanKey, LtPlan> g_plans;
+
+cublasLtHandle_t handle_for(int device) {
+  auto it = g_handles.find(device);
+  if (it != g_handles.end()) return it->second;
+  cublasLtHandle_t h = nullptr;
+  if (cublasLtCreate(&h) != CUBLAS_STATUS_SUCCESS) throw Error("quantized_linear", "", "cublasLtCreate failed");
+  g_handles[device] = h;
+  return h;
+}
 
 LtPlan make_plan(cublasLtHandle_t h, std::int64_t lda, std::int64_t ldw, std::int64_t ldc, std::int64_t M,
                  std::int64_t N, std::int64_t K, std::size_t ws) {
@@ -58,9 +68,10 @@ bool lt_int8_gemm(int device, const std::int8_t* a, std::int64_t lda, const std:
                   std::size_t workspace_bytes) {
   cudaStream_t s = ::qgrad::cuda::stream(device);
   LtPlan plan;
-  cublasLtHandle_t h = ::qgrad::cuda::lt_handle(device);
+  cublasLtHandle_t h = nullptr;
   {
     std::lock_guard<std::mutex> lock(g_mutex);
+    h = handle_for(device);
     const PlanKey key{device, M, N, K, lda, ldw, ldc};
     auto it = g_plans.find(key);
     if (it == g_plans.end()) it = g_plans.emplace(key, make_plan(h, lda, ldw, ldc, M, N, K, workspace_bytes)).first;

@@ -2,24 +2,27 @@
 # The whole GPU check, for the GPU machine (CUDA 13, g++ 13, CMake 4, ninja,
 # Eigen/doctest in /usr/include, Python with torch; no network needed).
 #
-#   bash scripts/gpu_check.sh OUTDIR [--memcheck] [--bench] [--no-build] [--arch 90] [--jobs 16]
+#   bash scripts/gpu_check.sh OUTDIR [--memcheck] [--bench] [--profile] [--no-build] [--arch 90] [--jobs 16]
 #
 # Builds with CUDA on (Ninja, sm_90 by default), runs every ctest test (GPU
 # tests run here), logs to OUTDIR/ctest.log; --memcheck runs each test
 # executable under compute-sanitizer memcheck (OUTDIR/memcheck_*.log);
 # --bench runs bench/bench_* (OUTDIR/bench_*.jsonl), the PyTorch peers
 # bench/peer_*.py (OUTDIR/peer_*.jsonl) and merges them into
-# OUTDIR/benchmarks.md with scripts/bench_table.py. Prints a short summary;
+# OUTDIR/benchmarks.md with scripts/bench_table.py; --profile runs
+# scripts/profile_step.sh (ncu over the captured QAT step) into
+# OUTDIR/profile/profile.md. Prints a short summary;
 # exits non-zero when any part failed.
 set -uo pipefail
-usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 [ $# -ge 1 ] || usage
 OUT=$(mkdir -p "$1" && cd "$1" && pwd); shift
-MEMCHECK=0 BENCH=0 BUILD=1 ARCH=90 JOBS=16
+MEMCHECK=0 BENCH=0 PROFILE=0 BUILD=1 ARCH=90 JOBS=16
 while [ $# -gt 0 ]; do
   case "$1" in
     --memcheck) MEMCHECK=1 ;;
     --bench) BENCH=1 ;;
+    --profile) PROFILE=1 ;;
     --no-build) BUILD=0 ;;
     --arch) ARCH=$2; shift ;;
     --jobs) JOBS=$2; shift ;;
@@ -112,6 +115,16 @@ if [ $BENCH = 1 ]; then
     note "bench: $(cat "$OUT"/bench_*.jsonl 2>/dev/null | grep -c '^{') qgrad records, $(cat "$OUT"/peer_*.jsonl 2>/dev/null | grep -c '^{') peer records; table in $OUT/benchmarks.md ($((SECONDS - t3))s)"
   else
     note "bench: no benchmark output"
+  fi
+fi
+
+# ---- profile of the captured training step ----
+if [ $PROFILE = 1 ]; then
+  t4=$SECONDS
+  if QGRAD_PYTHON=$PY bash "$ROOT/scripts/profile_step.sh" "$B" "$OUT/profile" > "$OUT/profile.log" 2>&1; then
+    note "profile: $OUT/profile/profile.md ($((SECONDS - t4))s)"
+  else
+    status=1; note "profile: failed (see $OUT/profile.log)"
   fi
 fi
 

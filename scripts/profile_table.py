@@ -28,10 +28,18 @@ def duration_us(row):
 
 
 def short_name(name):
-    name = re.sub(r"\(.*", "", name)  # drop the argument list
-    name = re.sub(r"<.*", "", name)   # and template arguments
-    name = re.sub(r"^.*::", "", name)
-    return name.strip() or "?"
+    full = name.replace("<unnamed>::", "").replace("(anonymous namespace)::", "")
+    n = full.split("(")[0].split("<")[0].strip()
+    n = n.split("::")[-1].replace("void ", "").strip() or "?"
+    if n == "Kernel2":  # CUTLASS: the template argument names the kernel
+        m = re.search(r"Kernel2<(\w+)>", full)
+        if m:
+            n = m.group(1)
+    if n == "elementwise_kernel":  # name the op by the lambda's enclosing function
+        m = re.search(r"(\w+_impl)", full)
+        if m:
+            n += " (" + m.group(1) + ")"
+    return n
 
 
 def main():

@@ -75,6 +75,14 @@ struct QparamsArgs {
   std::int32_t symmetric_zero_point = 0;
 };
 
+// Min/max over the warp (exact and order-free: every lane gets the result).
+__device__ inline void warp_minmax(float& lo, float& hi) {
+  for (int w = 16; w > 0; w /= 2) {
+    lo = formulas::min_combine(lo, __shfl_xor_sync(0xffffffffu, lo, w));
+    hi = formulas::max_combine(hi, __shfl_xor_sync(0xffffffffu, hi, w));
+  }
+}
+
 // Thread 0: the running update of channel ch with the batch's (lo, hi),
 // then its qparams.
 __device__ inline void update_channel(std::int64_t ch, float lo, float hi, float* run_min, float* run_max, float c,

@@ -5,6 +5,8 @@
 // the running update. More channels than counters: a second launch, one
 // block per channel, does the combine. The combine is exact and order-free
 // (formulas::min_combine), so the result equals the CPU's bit for bit.
+#include <algorithm>
+
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/minmax.cuh"
 #include "kernels/observer.h"
@@ -74,8 +76,12 @@ void minmax_impl(const Tensor& x, const Tensor& run_min, const Tensor& run_max, 
 }  // namespace
 
 unsigned minmax_parts(int device, std::int64_t channels, std::int64_t count) {
+  // At least 16 elements per thread (fewer, fuller blocks for small inputs),
+  // enough blocks to fill the device across all channels, at most 1024 per channel.
   const std::int64_t target = std::max<std::int64_t>(1, ::qgrad::cuda::fill_blocks(device, kMinmaxThreads) * 2LL / channels);
-  return ::qgrad::cuda::blocks_for(count, kMinmaxThreads, std::min<std::int64_t>(target, 1024));
+  const std::int64_t per_block = kMinmaxThreads * 16LL;
+  return static_cast<unsigned>(
+      std::clamp<std::int64_t>((count + per_block - 1) / per_block, 1, std::min<std::int64_t>(target, 1024)));
 }
 
 void observer_minmax(const Tensor& x, const Tensor& run_min, const Tensor& run_max, std::int64_t axis,

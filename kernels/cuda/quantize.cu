@@ -167,10 +167,12 @@ void affine_impl(const AffineArgs& a) {
 // ---- observe + fake quantize of rows (per-channel weights) ----
 // x is [C, inner] (channel axis 0). Each block takes `rows` consecutive
 // channels, where rows * inner is a multiple of the 128-element mask block
-// (or reaches the end), so the mask words of its elements are its own. It
-// reduces each row, updates that channel's running range and writes its
-// qparams, then fake quantizes its rows with them: one launch, no barrier
-// between blocks. Same formulas as observer_minmax + affine: the same bits.
+// (or reaches the end), so the mask words of its elements are its own. Each
+// warp reduces rows (warp shuffles, no block barrier), and its lane 0
+// updates that channel's running range and writes its qparams; after one
+// block barrier the block fake quantizes its rows with them. One launch, no
+// barrier between blocks; the same formulas as observer_minmax + affine,
+// so the same bits.
 template <class Op, bool kVec>
 __global__ void __launch_bounds__(kMinmaxThreads)
     observe_rows_kernel(Op op, const typename Op::In* __restrict__ in, typename Op::Out* __restrict__ out,
@@ -178,17 +180,30 @@ __global__ void __launch_bounds__(kMinmaxThreads)
                         std::int64_t inner, std::int64_t rows, formulas::ChannelMap map, float* run_min,
                         float* run_max, float c, bool moving, QparamsArgs q, bool same4) {
   using In = typename Op::In;
+  const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
   const std::int64_t r0 = static_cast<std::int64_t>(blockIdx.x) * rows;
   const std::int64_t r1 = r0 + rows < channels ? r0 + rows : channels;
-  for (std::int64_t r = r0; r < r1; ++r) {
-    float lo, hi;
-    slice_minmax(in + r * inner, 1, inner, inner, 0, 0, 1, lo, hi);
-    block_minmax(lo, hi);
-    if (threadIdx.x == 0) update_channel(r, lo, hi, run_min, run_max, c, moving, q);
+  for (std::int64_t r = r0 + warp; r < r1; r += nwarps) {
+    const In* row = in + r * inner;
+    float lo = INFINITY, hi = -INFINITY;
+    for (std::int64_t k0 = lane; k0 < inner; k0 += 4 * 32) {
+      float f[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const std::int64_t k = k0 + 32 * u;
+        f[u] = formulas::cast_value<float>(row[k < inner ? k : k0]);  // a repeat changes nothing
+      }
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        lo = formulas::min_combine(lo, f[u]);
+        hi = formulas::max_combine(hi, f[u]);
+      }
+    }
+    warp_minmax(lo, hi);
+    if (lane == 0) update_channel(r, lo, hi, run_min, run_max, c, moving, q);
   }
-  __syncthreads();  // the block's qparams (global, written by thread 0) are visible to the block
+  __syncthreads();  // the block's qparams (global, written by lanes 0) are visible to the block
   const formulas::ParamSource ps{q.scale, q.zero_point, 1.0f, 0};
-  const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
   const std::int64_t first = r0 * inner / qmask::kBlock;
   const std::int64_t last = r1 == channels ? qmask::blocks(n) : r1 * inner / qmask::kBlock;
   for (std::int64_t b0 = first + warp * kAffineUnroll; b0 < last; b0 += nwarps * kAffineUnroll) {
@@ -202,18 +217,23 @@ __global__ void __launch_bounds__(kMinmaxThreads)
   }
 }
 
-// Channels per block for observe_rows_kernel: the fewest whole rows that
-// end on a mask-block boundary; 0 when that is more work than one block
-// should take (then the observer and the engine run as two launches).
+// Channels per block for observe_rows_kernel: a multiple of the fewest
+// whole rows that end on a mask-block boundary, one row per warp when that
+// fits; 0 when even the fewest are more work than one block should take
+// (then the observer and the engine run as two launches).
 std::int64_t rows_per_block(std::int64_t inner) {
-  std::int64_t g = qmask::kBlock, k = inner;  // rows = kBlock / gcd(inner, kBlock)
+  constexpr std::int64_t kMaxElements = std::int64_t(1) << 16, kWarps = kMinmaxThreads / 32;
+  std::int64_t g = qmask::kBlock, k = inner;  // fewest rows = kBlock / gcd(inner, kBlock)
   while (k != 0) {
     const std::int64_t t = g % k;
     g = k;
     k = t;
   }
-  const std::int64_t rows = qmask::kBlock / g;
-  return rows * inner <= (std::int64_t(1) << 16) ? rows : 0;
+  const std::int64_t fewest = qmask::kBlock / g;
+  if (fewest * inner > kMaxElements) return 0;
+  std::int64_t rows = fewest;
+  while (rows < kWarps && 2 * rows * inner <= kMaxElements) rows *= 2;
+  return rows;
 }
 
 template <class Op>

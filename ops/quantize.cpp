@@ -118,9 +118,8 @@ std::int64_t outer_of(const Shape& shape, std::int64_t axis) {
   return outer;
 }
 
-void run_affine(AffineOp op, const Tensor& in, const Tensor& out, const Scope& sc, std::int64_t qmin, std::int64_t qmax,
-                const Tensor& mask_in, const Tensor& mask_out) {
-  if (in.numel() == 0) return;
+kernels::AffineArgs affine_args(AffineOp op, const Tensor& in, const Tensor& out, const Scope& sc, std::int64_t qmin,
+                                std::int64_t qmax, const Tensor& mask_in, const Tensor& mask_out) {
   kernels::AffineArgs a;
   a.op = op;
   a.in = in;
@@ -133,7 +132,13 @@ void run_affine(AffineOp op, const Tensor& in, const Tensor& out, const Scope& s
   a.qmin = qmin;
   a.qmax = qmax;
   a.double_product = sc.double_product;
-  kernels::affine(a);
+  return a;
+}
+
+void run_affine(AffineOp op, const Tensor& in, const Tensor& out, const Scope& sc, std::int64_t qmin, std::int64_t qmax,
+                const Tensor& mask_in, const Tensor& mask_out) {
+  if (in.numel() == 0) return;
+  kernels::affine(affine_args(op, in, out, sc, qmin, qmax, mask_in, mask_out));
 }
 
 Tensor new_mask(const Tensor& x) { return Tensor::empty({kernels::qmask::words(x.numel())}, like(x, DType::s32)); }
@@ -147,18 +152,7 @@ Tensor fake_quant_forward(const char* name, const Tensor& x, const Scope& sc, st
   const bool need = any_requires_grad({x});
   Tensor mask = need ? new_mask(x) : Tensor();
   if (obs) {
-    kernels::AffineArgs a;
-    a.op = AffineOp::fake_quant;
-    a.in = x;
-    a.out = out;
-    a.mask_out = mask.defined() ? static_cast<std::uint32_t*>(mask.data_ptr()) : nullptr;
-    a.params = sc.params;
-    a.inner = std::max<std::int64_t>(sc.inner, 1);
-    a.channels = std::max<std::int64_t>(sc.channels, 1);
-    a.qmin = qmin;
-    a.qmax = qmax;
-    a.double_product = sc.double_product;
-    kernels::observe_fake_quant(a, *obs);
+    kernels::observe_fake_quant(affine_args(AffineOp::fake_quant, x, out, sc, qmin, qmax, Tensor(), mask), *obs);
   } else {
     run_affine(AffineOp::fake_quant, x, out, sc, qmin, qmax, Tensor(), mask);
   }

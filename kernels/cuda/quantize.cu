@@ -101,6 +101,29 @@ __device__ __forceinline__ void affine_finish(const Op& op, const typename Op::I
 // reach the copy bandwidth.
 constexpr int kAffineUnroll = 4;
 
+// The engine over mask blocks [first, last): warp w of nwarps takes groups
+// of kAffineUnroll consecutive mask blocks, striding by nwarps groups.
+template <class Op, bool kVec>
+__device__ __forceinline__ void affine_range(const Op& op, const typename Op::In* __restrict__ in,
+                                             typename Op::Out* __restrict__ out,
+                                             const std::uint32_t* __restrict__ mask_in,
+                                             std::uint32_t* __restrict__ mask_out, std::int64_t n,
+                                             const formulas::ChannelMap& map, const formulas::ParamSource& ps,
+                                             bool same4, std::int64_t first, std::int64_t last, std::int64_t warp,
+                                             std::int64_t nwarps) {
+  using In = typename Op::In;
+  const unsigned lane = threadIdx.x & 31u;
+  for (std::int64_t b0 = first + warp * kAffineUnroll; b0 < last; b0 += nwarps * kAffineUnroll) {
+    In v[kAffineUnroll][4];
+#pragma unroll
+    for (int u = 0; u < kAffineUnroll; ++u)
+      if (b0 + u < last) affine_load<In, kVec>(in, b0 + u, lane, n, v[u]);
+#pragma unroll
+    for (int u = 0; u < kAffineUnroll; ++u)
+      if (b0 + u < last) affine_finish<Op, kVec>(op, v[u], out, mask_in, mask_out, b0 + u, lane, n, map, ps, same4);
+  }
+}
+
 // The engine over the whole grid (grid-stride over groups of mask blocks).
 template <class Op, bool kVec>
 __device__ __forceinline__ void affine_grid(const Op& op, const typename Op::In* __restrict__ in,
@@ -109,20 +132,9 @@ __device__ __forceinline__ void affine_grid(const Op& op, const typename Op::In*
                                             std::uint32_t* __restrict__ mask_out, std::int64_t n,
                                             const formulas::ChannelMap& map, const formulas::ParamSource& ps,
                                             bool same4) {
-  using In = typename Op::In;
-  const unsigned lane = threadIdx.x & 31u;
   const std::int64_t warp = (static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   const std::int64_t nwarps = (static_cast<std::int64_t>(gridDim.x) * blockDim.x) >> 5;
-  const std::int64_t nblocks = qmask::blocks(n);
-  for (std::int64_t b0 = warp * kAffineUnroll; b0 < nblocks; b0 += nwarps * kAffineUnroll) {
-    In v[kAffineUnroll][4];
-#pragma unroll
-    for (int u = 0; u < kAffineUnroll; ++u)
-      if (b0 + u < nblocks) affine_load<In, kVec>(in, b0 + u, lane, n, v[u]);
-#pragma unroll
-    for (int u = 0; u < kAffineUnroll; ++u)
-      if (b0 + u < nblocks) affine_finish<Op, kVec>(op, v[u], out, mask_in, mask_out, b0 + u, lane, n, map, ps, same4);
-  }
+  affine_range<Op, kVec>(op, in, out, mask_in, mask_out, n, map, ps, same4, 0, qmask::blocks(n), warp, nwarps);
 }
 
 template <class Op, bool kVec>
@@ -206,15 +218,7 @@ __global__ void __launch_bounds__(kMinmaxThreads)
   const formulas::ParamSource ps{q.scale, q.zero_point, 1.0f, 0};
   const std::int64_t first = r0 * inner / qmask::kBlock;
   const std::int64_t last = r1 == channels ? qmask::blocks(n) : r1 * inner / qmask::kBlock;
-  for (std::int64_t b0 = first + warp * kAffineUnroll; b0 < last; b0 += nwarps * kAffineUnroll) {
-    In v[kAffineUnroll][4];
-#pragma unroll
-    for (int u = 0; u < kAffineUnroll; ++u)
-      if (b0 + u < last) affine_load<In, kVec>(in, b0 + u, lane, n, v[u]);
-#pragma unroll
-    for (int u = 0; u < kAffineUnroll; ++u)
-      if (b0 + u < last) affine_finish<Op, kVec>(op, v[u], out, nullptr, mask_out, b0 + u, lane, n, map, ps, same4);
-  }
+  affine_range<Op, kVec>(op, in, out, nullptr, mask_out, n, map, ps, same4, first, last, warp, nwarps);
 }
 
 // Channels per block for observe_rows_kernel: a multiple of the fewest

@@ -100,8 +100,7 @@ void Observer::observe_and_calculate_qparams(const Tensor& x, const Tensor& scal
 }
 
 Tensor Observer::observe_and_fake_quantize(const Tensor& x, const Tensor& scale, const Tensor& zero_point) {
-  const std::int64_t axis = check_x(x);
-  check_qparams(scale, zero_point);
+  const std::int64_t axis = check_x(x);  // the op checks scale and zero_point
   const ObserverUpdate u{min_val_, max_val_, options_.averaging_constant, is_symmetric(options_.qscheme), sym_zp_};
   if (axis >= 0) return observe_fake_quantize_per_channel(x, scale, zero_point, axis, qmin_, qmax_, u);
   return observe_fake_quantize_per_tensor(x, scale, zero_point, qmin_, qmax_, u);

@@ -17,7 +17,6 @@
 #include <mutex>
 #include <unordered_map>
 #include <vector>
-#include <vector>
 
 #include "core/cuda/common.cuh"
 #include "core/device.h"

@@ -8,6 +8,7 @@
 
 #include "kernels/formulas/cast.h"
 #include "kernels/formulas/observer.h"
+#include "kernels/observer.h"
 
 namespace qgrad::kernels::cuda {
 
@@ -33,30 +34,20 @@ __device__ inline void block_minmax(float& lo, float& hi) {
   __syncthreads();
 }
 
-// This thread's min/max over part `part` of `parts` of channel ch of x
-// viewed as [outer, channels, inner] (count = outer * inner elements per
-// channel): elements k = part * blockDim + t, then strides of parts * blockDim,
-// four loads issued before their combines (bytes in flight).
-template <class T>
-__device__ inline void slice_minmax(const T* x, std::int64_t channels, std::int64_t inner, std::int64_t count,
-                                    std::int64_t ch, std::int64_t part, std::int64_t parts, float& lo, float& hi) {
+// This thread's min/max over elements at(k), k = first, first + stride, ...
+// below count: four loads issued before their combines (bytes in flight).
+template <class At>
+__device__ inline void strided_minmax(std::int64_t first, std::int64_t count, std::int64_t stride, At at, float& lo,
+                                      float& hi) {
   constexpr int kUnroll = 4;
   lo = INFINITY;
   hi = -INFINITY;
-  const std::int64_t stride = parts * blockDim.x;
-  // One outer slice (per tensor, or channels on axis 0) needs no division.
-  const bool one_slice = count == inner;
-  for (std::int64_t k0 = part * blockDim.x + threadIdx.x; k0 < count; k0 += kUnroll * stride) {
+  for (std::int64_t k0 = first; k0 < count; k0 += kUnroll * stride) {
     float f[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const std::int64_t k = k0 + u * stride;
-      if (k < count) {
-        const std::int64_t o = one_slice ? 0 : k / inner, i = k - o * inner;
-        f[u] = formulas::cast_value<float>(x[(o * channels + ch) * inner + i]);
-      } else {
-        f[u] = f[0];  // k0 < count: a repeat changes neither min nor max
-      }
+      f[u] = at(k < count ? k : k0);  // k0 < count: a repeat changes neither min nor max
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
@@ -64,6 +55,23 @@ __device__ inline void slice_minmax(const T* x, std::int64_t channels, std::int6
       hi = formulas::max_combine(hi, f[u]);
     }
   }
+}
+
+// This thread's min/max over part `part` of `parts` of channel ch of x
+// viewed as [outer, channels, inner] (count = outer * inner elements per
+// channel): elements k = part * blockDim + t, then strides of parts * blockDim.
+template <class T>
+__device__ inline void slice_minmax(const T* x, std::int64_t channels, std::int64_t inner, std::int64_t count,
+                                    std::int64_t ch, std::int64_t part, std::int64_t parts, float& lo, float& hi) {
+  // One outer slice (per tensor, or channels on axis 0) needs no division.
+  const bool one_slice = count == inner;
+  strided_minmax(
+      part * blockDim.x + threadIdx.x, count, parts * blockDim.x,
+      [&](std::int64_t k) {
+        const std::int64_t o = one_slice ? 0 : k / inner, i = k - o * inner;
+        return formulas::cast_value<float>(x[(o * channels + ch) * inner + i]);
+      },
+      lo, hi);
 }
 
 // Optional qparams (scale == nullptr: none), as observer_qparams computes them.
@@ -74,6 +82,20 @@ struct QparamsArgs {
   bool symmetric = false;
   std::int32_t symmetric_zero_point = 0;
 };
+
+// The kernel-side view of `q` (none when q is null).
+inline QparamsArgs qparams_args(const ObserverQparams* q) {
+  QparamsArgs a;
+  if (q) {
+    a.scale = q->scale.data<float>();
+    a.zero_point = q->zero_point.data<std::int32_t>();
+    a.qmin = q->qmin;
+    a.qmax = q->qmax;
+    a.symmetric = q->symmetric;
+    a.symmetric_zero_point = q->symmetric_zero_point;
+  }
+  return a;
+}
 
 // Min/max over the warp (exact and order-free: every lane gets the result).
 __device__ inline void warp_minmax(float& lo, float& hi) {

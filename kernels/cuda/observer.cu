@@ -24,9 +24,9 @@ __global__ void partial_minmax_kernel(const T* x, std::int64_t channels, std::in
   float lo, hi;
   slice_minmax(x, channels, inner, count, ch, blockIdx.x, gridDim.x, lo, hi);
   block_minmax(lo, hi);
-  if (gridDim.x == 1) {  // the block saw the whole channel
-    if (counters && threadIdx.x == 0) update_channel(ch, lo, hi, run_min, run_max, c, moving, q);
-    if (counters) return;
+  if (counters && gridDim.x == 1) {  // the block saw the whole channel: no partials
+    if (threadIdx.x == 0) update_channel(ch, lo, hi, run_min, run_max, c, moving, q);
+    return;
   }
   __shared__ bool last;
   if (threadIdx.x == 0) {
@@ -86,15 +86,7 @@ unsigned minmax_parts(int device, std::int64_t channels, std::int64_t count) {
 
 void observer_minmax(const Tensor& x, const Tensor& run_min, const Tensor& run_max, std::int64_t axis,
                      double averaging_constant, const ObserverQparams* qparams) {
-  QparamsArgs q;
-  if (qparams) {
-    q.scale = qparams->scale.data<float>();
-    q.zero_point = qparams->zero_point.data<std::int32_t>();
-    q.qmin = qparams->qmin;
-    q.qmax = qparams->qmax;
-    q.symmetric = qparams->symmetric;
-    q.symmetric_zero_point = qparams->symmetric_zero_point;
-  }
+  const QparamsArgs q = qparams_args(qparams);
   dispatch_floating(x.dtype(), "observer_minmax", [&](auto tag) {
     minmax_impl<typename decltype(tag)::type>(x, run_min, run_max, axis, averaging_constant, q);
   });

@@ -8,6 +8,7 @@
 // elements: no atomics. Same formulas and mask layout as the CPU kernels.
 #include <algorithm>
 #include <cstdint>
+#include <numeric>
 #include <type_traits>
 
 #include "kernels/cuda/launch.cuh"
@@ -197,20 +198,8 @@ __global__ void __launch_bounds__(kMinmaxThreads)
   const std::int64_t r1 = r0 + rows < channels ? r0 + rows : channels;
   for (std::int64_t r = r0 + warp; r < r1; r += nwarps) {
     const In* row = in + r * inner;
-    float lo = INFINITY, hi = -INFINITY;
-    for (std::int64_t k0 = lane; k0 < inner; k0 += 4 * 32) {
-      float f[4];
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        const std::int64_t k = k0 + 32 * u;
-        f[u] = formulas::cast_value<float>(row[k < inner ? k : k0]);  // a repeat changes nothing
-      }
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        lo = formulas::min_combine(lo, f[u]);
-        hi = formulas::max_combine(hi, f[u]);
-      }
-    }
+    float lo, hi;
+    strided_minmax(lane, inner, 32, [&](std::int64_t k) { return formulas::cast_value<float>(row[k]); }, lo, hi);
     warp_minmax(lo, hi);
     if (lane == 0) update_channel(r, lo, hi, run_min, run_max, c, moving, q);
   }
@@ -227,13 +216,7 @@ __global__ void __launch_bounds__(kMinmaxThreads)
 // (then the observer and the engine run as two launches).
 std::int64_t rows_per_block(std::int64_t inner) {
   constexpr std::int64_t kMaxElements = std::int64_t(1) << 16, kWarps = kMinmaxThreads / 32;
-  std::int64_t g = qmask::kBlock, k = inner;  // fewest rows = kBlock / gcd(inner, kBlock)
-  while (k != 0) {
-    const std::int64_t t = g % k;
-    g = k;
-    k = t;
-  }
-  const std::int64_t fewest = qmask::kBlock / g;
+  const std::int64_t fewest = qmask::kBlock / std::gcd(inner, std::int64_t(qmask::kBlock));
   if (fewest * inner > kMaxElements) return 0;
   std::int64_t rows = fewest;
   while (rows < kWarps && 2 * rows * inner <= kMaxElements) rows *= 2;
@@ -248,19 +231,13 @@ void observe_affine_impl(const AffineArgs& a, const ObserveArgs& o) {
   const int dev = a.out.device().index;
   const ChannelView v = channel_view(a.in, o.axis);
   const std::int64_t rows = o.axis >= 0 && v.outer == 1 ? rows_per_block(v.inner) : 0;
+  const ObserverQparams qparams{o.scale, o.zero_point, a.qmin, a.qmax, o.symmetric, o.symmetric_zero_point};
   if (rows == 0) {  // the observer (one launch), then the engine
-    const ObserverQparams q{o.scale, o.zero_point, a.qmin, a.qmax, o.symmetric, o.symmetric_zero_point};
-    cuda::observer_minmax(a.in, o.run_min, o.run_max, o.axis, o.averaging_constant, &q);
+    cuda::observer_minmax(a.in, o.run_min, o.run_max, o.axis, o.averaging_constant, &qparams);
     affine_impl<Op>(a);
     return;
   }
-  QparamsArgs q;
-  q.scale = o.scale.data<float>();
-  q.zero_point = o.zero_point.data<std::int32_t>();
-  q.qmin = a.qmin;
-  q.qmax = a.qmax;
-  q.symmetric = o.symmetric;
-  q.symmetric_zero_point = o.symmetric_zero_point;
+  const QparamsArgs q = qparams_args(&qparams);
   const In* in = static_cast<const In*>(a.in.data_ptr());
   Out* out = static_cast<Out*>(a.out.data_ptr());
   const bool vec = reinterpret_cast<std::uintptr_t>(in) % sizeof(Vec4<In>) == 0 &&

@@ -2,12 +2,12 @@
 // The one header a user includes.
 #pragma once
 
-#include "autograd/gradcheck.h"
-#include "autograd/node.h"
-#include "core/device.h"
-#include "core/dtype.h"
-#include "core/error.h"
-#include "core/tensor.h"
-#include "ops/ops.h"
-#include "autograd/dot.h"
-#include "nn/nn.h"
+#include "qgrad/autograd/gradcheck.h"
+#include "qgrad/autograd/node.h"
+#include "qgrad/core/device.h"
+#include "qgrad/core/dtype.h"
+#include "qgrad/core/error.h"
+#include "qgrad/core/tensor.h"
+#include "qgrad/ops/ops.h"
+#include "qgrad/autograd/dot.h"
+#include "qgrad/nn/nn.h"

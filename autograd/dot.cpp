@@ -1,4 +1,4 @@
-#include "autograd/dot.h"
+#include "qgrad/autograd/dot.h"
 
 #include <spawn.h>
 #include <sys/stat.h>
@@ -11,8 +11,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "autograd/node.h"
-#include "core/error.h"
+#include "qgrad/autograd/node.h"
+#include "qgrad/core/error.h"
 
 extern char** environ;
 

@@ -10,7 +10,7 @@
 
 #include <string>
 
-#include "core/tensor.h"
+#include "qgrad/core/tensor.h"
 
 namespace qgrad {
 

@@ -6,8 +6,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "autograd/node.h"
-#include "ops/ops.h"
+#include "qgrad/autograd/node.h"
+#include "qgrad/ops/ops.h"
 
 namespace qgrad {
 

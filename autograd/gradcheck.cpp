@@ -1,10 +1,10 @@
-#include "autograd/gradcheck.h"
+#include "qgrad/autograd/gradcheck.h"
 
 #include <cmath>
 #include <sstream>
 
-#include "autograd/node.h"
-#include "kernels/formulas/random.h"
+#include "qgrad/autograd/node.h"
+#include "qgrad/kernels/formulas/random.h"
 
 namespace qgrad {
 

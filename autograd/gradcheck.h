@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "core/tensor.h"
+#include "qgrad/core/tensor.h"
 
 namespace qgrad {
 

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "core/tensor.h"
+#include "qgrad/core/tensor.h"
 
 namespace qgrad {
 

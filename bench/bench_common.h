@@ -10,12 +10,12 @@
 #include <string>
 #include <vector>
 
-#include "qgrad.h"
+#include "qgrad/qgrad.h"
 
 #if QGRAD_WITH_CUDA
 #include <cuda_runtime.h>
 
-#include "core/cuda/common.cuh"
+#include "qgrad/core/cuda/common.cuh"
 #endif
 
 namespace qgrad::bench {

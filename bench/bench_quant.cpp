@@ -10,7 +10,7 @@
 #include <cstdio>
 #include <string>
 
-#include "autograd/node.h"
+#include "qgrad/autograd/node.h"
 #include "bench_common.h"
 
 using namespace qgrad;

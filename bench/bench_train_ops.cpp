@@ -8,7 +8,7 @@
 #include <string>
 
 #include "bench_common.h"
-#include "kernels/observer.h"
+#include "qgrad/kernels/observer.h"
 
 using namespace qgrad;
 using namespace qgrad::bench;

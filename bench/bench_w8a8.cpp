@@ -19,8 +19,8 @@
 #if QGRAD_WITH_CUDA
 #include <cublas_v2.h>
 
-#include "kernels/cuda/lt_gemm.cuh"
-#include "kernels/dynamic_quant.h"
+#include "qgrad/kernels/cuda/lt_gemm.cuh"
+#include "qgrad/kernels/dynamic_quant.h"
 #endif
 
 using namespace qgrad;

@@ -7,7 +7,7 @@
 
 #include <memory>
 
-#include "qgrad.h"
+#include "qgrad/qgrad.h"
 
 namespace qgrad::bench {
 

@@ -1,8 +1,8 @@
 // The CUDA runtime entry points of a build without CUDA: queries answer
 // "no device", anything that needs one throws a clear error.
-#include "core/device.h"
-#include "core/error.h"
-#include "core/memory.h"
+#include "qgrad/core/device.h"
+#include "qgrad/core/error.h"
+#include "qgrad/core/memory.h"
 
 #if !QGRAD_WITH_CUDA
 #include <cstdlib>

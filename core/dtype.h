@@ -5,8 +5,8 @@
 #include <cstdint>
 #include <string>
 
-#include "core/error.h"
-#include "core/half.h"
+#include "qgrad/core/error.h"
+#include "qgrad/core/half.h"
 
 namespace qgrad {
 

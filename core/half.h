@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "core/macros.h"
+#include "qgrad/core/macros.h"
 
 namespace qgrad {
 

@@ -4,7 +4,7 @@
 
 #include <cstddef>
 
-#include "core/device.h"
+#include "qgrad/core/device.h"
 
 namespace qgrad::memory {
 

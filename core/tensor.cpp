@@ -1,14 +1,14 @@
-#include "core/tensor.h"
+#include "qgrad/core/tensor.h"
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 
-#include "autograd/node.h"
-#include "core/memory.h"
-#include "kernels/basic.h"
-#include "kernels/formulas/cast.h"
-#include "kernels/formulas/random.h"
+#include "qgrad/autograd/node.h"
+#include "qgrad/core/memory.h"
+#include "qgrad/kernels/basic.h"
+#include "qgrad/kernels/formulas/cast.h"
+#include "qgrad/kernels/formulas/random.h"
 
 namespace qgrad {
 

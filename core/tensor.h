@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "core/device.h"
-#include "core/dtype.h"
+#include "qgrad/core/device.h"
+#include "qgrad/core/dtype.h"
 
 namespace qgrad {
 

@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <string>
 
-#include "core/error.h"
+#include "qgrad/core/error.h"
 
 namespace qgrad::fuzz {
 

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "fuzz/fuzz_common.h"
-#include "nn/data.h"
+#include "qgrad/nn/data.h"
 
 using namespace qgrad;
 

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "fuzz/fuzz_common.h"
-#include "ops/ops.h"
+#include "qgrad/ops/ops.h"
 
 using namespace qgrad;
 

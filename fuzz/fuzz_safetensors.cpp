@@ -6,8 +6,8 @@
 #include <cstring>
 
 #include "fuzz/fuzz_common.h"
-#include "nn/checkpoint.h"
-#include "nn/layers.h"
+#include "qgrad/nn/checkpoint.h"
+#include "qgrad/nn/layers.h"
 
 using namespace qgrad;
 

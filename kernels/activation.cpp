@@ -1,6 +1,6 @@
-#include "kernels/activation.h"
+#include "qgrad/kernels/activation.h"
 
-#include "kernels/dispatch.h"
+#include "qgrad/kernels/dispatch.h"
 
 namespace qgrad::kernels {
 

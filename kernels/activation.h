@@ -1,7 +1,7 @@
 // Kernels of relu: the forward packs the x > 0 mask its backward needs.
 #pragma once
 
-#include "core/tensor.h"
+#include "qgrad/core/tensor.h"
 
 namespace qgrad::kernels {
 

@@ -1,6 +1,6 @@
-#include "kernels/basic.h"
+#include "qgrad/kernels/basic.h"
 
-#include "kernels/dispatch.h"
+#include "qgrad/kernels/dispatch.h"
 
 namespace qgrad::kernels {
 

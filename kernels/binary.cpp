@@ -1,6 +1,6 @@
-#include "kernels/binary.h"
+#include "qgrad/kernels/binary.h"
 
-#include "kernels/dispatch.h"
+#include "qgrad/kernels/dispatch.h"
 
 namespace qgrad::kernels {
 

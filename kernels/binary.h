@@ -2,8 +2,8 @@
 // their backward rules need.
 #pragma once
 
-#include "core/tensor.h"
-#include "kernels/formulas/binary.h"
+#include "qgrad/core/tensor.h"
+#include "qgrad/kernels/formulas/binary.h"
 
 namespace qgrad::kernels {
 

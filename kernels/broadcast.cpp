@@ -1,4 +1,4 @@
-#include "kernels/broadcast.h"
+#include "qgrad/kernels/broadcast.h"
 
 namespace qgrad::kernels {
 

@@ -3,8 +3,8 @@
 
 #include <cstdint>
 
-#include "core/macros.h"
-#include "core/tensor.h"
+#include "qgrad/core/macros.h"
+#include "qgrad/core/tensor.h"
 
 namespace qgrad::kernels {
 

@@ -3,7 +3,7 @@
 // without CUDA (where no CUDA tensor can exist).
 #pragma once
 
-#include "core/error.h"
+#include "qgrad/core/error.h"
 
 namespace qgrad::kernels {
 [[noreturn]] inline void no_cuda_build(const char* where) {

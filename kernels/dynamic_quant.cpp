@@ -1,6 +1,6 @@
-#include "kernels/dynamic_quant.h"
+#include "qgrad/kernels/dynamic_quant.h"
 
-#include "kernels/dispatch.h"
+#include "qgrad/kernels/dispatch.h"
 
 namespace qgrad::kernels {
 

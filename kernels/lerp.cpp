@@ -1,6 +1,6 @@
-#include "kernels/lerp.h"
+#include "qgrad/kernels/lerp.h"
 
-#include "kernels/dispatch.h"
+#include "qgrad/kernels/dispatch.h"
 
 namespace qgrad::kernels {
 

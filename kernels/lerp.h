@@ -2,9 +2,9 @@
 // output shape is the broadcast of a, b and a tensor weight).
 #pragma once
 
-#include "core/tensor.h"
-#include "kernels/broadcast.h"
-#include "kernels/formulas/lerp.h"
+#include "qgrad/core/tensor.h"
+#include "qgrad/kernels/broadcast.h"
+#include "qgrad/kernels/formulas/lerp.h"
 
 namespace qgrad::kernels {
 

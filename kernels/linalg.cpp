@@ -1,6 +1,6 @@
-#include "kernels/linalg.h"
+#include "qgrad/kernels/linalg.h"
 
-#include "kernels/dispatch.h"
+#include "qgrad/kernels/dispatch.h"
 
 namespace qgrad::kernels {
 

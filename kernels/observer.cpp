@@ -1,6 +1,6 @@
-#include "kernels/observer.h"
+#include "qgrad/kernels/observer.h"
 
-#include "kernels/dispatch.h"
+#include "qgrad/kernels/dispatch.h"
 
 namespace qgrad::kernels {
 

@@ -1,8 +1,8 @@
-#include "kernels/optim.h"
+#include "qgrad/kernels/optim.h"
 
 #include <cmath>
 
-#include "kernels/dispatch.h"
+#include "qgrad/kernels/dispatch.h"
 
 namespace qgrad::kernels {
 

@@ -5,8 +5,8 @@
 
 #include <vector>
 
-#include "core/tensor.h"
-#include "kernels/formulas/optim.h"
+#include "qgrad/core/tensor.h"
+#include "qgrad/kernels/formulas/optim.h"
 
 namespace qgrad::kernels {
 

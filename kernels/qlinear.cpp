@@ -1,6 +1,6 @@
-#include "kernels/qlinear.h"
+#include "qgrad/kernels/qlinear.h"
 
-#include "kernels/dispatch.h"
+#include "qgrad/kernels/dispatch.h"
 
 namespace qgrad::kernels {
 

@@ -12,7 +12,7 @@
 
 #include <cstdint>
 
-#include "core/macros.h"
+#include "qgrad/core/macros.h"
 
 namespace qgrad::kernels::qmask {
 

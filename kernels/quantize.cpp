@@ -1,7 +1,7 @@
-#include "kernels/quantize.h"
+#include "qgrad/kernels/quantize.h"
 
-#include "kernels/dispatch.h"
-#include "kernels/observer.h"
+#include "qgrad/kernels/dispatch.h"
+#include "qgrad/kernels/observer.h"
 
 namespace qgrad::kernels {
 

@@ -6,8 +6,8 @@
 
 #include <cstdint>
 
-#include "core/tensor.h"
-#include "kernels/formulas/quantize.h"
+#include "qgrad/core/tensor.h"
+#include "qgrad/kernels/formulas/quantize.h"
 
 namespace qgrad::kernels {
 

@@ -1,6 +1,6 @@
-#include "kernels/reduce.h"
+#include "qgrad/kernels/reduce.h"
 
-#include "kernels/dispatch.h"
+#include "qgrad/kernels/dispatch.h"
 
 namespace qgrad::kernels {
 

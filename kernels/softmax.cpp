@@ -1,6 +1,6 @@
-#include "kernels/softmax.h"
+#include "qgrad/kernels/softmax.h"
 
-#include "kernels/dispatch.h"
+#include "qgrad/kernels/dispatch.h"
 
 namespace qgrad::kernels {
 

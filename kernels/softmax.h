@@ -1,8 +1,8 @@
 // Kernels of log_softmax and the fused softmax + cross-entropy.
 #pragma once
 
-#include "core/tensor.h"
-#include "kernels/reduce.h"
+#include "qgrad/core/tensor.h"
+#include "qgrad/kernels/reduce.h"
 
 namespace qgrad::kernels {
 

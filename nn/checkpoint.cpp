@@ -1,4 +1,4 @@
-#include "nn/checkpoint.h"
+#include "qgrad/nn/checkpoint.h"
 
 #include <fcntl.h>
 #include <signal.h>

@@ -19,8 +19,8 @@
 #include <map>
 #include <string>
 
-#include "nn/module.h"
-#include "nn/optim.h"
+#include "qgrad/nn/module.h"
+#include "qgrad/nn/optim.h"
 
 namespace qgrad::nn {
 

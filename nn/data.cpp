@@ -1,4 +1,4 @@
-#include "nn/data.h"
+#include "qgrad/nn/data.h"
 
 #include <zlib.h>
 
@@ -11,7 +11,7 @@
 #include <numeric>
 #include <sys/stat.h>
 
-#include "kernels/formulas/random.h"
+#include "qgrad/kernels/formulas/random.h"
 
 namespace qgrad::nn {
 

@@ -1,9 +1,9 @@
-#include "nn/layers.h"
+#include "qgrad/nn/layers.h"
 
 #include <cmath>
 
-#include "ops/activation.h"
-#include "ops/linalg.h"
+#include "qgrad/ops/activation.h"
+#include "qgrad/ops/linalg.h"
 
 namespace qgrad::nn {
 

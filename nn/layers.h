@@ -4,7 +4,7 @@
 #include <memory>
 #include <string>
 
-#include "nn/module.h"
+#include "qgrad/nn/module.h"
 
 namespace qgrad::nn {
 

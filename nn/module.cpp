@@ -1,8 +1,8 @@
-#include "nn/module.h"
+#include "qgrad/nn/module.h"
 
 #include <map>
 
-#include "autograd/node.h"
+#include "qgrad/autograd/node.h"
 
 namespace qgrad::nn {
 

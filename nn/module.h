@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-#include "core/tensor.h"
+#include "qgrad/core/tensor.h"
 
 namespace qgrad::nn {
 

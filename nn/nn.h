@@ -3,10 +3,10 @@
 // checkpoints.
 #pragma once
 
-#include "nn/checkpoint.h"
-#include "nn/data.h"
-#include "nn/layers.h"
-#include "nn/module.h"
-#include "nn/optim.h"
-#include "nn/quant.h"
-#include "nn/qat.h"
+#include "qgrad/nn/checkpoint.h"
+#include "qgrad/nn/data.h"
+#include "qgrad/nn/layers.h"
+#include "qgrad/nn/module.h"
+#include "qgrad/nn/optim.h"
+#include "qgrad/nn/quant.h"
+#include "qgrad/nn/qat.h"

@@ -1,10 +1,10 @@
-#include "nn/optim.h"
+#include "qgrad/nn/optim.h"
 
 #include <cmath>
 #include <map>
 #include <numbers>
 
-#include "autograd/node.h"
+#include "qgrad/autograd/node.h"
 
 namespace qgrad::nn {
 

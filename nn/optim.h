@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "kernels/optim.h"
-#include "nn/module.h"
+#include "qgrad/kernels/optim.h"
+#include "qgrad/nn/module.h"
 
 namespace qgrad::nn {
 

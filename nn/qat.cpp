@@ -1,9 +1,9 @@
-#include "nn/qat.h"
+#include "qgrad/nn/qat.h"
 
-#include "autograd/node.h"
-#include "ops/linalg.h"
-#include "ops/quantize.h"
-#include "ops/quantized_linear.h"
+#include "qgrad/autograd/node.h"
+#include "qgrad/ops/linalg.h"
+#include "qgrad/ops/quantize.h"
+#include "qgrad/ops/quantized_linear.h"
 
 namespace qgrad::nn {
 

@@ -21,8 +21,8 @@
 // across a rounding boundary only when it lies within that distance of it.
 #pragma once
 
-#include "nn/layers.h"
-#include "nn/quant.h"
+#include "qgrad/nn/layers.h"
+#include "qgrad/nn/quant.h"
 
 namespace qgrad::nn {
 

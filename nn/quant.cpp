@@ -1,10 +1,10 @@
-#include "nn/quant.h"
+#include "qgrad/nn/quant.h"
 
 #include <cmath>
 
-#include "autograd/node.h"
-#include "kernels/observer.h"
-#include "ops/quantize.h"
+#include "qgrad/autograd/node.h"
+#include "qgrad/kernels/observer.h"
+#include "qgrad/ops/quantize.h"
 
 namespace qgrad::nn {
 

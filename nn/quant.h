@@ -14,7 +14,7 @@
 #include <optional>
 #include <utility>
 
-#include "nn/module.h"
+#include "qgrad/nn/module.h"
 
 namespace qgrad::nn {
 

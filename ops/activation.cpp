@@ -1,10 +1,10 @@
 // relu: validation, forward, saved state (a bit mask) and backward.
-#include "ops/activation.h"
+#include "qgrad/ops/activation.h"
 
-#include "autograd/node.h"
-#include "kernels/activation.h"
-#include "kernels/bitmask.h"
-#include "ops/check.h"
+#include "qgrad/autograd/node.h"
+#include "qgrad/kernels/activation.h"
+#include "qgrad/kernels/bitmask.h"
+#include "qgrad/ops/check.h"
 
 namespace qgrad {
 

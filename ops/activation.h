@@ -1,7 +1,7 @@
 // Activations.
 #pragma once
 
-#include "core/tensor.h"
+#include "qgrad/core/tensor.h"
 
 namespace qgrad {
 

@@ -4,7 +4,7 @@
 
 #include <cmath>
 
-#include "core/tensor.h"
+#include "qgrad/core/tensor.h"
 
 namespace qgrad::check {
 

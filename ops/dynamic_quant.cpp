@@ -1,7 +1,7 @@
-#include "ops/dynamic_quant.h"
+#include "qgrad/ops/dynamic_quant.h"
 
-#include "kernels/dynamic_quant.h"
-#include "ops/check.h"
+#include "qgrad/kernels/dynamic_quant.h"
+#include "qgrad/ops/check.h"
 
 namespace qgrad {
 

@@ -23,7 +23,7 @@
 
 #include <cstdint>
 
-#include "core/tensor.h"
+#include "qgrad/core/tensor.h"
 
 namespace qgrad {
 

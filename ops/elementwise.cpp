@@ -1,9 +1,9 @@
 // Broadcasting binary ops: forward, saved state and backward in one place.
-#include "ops/elementwise.h"
+#include "qgrad/ops/elementwise.h"
 
-#include "autograd/node.h"
-#include "kernels/binary.h"
-#include "ops/check.h"
+#include "qgrad/autograd/node.h"
+#include "qgrad/kernels/binary.h"
+#include "qgrad/ops/check.h"
 
 namespace qgrad {
 

@@ -2,7 +2,7 @@
 // tensor-scalar). Floating dtypes, both operands on one device and dtype.
 #pragma once
 
-#include "core/tensor.h"
+#include "qgrad/core/tensor.h"
 
 namespace qgrad {
 

@@ -1,13 +1,13 @@
 // lerp: validation, forward, saved state and backward in one place.
 // Formulas: kernels/formulas/lerp.h.
-#include "ops/lerp.h"
+#include "qgrad/ops/lerp.h"
 
 #include <cmath>
 
-#include "autograd/node.h"
-#include "kernels/lerp.h"
-#include "ops/check.h"
-#include "ops/elementwise.h"
+#include "qgrad/autograd/node.h"
+#include "qgrad/kernels/lerp.h"
+#include "qgrad/ops/check.h"
+#include "qgrad/ops/elementwise.h"
 
 namespace qgrad {
 

@@ -3,7 +3,7 @@
 // in a, b and a tensor weight. See docs/ops.md.
 #pragma once
 
-#include "core/tensor.h"
+#include "qgrad/core/tensor.h"
 
 namespace qgrad {
 

@@ -1,14 +1,14 @@
 // matmul, linear, transpose: validation, forward, saved state and backward.
-#include "ops/linalg.h"
+#include "qgrad/ops/linalg.h"
 
 #include <climits>
 
-#include "autograd/node.h"
-#include "kernels/activation.h"
-#include "kernels/bitmask.h"
-#include "kernels/linalg.h"
-#include "kernels/reduce.h"
-#include "ops/check.h"
+#include "qgrad/autograd/node.h"
+#include "qgrad/kernels/activation.h"
+#include "qgrad/kernels/bitmask.h"
+#include "qgrad/kernels/linalg.h"
+#include "qgrad/kernels/reduce.h"
+#include "qgrad/ops/check.h"
 
 namespace qgrad {
 

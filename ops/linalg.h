@@ -3,7 +3,7 @@
 
 #include <cstdint>
 
-#include "core/tensor.h"
+#include "qgrad/core/tensor.h"
 
 namespace qgrad {
 

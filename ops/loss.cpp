@@ -1,10 +1,10 @@
 // log_softmax and cross_entropy: validation, forward, saved state and backward.
-#include "ops/loss.h"
+#include "qgrad/ops/loss.h"
 
-#include "autograd/node.h"
-#include "kernels/reduce.h"
-#include "kernels/softmax.h"
-#include "ops/check.h"
+#include "qgrad/autograd/node.h"
+#include "qgrad/kernels/reduce.h"
+#include "qgrad/kernels/softmax.h"
+#include "qgrad/ops/check.h"
 
 namespace qgrad {
 

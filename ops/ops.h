@@ -1,13 +1,13 @@
 // All of qgrad's ops.
 #pragma once
 
-#include "ops/elementwise.h"
-#include "ops/activation.h"
-#include "ops/linalg.h"
-#include "ops/loss.h"
-#include "ops/reduce.h"
-#include "ops/quantize.h"
-#include "ops/lerp.h"
-#include "ops/dynamic_quant.h"
-#include "ops/quantized_linear.h"
-#include "ops/smoothquant.h"
+#include "qgrad/ops/elementwise.h"
+#include "qgrad/ops/activation.h"
+#include "qgrad/ops/linalg.h"
+#include "qgrad/ops/loss.h"
+#include "qgrad/ops/reduce.h"
+#include "qgrad/ops/quantize.h"
+#include "qgrad/ops/lerp.h"
+#include "qgrad/ops/dynamic_quant.h"
+#include "qgrad/ops/quantized_linear.h"
+#include "qgrad/ops/smoothquant.h"

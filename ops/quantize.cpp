@@ -1,6 +1,6 @@
 // Quantization ops: validation, forward kernel, saved state and backward
 // rule of each op in one place. Formulas: kernels/formulas/quantize.h.
-#include "ops/quantize.h"
+#include "qgrad/ops/quantize.h"
 
 #include <algorithm>
 #include <cmath>
@@ -8,11 +8,11 @@
 #include <utility>
 #include <vector>
 
-#include "autograd/node.h"
-#include "kernels/quant_mask.h"
-#include "kernels/quantize.h"
-#include "ops/check.h"
-#include "ops/elementwise.h"
+#include "qgrad/autograd/node.h"
+#include "qgrad/kernels/quant_mask.h"
+#include "qgrad/kernels/quantize.h"
+#include "qgrad/ops/check.h"
+#include "qgrad/ops/elementwise.h"
 
 namespace qgrad {
 

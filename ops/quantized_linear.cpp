@@ -1,10 +1,10 @@
-#include "ops/quantized_linear.h"
+#include "qgrad/ops/quantized_linear.h"
 
 #include <cmath>
 
-#include "kernels/dynamic_quant.h"
-#include "kernels/qlinear.h"
-#include "ops/check.h"
+#include "qgrad/kernels/dynamic_quant.h"
+#include "qgrad/kernels/qlinear.h"
+#include "qgrad/ops/check.h"
 
 namespace qgrad {
 

@@ -1,9 +1,9 @@
 // sum, mean, argmax: validation, forward, saved state and backward.
-#include "ops/reduce.h"
+#include "qgrad/ops/reduce.h"
 
-#include "autograd/node.h"
-#include "kernels/reduce.h"
-#include "ops/check.h"
+#include "qgrad/autograd/node.h"
+#include "qgrad/kernels/reduce.h"
+#include "qgrad/ops/check.h"
 
 namespace qgrad {
 

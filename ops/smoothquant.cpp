@@ -1,15 +1,15 @@
-#include "ops/smoothquant.h"
+#include "qgrad/ops/smoothquant.h"
 
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
-#include "autograd/node.h"
-#include "kernels/dynamic_quant.h"
-#include "ops/check.h"
-#include "ops/dynamic_quant.h"
-#include "ops/elementwise.h"
-#include "ops/quantized_linear.h"
+#include "qgrad/autograd/node.h"
+#include "qgrad/kernels/dynamic_quant.h"
+#include "qgrad/ops/check.h"
+#include "qgrad/ops/dynamic_quant.h"
+#include "qgrad/ops/elementwise.h"
+#include "qgrad/ops/quantized_linear.h"
 
 namespace qgrad {
 

@@ -19,7 +19,7 @@
 
 #include <cstdint>
 
-#include "core/tensor.h"
+#include "qgrad/core/tensor.h"
 
 namespace qgrad {
 

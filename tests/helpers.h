@@ -8,9 +8,9 @@
 #include <cstring>
 #include <vector>
 
-#include "qgrad.h"
-#include "kernels/broadcast.h"
-#include "ops/check.h"
+#include "qgrad/qgrad.h"
+#include "qgrad/kernels/broadcast.h"
+#include "qgrad/ops/check.h"
 
 namespace qgrad::testing {
 

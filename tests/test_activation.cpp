@@ -1,6 +1,6 @@
 // relu and the bit-packed mask: references, gradcheck, CUDA vs CPU, errors.
 #include "train_ops_helpers.h"
-#include "kernels/bitmask.h"
+#include "qgrad/kernels/bitmask.h"
 
 using namespace qgrad;
 using namespace qgrad::testing;

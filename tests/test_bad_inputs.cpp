@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "helpers.h"
-#include "nn/nn.h"
+#include "qgrad/nn/nn.h"
 
 using namespace qgrad;
 using namespace qgrad::testing;

@@ -7,8 +7,8 @@
 
 #include "helpers.h"
 #include "test_nn_helpers.h"
-#include "nn/checkpoint.h"
-#include "nn/layers.h"
+#include "qgrad/nn/checkpoint.h"
+#include "qgrad/nn/layers.h"
 
 using namespace qgrad;
 using namespace qgrad::nn;

@@ -8,7 +8,7 @@
 
 #include "helpers.h"
 #include "test_nn_helpers.h"
-#include "nn/data.h"
+#include "qgrad/nn/data.h"
 
 using namespace qgrad;
 using namespace qgrad::nn;

@@ -7,7 +7,7 @@
 #include <limits>
 
 #include "helpers.h"
-#include "kernels/dynamic_quant.h"
+#include "qgrad/kernels/dynamic_quant.h"
 
 using namespace qgrad;
 using namespace qgrad::testing;

@@ -1,6 +1,6 @@
 // Broadcasting arithmetic: host reference, gradcheck, CUDA bit-identity.
 #include "helpers.h"
-#include "kernels/formulas/binary.h"
+#include "qgrad/kernels/formulas/binary.h"
 
 using namespace qgrad;
 using namespace qgrad::testing;

@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "helpers.h"
-#include "nn/nn.h"
+#include "qgrad/nn/nn.h"
 
 using namespace qgrad;
 namespace fs = std::filesystem;

@@ -1,5 +1,5 @@
 // matmul, linear, transpose: host references, gradcheck, CUDA vs CPU, errors.
-#include "kernels/linalg.h"
+#include "qgrad/kernels/linalg.h"
 #include "train_ops_helpers.h"
 
 using namespace qgrad;

@@ -5,13 +5,13 @@
 #include <cmath>
 
 #include "helpers.h"
-#include "nn/nn.h"
-#include "ops/activation.h"
-#include "ops/linalg.h"
-#include "ops/loss.h"
-#include "ops/quantize.h"
-#include "ops/quantized_linear.h"
-#include "ops/reduce.h"
+#include "qgrad/nn/nn.h"
+#include "qgrad/ops/activation.h"
+#include "qgrad/ops/linalg.h"
+#include "qgrad/ops/loss.h"
+#include "qgrad/ops/quantize.h"
+#include "qgrad/ops/quantized_linear.h"
+#include "qgrad/ops/reduce.h"
 
 using namespace qgrad;
 using namespace qgrad::nn;

@@ -7,7 +7,7 @@
 #include <filesystem>
 #include <string>
 
-#include "core/error.h"
+#include "qgrad/core/error.h"
 
 namespace qgrad::testing {
 

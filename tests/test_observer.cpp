@@ -3,7 +3,7 @@
 #include <functional>
 
 #include "helpers.h"
-#include "nn/quant.h"
+#include "qgrad/nn/quant.h"
 
 using namespace qgrad;
 using namespace qgrad::nn;

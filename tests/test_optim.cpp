@@ -2,8 +2,8 @@
 #include <cmath>
 
 #include "helpers.h"
-#include "nn/layers.h"
-#include "nn/optim.h"
+#include "qgrad/nn/layers.h"
+#include "qgrad/nn/optim.h"
 
 using namespace qgrad;
 using namespace qgrad::nn;

@@ -1,9 +1,9 @@
 // Fake quantize, quantize and dequantize on the CPU: forward against a host
 // reference of PyTorch's CPU formulas, straight-through backward against
 // the mask formula, saved bytes, scopes, and every argument check.
-#include "kernels/formulas/quantize.h"
-#include "kernels/quant_mask.h"
-#include "kernels/quantize.h"
+#include "qgrad/kernels/formulas/quantize.h"
+#include "qgrad/kernels/quant_mask.h"
+#include "qgrad/kernels/quantize.h"
 #include "test_quant_ref.h"
 
 using namespace qgrad;

@@ -2,8 +2,8 @@
 // inputs, exact halves, +-inf, NaN and the range edges; forward and backward;
 // sizes that exercise the vectorised path, the scalar tail and misaligned
 // views; device-resident qparams. All tests skip without a GPU.
-#include "kernels/quant_mask.h"
-#include "kernels/quantize.h"
+#include "qgrad/kernels/quant_mask.h"
+#include "qgrad/kernels/quantize.h"
 #include "test_quant_ref.h"
 
 using namespace qgrad;

@@ -10,7 +10,7 @@
 #include <cstdio>
 
 #include "helpers.h"
-#include "nn/nn.h"
+#include "qgrad/nn/nn.h"
 
 using namespace qgrad;
 

@@ -9,8 +9,8 @@
 
 #include "bench/qat_mlp.h"
 #include "helpers.h"
-#include "kernels/formulas/observer.h"
-#include "kernels/observer.h"
+#include "qgrad/kernels/formulas/observer.h"
+#include "qgrad/kernels/observer.h"
 
 using namespace qgrad;
 using namespace qgrad::testing;

@@ -18,9 +18,9 @@
 #include <unordered_map>
 #include <vector>
 
-#include "core/cuda/common.cuh"
-#include "core/device.h"
-#include "core/memory.h"
+#include "qgrad/core/cuda/common.cuh"
+#include "qgrad/core/device.h"
+#include "qgrad/core/memory.h"
 
 namespace qgrad {
 namespace cuda {

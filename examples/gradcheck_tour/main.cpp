@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "qgrad.h"
+#include "qgrad/qgrad.h"
 
 using namespace qgrad;
 

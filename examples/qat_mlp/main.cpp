@@ -26,9 +26,9 @@
 #include <string>
 #include <vector>
 
-#include "nn/nn.h"
+#include "qgrad/nn/nn.h"
 #include "plot.h"
-#include "qgrad.h"
+#include "qgrad/qgrad.h"
 
 using namespace qgrad;
 using namespace qgrad::nn;

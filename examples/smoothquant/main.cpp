@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "qgrad.h"
+#include "qgrad/qgrad.h"
 
 using namespace qgrad;
 

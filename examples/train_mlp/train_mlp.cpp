@@ -11,7 +11,7 @@
 #include <numeric>
 #include <vector>
 
-#include "qgrad.h"
+#include "qgrad/qgrad.h"
 
 using namespace qgrad;
 

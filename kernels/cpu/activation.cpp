@@ -1,8 +1,8 @@
-#include "kernels/activation.h"
+#include "qgrad/kernels/activation.h"
 
-#include "kernels/bitmask.h"
-#include "kernels/cpu/parallel.h"
-#include "kernels/formulas/activation.h"
+#include "qgrad/kernels/bitmask.h"
+#include "qgrad/kernels/cpu/parallel.h"
+#include "qgrad/kernels/formulas/activation.h"
 
 namespace qgrad::kernels::cpu {
 

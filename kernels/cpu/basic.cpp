@@ -1,8 +1,8 @@
 // CPU kernels for fill, cast, rand and arange.
-#include "kernels/basic.h"
-#include "kernels/cpu/parallel.h"
-#include "kernels/formulas/cast.h"
-#include "kernels/formulas/random.h"
+#include "qgrad/kernels/basic.h"
+#include "qgrad/kernels/cpu/parallel.h"
+#include "qgrad/kernels/formulas/cast.h"
+#include "qgrad/kernels/formulas/random.h"
 
 namespace qgrad::kernels::cpu {
 

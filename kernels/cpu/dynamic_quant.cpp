@@ -1,9 +1,9 @@
-#include "kernels/dynamic_quant.h"
+#include "qgrad/kernels/dynamic_quant.h"
 
 #include <vector>
 
-#include "kernels/cpu/parallel.h"
-#include "kernels/formulas/qlinear.h"
+#include "qgrad/kernels/cpu/parallel.h"
+#include "qgrad/kernels/formulas/qlinear.h"
 
 namespace qgrad::kernels::cpu {
 

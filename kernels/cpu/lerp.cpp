@@ -1,6 +1,6 @@
 // CPU kernels of lerp (formulas: kernels/formulas/lerp.h).
-#include "kernels/cpu/parallel.h"
-#include "kernels/lerp.h"
+#include "qgrad/kernels/cpu/parallel.h"
+#include "qgrad/kernels/lerp.h"
 
 namespace qgrad::kernels::cpu {
 

@@ -7,13 +7,13 @@
 // independent Eigen product, run in parallel only when the product is large.
 // The blocks never depend on the thread count, so neither do the results.
 #define EIGEN_DONT_PARALLELIZE 1
-#include "kernels/linalg.h"
+#include "qgrad/kernels/linalg.h"
 
 #include <Eigen/Core>
 #include <cstring>
 #include <vector>
 
-#include "kernels/cpu/parallel.h"
+#include "qgrad/kernels/cpu/parallel.h"
 
 namespace qgrad::kernels::cpu {
 

@@ -6,10 +6,10 @@
 #include <emmintrin.h>
 #endif
 
-#include "kernels/cpu/parallel.h"
-#include "kernels/formulas/cast.h"
-#include "kernels/formulas/observer.h"
-#include "kernels/observer.h"
+#include "qgrad/kernels/cpu/parallel.h"
+#include "qgrad/kernels/formulas/cast.h"
+#include "qgrad/kernels/formulas/observer.h"
+#include "qgrad/kernels/observer.h"
 
 namespace qgrad::kernels::cpu {
 

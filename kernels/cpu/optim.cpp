@@ -1,5 +1,5 @@
-#include "kernels/cpu/parallel.h"
-#include "kernels/optim.h"
+#include "qgrad/kernels/cpu/parallel.h"
+#include "qgrad/kernels/optim.h"
 
 namespace qgrad::kernels::cpu {
 

@@ -1,9 +1,9 @@
-#include "kernels/qlinear.h"
+#include "qgrad/kernels/qlinear.h"
 
 #include <algorithm>
 
-#include "kernels/dynamic_quant.h"
-#include "kernels/formulas/qlinear.h"
+#include "qgrad/kernels/dynamic_quant.h"
+#include "qgrad/kernels/formulas/qlinear.h"
 
 namespace qgrad::kernels::cpu {
 

@@ -7,9 +7,9 @@
 #include <emmintrin.h>
 #endif
 
-#include "kernels/cpu/parallel.h"
-#include "kernels/quant_mask.h"
-#include "kernels/quantize.h"
+#include "qgrad/kernels/cpu/parallel.h"
+#include "qgrad/kernels/quant_mask.h"
+#include "qgrad/kernels/quantize.h"
 
 namespace qgrad::kernels::cpu {
 

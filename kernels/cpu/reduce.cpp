@@ -1,6 +1,6 @@
-#include "kernels/reduce.h"
+#include "qgrad/kernels/reduce.h"
 
-#include "kernels/cpu/parallel.h"
+#include "qgrad/kernels/cpu/parallel.h"
 
 namespace qgrad::kernels::cpu {
 

@@ -1,7 +1,7 @@
-#include "kernels/softmax.h"
+#include "qgrad/kernels/softmax.h"
 
-#include "kernels/cpu/parallel.h"
-#include "kernels/formulas/softmax.h"
+#include "qgrad/kernels/cpu/parallel.h"
+#include "qgrad/kernels/formulas/softmax.h"
 
 namespace qgrad::kernels::cpu {
 

@@ -1,9 +1,9 @@
 // CUDA relu: the forward packs the x > 0 mask with one warp ballot per 32
 // elements (no atomics); the backward reads one bit per element.
-#include "kernels/activation.h"
-#include "kernels/bitmask.h"
-#include "kernels/cuda/launch.cuh"
-#include "kernels/formulas/activation.h"
+#include "qgrad/kernels/activation.h"
+#include "qgrad/kernels/bitmask.h"
+#include "qgrad/kernels/cuda/launch.cuh"
+#include "qgrad/kernels/formulas/activation.h"
 
 namespace qgrad::kernels::cuda {
 

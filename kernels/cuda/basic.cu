@@ -2,10 +2,10 @@
 //
 // nvcc forbids __device__ lambdas inside generic lambdas, so each kernel
 // body is a function template and the dispatch lambda only instantiates it.
-#include "kernels/basic.h"
-#include "kernels/cuda/launch.cuh"
-#include "kernels/formulas/cast.h"
-#include "kernels/formulas/random.h"
+#include "qgrad/kernels/basic.h"
+#include "qgrad/kernels/cuda/launch.cuh"
+#include "qgrad/kernels/formulas/cast.h"
+#include "qgrad/kernels/formulas/random.h"
 
 namespace qgrad::kernels::cuda {
 

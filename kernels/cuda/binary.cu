@@ -1,8 +1,8 @@
-#include "kernels/binary.h"
+#include "qgrad/kernels/binary.h"
 
-#include "kernels/broadcast.h"
-#include "kernels/cuda/launch.cuh"
-#include "kernels/formulas/cast.h"
+#include "qgrad/kernels/broadcast.h"
+#include "qgrad/kernels/cuda/launch.cuh"
+#include "qgrad/kernels/formulas/cast.h"
 
 namespace qgrad::kernels::cuda {
 

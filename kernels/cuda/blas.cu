@@ -1,4 +1,4 @@
-#include "kernels/cuda/blas.cuh"
+#include "qgrad/kernels/cuda/blas.cuh"
 
 #include <mutex>
 #include <string>

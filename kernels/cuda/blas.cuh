@@ -4,7 +4,7 @@
 
 #include <cublas_v2.h>
 
-#include "core/cuda/common.cuh"
+#include "qgrad/core/cuda/common.cuh"
 
 namespace qgrad::cuda {
 

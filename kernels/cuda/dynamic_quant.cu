@@ -32,9 +32,9 @@
 #include <climits>
 #include <limits>
 
-#include "kernels/cuda/launch.cuh"
-#include "kernels/dynamic_quant.h"
-#include "kernels/formulas/qlinear.h"
+#include "qgrad/kernels/cuda/launch.cuh"
+#include "qgrad/kernels/dynamic_quant.h"
+#include "qgrad/kernels/formulas/qlinear.h"
 
 namespace qgrad::kernels::cuda {
 

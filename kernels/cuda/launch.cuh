@@ -3,7 +3,7 @@
 
 #include <cstdint>
 
-#include "core/cuda/common.cuh"
+#include "qgrad/core/cuda/common.cuh"
 
 namespace qgrad::kernels::cuda {
 

@@ -3,8 +3,8 @@
 // stores; otherwise one element per thread through the broadcast index.
 #include <cstdint>
 
-#include "kernels/cuda/launch.cuh"
-#include "kernels/lerp.h"
+#include "qgrad/kernels/cuda/launch.cuh"
+#include "qgrad/kernels/lerp.h"
 
 namespace qgrad::kernels::cuda {
 

@@ -4,9 +4,9 @@
 #include <climits>
 #include <type_traits>
 
-#include "kernels/cuda/blas.cuh"
-#include "kernels/cuda/launch.cuh"
-#include "kernels/linalg.h"
+#include "qgrad/kernels/cuda/blas.cuh"
+#include "qgrad/kernels/cuda/launch.cuh"
+#include "qgrad/kernels/linalg.h"
 
 namespace qgrad::kernels::cuda {
 

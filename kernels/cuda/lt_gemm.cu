@@ -1,4 +1,4 @@
-#include "kernels/cuda/lt_gemm.cuh"
+#include "qgrad/kernels/cuda/lt_gemm.cuh"
 
 #include <cublasLt.h>
 
@@ -6,7 +6,7 @@
 #include <mutex>
 #include <tuple>
 
-#include "core/cuda/common.cuh"
+#include "qgrad/core/cuda/common.cuh"
 
 namespace qgrad::kernels::cuda {
 

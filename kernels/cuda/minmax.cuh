@@ -6,9 +6,9 @@
 
 #include <cstdint>
 
-#include "kernels/formulas/cast.h"
-#include "kernels/formulas/observer.h"
-#include "kernels/observer.h"
+#include "qgrad/kernels/formulas/cast.h"
+#include "qgrad/kernels/formulas/observer.h"
+#include "qgrad/kernels/observer.h"
 
 namespace qgrad::kernels::cuda {
 

@@ -7,9 +7,9 @@
 // (formulas::min_combine), so the result equals the CPU's bit for bit.
 #include <algorithm>
 
-#include "kernels/cuda/launch.cuh"
-#include "kernels/cuda/minmax.cuh"
-#include "kernels/observer.h"
+#include "qgrad/kernels/cuda/launch.cuh"
+#include "qgrad/kernels/cuda/minmax.cuh"
+#include "qgrad/kernels/observer.h"
 
 namespace qgrad::kernels::cuda {
 

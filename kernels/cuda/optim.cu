@@ -3,8 +3,8 @@
 // its elements. The pointer table is a kernel argument (like PyTorch's
 // TensorListMetadata), so nothing is copied to the device and the host
 // never waits.
-#include "kernels/cuda/launch.cuh"
-#include "kernels/optim.h"
+#include "qgrad/kernels/cuda/launch.cuh"
+#include "qgrad/kernels/optim.h"
 
 namespace qgrad::kernels::cuda {
 

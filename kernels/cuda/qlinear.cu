@@ -12,10 +12,10 @@
 // success) run a SIMT dp4a fallback GEMM with the same int32 result.
 #include <algorithm>
 
-#include "kernels/cuda/launch.cuh"
-#include "kernels/cuda/lt_gemm.cuh"
-#include "kernels/formulas/qlinear.h"
-#include "kernels/qlinear.h"
+#include "qgrad/kernels/cuda/launch.cuh"
+#include "qgrad/kernels/cuda/lt_gemm.cuh"
+#include "qgrad/kernels/formulas/qlinear.h"
+#include "qgrad/kernels/qlinear.h"
 
 namespace qgrad::kernels::cuda {
 

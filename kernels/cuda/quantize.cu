@@ -11,11 +11,11 @@
 #include <numeric>
 #include <type_traits>
 
-#include "kernels/cuda/launch.cuh"
-#include "kernels/cuda/minmax.cuh"
-#include "kernels/observer.h"
-#include "kernels/quant_mask.h"
-#include "kernels/quantize.h"
+#include "qgrad/kernels/cuda/launch.cuh"
+#include "qgrad/kernels/cuda/minmax.cuh"
+#include "qgrad/kernels/observer.h"
+#include "qgrad/kernels/quant_mask.h"
+#include "qgrad/kernels/quantize.h"
 
 namespace qgrad::kernels::cuda {
 

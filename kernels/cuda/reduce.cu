@@ -3,8 +3,8 @@
 // CPU); long rows use one block per output (or per fixed chunk of a row,
 // then a second pass over the chunk sums), each thread summing a fixed
 // strided subset, then a fixed shared-memory tree. No float atomics.
-#include "kernels/cuda/launch.cuh"
-#include "kernels/reduce.h"
+#include "qgrad/kernels/cuda/launch.cuh"
+#include "qgrad/kernels/reduce.h"
 
 namespace qgrad::kernels::cuda {
 

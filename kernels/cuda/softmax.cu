@@ -5,9 +5,9 @@
 // combine them. Both are deterministic: the choice and the order depend only
 // on the shape. (Commutative butterfly steps leave every lane with the same
 // sum; the max is taken from lane 0.)
-#include "kernels/cuda/launch.cuh"
-#include "kernels/formulas/softmax.h"
-#include "kernels/softmax.h"
+#include "qgrad/kernels/cuda/launch.cuh"
+#include "qgrad/kernels/formulas/softmax.h"
+#include "qgrad/kernels/softmax.h"
 
 namespace qgrad::kernels::cuda {
 

@@ -1,7 +1,7 @@
 // Scalar formulas of the activations, shared by CPU and CUDA.
 #pragma once
 
-#include "core/half.h"
+#include "qgrad/core/half.h"
 
 namespace qgrad::formulas {
 

@@ -1,7 +1,7 @@
 // Scalar formulas of the broadcasting binary ops, shared by CPU and CUDA.
 #pragma once
 
-#include "core/half.h"
+#include "qgrad/core/half.h"
 
 namespace qgrad::formulas {
 

@@ -9,7 +9,7 @@
 #include <limits>
 #include <type_traits>
 
-#include "core/half.h"
+#include "qgrad/core/half.h"
 
 namespace qgrad::formulas {
 

@@ -17,7 +17,7 @@
 
 #include <cmath>
 
-#include "core/half.h"
+#include "qgrad/core/half.h"
 
 namespace qgrad::formulas {
 

@@ -8,7 +8,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "core/half.h"
+#include "qgrad/core/half.h"
 
 namespace qgrad::formulas {
 

@@ -12,7 +12,7 @@
 
 #include <cmath>
 
-#include "core/macros.h"
+#include "qgrad/core/macros.h"
 
 namespace qgrad::formulas {
 

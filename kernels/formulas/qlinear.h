@@ -13,7 +13,7 @@
 
 #include <cstdint>
 
-#include "kernels/formulas/dynamic_quant.h"
+#include "qgrad/kernels/formulas/dynamic_quant.h"
 
 namespace qgrad::formulas {
 

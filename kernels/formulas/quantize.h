@@ -22,7 +22,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "core/half.h"
+#include "qgrad/core/half.h"
 
 namespace qgrad::formulas {
 

@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-#include "core/macros.h"
+#include "qgrad/core/macros.h"
 
 namespace qgrad::formulas {
 

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <limits>
 
-#include "core/half.h"
+#include "qgrad/core/half.h"
 
 namespace qgrad::formulas {
 

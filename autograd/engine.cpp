@@ -7,7 +7,8 @@
 #include <vector>
 
 #include "qgrad/autograd/node.h"
-#include "qgrad/ops/ops.h"
+#include "qgrad/kernels/basic.h"
+#include "qgrad/kernels/binary.h"
 
 namespace qgrad {
 
@@ -15,9 +16,17 @@ namespace {
 thread_local bool g_grad_enabled = true;
 std::atomic<std::uint64_t> g_sequence{0};
 
+Tensor like(const Tensor& t) {
+  return Tensor::empty(t.shape(), TensorOptions{}.with_dtype(t.dtype()).with_device(t.device()));
+}
+
+// The engine sits below ops/ and calls the add kernel itself; the two
+// gradients already have the input's shape, dtype and device (check_grad).
 Tensor accumulate(const Tensor& sum, const Tensor& g) {
   if (!sum.defined()) return g;
-  return add(sum, g);  // out of place: a gradient may alias another one
+  Tensor out = like(sum);  // out of place: a gradient may alias another one
+  kernels::binary(formulas::BinaryOp::add, sum, g, out);
+  return out;
 }
 
 void check_grad(const Node& node, std::size_t i, const Tensor& g) {
@@ -91,7 +100,8 @@ void run_backward(const Tensor& root, const Tensor& grad_in, bool retain_graph) 
     QGRAD_CHECK(root.numel() == 1, "backward", "grad",
                 "grad can be implied only for a one-element output; got shape ", shape_str(root.shape()));
     const DType gd = root.grad_fn() ? root.grad_fn()->grad_dtype : root.dtype();
-    grad = ones(root.shape(), TensorOptions{}.with_dtype(gd).with_device(root.device()));
+    grad = Tensor::empty(root.shape(), TensorOptions{}.with_dtype(gd).with_device(root.device()));
+    kernels::fill(grad, 1.0);
   }
   QGRAD_CHECK(grad.shape() == root.shape(), "backward", "grad", "shape ", shape_str(grad.shape()),
               " does not match the output's ", shape_str(root.shape()));
@@ -150,5 +160,7 @@ void run_backward(const Tensor& root, const Tensor& grad_in, bool retain_graph) 
     if (!retain_graph) n->release();
   }
 }
+
+void Tensor::backward(const Tensor& g, bool retain_graph) const { run_backward(*this, g, retain_graph); }
 
 }  // namespace qgrad

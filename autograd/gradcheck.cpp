@@ -4,13 +4,27 @@
 #include <sstream>
 
 #include "qgrad/autograd/node.h"
-#include "qgrad/kernels/formulas/random.h"
+#include "qgrad/kernels/basic.h"
+#include "qgrad/core/random.h"
 
 namespace qgrad {
 
 namespace {
 
-std::vector<double> host_values(const Tensor& t) { return t.detach().cpu().to_vector<double>(); }
+// gradcheck sits below ops/: it converts with the cast kernel and copies
+// with copy_, not with the recorded Tensor::to / clone.
+Tensor converted(const Tensor& t, DType dtype) {
+  if (t.dtype() == dtype) return t;
+  Tensor out = Tensor::empty(t.shape(), TensorOptions{}.with_dtype(dtype).with_device(t.device()));
+  kernels::cast(t, out);
+  return out;
+}
+Tensor copied(const Tensor& t, Device device) {
+  Tensor out = Tensor::empty(t.shape(), TensorOptions{}.with_dtype(t.dtype()).with_device(device));
+  out.copy_(t);
+  return out;
+}
+std::vector<double> host_values(const Tensor& t) { return copied(t.detach(), Device::cpu()).to_vector<double>(); }
 
 Tensor with_values(const std::vector<double>& v, const Tensor& like) {
   return Tensor::from_vector(v, like.shape(), like.device());
@@ -31,7 +45,7 @@ std::vector<double> evaluate(const GradcheckFn& fn, const std::vector<Tensor>& i
 std::vector<Tensor> fresh_leaves(const std::vector<Tensor>& inputs) {
   std::vector<Tensor> out;
   for (const Tensor& t : inputs) {
-    Tensor c = t.detach().clone();
+    Tensor c = copied(t.detach(), t.device());
     if (t.requires_grad()) c.set_requires_grad(true);
     out.push_back(c);
   }
@@ -82,7 +96,7 @@ GradcheckResult gradcheck(const GradcheckFn& fn, const std::vector<Tensor>& inpu
   if (o.fast_mode) {
     std::vector<double> v(static_cast<std::size_t>(n_out));
     for (std::size_t j = 0; j < v.size(); ++j) v[j] = formulas::random_uniform(o.seed, j) * 2 - 1;
-    Tensor vt = Tensor::from_vector(v, out.shape(), dev).to(out_dtype);
+    Tensor vt = converted(Tensor::from_vector(v, out.shape(), dev), out_dtype);
     out.backward(vt, /*retain_graph=*/true);
     double analytical = 0, numerical = 0;
     std::uint64_t counter = 1u << 30;
@@ -95,7 +109,7 @@ GradcheckResult gradcheck(const GradcheckFn& fn, const std::vector<Tensor>& inpu
       for (double& x : u[k]) x = formulas::random_uniform(o.seed + 1, counter++) * 2 - 1;
       Tensor g = inputs[k].grad();
       if (g.defined()) {
-        const auto gv = host_values(g.to(DType::f64));
+        const auto gv = host_values(converted(g, DType::f64));
         for (std::size_t i = 0; i < gv.size(); ++i) analytical += gv[i] * u[k][i];
       }
     }
@@ -125,12 +139,12 @@ GradcheckResult gradcheck(const GradcheckFn& fn, const std::vector<Tensor>& inpu
       std::vector<double> onehot(static_cast<std::size_t>(n_out), 0.0);
       onehot[static_cast<std::size_t>(j)] = 1.0;
       for (const Tensor& t : inputs) const_cast<Tensor&>(t).zero_grad();
-      out.backward(Tensor::from_vector(onehot, out.shape(), dev).to(out_dtype), /*retain_graph=*/true);
+      out.backward(converted(Tensor::from_vector(onehot, out.shape(), dev), out_dtype), /*retain_graph=*/true);
       for (std::size_t k = 0; k < inputs.size(); ++k) {
         if (!inputs[k].requires_grad()) continue;
         Tensor g = inputs[k].grad();
         if (!g.defined()) continue;
-        const auto gv = host_values(g.to(DType::f64));
+        const auto gv = host_values(converted(g, DType::f64));
         for (std::size_t i = 0; i < gv.size(); ++i)
           jac_a[k][static_cast<std::size_t>(j) * gv.size() + i] = gv[i];
       }

@@ -15,25 +15,10 @@
 #include <string>
 #include <vector>
 
+#include "qgrad/core/autograd_meta.h"
 #include "qgrad/core/tensor.h"
 
 namespace qgrad {
-
-struct TensorMeta {
-  Shape shape;
-  DType dtype = DType::f32;
-  Device device;
-  static TensorMeta of(const Tensor& t) { return {t.shape(), t.dtype(), t.device()}; }
-};
-
-struct AutogradMeta {
-  bool requires_grad = false;
-  bool is_parameter = false;
-  std::string name;
-  Tensor grad;                    // leaves only
-  std::shared_ptr<Node> grad_fn;  // null for leaves
-  TensorMeta meta;                // the tensor's own shape/dtype/device
-};
 
 struct Edge {
   std::shared_ptr<Node> node;          // the producer, for a non-leaf input

@@ -4,6 +4,7 @@
 // GB/s and the fraction of the copy bandwidth measured in the same run;
 // linear reports TFLOP/s and the fraction of the f32 (non-tensor-core) peak.
 // JSON lines; bench/peer_train_ops.py measures PyTorch under the same keys.
+#include <cmath>
 #include <cstdio>
 #include <string>
 

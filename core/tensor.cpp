@@ -4,11 +4,8 @@
 #include <cmath>
 #include <limits>
 
-#include "qgrad/autograd/node.h"
+#include "qgrad/core/autograd_meta.h"
 #include "qgrad/core/memory.h"
-#include "qgrad/kernels/basic.h"
-#include "qgrad/kernels/formulas/cast.h"
-#include "qgrad/kernels/formulas/random.h"
 
 namespace qgrad {
 
@@ -163,46 +160,13 @@ QGRAD_INSTANTIATE_HOST_IO(bool)
 
 double Tensor::item() const {
   QGRAD_CHECK(numel() == 1, "item", "tensor", "item() needs one element, tensor has shape ", shape_str(shape()));
-  Tensor host = detach().cpu();
   return dispatch_all(dtype(), "item", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    return formulas::cast_value<double>(*static_cast<const T*>(host.data_ptr()));
+    T value;
+    memory::copy(&value, Device::cpu(), data_ptr(), device(), sizeof(T));
+    if constexpr (std::is_same_v<T, half> || std::is_same_v<T, bfloat16>) return static_cast<double>(static_cast<float>(value));
+    else return static_cast<double>(value);
   });
-}
-
-// ---- conversions and views ----
-
-Tensor Tensor::to(Device dev) const {
-  check_defined("to");
-  if (dev == device()) return *this;
-  Tensor out = empty(shape(), TensorOptions{}.with_dtype(dtype()).with_device(dev));
-  memory::copy(out.data_ptr(), dev, data_ptr(), device(), nbytes());
-  if (any_requires_grad({*this})) {
-    const Device src = device();
-    record("to_device", out, {*this}, [src](const Tensor& g) { return std::vector<Tensor>{g.to(src)}; });
-  }
-  return out;
-}
-
-Tensor Tensor::to(DType dt) const {
-  check_defined("to");
-  if (dt == dtype()) return *this;
-  Tensor out = empty(shape(), TensorOptions{}.with_dtype(dt).with_device(device()));
-  kernels::cast(*this, out);
-  if (is_floating(dtype()) && is_floating(dt) && any_requires_grad({*this})) {
-    const DType src = dtype();
-    record("to_dtype", out, {*this}, [src](const Tensor& g) { return std::vector<Tensor>{g.to(src)}; });
-  }
-  return out;
-}
-
-Tensor Tensor::clone() const {
-  check_defined("clone");
-  Tensor out = empty(shape(), TensorOptions{}.with_dtype(dtype()).with_device(device()));
-  memory::copy(out.data_ptr(), device(), data_ptr(), device(), nbytes());
-  if (any_requires_grad({*this}))
-    record("clone", out, {*this}, [](const Tensor& g) { return std::vector<Tensor>{g}; });
-  return out;
 }
 
 void Tensor::copy_(const Tensor& src) {
@@ -213,38 +177,6 @@ void Tensor::copy_(const Tensor& src) {
   QGRAD_CHECK(src.dtype() == dtype(), "copy_", "src", "dtype ", dtype_name(src.dtype()), " does not match ",
               dtype_name(dtype()));
   memory::copy(data_ptr(), device(), src.data_ptr(), src.device(), nbytes());
-}
-
-Tensor Tensor::reshape(const Shape& new_shape_in) const {
-  check_defined("reshape");
-  Shape new_shape = new_shape_in;
-  int infer = -1;
-  std::int64_t known = 1;
-  for (std::size_t i = 0; i < new_shape.size(); ++i) {
-    if (new_shape[i] == -1) {
-      QGRAD_CHECK(infer < 0, "reshape", "shape", "only one dimension may be -1 in ", shape_str(new_shape_in));
-      infer = static_cast<int>(i);
-    } else {
-      QGRAD_CHECK(new_shape[i] >= 0, "reshape", "shape", "negative dimension in ", shape_str(new_shape_in));
-      known = shape_numel({known, new_shape[i]}, "reshape");
-    }
-  }
-  if (infer >= 0) {
-    QGRAD_CHECK(known != 0 && numel() % known == 0, "reshape", "shape", "cannot infer -1 in ",
-                shape_str(new_shape_in), " for ", numel(), " elements");
-    new_shape[static_cast<std::size_t>(infer)] = numel() / known;
-  }
-  QGRAD_CHECK(shape_numel(new_shape, "reshape") == numel(), "reshape", "shape", "shape ",
-              shape_str(new_shape_in), " does not hold ", numel(), " elements of ", shape_str(shape()));
-  auto impl = std::make_shared<TensorImpl>(*impl_);
-  impl->shape = new_shape;
-  impl->autograd = nullptr;
-  Tensor out(std::move(impl));
-  if (any_requires_grad({*this})) {
-    const Shape old = shape();
-    record("reshape", out, {*this}, [old](const Tensor& g) { return std::vector<Tensor>{g.reshape(old)}; });
-  }
-  return out;
 }
 
 // ---- autograd accessors ----
@@ -304,98 +236,14 @@ Tensor Tensor::detach() const {
   return Tensor(std::move(impl));
 }
 
-void Tensor::backward(const Tensor& g, bool retain_graph) const { run_backward(*this, g, retain_graph); }
 
-// ---- factories ----
-
-Tensor full(const Shape& shape, double value, TensorOptions options) {
-  const bool rg = options.requires_grad;
-  options.requires_grad = false;
-  Tensor t = Tensor::empty(shape, options);
-  kernels::fill(t, value);
-  if (rg) t.set_requires_grad(true);
-  return t;
-}
-Tensor zeros(const Shape& shape, TensorOptions options) { return full(shape, 0.0, options); }
-Tensor ones(const Shape& shape, TensorOptions options) { return full(shape, 1.0, options); }
-Tensor zeros_like(const Tensor& t) { return zeros(t.shape(), TensorOptions{}.with_dtype(t.dtype()).with_device(t.device())); }
-Tensor ones_like(const Tensor& t) { return ones(t.shape(), TensorOptions{}.with_dtype(t.dtype()).with_device(t.device())); }
 Tensor empty_like(const Tensor& t) {
   return Tensor::empty(t.shape(), TensorOptions{}.with_dtype(t.dtype()).with_device(t.device()));
-}
-
-Tensor arange(double start, double end, double step, TensorOptions options) {
-  QGRAD_CHECK(step != 0 && std::isfinite(step), "arange", "step", "step must be finite and non-zero");
-  QGRAD_CHECK(std::isfinite(start) && std::isfinite(end), "arange", "start", "bounds must be finite");
-  const double count = std::ceil((end - start) / step);
-  // (A count beyond int64 cannot be converted; one beyond 2^62 cannot be allocated anyway.)
-  QGRAD_CHECK(!(count > 0x1p62), "arange", "end", "[", start, ", ", end, ") in steps of ", step,
-              " has too many elements");
-  const auto n = static_cast<std::int64_t>(count > 0 ? count : 0);
-  Tensor t = Tensor::empty({n}, options);
-  kernels::arange(t, start, step);
-  return t;
 }
 
 Generator& default_generator() {
   static Generator g;
   return g;
-}
-
-Tensor rand(const Shape& shape, Generator& gen, TensorOptions options, double low, double high) {
-  QGRAD_CHECK(std::isfinite(low) && std::isfinite(high) && low < high, "rand", "low", "need finite low < high");
-  const bool rg = options.requires_grad;
-  options.requires_grad = false;
-  Tensor t = Tensor::empty(shape, options);
-  kernels::rand_uniform(t, gen.seed(), gen.advance(static_cast<std::uint64_t>(t.numel())), low, high);
-  if (rg) t.set_requires_grad(true);
-  return t;
-}
-
-Tensor randint(std::int64_t low, std::int64_t high, const Shape& shape, Generator& gen, TensorOptions options) {
-  QGRAD_CHECK(low < high, "randint", "high", "need low < high");
-  // The host buffer first: a shape too large fails here with qgrad::Error.
-  Tensor host = Tensor::empty(shape, TensorOptions{}.with_dtype(DType::s64));
-  const std::int64_t n = host.numel();
-  const std::uint64_t first = gen.advance(static_cast<std::uint64_t>(n));
-  // high - low in uint64 (it may exceed int64); a draw rounded up to the
-  // span is clamped back into [low, high).
-  const std::uint64_t span = static_cast<std::uint64_t>(high) - static_cast<std::uint64_t>(low);
-  std::int64_t* v = host.data<std::int64_t>();
-  for (std::int64_t i = 0; i < n; ++i) {
-    const double u = formulas::random_uniform(gen.seed(), first + static_cast<std::uint64_t>(i));
-    const std::uint64_t r = std::min(static_cast<std::uint64_t>(std::floor(static_cast<double>(span) * u)), span - 1);
-    v[i] = static_cast<std::int64_t>(static_cast<std::uint64_t>(low) + r);
-  }
-  return host.to(options.dtype).to(options.device);
-}
-
-// Box-Muller on the host in double: device math libraries are not bitwise
-// equal to glibc's log/cos, so normals are drawn here and copied, which
-// keeps CPU and CUDA values identical.
-Tensor randn(const Shape& shape, Generator& gen, TensorOptions options, double mean, double stddev) {
-  QGRAD_CHECK(std::isfinite(mean) && std::isfinite(stddev) && stddev >= 0, "randn", "stddev",
-              "need finite mean and stddev >= 0");
-  // The host buffer first: a shape too large fails here with qgrad::Error.
-  Tensor host = Tensor::empty(shape, TensorOptions{}.with_dtype(DType::f64));
-  const std::int64_t n = host.numel();
-  const std::uint64_t first = gen.advance(2 * ((static_cast<std::uint64_t>(n) + 1) / 2));
-  double* v = host.data<double>();
-  for (std::int64_t i = 0; i < n; i += 2) {
-    const std::uint64_t c = first + static_cast<std::uint64_t>(i);
-    const double u1 = 1.0 - formulas::random_uniform(gen.seed(), c);  // (0, 1]
-    const double u2 = formulas::random_uniform(gen.seed(), c + 1);
-    const double r = std::sqrt(-2.0 * std::log(u1));
-    const double theta = 6.283185307179586 * u2;
-    v[i] = mean + stddev * r * std::cos(theta);
-    if (i + 1 < n) v[i + 1] = mean + stddev * r * std::sin(theta);
-  }
-  const bool rg = options.requires_grad;
-  Tensor out = Tensor::empty(shape, TensorOptions{}.with_dtype(options.dtype).with_device(Device::cpu()));
-  kernels::cast(host, out);
-  out = out.to(options.device);
-  if (rg) out.set_requires_grad(true);
-  return out;
 }
 
 }  // namespace qgrad

@@ -33,7 +33,7 @@ struct Storage {
   Storage& operator=(const Storage&) = delete;
 };
 
-struct AutogradMeta;  // autograd/node.h
+struct AutogradMeta;  // core/autograd_meta.h
 struct Node;
 
 struct TensorImpl {
@@ -90,7 +90,10 @@ class Tensor {
   }
 
   // Conversions (differentiable for floating dtypes). Return *this when
-  // nothing changes.
+  // nothing changes. These four members and reshape run kernels and record
+  // on the tape, so they are defined in the ops layer (ops/tensor_ops.cpp);
+  // core's own sources never call them (the build's layer check links core
+  // alone and would fail).
   Tensor to(Device device) const;
   Tensor to(DType dtype) const;
   Tensor cpu() const { return to(Device::cpu()); }
@@ -120,6 +123,7 @@ class Tensor {
   Tensor detach() const;
   // Runs the backward pass from this tensor. `grad` defaults to ones (a
   // scalar loss). The graph's saved state is freed unless retain_graph.
+  // Defined in the autograd layer (autograd/engine.cpp).
   void backward(const Tensor& grad = Tensor(), bool retain_graph = false) const;
 
   TensorImpl* impl() const { return impl_.get(); }
@@ -132,14 +136,6 @@ class Tensor {
   std::shared_ptr<TensorImpl> impl_;
 };
 
-// ---- factories ----
-Tensor zeros(const Shape& shape, TensorOptions options = {});
-Tensor ones(const Shape& shape, TensorOptions options = {});
-Tensor full(const Shape& shape, double value, TensorOptions options = {});
-// [start, end) in steps; values computed in double, then cast.
-Tensor arange(double start, double end, double step = 1.0, TensorOptions options = {});
-Tensor zeros_like(const Tensor& t);
-Tensor ones_like(const Tensor& t);
 Tensor empty_like(const Tensor& t);
 
 // A counter-based random generator: draw k of a seed is a pure function of
@@ -161,12 +157,5 @@ class Generator {
   std::uint64_t offset_ = 0;
 };
 Generator& default_generator();
-
-// Uniform in [low, high).
-Tensor rand(const Shape& shape, Generator& gen, TensorOptions options = {}, double low = 0.0, double high = 1.0);
-// Standard normal (Box-Muller in double), times stddev plus mean.
-Tensor randn(const Shape& shape, Generator& gen, TensorOptions options = {}, double mean = 0.0, double stddev = 1.0);
-// Integers uniform in [low, high).
-Tensor randint(std::int64_t low, std::int64_t high, const Shape& shape, Generator& gen, TensorOptions options = {});
 
 }  // namespace qgrad

@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "fuzz/fuzz_common.h"
+#include "fuzz_common.h"
 #include "qgrad/nn/data.h"
 
 using namespace qgrad;

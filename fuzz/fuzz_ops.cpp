@@ -14,7 +14,7 @@
 #include <limits>
 #include <vector>
 
-#include "fuzz/fuzz_common.h"
+#include "fuzz_common.h"
 #include "qgrad/ops/ops.h"
 
 using namespace qgrad;

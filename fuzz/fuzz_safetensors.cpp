@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "fuzz/fuzz_common.h"
+#include "fuzz_common.h"
 #include "qgrad/nn/checkpoint.h"
 #include "qgrad/nn/layers.h"
 

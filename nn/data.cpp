@@ -11,7 +11,7 @@
 #include <numeric>
 #include <sys/stat.h>
 
-#include "qgrad/kernels/formulas/random.h"
+#include "qgrad/core/random.h"
 
 namespace qgrad::nn {
 

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "qgrad/ops/activation.h"
+#include "qgrad/ops/factory.h"
 #include "qgrad/ops/linalg.h"
 
 namespace qgrad::nn {

@@ -10,3 +10,4 @@
 #include "qgrad/nn/optim.h"
 #include "qgrad/nn/quant.h"
 #include "qgrad/nn/qat.h"
+#include "qgrad/nn/smoothquant.h"

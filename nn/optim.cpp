@@ -5,10 +5,11 @@
 #include <numbers>
 
 #include "qgrad/autograd/node.h"
+#include "qgrad/ops/factory.h"
 
 namespace qgrad::nn {
 
-using formulas::OptimKind;
+using OptimKind = OptimizerKind;
 
 namespace {
 void check_hyper(double v, const char* op, const char* arg, double lo, double hi) {
@@ -16,7 +17,7 @@ void check_hyper(double v, const char* op, const char* arg, double lo, double hi
 }
 }  // namespace
 
-Optimizer::Optimizer(NamedTensors params, kernels::OptimHyper hyper, const char* kind)
+Optimizer::Optimizer(NamedTensors params, OptimizerHyper hyper, const char* kind)
     : hyper_(hyper), kind_(kind), params_(std::move(params)) {
   QGRAD_CHECK(!params_.empty(), kind_, "params", "no parameters to optimize");
   check_hyper(hyper.lr, kind_, "lr", 0.0, 1e30);
@@ -51,7 +52,7 @@ void Optimizer::set_lr(double lr) {
 void Optimizer::step() {
   NoGradGuard no_grad;
   // Group by dtype: one fused launch (or a few, on CUDA) per dtype.
-  std::map<DType, std::vector<kernels::OptimSlot>> groups;
+  std::map<DType, std::vector<OptimizerSlot>> groups;
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const Tensor& p = params_[i].second;
     const Tensor g = p.grad();
@@ -61,7 +62,7 @@ void Optimizer::step() {
                 dtype_name(g.dtype()), ")");
     QGRAD_CHECK(p.device() == params_.front().second.device(), kind_, "params", "parameter '", params_[i].first,
                 "' moved to ", p.device().str());
-    kernels::OptimSlot slot;
+    OptimizerSlot slot;
     slot.param = p.detach();
     slot.grad = g;
     // State follows its parameter after Module::to (a one-time copy).
@@ -80,7 +81,7 @@ void Optimizer::step() {
     slot.step = param_steps_[i] + 1;
     groups[p.dtype()].push_back(slot);
   }
-  for (auto& [dt, slots] : groups) kernels::optim_step(hyper_, slots);
+  for (auto& [dt, slots] : groups) optimizer_step_(hyper_, slots);
   // Host-side bookkeeping only after every launch was queued.
   for (std::size_t i = 0; i < params_.size(); ++i)
     if (params_[i].second.grad().defined()) ++param_steps_[i];
@@ -165,7 +166,7 @@ void Optimizer::load_state_dict(const NamedTensors& state) {
 
 SGD::SGD(NamedTensors params, const SGDOptions& o)
     : Optimizer(std::move(params),
-                kernels::OptimHyper{OptimKind::sgd, o.lr, o.momentum, o.dampening, o.weight_decay, o.nesterov},
+                OptimizerHyper{OptimKind::sgd, o.lr, o.momentum, o.dampening, o.weight_decay, o.nesterov},
                 "SGD") {
   check_hyper(o.momentum, "SGD", "momentum", 0.0, 1e30);
   check_hyper(o.dampening, "SGD", "dampening", -1e30, 1e30);
@@ -175,7 +176,7 @@ SGD::SGD(NamedTensors params, const SGDOptions& o)
 
 AdamW::AdamW(NamedTensors params, const AdamWOptions& o)
     : Optimizer(std::move(params), [&] {
-        kernels::OptimHyper h;
+        OptimizerHyper h;
         h.kind = OptimKind::adamw;
         h.lr = o.lr;
         h.weight_decay = o.weight_decay;

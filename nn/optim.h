@@ -1,5 +1,5 @@
 // Optimizers (SGD, AdamW) with PyTorch's update formulas, run by one fused
-// kernel launch per step (kernels/optim.h), and learning-rate schedules.
+// kernel launch per step (the op optimizer_step_, ops/optim.h), and learning-rate schedules.
 //
 // step() never waits for the device: hyper-parameters (lr from a schedule,
 // AdamW's bias corrections from the host-side step count) travel as kernel
@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "qgrad/kernels/optim.h"
+#include "qgrad/ops/optim.h"
 #include "qgrad/nn/module.h"
 
 namespace qgrad::nn {
@@ -18,7 +18,7 @@ class Optimizer {
  public:
   // Named parameters (e.g. model.named_parameters()): the names key the
   // state dict. All must be floating leaves requiring grad, on one device.
-  Optimizer(NamedTensors params, kernels::OptimHyper hyper, const char* kind);
+  Optimizer(NamedTensors params, OptimizerHyper hyper, const char* kind);
   virtual ~Optimizer() = default;
 
   void step();
@@ -27,7 +27,7 @@ class Optimizer {
   void set_lr(double lr);
   // Number of step() calls made.
   std::int64_t step_count() const { return steps_; }
-  const kernels::OptimHyper& hyper() const { return hyper_; }
+  const OptimizerHyper& hyper() const { return hyper_; }
   const NamedTensors& params() const { return params_; }
   const char* kind() const { return kind_; }
 
@@ -40,7 +40,7 @@ class Optimizer {
   void load_state_dict(const NamedTensors& state);
 
  protected:
-  kernels::OptimHyper hyper_;
+  OptimizerHyper hyper_;
 
  private:
   const char* kind_;

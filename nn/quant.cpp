@@ -3,7 +3,8 @@
 #include <cmath>
 
 #include "qgrad/autograd/node.h"
-#include "qgrad/kernels/observer.h"
+#include "qgrad/ops/factory.h"
+#include "qgrad/ops/observer.h"
 #include "qgrad/ops/quantize.h"
 
 namespace qgrad::nn {
@@ -69,9 +70,13 @@ std::int64_t Observer::check_x(const Tensor& x) const {
   return axis;
 }
 
+ObserverUpdate Observer::update() const {
+  return {min_val_, max_val_, options_.averaging_constant, is_symmetric(options_.qscheme), sym_zp_};
+}
+
 Tensor Observer::forward(const Tensor& x) {
   const std::int64_t axis = check_x(x);
-  kernels::observer_minmax(x, min_val_, max_val_, axis, options_.averaging_constant);
+  observe_minmax_(x, update(), axis);
   return x;
 }
 
@@ -88,22 +93,19 @@ void Observer::check_qparams(const Tensor& scale, const Tensor& zero_point) cons
 
 void Observer::calculate_qparams(const Tensor& scale, const Tensor& zero_point) const {
   check_qparams(scale, zero_point);
-  kernels::observer_qparams(min_val_, max_val_, scale, zero_point, qmin_, qmax_, is_symmetric(options_.qscheme),
-                            sym_zp_);
+  observer_qparams_(update(), scale, zero_point, qmin_, qmax_);
 }
 
 void Observer::observe_and_calculate_qparams(const Tensor& x, const Tensor& scale, const Tensor& zero_point) {
   const std::int64_t axis = check_x(x);
   check_qparams(scale, zero_point);
-  const kernels::ObserverQparams q{scale, zero_point, qmin_, qmax_, is_symmetric(options_.qscheme), sym_zp_};
-  kernels::observer_minmax(x, min_val_, max_val_, axis, options_.averaging_constant, &q);
+  observe_minmax_qparams_(x, update(), axis, scale, zero_point, qmin_, qmax_);
 }
 
 Tensor Observer::observe_and_fake_quantize(const Tensor& x, const Tensor& scale, const Tensor& zero_point) {
   const std::int64_t axis = check_x(x);  // the op checks scale and zero_point
-  const ObserverUpdate u{min_val_, max_val_, options_.averaging_constant, is_symmetric(options_.qscheme), sym_zp_};
-  if (axis >= 0) return observe_fake_quantize_per_channel(x, scale, zero_point, axis, qmin_, qmax_, u);
-  return observe_fake_quantize_per_tensor(x, scale, zero_point, qmin_, qmax_, u);
+  if (axis >= 0) return observe_fake_quantize_per_channel(x, scale, zero_point, axis, qmin_, qmax_, update());
+  return observe_fake_quantize_per_tensor(x, scale, zero_point, qmin_, qmax_, update());
 }
 
 std::pair<Tensor, Tensor> Observer::calculate_qparams() const {

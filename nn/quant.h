@@ -2,7 +2,7 @@
 // (torch/ao/quantization/{observer,fake_quantize,_learnable_fake_quantize}.py).
 //
 // Everything stays on the device: an observer's forward is one fused
-// min/max + running-update reduction (kernels/observer.h); in FakeQuantize
+// min/max + running-update reduction (the op observe_minmax_, ops/observer.h); in FakeQuantize
 // the kernel that finishes it also writes the f32 scale and s32 zero_point
 // tensors the fake-quant ops read. The enable switches are host booleans,
 // and a never-observed range is recognised on the device (+-inf), so a
@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "qgrad/nn/module.h"
+#include "qgrad/ops/quantize.h"
 
 namespace qgrad::nn {
 
@@ -71,6 +72,7 @@ class Observer : public Module {
 
  private:
   std::int64_t check_x(const Tensor& x) const;  // returns the channel axis (-1: per tensor)
+  ObserverUpdate update() const;                 // the running range, as the observer ops take it
   void check_qparams(const Tensor& scale, const Tensor& zero_point) const;
   ObserverOptions options_;
   std::int64_t qmin_, qmax_;

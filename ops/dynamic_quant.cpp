@@ -2,6 +2,7 @@
 
 #include "qgrad/kernels/dynamic_quant.h"
 #include "qgrad/ops/check.h"
+#include "qgrad/ops/factory.h"
 
 namespace qgrad {
 

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "qgrad/ops/elementwise.h"
+#include "qgrad/ops/factory.h"
 #include "qgrad/ops/activation.h"
 #include "qgrad/ops/linalg.h"
 #include "qgrad/ops/loss.h"
@@ -10,4 +11,5 @@
 #include "qgrad/ops/lerp.h"
 #include "qgrad/ops/dynamic_quant.h"
 #include "qgrad/ops/quantized_linear.h"
-#include "qgrad/ops/smoothquant.h"
+#include "qgrad/ops/observer.h"
+#include "qgrad/ops/optim.h"

@@ -7,7 +7,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "bench/qat_mlp.h"
+#include "../bench/qat_mlp.h"
 #include "helpers.h"
 #include "qgrad/kernels/formulas/observer.h"
 #include "qgrad/kernels/observer.h"

@@ -2,7 +2,7 @@
 #include "qgrad/kernels/basic.h"
 #include "qgrad/kernels/cpu/parallel.h"
 #include "qgrad/kernels/formulas/cast.h"
-#include "qgrad/kernels/formulas/random.h"
+#include "qgrad/core/random.h"
 
 namespace qgrad::kernels::cpu {
 

@@ -5,7 +5,7 @@
 #include "qgrad/kernels/basic.h"
 #include "qgrad/kernels/cuda/launch.cuh"
 #include "qgrad/kernels/formulas/cast.h"
-#include "qgrad/kernels/formulas/random.h"
+#include "qgrad/core/random.h"
 
 namespace qgrad::kernels::cuda {
 

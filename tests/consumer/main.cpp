@@ -3,7 +3,7 @@
 #include <cstdio>
 #include <vector>
 
-#include "qgrad/qgrad.h"
+#include <qgrad/qgrad.h>
 
 int main() {
   using namespace qgrad;

@@ -22,13 +22,22 @@ set(build ${WORK_DIR}/build)
 file(REMOVE_RECURSE ${WORK_DIR})
 step(${CMAKE_COMMAND} --install ${QGRAD_BUILD_DIR} --prefix ${prefix})
 
-# The installed tree must hold the public headers and the package files.
+# The installed tree must hold the public headers and the package files,
+# all under include/qgrad/; the kernel layer is private to ops and its
+# headers are not installed.
 foreach(f include/qgrad/qgrad.h include/qgrad/core/tensor.h include/qgrad/autograd/node.h
-          include/qgrad/autograd/dot.h include/qgrad/ops/ops.h include/qgrad/kernels/formulas/binary.h)
+          include/qgrad/autograd/dot.h include/qgrad/ops/ops.h include/qgrad/nn/nn.h)
   if(NOT EXISTS ${prefix}/${f})
     message(FATAL_ERROR "install: ${f} is missing from ${prefix}")
   endif()
 endforeach()
+file(GLOB top RELATIVE ${prefix}/include ${prefix}/include/*)
+if(NOT top STREQUAL "qgrad")
+  message(FATAL_ERROR "install: ${prefix}/include holds '${top}', expected only qgrad/")
+endif()
+if(EXISTS ${prefix}/include/qgrad/kernels)
+  message(FATAL_ERROR "install: the private kernel headers were installed")
+endif()
 file(GLOB_RECURSE config ${prefix}/*/qgradConfig.cmake)
 if(NOT config)
   message(FATAL_ERROR "install: no qgradConfig.cmake under ${prefix}")

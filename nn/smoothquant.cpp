@@ -1,17 +1,18 @@
-#include "qgrad/ops/smoothquant.h"
+#include "qgrad/nn/smoothquant.h"
 
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
 #include "qgrad/autograd/node.h"
-#include "qgrad/kernels/dynamic_quant.h"
 #include "qgrad/ops/check.h"
 #include "qgrad/ops/dynamic_quant.h"
 #include "qgrad/ops/elementwise.h"
+#include "qgrad/ops/factory.h"
+#include "qgrad/ops/observer.h"
 #include "qgrad/ops/quantized_linear.h"
 
-namespace qgrad {
+namespace qgrad::nn {
 
 namespace {
 constexpr double kSmoothFloor = 1e-5;
@@ -30,7 +31,7 @@ void SmoothQuantCalibrator::observe(const Tensor& x) {
   check::same_device(x, amax_, op, "x");
   QGRAD_CHECK(x.dim() >= 1 && x.size(-1) == in_features_, op, "x", "expected shape [..., ", in_features_, "], got ",
               shape_str(x.shape()));
-  kernels::column_absmax_update(x, in_features_, amax_);
+  observe_absmax_(x, amax_);
   ++batches_;
 }
 
@@ -127,4 +128,4 @@ Tensor SmoothQuantLinear::forward(const Tensor& x, DType out_dtype) const {
                           out_dtype);
 }
 
-}  // namespace qgrad
+}  // namespace qgrad::nn

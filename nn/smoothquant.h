@@ -21,7 +21,7 @@
 
 #include "qgrad/core/tensor.h"
 
-namespace qgrad {
+namespace qgrad::nn {
 
 class SmoothQuantCalibrator {
  public:
@@ -58,4 +58,12 @@ struct SmoothQuantLinear {
   Tensor forward(const Tensor& x, DType out_dtype = DType::f32) const;
 };
 
+}  // namespace qgrad::nn
+
+// SmoothQuant lived in ops/ before the layers were enforced; the names
+// stay reachable as qgrad::X.
+namespace qgrad {
+using nn::SmoothQuantCalibrator;
+using nn::SmoothQuantLinear;
+using nn::smoothquant_factors;
 }  // namespace qgrad

@@ -18,6 +18,14 @@ namespace qgrad::testing {
 // ctest looks for (SKIPPED:) once per call site.
 inline bool has_gpu() { return cuda_available(); }
 
+// The CPU, and CUDA device 0 when one is present (for tests that run on
+// every device without skipping).
+inline std::vector<Device> test_devices() {
+  std::vector<Device> d{Device::cpu()};
+  if (has_gpu()) d.push_back(Device::cuda(0));
+  return d;
+}
+
 #define QGRAD_REQUIRE_GPU()                                                   \
   do {                                                                        \
     if (!::qgrad::testing::has_gpu()) {                                       \

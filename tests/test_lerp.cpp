@@ -12,7 +12,7 @@ namespace {
 
 template <class M>
 M ref_lerp(M a, M b, M w) {
-  return std::fabs(w) < M(0.5) ? std::fma(w, b - a, a) : std::fma(w - M(1), b - a, b);
+  return std::fabs(w) < M(0.5) ? std::fma(w, b - a, a) : std::fma(-(b - a), M(1) - w, b);
 }
 
 TensorOptions opts(DType dt) { return TensorOptions{}.with_dtype(dt); }
@@ -45,6 +45,29 @@ TEST_CASE("lerp: exact at both ends and at the branch point") {
   CHECK(bit_equal(lerp(a, b, 0.0), a));
   CHECK(bit_equal(lerp(a, b, 1.0), b));
   CHECK(lerp(a, b, 0.5).to_vector<float>()[0] == 3.f);
+}
+
+TEST_CASE("lerp: a zero result has PyTorch's sign (end - (end - self) * (1 - weight))") {
+  // w = 1: the result is b; for b = -0 the sign follows -(b - a): +0 for
+  // a > 0, -0 for a < 0 (and +0 for b = +0). Every dtype, scalar and
+  // tensor weight, CPU and (when present) CUDA.
+  const std::vector<double> av{2.5, -2.5, 1.0, -0.0, 0.0, 3.0};
+  const std::vector<double> bv{-0.0, -0.0, 0.0, -0.0, -0.0, 0.0};
+  const std::vector<bool> want_negative{false, true, false, true, false, false};
+  for (const Device dev : test_devices()) {
+    for (DType dt : kFloatTypes) {
+      const Tensor a = Tensor::from_vector(av, {6}).to(dt).to(dev), b = Tensor::from_vector(bv, {6}).to(dt).to(dev);
+      const Tensor w = full({6}, 1.0, TensorOptions{}.with_dtype(dt).with_device(dev));
+      for (const Tensor& y : {lerp(a, b, 1.0), lerp(a, b, w)}) {
+        const std::vector<double> yv = y.to(DType::f64).cpu().to_vector<double>();
+        for (std::size_t i = 0; i < yv.size(); ++i) {
+          INFO("device ", dev.str(), " dtype ", dtype_name(dt), " a = ", av[i], " b = ", bv[i]);
+          CHECK(yv[i] == 0.0);
+          CHECK(std::signbit(yv[i]) == want_negative[i]);
+        }
+      }
+    }
+  }
 }
 
 TEST_CASE("lerp gradcheck (f64): scalar weight") {

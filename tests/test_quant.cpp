@@ -204,7 +204,8 @@ TEST_CASE("quantize_per_tensor / dequantize_per_tensor: s8 and u8 against the re
         CHECK(y.dtype() == dt);
         const auto ys = host<T>(y);
         for (std::size_t i = 0; i < ys.size(); ++i)
-          REQUIRE(same_bits(ys[i], ref_value<T>(static_cast<long double>(qv[i] - zp), 0.031f, false)));
+          REQUIRE(same_bits(ys[i], ref_value<T>(static_cast<long double>(qv[i] - zp), 0.031f,
+                                                std::is_same_v<T, double>)));  // f64: exact product
       });
     });
   }
@@ -475,11 +476,35 @@ TEST_CASE("f64 values: per tensor takes PyTorch's f32 product, per channel its f
   const double pc = fake_quantize_per_channel(x, full({1}, 0.1), full({1}, 0, s32()), 0, -128, 127).item();
   CHECK(pc == 3.0 * static_cast<double>(0.1f));
   CHECK(pt != pc);
-  // dequantize follows the same split, so quantize -> dequantize is fake quantize in every scope
+  // dequantize to f64 holds the exact f64 product in every scope (the f64
+  // output is asked for precision), so per tensor it is not fake quantize's
+  // f32 product
   Tensor q = quantize_per_tensor(x, 0.1, 0, DType::s8);
-  CHECK(dequantize_per_tensor(q, 0.1, 0, DType::f64).item() == pt);
+  CHECK(dequantize_per_tensor(q, 0.1, 0, DType::f64).item() == pc);
   Tensor qc = quantize_per_channel(x, full({1}, 0.1), full({1}, 0, s32()), 0, DType::s8);
   CHECK(dequantize_per_channel(qc, full({1}, 0.1), full({1}, 0, s32()), 0, DType::f64).item() == pc);
+}
+
+TEST_CASE("dequantize to f64 is the exact f64 product (q - zp) * scale, every scope and device") {
+  Generator g(81);
+  Tensor q = randint(-128, 128, {6, 40}, g, TensorOptions{}.with_dtype(DType::s8));
+  const double scale = 0.0123;  // not a short binary fraction: f32 and f64 products differ
+  const auto qv = q.to_vector<std::int8_t>();
+  for (const Device dev : test_devices()) {
+    Tensor qd = q.to(dev);
+    Tensor sc = full({6}, scale, TensorOptions{}.with_device(dev));
+    Tensor zc = full({6}, -3, TensorOptions{}.with_dtype(DType::s32).with_device(dev));
+    const auto yt = dequantize_per_tensor(qd, scale, -3, DType::f64).cpu().to_vector<double>();
+    const auto yc = dequantize_per_channel(qd, sc, zc, 0, DType::f64).cpu().to_vector<double>();
+    std::size_t f32_differs = 0;
+    for (std::size_t i = 0; i < qv.size(); ++i) {
+      const double want = (static_cast<double>(qv[i]) + 3.0) * static_cast<double>(static_cast<float>(scale));
+      REQUIRE(same_bits(yt[i], want));
+      REQUIRE(same_bits(yc[i], want));
+      f32_differs += static_cast<double>(static_cast<float>(qv[i] + 3) * static_cast<float>(scale)) != want;
+    }
+    CHECK(f32_differs > 0);  // the check can tell the f32 product from the f64 one
+  }
 }
 
 TEST_CASE("dequantize gradcheck (f64) in the scale, every scope") {

@@ -230,7 +230,9 @@ struct QuantizeOp {
   }
 };
 
-// dequantize: y = (q - zp) * scale.
+// dequantize: y = (q - zp) * scale. An f64 output holds the exact f64
+// product (|q - zp| < 2^33 times a 24-bit scale fits 53 bits) on every
+// scope; other outputs take the product as PyTorch does (dequant_value).
 template <class I, class T, bool kDoubleProduct>
 struct DequantizeOp {
   using In = I;
@@ -238,7 +240,7 @@ struct DequantizeOp {
   static constexpr bool kParams = true, kReadsMask = false, kWritesMask = false;
   std::int64_t qmin, qmax;
   QGRAD_HD Out operator()(In q, const ChannelParams& p, bool, bool&) const {
-    return dequant_value<T, kDoubleProduct>(static_cast<std::int64_t>(q), p.zp, p.scale);
+    return dequant_value<T, kDoubleProduct || std::is_same_v<T, double>>(static_cast<std::int64_t>(q), p.zp, p.scale);
   }
 };
 

@@ -29,6 +29,7 @@
 #include "qgrad/nn/nn.h"
 #include "plot.h"
 #include "qgrad/qgrad.h"
+#include "../cli_checks.h"
 
 using namespace qgrad;
 using namespace qgrad::nn;
@@ -413,35 +414,41 @@ int run(const Flags& f, const std::string& flags_text) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  using qgrad_examples::integer_in;
+  using qgrad_examples::number_in;
   CLI::App app{"Quantization-aware training of an MLP on Fashion-MNIST with qgrad"};
   Flags f;
   app.add_option("--epochs", f.epochs, "float epochs (QAT epochs with --qat-from-scratch)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(integer_in(1, 10000));
   app.add_option("--qat-epochs", f.qat_epochs, "QAT fine-tuning epochs (observers freeze after the first)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  app.add_option("--batch", f.batch, "mini-batch size")->capture_default_str()->check(CLI::PositiveNumber);
+      ->check(integer_in(1, 10000));
+  app.add_option("--batch", f.batch, "mini-batch size")->capture_default_str()->check(integer_in(1, 60000));
   app.add_option("--lr", f.lr, "peak learning rate of the float phase (cosine schedule)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(number_in(0, 10, /*lo_open=*/true));
   app.add_option("--qat-lr", f.qat_lr, "peak learning rate of the QAT fine-tuning")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  app.add_option("--weight-decay", f.weight_decay, "SGD weight decay")->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->check(number_in(0, 10, /*lo_open=*/true));
+  app.add_option("--weight-decay", f.weight_decay, "SGD weight decay")->capture_default_str()->check(number_in(0, 1));
   app.add_option("--device", f.device, "auto, cpu, cuda or cuda:N")->capture_default_str();
   app.add_option("--seed", f.seed, "seed of the initialisation and the shuffling")->capture_default_str();
   app.add_option("--data", f.data, "folder with the Fashion-MNIST IDX files")->capture_default_str();
   app.add_option("--out", f.out, "output folder")->capture_default_str();
   app.add_option("--report", f.report, "path of report.json (default <out>/report.json)");
   app.add_flag("--qat-from-scratch", f.qat_from_scratch, "train with fake quant from the start (no float phase)");
-  app.add_option("--limit-train", f.limit_train, "use only the first N training images (testing)")->group("");
-  app.add_option("--limit-test", f.limit_test, "use only the first N test images (testing)")->group("");
+  app.add_option("--limit-train", f.limit_train, "use only the first N training images (testing; 0: all)")
+      ->check(integer_in(0, 60000))
+      ->group("Testing options");
+  app.add_option("--limit-test", f.limit_test, "use only the first N test images (testing; 0: all)")
+      ->check(integer_in(0, 10000))
+      ->group("Testing options");
   app.add_option("--plot-format", f.plot_format, "auto, png or svg")
       ->check(CLI::IsMember({"auto", "png", "svg"}))
-      ->group("");
+      ->group("Testing options");
   bool probe_cuda = false;
-  app.add_flag("--probe-cuda", probe_cuda, "exit 0 when a CUDA device is present, 77 otherwise (testing)")->group("");
+  app.add_flag("--probe-cuda", probe_cuda, "exit 0 when a CUDA device is present, 77 otherwise (testing)")->group("Testing options");
   CLI11_PARSE(app, argc, argv);
   if (probe_cuda) return cuda_device_count() > 0 ? 0 : 77;
 

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "qgrad/qgrad.h"
+#include "../cli_checks.h"
 
 using namespace qgrad;
 
@@ -152,7 +153,9 @@ int main(int argc, char** argv) {
   CLI::App app{"naive W8A8 against SmoothQuant against float"};
   app.add_option("--out", out_path, "write the tables as Markdown to this file");
   app.add_option("--seed", seed, "seed of the synthetic model and data")->capture_default_str();
-  app.add_option("--alpha", alpha, "SmoothQuant migration strength, in (0, 1)")->capture_default_str();
+  app.add_option("--alpha", alpha, "SmoothQuant migration strength, in (0, 1)")
+      ->capture_default_str()
+      ->check(qgrad_examples::number_in(0, 1, /*lo_open=*/true, /*hi_open=*/true));
   app.add_option("--device", device, "cpu, cuda or cuda:N")->capture_default_str();
   app.add_option("--fmnist-checkpoint", fmnist_checkpoint,
                  "float.safetensors written by qgrad-qat-mlp: also compare on the trained Fashion-MNIST MLP");

@@ -1,0 +1,28 @@
+# cmake -P script behind the ctest tests `<example>: bad options`: runs EXE
+# once per case in CASES (a list of "option value" pairs), and checks that
+# each run fails with one short line naming the option and its range.
+# Inputs: EXE, CASES (each case "--opt;value" joined with '|').
+foreach(v EXE CASES)
+  if(NOT DEFINED ${v})
+    message(FATAL_ERROR "cli_test.cmake: ${v} is not set")
+  endif()
+endforeach()
+string(REPLACE "|" ";" cases "${CASES}")
+foreach(c ${cases})
+  string(REPLACE "=" ";" args "${c}")
+  list(GET args 0 opt)
+  execute_process(COMMAND ${EXE} ${args} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  set(text "${out}${err}")
+  if(rc EQUAL 0)
+    message(FATAL_ERROR "${c}: exited 0; expected a rejection")
+  endif()
+  string(REGEX MATCH "[^\n]*" first "${text}")
+  if(NOT first MATCHES "^${opt}: must be (an integer|a number) in [[(][-0-9.]+, [0-9.]+[])], got '")
+    message(FATAL_ERROR "${c}: unexpected message: ${first}")
+  endif()
+  string(LENGTH "${first}" len)
+  if(len GREATER 100)
+    message(FATAL_ERROR "${c}: message of ${len} characters: ${first}")
+  endif()
+  message(STATUS "${c}: ${first}")
+endforeach()

@@ -21,10 +21,7 @@ ninja -C "$QGRAD_BUILD" -j"$QGRAD_JOBS"
 
 if [ "${QGRAD_SKIP_SANITIZE:-0}" != 1 ]; then
   stamp "sanitizer build ($ASAN_BUILD: ASan + UBSan, CPU only, tests only)"
-  cmake -S "$QGRAD_ROOT" -B "$ASAN_BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" -DQGRAD_SANITIZE=ON -DQGRAD_CUDA=OFF \
-    -DQGRAD_WERROR=ON -DQGRAD_BUILD_EXAMPLES=OFF -DQGRAD_BUILD_BENCH=OFF \
-    -DQGRAD_PYTHON="$QGRAD_PYTHON" >/dev/null
+  (cd "$QGRAD_ROOT" && cmake --preset sanitizer -B "$ASAN_BUILD" >/dev/null)
   ninja -C "$ASAN_BUILD" -j"$QGRAD_JOBS"
   stamp "sanitizer test run"
   # The install/consumer test builds an outside project: not a sanitizer matter.

@@ -7,23 +7,17 @@ source "$(dirname "$0")/common.sh"
 
 bash "$QGRAD_ROOT/scripts/setup.sh"
 configure_main
-if ! ninja -C "$QGRAD_BUILD" -t targets all 2>/dev/null | grep -q "^$DEMO:"; then
+# The target list first, then the search: `ninja -t targets | grep -q` under
+# pipefail fails whenever grep exits before ninja has written everything
+# (ninja dies of SIGPIPE), so a fresh checkout could be told its demo is missing.
+targets=$(ninja -C "$QGRAD_BUILD" -t targets all 2>/dev/null || true)
+if ! grep -q "^$DEMO:" <<<"$targets"; then
   echo "demo: target $DEMO does not exist in this checkout (examples/ has: $(ls "$QGRAD_ROOT/examples"))" >&2
   exit 1
 fi
 ninja -C "$QGRAD_BUILD" -j"$QGRAD_JOBS" "$DEMO"
-exe=$(find "$QGRAD_BUILD" -type f -name "$DEMO" -perm -u+x | head -n1)
-# The demo writes its report, metrics, plots and graph under --out
-# (default: qat-mlp-out in the current directory) unless told otherwise.
-out=qat-mlp-out
-prev=""
-for a in "$@"; do
-  case "$a" in
-    --out=*) out="${a#--out=}" ;;
-  esac
-  if [ "$prev" = "--out" ]; then out="$a"; fi
-  prev="$a"
-done
+exe=$QGRAD_BUILD/examples/qat_mlp/$DEMO
+# The demo prints where its report, metrics, plots and graph went (its last
+# line, "output  <absolute folder>/"), so its arguments are not parsed here.
 echo "demo: running $exe $*"
-"$exe" "$@"
-echo "demo: report, metrics and plots are in $(cd "$out" && pwd)/ (report.json, metrics.csv, *.png or *.svg, qat_step.dot)"
+exec "$exe" "$@"

@@ -18,9 +18,7 @@ say() { printf 'fuzz: %s\n' "$*"; }
 
 if ! command -v clang++ >/dev/null; then say "clang++ not found (scripts/setup.sh installs clang)"; exit 1; fi
 say "building harnesses in $BUILD"
-CC=clang CXX=clang++ cmake -S "$QGRAD_ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g" -DQGRAD_CUDA=OFF -DQGRAD_FUZZ=ON -DQGRAD_WERROR=ON \
-  -DQGRAD_BUILD_TESTS=OFF -DQGRAD_BUILD_EXAMPLES=OFF -DQGRAD_BUILD_BENCH=OFF >/dev/null
+(cd "$QGRAD_ROOT" && cmake --preset fuzz -B "$BUILD" >/dev/null)
 ninja -C "$BUILD" -j"$QGRAD_JOBS" $(printf 'fuzz_%s ' "${HARNESSES[@]}")
 
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:allocator_may_return_null=1}

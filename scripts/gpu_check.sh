@@ -32,7 +32,7 @@ while [ $# -gt 0 ]; do
 done
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 B=${QGRAD_GPU_BUILD:-$ROOT/build-gpu}
-PY=${QGRAD_PYTHON:-$(command -v python3 || true)}
+PY=$(command -v python3 || true)  # the PyTorch peers' interpreter (the tests' is the CMake cache's QGRAD_PYTHON)
 export PATH=/usr/local/cuda/bin:/usr/local/cuda/compute-sanitizer:$PATH
 status=0
 summary=()
@@ -47,8 +47,7 @@ fi
 echo "gpu: $(head -n1 "$OUT/gpu.txt")"
 
 if [ $BUILD = 1 ]; then
-  if cmake -S "$ROOT" -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$ARCH" \
-       -DQGRAD_CUDA=ON -DQGRAD_WERROR=ON -DQGRAD_PYTHON="$PY" > "$OUT/configure.log" 2>&1 \
+  if (cd "$ROOT" && cmake --preset gpu -B "$B" -DCMAKE_CUDA_ARCHITECTURES="$ARCH") > "$OUT/configure.log" 2>&1 \
      && ninja -C "$B" -j"$JOBS" > "$OUT/build.log" 2>&1; then
     note "build: ok ($((SECONDS - t0))s)"
   else
@@ -59,7 +58,7 @@ fi
 
 # ---- tests ----
 t1=$SECONDS
-(cd "$B" && QGRAD_PYTHON=$PY ctest -j"$JOBS" --output-on-failure --timeout 900) > "$OUT/ctest.log" 2>&1
+(cd "$B" && ctest -j"$JOBS" --output-on-failure --timeout 900) > "$OUT/ctest.log" 2>&1
 rc=$?
 skipped=$(grep -cE '^\s+[0-9]+ - .*\(Skipped\)$' "$OUT/ctest.log" || true)
 note "ctest: $(grep -E '^[0-9]+% tests passed' "$OUT/ctest.log" | tail -n1) ($((SECONDS - t1))s; $skipped skipped)"
@@ -121,7 +120,7 @@ fi
 # ---- profile of the captured training step ----
 if [ $PROFILE = 1 ]; then
   t4=$SECONDS
-  if QGRAD_PYTHON=$PY bash "$ROOT/scripts/profile_step.sh" "$B" "$OUT/profile" > "$OUT/profile.log" 2>&1; then
+  if bash "$ROOT/scripts/profile_step.sh" "$B" "$OUT/profile" > "$OUT/profile.log" 2>&1; then
     note "profile: $OUT/profile/profile.md ($((SECONDS - t4))s)"
   else
     status=1; note "profile: failed (see $OUT/profile.log)"

@@ -13,7 +13,7 @@ set -uo pipefail
 B=$1
 OUT=$(mkdir -p "$2" && cd "$2" && pwd)
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-PY=${QGRAD_PYTHON:-$(command -v python3)}
+PY=$(command -v python3)
 export PATH=/usr/local/cuda/bin:$PATH
 exe=$B/bench/bench_train_step
 [ -x "$exe" ] || { echo "no $exe: build first"; exit 1; }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what qgrad needs on Debian 12 and is missing; a second run costs
 # nothing. Run as root (or with sudo available). Sourcing it is not needed:
-# it writes the Python interpreter the tests use to build/python-path.
+# the Python venv it makes (build/venv) is where CMake looks first.
 #
 #   bash scripts/setup.sh            # everything the build, tests and demo need
 #   QGRAD_SKIP_PYTHON=1 bash ...     # leave out the Python venv (safetensors)
@@ -51,9 +51,8 @@ else
 fi
 
 # ---- Python (safetensors round trip) -----------------------------------------
-# A venv under build/ keeps the system Python untouched. The tests find it
-# through QGRAD_PYTHON (environment or CMake cache), which check.sh sets from
-# build/python-path.
+# A venv under build/ keeps the system Python untouched. CMake takes it as the
+# default of its cache variable QGRAD_PYTHON, the one way the tests find it.
 if [ "${QGRAD_SKIP_PYTHON:-0}" != 1 ]; then
   VENV=$ROOT/build/venv
   PY=$VENV/bin/python
@@ -68,5 +67,4 @@ if [ "${QGRAD_SKIP_PYTHON:-0}" != 1 ]; then
     "$PY" -m pip install -q --disable-pip-version-check safetensors numpy
     say "Python venv ready ($PY)"
   fi
-  echo "$PY" > "$ROOT/build/python-path"
 fi

@@ -1,16 +1,5 @@
 # Included at the end of tests/CMakeLists.txt.
 
-# The Python interpreter (with safetensors and numpy) for interoperability
-# tests: scripts/check.sh passes the venv that scripts/setup.sh made and also
-# exports it as the environment variable QGRAD_PYTHON.
-if(NOT QGRAD_PYTHON)
-  if(EXISTS ${PROJECT_BINARY_DIR}/venv/bin/python)
-    set(QGRAD_PYTHON_DEFAULT ${PROJECT_BINARY_DIR}/venv/bin/python)
-  else()
-    find_program(QGRAD_PYTHON_DEFAULT NAMES python3 python)
-  endif()
-endif()
-set(QGRAD_PYTHON "${QGRAD_PYTHON_DEFAULT}" CACHE FILEPATH "Python with safetensors and numpy, for interoperability tests")
 
 # Install + outside consumer: `cmake --install` of this build into a scratch
 # prefix, then find_package(qgrad) from tests/consumer. Labelled "install"

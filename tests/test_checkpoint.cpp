@@ -181,7 +181,7 @@ TEST_CASE("safetensors: Python round trip (safetensors package)") {
   const std::string in = d.file("from_cpp.safetensors"), out = d.file("from_py.safetensors"),
                     log = d.file("log.txt");
   save_safetensors(in, sample(), {{"producer", "qgrad"}});
-  const char* py = std::getenv("QGRAD_PYTHON");
+  const char* py = QGRAD_PYTHON_EXE;  // the CMake cache variable QGRAD_PYTHON
   const std::string script = std::string(QGRAD_SOURCE_DIR) + "/tests/python/roundtrip_safetensors.py";
   const std::string cmd = std::string(py && *py ? py : "python3") + " '" + script + "' '" + in + "' '" + out +
                           "' > '" + log + "' 2>&1";

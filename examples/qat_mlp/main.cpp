@@ -408,6 +408,7 @@ int run(const Flags& f, const std::string& flags_text) {
   for (const auto& p : plots) std::printf("plot     %s\n", p.c_str());
   std::printf("graph    %s%s%s\n", trainer.dot_path.c_str(), trainer.dot_svg.empty() ? "" : " -> ",
               trainer.dot_svg.c_str());
+  std::printf("output   %s\n", (std::filesystem::absolute(f.out).lexically_normal() / "").string().c_str());
   return 0;
 }
 

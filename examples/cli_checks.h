@@ -7,7 +7,10 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
+
+#include "qgrad/core/device.h"
 
 namespace qgrad_examples {
 
@@ -59,6 +62,27 @@ inline CLI::Validator number_in(double lo, double hi, bool lo_open = false, bool
         return {};
       },
       "NUMBER in " + range);
+}
+
+// A seed: an integer in [0, 2^63 - 1] (CLI11 alone would wrap "-1" into an
+// unsigned seed and answer "Could not convert" for "abc").
+inline CLI::Validator seed_value() { return integer_in(0, std::numeric_limits<std::int64_t>::max()); }
+
+// A device name as Device::parse reads it ("cpu", "cuda", "cuda:N"), and
+// "auto" where the example picks one itself.
+inline CLI::Validator device_name(bool allow_auto) {
+  const std::string wanted = allow_auto ? "auto, cpu, cuda or cuda:N" : "cpu, cuda or cuda:N";
+  return CLI::Validator(
+      [allow_auto, wanted](std::string& text) -> std::string {
+        if (allow_auto && text == "auto") return {};
+        try {
+          (void)qgrad::Device::parse(text);
+          return {};
+        } catch (const std::exception&) {
+          return "must be " + wanted + ", got '" + text + "'";
+        }
+      },
+      "DEVICE (" + wanted + ")");
 }
 
 }  // namespace qgrad_examples

@@ -1,7 +1,7 @@
 # cmake -P script behind the ctest tests `<example>: bad options`: runs EXE
-# once per case in CASES (a list of "option value" pairs), and checks that
-# each run fails with one short line naming the option and its range.
-# Inputs: EXE, CASES (each case "--opt;value" joined with '|').
+# once per case in CASES, and checks that each run fails with one short line
+# naming the option and what it must be ("--batch: must be an integer in
+# [1, 60000], got '0'"). Inputs: EXE, CASES (cases "--opt=value" joined with '|').
 foreach(v EXE CASES)
   if(NOT DEFINED ${v})
     message(FATAL_ERROR "cli_test.cmake: ${v} is not set")
@@ -17,7 +17,7 @@ foreach(c ${cases})
     message(FATAL_ERROR "${c}: exited 0; expected a rejection")
   endif()
   string(REGEX MATCH "[^\n]*" first "${text}")
-  if(NOT first MATCHES "^${opt}: must be (an integer|a number) in [[(][-0-9.]+, [0-9.]+[])], got '")
+  if(NOT first MATCHES "^${opt}: must be [^\n]+, got '")
     message(FATAL_ERROR "${c}: unexpected message: ${first}")
   endif()
   string(LENGTH "${first}" len)

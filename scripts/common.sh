@@ -1,4 +1,5 @@
-# Shared by demo.sh and check.sh (sourced, not run): the build directory and
+# shellcheck shell=bash
+# Shared by demo.sh, check.sh and fuzz.sh (sourced, not run): the build directory and
 # its configuration, so both scripts reuse one build.
 QGRAD_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 QGRAD_BUILD=${QGRAD_BUILD:-$QGRAD_ROOT/build}

@@ -19,7 +19,7 @@ say() { printf 'fuzz: %s\n' "$*"; }
 if ! command -v clang++ >/dev/null; then say "clang++ not found (scripts/setup.sh installs clang)"; exit 1; fi
 say "building harnesses in $BUILD"
 (cd "$QGRAD_ROOT" && cmake --preset fuzz -B "$BUILD" >/dev/null)
-ninja -C "$BUILD" -j"$QGRAD_JOBS" $(printf 'fuzz_%s ' "${HARNESSES[@]}")
+ninja -C "$BUILD" -j"$QGRAD_JOBS" "${HARNESSES[@]/#/fuzz_}"
 
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:allocator_may_return_null=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}

@@ -63,12 +63,12 @@ rc=$?
 skipped=$(grep -cE '^\s+[0-9]+ - .*\(Skipped\)$' "$OUT/ctest.log" || true)
 note "ctest: $(grep -E '^[0-9]+% tests passed' "$OUT/ctest.log" | tail -n1) ($((SECONDS - t1))s; $skipped skipped)"
 if [ "$skipped" != 0 ]; then
-  while IFS= read -r l; do note "  $l"; done < <(grep -E '^\s+[0-9]+ - .*\(Skipped\)$' "$OUT/ctest.log" | head -n 20)
+  while IFS= read -r l; do note "  $l"; done < <(grep -m 20 -E '^\s+[0-9]+ - .*\(Skipped\)$' "$OUT/ctest.log")
 fi
 if [ $rc != 0 ]; then
   status=1
   note "failed tests:"
-  while IFS= read -r l; do note "  $l"; done < <(sed -n '/The following tests FAILED/,$p' "$OUT/ctest.log" | grep -E '^\s+[0-9]+ -' | head -n 30)
+  while IFS= read -r l; do note "  $l"; done < <(awk '/The following tests FAILED/ { f = 1 } f && /^[ \t]+[0-9]+ -/ && n++ < 30' "$OUT/ctest.log")
 fi
 
 # ---- compute-sanitizer memcheck ----

@@ -70,6 +70,50 @@ TEST_CASE("lerp: a zero result has PyTorch's sign (end - (end - self) * (1 - wei
   }
 }
 
+TEST_CASE("lerp: signed zeros as Lerp.h's expression gives them, weights 0, -0, 0.5, 1 and a tensor of them") {
+  // Every pair a, b of {+0, -0, 1.5, -1.5} under each weight (one block of
+  // 16 rows per weight); the reference is PyTorch's expression as written in
+  // Lerp.h, unfused (every operation here is exact, so fused and unfused
+  // give the same value and the same zero). Checked: value and sign bit,
+  // with the weights as a tensor and with each weight as a scalar.
+  const std::vector<double> vals{0.0, -0.0, 1.5, -1.5}, weights{0.0, -0.0, 0.5, 1.0};
+  const std::size_t block = vals.size() * vals.size();
+  std::vector<double> av, bv, wv;
+  for (double w : weights)
+    for (double x : vals)
+      for (double y : vals) av.push_back(x), bv.push_back(y), wv.push_back(w);
+  const auto n = static_cast<std::int64_t>(av.size());
+  auto pytorch = [](double a, double b, double w) {
+    return std::fabs(w) < 0.5 ? a + w * (b - a) : b - (b - a) * (1.0 - w);
+  };
+  std::size_t zeros = 0, negative_zeros = 0;
+  for (std::size_t i = 0; i < av.size(); ++i) {
+    const double r = pytorch(av[i], bv[i], wv[i]);
+    zeros += r == 0.0;
+    negative_zeros += r == 0.0 && std::signbit(r);
+  }
+  CHECK(zeros == 30);  // both signs of zero occur under the weights
+  CHECK(negative_zeros == 7);
+  auto check_rows = [&](const Tensor& y, std::size_t first, std::size_t count, const std::string& what) {
+    const std::vector<double> yv = y.to(DType::f64).cpu().to_vector<double>();
+    for (std::size_t i = first; i < first + count; ++i) {
+      const double want = pytorch(av[i], bv[i], wv[i]);
+      INFO(what, ": a = ", av[i], " b = ", bv[i], " w = ", wv[i], " want ", want, " got ", yv[i]);
+      CHECK(yv[i] == want);
+      CHECK(std::signbit(yv[i]) == std::signbit(want));
+    }
+  };
+  for (const Device dev : test_devices()) {
+    for (DType dt : kFloatTypes) {
+      const std::string where = dev.str() + " " + dtype_name(dt);
+      const Tensor a = Tensor::from_vector(av, {n}).to(dt).to(dev), b = Tensor::from_vector(bv, {n}).to(dt).to(dev);
+      check_rows(lerp(a, b, Tensor::from_vector(wv, {n}).to(dt).to(dev)), 0, av.size(), where + " tensor weight");
+      for (std::size_t k = 0; k < weights.size(); ++k)
+        check_rows(lerp(a, b, weights[k]), k * block, block, where + " scalar weight");
+    }
+  }
+}
+
 TEST_CASE("lerp gradcheck (f64): scalar weight") {
   Tensor a = leaf_of(random_input({3, 4}, DType::f64, 1)), b = leaf_of(random_input({3, 4}, DType::f64, 2));
   for (double w : {0.2, 0.7, -0.3, 1.4}) {

@@ -433,8 +433,10 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(number_in(0, 10, /*lo_open=*/true));
   app.add_option("--weight-decay", f.weight_decay, "SGD weight decay")->capture_default_str()->check(number_in(0, 1));
-  app.add_option("--device", f.device, "auto, cpu, cuda or cuda:N")->capture_default_str();
-  app.add_option("--seed", f.seed, "seed of the initialisation and the shuffling")->capture_default_str();
+  app.add_option("--device", f.device, "auto, cpu, cuda or cuda:N")->capture_default_str()->check(qgrad_examples::device_name(true));
+  app.add_option("--seed", f.seed, "seed of the initialisation and the shuffling")
+      ->capture_default_str()
+      ->check(qgrad_examples::seed_value());
   app.add_option("--data", f.data, "folder with the Fashion-MNIST IDX files")->capture_default_str();
   app.add_option("--out", f.out, "output folder")->capture_default_str();
   app.add_option("--report", f.report, "path of report.json (default <out>/report.json)");

@@ -152,11 +152,11 @@ int main(int argc, char** argv) {
   std::string device = "cpu";
   CLI::App app{"naive W8A8 against SmoothQuant against float"};
   app.add_option("--out", out_path, "write the tables as Markdown to this file");
-  app.add_option("--seed", seed, "seed of the synthetic model and data")->capture_default_str();
+  app.add_option("--seed", seed, "seed of the synthetic model and data")->capture_default_str()->check(qgrad_examples::seed_value());
   app.add_option("--alpha", alpha, "SmoothQuant migration strength, in (0, 1)")
       ->capture_default_str()
       ->check(qgrad_examples::number_in(0, 1, /*lo_open=*/true, /*hi_open=*/true));
-  app.add_option("--device", device, "cpu, cuda or cuda:N")->capture_default_str();
+  app.add_option("--device", device, "cpu, cuda or cuda:N")->capture_default_str()->check(qgrad_examples::device_name(false));
   app.add_option("--fmnist-checkpoint", fmnist_checkpoint,
                  "float.safetensors written by qgrad-qat-mlp: also compare on the trained Fashion-MNIST MLP");
   app.add_option("--data", data_dir, "folder with the Fashion-MNIST IDX files")->capture_default_str();

@@ -89,11 +89,11 @@ int main(int argc, char** argv) {
   double lr = 0.1;
   std::int64_t batch = 32;
   std::uint64_t seed = 7;
-  app.add_option("--device", device_name, "cpu, cuda or cuda:N")->capture_default_str();
+  app.add_option("--device", device_name, "cpu, cuda or cuda:N")->capture_default_str()->check(qgrad_examples::device_name(false));
   app.add_option("--epochs", epochs, "passes over the training set")->capture_default_str()->check(qgrad_examples::integer_in(1, 100000));
   app.add_option("--lr", lr, "SGD learning rate")->capture_default_str()->check(qgrad_examples::number_in(0, 10, true));
   app.add_option("--batch", batch, "mini-batch size")->capture_default_str()->check(qgrad_examples::integer_in(1, 1 << 20));
-  app.add_option("--seed", seed, "seed of the data, the init and the shuffling")->capture_default_str();
+  app.add_option("--seed", seed, "seed of the data, the init and the shuffling")->capture_default_str()->check(qgrad_examples::seed_value());
   CLI11_PARSE(app, argc, argv);
 
   try {

@@ -98,7 +98,7 @@ QGRAD_HD std::int64_t quant_index(M x, float inv_scale, std::int32_t zp, bool& n
 // (q - zp) * scale, the product as PyTorch's CPU kernels take it:
 // - kDoubleProduct (fake_quantize_per_channel_affine: std::fmin/fmax promote
 //   to double): in f64, rounded once to T (16-bit types through f32);
-// - otherwise (fake_quantize_per_tensor_affine, dequantize: int64 * float):
+// - otherwise (fake_quantize_per_tensor_affine, dequantize except to f64: int64 * float):
 //   float(q - zp) * scale in f32, then widened or narrowed to T; so an f64
 //   per-tensor fake quantize has f32-precision values, as in PyTorch.
 // For T computed in f32 and |q - zp| <= 2^24 the two are the same number.

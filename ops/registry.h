@@ -53,10 +53,13 @@ using GradReference = std::function<std::vector<std::vector<double>>(const std::
                                                                      const Tensor& dy)>;
 
 // One argument error: `run` must throw qgrad::Error whose op() contains `op`
-// and whose arg() (or message) contains `arg`.
+// and whose arg() (or message) contains `arg`. cpu_only: a check of the
+// values of a tensor argument (labels, qparams), made on the CPU only (on
+// CUDA it would need a host sync; docs/ops.md); the driver skips it there.
 struct BadInput {
   std::string op, arg;
   std::function<void()> run;
+  bool cpu_only = false;
 };
 
 struct OpEntry {
@@ -111,6 +114,13 @@ std::vector<OpEntry> quantization_entries();  // fake quantize, LSQ, quantize/de
 std::vector<OpEntry> state_entries();         // in-place updates (optimizer, observers) and factories
 
 TensorOptions on(Device device, DType dtype = DType::f32);
+// Seeded values of any dtype on `device` for bad-input cases (floating:
+// standard normal; integers: 1..4; boolean: 0/1).
+Tensor some(const Shape& shape, Device device, DType dtype = DType::f32);
+// Appends cases to the bad inputs of the entry named `name` (the family
+// files keep an entry's long list of argument errors apart from the entry).
+void extend_bad_inputs(std::vector<OpEntry>& entries, const std::string& name,
+                       std::function<std::vector<BadInput>(Device)> more);
 // A leaf requiring grad.
 Tensor leaf(Tensor t);
 // Standard normal values times stddev, as a leaf requiring grad.

@@ -25,13 +25,21 @@
 
 namespace qgrad::registry {
 
-// How CUDA results relate to CPU results. ulps = 0: bit-identical;
-// otherwise |cuda - cpu| <= ulps * eps(dtype) * max(1, |cpu|) elementwise.
+// How CUDA results relate to CPU results: bit-identical, or within a
+// relative tolerance per dtype, |cuda - cpu| <= rtol(dtype) * max(1, |cpu|)
+// elementwise, with the reason (the tolerances are those the op's own CUDA
+// tests use).
 struct Promise {
-  double ulps = 0;
-  std::string reason;  // why not bit-identical (empty when bit-identical)
+  double f64 = 0, f32 = 0, f16 = 0, bf16 = 0;  // all 0: bit-identical
+  std::string reason;                          // why not bit-identical
+  bool exact() const { return f64 == 0 && f32 == 0 && f16 == 0 && bf16 == 0; }
+  double rtol(DType dt) const {
+    return dt == DType::f64 ? f64 : dt == DType::f32 ? f32 : dt == DType::f16 ? f16 : dt == DType::bf16 ? bf16 : 0.0;
+  }
   static Promise bit_identical() { return {}; }
-  static Promise within(double ulps, std::string reason) { return {ulps, std::move(reason)}; }
+  static Promise within(double f64, double f32, double f16, double bf16, std::string reason) {
+    return {f64, f32, f16, bf16, std::move(reason)};
+  }
 };
 
 enum class GradMethod {
@@ -74,6 +82,9 @@ struct OpEntry {
   GradcheckOptions gradcheck_options = {};
   // Argument errors, on the given device (their inputs are made there).
   std::function<std::vector<BadInput>(Device)> bad_inputs;
+  // host_reference only, optional: host f64 values of outputs[0] (checked
+  // with the gradients in f64, where the documented formula is exact).
+  std::function<std::vector<double>(const std::vector<Tensor>& inputs)> forward_reference = nullptr;
 };
 
 // Every entry, in a fixed order (family by family).

@@ -25,13 +25,21 @@
 
 namespace qgrad::registry {
 
-// How CUDA results relate to CPU results. ulps = 0: bit-identical;
-// otherwise |cuda - cpu| <= ulps * eps(dtype) * max(1, |cpu|) elementwise.
+// How CUDA results relate to CPU results: bit-identical, or within a
+// relative tolerance per dtype, |cuda - cpu| <= rtol(dtype) * max(1, |cpu|)
+// elementwise, with the reason (the tolerances are those the op's own CUDA
+// tests use).
 struct Promise {
-  double ulps = 0;
-  std::string reason;  // why not bit-identical (empty when bit-identical)
+  double f64 = 0, f32 = 0, f16 = 0, bf16 = 0;  // all 0: bit-identical
+  std::string reason;                          // why not bit-identical
+  bool exact() const { return f64 == 0 && f32 == 0 && f16 == 0 && bf16 == 0; }
+  double rtol(DType dt) const {
+    return dt == DType::f64 ? f64 : dt == DType::f32 ? f32 : dt == DType::f16 ? f16 : dt == DType::bf16 ? bf16 : 0.0;
+  }
   static Promise bit_identical() { return {}; }
-  static Promise within(double ulps, std::string reason) { return {ulps, std::move(reason)}; }
+  static Promise within(double f64, double f32, double f16, double bf16, std::string reason) {
+    return {f64, f32, f16, bf16, std::move(reason)};
+  }
 };
 
 enum class GradMethod {
@@ -53,10 +61,13 @@ using GradReference = std::function<std::vector<std::vector<double>>(const std::
                                                                      const Tensor& dy)>;
 
 // One argument error: `run` must throw qgrad::Error whose op() contains `op`
-// and whose arg() (or message) contains `arg`.
+// and whose arg() (or message) contains `arg`. cpu_only: a check of the
+// values of a tensor argument (labels, qparams), made on the CPU only (on
+// CUDA it would need a host sync; docs/ops.md); the driver skips it there.
 struct BadInput {
   std::string op, arg;
   std::function<void()> run;
+  bool cpu_only = false;
 };
 
 struct OpEntry {
@@ -71,6 +82,9 @@ struct OpEntry {
   GradcheckOptions gradcheck_options = {};
   // Argument errors, on the given device (their inputs are made there).
   std::function<std::vector<BadInput>(Device)> bad_inputs;
+  // host_reference only, optional: host f64 values of outputs[0] (checked
+  // with the gradients in f64, where the documented formula is exact).
+  std::function<std::vector<double>(const std::vector<Tensor>& inputs)> forward_reference = nullptr;
 };
 
 // Every entry, in a fixed order (family by family).
@@ -111,6 +125,13 @@ std::vector<OpEntry> quantization_entries();  // fake quantize, LSQ, quantize/de
 std::vector<OpEntry> state_entries();         // in-place updates (optimizer, observers) and factories
 
 TensorOptions on(Device device, DType dtype = DType::f32);
+// Seeded values of any dtype on `device` for bad-input cases (floating:
+// standard normal; integers: 1..4; boolean: 0/1).
+Tensor some(const Shape& shape, Device device, DType dtype = DType::f32);
+// Appends cases to the bad inputs of the entry named `name` (the family
+// files keep an entry's long list of argument errors apart from the entry).
+void extend_bad_inputs(std::vector<OpEntry>& entries, const std::string& name,
+                       std::function<std::vector<BadInput>(Device)> more);
 // A leaf requiring grad.
 Tensor leaf(Tensor t);
 // Standard normal values times stddev, as a leaf requiring grad.

@@ -1,6 +1,7 @@
 #include "qgrad/ops/registry.h"
 
 #include <cmath>
+#include <stdexcept>
 
 #include "qgrad/ops/ops.h"
 
@@ -17,6 +18,28 @@ const std::vector<OpEntry>& op_registry() {
 }
 
 TensorOptions on(Device device, DType dtype) { return TensorOptions{}.with_dtype(dtype).with_device(device); }
+
+Tensor some(const Shape& shape, Device device, DType dtype) {
+  Generator g(2024);
+  if (is_floating(dtype)) return randn(shape, g, on(device, dtype));
+  if (dtype == DType::boolean) return randint(0, 2, shape, g, on(device, DType::s32)).to(dtype);
+  return randint(1, 5, shape, g, on(device, dtype));
+}
+
+void extend_bad_inputs(std::vector<OpEntry>& entries, const std::string& name,
+                       std::function<std::vector<BadInput>(Device)> more) {
+  for (OpEntry& e : entries) {
+    if (e.name != name) continue;
+    auto first = e.bad_inputs;
+    e.bad_inputs = [first, more](Device d) {
+      std::vector<BadInput> all = first ? first(d) : std::vector<BadInput>{};
+      for (BadInput& b : more(d)) all.push_back(std::move(b));
+      return all;
+    };
+    return;
+  }
+  throw std::logic_error("extend_bad_inputs: no registry entry named '" + name + "'");
+}
 
 Tensor leaf(Tensor t) {
   t.set_requires_grad(true);

@@ -247,15 +247,11 @@ TEST_CASE("CUDA writes the same mask words as the CPU (one __ballot_sync per wor
         Tensor xi = x.to(dev);
         Tensor y = Tensor::empty({n}, TensorOptions{}.with_dtype(dt).with_device(dev));
         masks[d] = Tensor::empty({kernels::qmask::words(n)}, TensorOptions{}.with_dtype(DType::s32).with_device(dev));
-        kernels::AffineArgs a;
-        a.op = kernels::AffineOp::fake_quant;
-        a.in = xi;
-        a.out = y;
-        a.mask_out = static_cast<std::uint32_t*>(masks[d].data_ptr());
-        a.params.scale_value = 0.125f;
-        a.qmin = -16;
-        a.qmax = 15;
-        kernels::affine(a);
+        kernels::QuantParams p;
+        p.source.scale_value = 0.125f;
+        p.qmin = -16;
+        p.qmax = 15;
+        kernels::fake_quantize(xi, y, p, static_cast<std::uint32_t*>(masks[d].data_ptr()));
       }
       REQUIRE(bit_equal(masks[0], masks[1]));
     }

@@ -67,15 +67,16 @@ void fake_quant_block_f32(const float* x, float* y, std::int64_t len, const form
 }
 
 template <class Op>
-void affine_impl(const AffineArgs& a) {
+void engine(const QuantLaunch& a) {
   using In = typename Op::In;
   using Out = typename Op::Out;
   const In* in = static_cast<const In*>(a.in.data_ptr());
   Out* out = static_cast<Out*>(a.out.data_ptr());
   const std::int64_t n = a.in.numel();
-  const Op op{a.qmin, a.qmax};
-  const formulas::ChannelMap map(a.inner, a.channels, n);
-  const formulas::ParamSource ps = a.params;
+  const QuantParams& qp = a.params;
+  const Op op{qp.qmin, qp.qmax};
+  const ChannelIndexer map(qp.layout);
+  const formulas::ParamSource ps = qp.source;
   const std::uint32_t* mask_in = a.mask_in;
   std::uint32_t* mask_out = a.mask_out;
   // One 128-element mask block per iteration, as one warp on CUDA.
@@ -87,9 +88,9 @@ void affine_impl(const AffineArgs& a) {
       // `inner` consecutive elements (equal channels at both ends are not
       // enough: the channel pattern repeats).
       const std::int64_t i0 = b * qmask::kBlock, c0 = map.channel(i0);
-      if (a.channels == 1 || (a.inner > 0 && i0 / a.inner == (end - 1) / a.inner)) {
+      if (qp.layout.channels == 1 || (qp.layout.inner > 0 && i0 / qp.layout.inner == (end - 1) / qp.layout.inner)) {
         const formulas::ChannelParams p0 = ps.get(c0);
-        const std::int64_t lo = a.qmin - p0.zp, hi = a.qmax - p0.zp, lim = std::int64_t(1) << 24;
+        const std::int64_t lo = qp.qmin - p0.zp, hi = qp.qmax - p0.zp, lim = std::int64_t(1) << 24;
         if (lo >= -lim && hi <= lim) {
           fake_quant_block_f32(in + i0, out + i0, end - i0, p0, static_cast<float>(lo), static_cast<float>(hi),
                                mask_out ? mask_out + b * qmask::kWordsPerBlock : nullptr);
@@ -139,12 +140,13 @@ void lsq_backward_impl(const LsqArgs& a) {
   M* ds = static_cast<M*>(a.ds.data_ptr());
   M* dz = static_cast<M*>(a.dz.data_ptr());
   const formulas::ParamSource ps{a.scale.data<float>(), a.zp.data<std::int32_t>(), 1.0f, 0};
-  const std::int64_t per_channel = a.outer * a.inner;
+  const AxisLayout& lay = a.layout;
+  const std::int64_t per_channel = lay.outer * lay.inner;
   const std::int64_t chunks = (per_channel + formulas::kLsqChunk - 1) / formulas::kLsqChunk;
   const M g = static_cast<M>(a.grad_factor);
-  std::vector<M> part_s(static_cast<std::size_t>(a.channels * chunks)), part_z(part_s.size());
+  std::vector<M> part_s(static_cast<std::size_t>(lay.channels * chunks)), part_z(part_s.size());
   // Stage 1: one chunk per iteration, as one thread block on CUDA.
-  parallel_for(a.channels * chunks, [&](std::int64_t blk) {
+  parallel_for(lay.channels * chunks, [&](std::int64_t blk) {
     const std::int64_t c = blk / chunks, start = (blk % chunks) * formulas::kLsqChunk;
     const std::int64_t end = std::min(per_channel, start + formulas::kLsqChunk);
     const formulas::ChannelParams p = ps.get(c);
@@ -152,7 +154,7 @@ void lsq_backward_impl(const LsqArgs& a) {
     for (int t = 0; t < kT; ++t) {
       M s = M(0), z = M(0);
       for (std::int64_t j = start + t; j < end; j += kT) {
-        const std::int64_t off = formulas::lsq_offset(j, c, a.outer, a.channels, a.inner);
+        const std::int64_t off = formulas::lsq_offset(lay, j, c);
         const auto r = formulas::lsq_grad<M>(M(x[off]), M(dy[off]), p, a.qmin, a.qmax, g);
         dx[off] = T(r.dx);
         s = s + r.ds;
@@ -166,7 +168,7 @@ void lsq_backward_impl(const LsqArgs& a) {
     part_z[static_cast<std::size_t>(blk)] = acc_z[0];
   }, 2);
   // Stage 2: one channel per iteration, as one thread block on CUDA.
-  parallel_for(a.channels, [&](std::int64_t c) {
+  parallel_for(lay.channels, [&](std::int64_t c) {
     M acc_s[kT], acc_z[kT];
     for (int t = 0; t < kT; ++t) {
       M s = M(0), z = M(0);
@@ -185,8 +187,8 @@ void lsq_backward_impl(const LsqArgs& a) {
 
 }  // namespace
 
-void affine(const AffineArgs& args) {
-  dispatch_affine(args, [&]<class Op>() { affine_impl<Op>(args); });
+void quant_elementwise(const QuantLaunch& l) {
+  dispatch_quant_kernel(l, [&]<class Op>() { engine<Op>(l); });
 }
 
 void lsq_backward(const LsqArgs& args) {

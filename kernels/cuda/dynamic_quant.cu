@@ -362,18 +362,18 @@ template <> struct KeyOf<double> {
 };
 
 template <class X>
-__global__ void slice_reduce_kernel(const X* __restrict__ x, SegmentLayout lay,
+__global__ void slice_reduce_kernel(const X* __restrict__ x, AxisLayout lay,
                                     typename KeyOf<quant_math_t<X>>::type* keys) {
   using M = quant_math_t<X>;
   using K = KeyOf<M>;
   __shared__ Range<M> sh[32];
   const std::int64_t per_slice = lay.outer * lay.inner;
-  for (std::int64_t l = blockIdx.y; l < lay.L; l += gridDim.y) {
+  for (std::int64_t l = blockIdx.y; l < lay.channels; l += gridDim.y) {
     Range<M> r = Range<M>::empty();
     for (std::int64_t e = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < per_slice;
          e += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
       const std::int64_t o = e / lay.inner, i = e % lay.inner;
-      r.add(M(x[(o * lay.L + l) * lay.inner + i]));
+      r.add(M(x[(o * lay.channels + l) * lay.inner + i]));
     }
     r = block_reduce(r, sh);
     if (threadIdx.x == 0 && r.lo <= r.hi) {
@@ -384,13 +384,13 @@ __global__ void slice_reduce_kernel(const X* __restrict__ x, SegmentLayout lay,
 }
 
 template <class X, class Q>
-void slice_impl(const Tensor& x, const SegmentLayout& lay, const QuantSpec& spec, const Tensor& q,
+void slice_impl(const Tensor& x, const AxisLayout& lay, const QuantSpec& spec, const Tensor& q,
                 const Tensor& scale, const Tensor& zero_point) {
   using M = quant_math_t<X>;
   using K = KeyOf<M>;
   using KT = typename K::type;
   const int dev = q.device().index;
-  const std::int64_t nseg = lay.L;
+  const std::int64_t nseg = lay.channels;
   Tensor keys_t = Tensor::empty({2 * nseg}, TensorOptions{}
                                                 .with_dtype(sizeof(KT) == 4 ? DType::s32 : DType::s64)
                                                 .with_device(q.device()));
@@ -419,9 +419,9 @@ void slice_impl(const Tensor& x, const SegmentLayout& lay, const QuantSpec& spec
   });
   const X* xp = static_cast<const X*>(x.data_ptr());
   Q* qp = static_cast<Q*>(q.data_ptr());
-  const SegmentLayout l2 = lay;
+  const AxisLayout l2 = lay;
   launch_elementwise(dev, x.numel(), [=] __device__(std::int64_t i) {
-    const std::int64_t s = l2.segment_of(i);
+    const std::int64_t s = segment_of(l2, 0, i);
     const M inv = formulas::inverse_scale<M>(sp[s]);
     qp[i] = static_cast<Q>(formulas::quantize_value<M>(M(xp[i]), inv, zp[s], sp_spec.qmin, sp_spec.qmax));
   });
@@ -429,26 +429,24 @@ void slice_impl(const Tensor& x, const SegmentLayout& lay, const QuantSpec& spec
 
 // ---- grouped layouts: one thread per segment, reduce then quantize ----
 template <class X, class Q>
-void group_impl(const Tensor& x, const SegmentLayout& lay, const QuantSpec& spec, const Tensor& q,
+void group_impl(const Tensor& x, const AxisLayout& lay, std::int64_t group, const QuantSpec& spec, const Tensor& q,
                 const Tensor& scale, const Tensor& zero_point) {
   using M = quant_math_t<X>;
   const X* xp = static_cast<const X*>(x.data_ptr());
   Q* qp = static_cast<Q*>(q.data_ptr());
   M* sp = static_cast<M*>(scale.data_ptr());
   std::int32_t* zp = static_cast<std::int32_t*>(zero_point.data_ptr());
-  const SegmentLayout l = lay;
+  const AxisLayout l = lay;
   const QuantSpec qs = spec;
-  launch_elementwise(q.device().index, lay.segments(), [=] __device__(std::int64_t s) {
-    const std::int64_t groups = l.L / l.group;
-    const std::int64_t i = s % l.inner, g = (s / l.inner) % groups, o = s / (l.inner * groups);
-    const std::int64_t base = (o * l.L + g * l.group) * l.inner + i;
+  launch_elementwise(q.device().index, segment_count(lay, group), [=] __device__(std::int64_t s) {
+    const std::int64_t base = segment_base(l, group, s);
     Range<M> r = Range<M>::empty();
-    for (std::int64_t j = 0; j < l.group; ++j) r.add(M(xp[base + j * l.inner]));
+    for (std::int64_t j = 0; j < group; ++j) r.add(M(xp[base + j * l.inner]));
     const QParams<M> p = formulas::qparams_from_range<M>(r, qs.symmetric, qs.qmin, qs.qmax);
     sp[s] = p.scale;
     zp[s] = p.zero_point;
     const M inv = formulas::inverse_scale<M>(p.scale);
-    for (std::int64_t j = 0; j < l.group; ++j) {
+    for (std::int64_t j = 0; j < group; ++j) {
       const std::int64_t e = base + j * l.inner;
       qp[e] = static_cast<Q>(formulas::quantize_value<M>(M(xp[e]), inv, p.zero_point, qs.qmin, qs.qmax));
     }
@@ -499,13 +497,13 @@ void dispatch_x_q(DType xt, DType qt, const char* op, F&& f) {
 
 }  // namespace
 
-void dynamic_quantize(const Tensor& x, const SegmentLayout& layout, const QuantSpec& spec, const Tensor& q,
-                      const Tensor& scale, const Tensor& zero_point) {
+void dynamic_quantize(const Tensor& x, const AxisLayout& layout, std::int64_t group, const QuantSpec& spec,
+                      const Tensor& q, const Tensor& scale, const Tensor& zero_point) {
   dispatch_x_q(x.dtype(), q.dtype(), "dynamic_range_quantize", [&](auto xt, auto qt) {
     using X = typename decltype(xt)::type;
     using Q = typename decltype(qt)::type;
-    if (layout.per_slice) slice_impl<X, Q>(x, layout, spec, q, scale, zero_point);
-    else group_impl<X, Q>(x, layout, spec, q, scale, zero_point);
+    if (group == 0) slice_impl<X, Q>(x, layout, spec, q, scale, zero_point);
+    else group_impl<X, Q>(x, layout, group, spec, q, scale, zero_point);
   });
 }
 

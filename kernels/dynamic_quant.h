@@ -58,8 +58,8 @@ struct QuantSpec {
 //   max_r |x[r, j]|) over the finite values of x viewed [rows, D]; amax f32
 //   [D] on x's device.
 #define QGRAD_DYNAMIC_QUANT_KERNELS                                                                                   \
-  void dynamic_quantize(const Tensor& x, const AxisLayout& layout, std::int64_t group, const QuantSpec& spec,          \
-                        const Tensor& q, const Tensor& scale, const Tensor& zero_point);                                               \
+  void dynamic_quantize(const Tensor& x, const AxisLayout& layout, std::int64_t group, const QuantSpec& spec,        \
+                        const Tensor& q, const Tensor& scale, const Tensor& zero_point);                              \
   void quantize_rows_dynamic(const Tensor& x, std::int64_t D, const QuantSpec& spec, const Tensor& q,                 \
                              std::int64_t ldq, const Tensor& scale, const Tensor& zero_point);                        \
   void quantize_rows_static(const Tensor& x, std::int64_t D, const Tensor& scale, const Tensor& zero_point, int qmin, \

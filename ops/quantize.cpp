@@ -222,6 +222,56 @@ Scope group_scope(const Tensor& x, const Tensor& scale, const Tensor& zp, std::i
   return sc;
 }
 
+using I64 = std::int64_t;
+
+// The qparams of `scope` for x (validated: shapes, dtypes, device, values on
+// the CPU). The group scope runs along the last axis.
+Scope scope_of(QuantScope scope, const Tensor& x, const Tensor& scale, const Tensor& zp, I64 qmin, I64 qmax,
+               const char* op) {
+  switch (scope.kind) {
+    case QuantScope::tensor: return tensor_scope(x, scale, zp, nullptr, qmin, qmax, op);
+    case QuantScope::channel: return channel_scope(x, scale, zp, scope.axis, qmin, qmax, op);
+    case QuantScope::token: return token_scope(x, scale, zp, qmin, qmax, op);
+    case QuantScope::group: {
+      QGRAD_CHECK(x.dim() >= 1, op, "x", "expected rank >= 1, got a scalar");
+      const I64 ax = check::axis(scope.axis, x.dim(), op);
+      QGRAD_CHECK(ax == x.dim() - 1, op, "scope", "per_group runs along the last axis (", x.dim() - 1, "), got axis ",
+                  scope.axis);
+      return group_scope(x, scale, zp, scope.group_size, qmin, qmax, op);
+    }
+  }
+  throw Error(op, "scope", "unknown scope kind " + std::to_string(static_cast<int>(scope.kind)));
+}
+
+// The views under which (q - zp) and the scale of `scope` broadcast against
+// each other (the scope already validated).
+struct ScaleViews {
+  Shape q, s;
+};
+ScaleViews scale_views(QuantScope scope, const Tensor& q, const Tensor& scale) {
+  switch (scope.kind) {
+    case QuantScope::channel: {
+      const I64 ax = scope.axis < 0 ? scope.axis + q.dim() : scope.axis;
+      Shape sv(static_cast<std::size_t>(q.dim() - ax), 1);
+      sv[0] = q.shape()[static_cast<std::size_t>(ax)];
+      return {q.shape(), sv};
+    }
+    case QuantScope::token: {
+      Shape sv = q.shape();
+      sv.back() = 1;
+      return {q.shape(), sv};
+    }
+    case QuantScope::group: {
+      Shape qv = q.shape(), sv = scale.shape();
+      qv.back() /= scope.group_size;
+      qv.push_back(scope.group_size);
+      sv.push_back(1);
+      return {qv, sv};
+    }
+    default: return {q.shape(), Shape{}};
+  }
+}
+
 // ---- LSQ ----
 Tensor lsq_forward(const char* name, const Tensor& x, const Tensor& scale, const Tensor& zp, const Shape* shape,
                    const kernels::AxisLayout& layout, std::int64_t qmin, std::int64_t qmax, double grad_factor) {
@@ -294,22 +344,29 @@ Tensor fake_quantize_per_tensor(const Tensor& x, double scale, std::int64_t zero
   return fake_quant_forward(op, x, sc, qmin, qmax);
 }
 
-Tensor fake_quantize_per_tensor(const Tensor& x, const Tensor& scale, const Tensor& zero_point, std::int64_t qmin,
-                                std::int64_t qmax) {
-  const char* op = "fake_quantize_per_tensor";
+namespace {
+Tensor fake_quantize_op(const char* op, const Tensor& x, const Tensor& scale, const Tensor& zero_point,
+                        QuantScope scope, std::int64_t qmin, std::int64_t qmax) {
   check::floating(x, op, "x");
   check_range(qmin, qmax, op);
-  const Scope sc = tensor_scope(x, scale, zero_point, nullptr, qmin, qmax, op);
-  return fake_quant_forward(op, x, sc, qmin, qmax);
+  return fake_quant_forward(op, x, scope_of(scope, x, scale, zero_point, qmin, qmax, op), qmin, qmax);
+}
+}  // namespace
+
+Tensor fake_quantize(const Tensor& x, const Tensor& scale, const Tensor& zero_point, QuantScope scope,
+                     std::int64_t qmin, std::int64_t qmax) {
+  return fake_quantize_op("fake_quantize", x, scale, zero_point, scope, qmin, qmax);
+}
+
+Tensor fake_quantize_per_tensor(const Tensor& x, const Tensor& scale, const Tensor& zero_point, std::int64_t qmin,
+                                std::int64_t qmax) {
+  return fake_quantize_op("fake_quantize_per_tensor", x, scale, zero_point, QuantScope::per_tensor(), qmin, qmax);
 }
 
 Tensor fake_quantize_per_channel(const Tensor& x, const Tensor& scale, const Tensor& zero_point, std::int64_t axis,
                                  std::int64_t qmin, std::int64_t qmax) {
-  const char* op = "fake_quantize_per_channel";
-  check::floating(x, op, "x");
-  check_range(qmin, qmax, op);
-  const Scope sc = channel_scope(x, scale, zero_point, axis, qmin, qmax, op);
-  return fake_quant_forward(op, x, sc, qmin, qmax);
+  return fake_quantize_op("fake_quantize_per_channel", x, scale, zero_point, QuantScope::per_channel(axis), qmin,
+                          qmax);
 }
 
 namespace {
@@ -393,22 +450,15 @@ Tensor dequantize_op(const char* op, const Tensor& q, DType out_dtype, ScopeFn&&
   check_dequant_input(q, out_dtype, op);
   return dequantize_forward(op, q, scope(quant_min_of(q.dtype()), quant_max_of(q.dtype()), op), out_dtype);
 }
-using I64 = std::int64_t;
-
-// The views under which (q - zp) and the scale broadcast against each other.
-struct ScaleViews {
-  Shape q, s;
-};
-
 // Dequantize with a scale tensor. When the scale requires grad or is not f32
 // (any floating dtype), y = (q - zp) * scale runs through mul, so the scale gets
 // dscale = sum of dy * (q - zp) over its broadcast; (q - zp) comes exactly
 // from the kernel, and the product is taken in f32 (f64 when the output or
 // the scale is f64), then converted: the same values as the kernel path
 // except for f64 outputs with an f32 scale (f64 product here).
-template <class ScopeFn, class ViewsFn>
-Tensor dequantize_tensor_op(const char* op, const Tensor& q, const Tensor& scale, DType out_dtype, ScopeFn&& scope,
-                            ViewsFn&& views) {
+template <class ScopeFn>
+Tensor dequantize_tensor_op(const char* op, const Tensor& q, const Tensor& scale, DType out_dtype, QuantScope qscope,
+                            ScopeFn&& scope) {
   check_dequant_input(q, out_dtype, op);
   const I64 lo = quant_min_of(q.dtype()), hi = quant_max_of(q.dtype());
   const bool composite = any_requires_grad({scale}) ||
@@ -419,11 +469,31 @@ Tensor dequantize_tensor_op(const char* op, const Tensor& q, const Tensor& scale
   sc.source.scale = nullptr;
   sc.source.scale_value = 1.0f;
   const DType m = out_dtype == DType::f64 || scale.dtype() == DType::f64 ? DType::f64 : DType::f32;
-  const ScaleViews v = views();
+  const ScaleViews v = scale_views(qscope, q, scale);
   Tensor k = dequantize_forward(op, q, sc, m);
   return mul(k.reshape(v.q), scale.to(m).reshape(v.s)).reshape(q.shape()).to(out_dtype);
 }
+// quantize / dequantize over `scope` with tensor qparams.
+Tensor quantize_scope_op(const char* op, const Tensor& x, const Tensor& scale, const Tensor& zero_point,
+                         QuantScope scope, DType dtype) {
+  return quantize_op(op, x, dtype,
+                     [&](I64 lo, I64 hi, const char* o) { return scope_of(scope, x, scale, zero_point, lo, hi, o); });
+}
+Tensor dequantize_scope_op(const char* op, const Tensor& q, const Tensor& scale, const Tensor& zero_point,
+                           QuantScope scope, DType out_dtype) {
+  return dequantize_tensor_op(op, q, scale, out_dtype, scope, [&](const Tensor& s, I64 lo, I64 hi, const char* o) {
+    return scope_of(scope, q, s, zero_point, lo, hi, o);
+  });
+}
 }  // namespace
+
+Tensor quantize(const Tensor& x, const Tensor& scale, const Tensor& zero_point, QuantScope scope, DType dtype) {
+  return quantize_scope_op("quantize", x, scale, zero_point, scope, dtype);
+}
+
+Tensor dequantize(const Tensor& q, const Tensor& scale, const Tensor& zero_point, QuantScope scope, DType out_dtype) {
+  return dequantize_scope_op("dequantize", q, scale, zero_point, scope, out_dtype);
+}
 
 Tensor quantize_per_tensor(const Tensor& x, double scale, std::int64_t zero_point, DType dtype) {
   return quantize_op("quantize_per_tensor", x, dtype,
@@ -431,9 +501,7 @@ Tensor quantize_per_tensor(const Tensor& x, double scale, std::int64_t zero_poin
 }
 
 Tensor quantize_per_tensor(const Tensor& x, const Tensor& scale, const Tensor& zero_point, DType dtype) {
-  return quantize_op("quantize_per_tensor", x, dtype, [&](I64 lo, I64 hi, const char* op) {
-    return tensor_scope(x, scale, zero_point, nullptr, lo, hi, op);
-  });
+  return quantize_scope_op("quantize_per_tensor", x, scale, zero_point, QuantScope::per_tensor(), dtype);
 }
 
 Tensor dequantize_per_tensor(const Tensor& q, double scale, std::int64_t zero_point, DType out_dtype) {
@@ -442,32 +510,21 @@ Tensor dequantize_per_tensor(const Tensor& q, double scale, std::int64_t zero_po
 }
 
 Tensor dequantize_per_tensor(const Tensor& q, const Tensor& scale, const Tensor& zero_point, DType out_dtype) {
-  return dequantize_tensor_op(
-      "dequantize_per_tensor", q, scale, out_dtype,
-      [&](const Tensor& s, I64 lo, I64 hi, const char* op) { return tensor_scope(q, s, zero_point, nullptr, lo, hi, op); },
-      [&] { return ScaleViews{q.shape(), Shape{}}; });
+  return dequantize_scope_op("dequantize_per_tensor", q, scale, zero_point, QuantScope::per_tensor(), out_dtype);
 }
 
 Tensor quantize_per_channel(const Tensor& x, const Tensor& scale, const Tensor& zero_point, std::int64_t axis,
                             DType dtype) {
-  return quantize_op("quantize_per_channel", x, dtype, [&](I64 lo, I64 hi, const char* op) {
-    return channel_scope(x, scale, zero_point, axis, lo, hi, op);
-  });
+  return quantize_scope_op("quantize_per_channel", x, scale, zero_point, QuantScope::per_channel(axis), dtype);
 }
 
 Tensor dequantize_per_channel(const Tensor& q, const Tensor& scale, const Tensor& zero_point, std::int64_t axis,
                               DType out_dtype) {
-  return dequantize_tensor_op(
-      "dequantize_per_channel", q, scale, out_dtype,
-      [&](const Tensor& s, I64 lo, I64 hi, const char* op) { return channel_scope(q, s, zero_point, axis, lo, hi, op); },
-      [&] {
-        const I64 ax = axis < 0 ? axis + q.dim() : axis;
-        Shape sv(static_cast<std::size_t>(q.dim() - ax), 1);
-        sv[0] = q.shape()[static_cast<std::size_t>(ax)];
-        return ScaleViews{q.shape(), sv};
-      });
+  return dequantize_scope_op("dequantize_per_channel", q, scale, zero_point, QuantScope::per_channel(axis),
+                             out_dtype);
 }
 
+// Per token keeps its [N, D] contract (the token scope takes any rank).
 Tensor quantize_per_token(const Tensor& x, const Tensor& scale, const Tensor& zero_point, DType dtype) {
   return quantize_op("quantize_per_token", x, dtype, [&](I64 lo, I64 hi, const char* op) {
     check::rank_is(x, 2, op, "x");
@@ -476,36 +533,22 @@ Tensor quantize_per_token(const Tensor& x, const Tensor& scale, const Tensor& ze
 }
 
 Tensor dequantize_per_token(const Tensor& q, const Tensor& scale, const Tensor& zero_point, DType out_dtype) {
-  return dequantize_tensor_op(
-      "dequantize_per_token", q, scale, out_dtype,
-      [&](const Tensor& s, I64 lo, I64 hi, const char* op) {
-        check::rank_is(q, 2, op, "x");
-        return token_scope(q, s, zero_point, lo, hi, op);
-      },
-      [&] { return ScaleViews{q.shape(), Shape{q.shape()[0], 1}}; });
+  return dequantize_tensor_op("dequantize_per_token", q, scale, out_dtype, QuantScope::per_token(),
+                              [&](const Tensor& s, I64 lo, I64 hi, const char* op) {
+                                check::rank_is(q, 2, op, "x");
+                                return token_scope(q, s, zero_point, lo, hi, op);
+                              });
 }
 
 Tensor quantize_per_group(const Tensor& x, const Tensor& scale, const Tensor& zero_point, std::int64_t group_size,
                           DType dtype) {
-  return quantize_op("quantize_per_group", x, dtype, [&](I64 lo, I64 hi, const char* op) {
-    return group_scope(x, scale, zero_point, group_size, lo, hi, op);
-  });
+  return quantize_scope_op("quantize_per_group", x, scale, zero_point, QuantScope::per_group(-1, group_size), dtype);
 }
 
 Tensor dequantize_per_group(const Tensor& q, const Tensor& scale, const Tensor& zero_point, std::int64_t group_size,
                             DType out_dtype) {
-  return dequantize_tensor_op(
-      "dequantize_per_group", q, scale, out_dtype,
-      [&](const Tensor& s, I64 lo, I64 hi, const char* op) {
-        return group_scope(q, s, zero_point, group_size, lo, hi, op);
-      },
-      [&] {
-        Shape qv = q.shape(), sv = scale.shape();
-        qv.back() /= group_size;
-        qv.push_back(group_size);
-        sv.push_back(1);
-        return ScaleViews{qv, sv};
-      });
+  return dequantize_scope_op("dequantize_per_group", q, scale, zero_point, QuantScope::per_group(-1, group_size),
+                             out_dtype);
 }
 
 }  // namespace qgrad

@@ -12,9 +12,6 @@ using namespace qref;
 
 namespace {
 
-TensorOptions f32() { return TensorOptions{}.with_dtype(DType::f32); }
-TensorOptions s32() { return TensorOptions{}.with_dtype(DType::s32); }
-
 // Runs per-tensor fake quantize (forward + backward) on x and compares with
 // the host reference bit for bit.
 template <class T>

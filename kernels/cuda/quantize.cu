@@ -289,7 +289,8 @@ template <class T>
 __global__ void __launch_bounds__(formulas::kLsqThreads)
     lsq_partial_kernel(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx,
                        op_math_t<T>* __restrict__ part_s, op_math_t<T>* __restrict__ part_z,
-                       formulas::ParamSource ps, AxisLayout lay, std::int64_t chunks, std::int64_t qmin, std::int64_t qmax, op_math_t<T> g) {
+                       formulas::ParamSource ps, AxisLayout lay, std::int64_t chunks, std::int64_t qmin,
+                       std::int64_t qmax, op_math_t<T> g) {
   using M = op_math_t<T>;
   constexpr int kT = formulas::kLsqThreads, kU = 4;
   __shared__ M sh_s[kT];

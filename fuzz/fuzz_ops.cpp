@@ -16,6 +16,7 @@
 
 #include "fuzz_common.h"
 #include "qgrad/ops/ops.h"
+#include "qgrad/ops/registry.h"
 
 using namespace qgrad;
 
@@ -282,12 +283,32 @@ Tensor run_op(FuzzedDataProvider& p) {
   }
 }
 
+// Every op of the registry (ops/registry.h), so an op added there is fuzzed
+// without a case here: its inputs are made with a fuzzed dtype and seed, then
+// one of them may be replaced by a fuzzed tensor (any dtype, rank, dims,
+// values) before the call; and its documented bad inputs are run too.
+Tensor run_registry_op(FuzzedDataProvider& p) {
+  const auto& entries = registry::op_registry();
+  const registry::OpEntry& e = entries[p.ConsumeIntegralInRange<std::size_t>(0, entries.size() - 1)];
+  const DType dt = e.dtypes[p.ConsumeIntegralInRange<std::size_t>(0, e.dtypes.size() - 1)];
+  Generator g(p.ConsumeIntegral<std::uint64_t>());
+  std::vector<Tensor> in = e.inputs(Device::cpu(), dt, g);
+  if (!in.empty() && p.ConsumeBool()) in[p.ConsumeIntegralInRange<std::size_t>(0, in.size() - 1)] = tensor(p);
+  if (e.bad_inputs && p.ConsumeBool()) {
+    for (const registry::BadInput& b : e.bad_inputs(Device::cpu())) fuzz::expect_ok_or_error(b.run);
+  }
+  const std::vector<Tensor> out = e.call(in);
+  return out.empty() ? Tensor() : out[0];
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   FuzzedDataProvider p(data, size);
   fuzz::expect_ok_or_error([&] {
-    Tensor y = run_op(p);
+    // Half the inputs drive a registry entry, half the argument-level cases
+    // (host scalars, axes, qparams) of run_op.
+    Tensor y = p.ConsumeBool() ? run_registry_op(p) : run_op(p);
     // Backward through whatever was recorded (the gradient rules run too).
     if (y.defined() && y.requires_grad() && is_floating(y.dtype()) && y.numel() > 0) sum(y).backward();
   });

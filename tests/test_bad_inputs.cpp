@@ -19,6 +19,7 @@
 
 #include "helpers.h"
 #include "qgrad/nn/nn.h"
+#include "qgrad/ops/registry.h"
 
 using namespace qgrad;
 using namespace qgrad::testing;
@@ -128,6 +129,17 @@ std::string safetensors(const std::string& header, const std::string& data) {
 }
 
 }  // namespace
+
+// The documented errors of every op in the registry (ops/registry.h): an op
+// added there is in this matrix without a case here. The cases below it go
+// further for the ops they name (every argument, destinations untouched).
+TEST_CASE("bad inputs: every registry entry's documented errors") {
+  Matrix m;
+  for (const registry::OpEntry& e : registry::op_registry())
+    if (e.bad_inputs)
+      for (const registry::BadInput& b : e.bad_inputs(Device::cpu())) m.add(b.op, b.arg, b.run, __LINE__);
+  CHECK(m.run_all("registry entries") >= registry::op_registry().size());
+}
 
 TEST_CASE("bad inputs: arithmetic, activations, reductions, linalg, loss, lerp") {
   Matrix m;

@@ -1,0 +1,293 @@
+// Registry entries: fake quantize (straight-through), the observer-fused
+// fake quantize, LSQ, quantize/dequantize in every scope, dynamic-range
+// quantization and the W8A8 quantized linear.
+#include <algorithm>
+#include <cmath>
+
+#include "qgrad/ops/ops.h"
+#include "qgrad/ops/registry.h"
+
+namespace qgrad::registry {
+
+namespace {
+
+const std::vector<DType> kFloat = {DType::f64, DType::f32, DType::f16, DType::bf16};
+using Tensors = std::vector<Tensor>;
+using Grads = std::vector<std::vector<double>>;
+
+std::vector<double> host(const Tensor& t) { return t.detach().to(DType::f64).cpu().to_vector<double>(); }
+
+// q before clamping, as docs/ops.md "Quantization: shared conventions" gives
+// it: nearbyint(x * float(1 / scale)) + zp, the product in op math (f64 for
+// an f64 x, else f32; x is exact in both).
+double unclamped_q(double x, float scale, double zp, bool f64) {
+  const float inv = 1.0f / scale;
+  const double v = f64 ? x * static_cast<double>(inv) : static_cast<double>(static_cast<float>(x) * inv);
+  return std::nearbyint(v) + zp;
+}
+
+// Straight-through: dx = dy where qmin <= q <= qmax, else 0; `channel(i)`
+// picks the element's scale and zero point; `times` counts the calls summed.
+Grads straight_through(const Tensor& x, const Tensor& dy, const std::vector<double>& scales,
+                       const std::vector<double>& zps, std::int64_t qmin, std::int64_t qmax,
+                       const std::function<std::size_t(std::size_t)>& channel, double times = 1.0) {
+  const auto xs = host(x), gs = host(dy);
+  std::vector<double> dx(xs.size());
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    const std::size_t c = channel(i);
+    const double q = unclamped_q(xs[i], static_cast<float>(scales[c]), zps[c], x.dtype() == DType::f64);
+    dx[i] = (q >= static_cast<double>(qmin) && q <= static_cast<double>(qmax)) ? gs[i] * times : 0.0;
+  }
+  return {dx};
+}
+
+Tensor f32_on(const std::vector<float>& v, Device d) { return Tensor::from_vector(v, {static_cast<std::int64_t>(v.size())}, d); }
+Tensor s32_on(const std::vector<std::int32_t>& v, Device d) {
+  return Tensor::from_vector(v, {static_cast<std::int64_t>(v.size())}, d);
+}
+
+// The scale / zero point errors every quantization op shares.
+std::vector<BadInput> qparam_errors(const char* op, const std::function<void(const Tensor&, const Tensor&)>& call,
+                                    Device d, std::int64_t channels) {
+  Tensor s = full({channels}, 0.25, on(d)), z = zeros({channels}, on(d, DType::s32));
+  return {{op, "scale", [=] { call(s.to(DType::f64), z); }},
+          {op, "zero_point", [=] { call(s, z.to(DType::f32)); }},
+          {op, "scale", [=] { call(full({channels + 1}, 0.25, on(d)), zeros({channels + 1}, on(d, DType::s32))); }}};
+}
+
+}  // namespace
+
+std::vector<OpEntry> quantization_entries() {
+  std::vector<OpEntry> e;
+  // fake_quantize_per_tensor, host scalars and tensor qparams (summed).
+  e.push_back({"fake_quantize_per_tensor", {"fake_quantize_per_tensor"}, kFloat,
+               [](Device d, DType dt, Generator& g) {
+                 return Tensors{quant_input({200}, g, d, dt, 0.125, 3, -128, 127), f32_on({0.125f}, d), s32_on({3}, d)};
+               },
+               [](const Tensors& v) {
+                 return Tensors{add(fake_quantize_per_tensor(v[0], 0.125, 3, -128, 127),
+                                    fake_quantize_per_tensor(v[0], v[1], v[2], -128, 127))};
+               },
+               Promise::bit_identical(), GradMethod::host_reference,
+               [](const Tensors& v, const Tensor& dy) {
+                 return straight_through(v[0], dy, {0.125}, {3}, -128, 127, [](std::size_t) { return 0; }, 2.0);
+               },
+               {}, [](Device d) {
+                 Tensor x = zeros({8}, on(d));
+                 auto call = [x](const Tensor& s, const Tensor& z) { fake_quantize_per_tensor(x, s, z, -128, 127); };
+                 auto errors = qparam_errors("fake_quantize_per_tensor", call, d, 1);
+                 errors.push_back({"fake_quantize_per_tensor", "scale", [=] { fake_quantize_per_tensor(x, 0.0, 0, -128, 127); }});
+                 errors.push_back({"fake_quantize_per_tensor", "qmax", [=] { fake_quantize_per_tensor(x, 0.1, 0, 5, 5); }});
+                 errors.push_back({"fake_quantize_per_tensor", "zero_point", [=] { fake_quantize_per_tensor(x, 0.1, 300, -128, 127); }});
+                 errors.push_back({"fake_quantize_per_tensor", "x", [=] { fake_quantize_per_tensor(x.to(DType::s32), 0.1, 0, -128, 127); }});
+                 return errors;
+               }});
+  e.push_back({"fake_quantize_per_channel", {"fake_quantize_per_channel"}, kFloat,
+               [](Device d, DType dt, Generator& g) {
+                 return Tensors{quant_input({4, 50}, g, d, dt, 0.0625, 0, 0, 255),
+                                f32_on({0.0625f, 0.03f, 0.5f, 0.011f}, d), s32_on({0, 7, 128, 255}, d)};
+               },
+               [](const Tensors& v) { return Tensors{fake_quantize_per_channel(v[0], v[1], v[2], 0, 0, 255)}; },
+               Promise::bit_identical(), GradMethod::host_reference,
+               [](const Tensors& v, const Tensor& dy) {
+                 return straight_through(v[0], dy, host(v[1]), host(v[2]), 0, 255, [](std::size_t i) { return i / 50; });
+               },
+               {}, [](Device d) {
+                 Tensor x = zeros({4, 6}, on(d));
+                 auto call = [x](const Tensor& s, const Tensor& z) { fake_quantize_per_channel(x, s, z, 0, -128, 127); };
+                 auto errors = qparam_errors("fake_quantize_per_channel", call, d, 4);
+                 Tensor s = full({4}, 0.25, on(d)), z = zeros({4}, on(d, DType::s32));
+                 errors.push_back({"fake_quantize_per_channel", "axis", [=] { fake_quantize_per_channel(x, s, z, 2, -128, 127); }});
+                 return errors;
+               }});
+  // The observer-fused forms: the range is updated in place, the qparams
+  // written, then x fake quantized with them.
+  for (const bool per_channel : {false, true}) {
+    const char* name = per_channel ? "observe_fake_quantize_per_channel" : "observe_fake_quantize_per_tensor";
+    const std::int64_t c = per_channel ? 4 : 1;
+    e.push_back({name, {name}, kFloat,
+                 [c](Device d, DType dt, Generator& g) {
+                   Tensor run_min = full({c}, 0.5, on(d)), run_max = full({c}, 1.0, on(d));
+                   return Tensors{normal({4, 30}, g, d, dt, 3.0), run_min, run_max, zeros({c}, on(d)),
+                                  zeros({c}, on(d, DType::s32))};
+                 },
+                 [per_channel](const Tensors& v) {
+                   const ObserverUpdate u{v[1], v[2], 0.25, false, 0};
+                   Tensor y = per_channel ? observe_fake_quantize_per_channel(v[0], v[3], v[4], 0, -128, 127, u)
+                                          : observe_fake_quantize_per_tensor(v[0], v[3], v[4], -128, 127, u);
+                   return Tensors{y, v[1], v[2], v[3], v[4]};
+                 },
+                 Promise::bit_identical(), GradMethod::host_reference,
+                 [per_channel](const Tensors& v, const Tensor& dy) {  // scale / zp as the op wrote them
+                   return straight_through(v[0], dy, host(v[3]), host(v[4]), -128, 127,
+                                           [per_channel](std::size_t i) { return per_channel ? i / 30 : 0; });
+                 },
+                 {}, [name, per_channel, c](Device d) {
+                   Tensor x = zeros({4, 30}, on(d)), s = zeros({c}, on(d)), z = zeros({c}, on(d, DType::s32));
+                   auto call = [=](const ObserverUpdate& u) {
+                     if (per_channel) observe_fake_quantize_per_channel(x, s, z, 0, -128, 127, u);
+                     else observe_fake_quantize_per_tensor(x, s, z, -128, 127, u);
+                   };
+                   Tensor r = full({c}, 1.0, on(d));
+                   return std::vector<BadInput>{
+                       {name, "averaging_constant", [=] { call({r, r, 2.0, false, 0}); }},
+                       {name, "run_min", [=] { call({r.to(DType::f64), r, 0.1, false, 0}); }},
+                       {name, "run_max", [=] { call({r, full({c + 1}, 1.0, on(d)), 0.1, false, 0}); }}};
+                 }});
+  }
+  // LSQ: gradients for x, scale and zero point with PyTorch's formulas
+  // (not the derivative of the step function), transcribed on the host.
+  for (const bool per_channel : {false, true}) {
+    const char* name = per_channel ? "fake_quantize_learnable_per_channel" : "fake_quantize_learnable_per_tensor";
+    const std::int64_t c = per_channel ? 4 : 1;
+    OpEntry lsq;
+    lsq.name = name;
+    lsq.covers = {name};
+    lsq.dtypes = {DType::f64, DType::f32};
+    lsq.promise = Promise::within(64, "scale/zero-point sums in another order");
+    lsq.grad = GradMethod::host_reference;
+    lsq.inputs = [c](Device d, DType dt, Generator& g) {
+      return Tensors{normal({4, 6}, g, d, dt), leaf(rand({c}, g, on(d, dt), 0.05, 0.2)),
+                     leaf(rand({c}, g, on(d, dt), -3.0, 3.0))};
+    };
+    lsq.call = [per_channel](const Tensors& v) {
+      return Tensors{per_channel ? fake_quantize_learnable_per_channel(v[0], v[1], v[2], 0, -8, 7, 0.7)
+                                 : fake_quantize_learnable_per_tensor(v[0], v[1], v[2], -8, 7, 0.7)};
+    };
+    lsq.grad_reference = [per_channel, c](const Tensors& v, const Tensor& dy) {
+      const auto xs = host(v[0]), gs = host(dy), ss = host(v[1]), zs = host(v[2]);
+      const double gf = 0.7, qmin = -8, qmax = 7;
+      std::vector<double> dx(xs.size()), ds(static_cast<std::size_t>(c)), dz(static_cast<std::size_t>(c));
+      for (std::size_t i = 0; i < xs.size(); ++i) {
+        const std::size_t ch = per_channel ? i / 6 : 0;
+        const float s = static_cast<float>(ss[ch]);
+        const double z = std::clamp<double>(std::nearbyint(static_cast<float>(zs[ch])), qmin, qmax);
+        const float inv = 1.0f / s;
+        const double q = std::nearbyint(xs[i] * static_cast<double>(inv)) + z;
+        if (q < qmin || q > qmax) {
+          ds[ch] += (gs[i] * ((q < qmin ? qmin : qmax) - z)) * gf;
+          dz[ch] += ((gs[i] * -1.0) * s) * gf;
+        } else {
+          dx[i] = gs[i];
+          ds[ch] += ((gs[i] * ((q - z) * s - xs[i])) * static_cast<double>(inv)) * gf;
+        }
+      }
+      return Grads{dx, ds, dz};
+    };
+    lsq.bad_inputs = [name, per_channel, c](Device d) {
+      Tensor x = zeros({4, 6}, on(d)), s = full({c}, 0.1, on(d)), z = zeros({c}, on(d));
+      auto call = [=](const Tensor& sc, const Tensor& zp, double gf) {
+        if (per_channel) fake_quantize_learnable_per_channel(x, sc, zp, 0, -8, 7, gf);
+        else fake_quantize_learnable_per_tensor(x, sc, zp, -8, 7, gf);
+      };
+      return std::vector<BadInput>{{name, "grad_factor", [=] { call(s, z, NAN); }},
+                                   {name, "zero_point", [=] { call(s, full({c}, NAN, on(d)), 1.0); }},
+                                   {name, "scale", [=] { call(zeros({c + 1}, on(d)), z, 1.0); }}};
+    };
+    e.push_back(lsq);
+  }
+  // quantize -> dequantize in each scope: the integer tensor and the values
+  // are compared across devices; the gradient reaching x is straight-through
+  // (power-of-two scales, so dq / scale * scale is exact).
+  struct Scope {
+    const char* name;
+    std::vector<std::string> covers;
+    Shape shape;
+    std::vector<float> scales;
+    std::vector<std::int32_t> zps;
+    DType qtype;
+    std::function<std::size_t(std::size_t)> channel;
+    std::function<Tensors(const Tensor&, const Tensor&, const Tensor&)> roundtrip;  // -> {y, q}
+  };
+  const std::vector<Scope> scopes = {
+      {"quantize_per_tensor -> dequantize_per_tensor", {"quantize_per_tensor", "dequantize_per_tensor"}, {3, 40},
+       {0.25f}, {3}, DType::s8, [](std::size_t) { return std::size_t{0}; },
+       [](const Tensor& x, const Tensor& s, const Tensor& z) {
+         Tensor q = quantize_per_tensor(x, 0.25, 3, DType::s8), qt = quantize_per_tensor(x, s, z, DType::s8);
+         return Tensors{add(dequantize_per_tensor(q, 0.25, 3, x.dtype()), dequantize_per_tensor(qt, s, z, x.dtype())), q, qt};
+       }},
+      {"quantize_per_channel -> dequantize_per_channel", {"quantize_per_channel", "dequantize_per_channel"}, {3, 40},
+       {0.25f, 0.5f, 0.125f}, {0, -2, 5}, DType::s8, [](std::size_t i) { return i / 40; },
+       [](const Tensor& x, const Tensor& s, const Tensor& z) {
+         Tensor q = quantize_per_channel(x, s, z, 0, DType::s8);
+         return Tensors{dequantize_per_channel(q, s, z, 0, x.dtype()), q};
+       }},
+      {"quantize_per_token -> dequantize_per_token", {"quantize_per_token", "dequantize_per_token"}, {3, 40},
+       {0.25f, 0.5f, 0.125f}, {100, 120, 128}, DType::u8, [](std::size_t i) { return i / 40; },
+       [](const Tensor& x, const Tensor& s, const Tensor& z) {
+         Tensor q = quantize_per_token(x, s, z, DType::u8);
+         return Tensors{dequantize_per_token(q, s, z, x.dtype()), q};
+       }},
+      {"quantize_per_group -> dequantize_per_group", {"quantize_per_group", "dequantize_per_group"}, {3, 40},
+       {0.25f, 0.5f, 0.125f, 1.0f, 0.25f, 0.5f}, {0, 1, -1, 2, 0, 3}, DType::s8,
+       [](std::size_t i) { return (i / 40) * 2 + (i % 40) / 20; },
+       [](const Tensor& x, const Tensor& s, const Tensor& z) {
+         Tensor q = quantize_per_group(x, s.reshape({3, 2}), z.reshape({3, 2}), 20, DType::s8);
+         return Tensors{dequantize_per_group(q, s.reshape({3, 2}), z.reshape({3, 2}), 20, x.dtype()), q};
+       }},
+  };
+  for (const Scope& sc : scopes) {
+    const double times = sc.covers[0] == "quantize_per_tensor" ? 2.0 : 1.0;
+    const std::int64_t qmin = quant_min_of(sc.qtype), qmax = quant_max_of(sc.qtype);
+    e.push_back({sc.name, sc.covers, kFloat,
+                 [sc, qmin, qmax](Device d, DType dt, Generator& g) {
+                   return Tensors{quant_input(sc.shape, g, d, dt, 0.25, sc.zps[0], qmin, qmax), f32_on(sc.scales, d),
+                                  s32_on(sc.zps, d)};
+                 },
+                 [sc](const Tensors& v) { return sc.roundtrip(v[0], v[1], v[2]); }, Promise::bit_identical(),
+                 GradMethod::host_reference,
+                 [sc, qmin, qmax, times](const Tensors& v, const Tensor& dy) {
+                   return straight_through(v[0], dy, host(v[1]), host(v[2]), qmin, qmax, sc.channel, times);
+                 },
+                 {}, [sc](Device d) {
+                   const char* op = sc.covers[0].c_str();
+                   Tensor x = zeros(sc.shape, on(d)), s = f32_on(sc.scales, d), z = s32_on(sc.zps, d);
+                   return std::vector<BadInput>{
+                       {op, "x", [=] { sc.roundtrip(x.to(DType::s32), s, z); }},
+                       {op, "scale", [=] { sc.roundtrip(x, s.to(DType::f64), z); }},
+                       {op, "zero_point", [=] { sc.roundtrip(x, s, z.to(DType::s64)); }}};
+                 }});
+  }
+  e.push_back({"dynamic_range_quantize", {"dynamic_range_quantize"}, kFloat,
+               [](Device d, DType dt, Generator& g) { return Tensors{normal({6, 32}, g, d, dt, 2.0)}; },
+               [](const Tensors& v) {
+                 Tensors out;
+                 for (const QuantScope scope : {QuantScope::per_tensor(), QuantScope::per_channel(1),
+                                                QuantScope::per_token(), QuantScope::per_group(1, 8)})
+                   for (const QuantMode mode : {QuantMode::symmetric, QuantMode::asymmetric}) {
+                     const DynamicQuantized r = dynamic_range_quantize(
+                         v[0].detach(), scope, mode, mode == QuantMode::symmetric ? DType::s8 : DType::u8);
+                     out.insert(out.end(), {r.q, r.scale, r.zero_point});
+                   }
+                 return out;
+               },
+               Promise::bit_identical(), GradMethod::none, {}, {}, [](Device d) {
+                 Tensor x = zeros({6, 32}, on(d));
+                 return std::vector<BadInput>{
+                     {"dynamic_range_quantize", "group_size", [=] { dynamic_range_quantize(x, QuantScope::per_group(1, 5)); }},
+                     {"dynamic_range_quantize", "out_dtype",
+                      [=] { dynamic_range_quantize(x, QuantScope::per_tensor(), QuantMode::symmetric, DType::s32); }},
+                     {"dynamic_range_quantize", "axis", [=] { dynamic_range_quantize(x, QuantScope::per_channel(3)); }}};
+               }});
+  e.push_back({"quantized_linear", {"quantized_linear"}, {DType::f32, DType::f16, DType::bf16},
+               [](Device d, DType dt, Generator& g) {
+                 Tensor w = randint(-127, 128, {24, 32}, g, on(d, DType::s8));
+                 return Tensors{normal({5, 32}, g, d, dt), w, rand({24}, g, on(d), 0.001, 0.01),
+                                normal({24}, g, d, DType::f32), f32_on({0.05f}, d), s32_on({0}, d)};
+               },
+               [](const Tensors& v) {
+                 const Tensor x = v[0].detach();
+                 return Tensors{quantized_linear(x, v[1], v[2], v[3].detach(), ActivationQuant::dynamic()),
+                                quantized_linear(x, v[1], v[2], Tensor(), ActivationQuant::fixed(v[4], v[5], -127, 127))};
+               },
+               Promise::bit_identical(), GradMethod::none, {}, {}, [](Device d) {
+                 Tensor x = zeros({5, 32}, on(d)), w = zeros({24, 32}, on(d, DType::s8)), s = full({24}, 0.01, on(d));
+                 return std::vector<BadInput>{
+                     {"quantized_linear", "w_q", [=] { quantized_linear(x, w.to(DType::u8), s, Tensor(), ActivationQuant::dynamic()); }},
+                     {"quantized_linear", "w_scale", [=] { quantized_linear(x, w, full({23}, 0.01, on(d)), Tensor(), ActivationQuant::dynamic()); }},
+                     {"quantized_linear", "bias", [=] { quantized_linear(x, w, s, zeros({3}, on(d)), ActivationQuant::dynamic()); }}};
+               }});
+  return e;
+}
+
+}  // namespace qgrad::registry

@@ -1,0 +1,112 @@
+// Registry entries: the in-place ops (the fused optimizer step, the observer
+// updates) and the factories. None is differentiable; each is compared
+// across devices on every tensor it writes.
+#include <cmath>
+
+#include "qgrad/ops/ops.h"
+#include "qgrad/ops/registry.h"
+
+namespace qgrad::registry {
+
+namespace {
+
+const std::vector<DType> kFloat = {DType::f64, DType::f32, DType::f16, DType::bf16};
+using Tensors = std::vector<Tensor>;
+
+Tensor plain(const Shape& shape, Generator& g, Device d, DType dt, double stddev = 1.0) {
+  return randn(shape, g, on(d, dt), 0.0, stddev);
+}
+
+}  // namespace
+
+std::vector<OpEntry> state_entries() {
+  std::vector<OpEntry> e;
+  // SGD with Nesterov momentum (first step and a later one), then AdamW.
+  e.push_back({"optimizer_step_", {"optimizer_step_"}, kFloat,
+               [](Device d, DType dt, Generator& g) {
+                 return Tensors{plain({5, 7}, g, d, dt), plain({5, 7}, g, d, dt, 0.1), zeros({5, 7}, on(d, dt)),
+                                plain({9}, g, d, dt), plain({9}, g, d, dt, 0.1), zeros({9}, on(d, dt)),
+                                zeros({9}, on(d, dt))};
+               },
+               [](const Tensors& v) {
+                 OptimizerHyper sgd{OptimizerKind::sgd, 0.05, 0.9, 0.0, 1e-3, true};
+                 optimizer_step_(sgd, {{v[0], v[1], v[2], Tensor(), 1, true}});
+                 optimizer_step_(sgd, {{v[0], v[1], v[2], Tensor(), 2, false}});
+                 OptimizerHyper adamw;
+                 adamw.kind = OptimizerKind::adamw;
+                 adamw.lr = 1e-2;
+                 adamw.weight_decay = 0.01;
+                 optimizer_step_(adamw, {{v[3], v[4], v[5], v[6], 1, false}});
+                 optimizer_step_(adamw, {{v[3], v[4], v[5], v[6], 2, false}});
+                 return Tensors{v[0], v[2], v[3], v[5], v[6]};
+               },
+               Promise::bit_identical(), GradMethod::none, {}, {}, [](Device d) {
+                 Tensor p = zeros({3}, on(d)), gr = zeros({3}, on(d));
+                 OptimizerHyper sgd{OptimizerKind::sgd, 0.1, 0.9};
+                 OptimizerHyper bad_lr{OptimizerKind::sgd, -1.0};
+                 return std::vector<BadInput>{
+                     {"optimizer_step_", "lr", [=] { optimizer_step_(bad_lr, {{p, gr, Tensor(), Tensor(), 1, false}}); }},
+                     {"optimizer_step_", "buf1", [=] { optimizer_step_(sgd, {{p, gr, Tensor(), Tensor(), 1, true}}); }},
+                     {"optimizer_step_", "grad", [=] { optimizer_step_(sgd, {{p, zeros({4}, on(d)), zeros({3}, on(d)), Tensor(), 1, false}}); }},
+                     {"optimizer_step_", "step", [=] { optimizer_step_(sgd, {{p, gr, zeros({3}, on(d)), Tensor(), 0, false}}); }}};
+               }});
+  // The observer updates: per tensor with a moving average, per channel as
+  // running min/max, then the qparams; SmoothQuant's absmax.
+  e.push_back({"observe_minmax_, observe_minmax_qparams_, observer_qparams_, observe_absmax_",
+               {"observe_minmax_", "observe_minmax_qparams_", "observer_qparams_", "observe_absmax_"}, kFloat,
+               [](Device d, DType dt, Generator& g) {
+                 const TensorOptions f = on(d);
+                 return Tensors{plain({4, 33}, g, d, dt, 2.0), full({1}, INFINITY, f), full({1}, -INFINITY, f),
+                                full({4}, INFINITY, f), full({4}, -INFINITY, f), zeros({4}, f),
+                                zeros({4}, on(d, DType::s32)), zeros({1}, f), zeros({1}, on(d, DType::s32)),
+                                zeros({33}, f)};
+               },
+               [](const Tensors& v) {
+                 const ObserverUpdate per_tensor{v[1], v[2], 0.01, false, 0}, per_channel{v[3], v[4], -1.0, true, 0};
+                 observe_minmax_(v[0], per_tensor, -1);
+                 observe_minmax_(v[0], per_tensor, -1);
+                 observe_minmax_qparams_(v[0], per_channel, 0, v[5], v[6], -128, 127);
+                 observer_qparams_(per_tensor, v[7], v[8], 0, 255);
+                 observe_absmax_(v[0], v[9]);
+                 return Tensors{v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9]};
+               },
+               Promise::bit_identical(), GradMethod::none, {}, {}, [](Device d) {
+                 Tensor x = zeros({4, 33}, on(d)), r = full({4}, 1.0, on(d)), r1 = full({1}, 1.0, on(d));
+                 return std::vector<BadInput>{
+                     {"observe_minmax_", "x", [=] { observe_minmax_(x, {r, r, -1.0, false, 0}, 1); }},
+                     {"observe_minmax_", "run_min", [=] { observe_minmax_(x, {r.to(DType::f64), r, -1.0, false, 0}, 0); }},
+                     {"observe_minmax_", "averaging_constant", [=] { observe_minmax_(x, {r1, r1, 1.5, false, 0}, -1); }},
+                     {"observe_minmax_qparams_", "scale",
+                      [=] { observe_minmax_qparams_(x, {r, r, -1.0, false, 0}, 0, r1, zeros({4}, on(d, DType::s32)), -128, 127); }},
+                     {"observer_qparams_", "qmax", [=] { observer_qparams_({r1, r1, -1.0, false, 0}, r1, zeros({1}, on(d, DType::s32)), 3, 3); }},
+                     {"observe_absmax_", "x", [=] { observe_absmax_(x, zeros({4}, on(d))); }}};
+               }});
+  e.push_back({"full, zeros, ones, zeros_like, ones_like, arange", {"full", "zeros", "ones", "zeros_like", "ones_like", "arange"},
+               kFloat, [](Device d, DType dt, Generator& g) { return Tensors{plain({2, 3}, g, d, dt)}; },
+               [](const Tensors& v) {
+                 const TensorOptions o = TensorOptions{}.with_dtype(v[0].dtype()).with_device(v[0].device());
+                 return Tensors{full({2, 3}, 0.1, o), zeros({4}, o), ones({4}, o), zeros_like(v[0]), ones_like(v[0]),
+                                arange(-1.5, 2.0, 0.25, o)};
+               },
+               Promise::bit_identical(), GradMethod::none, {}, {}, [](Device d) {
+                 return std::vector<BadInput>{{"arange", "step", [=] { arange(0, 1, 0, on(d)); }},
+                                              {"empty", "shape", [=] { zeros({2, -1}, on(d)); }}};
+               }});
+  e.push_back({"rand, randn, randint", {"rand", "randn", "randint"}, kFloat,
+               [](Device d, DType dt, Generator&) { return Tensors{zeros({1}, on(d, dt))}; },
+               [](const Tensors& v) {
+                 const TensorOptions o = TensorOptions{}.with_dtype(v[0].dtype()).with_device(v[0].device());
+                 Generator g(77);
+                 return Tensors{rand({300}, g, o, -2.0, 3.0), randn({301}, g, o, 0.5, 2.0),
+                                randint(-5, 9, {40}, g, TensorOptions{}.with_dtype(DType::s32).with_device(o.device))};
+               },
+               Promise::bit_identical(), GradMethod::none, {}, {}, [](Device d) {
+                 Generator g(1);
+                 return std::vector<BadInput>{{"rand", "low", [=]() mutable { rand({2}, g, on(d), 1.0, 1.0); }},
+                                              {"randn", "stddev", [=]() mutable { randn({2}, g, on(d), 0.0, -1.0); }},
+                                              {"randint", "high", [=]() mutable { randint(3, 3, {2}, g, on(d)); }}};
+               }});
+  return e;
+}
+
+}  // namespace qgrad::registry

@@ -1,0 +1,66 @@
+// The conformance harness: every registry entry (ops/registry.h) on every
+// available device, and the check that every public op has an entry.
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include "helpers.h"
+#include "qgrad/ops/registry.h"
+
+using namespace qgrad;
+
+namespace {
+
+// Free functions declared at namespace scope in ops/*.h (a line that starts
+// with a return type and a name followed by '('), less the helpers that are
+// not ops. ops/check.h (argument checks) and ops/registry.h are not op headers.
+std::set<std::string> public_ops() {
+  const std::set<std::string> not_ops = {
+      "quant_min_of", "quant_max_of",  // the integer dtype's range, a constant lookup
+  };
+  const std::regex decl(R"(^(?:[A-Za-z_][A-Za-z0-9_:<>]*(?:<[^>]*>)?[ &*]+)+([a-z_][a-z0-9_]*)\()");
+  std::set<std::string> names;
+  for (const auto& f : std::filesystem::directory_iterator(std::string(QGRAD_SOURCE_DIR) + "/ops")) {
+    const std::string file = f.path().filename().string();
+    if (f.path().extension() != ".h" || file == "check.h" || file == "registry.h") continue;
+    std::ifstream in(f.path());
+    std::string line;
+    while (std::getline(in, line)) {
+      if (line.rfind("inline", 0) == 0 || line.rfind("//", 0) == 0 || line.rfind("using", 0) == 0 ||
+          line.rfind("static", 0) == 0 || line.rfind("struct", 0) == 0 || line.rfind("enum", 0) == 0)
+        continue;
+      std::smatch m;
+      if (std::regex_search(line, m, decl) && !not_ops.count(m[1].str())) names.insert(m[1].str());
+    }
+  }
+  return names;
+}
+
+}  // namespace
+
+TEST_CASE("conformance: every public op in ops/*.h has a registry entry") {
+  std::set<std::string> covered;
+  for (const auto& e : registry::op_registry()) covered.insert(e.covers.begin(), e.covers.end());
+  const std::set<std::string> ops = public_ops();
+  MESSAGE(ops.size(), " public ops declared in ops/*.h, ", registry::op_registry().size(), " registry entries");
+  CHECK(ops.size() >= 45);  // the parser must see the headers (a broken regex would find none)
+  for (const std::string& op : ops) {
+    INFO("public op ", op, " has no registry entry (ops/registry/*.cpp)");
+    CHECK(covered.count(op) == 1);
+  }
+}
+
+TEST_CASE("conformance: every registry entry, every dtype, every device") {
+  if (!qgrad::testing::has_gpu()) std::printf("conformance: no CUDA device: CPU rows only\n");
+  const registry::ConformanceReport report = registry::run_conformance();
+  for (const auto& r : report.rows) {
+    INFO(r.op, " ", r.dtype, " ", r.device, " ", r.check, ": ", r.note);
+    CHECK(r.ok);
+  }
+  CHECK(report.ops == registry::op_registry().size());
+  CHECK(report.failed == 0);
+  CHECK(report.checks > 100);
+  std::printf("%s\n", report.closing_line().c_str());
+}

@@ -89,19 +89,6 @@ void parallel_rows(std::int64_t rows, std::int64_t cost_per_row, F&& body) {
 
 namespace cuda {
 QGRAD_DYNAMIC_QUANT_KERNELS
-
-// Benchmarking hook, not part of the API: selects the kernel of the CUDA
-// row (token) path, so bench_w8a8 can time every variant in one run; all
-// variants give the same bits. 0 = the original one-block-per-row kernel
-// (also the fallback for rows too long for the others); 1, 2 = rows held in
-// registers, all loads issued before the reduction, 8 / 4 16-byte vectors
-// per thread; 3, 4 = as 1, 2 on a persistent grid that prefetches the next
-// row; 5, 6 = 1, 3 with a lean symmetric abs-max reduction and a
-// branch-free quantize clamp (same bits). Out of range (e.g. -1) restores
-// the default. Returns the previous variant. Not thread-safe; call between
-// launches.
-constexpr int kDynamicQuantTokenVariants = 7;
-int set_dynamic_quant_token_variant(int variant);
 }  // namespace cuda
 
 }  // namespace qgrad::kernels

@@ -1,6 +1,6 @@
 // Kernels of the quantization ops: fake quantize, quantize, dequantize and
 // their backward rules (one elementwise engine underneath, writing and
-// reading the saved mask of kernels/quant_mask.h), the observer fused with
+// reading the saved mask of kernels/bitmask.h), the observer fused with
 // fake quantize, the LSQ backward with its deterministic reduction, and the
 // rounding of learnable zero points. Vocabulary: docs/ops.md, "Quantization
 // vocabulary".
@@ -29,7 +29,7 @@ struct QuantParams {
 
 // The kernels. Float tensors are f32, f64, f16 or bf16, integer ones s8 or
 // u8; each pair has the same numel and device. A forward mask (null: none
-// written) and a backward mask hold quant_mask::words(numel) words.
+// written) and a backward mask hold bitmask_words(numel) words.
 //   fake_quantize:  y = (clamp(q, qmin, qmax) - zp) * scale, q = nearbyint(x / scale) + zp;
 //                   mask bit = qmin <= q <= qmax.
 //   quantize:       q_out = clamp(q, qmin, qmax); the same mask.

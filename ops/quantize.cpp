@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "qgrad/autograd/node.h"
-#include "qgrad/kernels/quant_mask.h"
+#include "qgrad/kernels/bitmask.h"
 #include "qgrad/kernels/quantize.h"
 #include "qgrad/ops/check.h"
 #include "qgrad/ops/elementwise.h"
@@ -106,7 +106,7 @@ Scope tensor_scope(const Tensor& ref, const Tensor& scale, const Tensor& zp, con
   return sc;
 }
 
-Tensor new_mask(const Tensor& x) { return Tensor::empty({kernels::qmask::words(x.numel())}, like(x, DType::s32)); }
+Tensor new_mask(const Tensor& x) { return Tensor::empty({bitmask_words(x.numel())}, like(x, DType::s32)); }
 std::uint32_t* mask_words(const Tensor& mask) {
   return mask.defined() ? static_cast<std::uint32_t*>(mask.data_ptr()) : nullptr;
 }

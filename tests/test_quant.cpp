@@ -1,8 +1,8 @@
 // Fake quantize, quantize and dequantize on the CPU: forward against a host
 // reference of PyTorch's CPU formulas, straight-through backward against
 // the mask formula, saved bytes, scopes, and every argument check.
+#include "qgrad/kernels/bitmask.h"
 #include "qgrad/kernels/formulas/quantize.h"
-#include "qgrad/kernels/quant_mask.h"
 #include "qgrad/kernels/quantize.h"
 #include "test_quant_ref.h"
 
@@ -558,7 +558,7 @@ TEST_CASE("the saved mask has the documented layout: element 128b + 4l + k is bi
   const std::int64_t n = 300;
   Tensor x = random_input({n}, DType::f32, 91, 8.0);
   Tensor y = Tensor::empty({n});
-  Tensor mask = Tensor::empty({kernels::qmask::words(n)}, s32());
+  Tensor mask = Tensor::empty({bitmask_words(n)}, s32());
   CHECK(mask.numel() == 12);
   kernels::QuantParams p;
   p.source.scale_value = 0.05f;

@@ -2,7 +2,7 @@
 // inputs, exact halves, +-inf, NaN and the range edges; forward and backward;
 // sizes that exercise the vectorised path, the scalar tail and misaligned
 // views; device-resident qparams. All tests skip without a GPU.
-#include "qgrad/kernels/quant_mask.h"
+#include "qgrad/kernels/bitmask.h"
 #include "qgrad/kernels/quantize.h"
 #include "test_quant_ref.h"
 
@@ -246,7 +246,7 @@ TEST_CASE("CUDA writes the same mask words as the CPU (one __ballot_sync per wor
         const Device dev = d == 0 ? Device::cpu() : Device::cuda();
         Tensor xi = x.to(dev);
         Tensor y = Tensor::empty({n}, TensorOptions{}.with_dtype(dt).with_device(dev));
-        masks[d] = Tensor::empty({kernels::qmask::words(n)}, TensorOptions{}.with_dtype(DType::s32).with_device(dev));
+        masks[d] = Tensor::empty({bitmask_words(n)}, TensorOptions{}.with_dtype(DType::s32).with_device(dev));
         kernels::QuantParams p;
         p.source.scale_value = 0.125f;
         p.qmin = -16;

@@ -7,8 +7,8 @@
 #include <emmintrin.h>
 #endif
 
+#include "qgrad/kernels/bitmask.h"
 #include "qgrad/kernels/cpu/parallel.h"
-#include "qgrad/kernels/quant_mask.h"
 #include "qgrad/kernels/quantize.h"
 
 namespace qgrad::kernels::cpu {
@@ -31,7 +31,7 @@ inline constexpr bool kIsF32FakeQuant<formulas::FakeQuantOp<float, kD>> = true;
 void fake_quant_block_f32(const float* x, float* y, std::int64_t len, const formulas::ChannelParams& p, float lo,
                           float hi, std::uint32_t* words) {
   constexpr float big = 8388608.0f;
-  std::uint32_t w[qmask::kWordsPerBlock] = {0, 0, 0, 0};
+  std::uint32_t w[kBitmaskWordsPerBlock] = {0, 0, 0, 0};
   std::int64_t k = 0;
 #if defined(__SSE2__)
   // The same steps four lanes at a time (SSE2 is in every x86-64 CPU; each
@@ -63,7 +63,7 @@ void fake_quant_block_f32(const float* x, float* y, std::int64_t len, const form
     y[k] = v == v ? c * p.scale : xv;
   }
   if (words)
-    for (std::int64_t j = 0; j < qmask::kWordsPerBlock; ++j) words[j] = w[j];
+    for (std::int64_t j = 0; j < kBitmaskWordsPerBlock; ++j) words[j] = w[j];
 }
 
 template <class Op>
@@ -80,27 +80,27 @@ void engine(const QuantLaunch& a) {
   const std::uint32_t* mask_in = a.mask_in;
   std::uint32_t* mask_out = a.mask_out;
   // One 128-element mask block per iteration, as one warp on CUDA.
-  parallel_for(qmask::blocks(n), [&](std::int64_t b) {
-    std::uint32_t words[qmask::kWordsPerBlock] = {0, 0, 0, 0};
-    const std::int64_t end = std::min(n, (b + 1) * qmask::kBlock);
+  parallel_for(bitmask_blocks(n), [&](std::int64_t b) {
+    std::uint32_t words[kBitmaskWordsPerBlock] = {0, 0, 0, 0};
+    const std::int64_t end = std::min(n, (b + 1) * kBitmaskBlock);
     if constexpr (kIsF32FakeQuant<Op>) {
       // One channel for the whole block: the block lies inside one run of
       // `inner` consecutive elements (equal channels at both ends are not
       // enough: the channel pattern repeats).
-      const std::int64_t i0 = b * qmask::kBlock, c0 = map.channel(i0);
+      const std::int64_t i0 = b * kBitmaskBlock, c0 = map.channel(i0);
       if (qp.layout.channels == 1 || (qp.layout.inner > 0 && i0 / qp.layout.inner == (end - 1) / qp.layout.inner)) {
         const formulas::ChannelParams p0 = ps.get(c0);
         const std::int64_t lo = qp.qmin - p0.zp, hi = qp.qmax - p0.zp, lim = std::int64_t(1) << 24;
         if (lo >= -lim && hi <= lim) {
           fake_quant_block_f32(in + i0, out + i0, end - i0, p0, static_cast<float>(lo), static_cast<float>(hi),
-                               mask_out ? mask_out + b * qmask::kWordsPerBlock : nullptr);
+                               mask_out ? mask_out + b * kBitmaskWordsPerBlock : nullptr);
           return;
         }
       }
     }
     std::int64_t cached_c = -1;
     formulas::ChannelParams p;
-    for (std::int64_t i = b * qmask::kBlock; i < end; ++i) {
+    for (std::int64_t i = b * kBitmaskBlock; i < end; ++i) {
       if constexpr (Op::kParams) {
         const std::int64_t c = map.channel(i);
         if (c != cached_c) {
@@ -109,15 +109,15 @@ void engine(const QuantLaunch& a) {
         }
       }
       bool bit_in = false, bit_out = false;
-      if constexpr (Op::kReadsMask) bit_in = qmask::test(mask_in, i);
+      if constexpr (Op::kReadsMask) bit_in = bitmask_get(mask_in, i);
       out[i] = op(in[i], p, bit_in, bit_out);
-      if (bit_out) words[i & 3] |= 1u << qmask::bit_of(i);
+      if (bit_out) words[i & 3] |= 1u << bitmask_bit_of(i);
     }
     if constexpr (Op::kWritesMask) {
       if (mask_out)
-        for (std::int64_t k = 0; k < qmask::kWordsPerBlock; ++k) mask_out[b * qmask::kWordsPerBlock + k] = words[k];
+        for (std::int64_t k = 0; k < kBitmaskWordsPerBlock; ++k) mask_out[b * kBitmaskWordsPerBlock + k] = words[k];
     }
-  }, kParallelGrain / qmask::kBlock);
+  }, kParallelGrain / kBitmaskBlock);
 }
 
 // The tree p[t] += p[t + s], s = 128, ..., 1, over kLsqThreads partials.

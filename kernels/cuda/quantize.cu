@@ -12,10 +12,10 @@
 #include <numeric>
 #include <type_traits>
 
+#include "qgrad/kernels/bitmask.h"
 #include "qgrad/kernels/cuda/launch.cuh"
 #include "qgrad/kernels/cuda/minmax.cuh"
 #include "qgrad/kernels/observer.h"
-#include "qgrad/kernels/quant_mask.h"
 #include "qgrad/kernels/quantize.h"
 
 namespace qgrad::kernels::cuda {
@@ -31,7 +31,7 @@ struct alignas(4 * sizeof(T)) Vec4 {
 template <class In, bool kVec>
 __device__ __forceinline__ void engine_load(const In* __restrict__ in, std::int64_t b, unsigned lane, std::int64_t n,
                                             In (&v)[4]) {
-  const std::int64_t i0 = b * qmask::kBlock + 4 * static_cast<std::int64_t>(lane);
+  const std::int64_t i0 = b * kBitmaskBlock + 4 * static_cast<std::int64_t>(lane);
   if (kVec && i0 + 3 < n) {
     const Vec4<In> w = *reinterpret_cast<const Vec4<In>*>(in + i0);
 #pragma unroll
@@ -52,11 +52,11 @@ __device__ __forceinline__ void engine_finish(const Op& op, const typename Op::I
                                               std::int64_t n, const ChannelIndexer& map,
                                               const formulas::ParamSource& ps, bool same4) {
   using Out = typename Op::Out;
-  const std::int64_t i0 = b * qmask::kBlock + 4 * static_cast<std::int64_t>(lane);
+  const std::int64_t i0 = b * kBitmaskBlock + 4 * static_cast<std::int64_t>(lane);
   const bool full = i0 + 3 < n;
   bool bit_in[4] = {false, false, false, false};
   if constexpr (Op::kReadsMask) {
-    const uint4 w = *reinterpret_cast<const uint4*>(mask_in + b * qmask::kWordsPerBlock);
+    const uint4 w = *reinterpret_cast<const uint4*>(mask_in + b * kBitmaskWordsPerBlock);
     bit_in[0] = (w.x >> lane) & 1u;
     bit_in[1] = (w.y >> lane) & 1u;
     bit_in[2] = (w.z >> lane) & 1u;
@@ -93,7 +93,7 @@ __device__ __forceinline__ void engine_finish(const Op& op, const typename Op::I
     words.y = __ballot_sync(0xffffffffu, bit[1]);
     words.z = __ballot_sync(0xffffffffu, bit[2]);
     words.w = __ballot_sync(0xffffffffu, bit[3]);
-    if (mask_out && lane == 0) *reinterpret_cast<uint4*>(mask_out + b * qmask::kWordsPerBlock) = words;
+    if (mask_out && lane == 0) *reinterpret_cast<uint4*>(mask_out + b * kBitmaskWordsPerBlock) = words;
   }
 }
 
@@ -136,7 +136,7 @@ __device__ __forceinline__ void engine_grid(const Op& op, const typename Op::In*
                                             bool same4) {
   const std::int64_t warp = (static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   const std::int64_t nwarps = (static_cast<std::int64_t>(gridDim.x) * blockDim.x) >> 5;
-  engine_range<Op, kVec>(op, in, out, mask_in, mask_out, n, map, ps, same4, 0, qmask::blocks(n), warp, nwarps);
+  engine_range<Op, kVec>(op, in, out, mask_in, mask_out, n, map, ps, same4, 0, bitmask_blocks(n), warp, nwarps);
 }
 
 template <class Op, bool kVec>
@@ -150,7 +150,7 @@ __global__ void __launch_bounds__(256)
 // Blocks of 256 threads for the engine over n elements: one warp per
 // kEngineUnroll mask blocks, at most 8 waves of resident blocks.
 unsigned engine_blocks(int dev, std::int64_t n) {
-  const std::int64_t warps_needed = (qmask::blocks(n) + kEngineUnroll - 1) / kEngineUnroll;
+  const std::int64_t warps_needed = (bitmask_blocks(n) + kEngineUnroll - 1) / kEngineUnroll;
   return ::qgrad::cuda::blocks_for(warps_needed * 32, 256, ::qgrad::cuda::fill_blocks(dev, 256) * 8LL);
 }
 
@@ -208,8 +208,8 @@ __global__ void __launch_bounds__(kMinmaxThreads)
   }
   __syncthreads();  // the block's qparams (global, written by lanes 0) are visible to the block
   const formulas::ParamSource ps{q.scale, q.zero_point, 1.0f, 0};
-  const std::int64_t first = r0 * inner / qmask::kBlock;
-  const std::int64_t last = r1 == channels ? qmask::blocks(n) : r1 * inner / qmask::kBlock;
+  const std::int64_t first = r0 * inner / kBitmaskBlock;
+  const std::int64_t last = r1 == channels ? bitmask_blocks(n) : r1 * inner / kBitmaskBlock;
   engine_range<Op, kVec>(op, in, out, nullptr, mask_out, n, map, ps, same4, first, last, warp, nwarps);
 }
 
@@ -219,7 +219,7 @@ __global__ void __launch_bounds__(kMinmaxThreads)
 // (then the observer and the engine run as two launches).
 std::int64_t rows_per_block(std::int64_t inner) {
   constexpr std::int64_t kMaxElements = std::int64_t(1) << 16, kWarps = kMinmaxThreads / 32;
-  const std::int64_t fewest = qmask::kBlock / std::gcd(inner, std::int64_t(qmask::kBlock));
+  const std::int64_t fewest = kBitmaskBlock / std::gcd(inner, std::int64_t(kBitmaskBlock));
   if (fewest * inner > kMaxElements) return 0;
   std::int64_t rows = fewest;
   while (rows < kWarps && 2 * rows * inner <= kMaxElements) rows *= 2;

@@ -16,6 +16,7 @@
 
 #include "fuzz_common.h"
 #include "qgrad/ops/ops.h"
+#include "qgrad/nn/smoothquant.h"
 #include "qgrad/ops/registry.h"
 
 using namespace qgrad;

@@ -3,15 +3,13 @@
 // cuBLAS GEMM of the same shape, in one run. JSON lines; the "case" keys
 // match bench/peer_w8a8.py (PyTorch), run side by side on the same machine.
 //
-//   case dynquant_token_<N>x<D>        qgrad per-token symmetric s8 of f32 x (the default kernel);
-//                                     qgrad_v<i>: each CUDA row-kernel variant, "match" = same
-//                                     bits as variant 0
+//   case dynquant_token_<N>x<D>        qgrad per-token symmetric s8 of f32 x (the library's kernel;
+//                                     its variants: dev/cuda/dynamic_quant_token.cu)
 //   case w8a8_<M>x<N>x<K>             impl qgrad (end to end, bf16 in/out),
 //                                     impl qgrad_int8_gemm (cuBLASLt s8 GEMM only),
 //                                     impl cublas_bf16 (cublasGemmEx bf16, f32 accumulate)
 // TOPS = 2 M N K / time; int8 fraction against 1979 TOPS (H100 SXM dense).
 #include <cstdio>
-#include <cstring>
 #include <string>
 
 #include "bench_common.h"
@@ -20,7 +18,6 @@
 #include <cublas_v2.h>
 
 #include "qgrad/kernels/cuda/lt_gemm.cuh"
-#include "qgrad/kernels/dynamic_quant.h"
 #endif
 
 using namespace qgrad;
@@ -31,46 +28,23 @@ namespace {
 constexpr double kInt8PeakTops = 1979.0;
 
 #if QGRAD_WITH_CUDA
-void emit_dynquant(const char* impl, std::int64_t N, std::int64_t D, const Timing& t, double copy_gbs,
-                   const char* extra) {
+void emit_dynquant(const char* impl, std::int64_t N, std::int64_t D, const Timing& t, double copy_gbs) {
   const double bytes = static_cast<double>(N * D) * (4 + 1) + static_cast<double>(N) * 8;
   const double gbs = bytes / (t.median_ms * 1e-3) / 1e9;
   char line[512];
   std::snprintf(line, sizeof line,
                 "{\"bench\":\"w8a8\",\"case\":\"dynquant_token_%lldx%lld\",\"impl\":\"%s\",\"ms\":%.4f,"
-                "\"min_ms\":%.4f,\"gbs\":%.1f,\"copy_gbs\":%.1f,\"copy_fraction\":%.3f%s}",
+                "\"min_ms\":%.4f,\"gbs\":%.1f,\"copy_gbs\":%.1f,\"copy_fraction\":%.3f}",
                 static_cast<long long>(N), static_cast<long long>(D), impl, t.median_ms, t.min_ms, gbs, copy_gbs,
-                gbs / copy_gbs, extra);
+                gbs / copy_gbs);
   emit(line);
 }
 
-// Every row-kernel variant (kernels::cuda::set_dynamic_quant_token_variant)
-// as qgrad_v<i>, each checked bit for bit against variant 0 ("match"), then
-// the default as qgrad.
 void bench_dynquant(std::int64_t N, std::int64_t D, double copy_gbs) {
   Generator g(1);
   Tensor x = randn({N, D}, g, TensorOptions{}.with_device(Device::cuda()));
   auto run = [&](int) { (void)dynamic_range_quantize(x, QuantScope::per_token()); };
-  DynamicQuantized ref;
-  for (int v = 0; v < kernels::cuda::kDynamicQuantTokenVariants; ++v) {
-    kernels::cuda::set_dynamic_quant_token_variant(v);
-    DynamicQuantized r = dynamic_range_quantize(x, QuantScope::per_token());
-    bool match = true;
-    if (v == 0) {
-      ref = r;
-    } else {
-      Tensor a = r.q.cpu(), b = ref.q.cpu(), sa = r.scale.cpu(), sb = ref.scale.cpu();
-      match = std::memcmp(a.data_ptr(), b.data_ptr(), a.nbytes()) == 0 &&
-              std::memcmp(sa.data_ptr(), sb.data_ptr(), sa.nbytes()) == 0;
-    }
-    r = DynamicQuantized{};
-    const Timing t = time_cuda(run, 30, 3);
-    const std::string impl = "qgrad_v" + std::to_string(v);
-    emit_dynquant(impl.c_str(), N, D, t, copy_gbs, match ? ",\"match\":true" : ",\"match\":false");
-  }
-  ref = DynamicQuantized{};
-  kernels::cuda::set_dynamic_quant_token_variant(-1);  // the default
-  emit_dynquant("qgrad", N, D, time_cuda(run, 30, 3), copy_gbs, "");
+  emit_dynquant("qgrad", N, D, time_cuda(run, 30, 3), copy_gbs);
 }
 
 void emit_gemm(const char* impl, std::int64_t M, std::int64_t N, std::int64_t K, const Timing& t, bool int8) {

@@ -4,10 +4,10 @@
 
 namespace qgrad::kernels {
 
-void dynamic_quantize(const Tensor& x, const SegmentLayout& layout, const QuantSpec& spec, const Tensor& q,
-                      const Tensor& scale, const Tensor& zero_point) {
-  if (q.is_cuda()) QGRAD_ON_CUDA(cuda::dynamic_quantize(x, layout, spec, q, scale, zero_point));
-  else cpu::dynamic_quantize(x, layout, spec, q, scale, zero_point);
+void dynamic_quantize(const Tensor& x, const AxisLayout& layout, std::int64_t group, const QuantSpec& spec,
+                      const Tensor& q, const Tensor& scale, const Tensor& zero_point) {
+  if (q.is_cuda()) QGRAD_ON_CUDA(cuda::dynamic_quantize(x, layout, group, spec, q, scale, zero_point));
+  else cpu::dynamic_quantize(x, layout, group, spec, q, scale, zero_point);
 }
 
 void quantize_rows_dynamic(const Tensor& x, std::int64_t D, const QuantSpec& spec, const Tensor& q, std::int64_t ldq,

@@ -6,31 +6,33 @@
 
 #include "qgrad/core/macros.h"
 #include "qgrad/core/tensor.h"
+#include "qgrad/kernels/layout.h"
 
 namespace qgrad::kernels {
 
-// How a tensor, viewed as [outer, L, inner] around one axis, splits into
-// quantization segments.
-//   per_slice: one segment per index l of the axis (reduces over outer and
-//              inner); the tensor scope is a per_slice layout with L = 1.
-//   grouped:   one segment per (o, l / group, i): `group` consecutive indices
-//              of the axis; the token scope is grouped along the last axis
-//              with group = L (one segment per row).
-struct SegmentLayout {
-  bool per_slice = true;
-  std::int64_t outer = 1, L = 1, inner = 1, group = 1;
-
-  std::int64_t segments() const { return per_slice ? L : outer * (L / group) * inner; }
-  QGRAD_HD std::int64_t segment_of(std::int64_t i) const {
-    const std::int64_t in = i % inner;
-    const std::int64_t l = (i / inner) % L;
-    if (per_slice) return l;
-    const std::int64_t o = i / (inner * L);
-    return (o * (L / group) + l / group) * inner + in;
-  }
-  // A row layout [rows, D]: segments are rows.
-  bool is_rows() const { return !per_slice && inner == 1 && group == L; }
-};
+// The quantization segments of a tensor in an [outer, channels, inner]
+// layout (kernels/layout.h):
+//   group == 0: one segment per channel (reduces over outer and inner); the
+//               tensor scope is the layout {1, 1, numel};
+//   group > 0:  one segment per (o, c / group, i): `group` consecutive
+//               channels of one line; the token scope is the layout of the
+//               last axis with group = channels (one segment per row).
+QGRAD_HD std::int64_t segment_count(const AxisLayout& l, std::int64_t group) {
+  return group == 0 ? l.channels : l.outer * (l.channels / group) * l.inner;
+}
+QGRAD_HD std::int64_t segment_of(const AxisLayout& l, std::int64_t group, std::int64_t i) {
+  const std::int64_t in = i % l.inner;
+  const std::int64_t c = (i / l.inner) % l.channels;
+  if (group == 0) return c;
+  const std::int64_t o = i / (l.inner * l.channels);
+  return (o * (l.channels / group) + c / group) * l.inner + in;
+}
+// Offset of element 0 of segment s (group > 0); its elements are l.inner apart.
+QGRAD_HD std::int64_t segment_base(const AxisLayout& l, std::int64_t group, std::int64_t s) {
+  const std::int64_t groups = l.channels / group;
+  const std::int64_t i = s % l.inner, g = (s / l.inner) % groups, o = s / (l.inner * groups);
+  return (o * l.channels + g * group) * l.inner + i;
+}
 
 // Quantization range and mode.
 struct QuantSpec {
@@ -42,7 +44,8 @@ struct QuantSpec {
 // (kernels::cpu::, kernels::cuda::):
 //
 // dynamic_quantize: q (s8/u8, x's shape), scale (f32, or f64 for an f64 x;
-//   [segments]) and zero_point (s32 [segments]) from x (floating), one device.
+//   [segment_count]) and zero_point (s32 [segment_count]) from x (floating)
+//   in `layout` split by `group` (segment_of), one device.
 // quantize_rows_dynamic: row-wise dynamic quantization of x viewed as
 //   [rows, D] into q (s8/u8) with row stride ldq >= D; columns [D, ldq) of q
 //   are written 0. zero_point may be undefined (symmetric only).
@@ -55,8 +58,8 @@ struct QuantSpec {
 //   max_r |x[r, j]|) over the finite values of x viewed [rows, D]; amax f32
 //   [D] on x's device.
 #define QGRAD_DYNAMIC_QUANT_KERNELS                                                                                   \
-  void dynamic_quantize(const Tensor& x, const SegmentLayout& layout, const QuantSpec& spec, const Tensor& q,         \
-                        const Tensor& scale, const Tensor& zero_point);                                               \
+  void dynamic_quantize(const Tensor& x, const AxisLayout& layout, std::int64_t group, const QuantSpec& spec,        \
+                        const Tensor& q, const Tensor& scale, const Tensor& zero_point);                              \
   void quantize_rows_dynamic(const Tensor& x, std::int64_t D, const QuantSpec& spec, const Tensor& q,                 \
                              std::int64_t ldq, const Tensor& scale, const Tensor& zero_point);                        \
   void quantize_rows_static(const Tensor& x, std::int64_t D, const Tensor& scale, const Tensor& zero_point, int qmin, \
@@ -86,19 +89,6 @@ void parallel_rows(std::int64_t rows, std::int64_t cost_per_row, F&& body) {
 
 namespace cuda {
 QGRAD_DYNAMIC_QUANT_KERNELS
-
-// Benchmarking hook, not part of the API: selects the kernel of the CUDA
-// row (token) path, so bench_w8a8 can time every variant in one run; all
-// variants give the same bits. 0 = the original one-block-per-row kernel
-// (also the fallback for rows too long for the others); 1, 2 = rows held in
-// registers, all loads issued before the reduction, 8 / 4 16-byte vectors
-// per thread; 3, 4 = as 1, 2 on a persistent grid that prefetches the next
-// row; 5, 6 = 1, 3 with a lean symmetric abs-max reduction and a
-// branch-free quantize clamp (same bits). Out of range (e.g. -1) restores
-// the default. Returns the previous variant. Not thread-safe; call between
-// launches.
-constexpr int kDynamicQuantTokenVariants = 7;
-int set_dynamic_quant_token_variant(int variant);
 }  // namespace cuda
 
 }  // namespace qgrad::kernels

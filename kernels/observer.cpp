@@ -4,19 +4,6 @@
 
 namespace qgrad::kernels {
 
-ChannelView channel_view(const Tensor& x, std::int64_t axis) {
-  ChannelView v;
-  if (axis < 0) {
-    v.inner = x.numel();
-    return v;
-  }
-  const Shape& s = x.shape();
-  for (std::int64_t d = 0; d < axis; ++d) v.outer *= s[static_cast<std::size_t>(d)];
-  v.channels = s[static_cast<std::size_t>(axis)];
-  for (std::size_t d = static_cast<std::size_t>(axis) + 1; d < s.size(); ++d) v.inner *= s[d];
-  return v;
-}
-
 void observer_minmax(const Tensor& x, const Tensor& run_min, const Tensor& run_max, std::int64_t axis,
                      double averaging_constant, const ObserverQparams* q) {
   if (x.numel() == 0) {  // PyTorch's observers return early on empty input

@@ -6,11 +6,12 @@
 #include <cstdint>
 
 #include "qgrad/core/tensor.h"
+#include "qgrad/kernels/layout.h"
 
 namespace qgrad::kernels {
 
-// x (floating, any shape) viewed as [outer, C, inner] around `axis`
-// (axis < 0: per tensor, C = 1). run_min / run_max: f32 [C], updated in
+// x (floating, any shape) in its AxisLayout around `axis` (kernels/layout.h;
+// axis < 0: per tensor, C = 1). run_min / run_max: f32 [C], updated in
 // place by formulas::observer_update (moving when averaging_constant >= 0).
 // Elements are converted to float before combining (monotone, so the min
 // of the floats is the float of the min).
@@ -30,12 +31,6 @@ void observer_minmax(const Tensor& x, const Tensor& run_min, const Tensor& run_m
 // scale (f32 [C]) and zero_point (s32 [C]) from run_min / run_max (f32 [C]).
 void observer_qparams(const Tensor& run_min, const Tensor& run_max, const Tensor& scale, const Tensor& zero_point,
                       std::int64_t qmin, std::int64_t qmax, bool symmetric, std::int32_t symmetric_zero_point);
-
-// The [outer, C, inner] view of x around axis.
-struct ChannelView {
-  std::int64_t outer = 1, channels = 1, inner = 1;
-};
-ChannelView channel_view(const Tensor& x, std::int64_t axis);
 
 namespace cpu {
 void observer_minmax(const Tensor& x, const Tensor& run_min, const Tensor& run_max, std::int64_t axis,

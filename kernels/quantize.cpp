@@ -5,18 +5,42 @@
 
 namespace qgrad::kernels {
 
-void affine(const AffineArgs& args) {
-  if (args.out.is_cuda()) QGRAD_ON_CUDA(cuda::affine(args));
-  else cpu::affine(args);
+namespace {
+void run(const QuantLaunch& l) {
+  if (l.in.numel() == 0) return;
+  if (l.out.is_cuda()) QGRAD_ON_CUDA(cuda::quant_elementwise(l));
+  else cpu::quant_elementwise(l);
 }
-void observe_fake_quant(const AffineArgs& args, const ObserveArgs& obs) {
-  if (args.out.is_cuda() && args.in.numel() > 0) {
-    QGRAD_ON_CUDA(cuda::observe_fake_quant(args, obs));
+}  // namespace
+
+void fake_quantize(const Tensor& x, const Tensor& y, const QuantParams& p, std::uint32_t* mask) {
+  run({QuantKernel::fake_quantize, x, y, nullptr, mask, p});
+}
+void quantize(const Tensor& x, const Tensor& q, const QuantParams& p, std::uint32_t* mask) {
+  run({QuantKernel::quantize, x, q, nullptr, mask, p});
+}
+void dequantize(const Tensor& q, const Tensor& y, const QuantParams& p) {
+  run({QuantKernel::dequantize, q, y, nullptr, nullptr, p});
+}
+void fake_quantize_backward(const Tensor& dy, const Tensor& dx, const std::uint32_t* mask) {
+  run({QuantKernel::fake_quantize_backward, dy, dx, mask, nullptr, QuantParams{}});
+}
+void quantize_backward(const Tensor& dy, const Tensor& dx, const QuantParams& p, const std::uint32_t* mask) {
+  run({QuantKernel::quantize_backward, dy, dx, mask, nullptr, p});
+}
+void dequantize_backward(const Tensor& dy, const Tensor& dq, const QuantParams& p) {
+  run({QuantKernel::dequantize_backward, dy, dq, nullptr, nullptr, p});
+}
+
+void observe_fake_quantize(const Tensor& x, const Tensor& y, const QuantParams& p, std::uint32_t* mask,
+                           const ObserveArgs& obs) {
+  if (y.is_cuda() && x.numel() > 0) {
+    QGRAD_ON_CUDA(cuda::observe_fake_quantize({QuantKernel::fake_quantize, x, y, nullptr, mask, p}, obs));
     return;
   }
-  const ObserverQparams q{obs.scale, obs.zero_point, args.qmin, args.qmax, obs.symmetric, obs.symmetric_zero_point};
-  observer_minmax(args.in, obs.run_min, obs.run_max, obs.axis, obs.averaging_constant, &q);
-  if (args.in.numel() > 0) affine(args);
+  const ObserverQparams q{obs.scale, obs.zero_point, p.qmin, p.qmax, obs.symmetric, obs.symmetric_zero_point};
+  observer_minmax(x, obs.run_min, obs.run_max, obs.axis, obs.averaging_constant, &q);
+  fake_quantize(x, y, p, mask);
 }
 
 void lsq_backward(const LsqArgs& args) {

@@ -36,33 +36,23 @@ DynamicQuantized dynamic_range_quantize(const Tensor& x, QuantScope scope, Quant
               "a symmetric signed range needs qmax > 0");
   const Shape& shape = x.shape();
   const std::int64_t rank = x.dim();
-  kernels::SegmentLayout lay;
+  kernels::AxisLayout lay;
+  std::int64_t group = 0;  // 0: one segment per channel of lay
   Shape scale_shape;
-  auto split = [&](std::int64_t ax) {
-    lay.outer = 1;
-    lay.inner = 1;
-    for (std::int64_t d = 0; d < ax; ++d) lay.outer *= shape[static_cast<std::size_t>(d)];
-    for (std::int64_t d = ax + 1; d < rank; ++d) lay.inner *= shape[static_cast<std::size_t>(d)];
-    lay.L = shape[static_cast<std::size_t>(ax)];
-  };
   switch (scope.kind) {
     case QuantScope::tensor:
-      lay.per_slice = true;
-      lay.inner = x.numel();
+      lay = kernels::AxisLayout::of(shape, -1);
       break;
     case QuantScope::channel: {
       QGRAD_CHECK(rank >= 1, kOp, "x", "channel scope needs rank >= 1");
-      const std::int64_t ax = check::axis(scope.axis, rank, kOp);
-      split(ax);
-      lay.per_slice = true;
-      scale_shape = {lay.L};
+      lay = kernels::AxisLayout::of(shape, check::axis(scope.axis, rank, kOp));
+      scale_shape = {lay.channels};
       break;
     }
     case QuantScope::token: {
       QGRAD_CHECK(rank >= 1, kOp, "x", "token scope needs rank >= 1 (rows of the last axis)");
-      split(rank - 1);
-      lay.per_slice = false;
-      lay.group = lay.L;
+      lay = kernels::AxisLayout::of(shape, rank - 1);
+      group = lay.channels;
       scale_shape = Shape(shape.begin(), shape.end() - 1);
       break;
     }
@@ -72,11 +62,10 @@ DynamicQuantized dynamic_range_quantize(const Tensor& x, QuantScope scope, Quant
       QGRAD_CHECK(scope.group_size >= 1, kOp, "group_size", "must be >= 1, got ", scope.group_size);
       QGRAD_CHECK(shape[static_cast<std::size_t>(ax)] % scope.group_size == 0, kOp, "group_size", "size ",
                   shape[static_cast<std::size_t>(ax)], " of axis ", ax, " is not a multiple of ", scope.group_size);
-      split(ax);
-      lay.per_slice = false;
-      lay.group = scope.group_size;
+      lay = kernels::AxisLayout::of(shape, ax);
+      group = scope.group_size;
       scale_shape = shape;
-      scale_shape[static_cast<std::size_t>(ax)] = lay.L / scope.group_size;
+      scale_shape[static_cast<std::size_t>(ax)] = lay.channels / scope.group_size;
       break;
     }
     default:
@@ -93,10 +82,10 @@ DynamicQuantized dynamic_range_quantize(const Tensor& x, QuantScope scope, Quant
     return r;
   }
   const kernels::QuantSpec spec{mode == QuantMode::symmetric, static_cast<int>(qmin), static_cast<int>(qmax)};
-  if (lay.is_rows()) {
-    kernels::quantize_rows_dynamic(x, lay.L, spec, r.q, lay.L, r.scale, r.zero_point);
+  if (group != 0 && lay.inner == 1 && group == lay.channels) {  // rows [outer, D]
+    kernels::quantize_rows_dynamic(x, lay.channels, spec, r.q, lay.channels, r.scale, r.zero_point);
   } else {
-    kernels::dynamic_quantize(x, lay, spec, r.q, r.scale, r.zero_point);
+    kernels::dynamic_quantize(x, lay, group, spec, r.q, r.scale, r.zero_point);
   }
   return r;
 }

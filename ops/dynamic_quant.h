@@ -24,18 +24,9 @@
 #include <cstdint>
 
 #include "qgrad/core/tensor.h"
+#include "qgrad/ops/quantize.h"  // QuantScope
 
 namespace qgrad {
-
-struct QuantScope {
-  enum Kind : int { tensor, channel, token, group } kind = tensor;  // fixed type: any int is a valid value to reject
-  std::int64_t axis = 0;
-  std::int64_t group_size = 0;
-  static QuantScope per_tensor() { return {tensor, 0, 0}; }
-  static QuantScope per_channel(std::int64_t axis) { return {channel, axis, 0}; }
-  static QuantScope per_token() { return {token, -1, 0}; }
-  static QuantScope per_group(std::int64_t axis, std::int64_t group_size) { return {group, axis, group_size}; }
-};
 
 enum class QuantMode { symmetric, asymmetric };
 

@@ -9,14 +9,12 @@
 #include <vector>
 
 #include "qgrad/autograd/node.h"
-#include "qgrad/kernels/quant_mask.h"
+#include "qgrad/kernels/bitmask.h"
 #include "qgrad/kernels/quantize.h"
 #include "qgrad/ops/check.h"
 #include "qgrad/ops/elementwise.h"
 
 namespace qgrad {
-
-using kernels::AffineOp;
 
 std::int64_t quant_min_of(DType dtype) {
   return dispatch_int8(dtype, "quantize", [](auto tag) {
@@ -34,11 +32,14 @@ namespace {
 // Resolved quantization parameters: where the kernel reads them and how
 // an element finds its channel. Holds the parameter tensors alive.
 struct Scope {
-  formulas::ParamSource params;
-  std::int64_t inner = 1, channels = 1;
-  bool double_product = false;  // per channel/token/group: see formulas::dequant_value
+  formulas::ParamSource source;
+  kernels::AxisLayout layout;  // element i uses channel layout.channel(i); per tensor: one channel
+  bool product_in_f64 = false;  // per channel/token/group: see formulas::dequant_value
   Tensor scale, zp;  // detached; undefined for host scalars
   std::size_t bytes() const { return scale.defined() ? scale.nbytes() + zp.nbytes() : 0; }
+  kernels::QuantParams params(std::int64_t qmin, std::int64_t qmax) const {
+    return {layout, source, qmin, qmax, product_in_f64};
+  }
 };
 
 TensorOptions like(const Tensor& t, DType dtype) { return TensorOptions{}.with_dtype(dtype).with_device(t.device()); }
@@ -69,8 +70,8 @@ Scope scalar_scope(double scale, std::int64_t zp, std::int64_t qmin, std::int64_
   check_scale_value(scale, op);
   check_zp_value(zp, qmin, qmax, op);
   Scope s;
-  s.params.scale_value = static_cast<float>(scale);
-  s.params.zp_value = static_cast<std::int32_t>(zp);
+  s.source.scale_value = static_cast<float>(scale);
+  s.source.zp_value = static_cast<std::int32_t>(zp);
   return s;
 }
 
@@ -100,48 +101,15 @@ Scope tensor_scope(const Tensor& ref, const Tensor& scale, const Tensor& zp, con
   Scope sc;
   sc.scale = scale.detach();
   sc.zp = zp.detach();
-  sc.params.scale = sc.scale.data<float>();
-  sc.params.zp = sc.zp.data<std::int32_t>();
+  sc.source.scale = sc.scale.data<float>();
+  sc.source.zp = sc.zp.data<std::int32_t>();
   return sc;
 }
 
-// inner = product of the dims after `axis`.
-std::int64_t inner_of(const Shape& shape, std::int64_t axis) {
-  std::int64_t inner = 1;
-  for (std::size_t d = static_cast<std::size_t>(axis) + 1; d < shape.size(); ++d) inner *= shape[d];
-  return inner;
+Tensor new_mask(const Tensor& x) { return Tensor::empty({bitmask_words(x.numel())}, like(x, DType::s32)); }
+std::uint32_t* mask_words(const Tensor& mask) {
+  return mask.defined() ? static_cast<std::uint32_t*>(mask.data_ptr()) : nullptr;
 }
-
-std::int64_t outer_of(const Shape& shape, std::int64_t axis) {
-  std::int64_t outer = 1;
-  for (std::int64_t d = 0; d < axis; ++d) outer *= shape[static_cast<std::size_t>(d)];
-  return outer;
-}
-
-kernels::AffineArgs affine_args(AffineOp op, const Tensor& in, const Tensor& out, const Scope& sc, std::int64_t qmin,
-                                std::int64_t qmax, const Tensor& mask_in, const Tensor& mask_out) {
-  kernels::AffineArgs a;
-  a.op = op;
-  a.in = in;
-  a.out = out;
-  a.mask_in = mask_in.defined() ? static_cast<const std::uint32_t*>(mask_in.data_ptr()) : nullptr;
-  a.mask_out = mask_out.defined() ? static_cast<std::uint32_t*>(mask_out.data_ptr()) : nullptr;
-  a.params = sc.params;
-  a.inner = std::max<std::int64_t>(sc.inner, 1);
-  a.channels = std::max<std::int64_t>(sc.channels, 1);
-  a.qmin = qmin;
-  a.qmax = qmax;
-  a.double_product = sc.double_product;
-  return a;
-}
-
-void run_affine(AffineOp op, const Tensor& in, const Tensor& out, const Scope& sc, std::int64_t qmin, std::int64_t qmax,
-                const Tensor& mask_in, const Tensor& mask_out) {
-  if (in.numel() == 0) return;
-  kernels::affine(affine_args(op, in, out, sc, qmin, qmax, mask_in, mask_out));
-}
-
-Tensor new_mask(const Tensor& x) { return Tensor::empty({kernels::qmask::words(x.numel())}, like(x, DType::s32)); }
 
 // Fake quantize with straight-through backward: saves only the bit mask.
 // With `obs`, the observer update that writes sc's qparams runs first (the
@@ -151,17 +119,14 @@ Tensor fake_quant_forward(const char* name, const Tensor& x, const Scope& sc, st
   Tensor out = Tensor::empty(x.shape(), like(x, x.dtype()));
   const bool need = any_requires_grad({x});
   Tensor mask = need ? new_mask(x) : Tensor();
-  if (obs) {
-    kernels::observe_fake_quant(affine_args(AffineOp::fake_quant, x, out, sc, qmin, qmax, Tensor(), mask), *obs);
-  } else {
-    run_affine(AffineOp::fake_quant, x, out, sc, qmin, qmax, Tensor(), mask);
-  }
+  if (obs) kernels::observe_fake_quantize(x, out, sc.params(qmin, qmax), mask_words(mask), *obs);
+  else kernels::fake_quantize(x, out, sc.params(qmin, qmax), mask_words(mask));
   if (need) {
     record(
         name, out, {x},
         [mask](const Tensor& g) {
           Tensor dx = Tensor::empty(g.shape(), like(g, g.dtype()));
-          run_affine(AffineOp::mask_grad, g, dx, Scope{}, 0, 0, mask, Tensor());
+          kernels::fake_quantize_backward(g, dx, mask_words(mask));
           return std::vector<Tensor>{dx};
         },
         mask.nbytes());
@@ -176,7 +141,7 @@ Tensor quantize_forward(const char* name, const Tensor& x, const Scope& sc, DTyp
   Tensor out = Tensor::empty(x.shape(), like(x, dtype));
   const bool need = any_requires_grad({x});
   Tensor mask = need ? new_mask(x) : Tensor();
-  run_affine(AffineOp::quantize, x, out, sc, qmin, qmax, Tensor(), mask);
+  kernels::quantize(x, out, sc.params(qmin, qmax), mask_words(mask));
   if (need) {
     const DType xd = x.dtype();
     record(
@@ -184,7 +149,7 @@ Tensor quantize_forward(const char* name, const Tensor& x, const Scope& sc, DTyp
         [mask, sc, xd](const Tensor& g) {
           Tensor gx = g.dtype() == xd ? g : g.to(xd);
           Tensor dx = Tensor::empty(gx.shape(), like(gx, xd));
-          run_affine(AffineOp::quantize_grad, gx, dx, sc, 0, 0, mask, Tensor());
+          kernels::quantize_backward(gx, dx, sc.params(0, 0), mask_words(mask));
           return std::vector<Tensor>{dx};
         },
         mask.nbytes() + sc.bytes(), xd, true);
@@ -195,13 +160,13 @@ Tensor quantize_forward(const char* name, const Tensor& x, const Scope& sc, DTyp
 // Dequantize from s8/u8: saves the qparams; dq = dy * scale in out_dtype.
 Tensor dequantize_forward(const char* name, const Tensor& q, const Scope& sc, DType out_dtype) {
   Tensor out = Tensor::empty(q.shape(), like(q, out_dtype));
-  run_affine(AffineOp::dequantize, q, out, sc, 0, 0, Tensor(), Tensor());
+  kernels::dequantize(q, out, sc.params(0, 0));
   if (any_requires_grad({q})) {
     record(
         name, out, {q},
         [sc](const Tensor& g) {
           Tensor dq = Tensor::empty(g.shape(), like(g, g.dtype()));
-          run_affine(AffineOp::dequantize_grad, g, dq, sc, 0, 0, Tensor(), Tensor());
+          kernels::dequantize_backward(g, dq, sc.params(0, 0));
           return std::vector<Tensor>{dq};
         },
         sc.bytes());
@@ -227,20 +192,19 @@ Scope channel_scope(const Tensor& x, const Tensor& scale, const Tensor& zp, std:
   const std::int64_t ax = check::axis(axis, x.dim(), op);
   const Shape shape{x.shape()[static_cast<std::size_t>(ax)]};
   Scope sc = tensor_scope(x, scale, zp, &shape, qmin, qmax, op, check_values);
-  sc.inner = inner_of(x.shape(), ax);
-  sc.channels = shape[0];
-  sc.double_product = true;
+  sc.layout = kernels::AxisLayout::of(x.shape(), ax);
+  sc.product_in_f64 = true;
   return sc;
 }
 
+// One channel per row of the last axis: scale shape x.shape[:-1].
 Scope token_scope(const Tensor& x, const Tensor& scale, const Tensor& zp, std::int64_t qmin, std::int64_t qmax,
                   const char* op) {
-  check::rank_is(x, 2, op, "x");
-  const Shape shape{x.shape()[0]};
+  QGRAD_CHECK(x.dim() >= 1, op, "x", "expected rank >= 1, got a scalar");
+  const Shape shape(x.shape().begin(), x.shape().end() - 1);
   Scope sc = tensor_scope(x, scale, zp, &shape, qmin, qmax, op);
-  sc.inner = x.shape()[1];
-  sc.channels = x.shape()[0];
-  sc.double_product = true;
+  sc.layout = kernels::AxisLayout{1, shape_numel(shape), x.shape().back()};
+  sc.product_in_f64 = true;
   return sc;
 }
 
@@ -253,16 +217,64 @@ Scope group_scope(const Tensor& x, const Tensor& scale, const Tensor& zp, std::i
   Shape shape = x.shape();
   shape.back() = d / group_size;
   Scope sc = tensor_scope(x, scale, zp, &shape, qmin, qmax, op);
-  sc.inner = group_size;
-  sc.channels = x.numel() / group_size;
-  sc.double_product = true;
+  sc.layout = kernels::AxisLayout{1, x.numel() / group_size, group_size};
+  sc.product_in_f64 = true;
   return sc;
+}
+
+using I64 = std::int64_t;
+
+// The qparams of `scope` for x (validated: shapes, dtypes, device, values on
+// the CPU). The group scope runs along the last axis.
+Scope scope_of(QuantScope scope, const Tensor& x, const Tensor& scale, const Tensor& zp, I64 qmin, I64 qmax,
+               const char* op) {
+  switch (scope.kind) {
+    case QuantScope::tensor: return tensor_scope(x, scale, zp, nullptr, qmin, qmax, op);
+    case QuantScope::channel: return channel_scope(x, scale, zp, scope.axis, qmin, qmax, op);
+    case QuantScope::token: return token_scope(x, scale, zp, qmin, qmax, op);
+    case QuantScope::group: {
+      QGRAD_CHECK(x.dim() >= 1, op, "x", "expected rank >= 1, got a scalar");
+      const I64 ax = check::axis(scope.axis, x.dim(), op);
+      QGRAD_CHECK(ax == x.dim() - 1, op, "scope", "per_group runs along the last axis (", x.dim() - 1, "), got axis ",
+                  scope.axis);
+      return group_scope(x, scale, zp, scope.group_size, qmin, qmax, op);
+    }
+  }
+  throw Error(op, "scope", "unknown scope kind " + std::to_string(static_cast<int>(scope.kind)));
+}
+
+// The views under which (q - zp) and the scale of `scope` broadcast against
+// each other (the scope already validated).
+struct ScaleViews {
+  Shape q, s;
+};
+ScaleViews scale_views(QuantScope scope, const Tensor& q, const Tensor& scale) {
+  switch (scope.kind) {
+    case QuantScope::channel: {
+      const I64 ax = scope.axis < 0 ? scope.axis + q.dim() : scope.axis;
+      Shape sv(static_cast<std::size_t>(q.dim() - ax), 1);
+      sv[0] = q.shape()[static_cast<std::size_t>(ax)];
+      return {q.shape(), sv};
+    }
+    case QuantScope::token: {
+      Shape sv = q.shape();
+      sv.back() = 1;
+      return {q.shape(), sv};
+    }
+    case QuantScope::group: {
+      Shape qv = q.shape(), sv = scale.shape();
+      qv.back() /= scope.group_size;
+      qv.push_back(scope.group_size);
+      sv.push_back(1);
+      return {qv, sv};
+    }
+    default: return {q.shape(), Shape{}};
+  }
 }
 
 // ---- LSQ ----
 Tensor lsq_forward(const char* name, const Tensor& x, const Tensor& scale, const Tensor& zp, const Shape* shape,
-                   std::int64_t outer, std::int64_t channels, std::int64_t inner, std::int64_t qmin, std::int64_t qmax,
-                   double grad_factor) {
+                   const kernels::AxisLayout& layout, std::int64_t qmin, std::int64_t qmax, double grad_factor) {
   check::floating(scale, name, "scale");
   check::floating(zp, name, "zero_point");
   check::same_device(scale, x, name, "scale");
@@ -285,20 +297,19 @@ Tensor lsq_forward(const char* name, const Tensor& x, const Tensor& scale, const
   }
   Scope sc;
   sc.scale = scale.detach().to(DType::f32);
-  sc.zp = Tensor::empty({channels}, like(x, DType::s32));
+  sc.zp = Tensor::empty({layout.channels}, like(x, DType::s32));
   kernels::lsq_round_zero_point(zp.detach(), sc.zp, qmin, qmax);
-  sc.params.scale = sc.scale.data<float>();
-  sc.params.zp = sc.zp.data<std::int32_t>();
-  sc.inner = inner;
-  sc.channels = channels;
-  sc.double_product = shape != nullptr;  // PyTorch: per tensor -> fake_quantize_per_tensor, per channel -> _per_channel
+  sc.source.scale = sc.scale.data<float>();
+  sc.source.zp = sc.zp.data<std::int32_t>();
+  sc.layout = layout;
+  sc.product_in_f64 = shape != nullptr;  // PyTorch: per tensor -> fake_quantize_per_tensor, per channel -> _per_channel
   Tensor out = Tensor::empty(x.shape(), like(x, x.dtype()));
-  run_affine(AffineOp::fake_quant, x, out, sc, qmin, qmax, Tensor(), Tensor());
+  kernels::fake_quantize(x, out, sc.params(qmin, qmax), nullptr);
   if (any_requires_grad({x, scale, zp})) {
     const Tensor xd = x.detach();
     record(
         name, out, {x, scale, zp},
-        [xd, sc, outer, qmin, qmax, grad_factor, s_shape = scale.shape(), s_dtype = scale.dtype(),
+        [xd, sc, qmin, qmax, grad_factor, s_shape = scale.shape(), s_dtype = scale.dtype(),
          z_shape = zp.shape(), z_dtype = zp.dtype()](const Tensor& g) {
           const DType m = xd.dtype() == DType::f64 ? DType::f64 : DType::f32;
           kernels::LsqArgs a;
@@ -307,11 +318,9 @@ Tensor lsq_forward(const char* name, const Tensor& x, const Tensor& scale, const
           a.scale = sc.scale;
           a.zp = sc.zp;
           a.dx = Tensor::empty(xd.shape(), like(xd, xd.dtype()));
-          a.ds = Tensor::empty({sc.channels}, like(xd, m));
-          a.dz = Tensor::empty({sc.channels}, like(xd, m));
-          a.outer = outer;
-          a.channels = sc.channels;
-          a.inner = sc.inner;
+          a.ds = Tensor::empty({sc.layout.channels}, like(xd, m));
+          a.dz = Tensor::empty({sc.layout.channels}, like(xd, m));
+          a.layout = sc.layout;
           a.qmin = qmin;
           a.qmax = qmax;
           a.grad_factor = grad_factor;
@@ -335,22 +344,29 @@ Tensor fake_quantize_per_tensor(const Tensor& x, double scale, std::int64_t zero
   return fake_quant_forward(op, x, sc, qmin, qmax);
 }
 
-Tensor fake_quantize_per_tensor(const Tensor& x, const Tensor& scale, const Tensor& zero_point, std::int64_t qmin,
-                                std::int64_t qmax) {
-  const char* op = "fake_quantize_per_tensor";
+namespace {
+Tensor fake_quantize_op(const char* op, const Tensor& x, const Tensor& scale, const Tensor& zero_point,
+                        QuantScope scope, std::int64_t qmin, std::int64_t qmax) {
   check::floating(x, op, "x");
   check_range(qmin, qmax, op);
-  const Scope sc = tensor_scope(x, scale, zero_point, nullptr, qmin, qmax, op);
-  return fake_quant_forward(op, x, sc, qmin, qmax);
+  return fake_quant_forward(op, x, scope_of(scope, x, scale, zero_point, qmin, qmax, op), qmin, qmax);
+}
+}  // namespace
+
+Tensor fake_quantize(const Tensor& x, const Tensor& scale, const Tensor& zero_point, QuantScope scope,
+                     std::int64_t qmin, std::int64_t qmax) {
+  return fake_quantize_op("fake_quantize", x, scale, zero_point, scope, qmin, qmax);
+}
+
+Tensor fake_quantize_per_tensor(const Tensor& x, const Tensor& scale, const Tensor& zero_point, std::int64_t qmin,
+                                std::int64_t qmax) {
+  return fake_quantize_op("fake_quantize_per_tensor", x, scale, zero_point, QuantScope::per_tensor(), qmin, qmax);
 }
 
 Tensor fake_quantize_per_channel(const Tensor& x, const Tensor& scale, const Tensor& zero_point, std::int64_t axis,
                                  std::int64_t qmin, std::int64_t qmax) {
-  const char* op = "fake_quantize_per_channel";
-  check::floating(x, op, "x");
-  check_range(qmin, qmax, op);
-  const Scope sc = channel_scope(x, scale, zero_point, axis, qmin, qmax, op);
-  return fake_quant_forward(op, x, sc, qmin, qmax);
+  return fake_quantize_op("fake_quantize_per_channel", x, scale, zero_point, QuantScope::per_channel(axis), qmin,
+                          qmax);
 }
 
 namespace {
@@ -358,7 +374,7 @@ namespace {
 // The observer arguments, validated against x's channels (1 per tensor).
 kernels::ObserveArgs observe_args(const Tensor& x, const Scope& sc, std::int64_t axis, const ObserverUpdate& u,
                                   const char* op) {
-  const Shape c{std::max<std::int64_t>(sc.channels, 1)};
+  const Shape c{std::max<std::int64_t>(sc.layout.channels, 1)};
   for (const auto& [t, arg] : {std::pair{&u.run_min, "run_min"}, std::pair{&u.run_max, "run_max"}}) {
     check::dtype_is(*t, DType::f32, op, arg);
     check::same_device(*t, x, op, arg);
@@ -405,7 +421,8 @@ Tensor fake_quantize_learnable_per_tensor(const Tensor& x, const Tensor& scale, 
                                           std::int64_t qmin, std::int64_t qmax, double grad_factor) {
   const char* op = "fake_quantize_learnable_per_tensor";
   check::floating(x, op, "x");
-  return lsq_forward(op, x, scale, zero_point, nullptr, 1, 1, x.numel(), qmin, qmax, grad_factor);
+  return lsq_forward(op, x, scale, zero_point, nullptr, kernels::AxisLayout::of(x.shape(), -1), qmin, qmax,
+                     grad_factor);
 }
 
 Tensor fake_quantize_learnable_per_channel(const Tensor& x, const Tensor& scale, const Tensor& zero_point,
@@ -416,8 +433,8 @@ Tensor fake_quantize_learnable_per_channel(const Tensor& x, const Tensor& scale,
   QGRAD_CHECK(x.dim() >= 1, op, "x", "expected rank >= 1, got a scalar");
   const std::int64_t ax = check::axis(axis, x.dim(), op);
   const Shape shape{x.shape()[static_cast<std::size_t>(ax)]};
-  return lsq_forward(op, x, scale, zero_point, &shape, outer_of(x.shape(), ax), shape[0], inner_of(x.shape(), ax),
-                     qmin, qmax, grad_factor);
+  return lsq_forward(op, x, scale, zero_point, &shape, kernels::AxisLayout::of(x.shape(), ax), qmin, qmax,
+                     grad_factor);
 }
 
 // ---- quantize / dequantize ----
@@ -433,22 +450,15 @@ Tensor dequantize_op(const char* op, const Tensor& q, DType out_dtype, ScopeFn&&
   check_dequant_input(q, out_dtype, op);
   return dequantize_forward(op, q, scope(quant_min_of(q.dtype()), quant_max_of(q.dtype()), op), out_dtype);
 }
-using I64 = std::int64_t;
-
-// The views under which (q - zp) and the scale broadcast against each other.
-struct ScaleViews {
-  Shape q, s;
-};
-
 // Dequantize with a scale tensor. When the scale requires grad or is not f32
 // (any floating dtype), y = (q - zp) * scale runs through mul, so the scale gets
 // dscale = sum of dy * (q - zp) over its broadcast; (q - zp) comes exactly
 // from the kernel, and the product is taken in f32 (f64 when the output or
 // the scale is f64), then converted: the same values as the kernel path
 // except for f64 outputs with an f32 scale (f64 product here).
-template <class ScopeFn, class ViewsFn>
-Tensor dequantize_tensor_op(const char* op, const Tensor& q, const Tensor& scale, DType out_dtype, ScopeFn&& scope,
-                            ViewsFn&& views) {
+template <class ScopeFn>
+Tensor dequantize_tensor_op(const char* op, const Tensor& q, const Tensor& scale, DType out_dtype, QuantScope qscope,
+                            ScopeFn&& scope) {
   check_dequant_input(q, out_dtype, op);
   const I64 lo = quant_min_of(q.dtype()), hi = quant_max_of(q.dtype());
   const bool composite = any_requires_grad({scale}) ||
@@ -456,14 +466,34 @@ Tensor dequantize_tensor_op(const char* op, const Tensor& q, const Tensor& scale
   if (!composite) return dequantize_forward(op, q, scope(scale, lo, hi, op), out_dtype);
   check::floating(scale, op, "scale");
   Scope sc = scope(scale.detach().to(DType::f32), lo, hi, op);  // validates shape, device, values
-  sc.params.scale = nullptr;
-  sc.params.scale_value = 1.0f;
+  sc.source.scale = nullptr;
+  sc.source.scale_value = 1.0f;
   const DType m = out_dtype == DType::f64 || scale.dtype() == DType::f64 ? DType::f64 : DType::f32;
-  const ScaleViews v = views();
+  const ScaleViews v = scale_views(qscope, q, scale);
   Tensor k = dequantize_forward(op, q, sc, m);
   return mul(k.reshape(v.q), scale.to(m).reshape(v.s)).reshape(q.shape()).to(out_dtype);
 }
+// quantize / dequantize over `scope` with tensor qparams.
+Tensor quantize_scope_op(const char* op, const Tensor& x, const Tensor& scale, const Tensor& zero_point,
+                         QuantScope scope, DType dtype) {
+  return quantize_op(op, x, dtype,
+                     [&](I64 lo, I64 hi, const char* o) { return scope_of(scope, x, scale, zero_point, lo, hi, o); });
+}
+Tensor dequantize_scope_op(const char* op, const Tensor& q, const Tensor& scale, const Tensor& zero_point,
+                           QuantScope scope, DType out_dtype) {
+  return dequantize_tensor_op(op, q, scale, out_dtype, scope, [&](const Tensor& s, I64 lo, I64 hi, const char* o) {
+    return scope_of(scope, q, s, zero_point, lo, hi, o);
+  });
+}
 }  // namespace
+
+Tensor quantize(const Tensor& x, const Tensor& scale, const Tensor& zero_point, QuantScope scope, DType dtype) {
+  return quantize_scope_op("quantize", x, scale, zero_point, scope, dtype);
+}
+
+Tensor dequantize(const Tensor& q, const Tensor& scale, const Tensor& zero_point, QuantScope scope, DType out_dtype) {
+  return dequantize_scope_op("dequantize", q, scale, zero_point, scope, out_dtype);
+}
 
 Tensor quantize_per_tensor(const Tensor& x, double scale, std::int64_t zero_point, DType dtype) {
   return quantize_op("quantize_per_tensor", x, dtype,
@@ -471,9 +501,7 @@ Tensor quantize_per_tensor(const Tensor& x, double scale, std::int64_t zero_poin
 }
 
 Tensor quantize_per_tensor(const Tensor& x, const Tensor& scale, const Tensor& zero_point, DType dtype) {
-  return quantize_op("quantize_per_tensor", x, dtype, [&](I64 lo, I64 hi, const char* op) {
-    return tensor_scope(x, scale, zero_point, nullptr, lo, hi, op);
-  });
+  return quantize_scope_op("quantize_per_tensor", x, scale, zero_point, QuantScope::per_tensor(), dtype);
 }
 
 Tensor dequantize_per_tensor(const Tensor& q, double scale, std::int64_t zero_point, DType out_dtype) {
@@ -482,65 +510,45 @@ Tensor dequantize_per_tensor(const Tensor& q, double scale, std::int64_t zero_po
 }
 
 Tensor dequantize_per_tensor(const Tensor& q, const Tensor& scale, const Tensor& zero_point, DType out_dtype) {
-  return dequantize_tensor_op(
-      "dequantize_per_tensor", q, scale, out_dtype,
-      [&](const Tensor& s, I64 lo, I64 hi, const char* op) { return tensor_scope(q, s, zero_point, nullptr, lo, hi, op); },
-      [&] { return ScaleViews{q.shape(), Shape{}}; });
+  return dequantize_scope_op("dequantize_per_tensor", q, scale, zero_point, QuantScope::per_tensor(), out_dtype);
 }
 
 Tensor quantize_per_channel(const Tensor& x, const Tensor& scale, const Tensor& zero_point, std::int64_t axis,
                             DType dtype) {
-  return quantize_op("quantize_per_channel", x, dtype, [&](I64 lo, I64 hi, const char* op) {
-    return channel_scope(x, scale, zero_point, axis, lo, hi, op);
-  });
+  return quantize_scope_op("quantize_per_channel", x, scale, zero_point, QuantScope::per_channel(axis), dtype);
 }
 
 Tensor dequantize_per_channel(const Tensor& q, const Tensor& scale, const Tensor& zero_point, std::int64_t axis,
                               DType out_dtype) {
-  return dequantize_tensor_op(
-      "dequantize_per_channel", q, scale, out_dtype,
-      [&](const Tensor& s, I64 lo, I64 hi, const char* op) { return channel_scope(q, s, zero_point, axis, lo, hi, op); },
-      [&] {
-        const I64 ax = axis < 0 ? axis + q.dim() : axis;
-        Shape sv(static_cast<std::size_t>(q.dim() - ax), 1);
-        sv[0] = q.shape()[static_cast<std::size_t>(ax)];
-        return ScaleViews{q.shape(), sv};
-      });
+  return dequantize_scope_op("dequantize_per_channel", q, scale, zero_point, QuantScope::per_channel(axis),
+                             out_dtype);
 }
 
+// Per token keeps its [N, D] contract (the token scope takes any rank).
 Tensor quantize_per_token(const Tensor& x, const Tensor& scale, const Tensor& zero_point, DType dtype) {
-  return quantize_op("quantize_per_token", x, dtype,
-                     [&](I64 lo, I64 hi, const char* op) { return token_scope(x, scale, zero_point, lo, hi, op); });
+  return quantize_op("quantize_per_token", x, dtype, [&](I64 lo, I64 hi, const char* op) {
+    check::rank_is(x, 2, op, "x");
+    return token_scope(x, scale, zero_point, lo, hi, op);
+  });
 }
 
 Tensor dequantize_per_token(const Tensor& q, const Tensor& scale, const Tensor& zero_point, DType out_dtype) {
-  return dequantize_tensor_op(
-      "dequantize_per_token", q, scale, out_dtype,
-      [&](const Tensor& s, I64 lo, I64 hi, const char* op) { return token_scope(q, s, zero_point, lo, hi, op); },
-      [&] { return ScaleViews{q.shape(), Shape{q.shape()[0], 1}}; });
+  return dequantize_tensor_op("dequantize_per_token", q, scale, out_dtype, QuantScope::per_token(),
+                              [&](const Tensor& s, I64 lo, I64 hi, const char* op) {
+                                check::rank_is(q, 2, op, "x");
+                                return token_scope(q, s, zero_point, lo, hi, op);
+                              });
 }
 
 Tensor quantize_per_group(const Tensor& x, const Tensor& scale, const Tensor& zero_point, std::int64_t group_size,
                           DType dtype) {
-  return quantize_op("quantize_per_group", x, dtype, [&](I64 lo, I64 hi, const char* op) {
-    return group_scope(x, scale, zero_point, group_size, lo, hi, op);
-  });
+  return quantize_scope_op("quantize_per_group", x, scale, zero_point, QuantScope::per_group(-1, group_size), dtype);
 }
 
 Tensor dequantize_per_group(const Tensor& q, const Tensor& scale, const Tensor& zero_point, std::int64_t group_size,
                             DType out_dtype) {
-  return dequantize_tensor_op(
-      "dequantize_per_group", q, scale, out_dtype,
-      [&](const Tensor& s, I64 lo, I64 hi, const char* op) {
-        return group_scope(q, s, zero_point, group_size, lo, hi, op);
-      },
-      [&] {
-        Shape qv = q.shape(), sv = scale.shape();
-        qv.back() /= group_size;
-        qv.push_back(group_size);
-        sv.push_back(1);
-        return ScaleViews{qv, sv};
-      });
+  return dequantize_scope_op("dequantize_per_group", q, scale, zero_point, QuantScope::per_group(-1, group_size),
+                             out_dtype);
 }
 
 }  // namespace qgrad

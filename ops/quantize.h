@@ -16,6 +16,40 @@
 
 namespace qgrad {
 
+// Which elements share one scale and zero point (docs/ops.md, "Quantization
+// vocabulary"), and the shape the qparams take for x:
+//   per_tensor():         all elements; one element (any shape of numel 1);
+//   per_channel(axis):    each index of `axis`; [x.size(axis)];
+//   per_token():          each row of the last axis; x.shape[:-1];
+//   per_group(axis, G):   G consecutive indices of `axis`; x.shape with
+//                         size(axis) / G at axis.
+// dynamic_range_quantize (ops/dynamic_quant.h) returns qparams in these
+// shapes, so its result dequantizes with the same scope.
+struct QuantScope {
+  enum Kind : int { tensor, channel, token, group } kind = tensor;  // fixed type: any int is a valid value to reject
+  std::int64_t axis = 0;
+  std::int64_t group_size = 0;
+  static QuantScope per_tensor() { return {tensor, 0, 0}; }
+  static QuantScope per_channel(std::int64_t axis) { return {channel, axis, 0}; }
+  static QuantScope per_token() { return {token, -1, 0}; }
+  static QuantScope per_group(std::int64_t axis, std::int64_t group_size) { return {group, axis, group_size}; }
+};
+
+// The three ops over any scope, with qparams as tensors on x's device (f32
+// scale, s32 zero point; dequantize also takes any floating scale, with
+// a gradient, as dequantize_per_channel does). Same values, masks and
+// gradients as the per-scope functions below; the group scope runs along
+// the last axis (per_group(-1, G) or per_group(rank - 1, G)).
+//   quantize:      q = clamp(nearbyint(x * (1/scale)) + zp, dtype range)
+//   dequantize:    y = (q - zp) * scale
+//   fake_quantize: y = (clamp(nearbyint(x * (1/scale)) + zp, qmin, qmax) - zp) * scale
+Tensor quantize(const Tensor& x, const Tensor& scale, const Tensor& zero_point, QuantScope scope,
+                DType dtype /*s8|u8*/);
+Tensor dequantize(const Tensor& q, const Tensor& scale, const Tensor& zero_point, QuantScope scope,
+                  DType out_dtype = DType::f32);
+Tensor fake_quantize(const Tensor& x, const Tensor& scale, const Tensor& zero_point, QuantScope scope,
+                     std::int64_t qmin, std::int64_t qmax);
+
 // y = (clamp(nearbyint(x * (1/scale)) + zp, qmin, qmax) - zp) * scale; dx = dy * 1[qmin <= q <= qmax].
 Tensor fake_quantize_per_tensor(const Tensor& x, double scale, std::int64_t zero_point, std::int64_t qmin,
                                 std::int64_t qmax);

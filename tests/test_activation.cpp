@@ -18,26 +18,33 @@ Tensor relu_grad(const Tensor& x, const Tensor& g) {
 
 // ---------------------------------------------------------------- bitmask
 
-TEST_CASE("bitmask_words rounds up to 32-element words") {
+TEST_CASE("bitmask_words rounds up to 128-element blocks of 4 words") {
   CHECK(bitmask_words(0) == 0);
-  CHECK(bitmask_words(1) == 1);
-  CHECK(bitmask_words(32) == 1);
-  CHECK(bitmask_words(33) == 2);
+  CHECK(bitmask_words(1) == 4);
+  CHECK(bitmask_words(128) == 4);
+  CHECK(bitmask_words(129) == 8);
   CHECK(bitmask_words(1000) == 32);
 }
 
-TEST_CASE("bitmask set, get and pack agree") {
-  std::vector<std::uint32_t> words(3, 0);
-  for (std::int64_t i = 0; i < 70; ++i) bitmask_set(words.data(), i, i % 3 == 0);
-  for (std::int64_t i = 0; i < 70; ++i) CHECK(bitmask_get(words.data(), i) == (i % 3 == 0));
+TEST_CASE("bitmask set, get and pack agree, in the documented layout (element 128b + 4l + k: bit l of word 4b + k)") {
+  const std::int64_t n = 300;
+  std::vector<std::uint32_t> words(static_cast<std::size_t>(bitmask_words(n)), 0);
+  for (std::int64_t i = 0; i < n; ++i) bitmask_set(words.data(), i, i % 3 == 0);
+  for (std::int64_t i = 0; i < n; ++i) CHECK(bitmask_get(words.data(), i) == (i % 3 == 0));
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::int64_t b = i / 128, l = (i % 128) / 4, k = i % 4;
+    CHECK(((words[static_cast<std::size_t>(4 * b + k)] >> l) & 1u) == (i % 3 == 0 ? 1u : 0u));
+  }
   bitmask_set(words.data(), 3, false);
   CHECK(!bitmask_get(words.data(), 3));
   CHECK(bitmask_get(words.data(), 6));
-  for (std::int64_t w = 0; w < 3; ++w) {
-    const std::uint32_t packed = bitmask_pack_word(w, 70, [](std::int64_t i) { return i % 3 == 0 && i != 3; });
+  for (std::int64_t w = 0; w < bitmask_words(n); ++w) {
+    const std::uint32_t packed = bitmask_pack_word(w, n, [](std::int64_t i) { return i % 3 == 0 && i != 3; });
     CHECK(packed == words[static_cast<std::size_t>(w)]);
   }
-  CHECK(bitmask_pack_word(2, 70, [](std::int64_t) { return true; }) == 0x3fu);  // bits past n stay 0
+  // Block 2 holds elements 256..299: word 8 + k has bits l < 11 (4l + k < 44).
+  CHECK(bitmask_pack_word(8, n, [](std::int64_t) { return true; }) == 0x7ffu);  // bits past n stay 0
+  CHECK(bitmask_pack_word(11, n, [](std::int64_t) { return true; }) == 0x7ffu);
 }
 
 // ---------------------------------------------------------------- values

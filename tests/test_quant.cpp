@@ -1,8 +1,8 @@
 // Fake quantize, quantize and dequantize on the CPU: forward against a host
 // reference of PyTorch's CPU formulas, straight-through backward against
 // the mask formula, saved bytes, scopes, and every argument check.
+#include "qgrad/kernels/bitmask.h"
 #include "qgrad/kernels/formulas/quantize.h"
-#include "qgrad/kernels/quant_mask.h"
 #include "qgrad/kernels/quantize.h"
 #include "test_quant_ref.h"
 
@@ -11,9 +11,6 @@ using namespace qgrad::testing;
 using namespace qref;
 
 namespace {
-
-TensorOptions f32() { return TensorOptions{}.with_dtype(DType::f32); }
-TensorOptions s32() { return TensorOptions{}.with_dtype(DType::s32); }
 
 // Runs per-tensor fake quantize (forward + backward) on x and compares with
 // the host reference bit for bit.
@@ -445,7 +442,7 @@ TEST_CASE("the magic-number division finds every channel exactly") {
   const std::uint32_t divisors[] = {1, 2, 3, 4, 5, 7, 31, 32, 33, 127, 128, 1000, 4096, 65535, 65536, 65537,
                                     (1u << 30) + 1, (1u << 31) - 1, 1u << 31};
   for (std::uint32_t d : divisors) {
-    const formulas::FastDiv fd(d);
+    const kernels::FastDiv fd(d);
     for (std::uint32_t n : {0u, 1u, d - 1, d, d + 1, (1u << 31) - 1, (1u << 31) - 2})
       if (n < (1u << 31)) REQUIRE(fd.div(n) == n / d);
     for (int i = 0; i < 20000; ++i) {
@@ -453,9 +450,13 @@ TEST_CASE("the magic-number division finds every channel exactly") {
       REQUIRE(fd.div(n) == n / d);
     }
   }
-  const formulas::ChannelMap map(5, 7, 1000);
+  const kernels::AxisLayout lay{1000 / 35 + 1, 7, 5};
+  const kernels::ChannelIndexer map(lay);
   for (std::int64_t i = 0; i < 1000; ++i) REQUIRE(map.channel(i) == (i / 5) % 7);
-  const formulas::ChannelMap big(3, 11, std::int64_t(1) << 33);  // the 64-bit path
+  for (std::int64_t i = 0; i < 1000; ++i) REQUIRE(lay.channel(i) == (i / 5) % 7);
+  const kernels::AxisLayout big_lay{(std::int64_t(1) << 33) / 33 + 1, 11, 3};
+  const kernels::ChannelIndexer big(big_lay);  // the 64-bit path
+  REQUIRE(!big.small);
   for (std::int64_t i : {std::int64_t(0), (std::int64_t(1) << 32) + 7, (std::int64_t(1) << 33) - 1})
     REQUIRE(big.channel(i) == (i / 3) % 11);
 }
@@ -557,17 +558,13 @@ TEST_CASE("the saved mask has the documented layout: element 128b + 4l + k is bi
   const std::int64_t n = 300;
   Tensor x = random_input({n}, DType::f32, 91, 8.0);
   Tensor y = Tensor::empty({n});
-  Tensor mask = Tensor::empty({kernels::qmask::words(n)}, s32());
+  Tensor mask = Tensor::empty({bitmask_words(n)}, s32());
   CHECK(mask.numel() == 12);
-  kernels::AffineArgs a;
-  a.op = kernels::AffineOp::fake_quant;
-  a.in = x;
-  a.out = y;
-  a.mask_out = static_cast<std::uint32_t*>(mask.data_ptr());
-  a.params.scale_value = 0.05f;
-  a.qmin = -100;
-  a.qmax = 100;
-  kernels::affine(a);
+  kernels::QuantParams p;
+  p.source.scale_value = 0.05f;
+  p.qmin = -100;
+  p.qmax = 100;
+  kernels::fake_quantize(x, y, p, static_cast<std::uint32_t*>(mask.data_ptr()));
   const auto xs = x.to_vector<float>();
   const auto words = mask.to_vector<std::int32_t>();
   for (std::int64_t i = 0; i < 384; ++i) {

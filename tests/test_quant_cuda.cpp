@@ -2,7 +2,7 @@
 // inputs, exact halves, +-inf, NaN and the range edges; forward and backward;
 // sizes that exercise the vectorised path, the scalar tail and misaligned
 // views; device-resident qparams. All tests skip without a GPU.
-#include "qgrad/kernels/quant_mask.h"
+#include "qgrad/kernels/bitmask.h"
 #include "qgrad/kernels/quantize.h"
 #include "test_quant_ref.h"
 
@@ -246,16 +246,12 @@ TEST_CASE("CUDA writes the same mask words as the CPU (one __ballot_sync per wor
         const Device dev = d == 0 ? Device::cpu() : Device::cuda();
         Tensor xi = x.to(dev);
         Tensor y = Tensor::empty({n}, TensorOptions{}.with_dtype(dt).with_device(dev));
-        masks[d] = Tensor::empty({kernels::qmask::words(n)}, TensorOptions{}.with_dtype(DType::s32).with_device(dev));
-        kernels::AffineArgs a;
-        a.op = kernels::AffineOp::fake_quant;
-        a.in = xi;
-        a.out = y;
-        a.mask_out = static_cast<std::uint32_t*>(masks[d].data_ptr());
-        a.params.scale_value = 0.125f;
-        a.qmin = -16;
-        a.qmax = 15;
-        kernels::affine(a);
+        masks[d] = Tensor::empty({bitmask_words(n)}, TensorOptions{}.with_dtype(DType::s32).with_device(dev));
+        kernels::QuantParams p;
+        p.source.scale_value = 0.125f;
+        p.qmin = -16;
+        p.qmax = 15;
+        kernels::fake_quantize(xi, y, p, static_cast<std::uint32_t*>(masks[d].data_ptr()));
       }
       REQUIRE(bit_equal(masks[0], masks[1]));
     }

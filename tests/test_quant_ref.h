@@ -106,6 +106,9 @@ inline Tensor leaf_of(const Tensor& t) {
   return l;
 }
 
+inline TensorOptions f32() { return TensorOptions{}.with_dtype(DType::f32); }
+inline TensorOptions s32() { return TensorOptions{}.with_dtype(DType::s32); }
+
 inline const DType kFloatTypes[] = {DType::f32, DType::f64, DType::f16, DType::bf16};
 
 }  // namespace qref

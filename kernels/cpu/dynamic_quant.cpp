@@ -27,29 +27,27 @@ void store_qparams(const Tensor& scale, const Tensor& zero_point, std::int64_t s
 }
 
 template <class X, class Q>
-void dynamic_impl(const Tensor& x, const SegmentLayout& lay, const QuantSpec& spec, const Tensor& q,
+void dynamic_impl(const Tensor& x, const AxisLayout& lay, std::int64_t group, const QuantSpec& spec, const Tensor& q,
                   const Tensor& scale, const Tensor& zero_point) {
   using M = quant_math_t<X>;
   const X* xp = static_cast<const X*>(x.data_ptr());
   Q* qp = static_cast<Q*>(q.data_ptr());
-  const std::int64_t nseg = lay.segments();
+  const std::int64_t nseg = segment_count(lay, group);
   std::vector<Range<M>> ranges(static_cast<std::size_t>(nseg), Range<M>::empty());
-  if (lay.per_slice) {
-    parallel_for(lay.L, [&](std::int64_t l) {
+  if (group == 0) {
+    parallel_for(lay.channels, [&](std::int64_t c) {
       Range<M> r = Range<M>::empty();
       for (std::int64_t o = 0; o < lay.outer; ++o) {
-        const X* row = xp + (o * lay.L + l) * lay.inner;
+        const X* row = xp + (o * lay.channels + c) * lay.inner;
         for (std::int64_t i = 0; i < lay.inner; ++i) r.add(M(row[i]));
       }
-      ranges[static_cast<std::size_t>(l)] = r;
+      ranges[static_cast<std::size_t>(c)] = r;
     });
   } else {
-    const std::int64_t groups = lay.L / lay.group;
     parallel_for(nseg, [&](std::int64_t s) {
-      const std::int64_t i = s % lay.inner, g = (s / lay.inner) % groups, o = s / (lay.inner * groups);
-      const X* base = xp + (o * lay.L + g * lay.group) * lay.inner + i;
+      const X* base = xp + segment_base(lay, group, s);
       Range<M> r = Range<M>::empty();
-      for (std::int64_t j = 0; j < lay.group; ++j) r.add(M(base[j * lay.inner]));
+      for (std::int64_t j = 0; j < group; ++j) r.add(M(base[j * lay.inner]));
       ranges[static_cast<std::size_t>(s)] = r;
     });
   }
@@ -63,7 +61,7 @@ void dynamic_impl(const Tensor& x, const SegmentLayout& lay, const QuantSpec& sp
   for (std::int64_t s = 0; s < nseg; ++s)
     inv[static_cast<std::size_t>(s)] = formulas::inverse_scale<M>(params[static_cast<std::size_t>(s)].scale);
   parallel_for(x.numel(), [&](std::int64_t i) {
-    const auto s = static_cast<std::size_t>(lay.segment_of(i));
+    const auto s = static_cast<std::size_t>(segment_of(lay, group, i));
     qp[i] = static_cast<Q>(formulas::quantize_value<M>(M(xp[i]), inv[s], params[s].zero_point, spec.qmin, spec.qmax));
   });
 }
@@ -106,10 +104,11 @@ void rows_static_impl(const Tensor& x, std::int64_t D, const Tensor& scale, cons
 
 }  // namespace
 
-void dynamic_quantize(const Tensor& x, const SegmentLayout& layout, const QuantSpec& spec, const Tensor& q,
-                      const Tensor& scale, const Tensor& zero_point) {
+void dynamic_quantize(const Tensor& x, const AxisLayout& layout, std::int64_t group, const QuantSpec& spec,
+                      const Tensor& q, const Tensor& scale, const Tensor& zero_point) {
   dispatch_x_q<void>(x.dtype(), q.dtype(), "dynamic_range_quantize", [&](auto xt, auto qt) {
-    dynamic_impl<typename decltype(xt)::type, typename decltype(qt)::type>(x, layout, spec, q, scale, zero_point);
+    dynamic_impl<typename decltype(xt)::type, typename decltype(qt)::type>(x, layout, group, spec, q, scale,
+                                                                           zero_point);
   });
 }
 

@@ -65,7 +65,7 @@ std::int64_t minmax_f32(const float* row, std::int64_t i0, std::int64_t i1, floa
 
 template <class T>
 void minmax_impl(const Tensor& x, const Tensor& run_min, const Tensor& run_max, std::int64_t axis, double c) {
-  const ChannelView v = channel_view(x, axis);
+  const AxisLayout v = AxisLayout::of(x.shape(), axis);
   const T* px = static_cast<const T*>(x.data_ptr());
   float* mn = run_min.data<float>();
   float* mx = run_max.data<float>();

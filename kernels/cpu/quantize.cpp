@@ -7,8 +7,8 @@
 #include <emmintrin.h>
 #endif
 
+#include "qgrad/kernels/bitmask.h"
 #include "qgrad/kernels/cpu/parallel.h"
-#include "qgrad/kernels/quant_mask.h"
 #include "qgrad/kernels/quantize.h"
 
 namespace qgrad::kernels::cpu {
@@ -31,7 +31,7 @@ inline constexpr bool kIsF32FakeQuant<formulas::FakeQuantOp<float, kD>> = true;
 void fake_quant_block_f32(const float* x, float* y, std::int64_t len, const formulas::ChannelParams& p, float lo,
                           float hi, std::uint32_t* words) {
   constexpr float big = 8388608.0f;
-  std::uint32_t w[qmask::kWordsPerBlock] = {0, 0, 0, 0};
+  std::uint32_t w[kBitmaskWordsPerBlock] = {0, 0, 0, 0};
   std::int64_t k = 0;
 #if defined(__SSE2__)
   // The same steps four lanes at a time (SSE2 is in every x86-64 CPU; each
@@ -63,43 +63,44 @@ void fake_quant_block_f32(const float* x, float* y, std::int64_t len, const form
     y[k] = v == v ? c * p.scale : xv;
   }
   if (words)
-    for (std::int64_t j = 0; j < qmask::kWordsPerBlock; ++j) words[j] = w[j];
+    for (std::int64_t j = 0; j < kBitmaskWordsPerBlock; ++j) words[j] = w[j];
 }
 
 template <class Op>
-void affine_impl(const AffineArgs& a) {
+void engine(const QuantLaunch& a) {
   using In = typename Op::In;
   using Out = typename Op::Out;
   const In* in = static_cast<const In*>(a.in.data_ptr());
   Out* out = static_cast<Out*>(a.out.data_ptr());
   const std::int64_t n = a.in.numel();
-  const Op op{a.qmin, a.qmax};
-  const formulas::ChannelMap map(a.inner, a.channels, n);
-  const formulas::ParamSource ps = a.params;
+  const QuantParams& qp = a.params;
+  const Op op{qp.qmin, qp.qmax};
+  const ChannelIndexer map(qp.layout);
+  const formulas::ParamSource ps = qp.source;
   const std::uint32_t* mask_in = a.mask_in;
   std::uint32_t* mask_out = a.mask_out;
   // One 128-element mask block per iteration, as one warp on CUDA.
-  parallel_for(qmask::blocks(n), [&](std::int64_t b) {
-    std::uint32_t words[qmask::kWordsPerBlock] = {0, 0, 0, 0};
-    const std::int64_t end = std::min(n, (b + 1) * qmask::kBlock);
+  parallel_for(bitmask_blocks(n), [&](std::int64_t b) {
+    std::uint32_t words[kBitmaskWordsPerBlock] = {0, 0, 0, 0};
+    const std::int64_t end = std::min(n, (b + 1) * kBitmaskBlock);
     if constexpr (kIsF32FakeQuant<Op>) {
       // One channel for the whole block: the block lies inside one run of
       // `inner` consecutive elements (equal channels at both ends are not
       // enough: the channel pattern repeats).
-      const std::int64_t i0 = b * qmask::kBlock, c0 = map.channel(i0);
-      if (a.channels == 1 || (a.inner > 0 && i0 / a.inner == (end - 1) / a.inner)) {
+      const std::int64_t i0 = b * kBitmaskBlock, c0 = map.channel(i0);
+      if (qp.layout.channels == 1 || (qp.layout.inner > 0 && i0 / qp.layout.inner == (end - 1) / qp.layout.inner)) {
         const formulas::ChannelParams p0 = ps.get(c0);
-        const std::int64_t lo = a.qmin - p0.zp, hi = a.qmax - p0.zp, lim = std::int64_t(1) << 24;
+        const std::int64_t lo = qp.qmin - p0.zp, hi = qp.qmax - p0.zp, lim = std::int64_t(1) << 24;
         if (lo >= -lim && hi <= lim) {
           fake_quant_block_f32(in + i0, out + i0, end - i0, p0, static_cast<float>(lo), static_cast<float>(hi),
-                               mask_out ? mask_out + b * qmask::kWordsPerBlock : nullptr);
+                               mask_out ? mask_out + b * kBitmaskWordsPerBlock : nullptr);
           return;
         }
       }
     }
     std::int64_t cached_c = -1;
     formulas::ChannelParams p;
-    for (std::int64_t i = b * qmask::kBlock; i < end; ++i) {
+    for (std::int64_t i = b * kBitmaskBlock; i < end; ++i) {
       if constexpr (Op::kParams) {
         const std::int64_t c = map.channel(i);
         if (c != cached_c) {
@@ -108,15 +109,15 @@ void affine_impl(const AffineArgs& a) {
         }
       }
       bool bit_in = false, bit_out = false;
-      if constexpr (Op::kReadsMask) bit_in = qmask::test(mask_in, i);
+      if constexpr (Op::kReadsMask) bit_in = bitmask_get(mask_in, i);
       out[i] = op(in[i], p, bit_in, bit_out);
-      if (bit_out) words[i & 3] |= 1u << qmask::bit_of(i);
+      if (bit_out) words[i & 3] |= 1u << bitmask_bit_of(i);
     }
     if constexpr (Op::kWritesMask) {
       if (mask_out)
-        for (std::int64_t k = 0; k < qmask::kWordsPerBlock; ++k) mask_out[b * qmask::kWordsPerBlock + k] = words[k];
+        for (std::int64_t k = 0; k < kBitmaskWordsPerBlock; ++k) mask_out[b * kBitmaskWordsPerBlock + k] = words[k];
     }
-  }, kParallelGrain / qmask::kBlock);
+  }, kParallelGrain / kBitmaskBlock);
 }
 
 // The tree p[t] += p[t + s], s = 128, ..., 1, over kLsqThreads partials.
@@ -139,12 +140,13 @@ void lsq_backward_impl(const LsqArgs& a) {
   M* ds = static_cast<M*>(a.ds.data_ptr());
   M* dz = static_cast<M*>(a.dz.data_ptr());
   const formulas::ParamSource ps{a.scale.data<float>(), a.zp.data<std::int32_t>(), 1.0f, 0};
-  const std::int64_t per_channel = a.outer * a.inner;
+  const AxisLayout& lay = a.layout;
+  const std::int64_t per_channel = lay.outer * lay.inner;
   const std::int64_t chunks = (per_channel + formulas::kLsqChunk - 1) / formulas::kLsqChunk;
   const M g = static_cast<M>(a.grad_factor);
-  std::vector<M> part_s(static_cast<std::size_t>(a.channels * chunks)), part_z(part_s.size());
+  std::vector<M> part_s(static_cast<std::size_t>(lay.channels * chunks)), part_z(part_s.size());
   // Stage 1: one chunk per iteration, as one thread block on CUDA.
-  parallel_for(a.channels * chunks, [&](std::int64_t blk) {
+  parallel_for(lay.channels * chunks, [&](std::int64_t blk) {
     const std::int64_t c = blk / chunks, start = (blk % chunks) * formulas::kLsqChunk;
     const std::int64_t end = std::min(per_channel, start + formulas::kLsqChunk);
     const formulas::ChannelParams p = ps.get(c);
@@ -152,7 +154,7 @@ void lsq_backward_impl(const LsqArgs& a) {
     for (int t = 0; t < kT; ++t) {
       M s = M(0), z = M(0);
       for (std::int64_t j = start + t; j < end; j += kT) {
-        const std::int64_t off = formulas::lsq_offset(j, c, a.outer, a.channels, a.inner);
+        const std::int64_t off = formulas::lsq_offset(lay, j, c);
         const auto r = formulas::lsq_grad<M>(M(x[off]), M(dy[off]), p, a.qmin, a.qmax, g);
         dx[off] = T(r.dx);
         s = s + r.ds;
@@ -166,7 +168,7 @@ void lsq_backward_impl(const LsqArgs& a) {
     part_z[static_cast<std::size_t>(blk)] = acc_z[0];
   }, 2);
   // Stage 2: one channel per iteration, as one thread block on CUDA.
-  parallel_for(a.channels, [&](std::int64_t c) {
+  parallel_for(lay.channels, [&](std::int64_t c) {
     M acc_s[kT], acc_z[kT];
     for (int t = 0; t < kT; ++t) {
       M s = M(0), z = M(0);
@@ -185,8 +187,8 @@ void lsq_backward_impl(const LsqArgs& a) {
 
 }  // namespace
 
-void affine(const AffineArgs& args) {
-  dispatch_affine(args, [&]<class Op>() { affine_impl<Op>(args); });
+void quant_elementwise(const QuantLaunch& l) {
+  dispatch_quant_kernel(l, [&]<class Op>() { engine<Op>(l); });
 }
 
 void lsq_backward(const LsqArgs& args) {

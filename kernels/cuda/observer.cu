@@ -54,7 +54,7 @@ __global__ void finish_minmax_kernel(const float* partial, unsigned parts, float
 template <class T>
 void minmax_impl(const Tensor& x, const Tensor& run_min, const Tensor& run_max, std::int64_t axis, double c,
                  const QparamsArgs& q) {
-  const ChannelView v = channel_view(x, axis);
+  const AxisLayout v = AxisLayout::of(x.shape(), axis);
   const int dev = x.device().index;
   const std::int64_t count = v.outer * v.inner;
   const unsigned parts = minmax_parts(dev, v.channels, count);

@@ -1,6 +1,7 @@
 // CUDA kernels of the quantization ops.
 //
-// The affine engine: one warp per 128-element mask block, each lane four
+// The elementwise engine of fake_quantize, quantize, dequantize and their
+// backward kernels: one warp per 128-element mask block, each lane four
 // consecutive elements (a 16-byte load/store for f32 when the pointers are
 // aligned), the channel found once per lane by a magic-number division
 // when `inner` is a multiple of 4 (per element otherwise), and the mask
@@ -11,10 +12,10 @@
 #include <numeric>
 #include <type_traits>
 
+#include "qgrad/kernels/bitmask.h"
 #include "qgrad/kernels/cuda/launch.cuh"
 #include "qgrad/kernels/cuda/minmax.cuh"
 #include "qgrad/kernels/observer.h"
-#include "qgrad/kernels/quant_mask.h"
 #include "qgrad/kernels/quantize.h"
 
 namespace qgrad::kernels::cuda {
@@ -28,9 +29,9 @@ struct alignas(4 * sizeof(T)) Vec4 {
 
 // Loads the four elements of lane `lane` in mask block b.
 template <class In, bool kVec>
-__device__ __forceinline__ void affine_load(const In* __restrict__ in, std::int64_t b, unsigned lane, std::int64_t n,
+__device__ __forceinline__ void engine_load(const In* __restrict__ in, std::int64_t b, unsigned lane, std::int64_t n,
                                             In (&v)[4]) {
-  const std::int64_t i0 = b * qmask::kBlock + 4 * static_cast<std::int64_t>(lane);
+  const std::int64_t i0 = b * kBitmaskBlock + 4 * static_cast<std::int64_t>(lane);
   if (kVec && i0 + 3 < n) {
     const Vec4<In> w = *reinterpret_cast<const Vec4<In>*>(in + i0);
 #pragma unroll
@@ -44,18 +45,18 @@ __device__ __forceinline__ void affine_load(const In* __restrict__ in, std::int6
 // Applies op to the loaded elements of mask block b and stores the results
 // (and the block's mask words, built by ballots).
 template <class Op, bool kVec>
-__device__ __forceinline__ void affine_finish(const Op& op, const typename Op::In (&v)[4],
+__device__ __forceinline__ void engine_finish(const Op& op, const typename Op::In (&v)[4],
                                               typename Op::Out* __restrict__ out,
                                               const std::uint32_t* __restrict__ mask_in,
                                               std::uint32_t* __restrict__ mask_out, std::int64_t b, unsigned lane,
-                                              std::int64_t n, const formulas::ChannelMap& map,
+                                              std::int64_t n, const ChannelIndexer& map,
                                               const formulas::ParamSource& ps, bool same4) {
   using Out = typename Op::Out;
-  const std::int64_t i0 = b * qmask::kBlock + 4 * static_cast<std::int64_t>(lane);
+  const std::int64_t i0 = b * kBitmaskBlock + 4 * static_cast<std::int64_t>(lane);
   const bool full = i0 + 3 < n;
   bool bit_in[4] = {false, false, false, false};
   if constexpr (Op::kReadsMask) {
-    const uint4 w = *reinterpret_cast<const uint4*>(mask_in + b * qmask::kWordsPerBlock);
+    const uint4 w = *reinterpret_cast<const uint4*>(mask_in + b * kBitmaskWordsPerBlock);
     bit_in[0] = (w.x >> lane) & 1u;
     bit_in[1] = (w.y >> lane) & 1u;
     bit_in[2] = (w.z >> lane) & 1u;
@@ -92,69 +93,69 @@ __device__ __forceinline__ void affine_finish(const Op& op, const typename Op::I
     words.y = __ballot_sync(0xffffffffu, bit[1]);
     words.z = __ballot_sync(0xffffffffu, bit[2]);
     words.w = __ballot_sync(0xffffffffu, bit[3]);
-    if (mask_out && lane == 0) *reinterpret_cast<uint4*>(mask_out + b * qmask::kWordsPerBlock) = words;
+    if (mask_out && lane == 0) *reinterpret_cast<uint4*>(mask_out + b * kBitmaskWordsPerBlock) = words;
   }
 }
 
-// Each warp takes kAffineUnroll consecutive mask blocks per iteration and
+// Each warp takes kEngineUnroll consecutive mask blocks per iteration and
 // issues all their loads before any arithmetic: more bytes in flight per
 // warp, which the narrow-output ops (quantize: 4 bytes in, 1 out) need to
 // reach the copy bandwidth.
-constexpr int kAffineUnroll = 4;
+constexpr int kEngineUnroll = 4;
 
 // The engine over mask blocks [first, last): warp w of nwarps takes groups
-// of kAffineUnroll consecutive mask blocks, striding by nwarps groups.
+// of kEngineUnroll consecutive mask blocks, striding by nwarps groups.
 template <class Op, bool kVec>
-__device__ __forceinline__ void affine_range(const Op& op, const typename Op::In* __restrict__ in,
+__device__ __forceinline__ void engine_range(const Op& op, const typename Op::In* __restrict__ in,
                                              typename Op::Out* __restrict__ out,
                                              const std::uint32_t* __restrict__ mask_in,
                                              std::uint32_t* __restrict__ mask_out, std::int64_t n,
-                                             const formulas::ChannelMap& map, const formulas::ParamSource& ps,
+                                             const ChannelIndexer& map, const formulas::ParamSource& ps,
                                              bool same4, std::int64_t first, std::int64_t last, std::int64_t warp,
                                              std::int64_t nwarps) {
   using In = typename Op::In;
   const unsigned lane = threadIdx.x & 31u;
-  for (std::int64_t b0 = first + warp * kAffineUnroll; b0 < last; b0 += nwarps * kAffineUnroll) {
-    In v[kAffineUnroll][4];
+  for (std::int64_t b0 = first + warp * kEngineUnroll; b0 < last; b0 += nwarps * kEngineUnroll) {
+    In v[kEngineUnroll][4];
 #pragma unroll
-    for (int u = 0; u < kAffineUnroll; ++u)
-      if (b0 + u < last) affine_load<In, kVec>(in, b0 + u, lane, n, v[u]);
+    for (int u = 0; u < kEngineUnroll; ++u)
+      if (b0 + u < last) engine_load<In, kVec>(in, b0 + u, lane, n, v[u]);
 #pragma unroll
-    for (int u = 0; u < kAffineUnroll; ++u)
-      if (b0 + u < last) affine_finish<Op, kVec>(op, v[u], out, mask_in, mask_out, b0 + u, lane, n, map, ps, same4);
+    for (int u = 0; u < kEngineUnroll; ++u)
+      if (b0 + u < last) engine_finish<Op, kVec>(op, v[u], out, mask_in, mask_out, b0 + u, lane, n, map, ps, same4);
   }
 }
 
 // The engine over the whole grid (grid-stride over groups of mask blocks).
 template <class Op, bool kVec>
-__device__ __forceinline__ void affine_grid(const Op& op, const typename Op::In* __restrict__ in,
+__device__ __forceinline__ void engine_grid(const Op& op, const typename Op::In* __restrict__ in,
                                             typename Op::Out* __restrict__ out,
                                             const std::uint32_t* __restrict__ mask_in,
                                             std::uint32_t* __restrict__ mask_out, std::int64_t n,
-                                            const formulas::ChannelMap& map, const formulas::ParamSource& ps,
+                                            const ChannelIndexer& map, const formulas::ParamSource& ps,
                                             bool same4) {
   const std::int64_t warp = (static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   const std::int64_t nwarps = (static_cast<std::int64_t>(gridDim.x) * blockDim.x) >> 5;
-  affine_range<Op, kVec>(op, in, out, mask_in, mask_out, n, map, ps, same4, 0, qmask::blocks(n), warp, nwarps);
+  engine_range<Op, kVec>(op, in, out, mask_in, mask_out, n, map, ps, same4, 0, bitmask_blocks(n), warp, nwarps);
 }
 
 template <class Op, bool kVec>
 __global__ void __launch_bounds__(256)
-    affine_kernel(Op op, const typename Op::In* __restrict__ in, typename Op::Out* __restrict__ out,
+    engine_kernel(Op op, const typename Op::In* __restrict__ in, typename Op::Out* __restrict__ out,
                   const std::uint32_t* __restrict__ mask_in, std::uint32_t* __restrict__ mask_out, std::int64_t n,
-                  formulas::ChannelMap map, formulas::ParamSource ps, bool same4) {
-  affine_grid<Op, kVec>(op, in, out, mask_in, mask_out, n, map, ps, same4);
+                  ChannelIndexer map, formulas::ParamSource ps, bool same4) {
+  engine_grid<Op, kVec>(op, in, out, mask_in, mask_out, n, map, ps, same4);
 }
 
 // Blocks of 256 threads for the engine over n elements: one warp per
-// kAffineUnroll mask blocks, at most 8 waves of resident blocks.
-unsigned affine_blocks(int dev, std::int64_t n) {
-  const std::int64_t warps_needed = (qmask::blocks(n) + kAffineUnroll - 1) / kAffineUnroll;
+// kEngineUnroll mask blocks, at most 8 waves of resident blocks.
+unsigned engine_blocks(int dev, std::int64_t n) {
+  const std::int64_t warps_needed = (bitmask_blocks(n) + kEngineUnroll - 1) / kEngineUnroll;
   return ::qgrad::cuda::blocks_for(warps_needed * 32, 256, ::qgrad::cuda::fill_blocks(dev, 256) * 8LL);
 }
 
 template <class Op>
-void affine_impl(const AffineArgs& a) {
+void engine(const QuantLaunch& a) {
   using In = typename Op::In;
   using Out = typename Op::Out;
   const std::int64_t n = a.in.numel();
@@ -164,16 +165,18 @@ void affine_impl(const AffineArgs& a) {
   Out* out = static_cast<Out*>(a.out.data_ptr());
   const bool vec = reinterpret_cast<std::uintptr_t>(in) % sizeof(Vec4<In>) == 0 &&
                    reinterpret_cast<std::uintptr_t>(out) % sizeof(Vec4<Out>) == 0;
-  const bool same4 = a.channels == 1 || a.inner % 4 == 0;
-  const formulas::ChannelMap map(a.inner, a.channels, n);
+  const AxisLayout& lay = a.params.layout;
+  const bool same4 = lay.channels == 1 || lay.inner % 4 == 0;
+  const ChannelIndexer map(lay);
   constexpr unsigned threads = 256;
-  const unsigned blocks = affine_blocks(dev, n);
+  const unsigned blocks = engine_blocks(dev, n);
   cudaStream_t s = ::qgrad::cuda::stream(dev);
-  const Op op{a.qmin, a.qmax};
+  const Op op{a.params.qmin, a.params.qmax};
+  const formulas::ParamSource ps = a.params.source;
   if (vec)
-    affine_kernel<Op, true><<<blocks, threads, 0, s>>>(op, in, out, a.mask_in, a.mask_out, n, map, a.params, same4);
+    engine_kernel<Op, true><<<blocks, threads, 0, s>>>(op, in, out, a.mask_in, a.mask_out, n, map, ps, same4);
   else
-    affine_kernel<Op, false><<<blocks, threads, 0, s>>>(op, in, out, a.mask_in, a.mask_out, n, map, a.params, same4);
+    engine_kernel<Op, false><<<blocks, threads, 0, s>>>(op, in, out, a.mask_in, a.mask_out, n, map, ps, same4);
   QGRAD_LAUNCH_CHECK();
 }
 
@@ -184,13 +187,13 @@ void affine_impl(const AffineArgs& a) {
 // warp reduces rows (warp shuffles, no block barrier), and its lane 0
 // updates that channel's running range and writes its qparams; after one
 // block barrier the block fake quantizes its rows with them. One launch, no
-// barrier between blocks; the same formulas as observer_minmax + affine,
+// barrier between blocks; the same formulas as observer_minmax + engine,
 // so the same bits.
 template <class Op, bool kVec>
 __global__ void __launch_bounds__(kMinmaxThreads)
     observe_rows_kernel(Op op, const typename Op::In* __restrict__ in, typename Op::Out* __restrict__ out,
                         std::uint32_t* __restrict__ mask_out, std::int64_t n, std::int64_t channels,
-                        std::int64_t inner, std::int64_t rows, formulas::ChannelMap map, float* run_min,
+                        std::int64_t inner, std::int64_t rows, ChannelIndexer map, float* run_min,
                         float* run_max, float c, bool moving, QparamsArgs q, bool same4) {
   using In = typename Op::In;
   const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
@@ -205,9 +208,9 @@ __global__ void __launch_bounds__(kMinmaxThreads)
   }
   __syncthreads();  // the block's qparams (global, written by lanes 0) are visible to the block
   const formulas::ParamSource ps{q.scale, q.zero_point, 1.0f, 0};
-  const std::int64_t first = r0 * inner / qmask::kBlock;
-  const std::int64_t last = r1 == channels ? qmask::blocks(n) : r1 * inner / qmask::kBlock;
-  affine_range<Op, kVec>(op, in, out, nullptr, mask_out, n, map, ps, same4, first, last, warp, nwarps);
+  const std::int64_t first = r0 * inner / kBitmaskBlock;
+  const std::int64_t last = r1 == channels ? bitmask_blocks(n) : r1 * inner / kBitmaskBlock;
+  engine_range<Op, kVec>(op, in, out, nullptr, mask_out, n, map, ps, same4, first, last, warp, nwarps);
 }
 
 // Channels per block for observe_rows_kernel: a multiple of the fewest
@@ -216,7 +219,7 @@ __global__ void __launch_bounds__(kMinmaxThreads)
 // (then the observer and the engine run as two launches).
 std::int64_t rows_per_block(std::int64_t inner) {
   constexpr std::int64_t kMaxElements = std::int64_t(1) << 16, kWarps = kMinmaxThreads / 32;
-  const std::int64_t fewest = qmask::kBlock / std::gcd(inner, std::int64_t(qmask::kBlock));
+  const std::int64_t fewest = kBitmaskBlock / std::gcd(inner, std::int64_t(kBitmaskBlock));
   if (fewest * inner > kMaxElements) return 0;
   std::int64_t rows = fewest;
   while (rows < kWarps && 2 * rows * inner <= kMaxElements) rows *= 2;
@@ -224,17 +227,18 @@ std::int64_t rows_per_block(std::int64_t inner) {
 }
 
 template <class Op>
-void observe_affine_impl(const AffineArgs& a, const ObserveArgs& o) {
+void observe_fake_quantize_impl(const QuantLaunch& a, const ObserveArgs& o) {
   using In = typename Op::In;
   using Out = typename Op::Out;
   const std::int64_t n = a.in.numel();
   const int dev = a.out.device().index;
-  const ChannelView v = channel_view(a.in, o.axis);
+  const AxisLayout v = AxisLayout::of(a.in.shape(), o.axis);
   const std::int64_t rows = o.axis >= 0 && v.outer == 1 ? rows_per_block(v.inner) : 0;
-  const ObserverQparams qparams{o.scale, o.zero_point, a.qmin, a.qmax, o.symmetric, o.symmetric_zero_point};
+  const ObserverQparams qparams{o.scale, o.zero_point, a.params.qmin, a.params.qmax, o.symmetric,
+                                o.symmetric_zero_point};
   if (rows == 0) {  // the observer (one launch), then the engine
     cuda::observer_minmax(a.in, o.run_min, o.run_max, o.axis, o.averaging_constant, &qparams);
-    affine_impl<Op>(a);
+    engine<Op>(a);
     return;
   }
   const QparamsArgs q = qparams_args(&qparams);
@@ -243,8 +247,8 @@ void observe_affine_impl(const AffineArgs& a, const ObserveArgs& o) {
   const bool vec = reinterpret_cast<std::uintptr_t>(in) % sizeof(Vec4<In>) == 0 &&
                    reinterpret_cast<std::uintptr_t>(out) % sizeof(Vec4<Out>) == 0;
   const bool same4 = v.inner % 4 == 0;
-  const formulas::ChannelMap map(v.inner, v.channels, n);
-  const Op op{a.qmin, a.qmax};
+  const ChannelIndexer map(v);
+  const Op op{a.params.qmin, a.params.qmax};
   const unsigned blocks = static_cast<unsigned>((v.channels + rows - 1) / rows);
   cudaStream_t s = ::qgrad::cuda::stream(dev);
   const float c = static_cast<float>(o.averaging_constant);
@@ -285,15 +289,15 @@ template <class T>
 __global__ void __launch_bounds__(formulas::kLsqThreads)
     lsq_partial_kernel(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx,
                        op_math_t<T>* __restrict__ part_s, op_math_t<T>* __restrict__ part_z,
-                       formulas::ParamSource ps, std::int64_t outer, std::int64_t channels, std::int64_t inner,
-                       std::int64_t chunks, std::int64_t qmin, std::int64_t qmax, op_math_t<T> g) {
+                       formulas::ParamSource ps, AxisLayout lay, std::int64_t chunks, std::int64_t qmin,
+                       std::int64_t qmax, op_math_t<T> g) {
   using M = op_math_t<T>;
   constexpr int kT = formulas::kLsqThreads, kU = 4;
   __shared__ M sh_s[kT];
   __shared__ M sh_z[kT];
   const int t = static_cast<int>(threadIdx.x);
-  const std::int64_t per_channel = outer * inner;
-  for (std::int64_t blk = blockIdx.x; blk < channels * chunks; blk += gridDim.x) {
+  const std::int64_t per_channel = lay.outer * lay.inner;
+  for (std::int64_t blk = blockIdx.x; blk < lay.channels * chunks; blk += gridDim.x) {
     const std::int64_t c = blk / chunks, start = (blk % chunks) * formulas::kLsqChunk;
     const std::int64_t end = start + formulas::kLsqChunk < per_channel ? start + formulas::kLsqChunk : per_channel;
     const formulas::ChannelParams p = ps.get(c);
@@ -304,7 +308,7 @@ __global__ void __launch_bounds__(formulas::kLsqThreads)
 #pragma unroll
       for (int u = 0; u < kU; ++u) {
         const std::int64_t j = j0 + u * kT;
-        off[u] = j < end ? formulas::lsq_offset(j, c, outer, channels, inner) : -1;
+        off[u] = j < end ? formulas::lsq_offset(lay, j, c) : -1;
         if (off[u] >= 0) {
           xv[u] = x[off[u]];
           gv[u] = dy[off[u]];
@@ -352,10 +356,10 @@ template <class T>
 void lsq_backward_impl(const LsqArgs& a) {
   using M = op_math_t<T>;
   const int dev = a.dx.device().index;
-  const std::int64_t per_channel = a.outer * a.inner;
+  const std::int64_t per_channel = a.layout.outer * a.layout.inner;
   const std::int64_t chunks = (per_channel + formulas::kLsqChunk - 1) / formulas::kLsqChunk;
-  const std::int64_t total = a.channels * chunks;
-  if (a.channels == 0) return;
+  const std::int64_t total = a.layout.channels * chunks;
+  if (a.layout.channels == 0) return;
   Tensor part = Tensor::empty({2 * total}, TensorOptions{}.with_dtype(dtype_of<M>).with_device(a.dx.device()));
   M* part_s = static_cast<M*>(part.data_ptr());
   M* part_z = part_s + total;
@@ -365,12 +369,12 @@ void lsq_backward_impl(const LsqArgs& a) {
     const unsigned blocks = static_cast<unsigned>(total < 65535LL * 32 ? total : 65535LL * 32);
     lsq_partial_kernel<T><<<blocks, formulas::kLsqThreads, 0, s>>>(
         static_cast<const T*>(a.x.data_ptr()), static_cast<const T*>(a.dy.data_ptr()),
-        static_cast<T*>(a.dx.data_ptr()), part_s, part_z, ps, a.outer, a.channels, a.inner, chunks, a.qmin, a.qmax,
+        static_cast<T*>(a.dx.data_ptr()), part_s, part_z, ps, a.layout, chunks, a.qmin, a.qmax,
         static_cast<M>(a.grad_factor));
     QGRAD_LAUNCH_CHECK();
   }
   // One block per channel (grid x allows 2^31 - 1 blocks).
-  lsq_finish_kernel<M><<<static_cast<unsigned>(a.channels), formulas::kLsqThreads, 0, s>>>(
+  lsq_finish_kernel<M><<<static_cast<unsigned>(a.layout.channels), formulas::kLsqThreads, 0, s>>>(
       part_s, part_z, chunks, static_cast<M*>(a.ds.data_ptr()), static_cast<M*>(a.dz.data_ptr()));
   QGRAD_LAUNCH_CHECK();
 }
@@ -385,17 +389,17 @@ void round_zero_point_impl(const Tensor& zp, const Tensor& out, std::int64_t qmi
 
 }  // namespace
 
-void affine(const AffineArgs& args) {
-  dispatch_affine(args, [&]<class Op>() { affine_impl<Op>(args); });
+void quant_elementwise(const QuantLaunch& l) {
+  dispatch_quant_kernel(l, [&]<class Op>() { engine<Op>(l); });
 }
 
-void observe_fake_quant(const AffineArgs& fq, const ObserveArgs& obs) {
-  dispatch_affine(fq, [&]<class Op>() {
+void observe_fake_quantize(const QuantLaunch& fq, const ObserveArgs& obs) {
+  dispatch_quant_kernel(fq, [&]<class Op>() {
     if constexpr (std::is_same_v<Op, formulas::FakeQuantOp<typename Op::In, true>> ||
                   std::is_same_v<Op, formulas::FakeQuantOp<typename Op::In, false>>)
-      observe_affine_impl<Op>(fq, obs);
+      observe_fake_quantize_impl<Op>(fq, obs);
     else
-      throw Error("observe_fake_quant", "op", "only the fake quantize op follows an observer");
+      throw Error("observe_fake_quantize", "kernel", "only fake_quantize follows an observer");
   });
 }
 

@@ -23,6 +23,7 @@
 #include <type_traits>
 
 #include "qgrad/core/half.h"
+#include "qgrad/kernels/layout.h"
 
 namespace qgrad::formulas {
 
@@ -117,58 +118,11 @@ QGRAD_HD T dequant_value(std::int64_t q, std::int32_t zp, float scale) {
   }
 }
 
-// ---- per-channel parameters and the channel of an element ----
+// ---- per-channel parameters ----
 struct ChannelParams {
   float scale = 1.0f;
   float inv_scale = 1.0f;
   std::int32_t zp = 0;
-};
-
-// n / d for n < 2^31 and 1 <= d < 2^31 by a multiply and a shift (the
-// magic-number division of PyTorch's IntDivider); exact in that range.
-struct FastDiv {
-  std::uint32_t d = 1, m = 1, shift = 0;
-  FastDiv() = default;
-  explicit FastDiv(std::uint32_t divisor) : d(divisor) {
-    for (shift = 0; shift < 32; ++shift)
-      if ((1ull << shift) >= d) break;
-    const std::uint64_t magic = ((1ull << 32) * ((1ull << shift) - d)) / d + 1;
-    m = static_cast<std::uint32_t>(magic);
-  }
-  QGRAD_HD std::uint32_t div(std::uint32_t n) const {
-#if defined(__CUDA_ARCH__)
-    const std::uint32_t t = __umulhi(n, m);
-#else
-    const std::uint32_t t = static_cast<std::uint32_t>((static_cast<std::uint64_t>(n) * m) >> 32);
-#endif
-    return (t + n) >> shift;
-  }
-};
-
-// The parameter index of element i: (i / inner) % channels. Per tensor:
-// channels = 1; per channel: inner = product of the dims after the axis;
-// per token [N, D]: inner = D, channels = N; per group: inner = G,
-// channels = numel / G. `small` (numel < 2^31) selects the magic division.
-struct ChannelMap {
-  std::int64_t inner = 1, channels = 1;
-  bool small = true;
-  FastDiv div_inner, div_channels;
-  ChannelMap() = default;
-  ChannelMap(std::int64_t inner_, std::int64_t channels_, std::int64_t numel)
-      : inner(inner_), channels(channels_), small(numel < (std::int64_t(1) << 31)) {
-    if (small) {
-      div_inner = FastDiv(static_cast<std::uint32_t>(inner));
-      div_channels = FastDiv(static_cast<std::uint32_t>(channels));
-    }
-  }
-  QGRAD_HD std::int64_t channel(std::int64_t i) const {
-    if (channels == 1) return 0;
-    if (small) {
-      const std::uint32_t row = div_inner.div(static_cast<std::uint32_t>(i));
-      return static_cast<std::int64_t>(row - div_channels.div(row) * static_cast<std::uint32_t>(channels));
-    }
-    return (i / inner) % channels;
-  }
 };
 
 // Where the parameters come from: device/host arrays [channels], or the
@@ -187,7 +141,7 @@ struct ParamSource {
   }
 };
 
-// ---- elementwise ops of the affine engine ----
+// ---- elementwise ops of the quantize kernels (kernels/quantize.h) ----
 // Each maps one input element (and its mask bit, for backward ops) to one
 // output element (and its mask bit, for forward ops). kParams: needs the
 // element's channel parameters; kReadsMask / kWritesMask: mask traffic.
@@ -246,7 +200,7 @@ struct DequantizeOp {
 
 // straight-through backward of fake quantize: dx = dy * mask.
 template <class T>
-struct MaskGradOp {
+struct FakeQuantGradOp {
   using In = T;
   using Out = T;
   static constexpr bool kParams = false, kReadsMask = true, kWritesMask = false;
@@ -330,19 +284,13 @@ QGRAD_HD LsqGrad<M> lsq_grad(M x, M dy, const ChannelParams& p, std::int64_t qmi
 inline constexpr int kLsqThreads = 256;
 inline constexpr std::int64_t kLsqChunk = 8192;
 
-// Offset of channel-local element j of channel c in an [outer, C, inner] layout.
-QGRAD_HD std::int64_t channel_offset(std::int64_t j, std::int64_t c, std::int64_t channels, std::int64_t inner) {
-  const std::int64_t o = j / inner;
-  return (o * channels + c) * inner + (j - o * inner);
-}
-
-// channel_offset without a division in the two common layouts: one outer
-// slice (per tensor, or channels on axis 0) and inner == 1 (last axis).
-QGRAD_HD std::int64_t lsq_offset(std::int64_t j, std::int64_t c, std::int64_t outer, std::int64_t channels,
-                                 std::int64_t inner) {
-  if (outer == 1) return c * inner + j;
-  if (inner == 1) return j * channels + c;
-  return channel_offset(j, c, channels, inner);
+// Offset of channel-local element j of channel c (AxisLayout::offset_in_channel)
+// without a division in the two common layouts: one outer slice (per
+// tensor, or channels on axis 0) and inner == 1 (last axis).
+QGRAD_HD std::int64_t lsq_offset(const kernels::AxisLayout& l, std::int64_t j, std::int64_t c) {
+  if (l.outer == 1) return c * l.inner + j;
+  if (l.inner == 1) return j * l.channels + c;
+  return l.offset_in_channel(j, c);
 }
 
 }  // namespace qgrad::formulas

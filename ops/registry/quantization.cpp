@@ -251,6 +251,28 @@ std::vector<OpEntry> quantization_entries() {
                  errors.push_back({"fake_quantize_per_tensor", "x", [=] { fake_quantize_per_tensor(x.to(DType::s32), 0.1, 0, -128, 127); }});
                  return errors;
                }});
+  // fake_quantize over a QuantScope (here per token: one row of x [4, 50] a qparam).
+  e.push_back({"fake_quantize (QuantScope)", {"fake_quantize"}, kFloat,
+               [](Device d, DType dt, Generator& g) {
+                 return Tensors{quant_input({4, 50}, g, d, dt, 0.0625, 0, 0, 255),
+                                f32_on({0.0625f, 0.03f, 0.5f, 0.011f}, d), s32_on({0, 7, 128, 255}, d)};
+               },
+               [](const Tensors& v) { return Tensors{fake_quantize(v[0], v[1], v[2], QuantScope::per_token(), 0, 255)}; },
+               Promise::bit_identical(), GradMethod::host_reference,
+               [](const Tensors& v, const Tensor& dy) {
+                 return straight_through(v[0], dy, host(v[1]), host(v[2]), 0, 255, [](std::size_t i) { return i / 50; });
+               },
+               {}, [](Device d) {
+                 Tensor x = zeros({4, 6}, on(d));
+                 auto call = [x](const Tensor& s, const Tensor& z) {
+                   fake_quantize(x, s, z, QuantScope::per_token(), -128, 127);
+                 };
+                 auto errors = qparam_errors("fake_quantize", call, d, 4);
+                 Tensor s = full({4, 3}, 0.25, on(d)), z = zeros({4, 3}, on(d, DType::s32));
+                 errors.push_back({"fake_quantize", "scope", [=] { fake_quantize(x, s, z, QuantScope::per_group(0, 2), -128, 127); }});
+                 errors.push_back({"fake_quantize", "qmax", [=] { fake_quantize(x, s, z, QuantScope::per_group(1, 2), 5, 5); }});
+                 return errors;
+               }});
   e.push_back({"fake_quantize_per_channel", {"fake_quantize_per_channel"}, kFloat,
                [](Device d, DType dt, Generator& g) {
                  return Tensors{quant_input({4, 50}, g, d, dt, 0.0625, 0, 0, 255),
@@ -410,6 +432,14 @@ std::vector<OpEntry> quantization_entries() {
        [](const Tensor& x, const Tensor& s, const Tensor& z) {
          Tensor q = quantize_per_group(x, s.reshape({3, 2}), z.reshape({3, 2}), 20, DType::s8);
          return Tensors{dequantize_per_group(q, s.reshape({3, 2}), z.reshape({3, 2}), 20, x.dtype()), q};
+       }},
+      {"quantize -> dequantize (QuantScope)", {"quantize", "dequantize"}, {3, 40},
+       {0.25f, 0.5f, 0.125f, 1.0f, 0.25f, 0.5f}, {0, 1, -1, 2, 0, 3}, DType::s8,
+       [](std::size_t i) { return (i / 40) * 2 + (i % 40) / 20; },
+       [](const Tensor& x, const Tensor& s, const Tensor& z) {
+         const QuantScope scope = QuantScope::per_group(-1, 20);
+         Tensor q = quantize(x, s.reshape({3, 2}), z.reshape({3, 2}), scope, DType::s8);
+         return Tensors{dequantize(q, s.reshape({3, 2}), z.reshape({3, 2}), scope, x.dtype()), q};
        }},
   };
   for (const Scope& sc : scopes) {

@@ -1,0 +1,255 @@
+// The row (token) kernels of dynamic-range quantization, and the pieces
+// they are built from: kernels/cuda/dynamic_quant.cu launches them, and
+// dev/cuda/dynamic_quant_token.cu builds its experimental variants from the
+// same pieces (so both quantize with the same formulas, bit for bit).
+//
+// rows_reg_kernel (rows of up to 512 * ITEMS 16-byte vectors, the common
+// case): a group of G threads (a power of two, 32..512) owns one row; a
+// block holds 256 / G groups for short rows. Every thread issues all of its
+// ITEMS loads before the first use (zero-filled past the row end: a zero
+// changes no qparams, which widen the range to include 0 anyway), so a
+// warp has ITEMS 16-byte loads in flight; the group reduces min/max (warp
+// shuffle, then one shared-memory stage behind a single barrier, double
+// buffered by row parity), then quantizes its registers and stores packed
+// words.
+//
+// rows_kernel (the fallback for longer rows): one block per row
+// (grid-stride), up to kItems vectors cached per thread, the remainder
+// re-read. Each of its loads sits in its own `if (v < nvec)` branch with
+// the range update that consumes it, so a warp has one 16-byte load in
+// flight at a time (measured 1880 GB/s, 62% of copy, on an H100 for f32
+// D 8192; rows_reg_kernel is faster: docs/benchmarks.md).
+#pragma once
+
+#include <cstdint>
+
+#include "qgrad/kernels/formulas/qlinear.h"
+
+namespace qgrad::kernels::cuda::rows {
+
+using formulas::QParams;
+using formulas::quant_math_t;
+using formulas::Range;
+
+constexpr int kItems = 8;
+
+template <class T, int N>
+struct alignas(sizeof(T) * N) Pack {
+  T v[N];
+};
+
+template <class M>
+__device__ Range<M> warp_reduce(Range<M> r) {
+  for (int off = 16; off > 0; off >>= 1) {
+    Range<M> o;
+    o.lo = __shfl_xor_sync(0xffffffffu, r.lo, off);
+    o.hi = __shfl_xor_sync(0xffffffffu, r.hi, off);
+    r.merge(o);
+  }
+  return r;
+}
+
+// Block-wide min/max; every thread receives the result. Leaves `sh` reusable
+// after the trailing __syncthreads.
+template <class M>
+__device__ Range<M> block_reduce(Range<M> r, Range<M>* sh) {
+  r = warp_reduce(r);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
+  if (lane == 0) sh[warp] = r;
+  __syncthreads();
+  Range<M> t = Range<M>::empty();
+  for (int w = 0; w < nwarps; ++w) t.merge(sh[w]);
+  __syncthreads();
+  return t;
+}
+
+template <class X, class Q, int VEC>
+__global__ void __launch_bounds__(256)
+    rows_kernel(const X* __restrict__ x, std::int64_t rows, std::int64_t D, Q* __restrict__ q, std::int64_t ldq,
+                quant_math_t<X>* __restrict__ scale, std::int32_t* __restrict__ zp, bool symmetric, int qmin,
+                int qmax) {
+  using M = quant_math_t<X>;
+  using XP = Pack<X, VEC>;
+  using QP = Pack<Q, VEC>;
+  __shared__ Range<M> sh[32];
+  const std::int64_t nvec = D / VEC;
+  const int tid = threadIdx.x, nt = blockDim.x;
+  for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const XP* xr = reinterpret_cast<const XP*>(x + r * D);
+    QP* qr = reinterpret_cast<QP*>(q + r * ldq);
+    XP cache[kItems];
+    Range<M> range = Range<M>::empty();
+#pragma unroll
+    for (int it = 0; it < kItems; ++it) {
+      const std::int64_t v = static_cast<std::int64_t>(it) * nt + tid;
+      if (v < nvec) {
+        cache[it] = xr[v];
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) range.add(M(cache[it].v[e]));
+      }
+    }
+    for (std::int64_t v = static_cast<std::int64_t>(kItems) * nt + tid; v < nvec; v += nt) {
+      const XP p = xr[v];
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) range.add(M(p.v[e]));
+    }
+    range = block_reduce(range, sh);
+    const QParams<M> p = formulas::qparams_from_range<M>(range, symmetric, qmin, qmax);
+    if (tid == 0) {
+      scale[r] = p.scale;
+      if (zp) zp[r] = p.zero_point;
+    }
+    const M inv = formulas::inverse_scale<M>(p.scale);
+#pragma unroll
+    for (int it = 0; it < kItems; ++it) {
+      const std::int64_t v = static_cast<std::int64_t>(it) * nt + tid;
+      if (v < nvec) {
+        QP out;
+#pragma unroll
+        for (int e = 0; e < VEC; ++e)
+          out.v[e] = static_cast<Q>(formulas::quantize_value<M>(M(cache[it].v[e]), inv, p.zero_point, qmin, qmax));
+        qr[v] = out;
+      }
+    }
+    for (std::int64_t v = static_cast<std::int64_t>(kItems) * nt + tid; v < nvec; v += nt) {
+      const XP in = xr[v];
+      QP out;
+#pragma unroll
+      for (int e = 0; e < VEC; ++e)
+        out.v[e] = static_cast<Q>(formulas::quantize_value<M>(M(in.v[e]), inv, p.zero_point, qmin, qmax));
+      qr[v] = out;
+    }
+    Q* qs = q + r * ldq;
+    for (std::int64_t j = D + tid; j < ldq; j += nt) qs[j] = Q(0);
+  }
+}
+
+// Threads a row (G, a power of two >= 32) and rows a block (rb) for a row
+// of nvec vectors held ITEMS a thread.
+struct RowGroupShape {
+  unsigned G = 32, rb = 8;
+};
+inline RowGroupShape row_group_shape(std::int64_t nvec, int items) {
+  RowGroupShape s;
+  while (static_cast<std::int64_t>(s.G) * items < nvec) s.G <<= 1;
+  s.rb = s.G >= 256 ? 1 : 256 / s.G;
+  return s;
+}
+
+// The thread's place in a launch of blockDim (G, rb): thread tx of the
+// group of block row ty; the group's warps are w0 .. w0 + gw - 1 of the
+// block; row r is the group's first row, r0 the block's (every group runs
+// the block's iterations, for the barriers), step the grid's rows an
+// iteration.
+struct RowGroup {
+  int G, tx, lane, gw, w0;
+  std::int64_t r, r0, step;
+};
+__device__ __forceinline__ RowGroup row_group() {
+  RowGroup g;
+  g.G = static_cast<int>(blockDim.x);
+  g.tx = static_cast<int>(threadIdx.x);
+  g.lane = g.tx & 31;
+  g.gw = g.G >> 5;
+  g.w0 = static_cast<int>(threadIdx.y) * g.gw;
+  g.step = static_cast<std::int64_t>(gridDim.x) * blockDim.y;
+  g.r0 = static_cast<std::int64_t>(blockIdx.x) * blockDim.y;
+  g.r = g.r0 + threadIdx.y;
+  return g;
+}
+
+// Loads the group's share of row xr (zero-filled past the row end, and
+// for an invalid row).
+template <int ITEMS, class XP>
+__device__ __forceinline__ void load_row(XP (&c)[ITEMS], const XP* __restrict__ xr, bool valid, int nvec, int tx,
+                                         int G) {
+#pragma unroll
+  for (int it = 0; it < ITEMS; ++it) {
+    const int v = it * G + tx;
+    if (valid && v < nvec) c[it] = xr[v];
+    else c[it] = XP{};
+  }
+}
+
+// min/max over the registers of a row.
+template <class M, int ITEMS, class XP>
+__device__ __forceinline__ Range<M> register_range(const XP (&c)[ITEMS]) {
+  Range<M> range = Range<M>::empty();
+#pragma unroll
+  for (int it = 0; it < ITEMS; ++it)
+#pragma unroll
+    for (int e = 0; e < static_cast<int>(sizeof(XP::v) / sizeof(XP::v[0])); ++e) range.add(M(c[it].v[e]));
+  return range;
+}
+
+// The group's range: warp shuffles, then (groups of several warps) one
+// shared-memory stage, double buffered by `parity`.
+template <class M>
+__device__ __forceinline__ Range<M> group_reduce(Range<M> range, Range<M> (&sh)[2][16], int& parity,
+                                                 const RowGroup& g) {
+  range = warp_reduce(range);
+  if (g.gw > 1) {
+    if (g.lane == 0) sh[parity][g.w0 + (g.tx >> 5)] = range;
+    __syncthreads();
+    range = sh[parity][g.w0];
+    for (int w = 1; w < g.gw; ++w) range.merge(sh[parity][g.w0 + w]);
+    parity ^= 1;
+  }
+  return range;
+}
+
+// Writes row r's qparams (thread 0) and its quantized registers,
+// quant(x, inv_scale, zero_point) each, then the pad columns [D, ldq).
+template <class Q, int ITEMS, class XP, class M, class Quant>
+__device__ __forceinline__ void store_row(const XP (&c)[ITEMS], const QParams<M>& p, std::int64_t r, std::int64_t D,
+                                          int nvec, Q* __restrict__ q, std::int64_t ldq, M* __restrict__ scale,
+                                          std::int32_t* __restrict__ zp, const RowGroup& g, Quant quant) {
+  constexpr int VEC = static_cast<int>(sizeof(XP::v) / sizeof(XP::v[0]));
+  using QP = Pack<Q, VEC>;
+  if (g.tx == 0) {
+    scale[r] = p.scale;
+    if (zp) zp[r] = p.zero_point;
+  }
+  const M inv = formulas::inverse_scale<M>(p.scale);
+  QP* qr = reinterpret_cast<QP*>(q + r * ldq);
+#pragma unroll
+  for (int it = 0; it < ITEMS; ++it) {
+    const int v = it * g.G + g.tx;
+    if (v < nvec) {
+      QP out;
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) out.v[e] = static_cast<Q>(quant(M(c[it].v[e]), inv, p.zero_point));
+      qr[v] = out;
+    }
+  }
+  Q* qs = q + r * ldq;
+  for (std::int64_t j = D + g.tx; j < ldq; j += g.G) qs[j] = Q(0);
+}
+
+// The library's row kernel (launched with blockDim (G, rb) from
+// row_group_shape(nvec, ITEMS)).
+template <class X, class Q, int VEC, int ITEMS>
+__global__ void __launch_bounds__(512)
+    rows_reg_kernel(const X* __restrict__ x, std::int64_t rows, std::int64_t D, Q* __restrict__ q, std::int64_t ldq,
+                    quant_math_t<X>* __restrict__ scale, std::int32_t* __restrict__ zp, bool symmetric, int qmin,
+                    int qmax) {
+  using M = quant_math_t<X>;
+  using XP = Pack<X, VEC>;
+  __shared__ Range<M> sh[2][16];  // [row parity][warp of the block]
+  RowGroup g = row_group();
+  const int nvec = static_cast<int>(D / VEC);
+  auto quant = [=](M v, M inv, int z) { return formulas::quantize_value<M>(v, inv, z, qmin, qmax); };
+  XP cur[ITEMS];
+  load_row<ITEMS>(cur, reinterpret_cast<const XP*>(x + g.r * D), g.r < rows, nvec, g.tx, g.G);
+  int parity = 0;
+  for (; g.r0 < rows; g.r0 += g.step, g.r += g.step) {
+    const Range<M> range = group_reduce(register_range<M>(cur), sh, parity, g);
+    const QParams<M> p = formulas::qparams_from_range<M>(range, symmetric, qmin, qmax);
+    if (g.r < rows) store_row<Q>(cur, p, g.r, D, nvec, q, ldq, scale, zp, g, quant);
+    if (g.r0 + g.step < rows)
+      load_row<ITEMS>(cur, reinterpret_cast<const XP*>(x + (g.r + g.step) * D), g.r + g.step < rows, nvec, g.tx,
+                      g.G);
+  }
+}
+
+}  // namespace qgrad::kernels::cuda::rows

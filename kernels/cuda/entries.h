@@ -10,10 +10,15 @@
 
 #include "qgrad/core/tensor.h"
 #include "qgrad/kernels/lerp.h"
+#include "qgrad/kernels/linalg.h"
 #include "qgrad/kernels/optim.h"
 #include "qgrad/kernels/reduce.h"
+#include "qgrad/kernels/softmax.h"
 
 namespace qgrad::kernels::cuda {
+
+// The GEMM through cuBLAS.
+void gemm(const GemmShape& s, const Tensor& a, const Tensor& b, const Tensor& c, bool accumulate);
 
 // relu with its x > 0 mask in one pass, one warp ballot per mask word
 // (train_ops relu_fw; the generic loop would pack each word in one thread).
@@ -33,5 +38,15 @@ void optim_step(const OptimHyper& hyper, const std::vector<OptimSlot>& slots);
 // fixed chunk), shared-memory tree (train step profile: sum_block_kernel).
 inline constexpr std::int64_t kSumThreadPerRowMax = 128;
 void sum_axis_blocks(const Tensor& in, const Tensor& out, const AxisView& v, bool mean);
+
+// log_softmax and the fused cross-entropy forward over contiguous rows of at
+// least kWarpRowMin elements: one warp per row, shuffle reductions
+// (train_ops cross_entropy_fwbw; test_loss "wide rows").
+inline constexpr std::int64_t kWarpRowMin = 33;
+inline bool use_warp_rows(const AxisView& v) { return v.inner == 1 && v.n >= kWarpRowMin; }
+void log_softmax_warp_rows(const Tensor& x, const Tensor& y, const AxisView& v);
+void log_softmax_backward_warp_rows(const Tensor& y, const Tensor& dy, const Tensor& dx, const AxisView& v);
+void cross_entropy_forward_warp_rows(const Tensor& logits, const Tensor& labels, const Tensor& probs,
+                                     const Tensor& row_loss);
 
 }  // namespace qgrad::kernels::cuda

@@ -38,7 +38,9 @@ template <class T>
 struct Arange {
   double start, step;
   T* o;
-  QGRAD_HD void operator()(std::int64_t i) const { o[i] = formulas::cast_value<T>(start + step * static_cast<double>(i)); }
+  QGRAD_HD void operator()(std::int64_t i) const {
+    o[i] = formulas::cast_value<T>(start + step * static_cast<double>(i));
+  }
 };
 
 }  // namespace

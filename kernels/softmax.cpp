@@ -13,25 +13,17 @@ namespace qgrad::kernels {
 
 namespace {
 
-template <class T>
+// One row of log_softmax (y from x) or of its backward (dx from y and dy).
+template <class T, bool kBackward>
 struct LogSoftmaxRow {
-  const T* in;
-  T* out;
-  AxisView v;
-  QGRAD_HD void operator()(std::int64_t row) const {
-    formulas::log_softmax_row(in + v.base(row), out + v.base(row), v.n, v.inner);
-  }
-};
-
-template <class T>
-struct LogSoftmaxBackwardRow {
-  const T* py;
-  const T* pg;
+  const T* in;  // x, or y for the backward
+  const T* dy;  // backward only
   T* out;
   AxisView v;
   QGRAD_HD void operator()(std::int64_t row) const {
     const std::int64_t b = v.base(row);
-    formulas::log_softmax_backward_row(py + b, pg + b, out + b, v.n, v.inner);
+    if constexpr (kBackward) formulas::log_softmax_backward_row(in + b, dy + b, out + b, v.n, v.inner);
+    else formulas::log_softmax_row(in + b, out + b, v.n, v.inner);
   }
 };
 
@@ -47,22 +39,6 @@ struct CrossEntropyRow {
   }
 };
 
-// The upstream gradient g is a scalar tensor on the device: each index reads
-// it (no host sync on CUDA).
-template <class T, class L>
-struct CrossEntropyGrad {
-  const T* p;
-  const L* lab;
-  const T* pg;
-  T* d;
-  std::int64_t B, C;
-  QGRAD_HD void operator()(std::int64_t i) const {
-    using M = op_math_t<T>;
-    const M gb = M(pg[0]) / M(B);
-    d[i] = formulas::cross_entropy_grad_at(p, static_cast<std::int64_t>(lab[i / C]), i, C, gb);
-  }
-};
-
 template <class T, class L>
 struct NllRow {
   const T* x;
@@ -74,8 +50,12 @@ struct NllRow {
   }
 };
 
-template <class T, class L>
-struct NllGrad {
+// The gradient of cross-entropy (from the softmax probabilities p) or of nll
+// (p unused). The upstream gradient g is a scalar tensor on the device: each
+// index reads it (no host sync on CUDA).
+template <class T, class L, bool kCrossEntropy>
+struct LabelLossGrad {
+  const T* p;
   const L* lab;
   const T* pg;
   T* d;
@@ -83,7 +63,9 @@ struct NllGrad {
   QGRAD_HD void operator()(std::int64_t i) const {
     using M = op_math_t<T>;
     const M gb = M(pg[0]) / M(B);
-    d[i] = formulas::nll_grad_at<T>(static_cast<std::int64_t>(lab[i / C]), i, C, gb);
+    const auto label = static_cast<std::int64_t>(lab[i / C]);
+    if constexpr (kCrossEntropy) d[i] = formulas::cross_entropy_grad_at(p, label, i, C, gb);
+    else d[i] = formulas::nll_grad_at<T>(label, i, C, gb);
   }
 };
 
@@ -105,7 +87,8 @@ void log_softmax(const Tensor& x, const Tensor& y, const AxisView& v) {
   }
   dispatch_floating(y.dtype(), "log_softmax", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    for_each_index(y.device(), v.outer * v.inner, LogSoftmaxRow<T>{cdata<T>(x), mdata<T>(y), v}, "log_softmax");
+    for_each_index(y.device(), v.outer * v.inner, LogSoftmaxRow<T, false>{cdata<T>(x), nullptr, mdata<T>(y), v},
+                   "log_softmax");
   });
 }
 
@@ -117,7 +100,7 @@ void log_softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx, c
   dispatch_floating(dx.dtype(), "log_softmax_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
     for_each_index(dx.device(), v.outer * v.inner,
-                   LogSoftmaxBackwardRow<T>{cdata<T>(y), cdata<T>(dy), mdata<T>(dx), v}, "log_softmax_backward");
+                   LogSoftmaxRow<T, true>{cdata<T>(y), cdata<T>(dy), mdata<T>(dx), v}, "log_softmax_backward");
   });
 }
 
@@ -143,7 +126,7 @@ void cross_entropy_backward(const Tensor& probs, const Tensor& labels, const Ten
     using L = typename decltype(ltag)::type;
     const std::int64_t B = probs.size(0), C = probs.size(1);
     for_each_index(dlogits.device(), B * C,
-                   CrossEntropyGrad<T, L>{cdata<T>(probs), cdata<L>(labels), cdata<T>(g), mdata<T>(dlogits), B, C},
+                   LabelLossGrad<T, L, true>{cdata<T>(probs), cdata<L>(labels), cdata<T>(g), mdata<T>(dlogits), B, C},
                    "cross_entropy_backward");
   });
 }
@@ -163,7 +146,8 @@ void nll_backward(const Tensor& labels, const Tensor& g, const Tensor& dlogp) {
     using T = typename decltype(tag)::type;
     using L = typename decltype(ltag)::type;
     const std::int64_t B = dlogp.size(0), C = dlogp.size(1);
-    for_each_index(dlogp.device(), B * C, NllGrad<T, L>{cdata<L>(labels), cdata<T>(g), mdata<T>(dlogp), B, C},
+    for_each_index(dlogp.device(), B * C,
+                   LabelLossGrad<T, L, false>{nullptr, cdata<L>(labels), cdata<T>(g), mdata<T>(dlogp), B, C},
                    "nll_loss_backward");
   });
 }

@@ -1,16 +1,63 @@
+// relu, one source for both devices (kernels/loop.h); the masked forward on
+// CUDA is the warp-ballot kernel of kernels/cuda/activation.cu.
 #include "qgrad/kernels/activation.h"
 
-#include "qgrad/kernels/dispatch.h"
+#include "qgrad/kernels/bitmask.h"
+#include "qgrad/kernels/cuda/entries.h"
+#include "qgrad/kernels/formulas/activation.h"
+#include "qgrad/kernels/loop.h"
 
 namespace qgrad::kernels {
 
+namespace {
+
+template <class T>
+struct Relu {
+  const T* x;
+  T* y;
+  QGRAD_HD void operator()(std::int64_t i) const {
+    using M = op_math_t<T>;
+    y[i] = T(formulas::relu(M(x[i])));
+  }
+};
+
+template <class T>
+struct ReluBackward {
+  const T* g;
+  const std::uint32_t* words;
+  T* d;
+  QGRAD_HD void operator()(std::int64_t i) const { d[i] = bitmask_get(words, i) ? g[i] : T(op_math_t<T>(0)); }
+};
+
+}  // namespace
+
 void relu(const Tensor& in, const Tensor& out, const Tensor& mask) {
-  if (out.is_cuda()) QGRAD_ON_CUDA(cuda::relu(in, out, mask));
-  else cpu::relu(in, out, mask);
+  if (mask.defined() && out.is_cuda()) {
+    QGRAD_ON_CUDA(cuda::relu_masked(in, out, mask));
+    return;
+  }
+  dispatch_floating(out.dtype(), "relu", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* x = static_cast<const T*>(in.data_ptr());
+    const std::int64_t n = out.numel();
+    for_each_index(out.device(), n, Relu<T>{x, static_cast<T*>(out.data_ptr())}, "relu");
+    if (!mask.defined()) return;
+    // CPU only (CUDA took the ballot kernel above): one mask word per index.
+    auto* words = static_cast<std::uint32_t*>(mask.data_ptr());
+    cpu::parallel_for(bitmask_words(n), [&](std::int64_t w) {
+      words[w] = bitmask_pack_word(w, n, [&](std::int64_t i) { return formulas::relu_mask(op_math_t<T>(x[i])); });
+    });
+  });
 }
+
 void relu_backward(const Tensor& g, const Tensor& mask, const Tensor& dx) {
-  if (dx.is_cuda()) QGRAD_ON_CUDA(cuda::relu_backward(g, mask, dx));
-  else cpu::relu_backward(g, mask, dx);
+  dispatch_floating(dx.dtype(), "relu_backward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    for_each_index(dx.device(), dx.numel(),
+                   ReluBackward<T>{static_cast<const T*>(g.data_ptr()),
+                                   static_cast<const std::uint32_t*>(mask.data_ptr()), static_cast<T*>(dx.data_ptr())},
+                   "relu_backward");
+  });
 }
 
 }  // namespace qgrad::kernels

@@ -11,13 +11,4 @@ void relu(const Tensor& in, const Tensor& out, const Tensor& mask);
 // dx[i] = mask bit i ? g[i] : 0.
 void relu_backward(const Tensor& g, const Tensor& mask, const Tensor& dx);
 
-namespace cpu {
-void relu(const Tensor& in, const Tensor& out, const Tensor& mask);
-void relu_backward(const Tensor& g, const Tensor& mask, const Tensor& dx);
-}  // namespace cpu
-namespace cuda {
-void relu(const Tensor& in, const Tensor& out, const Tensor& mask);
-void relu_backward(const Tensor& g, const Tensor& mask, const Tensor& dx);
-}  // namespace cuda
-
 }  // namespace qgrad::kernels

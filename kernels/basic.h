@@ -12,17 +12,4 @@ void cast(const Tensor& in, const Tensor& out);  // same numel, any dtypes, same
 void rand_uniform(const Tensor& out, std::uint64_t seed, std::uint64_t offset, double low, double high);
 void arange(const Tensor& out, double start, double step);
 
-namespace cpu {
-void fill(const Tensor& out, double value);
-void cast(const Tensor& in, const Tensor& out);
-void rand_uniform(const Tensor& out, std::uint64_t seed, std::uint64_t offset, double low, double high);
-void arange(const Tensor& out, double start, double step);
-}  // namespace cpu
-namespace cuda {
-void fill(const Tensor& out, double value);
-void cast(const Tensor& in, const Tensor& out);
-void rand_uniform(const Tensor& out, std::uint64_t seed, std::uint64_t offset, double low, double high);
-void arange(const Tensor& out, double start, double step);
-}  // namespace cuda
-
 }  // namespace qgrad::kernels

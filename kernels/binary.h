@@ -16,15 +16,4 @@ void binary_scalar(formulas::BinaryOp op, const Tensor& a, double b, const Tenso
 // out[j] = sum of in over the dims that broadcasting added or stretched.
 void sum_to_shape(const Tensor& in, const Tensor& out);
 
-namespace cpu {
-void binary(formulas::BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out);
-void binary_scalar(formulas::BinaryOp op, const Tensor& a, double b, const Tensor& out);
-void sum_to_shape(const Tensor& in, const Tensor& out);
-}  // namespace cpu
-namespace cuda {
-void binary(formulas::BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out);
-void binary_scalar(formulas::BinaryOp op, const Tensor& a, double b, const Tensor& out);
-void sum_to_shape(const Tensor& in, const Tensor& out);
-}  // namespace cuda
-
 }  // namespace qgrad::kernels

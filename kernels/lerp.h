@@ -93,13 +93,4 @@ void lerp_forward(const LerpArgs& args, const Tensor& out);
 // da, db, dw (each of dy's shape, undefined where not needed) from dy.
 void lerp_backward(const LerpArgs& args, const Tensor& dy, const Tensor& da, const Tensor& db, const Tensor& dw);
 
-namespace cpu {
-void lerp_forward(const LerpArgs& args, const Tensor& out);
-void lerp_backward(const LerpArgs& args, const Tensor& dy, const Tensor& da, const Tensor& db, const Tensor& dw);
-}  // namespace cpu
-namespace cuda {
-void lerp_forward(const LerpArgs& args, const Tensor& out);
-void lerp_backward(const LerpArgs& args, const Tensor& dy, const Tensor& da, const Tensor& db, const Tensor& dw);
-}  // namespace cuda
-
 }  // namespace qgrad::kernels

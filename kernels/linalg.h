@@ -54,15 +54,4 @@ void dispatch_size(std::size_t size, F&& f) {
   }
 }
 
-namespace cpu {
-void gemm(const GemmShape& s, const Tensor& a, const Tensor& b, const Tensor& c, bool accumulate);
-void fill_rows(const Tensor& row, const Tensor& out);
-void transpose(const Tensor& in, const Tensor& out, std::int64_t dim0, std::int64_t dim1);
-}  // namespace cpu
-namespace cuda {
-void gemm(const GemmShape& s, const Tensor& a, const Tensor& b, const Tensor& c, bool accumulate);
-void fill_rows(const Tensor& row, const Tensor& out);
-void transpose(const Tensor& in, const Tensor& out, std::int64_t dim0, std::int64_t dim1);
-}  // namespace cuda
-
 }  // namespace qgrad::kernels

@@ -2,7 +2,8 @@
 
 #include <cmath>
 
-#include "qgrad/kernels/dispatch.h"
+#include "qgrad/kernels/cuda/entries.h"
+#include "qgrad/kernels/loop.h"
 
 namespace qgrad::kernels {
 
@@ -45,10 +46,30 @@ template formulas::OptimScalars<double> optim_scalars<double>(const OptimHyper&)
 template formulas::OptimTensorScalars<float> optim_tensor_scalars<float>(const OptimHyper&, const OptimSlot&);
 template formulas::OptimTensorScalars<double> optim_tensor_scalars<double>(const OptimHyper&, const OptimSlot&);
 
+namespace {
+
+template <class T>
+struct OptimUpdate {
+  OptimElems<T> e;
+  formulas::OptimScalars<op_math_t<T>> s;
+  QGRAD_HD void operator()(std::int64_t i) const { e.update(i, s); }
+};
+
+}  // namespace
+
 void optim_step(const OptimHyper& hyper, const std::vector<OptimSlot>& slots) {
   if (slots.empty()) return;
-  if (slots.front().param.is_cuda()) QGRAD_ON_CUDA(cuda::optim_step(hyper, slots));
-  else cpu::optim_step(hyper, slots);
+  const Device dev = slots.front().param.device();
+  if (dev.is_cuda()) {
+    QGRAD_ON_CUDA(cuda::optim_step(hyper, slots));
+    return;
+  }
+  dispatch_floating(slots.front().param.dtype(), "optim_step", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const formulas::OptimScalars<op_math_t<T>> s = optim_scalars<op_math_t<T>>(hyper);
+    for (const OptimSlot& slot : slots)
+      for_each_index(dev, slot.param.numel(), OptimUpdate<T>{optim_elems<T>(hyper, slot), s}, "optim_step");
+  });
 }
 
 }  // namespace qgrad::kernels

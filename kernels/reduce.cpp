@@ -1,6 +1,9 @@
+// Reductions over one axis, one source for both devices (kernels/loop.h);
+// long rows on CUDA take the block reduction of kernels/cuda/reduce.cu.
 #include "qgrad/kernels/reduce.h"
 
-#include "qgrad/kernels/dispatch.h"
+#include "qgrad/kernels/cuda/entries.h"
+#include "qgrad/kernels/loop.h"
 
 namespace qgrad::kernels {
 
@@ -15,17 +18,73 @@ AxisView axis_view(const Shape& shape, std::int64_t axis) {
   return v;
 }
 
+namespace {
+
+// One output per index, summing its row in one fixed order.
+template <class T>
+struct SumRow {
+  const T* x;
+  T* o;
+  AxisView v;
+  bool mean;
+  QGRAD_HD void operator()(std::int64_t idx) const {
+    using M = op_math_t<T>;
+    const M acc = sum_strided(x + v.base(idx), v.n, v.inner);
+    o[idx] = T(mean ? acc / M(v.n) : acc);
+  }
+};
+
+template <class T>
+struct ExpandAxis {
+  const T* x;
+  T* o;
+  AxisView v;
+  op_math_t<T> s;
+  QGRAD_HD void operator()(std::int64_t i) const {
+    using M = op_math_t<T>;
+    o[i] = T(M(x[(i / (v.n * v.inner)) * v.inner + i % v.inner]) * s);
+  }
+};
+
+template <class T>
+struct ArgmaxRow {
+  const T* x;
+  std::int64_t* o;
+  AxisView v;
+  QGRAD_HD void operator()(std::int64_t idx) const { o[idx] = argmax_strided(x + v.base(idx), v.n, v.inner); }
+};
+
+}  // namespace
+
 void sum_axis(const Tensor& in, const Tensor& out, const AxisView& v, bool mean) {
-  if (out.is_cuda()) QGRAD_ON_CUDA(cuda::sum_axis(in, out, v, mean));
-  else cpu::sum_axis(in, out, v, mean);
+  if (out.is_cuda() && v.n > cuda::kSumThreadPerRowMax) {
+    QGRAD_ON_CUDA(cuda::sum_axis_blocks(in, out, v, mean));
+    return;
+  }
+  dispatch_floating(out.dtype(), "sum", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    for_each_index(out.device(), v.outer * v.inner,
+                   SumRow<T>{static_cast<const T*>(in.data_ptr()), static_cast<T*>(out.data_ptr()), v, mean}, "sum");
+  });
 }
+
 void expand_axis(const Tensor& in, const Tensor& out, const AxisView& v, double scale) {
-  if (out.is_cuda()) QGRAD_ON_CUDA(cuda::expand_axis(in, out, v, scale));
-  else cpu::expand_axis(in, out, v, scale);
+  dispatch_floating(out.dtype(), "expand_axis", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    for_each_index(out.device(), out.numel(),
+                   ExpandAxis<T>{static_cast<const T*>(in.data_ptr()), static_cast<T*>(out.data_ptr()), v,
+                                 op_math_t<T>(scale)},
+                   "expand_axis");
+  });
 }
+
 void argmax_axis(const Tensor& in, const Tensor& out, const AxisView& v) {
-  if (out.is_cuda()) QGRAD_ON_CUDA(cuda::argmax_axis(in, out, v));
-  else cpu::argmax_axis(in, out, v);
+  dispatch_floating(in.dtype(), "argmax", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    for_each_index(out.device(), v.outer * v.inner,
+                   ArgmaxRow<T>{static_cast<const T*>(in.data_ptr()), static_cast<std::int64_t*>(out.data_ptr()), v},
+                   "argmax");
+  });
 }
 
 }  // namespace qgrad::kernels

@@ -54,15 +54,4 @@ void expand_axis(const Tensor& in, const Tensor& out, const AxisView& v, double 
 // largest); out is s64. n >= 1.
 void argmax_axis(const Tensor& in, const Tensor& out, const AxisView& v);
 
-namespace cpu {
-void sum_axis(const Tensor& in, const Tensor& out, const AxisView& v, bool mean);
-void expand_axis(const Tensor& in, const Tensor& out, const AxisView& v, double scale);
-void argmax_axis(const Tensor& in, const Tensor& out, const AxisView& v);
-}  // namespace cpu
-namespace cuda {
-void sum_axis(const Tensor& in, const Tensor& out, const AxisView& v, bool mean);
-void expand_axis(const Tensor& in, const Tensor& out, const AxisView& v, double scale);
-void argmax_axis(const Tensor& in, const Tensor& out, const AxisView& v);
-}  // namespace cuda
-
 }  // namespace qgrad::kernels

@@ -25,23 +25,6 @@ void nll_forward(const Tensor& logp, const Tensor& labels, const Tensor& row_los
 // dlogp[b, c] = -g / B where c == labels[b], else 0 (NaN rows for bad labels).
 void nll_backward(const Tensor& labels, const Tensor& g, const Tensor& dlogp);
 
-namespace cpu {
-void log_softmax(const Tensor& x, const Tensor& y, const AxisView& v);
-void log_softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx, const AxisView& v);
-void cross_entropy_forward(const Tensor& logits, const Tensor& labels, const Tensor& probs, const Tensor& row_loss);
-void cross_entropy_backward(const Tensor& probs, const Tensor& labels, const Tensor& g, const Tensor& dlogits);
-void nll_forward(const Tensor& logp, const Tensor& labels, const Tensor& row_loss);
-void nll_backward(const Tensor& labels, const Tensor& g, const Tensor& dlogp);
-}  // namespace cpu
-namespace cuda {
-void log_softmax(const Tensor& x, const Tensor& y, const AxisView& v);
-void log_softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx, const AxisView& v);
-void cross_entropy_forward(const Tensor& logits, const Tensor& labels, const Tensor& probs, const Tensor& row_loss);
-void cross_entropy_backward(const Tensor& probs, const Tensor& labels, const Tensor& g, const Tensor& dlogits);
-void nll_forward(const Tensor& logp, const Tensor& labels, const Tensor& row_loss);
-void nll_backward(const Tensor& labels, const Tensor& g, const Tensor& dlogp);
-}  // namespace cuda
-
 }  // namespace qgrad::kernels
 
 namespace qgrad::kernels {

@@ -7,10 +7,9 @@
 // independent Eigen product, run in parallel only when the product is large.
 // The blocks never depend on the thread count, so neither do the results.
 #define EIGEN_DONT_PARALLELIZE 1
-#include "qgrad/kernels/linalg.h"
+#include "qgrad/kernels/cpu/gemm.h"
 
 #include <Eigen/Core>
-#include <cstring>
 #include <vector>
 
 #include "qgrad/kernels/cpu/parallel.h"
@@ -87,24 +86,6 @@ void gemm_impl(const GemmShape& s, const Tensor& a, const Tensor& b, const Tenso
 void gemm(const GemmShape& s, const Tensor& a, const Tensor& b, const Tensor& c, bool accumulate) {
   dispatch_floating(c.dtype(), "gemm",
                     [&](auto tag) { gemm_impl<typename decltype(tag)::type>(s, a, b, c, accumulate); });
-}
-
-void fill_rows(const Tensor& row, const Tensor& out) {
-  const std::size_t bytes = row.nbytes();
-  const std::int64_t rows = row.numel() == 0 ? 0 : out.numel() / row.numel();
-  const auto* src = static_cast<const unsigned char*>(row.data_ptr());
-  auto* dst = static_cast<unsigned char*>(out.data_ptr());
-  for (std::int64_t r = 0; r < rows; ++r) std::memcpy(dst + static_cast<std::size_t>(r) * bytes, src, bytes);
-}
-
-void transpose(const Tensor& in, const Tensor& out, std::int64_t dim0, std::int64_t dim1) {
-  const PermuteIndex p = make_transpose_index(in.shape(), dim0, dim1);
-  dispatch_size(dtype_size(in.dtype()), [&](auto tag) {
-    using U = typename decltype(tag)::type;
-    const U* x = static_cast<const U*>(in.data_ptr());
-    U* y = static_cast<U*>(out.data_ptr());
-    parallel_for(out.numel(), [&](std::int64_t i) { y[i] = x[p.offset(i)]; });
-  });
 }
 
 }  // namespace qgrad::kernels::cpu

@@ -1,8 +1,8 @@
-// CUDA relu: the forward packs the x > 0 mask with one warp ballot per 32
-// elements (no atomics); the backward reads one bit per element.
-#include "qgrad/kernels/activation.h"
+// CUDA relu with its mask: the forward packs the x > 0 mask with one warp
+// ballot per 32 elements (no atomics). The rest of relu is kernels/activation.cpp.
 #include "qgrad/kernels/bitmask.h"
-#include "qgrad/kernels/cuda/launch.cuh"
+#include "qgrad/kernels/cuda/entries.h"
+#include "qgrad/core/cuda/common.cuh"
 #include "qgrad/kernels/formulas/activation.h"
 
 namespace qgrad::kernels::cuda {
@@ -30,16 +30,11 @@ __global__ void relu_mask_kernel(const T* x, T* y, std::uint32_t* words, std::in
 }
 
 template <class T>
-void relu_impl(const Tensor& in, const Tensor& out, const Tensor& mask) {
-  using M = op_math_t<T>;
+void relu_masked_impl(const Tensor& in, const Tensor& out, const Tensor& mask) {
   const T* x = static_cast<const T*>(in.data_ptr());
   T* y = static_cast<T*>(out.data_ptr());
   const std::int64_t n = out.numel();
   const int dev = out.device().index;
-  if (!mask.defined()) {
-    launch_elementwise(dev, n, [=] __device__(std::int64_t i) { y[i] = T(formulas::relu(M(x[i]))); });
-    return;
-  }
   if (n == 0) return;
   auto* words = static_cast<std::uint32_t*>(mask.data_ptr());
   const unsigned blocks =
@@ -48,25 +43,11 @@ void relu_impl(const Tensor& in, const Tensor& out, const Tensor& mask) {
   QGRAD_LAUNCH_CHECK();
 }
 
-template <class T>
-void relu_backward_impl(const Tensor& g, const Tensor& mask, const Tensor& dx) {
-  using M = op_math_t<T>;
-  const T* pg = static_cast<const T*>(g.data_ptr());
-  const auto* words = static_cast<const std::uint32_t*>(mask.data_ptr());
-  T* d = static_cast<T*>(dx.data_ptr());
-  launch_elementwise(dx.device().index, dx.numel(),
-                     [=] __device__(std::int64_t i) { d[i] = bitmask_get(words, i) ? pg[i] : T(M(0)); });
-}
-
 }  // namespace
 
-void relu(const Tensor& in, const Tensor& out, const Tensor& mask) {
-  dispatch_floating(out.dtype(), "relu", [&](auto tag) { relu_impl<typename decltype(tag)::type>(in, out, mask); });
-}
-
-void relu_backward(const Tensor& g, const Tensor& mask, const Tensor& dx) {
-  dispatch_floating(dx.dtype(), "relu_backward",
-                    [&](auto tag) { relu_backward_impl<typename decltype(tag)::type>(g, mask, dx); });
+void relu_masked(const Tensor& in, const Tensor& out, const Tensor& mask) {
+  dispatch_floating(out.dtype(), "relu",
+                    [&](auto tag) { relu_masked_impl<typename decltype(tag)::type>(in, out, mask); });
 }
 
 }  // namespace qgrad::kernels::cuda

@@ -1,10 +1,10 @@
-// CUDA kernels of lerp: when every operand has the output's shape, each
-// thread handles four consecutive elements with 16-byte (f32) loads and
-// stores; otherwise one element per thread through the broadcast index.
+// The vectorised CUDA kernels of lerp: when every operand has the output's
+// shape, each thread handles four consecutive elements with 16-byte (f32)
+// loads and stores. Other shapes take the generic loop of kernels/lerp.cpp.
 #include <cstdint>
 
-#include "qgrad/kernels/cuda/launch.cuh"
-#include "qgrad/kernels/lerp.h"
+#include "qgrad/core/cuda/common.cuh"
+#include "qgrad/kernels/cuda/entries.h"
 
 namespace qgrad::kernels::cuda {
 
@@ -109,57 +109,50 @@ __global__ void lerp_bw_vec(LerpElems<T> e, LerpGradOut<T> go, std::int64_t n) {
 }
 
 template <class T>
-void lerp_forward_impl(const LerpArgs& args, const Tensor& out) {
+bool lerp_forward_vec_impl(const LerpArgs& args, const Tensor& out) {
   const LerpElems<T> e = make_lerp_elems<T>(args);
   const LerpIndex li = make_lerp_index(args, out.shape());
   T* o = static_cast<T*>(out.data_ptr());
   const int dev = out.device().index;
   const std::int64_t n = out.numel();
-  if (n == 0) return;
-  if (li.same && aligned16(e.a, sizeof(T)) && aligned16(e.b, sizeof(T)) && aligned16(e.w, sizeof(T)) &&
-      aligned16(o, sizeof(T))) {
-    lerp_fw_vec<T><<<vec_blocks(dev, n), 256, 0, ::qgrad::cuda::stream(dev)>>>(e, o, n);
-    QGRAD_LAUNCH_CHECK();
-    return;
-  }
-  launch_elementwise(dev, n, [=] __device__(std::int64_t i) {
-    std::int64_t ia, ib, iw;
-    li.offsets(i, ia, ib, iw);
-    o[i] = e.forward(ia, ib, iw);
-  });
+  if (n == 0) return true;
+  if (!(li.same && aligned16(e.a, sizeof(T)) && aligned16(e.b, sizeof(T)) && aligned16(e.w, sizeof(T)) &&
+        aligned16(o, sizeof(T))))
+    return false;
+  lerp_fw_vec<T><<<vec_blocks(dev, n), 256, 0, ::qgrad::cuda::stream(dev)>>>(e, o, n);
+  QGRAD_LAUNCH_CHECK();
+  return true;
 }
 
 template <class T>
-void lerp_backward_impl(const LerpArgs& args, const Tensor& dy, const Tensor& da, const Tensor& db, const Tensor& dw) {
+bool lerp_backward_vec_impl(const LerpArgs& args, const Tensor& dy, const Tensor& da, const Tensor& db,
+                            const Tensor& dw) {
   const LerpElems<T> e = make_lerp_elems<T>(args);
   const LerpIndex li = make_lerp_index(args, dy.shape());
   const LerpGradOut<T> go = make_lerp_grad_out<T>(dy, da, db, dw);
   const int dev = dy.device().index;
   const std::int64_t n = dy.numel();
-  if (n == 0) return;
+  if (n == 0) return true;
   const std::size_t sz = sizeof(T);
-  if (li.same && aligned16(e.a, sz) && aligned16(e.b, sz) && aligned16(e.w, sz) && aligned16(go.g, sz) &&
-      aligned16(go.da, sz) && aligned16(go.db, sz) && aligned16(go.dw, sz)) {
-    lerp_bw_vec<T><<<vec_blocks(dev, n), 256, 0, ::qgrad::cuda::stream(dev)>>>(e, go, n);
-    QGRAD_LAUNCH_CHECK();
-    return;
-  }
-  launch_elementwise(dev, n, [=] __device__(std::int64_t i) {
-    std::int64_t ia, ib, iw;
-    li.offsets(i, ia, ib, iw);
-    go.write(e, i, ia, ib, iw);
-  });
+  if (!(li.same && aligned16(e.a, sz) && aligned16(e.b, sz) && aligned16(e.w, sz) && aligned16(go.g, sz) &&
+        aligned16(go.da, sz) && aligned16(go.db, sz) && aligned16(go.dw, sz)))
+    return false;
+  lerp_bw_vec<T><<<vec_blocks(dev, n), 256, 0, ::qgrad::cuda::stream(dev)>>>(e, go, n);
+  QGRAD_LAUNCH_CHECK();
+  return true;
 }
 
 }  // namespace
 
-void lerp_forward(const LerpArgs& args, const Tensor& out) {
-  dispatch_floating(out.dtype(), "lerp", [&](auto tag) { lerp_forward_impl<typename decltype(tag)::type>(args, out); });
+bool lerp_forward_vec(const LerpArgs& args, const Tensor& out) {
+  return dispatch_floating(out.dtype(), "lerp",
+                           [&](auto tag) { return lerp_forward_vec_impl<typename decltype(tag)::type>(args, out); });
 }
 
-void lerp_backward(const LerpArgs& args, const Tensor& dy, const Tensor& da, const Tensor& db, const Tensor& dw) {
-  dispatch_floating(dy.dtype(), "lerp_backward",
-                    [&](auto tag) { lerp_backward_impl<typename decltype(tag)::type>(args, dy, da, db, dw); });
+bool lerp_backward_vec(const LerpArgs& args, const Tensor& dy, const Tensor& da, const Tensor& db, const Tensor& dw) {
+  return dispatch_floating(dy.dtype(), "lerp_backward", [&](auto tag) {
+    return lerp_backward_vec_impl<typename decltype(tag)::type>(args, dy, da, db, dw);
+  });
 }
 
 }  // namespace qgrad::kernels::cuda

@@ -1,12 +1,11 @@
 // CUDA matmul through cuBLAS (row-major operands passed as their
-// column-major transposes: C^T = op(B)^T · op(A)^T, no copies), plus the
-// bias broadcast and the transpose copy.
+// column-major transposes: C^T = op(B)^T · op(A)^T, no copies).
 #include <climits>
 #include <type_traits>
 
 #include "qgrad/kernels/cuda/blas.cuh"
 #include "qgrad/kernels/cuda/launch.cuh"
-#include "qgrad/kernels/linalg.h"
+#include "qgrad/kernels/cuda/entries.h"
 
 namespace qgrad::kernels::cuda {
 
@@ -58,37 +57,11 @@ void gemm_impl(const GemmShape& s, const Tensor& a, const Tensor& b, const Tenso
   }
 }
 
-template <class U>
-void fill_rows_impl(const Tensor& row, const Tensor& out) {
-  const U* r = static_cast<const U*>(row.data_ptr());
-  U* o = static_cast<U*>(out.data_ptr());
-  const std::int64_t len = row.numel();
-  if (len == 0) return;
-  launch_elementwise(out.device().index, out.numel(), [=] __device__(std::int64_t i) { o[i] = r[i % len]; });
-}
-
-template <class U>
-void transpose_impl(const Tensor& in, const Tensor& out, std::int64_t dim0, std::int64_t dim1) {
-  const PermuteIndex p = make_transpose_index(in.shape(), dim0, dim1);
-  const U* x = static_cast<const U*>(in.data_ptr());
-  U* y = static_cast<U*>(out.data_ptr());
-  launch_elementwise(out.device().index, out.numel(), [=] __device__(std::int64_t i) { y[i] = x[p.offset(i)]; });
-}
-
 }  // namespace
 
 void gemm(const GemmShape& s, const Tensor& a, const Tensor& b, const Tensor& c, bool accumulate) {
   dispatch_floating(c.dtype(), "gemm",
                     [&](auto tag) { gemm_impl<typename decltype(tag)::type>(s, a, b, c, accumulate); });
-}
-
-void fill_rows(const Tensor& row, const Tensor& out) {
-  dispatch_size(dtype_size(out.dtype()), [&](auto tag) { fill_rows_impl<typename decltype(tag)::type>(row, out); });
-}
-
-void transpose(const Tensor& in, const Tensor& out, std::int64_t dim0, std::int64_t dim1) {
-  dispatch_size(dtype_size(out.dtype()),
-                [&](auto tag) { transpose_impl<typename decltype(tag)::type>(in, out, dim0, dim1); });
 }
 
 }  // namespace qgrad::kernels::cuda

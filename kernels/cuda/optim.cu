@@ -3,8 +3,8 @@
 // its elements. The pointer table is a kernel argument (like PyTorch's
 // TensorListMetadata), so nothing is copied to the device and the host
 // never waits.
-#include "qgrad/kernels/cuda/launch.cuh"
-#include "qgrad/kernels/optim.h"
+#include "qgrad/core/cuda/common.cuh"
+#include "qgrad/kernels/cuda/entries.h"
 
 namespace qgrad::kernels::cuda {
 
@@ -14,39 +14,18 @@ constexpr int kOptimChunk = 32;
 
 template <class T>
 struct OptimTable {
-  T* param[kOptimChunk];
-  const T* grad[kOptimChunk];
-  T* buf1[kOptimChunk];
-  T* buf2[kOptimChunk];
+  OptimElems<T> elems[kOptimChunk];
   std::int64_t numel[kOptimChunk];
-  formulas::OptimTensorScalars<op_math_t<T>> scalars[kOptimChunk];
 };
 
 template <class T>
 __global__ void optim_kernel(OptimTable<T> table, formulas::OptimScalars<op_math_t<T>> s) {
-  using M = op_math_t<T>;
   const int t = static_cast<int>(blockIdx.y);
   const std::int64_t n = table.numel[t];
-  T* p = table.param[t];
-  const T* g = table.grad[t];
-  T* b1 = table.buf1[t];
-  T* b2 = table.buf2[t];
-  const formulas::OptimTensorScalars<M> ts = table.scalars[t];
+  const OptimElems<T> e = table.elems[t];
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    M pv = M(p[i]);
-    if (s.kind == formulas::OptimKind::sgd) {
-      M bv = b1 ? M(b1[i]) : M(0);
-      formulas::sgd_update<M>(pv, M(g[i]), bv, s, ts);
-      if (b1) b1[i] = T(bv);
-    } else {
-      M mv = M(b1[i]), vv = M(b2[i]);
-      formulas::adamw_update<M>(pv, M(g[i]), mv, vv, s, ts);
-      b1[i] = T(mv);
-      b2[i] = T(vv);
-    }
-    p[i] = T(pv);
-  }
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    e.update(i, s);
 }
 
 template <class T>
@@ -63,12 +42,8 @@ void optim_impl(const OptimHyper& hyper, const std::vector<OptimSlot>& slots) {
     std::int64_t largest = 0;
     for (std::size_t k = first; k < slots.size() && count < kOptimChunk; ++k, ++count) {
       const OptimSlot& slot = slots[k];
-      table.param[count] = static_cast<T*>(slot.param.data_ptr());
-      table.grad[count] = static_cast<const T*>(slot.grad.data_ptr());
-      table.buf1[count] = slot.buf1.defined() ? static_cast<T*>(slot.buf1.data_ptr()) : nullptr;
-      table.buf2[count] = slot.buf2.defined() ? static_cast<T*>(slot.buf2.data_ptr()) : nullptr;
+      table.elems[count] = optim_elems<T>(hyper, slot);
       table.numel[count] = slot.param.numel();
-      table.scalars[count] = optim_tensor_scalars<M>(hyper, slot);
       largest = std::max(largest, slot.param.numel());
     }
     if (largest == 0) continue;

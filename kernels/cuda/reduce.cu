@@ -1,16 +1,16 @@
-// CUDA reductions over one axis, deterministic: short rows (n <= 128) use
-// one thread per output summing in the CPU's order (bit-identical to the
-// CPU); long rows use one block per output (or per fixed chunk of a row,
+// The CUDA block reduction over one axis, deterministic. Short rows
+// (n <= kSumThreadPerRowMax) take the generic loop of kernels/reduce.cpp, one
+// thread per output summing in the CPU's order (bit-identical to the CPU);
+// long rows use one block per output (or per fixed chunk of a row,
 // then a second pass over the chunk sums), each thread summing a fixed
 // strided subset, then a fixed shared-memory tree. No float atomics.
-#include "qgrad/kernels/cuda/launch.cuh"
-#include "qgrad/kernels/reduce.h"
+#include "qgrad/core/cuda/common.cuh"
+#include "qgrad/kernels/cuda/entries.h"
 
 namespace qgrad::kernels::cuda {
 
 namespace {
 
-constexpr std::int64_t kThreadPerRowMax = 128;
 constexpr unsigned kReduceThreads = 256;
 // Rows longer than kChunk, when there are fewer than kChunkedMaxOutputs of
 // them, are summed in two passes: fixed chunks of kChunk elements into
@@ -55,7 +55,7 @@ void launch_sum_blocks(int dev, const In* x, Out* out, const AxisView& v, std::i
 }
 
 template <class T>
-void sum_axis_impl(const Tensor& in, const Tensor& out, const AxisView& v, bool mean) {
+void sum_axis_blocks_impl(const Tensor& in, const Tensor& out, const AxisView& v, bool mean) {
   using M = op_math_t<T>;
   const T* x = static_cast<const T*>(in.data_ptr());
   T* o = static_cast<T*>(out.data_ptr());
@@ -63,13 +63,6 @@ void sum_axis_impl(const Tensor& in, const Tensor& out, const AxisView& v, bool 
   const std::int64_t outputs = v.outer * v.inner;
   const std::int64_t mean_n = mean ? v.n : 0;
   if (outputs == 0) return;
-  if (v.n <= kThreadPerRowMax) {
-    launch_elementwise(dev, outputs, [=] __device__(std::int64_t idx) {
-      const M acc = sum_strided(x + v.base(idx), v.n, v.inner);
-      o[idx] = T(mean ? acc / M(v.n) : acc);
-    });
-    return;
-  }
   if (v.n <= kChunk || outputs >= kChunkedMaxOutputs) {
     launch_sum_blocks(dev, x, o, v, v.n, 1, mean_n);
     return;
@@ -81,38 +74,11 @@ void sum_axis_impl(const Tensor& in, const Tensor& out, const AxisView& v, bool 
   launch_sum_blocks(dev, static_cast<const M*>(p), o, AxisView{outputs, chunks, 1}, chunks, 1, mean_n);
 }
 
-template <class T>
-void expand_axis_impl(const Tensor& in, const Tensor& out, const AxisView& v, double scale) {
-  using M = op_math_t<T>;
-  const T* x = static_cast<const T*>(in.data_ptr());
-  T* o = static_cast<T*>(out.data_ptr());
-  const M s = M(scale);
-  launch_elementwise(out.device().index, out.numel(), [=] __device__(std::int64_t i) {
-    o[i] = T(M(x[(i / (v.n * v.inner)) * v.inner + i % v.inner]) * s);
-  });
-}
-
-template <class T>
-void argmax_axis_impl(const Tensor& in, const Tensor& out, const AxisView& v) {
-  const T* x = static_cast<const T*>(in.data_ptr());
-  auto* o = static_cast<std::int64_t*>(out.data_ptr());
-  launch_elementwise(out.device().index, v.outer * v.inner,
-                     [=] __device__(std::int64_t idx) { o[idx] = argmax_strided(x + v.base(idx), v.n, v.inner); });
-}
-
 }  // namespace
 
-void sum_axis(const Tensor& in, const Tensor& out, const AxisView& v, bool mean) {
-  dispatch_floating(out.dtype(), "sum", [&](auto tag) { sum_axis_impl<typename decltype(tag)::type>(in, out, v, mean); });
-}
-
-void expand_axis(const Tensor& in, const Tensor& out, const AxisView& v, double scale) {
-  dispatch_floating(out.dtype(), "expand_axis",
-                    [&](auto tag) { expand_axis_impl<typename decltype(tag)::type>(in, out, v, scale); });
-}
-
-void argmax_axis(const Tensor& in, const Tensor& out, const AxisView& v) {
-  dispatch_floating(in.dtype(), "argmax", [&](auto tag) { argmax_axis_impl<typename decltype(tag)::type>(in, out, v); });
+void sum_axis_blocks(const Tensor& in, const Tensor& out, const AxisView& v, bool mean) {
+  dispatch_floating(out.dtype(), "sum",
+                    [&](auto tag) { sum_axis_blocks_impl<typename decltype(tag)::type>(in, out, v, mean); });
 }
 
 }  // namespace qgrad::kernels::cuda

@@ -1,19 +1,17 @@
-// CUDA log_softmax and fused cross-entropy. Rows of up to 32 elements, and
-// rows strided in memory (axis not last), use one thread per row running the
-// CPU's row formulas (kernels/formulas/softmax.h). Wider contiguous rows use
-// one warp per row: lanes stride over the row, then butterfly shuffles
-// combine them. Both are deterministic: the choice and the order depend only
-// on the shape. (Commutative butterfly steps leave every lane with the same
-// sum; the max is taken from lane 0.)
-#include "qgrad/kernels/cuda/launch.cuh"
+// The warp-per-row CUDA kernels of log_softmax and the fused cross-entropy,
+// for contiguous rows of at least kWarpRowMin elements (use_warp_rows): lanes
+// stride over the row, then butterfly shuffles combine them. Deterministic:
+// the choice and the order depend only on the shape. (Commutative butterfly
+// steps leave every lane with the same sum; the max is taken from lane 0.)
+// Shorter or strided rows, and the gradients, are kernels/softmax.cpp.
+#include "qgrad/core/cuda/common.cuh"
+#include "qgrad/kernels/cuda/entries.h"
 #include "qgrad/kernels/formulas/softmax.h"
 #include "qgrad/kernels/softmax.h"
 
 namespace qgrad::kernels::cuda {
 
 namespace {
-
-constexpr std::int64_t kWarpRowMin = 33;  // rows at least this long (and contiguous) get a warp
 
 template <class F>
 __global__ void warp_rows_kernel(std::int64_t rows, F f) {
@@ -60,26 +58,18 @@ __device__ __forceinline__ void warp_row_stats(const T* x, std::int64_t n, int l
   sum = warp_sum(s);
 }
 
-bool use_warp_rows(const AxisView& v) { return v.inner == 1 && v.n >= kWarpRowMin; }
-
 template <class T>
 void log_softmax_impl(const Tensor& x, const Tensor& y, const AxisView& v) {
   using M = op_math_t<T>;
   const T* in = static_cast<const T*>(x.data_ptr());
   T* out = static_cast<T*>(y.data_ptr());
-  if (use_warp_rows(v)) {
-    const std::int64_t n = v.n;
-    launch_warp_rows(y.device().index, v.outer, [=] __device__(std::int64_t row, int lane) {
-      const T* xr = in + row * n;
-      M mx, sum;
-      warp_row_stats(xr, n, lane, mx, sum);
-      const M lse = formulas::log_m(sum);
-      for (std::int64_t c = lane; c < n; c += 32) out[row * n + c] = T((M(xr[c]) - mx) - lse);
-    });
-    return;
-  }
-  launch_elementwise(y.device().index, v.outer * v.inner, [=] __device__(std::int64_t row) {
-    formulas::log_softmax_row(in + v.base(row), out + v.base(row), v.n, v.inner);
+  const std::int64_t n = v.n;
+  launch_warp_rows(y.device().index, v.outer, [=] __device__(std::int64_t row, int lane) {
+    const T* xr = in + row * n;
+    M mx, sum;
+    warp_row_stats(xr, n, lane, mx, sum);
+    const M lse = formulas::log_m(sum);
+    for (std::int64_t c = lane; c < n; c += 32) out[row * n + c] = T((M(xr[c]) - mx) - lse);
   });
 }
 
@@ -89,21 +79,14 @@ void log_softmax_backward_impl(const Tensor& y, const Tensor& dy, const Tensor& 
   const T* py = static_cast<const T*>(y.data_ptr());
   const T* pg = static_cast<const T*>(dy.data_ptr());
   T* out = static_cast<T*>(dx.data_ptr());
-  if (use_warp_rows(v)) {
-    const std::int64_t n = v.n;
-    launch_warp_rows(dx.device().index, v.outer, [=] __device__(std::int64_t row, int lane) {
-      const std::int64_t base = row * n;
-      M s = M(0);
-      for (std::int64_t c = lane; c < n; c += 32) s += M(pg[base + c]);
-      const M sum = warp_sum(s);
-      for (std::int64_t c = lane; c < n; c += 32)
-        out[base + c] = T(formulas::log_softmax_grad(M(pg[base + c]), M(py[base + c]), sum));
-    });
-    return;
-  }
-  launch_elementwise(dx.device().index, v.outer * v.inner, [=] __device__(std::int64_t row) {
-    const std::int64_t b = v.base(row);
-    formulas::log_softmax_backward_row(py + b, pg + b, out + b, v.n, v.inner);
+  const std::int64_t n = v.n;
+  launch_warp_rows(dx.device().index, v.outer, [=] __device__(std::int64_t row, int lane) {
+    const std::int64_t base = row * n;
+    M s = M(0);
+    for (std::int64_t c = lane; c < n; c += 32) s += M(pg[base + c]);
+    const M sum = warp_sum(s);
+    for (std::int64_t c = lane; c < n; c += 32)
+      out[base + c] = T(formulas::log_softmax_grad(M(pg[base + c]), M(py[base + c]), sum));
   });
 }
 
@@ -116,95 +99,32 @@ void cross_entropy_forward_impl(const Tensor& logits, const Tensor& labels, cons
   const L* lab = static_cast<const L*>(labels.data_ptr());
   T* p = probs.defined() ? static_cast<T*>(probs.data_ptr()) : nullptr;
   M* loss = static_cast<M*>(row_loss.data_ptr());
-  if (use_warp_rows(AxisView{B, C, 1})) {
-    launch_warp_rows(row_loss.device().index, B, [=] __device__(std::int64_t b, int lane) {
-      const T* xr = x + b * C;
-      M mx, sum;
-      warp_row_stats(xr, C, lane, mx, sum);
-      if (p != nullptr)
-        for (std::int64_t c = lane; c < C; c += 32) p[b * C + c] = T(formulas::exp_m(M(xr[c]) - mx) / sum);
-      if (lane == 0) loss[b] = formulas::cross_entropy_loss(xr, static_cast<std::int64_t>(lab[b]), C, mx, sum);
-    });
-    return;
-  }
-  launch_elementwise(row_loss.device().index, B, [=] __device__(std::int64_t b) {
-    loss[b] = formulas::cross_entropy_row(x + b * C, static_cast<std::int64_t>(lab[b]), C, p ? p + b * C : nullptr);
-  });
-}
-
-template <class T, class L>
-void cross_entropy_backward_impl(const Tensor& probs, const Tensor& labels, const Tensor& g, const Tensor& dlogits) {
-  using M = op_math_t<T>;
-  const std::int64_t B = probs.size(0), C = probs.size(1);
-  const T* p = static_cast<const T*>(probs.data_ptr());
-  const L* lab = static_cast<const L*>(labels.data_ptr());
-  const T* pg = static_cast<const T*>(g.data_ptr());
-  T* d = static_cast<T*>(dlogits.data_ptr());
-  launch_elementwise(dlogits.device().index, B * C, [=] __device__(std::int64_t i) {
-    const M gb = M(pg[0]) / M(B);
-    d[i] = formulas::cross_entropy_grad_at(p, static_cast<std::int64_t>(lab[i / C]), i, C, gb);
-  });
-}
-
-template <class T, class L>
-void nll_forward_impl(const Tensor& logp, const Tensor& labels, const Tensor& row_loss) {
-  using M = op_math_t<T>;
-  const std::int64_t B = logp.size(0), C = logp.size(1);
-  const T* x = static_cast<const T*>(logp.data_ptr());
-  const L* lab = static_cast<const L*>(labels.data_ptr());
-  M* loss = static_cast<M*>(row_loss.data_ptr());
-  launch_elementwise(row_loss.device().index, B, [=] __device__(std::int64_t b) {
-    loss[b] = formulas::nll_row(x + b * C, static_cast<std::int64_t>(lab[b]), C);
-  });
-}
-
-template <class T, class L>
-void nll_backward_impl(const Tensor& labels, const Tensor& g, const Tensor& dlogp) {
-  using M = op_math_t<T>;
-  const std::int64_t B = dlogp.size(0), C = dlogp.size(1);
-  const L* lab = static_cast<const L*>(labels.data_ptr());
-  const T* pg = static_cast<const T*>(g.data_ptr());
-  T* d = static_cast<T*>(dlogp.data_ptr());
-  launch_elementwise(dlogp.device().index, B * C, [=] __device__(std::int64_t i) {
-    const M gb = M(pg[0]) / M(B);
-    d[i] = formulas::nll_grad_at<T>(static_cast<std::int64_t>(lab[i / C]), i, C, gb);
+  launch_warp_rows(row_loss.device().index, B, [=] __device__(std::int64_t b, int lane) {
+    const T* xr = x + b * C;
+    M mx, sum;
+    warp_row_stats(xr, C, lane, mx, sum);
+    if (p != nullptr)
+      for (std::int64_t c = lane; c < C; c += 32) p[b * C + c] = T(formulas::exp_m(M(xr[c]) - mx) / sum);
+    if (lane == 0) loss[b] = formulas::cross_entropy_loss(xr, static_cast<std::int64_t>(lab[b]), C, mx, sum);
   });
 }
 
 }  // namespace
 
-void log_softmax(const Tensor& x, const Tensor& y, const AxisView& v) {
+void log_softmax_warp_rows(const Tensor& x, const Tensor& y, const AxisView& v) {
   dispatch_floating(y.dtype(), "log_softmax", [&](auto tag) { log_softmax_impl<typename decltype(tag)::type>(x, y, v); });
 }
 
-void log_softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx, const AxisView& v) {
+void log_softmax_backward_warp_rows(const Tensor& y, const Tensor& dy, const Tensor& dx, const AxisView& v) {
   dispatch_floating(dx.dtype(), "log_softmax_backward",
                     [&](auto tag) { log_softmax_backward_impl<typename decltype(tag)::type>(y, dy, dx, v); });
 }
 
-void cross_entropy_forward(const Tensor& logits, const Tensor& labels, const Tensor& probs, const Tensor& row_loss) {
+void cross_entropy_forward_warp_rows(const Tensor& logits, const Tensor& labels, const Tensor& probs,
+                                     const Tensor& row_loss) {
   dispatch_floating_label(logits.dtype(), labels.dtype(), "cross_entropy", [&](auto tag, auto ltag) {
     cross_entropy_forward_impl<typename decltype(tag)::type, typename decltype(ltag)::type>(logits, labels, probs,
                                                                                             row_loss);
-  });
-}
-
-void cross_entropy_backward(const Tensor& probs, const Tensor& labels, const Tensor& g, const Tensor& dlogits) {
-  dispatch_floating_label(probs.dtype(), labels.dtype(), "cross_entropy_backward", [&](auto tag, auto ltag) {
-    cross_entropy_backward_impl<typename decltype(tag)::type, typename decltype(ltag)::type>(probs, labels, g,
-                                                                                             dlogits);
-  });
-}
-
-void nll_forward(const Tensor& logp, const Tensor& labels, const Tensor& row_loss) {
-  dispatch_floating_label(logp.dtype(), labels.dtype(), "nll_loss", [&](auto tag, auto ltag) {
-    nll_forward_impl<typename decltype(tag)::type, typename decltype(ltag)::type>(logp, labels, row_loss);
-  });
-}
-
-void nll_backward(const Tensor& labels, const Tensor& g, const Tensor& dlogp) {
-  dispatch_floating_label(dlogp.dtype(), labels.dtype(), "nll_loss_backward", [&](auto tag, auto ltag) {
-    nll_backward_impl<typename decltype(tag)::type, typename decltype(ltag)::type>(labels, g, dlogp);
   });
 }
 

@@ -1,0 +1,57 @@
+// The loop primitive of the shared kernel sources (kernels/*.cpp): runs a
+// loop body f(i) for i in [0, n) on a tensor's device, which is chosen here,
+// in one place. On the CPU it is parallel_for (OpenMP, static schedule,
+// kernels/cpu/parallel.h); on CUDA the grid-stride launch of
+// kernels/cuda/launch.cuh. When CUDA is on, CMake compiles kernels/*.cpp
+// with nvcc, so one translation unit holds both paths; in a build without
+// CUDA the CUDA branch compiles away and throws (no CUDA tensor can exist).
+//
+// The body is a functor with a QGRAD_HD call operator, written once:
+//
+//   template <class T> struct AddOne {
+//     const T* x; T* o;
+//     QGRAD_HD void operator()(std::int64_t i) const { o[i] = x[i] + T(1); }
+//   };
+//   for_each_index(out.device(), out.numel(), AddOne<T>{x, o});
+//
+// Not a `[=] __host__ __device__` lambda: nvcc wraps an extended host-device
+// lambda in a heap-allocated type-erased closure whose host-side call is an
+// indirect call per element, so the CPU loop would not inline or vectorise.
+// A functor has neither cost, nor the extended-lambda restrictions, so the
+// per-dtype code may sit inside dispatch_floating's generic lambda.
+#pragma once
+
+#include <cstdint>
+
+#include "qgrad/core/device.h"
+#include "qgrad/core/macros.h"
+#include "qgrad/kernels/cpu/parallel.h"
+#include "qgrad/kernels/dispatch.h"
+#if defined(__CUDACC__)
+#include "qgrad/kernels/cuda/launch.cuh"
+#endif
+
+namespace qgrad::kernels {
+
+template <class F>
+inline constexpr bool kAlwaysFalse = false;
+
+// f(i) for i in [0, n) on `dev`. `where` names the kernel in the error of a
+// build without CUDA.
+template <class F>
+void for_each_index(Device dev, std::int64_t n, F f, const char* where = "kernel") {
+  if (dev.is_cuda()) {
+#if defined(__CUDACC__)
+    (void)where;
+    cuda::launch_elementwise(dev.index, n, f);
+    return;
+#elif QGRAD_WITH_CUDA
+    static_assert(kAlwaysFalse<F>, "a kernel that uses for_each_index must be compiled by nvcc in a CUDA build");
+#else
+    no_cuda_build(where);
+#endif
+  }
+  cpu::parallel_for(n, f);
+}
+
+}  // namespace qgrad::kernels

@@ -56,6 +56,7 @@ struct Flags {
   std::int64_t limit_train = 0, limit_test = 0;  // hidden, for the ctest smoke test
   std::string plot_format = "auto";              // hidden: auto, png, svg
   std::string export_onnx;                       // --export-onnx PATH
+  bool onnx_no_clamp = false;                    // hidden: measure the graph without the quant-range clamp
 };
 
 struct EpochRecord {
@@ -153,14 +154,16 @@ void write_outputs(const std::string& base, const std::vector<float>& y, std::si
 // <stem>_qat.onnx beside it, and qgrad's logits and predictions of both on
 // the test set (<stem>_int8_*, <stem>_qat_*). Returns the files written.
 std::vector<std::string> export_models(const std::string& path, Sequential& qat, Sequential& int8,
-                                       const Dataset& test, Device dev) {
+                                       const Dataset& test, Device dev, bool clamp) {
   namespace fs = std::filesystem;
   const fs::path p(path);
   if (p.has_parent_path()) fs::create_directories(p.parent_path());
   const std::string stem = (p.parent_path() / p.stem()).string();
   const Tensor example = zeros({1, test.images.size(1)});
-  export_onnx(int8, example, path);
-  export_onnx(qat, example, stem + "_qat.onnx");
+  OnnxExportOptions options;
+  options.clamp_to_quant_range = clamp;
+  export_onnx(int8, example, path, options);
+  export_onnx(qat, example, stem + "_qat.onnx", options);
   const auto n = static_cast<std::size_t>(test.size());
   write_outputs(stem + "_int8", logits(int8, test, dev), n);
   enable_observer(qat, false);
@@ -417,7 +420,7 @@ int run(const Flags& f, const std::string& flags_text) {
   const std::size_t int8_bytes = bytes_of(int8->state_dict());
   save_safetensors(f.out + "/int8.safetensors", int8->state_dict(), {{"format", "qgrad-int8-mlp"}});
   std::vector<std::string> exported;
-  if (!f.export_onnx.empty()) exported = export_models(f.export_onnx, *model, *int8, test, dev);
+  if (!f.export_onnx.empty()) exported = export_models(f.export_onnx, *model, *int8, test, dev, !f.onnx_no_clamp);
 
   write_metrics(f.out + "/metrics.csv", trainer.records);
   const auto* layer0 = dynamic_cast<const QATLinear*>((*model)[1].get());
@@ -507,6 +510,9 @@ int main(int argc, char** argv) {
       ->group("Testing options");
   app.add_option("--plot-format", f.plot_format, "auto, png or svg")
       ->check(CLI::IsMember({"auto", "png", "svg"}))
+      ->group("Testing options");
+  app.add_flag("--onnx-no-clamp", f.onnx_no_clamp,
+               "--export-onnx without the clamp to narrower quant ranges (testing; see docs/export.md)")
       ->group("Testing options");
   bool probe_cuda = false;
   app.add_flag("--probe-cuda", probe_cuda, "exit 0 when a CUDA device is present, 77 otherwise (testing)")->group("Testing options");

@@ -43,7 +43,8 @@ def main():
           f"{100 * equal:.2f}% of {d.size} outputs equal")
     if a.expect_differ:
         return 0 if d.max() > a.step / 2 else 1
-    return 0 if equal >= a.min_equal and d.max() <= a.max_steps * a.step * 1.001  # (q1 - zp) * s - (q2 - zp) * s rounds in f32 else 1
+    # 1.001: a one-step difference, (q1 - zp) * s - (q2 - zp) * s, is s rounded in f32
+    return 0 if equal >= a.min_equal and d.max() <= a.max_steps * a.step * 1.001 else 1
 
 
 if __name__ == "__main__":

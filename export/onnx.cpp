@@ -172,7 +172,7 @@ class Exporter {
       return y;
     }
     if (dynamic_cast<const nn::ReLU*>(&m)) return b_.apply("Relu", {x}, where.empty() ? "relu" : where);
-    if (auto* fq = dynamic_cast<const nn::FakeQuantize*>(&m)) return fake_quantize(*fq, where, x, 2);
+    if (auto* fq = dynamic_cast<const nn::FakeQuantize*>(&m)) return fake_quantize(*fq, where, x, 2, true);
     if (auto* lin = dynamic_cast<const nn::Linear*>(&m)) {
       const std::string w = weight_f32(lin->weight(), where);
       return gemm(x, w, lin->bias(), lin->in_features(), lin->out_features(), where);
@@ -181,9 +181,9 @@ class Exporter {
       const Tensor& wt = q->weight();
       QGRAD_CHECK(wt.dim() == 2, kOp, where, "weight must be 2-d");
       std::string w = weight_f32(wt, where);
-      w = fake_quantize(q->weight_fake_quant(), join(where, "weight_fake_quant"), w, 2);
+      w = fake_quantize(q->weight_fake_quant(), join(where, "weight_fake_quant"), w, 2, false);
       const std::string y = gemm(x, w, q->bias(), wt.size(1), wt.size(0), where);
-      return fake_quantize(q->activation_fake_quant(), join(where, "activation_post_process"), y, 2);
+      return fake_quantize(q->activation_fake_quant(), join(where, "activation_post_process"), y, 2, true);
     }
     if (auto* q = dynamic_cast<const nn::QuantizedLinear*>(&m)) return quantized_linear(*q, where, x);
     throw Error(kOp, where.empty() ? "model" : where,
@@ -193,8 +193,9 @@ class Exporter {
   std::int64_t features = 0;  // of the tensor the last appended module produced
 
  private:
+  // `activation`: x is [batch, features] (else a weight).
   std::string fake_quantize(const nn::FakeQuantize& fq, const std::string& where, const std::string& x,
-                            std::int64_t rank) {
+                            std::int64_t rank, bool activation) {
     if (!fq.fake_quant_enabled()) return x;  // the module is then the identity (its observer does not export)
     const nn::ObserverOptions& o = fq.options();
     const QType t = quantized_type(o.dtype, where);
@@ -202,8 +203,8 @@ class Exporter {
     if (nn::is_per_channel(o.qscheme)) {
       axis = o.ch_axis < 0 ? o.ch_axis + rank : o.ch_axis;
       QGRAD_CHECK(axis >= 0 && axis < rank, kOp, where, "channel axis ", o.ch_axis, " of a rank-", rank, " tensor");
-      QGRAD_CHECK(rank == 2, kOp, where,
-                  "per-channel fake quantization of an activation does not export (only of a weight)");
+      QGRAD_CHECK(!activation || axis > 0, kOp, where,
+                  "per-channel fake quantization of an activation along its batch axis does not export");
     }
     return b_.fake_quant(x, host_f32(fq.scale(), where, "scale"), host_s32(fq.zero_point(), where, "zero_point"),
                          fq.qmin(), fq.qmax(), t, axis, rank, where);

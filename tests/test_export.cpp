@@ -125,4 +125,13 @@ TEST_CASE("export_onnx: what does not export is an error naming it") {
         std::string::npos);
   CHECK(error_of([&] { export_onnx(*m, zeros({4}), d.file("m.onnx")); }).find("example_input") !=
         std::string::npos);
+  ObserverOptions per_batch;
+  per_batch.qscheme = QScheme::per_channel_affine;
+  per_batch.ch_axis = 0;
+  per_batch.channels = 2;
+  Sequential p;
+  p.push_back("fq", std::make_shared<FakeQuantize>(per_batch));
+  CHECK(error_of([&] { export_onnx(p, x, d.file("m.onnx")); }).find("'fq': per-channel fake quantization of an "
+                                                                    "activation along its batch axis") !=
+        std::string::npos);
 }

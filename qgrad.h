@@ -11,3 +11,4 @@
 #include "qgrad/ops/ops.h"
 #include "qgrad/autograd/dot.h"
 #include "qgrad/nn/nn.h"
+#include "qgrad/export/onnx.h"

@@ -72,6 +72,8 @@ class QuantizedLinear : public Module {
   Tensor input_zero_point() const { return in_zp_; }
   Tensor output_scale() const { return out_scale_; }
   Tensor output_zero_point() const { return out_zp_; }
+  std::int64_t qmin() const { return qmin_; }  // the activations' quant range
+  std::int64_t qmax() const { return qmax_; }
 
  private:
   Tensor weight_, weight_scale_, bias_, in_scale_, in_zp_, out_scale_, out_zp_;

@@ -14,6 +14,7 @@ say() { printf 'setup: %s\n' "$*"; }
 # ---- Debian packages ---------------------------------------------------------
 REQUIRED=(build-essential cmake ninja-build pkg-config libeigen3-dev doctest-dev zlib1g-dev
           nlohmann-json3-dev libcli11-dev python3 python3-venv dataset-fashion-mnist
+          libonnx-dev libprotobuf-dev  # ONNX export (export/; optional in the build)
           clang libclang-rt-14-dev)  # the last two: libFuzzer + sanitizers for scripts/fuzz.sh
 OPTIONAL=(graphviz gnuplot-nox clang)
 
@@ -64,7 +65,7 @@ if [ "${QGRAD_SKIP_PYTHON:-0}" != 1 ]; then
     BASE=python3
     if [ -x /usr/bin/python3 ]; then BASE=/usr/bin/python3; fi
     "$BASE" -m venv "$VENV"
-    "$PY" -m pip install -q --disable-pip-version-check safetensors numpy
+    "$PY" -m pip install -q --disable-pip-version-check safetensors numpy onnx onnxruntime
     say "Python venv ready ($PY)"
   fi
 fi

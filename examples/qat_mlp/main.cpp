@@ -18,6 +18,7 @@
 #include <CLI/CLI.hpp>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -54,6 +55,8 @@ struct Flags {
   bool qat_from_scratch = false;
   std::int64_t limit_train = 0, limit_test = 0;  // hidden, for the ctest smoke test
   std::string plot_format = "auto";              // hidden: auto, png, svg
+  std::string export_onnx;                       // --export-onnx PATH
+  bool onnx_no_clamp = false;                    // hidden: measure the graph without the quant-range clamp
 };
 
 struct EpochRecord {
@@ -113,6 +116,60 @@ std::vector<std::int64_t> predict_qat(Sequential& model, const Dataset& data, De
   auto p = predict(model, data, dev);
   enable_observer(model, observers_on);
   return p;
+}
+
+// The model's output (logits, [N, classes] row-major) on every example.
+std::vector<float> logits(Sequential& model, const Dataset& data, Device dev) {
+  NoGradGuard no_grad;
+  DataLoader loader(data, 1000, /*shuffle=*/false, 0, false, dev);
+  std::vector<float> out;
+  Batch b;
+  while (loader.next(b)) {
+    auto y = model(b.images).cpu().to_vector<float>();
+    out.insert(out.end(), y.begin(), y.end());
+  }
+  return out;
+}
+
+// <base>_logits.npy (f32 [N, classes]) and <base>_predictions.txt (the
+// first largest logit's class, one line per example), for scripts/onnx_check.py.
+void write_outputs(const std::string& base, const std::vector<float>& y, std::size_t n) {
+  const std::size_t classes = n ? y.size() / n : 0;
+  std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': (" + std::to_string(n) + ", " +
+                       std::to_string(classes) + "), }";
+  header.append(64 - (10 + header.size() + 1) % 64, ' ').push_back('\n');
+  std::ofstream npy(base + "_logits.npy", std::ios::binary);
+  const auto len = static_cast<std::uint16_t>(header.size());
+  npy << "\x93NUMPY" << '\x01' << '\x00' << static_cast<char>(len & 0xff) << static_cast<char>(len >> 8) << header;
+  npy.write(reinterpret_cast<const char*>(y.data()), static_cast<std::streamsize>(y.size() * sizeof(float)));
+  std::ofstream txt(base + "_predictions.txt");
+  for (std::size_t i = 0; i < n; ++i) {
+    const float* row = y.data() + i * classes;
+    txt << std::max_element(row, row + classes) - row << '\n';
+  }
+  if (!npy || !txt) throw std::runtime_error("cannot write " + base + "_{logits.npy,predictions.txt}");
+}
+
+// --export-onnx PATH: the int8 model to PATH, the QAT model's QDQ form to
+// <stem>_qat.onnx beside it, and qgrad's logits and predictions of both on
+// the test set (<stem>_int8_*, <stem>_qat_*). Returns the files written.
+std::vector<std::string> export_models(const std::string& path, Sequential& qat, Sequential& int8,
+                                       const Dataset& test, Device dev, bool clamp) {
+  namespace fs = std::filesystem;
+  const fs::path p(path);
+  if (p.has_parent_path()) fs::create_directories(p.parent_path());
+  const std::string stem = (p.parent_path() / p.stem()).string();
+  const Tensor example = zeros({1, test.images.size(1)});
+  OnnxExportOptions options;
+  options.clamp_to_quant_range = clamp;
+  export_onnx(int8, example, path, options);
+  export_onnx(qat, example, stem + "_qat.onnx", options);
+  const auto n = static_cast<std::size_t>(test.size());
+  write_outputs(stem + "_int8", logits(int8, test, dev), n);
+  enable_observer(qat, false);
+  write_outputs(stem + "_qat", logits(qat, test, dev), n);
+  return {path, stem + "_qat.onnx", stem + "_int8_{logits.npy,predictions.txt}",
+          stem + "_qat_{logits.npy,predictions.txt}"};
 }
 
 // The progress line: a bar on a terminal, nothing otherwise (the caller
@@ -362,6 +419,8 @@ int run(const Flags& f, const std::string& flags_text) {
   const double agreement = static_cast<double>(agree) / static_cast<double>(int8_pred.size());
   const std::size_t int8_bytes = bytes_of(int8->state_dict());
   save_safetensors(f.out + "/int8.safetensors", int8->state_dict(), {{"format", "qgrad-int8-mlp"}});
+  std::vector<std::string> exported;
+  if (!f.export_onnx.empty()) exported = export_models(f.export_onnx, *model, *int8, test, dev, !f.onnx_no_clamp);
 
   write_metrics(f.out + "/metrics.csv", trainer.records);
   const auto* layer0 = dynamic_cast<const QATLinear*>((*model)[1].get());
@@ -408,6 +467,7 @@ int run(const Flags& f, const std::string& flags_text) {
   for (const auto& p : plots) std::printf("plot     %s\n", p.c_str());
   std::printf("graph    %s%s%s\n", trainer.dot_path.c_str(), trainer.dot_svg.empty() ? "" : " -> ",
               trainer.dot_svg.c_str());
+  for (const auto& e : exported) std::printf("onnx     %s\n", e.c_str());
   std::printf("output   %s\n", (std::filesystem::absolute(f.out).lexically_normal() / "").string().c_str());
   return 0;
 }
@@ -441,6 +501,9 @@ int main(int argc, char** argv) {
   app.add_option("--out", f.out, "output folder")->capture_default_str();
   app.add_option("--report", f.report, "path of report.json (default <out>/report.json)");
   app.add_flag("--qat-from-scratch", f.qat_from_scratch, "train with fake quant from the start (no float phase)");
+  app.add_option("--export-onnx", f.export_onnx,
+                 "write the int8 model as ONNX to PATH, its QAT (QDQ) form to <stem>_qat.onnx, and qgrad's test-set "
+                 "logits and predictions of both beside them (check with scripts/onnx_check.py)");
   app.add_option("--limit-train", f.limit_train, "use only the first N training images (testing; 0: all)")
       ->check(integer_in(0, 60000))
       ->group("Testing options");
@@ -449,6 +512,9 @@ int main(int argc, char** argv) {
       ->group("Testing options");
   app.add_option("--plot-format", f.plot_format, "auto, png or svg")
       ->check(CLI::IsMember({"auto", "png", "svg"}))
+      ->group("Testing options");
+  app.add_flag("--onnx-no-clamp", f.onnx_no_clamp,
+               "--export-onnx without the clamp to narrower quant ranges (testing; see docs/export.md)")
       ->group("Testing options");
   bool probe_cuda = false;
   app.add_flag("--probe-cuda", probe_cuda, "exit 0 when a CUDA device is present, 77 otherwise (testing)")->group("Testing options");

@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "qgrad/core/error.h"
 #include "qgrad/core/half.h"
@@ -84,16 +85,14 @@ decltype(auto) dispatch_int8(DType t, const char* op, F&& f) {
 
 template <class F>
 decltype(auto) dispatch_all(DType t, const char* op, F&& f) {
+  if (is_floating(t)) return dispatch_floating(t, op, std::forward<F>(f));
   switch (t) {
-    case DType::f32: return f(TypeTag<float>{});
-    case DType::f64: return f(TypeTag<double>{});
-    case DType::f16: return f(TypeTag<half>{});
-    case DType::bf16: return f(TypeTag<bfloat16>{});
     case DType::s8: return f(TypeTag<std::int8_t>{});
     case DType::u8: return f(TypeTag<std::uint8_t>{});
     case DType::s32: return f(TypeTag<std::int32_t>{});
     case DType::s64: return f(TypeTag<std::int64_t>{});
     case DType::boolean: return f(TypeTag<bool>{});
+    default: break;
   }
   throw Error(op, "dtype", "unknown dtype");
 }

@@ -75,31 +75,31 @@ QGRAD_HD std::uint16_t float_to_bf16_bits(float f) {
 
 QGRAD_HD float bf16_bits_to_float(std::uint16_t b) { return bits_to_float(static_cast<std::uint32_t>(b) << 16); }
 
-struct half {
+// A 16-bit floating value stored as bits; Format gives the conversions
+// (round to nearest even; NaN stays NaN). Arithmetic goes through float.
+template <class Format>
+struct Float16 {
   std::uint16_t bits = 0;
-  half() = default;
-  QGRAD_HD explicit half(float f) : bits(float_to_half_bits(f)) {}
-  QGRAD_HD explicit half(double d) : bits(float_to_half_bits(static_cast<float>(d))) {}
-  QGRAD_HD operator float() const { return half_bits_to_float(bits); }
-  QGRAD_HD static half from_bits(std::uint16_t b) {
-    half h;
+  Float16() = default;
+  QGRAD_HD explicit Float16(float f) : bits(Format::encode(f)) {}
+  QGRAD_HD explicit Float16(double d) : bits(Format::encode(static_cast<float>(d))) {}
+  QGRAD_HD operator float() const { return Format::decode(bits); }
+  QGRAD_HD static Float16 from_bits(std::uint16_t b) {
+    Float16 h;
     h.bits = b;
     return h;
   }
 };
-
-struct bfloat16 {
-  std::uint16_t bits = 0;
-  bfloat16() = default;
-  QGRAD_HD explicit bfloat16(float f) : bits(float_to_bf16_bits(f)) {}
-  QGRAD_HD explicit bfloat16(double d) : bits(float_to_bf16_bits(static_cast<float>(d))) {}
-  QGRAD_HD operator float() const { return bf16_bits_to_float(bits); }
-  QGRAD_HD static bfloat16 from_bits(std::uint16_t b) {
-    bfloat16 h;
-    h.bits = b;
-    return h;
-  }
+struct HalfFormat {  // IEEE binary16
+  QGRAD_HD static std::uint16_t encode(float f) { return float_to_half_bits(f); }
+  QGRAD_HD static float decode(std::uint16_t b) { return half_bits_to_float(b); }
 };
+struct BFloat16Format {  // the top half of a binary32
+  QGRAD_HD static std::uint16_t encode(float f) { return float_to_bf16_bits(f); }
+  QGRAD_HD static float decode(std::uint16_t b) { return bf16_bits_to_float(b); }
+};
+using half = Float16<HalfFormat>;
+using bfloat16 = Float16<BFloat16Format>;
 
 static_assert(sizeof(half) == 2 && sizeof(bfloat16) == 2);
 

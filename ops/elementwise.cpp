@@ -110,6 +110,25 @@ Tensor div(const Tensor& a, const Tensor& b) {
   return out;
 }
 
+// d/da = g * share(a, b), d/db = g * share(b, a): share is 1, 1/2 on ties, 0
+// where the other operand is larger (PyTorch's derivatives.yaml). Saves a
+// and b (detached) and computes the shares in the backward.
+Tensor maximum(const Tensor& a, const Tensor& b) {
+  Tensor out = binary_forward("maximum", BinaryOp::maximum, a, b);
+  if (any_requires_grad({a, b})) {
+    record(
+        "maximum", out, {a, b},
+        [sa = a.detach(), sb = b.detach()](const Tensor& g) {
+          Tensor share_a = binary_forward("maximum", BinaryOp::maximum_share, sa, sb);
+          Tensor share_b = binary_forward("maximum", BinaryOp::maximum_share, sb, sa);
+          return std::vector<Tensor>{sum_to_shape(mul(g, share_a), sa.shape()),
+                                     sum_to_shape(mul(g, share_b), sb.shape())};
+        },
+        a.nbytes() + b.nbytes());
+  }
+  return out;
+}
+
 namespace {
 // a (op) s for a host scalar: one kernel over a, with s rounded to a's
 // dtype first, the values of the op with the scalar tensor full({}, s)

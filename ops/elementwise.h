@@ -10,6 +10,8 @@ Tensor add(const Tensor& a, const Tensor& b);
 Tensor sub(const Tensor& a, const Tensor& b);
 Tensor mul(const Tensor& a, const Tensor& b);
 Tensor div(const Tensor& a, const Tensor& b);
+// Elementwise max with broadcasting (torch.maximum): NaN when either is NaN.
+Tensor maximum(const Tensor& a, const Tensor& b);
 Tensor add(const Tensor& a, double b);
 Tensor mul(const Tensor& a, double b);
 Tensor neg(const Tensor& a);

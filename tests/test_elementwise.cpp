@@ -1,4 +1,6 @@
 // Broadcasting arithmetic: host reference, gradcheck, CUDA bit-identity.
+#include <limits>
+
 #include "helpers.h"
 #include "qgrad/kernels/formulas/binary.h"
 
@@ -14,6 +16,8 @@ Tensor op_of(BinaryOp op, const Tensor& a, const Tensor& b) {
     case BinaryOp::sub: return sub(a, b);
     case BinaryOp::mul: return mul(a, b);
     case BinaryOp::div: return div(a, b);
+    case BinaryOp::maximum: return maximum(a, b);
+    default: break;  // not an op of its own (maximum_share: maximum's backward)
   }
   return {};
 }
@@ -24,11 +28,13 @@ double ref_of(BinaryOp op, double a, double b) {
     case BinaryOp::sub: return a - b;
     case BinaryOp::mul: return a * b;
     case BinaryOp::div: return a / b;
+    case BinaryOp::maximum: return a < b ? b : a;  // no NaN in these inputs
+    default: break;
   }
   return 0;
 }
 
-const BinaryOp kOps[] = {BinaryOp::add, BinaryOp::sub, BinaryOp::mul, BinaryOp::div};
+const BinaryOp kOps[] = {BinaryOp::add, BinaryOp::sub, BinaryOp::mul, BinaryOp::div, BinaryOp::maximum};
 
 struct ShapePair {
   Shape a, b;
@@ -136,4 +142,34 @@ TEST_CASE("CUDA: binary ops pass gradcheck on the device") {
 TEST_CASE("CUDA: mixing devices is an error") {
   QGRAD_REQUIRE_GPU();
   CHECK_THROWS_AS(add(ones({2}), ones({2}).cuda()), Error);
+}
+
+namespace {
+Tensor leaf(Tensor t) {
+  t.set_requires_grad(true);
+  return t;
+}
+}  // namespace
+
+TEST_CASE("maximum: NaN, ties and signed zeros as torch.maximum; gradient shares 1, 1/2, 0") {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  for (const Device dev : test_devices()) {
+    for (DType dt : {DType::f32, DType::f64, DType::f16, DType::bf16}) {
+      Tensor a = leaf(Tensor::from_vector<double>({nan, 1.0, 0.0, -0.0, 2.0, -3.0}, {6}).to(dt).to(dev));
+      Tensor b = leaf(Tensor::from_vector<double>({1.0, nan, -0.0, 0.0, 2.0, 4.0}, {6}).to(dt).to(dev));
+      Tensor y = maximum(a, b);
+      y.backward(Tensor::from_vector<double>({1, 2, 3, 4, 8, 16}, {6}).to(dt).to(dev));
+      const auto yv = y.to(DType::f64).cpu().to_vector<double>();
+      INFO("device ", dev.str(), " dtype ", dtype_name(dt));
+      CHECK(std::isnan(yv[0]));
+      CHECK(std::isnan(yv[1]));
+      CHECK((yv[2] == 0.0 && !std::signbit(yv[2])));  // std::max(+0, -0) = +0 (the first on ties)
+      CHECK((yv[3] == 0.0 && std::signbit(yv[3])));   // std::max(-0, +0) = -0
+      CHECK(yv[4] == 2.0);
+      CHECK(yv[5] == 4.0);
+      // NaN compares false: both shares 1; ties (+0 == -0, 2 == 2) split the gradient.
+      CHECK(a.grad().to(DType::f64).cpu().to_vector<double>() == std::vector<double>{1, 2, 1.5, 2, 4, 0});
+      CHECK(b.grad().to(DType::f64).cpu().to_vector<double>() == std::vector<double>{1, 2, 1.5, 2, 4, 16});
+    }
+  }
 }

@@ -205,6 +205,7 @@ std::vector<OpEntry> arithmetic_entries() {
   binary("sub", [](const Tensor& a, const Tensor& b) { return sub(a, b); }, false);
   binary("mul", [](const Tensor& a, const Tensor& b) { return mul(a, b); }, false);
   binary("div", [](const Tensor& a, const Tensor& b) { return div(a, b); }, true);
+  binary("maximum", [](const Tensor& a, const Tensor& b) { return maximum(a, b); }, false);
   e.push_back({"add, mul (host scalar), neg", {"add", "mul", "neg"}, kFloat, one_operand({3, 5}),
                [](const Tensors& v) { return Tensors{neg(mul(add(v[0], 0.75), -1.5))}; }, Promise::bit_identical(),
                GradMethod::finite_differences, {}, {}, [](Device d) {

@@ -118,6 +118,8 @@ struct ConformanceOptions {
   bool gradients_only = false;     // only the gradient rows (the gradcheck tour)
 };
 ConformanceReport run_conformance(const ConformanceOptions& options = {});
+// The same driver over given entries (the harness's own tests).
+ConformanceReport run_conformance(const std::vector<OpEntry>& entries, const ConformanceOptions& options);
 
 // ---- the family files (ops/registry/*.cpp) and their helpers ----
 std::vector<OpEntry> arithmetic_entries();    // elementwise, linalg, reductions, losses, conversions

@@ -64,3 +64,39 @@ TEST_CASE("conformance: every registry entry, every dtype, every device") {
   CHECK(report.checks > 100);
   std::printf("%s\n", report.closing_line().c_str());
 }
+
+TEST_CASE("conformance: the driver fails an op that leaves its output unwritten, breaks a promise or an error") {
+  // A correct op, then the same op with one defect each: the driver must
+  // pass the first and fail each of the others.
+  registry::OpEntry good;
+  good.name = "neg (control)";
+  good.dtypes = {DType::f64, DType::f32};
+  good.inputs = [](Device d, DType dt, Generator& g) {
+    return std::vector<Tensor>{registry::normal({4, 300}, g, d, dt)};
+  };
+  good.call = [](const std::vector<Tensor>& v) { return std::vector<Tensor>{neg(v[0])}; };
+  good.bad_inputs = [](Device d) {
+    return std::vector<registry::BadInput>{{"neg", "", [d] { neg(registry::some({2}, d, DType::s8)); }}};
+  };
+  registry::OpEntry unwritten = good;  // a kernel that writes nothing
+  unwritten.name = "unwritten output";
+  unwritten.grad = registry::GradMethod::none;
+  unwritten.call = [](const std::vector<Tensor>& v) {
+    return std::vector<Tensor>{Tensor::empty(v[0].shape(), registry::on(v[0].device(), v[0].dtype()))};
+  };
+  registry::OpEntry wrong_gradient = good;  // a backward that is not the derivative
+  wrong_gradient.name = "wrong gradient";
+  wrong_gradient.call = [](const std::vector<Tensor>& v) { return std::vector<Tensor>{add(v[0].detach(), mul(v[0], 0.0))}; };
+  registry::OpEntry no_error = good;  // a documented error that is not raised
+  no_error.name = "missing error";
+  no_error.bad_inputs = [](Device d) {
+    return std::vector<registry::BadInput>{{"neg", "x", [d] { neg(registry::some({2}, d)); }}};
+  };
+  registry::ConformanceOptions quiet;
+  quiet.print_rows = false;
+  CHECK(registry::run_conformance({good}, quiet).failed == 0);
+  for (const registry::OpEntry& e : {unwritten, wrong_gradient, no_error}) {
+    INFO(e.name);
+    CHECK(registry::run_conformance({e}, quiet).failed > 0);
+  }
+}

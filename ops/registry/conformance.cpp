@@ -275,14 +275,16 @@ std::string ConformanceReport::closing_line() const {
          std::to_string(checks - failed) + " passed, " + std::to_string(failed) + " failed";
 }
 
-ConformanceReport run_conformance(const ConformanceOptions& options) {
+ConformanceReport run_conformance(const ConformanceOptions& options) { return run_conformance(op_registry(), options); }
+
+ConformanceReport run_conformance(const std::vector<OpEntry>& entries, const ConformanceOptions& options) {
   ConformanceReport report;
   Driver driver(options, report);
   std::vector<Device> devices{Device::cpu()};
   if (options.cuda && cuda_device_count() > 0) devices.push_back(Device::cuda(0));
   if (options.print_rows)
     std::printf("%-46s %-5s %-7s %-22s %-4s %9s\n", "op", "dtype", "device", "check", "ok", "worst");
-  for (const OpEntry& e : op_registry()) {
+  for (const OpEntry& e : entries) {
     if (!options.only.empty() && e.name.find(options.only) == std::string::npos) continue;
     ++report.ops;
     for (DType dt : e.dtypes) {

@@ -1,6 +1,7 @@
-// Device dispatch for kernels: each op's kernel has a cpu:: and a cuda::
-// implementation; QGRAD_ON_CUDA compiles the CUDA call away in a build
-// without CUDA (where no CUDA tensor can exist).
+// QGRAD_ON_CUDA(call): a call into the CUDA-only code (the hand-written
+// kernels of kernels/cuda/entries.h, the CUDA branch of kernels/loop.h),
+// compiled away in a build without CUDA, where it throws instead (no CUDA
+// tensor can exist there).
 #pragma once
 
 #include "qgrad/core/error.h"

@@ -65,7 +65,9 @@ void add_argument_errors(std::vector<OpEntry>& e) {
                                               {"mul", [](const Tensor& x, const Tensor& y) { return mul(x, y); }},
                                               {"div", [](const Tensor& x, const Tensor& y) { return div(x, y); }},
                                               {"lerp", [](const Tensor& x, const Tensor& y) { return lerp(x, y, 0.25); }}};
-  for (const auto& [name, f] : bins) {
+  for (const auto& bin : bins) {
+    const char* name = bin.first;
+    const Bin f = bin.second;
     extend_bad_inputs(e, name, [name, f, non_float](Device d) {
       const Tensor a = some({2, 3}, d), b = some({2, 3}, d), u;
       std::vector<BadInput> c{{name, "a", [=] { f(u, b); }}, {name, "b", [=] { f(a, u); }}};

@@ -7,17 +7,6 @@
 
 namespace qgrad::kernels {
 
-AxisView axis_view(const Shape& shape, std::int64_t axis) {
-  AxisView v;
-  for (std::size_t d = 0; d < shape.size(); ++d) {
-    const auto di = static_cast<std::int64_t>(d);
-    if (di < axis) v.outer *= shape[d];
-    else if (di == axis) v.n = shape[d];
-    else v.inner *= shape[d];
-  }
-  return v;
-}
-
 namespace {
 
 // One output per index, summing its row in one fixed order.
@@ -25,12 +14,12 @@ template <class T>
 struct SumRow {
   const T* x;
   T* o;
-  AxisView v;
+  AxisLayout v;
   bool mean;
   QGRAD_HD void operator()(std::int64_t idx) const {
     using M = op_math_t<T>;
-    const M acc = sum_strided(x + v.base(idx), v.n, v.inner);
-    o[idx] = T(mean ? acc / M(v.n) : acc);
+    const M acc = sum_strided(x + v.base(idx), v.channels, v.inner);
+    o[idx] = T(mean ? acc / M(v.channels) : acc);
   }
 };
 
@@ -38,11 +27,11 @@ template <class T>
 struct ExpandAxis {
   const T* x;
   T* o;
-  AxisView v;
+  AxisLayout v;
   op_math_t<T> s;
   QGRAD_HD void operator()(std::int64_t i) const {
     using M = op_math_t<T>;
-    o[i] = T(M(x[(i / (v.n * v.inner)) * v.inner + i % v.inner]) * s);
+    o[i] = T(M(x[(i / (v.channels * v.inner)) * v.inner + i % v.inner]) * s);
   }
 };
 
@@ -50,14 +39,14 @@ template <class T>
 struct ArgmaxRow {
   const T* x;
   std::int64_t* o;
-  AxisView v;
-  QGRAD_HD void operator()(std::int64_t idx) const { o[idx] = argmax_strided(x + v.base(idx), v.n, v.inner); }
+  AxisLayout v;
+  QGRAD_HD void operator()(std::int64_t idx) const { o[idx] = argmax_strided(x + v.base(idx), v.channels, v.inner); }
 };
 
 }  // namespace
 
-void sum_axis(const Tensor& in, const Tensor& out, const AxisView& v, bool mean) {
-  if (out.is_cuda() && v.n > cuda::kSumThreadPerRowMax) {
+void sum_axis(const Tensor& in, const Tensor& out, const AxisLayout& v, bool mean) {
+  if (out.is_cuda() && v.channels > cuda::kSumThreadPerRowMax) {
     QGRAD_ON_CUDA(cuda::sum_axis_blocks(in, out, v, mean));
     return;
   }
@@ -68,7 +57,7 @@ void sum_axis(const Tensor& in, const Tensor& out, const AxisView& v, bool mean)
   });
 }
 
-void expand_axis(const Tensor& in, const Tensor& out, const AxisView& v, double scale) {
+void expand_axis(const Tensor& in, const Tensor& out, const AxisLayout& v, double scale) {
   dispatch_floating(out.dtype(), "expand_axis", [&](auto tag) {
     using T = typename decltype(tag)::type;
     for_each_index(out.device(), out.numel(),
@@ -78,7 +67,7 @@ void expand_axis(const Tensor& in, const Tensor& out, const AxisView& v, double 
   });
 }
 
-void argmax_axis(const Tensor& in, const Tensor& out, const AxisView& v) {
+void argmax_axis(const Tensor& in, const Tensor& out, const AxisLayout& v) {
   dispatch_floating(in.dtype(), "argmax", [&](auto tag) {
     using T = typename decltype(tag)::type;
     for_each_index(out.device(), v.outer * v.inner,

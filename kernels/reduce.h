@@ -1,21 +1,15 @@
 // Kernels of the reductions over one axis. A tensor reduced over an axis is
-// viewed as [outer, n, inner] (n the axis length); a full reduction is
-// outer = inner = 1.
+// viewed as the AxisLayout [outer, channels, inner] (channels the axis
+// length, kernels/layout.h); a full reduction is outer = inner = 1.
 #pragma once
 
 #include <cstdint>
 
 #include "qgrad/core/macros.h"
 #include "qgrad/core/tensor.h"
+#include "qgrad/kernels/layout.h"
 
 namespace qgrad::kernels {
-
-struct AxisView {
-  std::int64_t outer = 1, n = 1, inner = 1;
-  // Offset of element 0 of row idx (idx < outer * inner); the row's
-  // elements are `inner` apart.
-  QGRAD_HD std::int64_t base(std::int64_t idx) const { return (idx / inner) * n * inner + idx % inner; }
-};
 
 // Sum of n elements `stride` apart, in order, in op math.
 template <class T>
@@ -41,17 +35,15 @@ QGRAD_HD std::int64_t argmax_strided(const T* x, std::int64_t n, std::int64_t st
   }
   return arg;
 }
-// The [outer, n, inner] view of `shape` around `axis` (already normalised).
-AxisView axis_view(const Shape& shape, std::int64_t axis);
 
 // out[o, j] = sum_r in[o, r, j] (divided by n when mean), accumulated in
 // op_math_t<T> in a fixed order (deterministic). in and out share a floating
 // dtype and a device; out has outer * inner elements.
-void sum_axis(const Tensor& in, const Tensor& out, const AxisView& v, bool mean);
+void sum_axis(const Tensor& in, const Tensor& out, const AxisLayout& v, bool mean);
 // out[o, r, j] = in[o, j] * scale (the backward of sum / mean).
-void expand_axis(const Tensor& in, const Tensor& out, const AxisView& v, double scale);
+void expand_axis(const Tensor& in, const Tensor& out, const AxisLayout& v, double scale);
 // out[o, j] = the first r where in[o, r, j] is largest (NaN counts as
 // largest); out is s64. n >= 1.
-void argmax_axis(const Tensor& in, const Tensor& out, const AxisView& v);
+void argmax_axis(const Tensor& in, const Tensor& out, const AxisLayout& v);
 
 }  // namespace qgrad::kernels

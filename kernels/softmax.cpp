@@ -19,11 +19,11 @@ struct LogSoftmaxRow {
   const T* in;  // x, or y for the backward
   const T* dy;  // backward only
   T* out;
-  AxisView v;
+  AxisLayout v;
   QGRAD_HD void operator()(std::int64_t row) const {
     const std::int64_t b = v.base(row);
-    if constexpr (kBackward) formulas::log_softmax_backward_row(in + b, dy + b, out + b, v.n, v.inner);
-    else formulas::log_softmax_row(in + b, out + b, v.n, v.inner);
+    if constexpr (kBackward) formulas::log_softmax_backward_row(in + b, dy + b, out + b, v.channels, v.inner);
+    else formulas::log_softmax_row(in + b, out + b, v.channels, v.inner);
   }
 };
 
@@ -80,7 +80,7 @@ T* mdata(const Tensor& t) {
 
 }  // namespace
 
-void log_softmax(const Tensor& x, const Tensor& y, const AxisView& v) {
+void log_softmax(const Tensor& x, const Tensor& y, const AxisLayout& v) {
   if (y.is_cuda() && cuda::use_warp_rows(v)) {
     QGRAD_ON_CUDA(cuda::log_softmax_warp_rows(x, y, v));
     return;
@@ -92,7 +92,7 @@ void log_softmax(const Tensor& x, const Tensor& y, const AxisView& v) {
   });
 }
 
-void log_softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx, const AxisView& v) {
+void log_softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx, const AxisLayout& v) {
   if (dx.is_cuda() && cuda::use_warp_rows(v)) {
     QGRAD_ON_CUDA(cuda::log_softmax_backward_warp_rows(y, dy, dx, v));
     return;
@@ -106,7 +106,7 @@ void log_softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx, c
 
 void cross_entropy_forward(const Tensor& logits, const Tensor& labels, const Tensor& probs, const Tensor& row_loss) {
   const std::int64_t B = logits.size(0), C = logits.size(1);
-  if (row_loss.is_cuda() && cuda::use_warp_rows(AxisView{B, C, 1})) {
+  if (row_loss.is_cuda() && cuda::use_warp_rows(AxisLayout{B, C, 1})) {
     QGRAD_ON_CUDA(cuda::cross_entropy_forward_warp_rows(logits, labels, probs, row_loss));
     return;
   }

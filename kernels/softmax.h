@@ -7,9 +7,9 @@
 namespace qgrad::kernels {
 
 // y[o, :, j] = x - max - log(sum(exp(x - max))) along the n axis.
-void log_softmax(const Tensor& x, const Tensor& y, const AxisView& v);
+void log_softmax(const Tensor& x, const Tensor& y, const AxisLayout& v);
 // dx = dy - exp(y) * sum(dy) along the n axis.
-void log_softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx, const AxisView& v);
+void log_softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx, const AxisLayout& v);
 // logits [B, C] (floating), labels [B] (s64 or s32). row_loss [B] (f32, or
 // f64 for f64 logits) = logsumexp(logits[b]) - logits[b, label[b]], NaN when
 // the label is outside [0, C). probs [B, C] (logits' dtype) receives

@@ -140,7 +140,7 @@ void linear_record(const char* op, Tensor& out, const Tensor& x, const Tensor& w
         if (sx.defined()) gw = gemm_new(shape_w, GemmShape{1, s.n, s.k, s.m, true, false}, g, sx);
         if (need_b) {
           gb = Tensor::empty({s.n}, like(g));
-          kernels::sum_axis(g, gb, kernels::AxisView{1, s.m, s.n}, false);
+          kernels::sum_axis(g, gb, kernels::AxisLayout{1, s.m, s.n}, false);
         }
         return std::vector<Tensor>{gx, gw, gb};
       },

@@ -17,7 +17,7 @@ Tensor log_softmax(const Tensor& x, std::int64_t axis) {
   constexpr const char* op = "log_softmax";
   check::floating(x, op, "x");
   const std::int64_t ax = check::axis(axis, x.dim(), op);
-  const kernels::AxisView v = kernels::axis_view(x.shape(), ax);
+  const kernels::AxisLayout v = kernels::AxisLayout::of(x.shape(), ax);
   Tensor out = Tensor::empty(x.shape(), like(x));
   if (x.numel() > 0) kernels::log_softmax(x, out, v);
   if (any_requires_grad({x})) {
@@ -62,7 +62,7 @@ void check_scores_and_labels(const Tensor& scores, const Tensor& labels, const c
 // The batch mean of per-row losses (f32, or f64), in the scores' dtype.
 Tensor batch_mean(const Tensor& rows, DType dtype) {
   Tensor loss = Tensor::empty({}, TensorOptions{}.with_dtype(rows.dtype()).with_device(rows.device()));
-  kernels::sum_axis(rows, loss, kernels::AxisView{1, rows.numel(), 1}, true);
+  kernels::sum_axis(rows, loss, kernels::AxisLayout{1, rows.numel(), 1}, true);
   return loss.to(dtype);
 }
 

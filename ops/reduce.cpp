@@ -7,7 +7,7 @@
 
 namespace qgrad {
 
-using kernels::AxisView;
+using kernels::AxisLayout;
 
 namespace {
 
@@ -18,19 +18,19 @@ constexpr std::int64_t kAll = -1;
 
 Tensor reduce_sum(const char* op, const Tensor& x, std::int64_t axis, bool keepdim, bool mean) {
   check::floating(x, op, "x");
-  AxisView v{1, x.numel(), 1};
+  AxisLayout v{1, x.numel(), 1};
   Shape out_shape;
   if (axis != kAll) {
-    v = kernels::axis_view(x.shape(), axis);
+    v = kernels::AxisLayout::of(x.shape(), axis);
     out_shape = x.shape();
     if (keepdim) out_shape[static_cast<std::size_t>(axis)] = 1;
     else out_shape.erase(out_shape.begin() + axis);
   }
-  QGRAD_CHECK(!mean || v.n > 0, op, "x", "mean over zero elements (shape ", shape_str(x.shape()), ")");
+  QGRAD_CHECK(!mean || v.channels > 0, op, "x", "mean over zero elements (shape ", shape_str(x.shape()), ")");
   Tensor out = Tensor::empty(out_shape, TensorOptions{}.with_dtype(x.dtype()).with_device(x.device()));
   kernels::sum_axis(x, out, v, mean);
   if (any_requires_grad({x})) {
-    const double scale = mean ? 1.0 / static_cast<double>(v.n) : 1.0;
+    const double scale = mean ? 1.0 / static_cast<double>(v.channels) : 1.0;
     record(op, out, {x}, [v, scale, shape = x.shape()](const Tensor& g) {
       Tensor dx = Tensor::empty(shape, TensorOptions{}.with_dtype(g.dtype()).with_device(g.device()));
       kernels::expand_axis(g, dx, v, scale);
@@ -64,7 +64,7 @@ Tensor argmax(const Tensor& x, std::int64_t axis) {
   Shape out_shape = x.shape();
   out_shape.erase(out_shape.begin() + ax);
   Tensor out = Tensor::empty(out_shape, TensorOptions{}.with_dtype(DType::s64).with_device(x.device()));
-  kernels::argmax_axis(x, out, kernels::axis_view(x.shape(), ax));
+  kernels::argmax_axis(x, out, kernels::AxisLayout::of(x.shape(), ax));
   return out;
 }
 

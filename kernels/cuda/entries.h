@@ -37,15 +37,15 @@ void optim_step(const OptimHyper& hyper, const std::vector<OptimSlot>& slots);
 // sum over rows longer than kSumThreadPerRowMax: a block per row (or per
 // fixed chunk), shared-memory tree (train step profile: sum_block_kernel).
 inline constexpr std::int64_t kSumThreadPerRowMax = 128;
-void sum_axis_blocks(const Tensor& in, const Tensor& out, const AxisView& v, bool mean);
+void sum_axis_blocks(const Tensor& in, const Tensor& out, const AxisLayout& v, bool mean);
 
 // log_softmax and the fused cross-entropy forward over contiguous rows of at
 // least kWarpRowMin elements: one warp per row, shuffle reductions
 // (train_ops cross_entropy_fwbw; test_loss "wide rows").
 inline constexpr std::int64_t kWarpRowMin = 33;
-inline bool use_warp_rows(const AxisView& v) { return v.inner == 1 && v.n >= kWarpRowMin; }
-void log_softmax_warp_rows(const Tensor& x, const Tensor& y, const AxisView& v);
-void log_softmax_backward_warp_rows(const Tensor& y, const Tensor& dy, const Tensor& dx, const AxisView& v);
+inline bool use_warp_rows(const AxisLayout& v) { return v.inner == 1 && v.channels >= kWarpRowMin; }
+void log_softmax_warp_rows(const Tensor& x, const Tensor& y, const AxisLayout& v);
+void log_softmax_backward_warp_rows(const Tensor& y, const Tensor& dy, const Tensor& dx, const AxisLayout& v);
 void cross_entropy_forward_warp_rows(const Tensor& logits, const Tensor& labels, const Tensor& probs,
                                      const Tensor& row_loss);
 

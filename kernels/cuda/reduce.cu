@@ -23,7 +23,7 @@ constexpr std::int64_t kChunkedMaxOutputs = 1024;
 // [c * chunk, min(n, (c + 1) * chunk)) with per-thread strided partials and a
 // fixed shared-memory tree, then writes out[task] (divided by mean_n if > 0).
 template <class In, class Out>
-__global__ void sum_block_kernel(const In* x, Out* out, AxisView v, std::int64_t chunk, std::int64_t chunks,
+__global__ void sum_block_kernel(const In* x, Out* out, AxisLayout v, std::int64_t chunk, std::int64_t chunks,
                                  std::int64_t mean_n) {
   using M = op_math_t<In>;
   __shared__ M buf[kReduceThreads];
@@ -31,7 +31,7 @@ __global__ void sum_block_kernel(const In* x, Out* out, AxisView v, std::int64_t
   for (std::int64_t task = blockIdx.x; task < tasks; task += gridDim.x) {
     const In* row = x + v.base(task / chunks);
     const std::int64_t begin = (task % chunks) * chunk;
-    const std::int64_t end = begin + chunk < v.n ? begin + chunk : v.n;
+    const std::int64_t end = begin + chunk < v.channels ? begin + chunk : v.channels;
     M acc = M(0);
     for (std::int64_t r = begin + threadIdx.x; r < end; r += kReduceThreads) acc += M(row[r * v.inner]);
     buf[threadIdx.x] = acc;
@@ -46,7 +46,7 @@ __global__ void sum_block_kernel(const In* x, Out* out, AxisView v, std::int64_t
 }
 
 template <class In, class Out>
-void launch_sum_blocks(int dev, const In* x, Out* out, const AxisView& v, std::int64_t chunk, std::int64_t chunks,
+void launch_sum_blocks(int dev, const In* x, Out* out, const AxisLayout& v, std::int64_t chunk, std::int64_t chunks,
                        std::int64_t mean_n) {
   const std::int64_t tasks = v.outer * v.inner * chunks;
   const unsigned blocks = ::qgrad::cuda::blocks_for(tasks, 1, ::qgrad::cuda::fill_blocks(dev, kReduceThreads) * 8LL);
@@ -55,28 +55,28 @@ void launch_sum_blocks(int dev, const In* x, Out* out, const AxisView& v, std::i
 }
 
 template <class T>
-void sum_axis_blocks_impl(const Tensor& in, const Tensor& out, const AxisView& v, bool mean) {
+void sum_axis_blocks_impl(const Tensor& in, const Tensor& out, const AxisLayout& v, bool mean) {
   using M = op_math_t<T>;
   const T* x = static_cast<const T*>(in.data_ptr());
   T* o = static_cast<T*>(out.data_ptr());
   const int dev = out.device().index;
   const std::int64_t outputs = v.outer * v.inner;
-  const std::int64_t mean_n = mean ? v.n : 0;
+  const std::int64_t mean_n = mean ? v.channels : 0;
   if (outputs == 0) return;
-  if (v.n <= kChunk || outputs >= kChunkedMaxOutputs) {
-    launch_sum_blocks(dev, x, o, v, v.n, 1, mean_n);
+  if (v.channels <= kChunk || outputs >= kChunkedMaxOutputs) {
+    launch_sum_blocks(dev, x, o, v, v.channels, 1, mean_n);
     return;
   }
-  const std::int64_t chunks = (v.n + kChunk - 1) / kChunk;
+  const std::int64_t chunks = (v.channels + kChunk - 1) / kChunk;
   Tensor partial = Tensor::empty({outputs, chunks}, TensorOptions{}.with_dtype(dtype_of<M>).with_device(out.device()));
   M* p = static_cast<M*>(partial.data_ptr());
   launch_sum_blocks(dev, x, p, v, kChunk, chunks, 0);
-  launch_sum_blocks(dev, static_cast<const M*>(p), o, AxisView{outputs, chunks, 1}, chunks, 1, mean_n);
+  launch_sum_blocks(dev, static_cast<const M*>(p), o, AxisLayout{outputs, chunks, 1}, chunks, 1, mean_n);
 }
 
 }  // namespace
 
-void sum_axis_blocks(const Tensor& in, const Tensor& out, const AxisView& v, bool mean) {
+void sum_axis_blocks(const Tensor& in, const Tensor& out, const AxisLayout& v, bool mean) {
   dispatch_floating(out.dtype(), "sum",
                     [&](auto tag) { sum_axis_blocks_impl<typename decltype(tag)::type>(in, out, v, mean); });
 }

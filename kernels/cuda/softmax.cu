@@ -59,11 +59,11 @@ __device__ __forceinline__ void warp_row_stats(const T* x, std::int64_t n, int l
 }
 
 template <class T>
-void log_softmax_impl(const Tensor& x, const Tensor& y, const AxisView& v) {
+void log_softmax_impl(const Tensor& x, const Tensor& y, const AxisLayout& v) {
   using M = op_math_t<T>;
   const T* in = static_cast<const T*>(x.data_ptr());
   T* out = static_cast<T*>(y.data_ptr());
-  const std::int64_t n = v.n;
+  const std::int64_t n = v.channels;
   launch_warp_rows(y.device().index, v.outer, [=] __device__(std::int64_t row, int lane) {
     const T* xr = in + row * n;
     M mx, sum;
@@ -74,12 +74,12 @@ void log_softmax_impl(const Tensor& x, const Tensor& y, const AxisView& v) {
 }
 
 template <class T>
-void log_softmax_backward_impl(const Tensor& y, const Tensor& dy, const Tensor& dx, const AxisView& v) {
+void log_softmax_backward_impl(const Tensor& y, const Tensor& dy, const Tensor& dx, const AxisLayout& v) {
   using M = op_math_t<T>;
   const T* py = static_cast<const T*>(y.data_ptr());
   const T* pg = static_cast<const T*>(dy.data_ptr());
   T* out = static_cast<T*>(dx.data_ptr());
-  const std::int64_t n = v.n;
+  const std::int64_t n = v.channels;
   launch_warp_rows(dx.device().index, v.outer, [=] __device__(std::int64_t row, int lane) {
     const std::int64_t base = row * n;
     M s = M(0);
@@ -111,11 +111,11 @@ void cross_entropy_forward_impl(const Tensor& logits, const Tensor& labels, cons
 
 }  // namespace
 
-void log_softmax_warp_rows(const Tensor& x, const Tensor& y, const AxisView& v) {
+void log_softmax_warp_rows(const Tensor& x, const Tensor& y, const AxisLayout& v) {
   dispatch_floating(y.dtype(), "log_softmax", [&](auto tag) { log_softmax_impl<typename decltype(tag)::type>(x, y, v); });
 }
 
-void log_softmax_backward_warp_rows(const Tensor& y, const Tensor& dy, const Tensor& dx, const AxisView& v) {
+void log_softmax_backward_warp_rows(const Tensor& y, const Tensor& dy, const Tensor& dx, const AxisLayout& v) {
   dispatch_floating(dx.dtype(), "log_softmax_backward",
                     [&](auto tag) { log_softmax_backward_impl<typename decltype(tag)::type>(y, dy, dx, v); });
 }

@@ -108,7 +108,16 @@ TEST_CASE("conformance: the driver fails an op that leaves its output unwritten,
   registry::ConformanceOptions quiet;
   quiet.print_rows = false;
   CHECK(registry::run_conformance({good}, quiet).failed == 0);
-  for (const registry::OpEntry& e : {unwritten, wrong_gradient, no_error}) {
+  std::vector<registry::OpEntry> defective{wrong_gradient, no_error};
+#if defined(__SANITIZE_ADDRESS__)
+  // AddressSanitizer quarantines freed blocks, so the driver's poisoned
+  // blocks never come back as a fresh output: the unwritten-output check
+  // needs the ordinary allocator (every build but the sanitizer pass).
+  std::printf("conformance: unwritten-output check not run under AddressSanitizer (quarantine)\n");
+#else
+  defective.push_back(unwritten);
+#endif
+  for (const registry::OpEntry& e : defective) {
     INFO(e.name);
     CHECK(registry::run_conformance({e}, quiet).failed > 0);
   }

@@ -8,7 +8,7 @@
 namespace qgrad::kernels {
 
 template <class M>
-formulas::OptimScalars<M> optim_scalars(const OptimHyper& h) {
+formulas::OptimScalars<M> optim_scalars(const OptimizerHyper& h) {
   formulas::OptimScalars<M> s;
   s.kind = h.kind;
   s.neg_lr = static_cast<M>(-h.lr);
@@ -28,10 +28,10 @@ formulas::OptimScalars<M> optim_scalars(const OptimHyper& h) {
 
 // PyTorch computes the bias corrections with Python floats (double).
 template <class M>
-formulas::OptimTensorScalars<M> optim_tensor_scalars(const OptimHyper& h, const OptimSlot& slot) {
+formulas::OptimTensorScalars<M> optim_tensor_scalars(const OptimizerHyper& h, const OptimizerSlot& slot) {
   formulas::OptimTensorScalars<M> t;
   t.first = slot.first;
-  if (h.kind == formulas::OptimKind::adamw) {
+  if (h.kind == OptimizerKind::adamw) {
     const double step = static_cast<double>(slot.step);
     const double bc1 = 1.0 - std::pow(h.beta1, step);
     const double bc2 = 1.0 - std::pow(h.beta2, step);
@@ -41,10 +41,10 @@ formulas::OptimTensorScalars<M> optim_tensor_scalars(const OptimHyper& h, const 
   return t;
 }
 
-template formulas::OptimScalars<float> optim_scalars<float>(const OptimHyper&);
-template formulas::OptimScalars<double> optim_scalars<double>(const OptimHyper&);
-template formulas::OptimTensorScalars<float> optim_tensor_scalars<float>(const OptimHyper&, const OptimSlot&);
-template formulas::OptimTensorScalars<double> optim_tensor_scalars<double>(const OptimHyper&, const OptimSlot&);
+template formulas::OptimScalars<float> optim_scalars<float>(const OptimizerHyper&);
+template formulas::OptimScalars<double> optim_scalars<double>(const OptimizerHyper&);
+template formulas::OptimTensorScalars<float> optim_tensor_scalars<float>(const OptimizerHyper&, const OptimizerSlot&);
+template formulas::OptimTensorScalars<double> optim_tensor_scalars<double>(const OptimizerHyper&, const OptimizerSlot&);
 
 namespace {
 
@@ -57,7 +57,7 @@ struct OptimUpdate {
 
 }  // namespace
 
-void optim_step(const OptimHyper& hyper, const std::vector<OptimSlot>& slots) {
+void optim_step(const OptimizerHyper& hyper, const std::vector<OptimizerSlot>& slots) {
   if (slots.empty()) return;
   const Device dev = slots.front().param.device();
   if (dev.is_cuda()) {
@@ -67,7 +67,7 @@ void optim_step(const OptimHyper& hyper, const std::vector<OptimSlot>& slots) {
   dispatch_floating(slots.front().param.dtype(), "optim_step", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const formulas::OptimScalars<op_math_t<T>> s = optim_scalars<op_math_t<T>>(hyper);
-    for (const OptimSlot& slot : slots)
+    for (const OptimizerSlot& slot : slots)
       for_each_index(dev, slot.param.numel(), OptimUpdate<T>{optim_elems<T>(hyper, slot), s}, "optim_step");
   });
 }

@@ -5,34 +5,11 @@
 
 #include <vector>
 
+#include "qgrad/core/optimizer_args.h"
 #include "qgrad/core/tensor.h"
 #include "qgrad/kernels/formulas/optim.h"
 
 namespace qgrad::kernels {
-
-// Step-wide hyper-parameters as host doubles; converted to the op-math type
-// of the parameters on the host before launch.
-struct OptimHyper {
-  formulas::OptimKind kind = formulas::OptimKind::sgd;
-  double lr = 0.0;
-  double momentum = 0.0;
-  double dampening = 0.0;
-  double weight_decay = 0.0;
-  bool nesterov = false;
-  double beta1 = 0.9;
-  double beta2 = 0.999;
-  double eps = 1e-8;
-};
-
-// One parameter: param and grad (same shape, dtype, device); buf1 = SGD
-// momentum buffer (undefined when momentum == 0) or AdamW exp_avg; buf2 =
-// AdamW exp_avg_sq. `step` is the parameter's step count after this step
-// (AdamW bias correction); `first` marks SGD's first momentum step.
-struct OptimSlot {
-  Tensor param, grad, buf1, buf2;
-  std::int64_t step = 1;
-  bool first = false;
-};
 
 // One parameter's update at element i, shared by the CPU loop and the CUDA
 // multi-tensor kernel (kernels/cuda/optim.cu). buf1 is null for SGD without
@@ -47,7 +24,7 @@ struct OptimElems {
   formulas::OptimTensorScalars<M> ts;
   QGRAD_HD void update(std::int64_t i, const formulas::OptimScalars<M>& s) const {
     M pv = M(p[i]);
-    if (s.kind == formulas::OptimKind::sgd) {
+    if (s.kind == OptimizerKind::sgd) {
       M bv = b1 ? M(b1[i]) : M(0);
       formulas::sgd_update<M>(pv, M(g[i]), bv, s, ts);
       if (b1) b1[i] = T(bv);
@@ -62,15 +39,15 @@ struct OptimElems {
 };
 
 // All slots share one device and one floating dtype (the caller validates).
-void optim_step(const OptimHyper& hyper, const std::vector<OptimSlot>& slots);
+void optim_step(const OptimizerHyper& hyper, const std::vector<OptimizerSlot>& slots);
 
 // Host-side conversion of the hyper-parameters (shared by both backends).
 template <class M>
-formulas::OptimScalars<M> optim_scalars(const OptimHyper& h);
+formulas::OptimScalars<M> optim_scalars(const OptimizerHyper& h);
 template <class M>
-formulas::OptimTensorScalars<M> optim_tensor_scalars(const OptimHyper& h, const OptimSlot& s);
+formulas::OptimTensorScalars<M> optim_tensor_scalars(const OptimizerHyper& h, const OptimizerSlot& s);
 template <class T>
-OptimElems<T> optim_elems(const OptimHyper& h, const OptimSlot& slot) {
+OptimElems<T> optim_elems(const OptimizerHyper& h, const OptimizerSlot& slot) {
   auto data = [](const Tensor& t) { return t.defined() ? static_cast<T*>(t.data_ptr()) : nullptr; };
   return {data(slot.param), static_cast<const T*>(slot.grad.data_ptr()), data(slot.buf1), data(slot.buf2),
           optim_tensor_scalars<op_math_t<T>>(h, slot)};

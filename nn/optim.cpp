@@ -9,7 +9,6 @@
 
 namespace qgrad::nn {
 
-using OptimKind = OptimizerKind;
 
 namespace {
 void check_hyper(double v, const char* op, const char* arg, double lo, double hi) {
@@ -35,7 +34,7 @@ Optimizer::Optimizer(NamedTensors params, OptimizerHyper hyper, const char* kind
   buf1_.resize(count);
   buf2_.resize(count);
   param_steps_.assign(count, 0);
-  if (hyper_.kind == OptimKind::adamw) {
+  if (hyper_.kind == OptimizerKind::adamw) {
     for (std::size_t i = 0; i < count; ++i) {
       const Tensor& p = params_[i].second;
       buf1_[i] = zeros(p.shape(), TensorOptions{}.with_dtype(p.dtype()).with_device(p.device()));
@@ -68,7 +67,7 @@ void Optimizer::step() {
     // State follows its parameter after Module::to (a one-time copy).
     move_in_place(buf1_[i], p.device());
     move_in_place(buf2_[i], p.device());
-    if (hyper_.kind == OptimKind::sgd && hyper_.momentum != 0.0) {
+    if (hyper_.kind == OptimizerKind::sgd && hyper_.momentum != 0.0) {
       if (!buf1_[i].defined()) {
         // Zeros, not empty: the first step overwrites the buffer with the
         // gradient, but the kernel reads it before choosing (initcheck-clean).
@@ -98,7 +97,7 @@ NamedTensors Optimizer::state_dict() const {
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const std::string& n = params_[i].first;
     out.emplace_back(n + ".step", Tensor::scalar<std::int64_t>(param_steps_[i]));
-    if (hyper_.kind == OptimKind::sgd) {
+    if (hyper_.kind == OptimizerKind::sgd) {
       if (buf1_[i].defined()) out.emplace_back(n + ".momentum_buffer", buf1_[i]);
     } else {
       out.emplace_back(n + ".exp_avg", buf1_[i]);
@@ -137,7 +136,7 @@ void Optimizer::load_state_dict(const NamedTensors& state) {
     const Tensor& p = params_[i].second;
     psteps[i] = scalar_s64(n + ".step");
     ++used;
-    if (hyper_.kind == OptimKind::sgd) {
+    if (hyper_.kind == OptimizerKind::sgd) {
       b1[i] = check_buf(n + ".momentum_buffer", p);
       used += b1[i] ? 1 : 0;
     } else {
@@ -157,7 +156,7 @@ void Optimizer::load_state_dict(const NamedTensors& state) {
     if (b1[i]) {
       if (!buf1_[i].defined()) buf1_[i] = Tensor::empty(p.shape(), opts);
       buf1_[i].copy_(*b1[i]);
-    } else if (hyper_.kind == OptimKind::sgd) {
+    } else if (hyper_.kind == OptimizerKind::sgd) {
       buf1_[i] = Tensor();
     }
     if (b2[i]) buf2_[i].copy_(*b2[i]);
@@ -166,7 +165,7 @@ void Optimizer::load_state_dict(const NamedTensors& state) {
 
 SGD::SGD(NamedTensors params, const SGDOptions& o)
     : Optimizer(std::move(params),
-                OptimizerHyper{OptimKind::sgd, o.lr, o.momentum, o.dampening, o.weight_decay, o.nesterov},
+                OptimizerHyper{OptimizerKind::sgd, o.lr, o.momentum, o.dampening, o.weight_decay, o.nesterov},
                 "SGD") {
   check_hyper(o.momentum, "SGD", "momentum", 0.0, 1e30);
   check_hyper(o.dampening, "SGD", "dampening", -1e30, 1e30);
@@ -177,7 +176,7 @@ SGD::SGD(NamedTensors params, const SGDOptions& o)
 AdamW::AdamW(NamedTensors params, const AdamWOptions& o)
     : Optimizer(std::move(params), [&] {
         OptimizerHyper h;
-        h.kind = OptimKind::adamw;
+        h.kind = OptimizerKind::adamw;
         h.lr = o.lr;
         h.weight_decay = o.weight_decay;
         h.beta1 = o.beta1;

@@ -56,20 +56,7 @@ void optimizer_step_(const OptimizerHyper& h, const std::vector<OptimizerSlot>& 
       check_buffer(s.buf1, s.param, "buf1");
     }
   }
-  kernels::OptimHyper kh;
-  kh.kind = h.kind == OptimizerKind::sgd ? formulas::OptimKind::sgd : formulas::OptimKind::adamw;
-  kh.lr = h.lr;
-  kh.momentum = h.momentum;
-  kh.dampening = h.dampening;
-  kh.weight_decay = h.weight_decay;
-  kh.nesterov = h.nesterov;
-  kh.beta1 = h.beta1;
-  kh.beta2 = h.beta2;
-  kh.eps = h.eps;
-  std::vector<kernels::OptimSlot> ks;
-  ks.reserve(slots.size());
-  for (const OptimizerSlot& s : slots) ks.push_back({s.param, s.grad, s.buf1, s.buf2, s.step, s.first});
-  kernels::optim_step(kh, ks);
+  kernels::optim_step(h, slots);
 }
 
 }  // namespace qgrad

@@ -32,7 +32,7 @@ bool lerp_backward_vec(const LerpArgs& args, const Tensor& dy, const Tensor& da,
 
 // The multi-tensor optimizer step: one launch per 32 parameters
 // (train_ops sgd_momentum_step).
-void optim_step(const OptimHyper& hyper, const std::vector<OptimSlot>& slots);
+void optim_step(const OptimizerHyper& hyper, const std::vector<OptimizerSlot>& slots);
 
 // sum over rows longer than kSumThreadPerRowMax: a block per row (or per
 // fixed chunk), shared-memory tree (train step profile: sum_block_kernel).

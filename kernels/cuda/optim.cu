@@ -29,7 +29,7 @@ __global__ void optim_kernel(OptimTable<T> table, formulas::OptimScalars<op_math
 }
 
 template <class T>
-void optim_impl(const OptimHyper& hyper, const std::vector<OptimSlot>& slots) {
+void optim_impl(const OptimizerHyper& hyper, const std::vector<OptimizerSlot>& slots) {
   using M = op_math_t<T>;
   const formulas::OptimScalars<M> s = optim_scalars<M>(hyper);
   const int dev = slots.front().param.device().index;
@@ -41,7 +41,7 @@ void optim_impl(const OptimHyper& hyper, const std::vector<OptimSlot>& slots) {
     int count = 0;
     std::int64_t largest = 0;
     for (std::size_t k = first; k < slots.size() && count < kOptimChunk; ++k, ++count) {
-      const OptimSlot& slot = slots[k];
+      const OptimizerSlot& slot = slots[k];
       table.elems[count] = optim_elems<T>(hyper, slot);
       table.numel[count] = slot.param.numel();
       largest = std::max(largest, slot.param.numel());
@@ -55,7 +55,7 @@ void optim_impl(const OptimHyper& hyper, const std::vector<OptimSlot>& slots) {
 
 }  // namespace
 
-void optim_step(const OptimHyper& hyper, const std::vector<OptimSlot>& slots) {
+void optim_step(const OptimizerHyper& hyper, const std::vector<OptimizerSlot>& slots) {
   dispatch_floating(slots.front().param.dtype(), "optim_step",
                     [&](auto tag) { optim_impl<typename decltype(tag)::type>(hyper, slots); });
 }

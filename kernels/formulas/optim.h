@@ -13,16 +13,16 @@
 #include <cmath>
 
 #include "qgrad/core/macros.h"
+#include "qgrad/core/optimizer_args.h"
 
 namespace qgrad::formulas {
 
-enum class OptimKind : unsigned char { sgd, adamw };
 
 // Step-wide scalars, already converted to M on the host (PyTorch converts a
 // Python float to the op-math type the same way).
 template <class M>
 struct OptimScalars {
-  OptimKind kind = OptimKind::sgd;
+  OptimizerKind kind = OptimizerKind::sgd;
   // SGD
   M neg_lr = M(0);         // -lr
   M momentum = M(0);

@@ -119,13 +119,16 @@ TEST_CASE("cuda relu is bit-identical to the CPU") {
 
 TEST_CASE("cuda relu mask and backward are bit-identical to the CPU") {
   QGRAD_REQUIRE_GPU();
-  for (std::int64_t n : {1, 31, 32, 33, 1000, 100003}) {
-    Tensor x = rnd({n}, 11 + static_cast<std::uint64_t>(n), DType::f32);
-    Tensor g = rnd({n}, 12 + static_cast<std::uint64_t>(n), DType::f32);
-    Tensor xc = x.cuda(), gc = g.cuda();
-    prepoison({n}, DType::f32);
-    CHECK(bit_equal(relu_grad(xc, gc), relu_grad(x, g)));
-  }
+  // Sizes around the 128-element mask block and the kernel's 4-block unroll.
+  for (DType d : {DType::f32, DType::f64, DType::f16, DType::bf16})
+    for (std::int64_t n : {1, 31, 32, 33, 127, 128, 129, 511, 513, 1000, 100003}) {
+      CAPTURE(n);
+      Tensor x = rnd({n}, 11 + static_cast<std::uint64_t>(n), DType::f32).to(d);
+      Tensor g = rnd({n}, 12 + static_cast<std::uint64_t>(n), DType::f32).to(d);
+      Tensor xc = x.cuda(), gc = g.cuda();
+      prepoison({n}, d);
+      CHECK(bit_equal(relu_grad(xc, gc), relu_grad(x, g)));
+    }
 }
 
 TEST_CASE("cuda gradcheck relu") {

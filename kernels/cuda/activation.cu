@@ -1,5 +1,7 @@
-// CUDA relu with its mask: the forward packs the x > 0 mask with one warp
-// ballot per 32 elements (no atomics). The rest of relu is kernels/activation.cpp.
+// CUDA relu with its mask: the forward packs the x > 0 mask with warp
+// ballots, one per mask word (no atomics). The rest of relu is kernels/activation.cpp.
+#include <cstdint>
+
 #include "qgrad/kernels/bitmask.h"
 #include "qgrad/kernels/cuda/entries.h"
 #include "qgrad/core/cuda/common.cuh"
@@ -9,23 +11,70 @@ namespace qgrad::kernels::cuda {
 
 namespace {
 
-constexpr unsigned kThreads = 256;  // a multiple of 32: warps cover aligned runs of 32 indices
+constexpr unsigned kThreads = 256;
+// Mask blocks a warp loads before it computes (bytes in flight, as the
+// quantization engine of kernels/cuda/quantize.cu).
+constexpr int kUnroll = 4;
 
-// Grid-stride over [0, n rounded up to 32) so every warp stays converged for
-// the ballot: lanes past n write nothing and contribute a zero bit.
 template <class T>
-__global__ void relu_mask_kernel(const T* x, T* y, std::uint32_t* words, std::int64_t n) {
+struct alignas(4 * sizeof(T)) Vec4 {
+  T v[4];
+};
+
+// One warp per 128-element mask block (kernels/bitmask.h), each lane four
+// consecutive elements (one 16-byte load and store for f32 when aligned):
+// mask word k of the block is one __ballot_sync over the lanes' k-th
+// elements, and lane 0 stores the block's four words at once. Grid-stride
+// over groups of kUnroll blocks.
+template <class T, bool kVec>
+__global__ void relu_mask_kernel(const T* __restrict__ x, T* __restrict__ y, std::uint32_t* __restrict__ words,
+                                 std::int64_t n) {
   using M = op_math_t<T>;
-  const std::int64_t padded = bitmask_words(n) * 32;
-  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < padded; i += stride) {
-    bool bit = false;
-    if (i < n) {
-      const M v = M(x[i]);
-      y[i] = T(formulas::relu(v));
-      bit = formulas::relu_mask(v);
+  const unsigned lane = threadIdx.x & 31u;
+  const std::int64_t warp = (static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  const std::int64_t nwarps = (static_cast<std::int64_t>(gridDim.x) * blockDim.x) >> 5;
+  const std::int64_t nblocks = bitmask_blocks(n);
+  for (std::int64_t b0 = warp * kUnroll; b0 < nblocks; b0 += nwarps * kUnroll) {
+    T v[kUnroll][4];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const std::int64_t i0 = (b0 + u) * kBitmaskBlock + 4 * static_cast<std::int64_t>(lane);
+      if (kVec && i0 + 3 < n) {
+        const Vec4<T> w = *reinterpret_cast<const Vec4<T>*>(x + i0);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) v[u][k] = w.v[k];
+      } else {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) v[u][k] = i0 + k < n ? x[i0 + k] : T{};
+      }
     }
-    bitmask_ballot_store(words, i, n, bit);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const std::int64_t b = b0 + u;
+      if (b >= nblocks) break;  // uniform across the warp: b depends on the warp only
+      const std::int64_t i0 = b * kBitmaskBlock + 4 * static_cast<std::int64_t>(lane);
+      Vec4<T> o;
+      bool bit[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const M m = M(v[u][k]);
+        o.v[k] = T(formulas::relu(m));
+        bit[k] = i0 + k < n && formulas::relu_mask(m);
+      }
+      if (kVec && i0 + 3 < n) {
+        *reinterpret_cast<Vec4<T>*>(y + i0) = o;
+      } else {
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+          if (i0 + k < n) y[i0 + k] = o.v[k];
+      }
+      uint4 w;
+      w.x = __ballot_sync(0xffffffffu, bit[0]);
+      w.y = __ballot_sync(0xffffffffu, bit[1]);
+      w.z = __ballot_sync(0xffffffffu, bit[2]);
+      w.w = __ballot_sync(0xffffffffu, bit[3]);
+      if (lane == 0) *reinterpret_cast<uint4*>(words + b * kBitmaskWordsPerBlock) = w;
+    }
   }
 }
 
@@ -37,9 +86,13 @@ void relu_masked_impl(const Tensor& in, const Tensor& out, const Tensor& mask) {
   const int dev = out.device().index;
   if (n == 0) return;
   auto* words = static_cast<std::uint32_t*>(mask.data_ptr());
+  const std::int64_t warps = (bitmask_blocks(n) + kUnroll - 1) / kUnroll;
   const unsigned blocks =
-      ::qgrad::cuda::blocks_for(bitmask_words(n) * 32, kThreads, ::qgrad::cuda::fill_blocks(dev, kThreads) * 4LL);
-  relu_mask_kernel<T><<<blocks, kThreads, 0, ::qgrad::cuda::stream(dev)>>>(x, y, words, n);
+      ::qgrad::cuda::blocks_for(warps * 32, kThreads, ::qgrad::cuda::fill_blocks(dev, kThreads) * 4LL);
+  const auto aligned = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % (4 * sizeof(T)) == 0; };
+  cudaStream_t s = ::qgrad::cuda::stream(dev);
+  if (aligned(x) && aligned(y)) relu_mask_kernel<T, true><<<blocks, kThreads, 0, s>>>(x, y, words, n);
+  else relu_mask_kernel<T, false><<<blocks, kThreads, 0, s>>>(x, y, words, n);
   QGRAD_LAUNCH_CHECK();
 }
 

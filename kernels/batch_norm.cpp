@@ -1,6 +1,6 @@
 // batch_norm, one source for both devices (kernels/loop.h). The per-channel
-// sums take the fixed two-level order of kernels/batch_norm.h (partials per
-// (channel, n, chunk), then per channel), so CPU and CUDA agree bitwise.
+// sums take the fixed three-level order of kernels/batch_norm.h, so CPU and
+// CUDA agree bitwise.
 #include "qgrad/kernels/batch_norm.h"
 
 #include <cmath>
@@ -22,52 +22,76 @@ QGRAD_HD M sqrt_m(M x) {
 #endif
 }
 
-// The partials' shape: per channel Q = N * chunks partials, in (n, chunk) order.
+// The three levels of a per-channel sum over the N * inner elements of a
+// channel, each a loop body, in an order fixed by the shape alone:
+//   1. partial (c, q, lane), q = n * chunks + k: the elements
+//      j = k * kBatchNormChunk + lane + i * lanes (i = 0, 1, ...) of chunk k of
+//      plane (n, c), in order (consecutive lanes read consecutive elements:
+//      coalesced on CUDA);
+//   2. lane sum (c, lane): the partials of q = 0, 1, ..., Q - 1 in order;
+//   3. channel c: its lane sums in lane order.
+// lanes = min(32, inner): a [N, C] input has one lane.
 struct Partials {
   AxisLayout v;
-  std::int64_t chunks;
-  std::int64_t per_channel() const { return v.outer * chunks; }
-  std::int64_t count() const { return v.channels * per_channel(); }
+  std::int64_t chunks, lanes;
+  std::int64_t per_channel() const { return v.outer * chunks; }  // Q
+  std::int64_t count() const { return v.channels * per_channel() * lanes; }
   static Partials of(const AxisLayout& v) {
-    return {v, v.inner == 0 ? 1 : (v.inner + kBatchNormChunk - 1) / kBatchNormChunk};
+    const std::int64_t inner = v.inner < 1 ? 1 : v.inner;
+    return {v, (inner + kBatchNormChunk - 1) / kBatchNormChunk, inner < 32 ? inner : 32};
   }
 };
 
-// The range of plane (n, c) that partial p sums, p = (c * N + n) * chunks + k.
+// The elements of partial p = (c * Q + q) * lanes + lane: plane offset, the
+// first element, the end, the channel.
 struct ChunkOf {
   std::int64_t offset, lo, hi, c;
 };
-QGRAD_HD ChunkOf chunk_of(std::int64_t p, const AxisLayout& v, std::int64_t chunks) {
-  const std::int64_t k = p % chunks, cn = p / chunks;
-  const std::int64_t n = cn % v.outer, c = cn / v.outer;
+QGRAD_HD ChunkOf chunk_of(std::int64_t p, const AxisLayout& v, std::int64_t chunks, std::int64_t lanes) {
+  const std::int64_t lane = p % lanes, cq = p / lanes;
+  const std::int64_t q = cq % (v.outer * chunks), c = cq / (v.outer * chunks);
+  const std::int64_t n = q / chunks, k = q - n * chunks;
   const std::int64_t lo = k * kBatchNormChunk;
   const std::int64_t hi = lo + kBatchNormChunk < v.inner ? lo + kBatchNormChunk : v.inner;
-  return {(n * v.channels + c) * v.inner, lo, hi, c};
+  return {(n * v.channels + c) * v.inner, lo + lane, hi, c};
 }
 
-// part[p] = sum of x over its chunk, or of (x - center[c])^2 when center is given.
+// Level 1: part[p] = sum of x over its elements, or of (x - center[c])^2
+// when center is given.
 template <class T>
 struct PartialSum {
   const T* x;
   const op_math_t<T>* center;
   op_math_t<T>* part;
   AxisLayout v;
-  std::int64_t chunks;
+  std::int64_t chunks, lanes;
   QGRAD_HD void operator()(std::int64_t p) const {
     using M = op_math_t<T>;
-    const ChunkOf ch = chunk_of(p, v, chunks);
+    const ChunkOf ch = chunk_of(p, v, chunks, lanes);
     const T* row = x + ch.offset;
     M acc = M(0);
     if (center) {
       const M m = center[ch.c];
-      for (std::int64_t j = ch.lo; j < ch.hi; ++j) {
+      for (std::int64_t j = ch.lo; j < ch.hi; j += lanes) {
         const M d = M(row[j]) - m;
         acc += d * d;
       }
     } else {
-      for (std::int64_t j = ch.lo; j < ch.hi; ++j) acc += M(row[j]);
+      for (std::int64_t j = ch.lo; j < ch.hi; j += lanes) acc += M(row[j]);
     }
     part[p] = acc;
+  }
+};
+
+// Level 2: out[c * lanes + lane] = sum over q of part[(c * Q + q) * lanes + lane].
+template <class M>
+struct LaneSum {
+  const M* part;
+  M* out;
+  std::int64_t q, lanes;
+  QGRAD_HD void operator()(std::int64_t i) const {
+    const std::int64_t c = i / lanes, lane = i - c * lanes;
+    out[i] = sum_strided(part + c * q * lanes + lane, q, lanes);
   }
 };
 
@@ -135,7 +159,8 @@ struct Apply {
   }
 };
 
-// pd[p] = sum of dy over its chunk, px[p] = sum of dy * (x - mean[c]).
+// Level 1 of the backward: pd[p] = sum of dy over the partial's elements,
+// px[p] = sum of dy * (x - mean[c]).
 template <class T>
 struct PartialGrad {
   const T* dy;
@@ -144,13 +169,13 @@ struct PartialGrad {
   op_math_t<T>* pd;
   op_math_t<T>* px;
   AxisLayout v;
-  std::int64_t chunks;
+  std::int64_t chunks, lanes;
   QGRAD_HD void operator()(std::int64_t p) const {
     using M = op_math_t<T>;
-    const ChunkOf ch = chunk_of(p, v, chunks);
+    const ChunkOf ch = chunk_of(p, v, chunks, lanes);
     const M m = mean[ch.c];
     M s = M(0), d = M(0);
-    for (std::int64_t j = ch.lo; j < ch.hi; ++j) {
+    for (std::int64_t j = ch.lo; j < ch.hi; j += lanes) {
       const M g = M(dy[ch.offset + j]);
       s += g;
       d += g * (M(x[ch.offset + j]) - m);
@@ -221,9 +246,9 @@ T* ptr_or_null(const Tensor& t) {
   return t.defined() ? static_cast<T*>(t.data_ptr()) : nullptr;
 }
 
-// Partial bodies hold a block of up to kBatchNormChunk elements each: an
-// OpenMP team pays off from a few of them.
-constexpr std::int64_t kPartialGrain = 4;
+// Level-1 bodies sum up to kBatchNormChunk / lanes elements, level-2 ones
+// N * chunks: an OpenMP team pays off from a few hundred of them.
+constexpr std::int64_t kPartialGrain = 256;
 
 TensorOptions math_options(const Tensor& like, DType math) {
   return TensorOptions{}.with_dtype(math).with_device(like.device());
@@ -237,18 +262,24 @@ void batch_norm_stats(const Tensor& x, const AxisLayout& v, double momentum, dou
     using T = typename decltype(tag)::type;
     using M = op_math_t<T>;
     const Partials pt = Partials::of(v);
-    const std::int64_t n = v.outer * v.inner;
-    Tensor part = Tensor::empty({pt.count()}, math_options(x, dtype_of<M>));
+    const std::int64_t n = v.outer * v.inner, lane_sums = v.channels * pt.lanes;
+    Tensor part = Tensor::empty({pt.count() + lane_sums}, math_options(x, dtype_of<M>));
     const T* xp = static_cast<const T*>(x.data_ptr());
     M* pp = static_cast<M*>(part.data_ptr());
+    M* lp = pp + pt.count();
     M* mp = static_cast<M*>(mean.data_ptr());
     const Device dev = x.device();
-    for_each_index(dev, pt.count(), PartialSum<T>{xp, nullptr, pp, v, pt.chunks}, "batch_norm", kPartialGrain);
-    for_each_index(dev, v.channels, ChannelMean<T>{pp, mp, pt.per_channel(), n}, "batch_norm");
-    for_each_index(dev, pt.count(), PartialSum<T>{xp, mp, pp, v, pt.chunks}, "batch_norm", kPartialGrain);
+    const LaneSum<M> lanes{pp, lp, pt.per_channel(), pt.lanes};
+    for_each_index(dev, pt.count(), PartialSum<T>{xp, nullptr, pp, v, pt.chunks, pt.lanes}, "batch_norm",
+                   kPartialGrain);
+    for_each_index(dev, lane_sums, lanes, "batch_norm", kPartialGrain);
+    for_each_index(dev, v.channels, ChannelMean<T>{lp, mp, pt.lanes, n}, "batch_norm");
+    for_each_index(dev, pt.count(), PartialSum<T>{xp, mp, pp, v, pt.chunks, pt.lanes}, "batch_norm",
+                   kPartialGrain);
+    for_each_index(dev, lane_sums, lanes, "batch_norm", kPartialGrain);
     for_each_index(dev, v.channels,
-                   ChannelVar<T>{pp, mp, static_cast<M*>(invstd.data_ptr()), ptr_or_null<T>(running_mean),
-                                 ptr_or_null<T>(running_var), pt.per_channel(), n, M(momentum), M(eps)},
+                   ChannelVar<T>{lp, mp, static_cast<M*>(invstd.data_ptr()), ptr_or_null<T>(running_mean),
+                                 ptr_or_null<T>(running_var), pt.lanes, n, M(momentum), M(eps)},
                    "batch_norm");
   });
 }
@@ -295,14 +326,21 @@ void batch_norm_backward(const Tensor& dy, const Tensor& x, const AxisLayout& v,
     M* cp = static_cast<M*>(coef.data_ptr());
     if (training || dweight.defined() || dbias.defined()) {
       const Partials pt = Partials::of(v);
-      Tensor part = Tensor::empty({2 * pt.count()}, math_options(x, dtype_of<M>));
+      const std::int64_t lane_sums = v.channels * pt.lanes;
+      Tensor part = Tensor::empty({2 * (pt.count() + lane_sums)}, math_options(x, dtype_of<M>));
       M* pd = static_cast<M*>(part.data_ptr());
       M* px = pd + pt.count();
-      for_each_index(dev, pt.count(), PartialGrad<T>{dyp, xp, mp, pd, px, v, pt.chunks}, "batch_norm_backward",
+      M* ld = px + pt.count();
+      M* lx = ld + lane_sums;
+      for_each_index(dev, pt.count(), PartialGrad<T>{dyp, xp, mp, pd, px, v, pt.chunks, pt.lanes},
+                     "batch_norm_backward", kPartialGrain);
+      for_each_index(dev, lane_sums, LaneSum<M>{pd, ld, pt.per_channel(), pt.lanes}, "batch_norm_backward",
+                     kPartialGrain);
+      for_each_index(dev, lane_sums, LaneSum<M>{px, lx, pt.per_channel(), pt.lanes}, "batch_norm_backward",
                      kPartialGrain);
       for_each_index(dev, v.channels,
-                     ChannelGrad<T>{pd, px, ip, wp, ptr_or_null<T>(dweight), ptr_or_null<T>(dbias), cp,
-                                    pt.per_channel(), v.outer * v.inner},
+                     ChannelGrad<T>{ld, lx, ip, wp, ptr_or_null<T>(dweight), ptr_or_null<T>(dbias), cp, pt.lanes,
+                                    v.outer * v.inner},
                      "batch_norm_backward");
     } else {
       for_each_index(dev, v.channels, EvalCoef<T>{ip, wp, cp}, "batch_norm_backward");

@@ -2,11 +2,14 @@
 // axis 1; inner = H * W, or 1 for [N, C]). Per-channel statistics live in
 // op math (f32 for f16/bf16, else x's dtype): mean and invstd [C].
 //
-// The per-channel sums over N * inner elements run in a fixed two-level
-// order that depends only on the shape: each (channel, n, chunk of
-// kBatchNormChunk elements of the plane) is summed in order into a partial,
-// then each channel sums its partials in (n, chunk) order. Both levels are
-// loop bodies of kernels/loop.h, so CPU and CUDA give the same bits.
+// The per-channel sums over N * inner elements run in a fixed three-level
+// order that depends only on the shape: each chunk of kBatchNormChunk
+// elements of a plane (n, c) is split into lanes = min(32, inner)
+// interleaved partials (lane l sums elements l, l + lanes, ... in order, so
+// neighbouring CUDA threads read neighbouring elements); each (channel, lane)
+// sums its partials in (n, chunk) order; each channel sums its lanes in
+// order. All three are loop bodies of kernels/loop.h, so CPU and CUDA give
+// the same bits.
 #pragma once
 
 #include <cstdint>

@@ -37,9 +37,12 @@ template <class F>
 inline constexpr bool kAlwaysFalse = false;
 
 // f(i) for i in [0, n) on `dev`. `where` names the kernel in the error of a
-// build without CUDA.
+// build without CUDA. `cpu_grain`: the fewest indices worth an OpenMP team
+// (kernels/cpu/parallel.h); a body that handles a block of many elements
+// per index passes a smaller one.
 template <class F>
-void for_each_index(Device dev, std::int64_t n, F f, const char* where = "kernel") {
+void for_each_index(Device dev, std::int64_t n, F f, const char* where = "kernel",
+                    std::int64_t cpu_grain = cpu::kParallelGrain) {
   if (dev.is_cuda()) {
 #if defined(__CUDACC__)
     (void)where;
@@ -51,7 +54,7 @@ void for_each_index(Device dev, std::int64_t n, F f, const char* where = "kernel
     no_cuda_build(where);
 #endif
   }
-  cpu::parallel_for(n, f);
+  cpu::parallel_for(n, f, cpu_grain);
 }
 
 }  // namespace qgrad::kernels

@@ -1,0 +1,355 @@
+// batch_norm, one source for both devices (kernels/loop.h). The per-channel
+// sums take the fixed three-level order of kernels/batch_norm.h, so CPU and
+// CUDA agree bitwise.
+#include "qgrad/kernels/batch_norm.h"
+
+#include <cmath>
+
+#include "qgrad/kernels/loop.h"
+#include "qgrad/kernels/reduce.h"
+
+namespace qgrad::kernels {
+
+namespace {
+
+template <class M>
+QGRAD_HD M sqrt_m(M x) {
+#if defined(__CUDA_ARCH__)
+  if constexpr (sizeof(M) == 4) return ::sqrtf(x);
+  else return ::sqrt(x);
+#else
+  return std::sqrt(x);
+#endif
+}
+
+// The three levels of a per-channel sum over the N * inner elements of a
+// channel, each a loop body, in an order fixed by the shape alone:
+//   1. partial (c, q, lane), q = n * chunks + k: the elements
+//      j = k * kBatchNormChunk + lane + i * lanes (i = 0, 1, ...) of chunk k of
+//      plane (n, c), in order (consecutive lanes read consecutive elements:
+//      coalesced on CUDA);
+//   2. lane sum (c, lane): the partials of q = 0, 1, ..., Q - 1 in order;
+//   3. channel c: its lane sums in lane order.
+// lanes = min(32, inner): a [N, C] input has one lane.
+struct Partials {
+  AxisLayout v;
+  std::int64_t chunks, lanes;
+  std::int64_t per_channel() const { return v.outer * chunks; }  // Q
+  std::int64_t count() const { return v.channels * per_channel() * lanes; }
+  static Partials of(const AxisLayout& v) {
+    const std::int64_t inner = v.inner < 1 ? 1 : v.inner;
+    return {v, (inner + kBatchNormChunk - 1) / kBatchNormChunk, inner < 32 ? inner : 32};
+  }
+};
+
+// The elements of partial p = (c * Q + q) * lanes + lane: plane offset, the
+// first element, the end, the channel.
+struct ChunkOf {
+  std::int64_t offset, lo, hi, c;
+};
+QGRAD_HD ChunkOf chunk_of(std::int64_t p, const AxisLayout& v, std::int64_t chunks, std::int64_t lanes) {
+  const std::int64_t lane = p % lanes, cq = p / lanes;
+  const std::int64_t q = cq % (v.outer * chunks), c = cq / (v.outer * chunks);
+  const std::int64_t n = q / chunks, k = q - n * chunks;
+  const std::int64_t lo = k * kBatchNormChunk;
+  const std::int64_t hi = lo + kBatchNormChunk < v.inner ? lo + kBatchNormChunk : v.inner;
+  return {(n * v.channels + c) * v.inner, lo + lane, hi, c};
+}
+
+// Level 1: part[p] = sum of x over its elements, or of (x - center[c])^2
+// when center is given.
+template <class T>
+struct PartialSum {
+  const T* x;
+  const op_math_t<T>* center;
+  op_math_t<T>* part;
+  AxisLayout v;
+  std::int64_t chunks, lanes;
+  QGRAD_HD void operator()(std::int64_t p) const {
+    using M = op_math_t<T>;
+    const ChunkOf ch = chunk_of(p, v, chunks, lanes);
+    const T* row = x + ch.offset;
+    M acc = M(0);
+    if (center) {
+      const M m = center[ch.c];
+      for (std::int64_t j = ch.lo; j < ch.hi; j += lanes) {
+        const M d = M(row[j]) - m;
+        acc += d * d;
+      }
+    } else {
+      for (std::int64_t j = ch.lo; j < ch.hi; j += lanes) acc += M(row[j]);
+    }
+    part[p] = acc;
+  }
+};
+
+// Level 2: out[c * lanes + lane] = sum over q of part[(c * Q + q) * lanes + lane].
+template <class M>
+struct LaneSum {
+  const M* part;
+  M* out;
+  std::int64_t q, lanes;
+  QGRAD_HD void operator()(std::int64_t i) const {
+    const std::int64_t c = i / lanes, lane = i - c * lanes;
+    out[i] = sum_strided(part + c * q * lanes + lane, q, lanes);
+  }
+};
+
+template <class T>
+struct ChannelMean {
+  const op_math_t<T>* part;
+  op_math_t<T>* mean;
+  std::int64_t q, n;
+  QGRAD_HD void operator()(std::int64_t c) const {
+    using M = op_math_t<T>;
+    mean[c] = sum_strided(part + c * q, q, 1) / M(n);
+  }
+};
+
+template <class T>
+struct ChannelVar {
+  const op_math_t<T>* part;
+  const op_math_t<T>* mean;
+  op_math_t<T>* invstd;
+  T* running_mean;  // null: not tracked
+  T* running_var;
+  std::int64_t q, n;
+  op_math_t<T> momentum, eps;
+  QGRAD_HD void operator()(std::int64_t c) const {
+    using M = op_math_t<T>;
+    const M sq = sum_strided(part + c * q, q, 1);
+    invstd[c] = M(1) / sqrt_m(sq / M(n) + eps);
+    if (running_mean) {
+      running_mean[c] = T(momentum * mean[c] + (M(1) - momentum) * M(running_mean[c]));
+      running_var[c] = T(momentum * (sq / M(n - 1)) + (M(1) - momentum) * M(running_var[c]));
+    }
+  }
+};
+
+template <class T>
+struct EvalStats {
+  const T* running_mean;
+  const T* running_var;
+  op_math_t<T>* mean;
+  op_math_t<T>* invstd;
+  op_math_t<T> eps;
+  QGRAD_HD void operator()(std::int64_t c) const {
+    using M = op_math_t<T>;
+    mean[c] = M(running_mean[c]);
+    invstd[c] = M(1) / sqrt_m(M(running_var[c]) + eps);
+  }
+};
+
+template <class T>
+struct Apply {
+  const T* x;
+  const op_math_t<T>* mean;
+  const op_math_t<T>* invstd;
+  const T* weight;  // null: 1
+  const T* bias;    // null: 0
+  T* y;
+  ChannelIndexer ch;
+  QGRAD_HD void operator()(std::int64_t i) const {
+    using M = op_math_t<T>;
+    const std::int64_t c = ch.channel(i);
+    M r = (M(x[i]) - mean[c]) * invstd[c];
+    if (weight) r = r * M(weight[c]);
+    if (bias) r = r + M(bias[c]);
+    y[i] = T(r);
+  }
+};
+
+// Level 1 of the backward: pd[p] = sum of dy over the partial's elements,
+// px[p] = sum of dy * (x - mean[c]).
+template <class T>
+struct PartialGrad {
+  const T* dy;
+  const T* x;
+  const op_math_t<T>* mean;
+  op_math_t<T>* pd;
+  op_math_t<T>* px;
+  AxisLayout v;
+  std::int64_t chunks, lanes;
+  QGRAD_HD void operator()(std::int64_t p) const {
+    using M = op_math_t<T>;
+    const ChunkOf ch = chunk_of(p, v, chunks, lanes);
+    const M m = mean[ch.c];
+    M s = M(0), d = M(0);
+    for (std::int64_t j = ch.lo; j < ch.hi; j += lanes) {
+      const M g = M(dy[ch.offset + j]);
+      s += g;
+      d += g * (M(x[ch.offset + j]) - m);
+    }
+    pd[p] = s;
+    px[p] = d;
+  }
+};
+
+// Per channel: dbias, dweight and the coefficients of dx,
+// coef[3c] = invstd * w, coef[3c + 1] = s / n, coef[3c + 2] = p * invstd^2 / n.
+template <class T>
+struct ChannelGrad {
+  const op_math_t<T>* pd;
+  const op_math_t<T>* px;
+  const op_math_t<T>* invstd;
+  const T* weight;
+  T* dweight;  // null: not wanted
+  T* dbias;
+  op_math_t<T>* coef;
+  std::int64_t q, n;
+  QGRAD_HD void operator()(std::int64_t c) const {
+    using M = op_math_t<T>;
+    const M s = sum_strided(pd + c * q, q, 1), p = sum_strided(px + c * q, q, 1);
+    const M is = invstd[c];
+    if (dbias) dbias[c] = T(s);
+    if (dweight) dweight[c] = T(p * is);
+    coef[3 * c] = weight ? is * M(weight[c]) : is;
+    coef[3 * c + 1] = s / M(n);
+    coef[3 * c + 2] = p * is * is / M(n);
+  }
+};
+
+template <class T>
+struct EvalCoef {
+  const op_math_t<T>* invstd;
+  const T* weight;
+  op_math_t<T>* coef;
+  QGRAD_HD void operator()(std::int64_t c) const {
+    using M = op_math_t<T>;
+    coef[3 * c] = weight ? invstd[c] * M(weight[c]) : invstd[c];
+  }
+};
+
+template <class T>
+struct InputGrad {
+  const T* dy;
+  const T* x;
+  const op_math_t<T>* mean;
+  const op_math_t<T>* coef;
+  T* dx;
+  ChannelIndexer ch;
+  bool training;
+  QGRAD_HD void operator()(std::int64_t i) const {
+    using M = op_math_t<T>;
+    const std::int64_t c = ch.channel(i);
+    if (training) {
+      const M proj = (M(x[i]) - mean[c]) * coef[3 * c + 2];
+      dx[i] = T((M(dy[i]) - coef[3 * c + 1] - proj) * coef[3 * c]);
+    } else {
+      dx[i] = T(M(dy[i]) * coef[3 * c]);
+    }
+  }
+};
+
+template <class T>
+T* ptr_or_null(const Tensor& t) {
+  return t.defined() ? static_cast<T*>(t.data_ptr()) : nullptr;
+}
+
+// Level-1 bodies sum up to kBatchNormChunk / lanes elements, level-2 ones
+// N * chunks: an OpenMP team pays off from a few hundred of them.
+constexpr std::int64_t kPartialGrain = 256;
+
+TensorOptions math_options(const Tensor& like, DType math) {
+  return TensorOptions{}.with_dtype(math).with_device(like.device());
+}
+
+}  // namespace
+
+void batch_norm_stats(const Tensor& x, const AxisLayout& v, double momentum, double eps, const Tensor& running_mean,
+                      const Tensor& running_var, const Tensor& mean, const Tensor& invstd) {
+  dispatch_floating(x.dtype(), "batch_norm", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using M = op_math_t<T>;
+    const Partials pt = Partials::of(v);
+    const std::int64_t n = v.outer * v.inner, lane_sums = v.channels * pt.lanes;
+    Tensor part = Tensor::empty({pt.count() + lane_sums}, math_options(x, dtype_of<M>));
+    const T* xp = static_cast<const T*>(x.data_ptr());
+    M* pp = static_cast<M*>(part.data_ptr());
+    M* lp = pp + pt.count();
+    M* mp = static_cast<M*>(mean.data_ptr());
+    const Device dev = x.device();
+    const LaneSum<M> lanes{pp, lp, pt.per_channel(), pt.lanes};
+    for_each_index(dev, pt.count(), PartialSum<T>{xp, nullptr, pp, v, pt.chunks, pt.lanes}, "batch_norm",
+                   kPartialGrain);
+    for_each_index(dev, lane_sums, lanes, "batch_norm", kPartialGrain);
+    for_each_index(dev, v.channels, ChannelMean<T>{lp, mp, pt.lanes, n}, "batch_norm");
+    for_each_index(dev, pt.count(), PartialSum<T>{xp, mp, pp, v, pt.chunks, pt.lanes}, "batch_norm",
+                   kPartialGrain);
+    for_each_index(dev, lane_sums, lanes, "batch_norm", kPartialGrain);
+    for_each_index(dev, v.channels,
+                   ChannelVar<T>{lp, mp, static_cast<M*>(invstd.data_ptr()), ptr_or_null<T>(running_mean),
+                                 ptr_or_null<T>(running_var), pt.lanes, n, M(momentum), M(eps)},
+                   "batch_norm");
+  });
+}
+
+void batch_norm_eval_stats(const Tensor& running_mean, const Tensor& running_var, double eps, const Tensor& mean,
+                           const Tensor& invstd) {
+  dispatch_floating(running_mean.dtype(), "batch_norm", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using M = op_math_t<T>;
+    for_each_index(running_mean.device(), running_mean.numel(),
+                   EvalStats<T>{static_cast<const T*>(running_mean.data_ptr()),
+                                static_cast<const T*>(running_var.data_ptr()), static_cast<M*>(mean.data_ptr()),
+                                static_cast<M*>(invstd.data_ptr()), M(eps)},
+                   "batch_norm");
+  });
+}
+
+void batch_norm_apply(const Tensor& x, const AxisLayout& v, const Tensor& mean, const Tensor& invstd,
+                      const Tensor& weight, const Tensor& bias, const Tensor& y) {
+  dispatch_floating(x.dtype(), "batch_norm", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using M = op_math_t<T>;
+    for_each_index(y.device(), y.numel(),
+                   Apply<T>{static_cast<const T*>(x.data_ptr()), static_cast<const M*>(mean.data_ptr()),
+                            static_cast<const M*>(invstd.data_ptr()), ptr_or_null<const T>(weight),
+                            ptr_or_null<const T>(bias), static_cast<T*>(y.data_ptr()), ChannelIndexer(v)},
+                   "batch_norm");
+  });
+}
+
+void batch_norm_backward(const Tensor& dy, const Tensor& x, const AxisLayout& v, const Tensor& mean,
+                         const Tensor& invstd, const Tensor& weight, bool training, const Tensor& dx,
+                         const Tensor& dweight, const Tensor& dbias) {
+  dispatch_floating(x.dtype(), "batch_norm_backward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using M = op_math_t<T>;
+    const Device dev = x.device();
+    const T* dyp = static_cast<const T*>(dy.data_ptr());
+    const T* xp = static_cast<const T*>(x.data_ptr());
+    const M* mp = static_cast<const M*>(mean.data_ptr());
+    const M* ip = static_cast<const M*>(invstd.data_ptr());
+    const T* wp = ptr_or_null<const T>(weight);
+    Tensor coef = Tensor::empty({3 * v.channels}, math_options(x, dtype_of<M>));
+    M* cp = static_cast<M*>(coef.data_ptr());
+    if (training || dweight.defined() || dbias.defined()) {
+      const Partials pt = Partials::of(v);
+      const std::int64_t lane_sums = v.channels * pt.lanes;
+      Tensor part = Tensor::empty({2 * (pt.count() + lane_sums)}, math_options(x, dtype_of<M>));
+      M* pd = static_cast<M*>(part.data_ptr());
+      M* px = pd + pt.count();
+      M* ld = px + pt.count();
+      M* lx = ld + lane_sums;
+      for_each_index(dev, pt.count(), PartialGrad<T>{dyp, xp, mp, pd, px, v, pt.chunks, pt.lanes},
+                     "batch_norm_backward", kPartialGrain);
+      for_each_index(dev, lane_sums, LaneSum<M>{pd, ld, pt.per_channel(), pt.lanes}, "batch_norm_backward",
+                     kPartialGrain);
+      for_each_index(dev, lane_sums, LaneSum<M>{px, lx, pt.per_channel(), pt.lanes}, "batch_norm_backward",
+                     kPartialGrain);
+      for_each_index(dev, v.channels,
+                     ChannelGrad<T>{ld, lx, ip, wp, ptr_or_null<T>(dweight), ptr_or_null<T>(dbias), cp, pt.lanes,
+                                    v.outer * v.inner},
+                     "batch_norm_backward");
+    } else {
+      for_each_index(dev, v.channels, EvalCoef<T>{ip, wp, cp}, "batch_norm_backward");
+    }
+    if (dx.defined())
+      for_each_index(dev, dx.numel(),
+                     InputGrad<T>{dyp, xp, mp, cp, static_cast<T*>(dx.data_ptr()), ChannelIndexer(v), training},
+                     "batch_norm_backward");
+  });
+}
+
+}  // namespace qgrad::kernels

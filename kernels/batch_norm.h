@@ -1,0 +1,46 @@
+// Kernels of batch_norm over x viewed as [N, C, inner] (AxisLayout around
+// axis 1; inner = H * W, or 1 for [N, C]). Per-channel statistics live in
+// op math (f32 for f16/bf16, else x's dtype): mean and invstd [C].
+//
+// The per-channel sums over N * inner elements run in a fixed three-level
+// order that depends only on the shape: each chunk of kBatchNormChunk
+// elements of a plane (n, c) is split into lanes = min(32, inner)
+// interleaved partials (lane l sums elements l, l + lanes, ... in order, so
+// neighbouring CUDA threads read neighbouring elements); each (channel, lane)
+// sums its partials in (n, chunk) order; each channel sums its lanes in
+// order. All three are loop bodies of kernels/loop.h, so CPU and CUDA give
+// the same bits.
+#pragma once
+
+#include <cstdint>
+
+#include "qgrad/core/tensor.h"
+#include "qgrad/kernels/layout.h"
+
+namespace qgrad::kernels {
+
+inline constexpr std::int64_t kBatchNormChunk = 2048;
+
+// Training statistics: mean[c] = sum / n, var = sum (x - mean)^2 / n
+// (biased), invstd[c] = 1 / sqrt(var + eps), n = N * inner >= 2. When the
+// running statistics are defined (x's dtype, [C]) they move in place:
+// r = (1 - momentum) * r + momentum * batch, with the unbiased variance
+// sum (x - mean)^2 / (n - 1) for running_var.
+void batch_norm_stats(const Tensor& x, const AxisLayout& v, double momentum, double eps, const Tensor& running_mean,
+                      const Tensor& running_var, const Tensor& mean, const Tensor& invstd);
+// Evaluation statistics: mean = running_mean, invstd = 1 / sqrt(running_var + eps).
+void batch_norm_eval_stats(const Tensor& running_mean, const Tensor& running_var, double eps, const Tensor& mean,
+                           const Tensor& invstd);
+// y = (x - mean[c]) * invstd[c] * weight[c] + bias[c] (weight, bias optional).
+void batch_norm_apply(const Tensor& x, const AxisLayout& v, const Tensor& mean, const Tensor& invstd,
+                      const Tensor& weight, const Tensor& bias, const Tensor& y);
+// PyTorch's batch_norm backward: with s = sum dy and p = sum dy * (x - mean)
+// per channel, dbias = s, dweight = p * invstd, and
+//   training: dx = (dy - s / n - (x - mean) * invstd^2 * p / n) * invstd * w
+//   eval:     dx = dy * invstd * w.
+// dx, dweight, dbias may each be undefined (not computed).
+void batch_norm_backward(const Tensor& dy, const Tensor& x, const AxisLayout& v, const Tensor& mean,
+                         const Tensor& invstd, const Tensor& weight, bool training, const Tensor& dx,
+                         const Tensor& dweight, const Tensor& dbias);
+
+}  // namespace qgrad::kernels

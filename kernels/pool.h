@@ -1,0 +1,31 @@
+// Kernels of the 2-d poolings on NCHW planes (kernels/formulas/pool.h holds
+// the window formulas). Every backward is a gather: one index per input
+// element sums, in increasing (oh, ow) order, the outputs whose window holds
+// it, so the result is deterministic and the same on CPU and CUDA.
+#pragma once
+
+#include "qgrad/core/tensor.h"
+#include "qgrad/kernels/formulas/pool.h"
+
+namespace qgrad::kernels {
+
+using formulas::Pool2dGeometry;
+
+// y = the largest element of each dilated window (NaN wins: the last NaN in
+// scan order gives the index, as in PyTorch; ties keep the first); when
+// indices is defined (s64, y's shape) it receives the flat index ih * iw + iw
+// of that element within its plane.
+void max_pool2d(const Tensor& x, const Tensor& y, const Tensor& indices, const Pool2dGeometry& g);
+// dx[i] = sum of dy[o] over the outputs o whose index names input i.
+void max_pool2d_backward(const Tensor& dy, const Tensor& indices, const Tensor& dx, const Pool2dGeometry& g);
+
+// y = sum of the window / its divisor (formulas::avg_pool_window).
+void avg_pool2d(const Tensor& x, const Tensor& y, const Pool2dGeometry& g, bool count_include_pad);
+void avg_pool2d_backward(const Tensor& dy, const Tensor& dx, const Pool2dGeometry& g, bool count_include_pad);
+
+// y = the mean of the adaptive window (g.kh .. g.dw unused); (1, 1) outputs
+// take the row reduction of kernels/reduce.h.
+void adaptive_avg_pool2d(const Tensor& x, const Tensor& y, const Pool2dGeometry& g);
+void adaptive_avg_pool2d_backward(const Tensor& dy, const Tensor& dx, const Pool2dGeometry& g);
+
+}  // namespace qgrad::kernels

@@ -1,0 +1,73 @@
+#include "qgrad/nn/pool_norm.h"
+
+#include <cmath>
+
+#include "qgrad/autograd/node.h"
+#include "qgrad/ops/elementwise.h"
+#include "qgrad/ops/factory.h"
+
+namespace qgrad::nn {
+
+BatchNorm2d::BatchNorm2d(std::int64_t num_features, double eps, std::optional<double> momentum, bool affine,
+                         bool track_running_stats, TensorOptions options)
+    : num_features_(num_features), eps_(eps), momentum_(momentum) {
+  QGRAD_CHECK(num_features > 0, "BatchNorm2d", "num_features", "must be > 0, got ", num_features);
+  QGRAD_CHECK(std::isfinite(eps) && eps > 0, "BatchNorm2d", "eps", "must be finite and > 0, got ", eps);
+  QGRAD_CHECK(!momentum || (std::isfinite(*momentum) && *momentum >= 0 && *momentum <= 1), "BatchNorm2d", "momentum",
+              "must be in [0, 1] (or nullopt: a cumulative average), got ", momentum.value_or(0.0));
+  QGRAD_CHECK(is_floating(options.dtype), "BatchNorm2d", "options", "dtype must be floating, got ",
+              dtype_name(options.dtype));
+  options.requires_grad = false;
+  if (affine) {
+    weight_ = register_parameter("weight", ones({num_features}, options));
+    bias_ = register_parameter("bias", zeros({num_features}, options));
+  }
+  if (track_running_stats) {
+    running_mean_ = register_buffer("running_mean", zeros({num_features}, options));
+    running_var_ = register_buffer("running_var", ones({num_features}, options));
+    num_batches_tracked_ =
+        register_buffer("num_batches_tracked", zeros({}, TensorOptions{}.with_dtype(DType::s64).with_device(options.device)));
+  }
+}
+
+Tensor BatchNorm2d::forward(const Tensor& x) {
+  QGRAD_CHECK(x.defined() && x.dim() == 4, "BatchNorm2d", "x", "expected [N, C, H, W], got shape ",
+              x.defined() ? shape_str(x.shape()) : std::string("undefined"));
+  const bool tracking = running_mean_.defined();
+  const bool count = is_training() && tracking;
+  // Cumulative average: momentum 1 / (batches so far, this one included);
+  // reading the count is a host sync on CUDA.
+  const double momentum = momentum_ ? *momentum_ : count ? 1.0 / (num_batches_tracked_.item() + 1.0) : 0.0;
+  // Training, or no running statistics: batch statistics (the running ones
+  // updated when tracked). Evaluation with tracking: the running ones.
+  Tensor y = batch_norm(x, weight_, bias_, running_mean_, running_var_, is_training() || !tracking, momentum, eps_);
+  if (count) {
+    // num_batches_tracked += 1 on its device, without a host sync (exact to
+    // 2^53), after batch_norm has validated its arguments, not on the tape.
+    NoGradGuard no_grad;
+    num_batches_tracked_.copy_(add(num_batches_tracked_.to(DType::f64), 1.0).to(DType::s64));
+  }
+  return y;
+}
+
+MaxPool2d::MaxPool2d(Size2 kernel_size, std::optional<Size2> stride, Size2 padding, Size2 dilation, bool ceil_mode)
+    : kernel_(kernel_size), padding_(padding), dilation_(dilation), stride_(stride), ceil_mode_(ceil_mode) {}
+
+Tensor MaxPool2d::forward(const Tensor& x) {
+  return ::qgrad::max_pool2d(x, kernel_, stride_, padding_, dilation_, ceil_mode_);
+}
+
+AvgPool2d::AvgPool2d(Size2 kernel_size, std::optional<Size2> stride, Size2 padding, bool ceil_mode,
+                     bool count_include_pad)
+    : kernel_(kernel_size), padding_(padding), stride_(stride), ceil_mode_(ceil_mode),
+      count_include_pad_(count_include_pad) {}
+
+Tensor AvgPool2d::forward(const Tensor& x) {
+  return ::qgrad::avg_pool2d(x, kernel_, stride_, padding_, ceil_mode_, count_include_pad_);
+}
+
+Tensor AdaptiveAvgPool2d::forward(const Tensor& x) { return ::qgrad::adaptive_avg_pool2d(x, output_size_); }
+
+Tensor Flatten::forward(const Tensor& x) { return ::qgrad::flatten(x, start_, end_); }
+
+}  // namespace qgrad::nn

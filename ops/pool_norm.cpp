@@ -1,0 +1,230 @@
+// max_pool2d, avg_pool2d, adaptive_avg_pool2d, batch_norm, flatten:
+// validation, forward, saved state and backward.
+#include "qgrad/ops/pool_norm.h"
+
+#include <cmath>
+
+#include "qgrad/autograd/node.h"
+#include "qgrad/kernels/batch_norm.h"
+#include "qgrad/kernels/pool.h"
+#include "qgrad/ops/check.h"
+
+namespace qgrad {
+
+using kernels::AxisLayout;
+using kernels::Pool2dGeometry;
+
+namespace {
+
+TensorOptions like(const Tensor& t, DType dtype) { return TensorOptions{}.with_dtype(dtype).with_device(t.device()); }
+
+// Sizes, strides and paddings are kept below 2^31 so that no window
+// arithmetic can overflow.
+constexpr std::int64_t kMaxSize = std::int64_t(1) << 31;
+
+bool in_range(Size2 s, std::int64_t lo) { return s.h >= lo && s.w >= lo && s.h < kMaxSize && s.w < kMaxSize; }
+
+// x [N, C, H, W], floating, non-empty.
+void check_nchw(const char* op, const Tensor& x) {
+  check::floating(x, op, "x");
+  QGRAD_CHECK(x.dim() == 4, op, "x", "expected rank 4 [N, C, H, W], got shape ", shape_str(x.shape()));
+  check::non_empty(x, op, "x");
+}
+
+// PyTorch's pooling_output_shape for an input that holds the (dilated)
+// kernel: floor or ceil of (in + 2p - span) / s, plus one, less a last
+// window that would start in the right padding.
+std::int64_t pool_output_size(std::int64_t in, std::int64_t span, std::int64_t s, std::int64_t p, bool ceil_mode) {
+  std::int64_t out = (in + 2 * p - span + (ceil_mode ? s - 1 : 0)) / s + 1;
+  if (ceil_mode && (out - 1) * s >= in + p) --out;
+  return out;
+}
+
+// The geometry of max_pool2d / avg_pool2d, every argument checked.
+Pool2dGeometry pool_geometry(const char* op, const Tensor& x, Size2 k, std::optional<Size2> stride, Size2 pad,
+                             Size2 dil, bool ceil_mode) {
+  check_nchw(op, x);
+  const Size2 s = stride.value_or(k);
+  QGRAD_CHECK(in_range(k, 1), op, "kernel_size", "must be in [1, 2^31), got (", k.h, ", ", k.w, ")");
+  QGRAD_CHECK(in_range(s, 1), op, "stride", "must be in [1, 2^31), got (", s.h, ", ", s.w, ")");
+  QGRAD_CHECK(in_range(dil, 1), op, "dilation", "must be in [1, 2^31), got (", dil.h, ", ", dil.w, ")");
+  QGRAD_CHECK(pad.h >= 0 && pad.w >= 0 && pad.h <= k.h / 2 && pad.w <= k.w / 2, op, "padding",
+              "must be in [0, kernel_size / 2], got (", pad.h, ", ", pad.w, ") for kernel_size (", k.h, ", ", k.w,
+              ")");
+  Pool2dGeometry g;
+  g.planes = x.size(0) * x.size(1);
+  g.ih = x.size(2);
+  g.iw = x.size(3);
+  const std::int64_t span_h = dil.h * (k.h - 1) + 1, span_w = dil.w * (k.w - 1) + 1;
+  QGRAD_CHECK(span_h <= g.ih + 2 * pad.h && span_w <= g.iw + 2 * pad.w, op, "kernel_size", "the kernel spans (",
+              span_h, ", ", span_w, ") but the padded input is only (", g.ih + 2 * pad.h, ", ", g.iw + 2 * pad.w,
+              "): the output would be empty");
+  g.oh = pool_output_size(g.ih, span_h, s.h, pad.h, ceil_mode);
+  g.ow = pool_output_size(g.iw, span_w, s.w, pad.w, ceil_mode);
+  QGRAD_CHECK(g.oh >= 1 && g.ow >= 1, op, "x", "zero-size output (", g.oh, ", ", g.ow, ")");
+  g.kh = k.h;
+  g.kw = k.w;
+  g.sh = s.h;
+  g.sw = s.w;
+  g.ph = pad.h;
+  g.pw = pad.w;
+  g.dh = dil.h;
+  g.dw = dil.w;
+  return g;
+}
+
+Shape pooled_shape(const Tensor& x, const Pool2dGeometry& g) { return {x.size(0), x.size(1), g.oh, g.ow}; }
+
+// The shared body of max_pool2d and max_pool2d_with_indices. Saves the s64
+// indices (8 bytes per output), not x; backward gathers dy through them.
+MaxPool2dResult max_pool(const char* op, const Tensor& x, Size2 k, std::optional<Size2> stride, Size2 pad, Size2 dil,
+                         bool ceil_mode, bool want_indices) {
+  const Pool2dGeometry g = pool_geometry(op, x, k, stride, pad, dil, ceil_mode);
+  const bool grad = any_requires_grad({x});
+  Tensor out = Tensor::empty(pooled_shape(x, g), like(x, x.dtype()));
+  Tensor indices = want_indices || grad ? Tensor::empty(out.shape(), like(x, DType::s64)) : Tensor();
+  kernels::max_pool2d(x, out, indices, g);
+  if (grad)
+    record(op, out, {x}, [indices, g, shape = x.shape()](const Tensor& dy) {
+      Tensor dx = Tensor::empty(shape, like(dy, dy.dtype()));
+      kernels::max_pool2d_backward(dy, indices, dx, g);
+      return std::vector<Tensor>{dx};
+    }, indices.nbytes());
+  return {out, want_indices ? indices : Tensor()};
+}
+
+}  // namespace
+
+Tensor max_pool2d(const Tensor& x, Size2 kernel_size, std::optional<Size2> stride, Size2 padding, Size2 dilation,
+                  bool ceil_mode) {
+  return max_pool("max_pool2d", x, kernel_size, stride, padding, dilation, ceil_mode, false).output;
+}
+
+MaxPool2dResult max_pool2d_with_indices(const Tensor& x, Size2 kernel_size, std::optional<Size2> stride,
+                                        Size2 padding, Size2 dilation, bool ceil_mode) {
+  return max_pool("max_pool2d_with_indices", x, kernel_size, stride, padding, dilation, ceil_mode, true);
+}
+
+// Saves nothing but the geometry; backward gathers dy / divisor per input.
+Tensor avg_pool2d(const Tensor& x, Size2 kernel_size, std::optional<Size2> stride, Size2 padding, bool ceil_mode,
+                  bool count_include_pad) {
+  constexpr const char* op = "avg_pool2d";
+  const Pool2dGeometry g = pool_geometry(op, x, kernel_size, stride, padding, 1, ceil_mode);
+  Tensor out = Tensor::empty(pooled_shape(x, g), like(x, x.dtype()));
+  kernels::avg_pool2d(x, out, g, count_include_pad);
+  if (any_requires_grad({x}))
+    record(op, out, {x}, [g, count_include_pad, shape = x.shape()](const Tensor& dy) {
+      Tensor dx = Tensor::empty(shape, like(dy, dy.dtype()));
+      kernels::avg_pool2d_backward(dy, dx, g, count_include_pad);
+      return std::vector<Tensor>{dx};
+    });
+  return out;
+}
+
+// Saves nothing but the geometry.
+Tensor adaptive_avg_pool2d(const Tensor& x, Size2 output_size) {
+  constexpr const char* op = "adaptive_avg_pool2d";
+  check_nchw(op, x);
+  QGRAD_CHECK(in_range(output_size, 1), op, "output_size", "must be in [1, 2^31), got (", output_size.h, ", ",
+              output_size.w, ")");
+  Pool2dGeometry g;
+  g.planes = x.size(0) * x.size(1);
+  g.ih = x.size(2);
+  g.iw = x.size(3);
+  g.oh = output_size.h;
+  g.ow = output_size.w;
+  Tensor out = Tensor::empty(pooled_shape(x, g), like(x, x.dtype()));
+  kernels::adaptive_avg_pool2d(x, out, g);
+  if (any_requires_grad({x}))
+    record(op, out, {x}, [g, shape = x.shape()](const Tensor& dy) {
+      Tensor dx = Tensor::empty(shape, like(dy, dy.dtype()));
+      kernels::adaptive_avg_pool2d_backward(dy, dx, g);
+      return std::vector<Tensor>{dx};
+    });
+  return out;
+}
+
+namespace {
+
+// An optional per-channel tensor of batch_norm: undefined, or [C] of x's
+// dtype and device.
+void check_channel_tensor(const Tensor& t, const Tensor& x, const char* arg) {
+  constexpr const char* op = "batch_norm";
+  if (!t.defined()) return;
+  check::floating(t, op, arg);
+  check::same_dtype(t, x, op, arg);
+  check::same_device(t, x, op, arg);
+  QGRAD_CHECK(t.dim() == 1 && t.size(0) == x.size(1), op, arg, "expected shape [", x.size(1), "] (x's channels), got ",
+              shape_str(t.shape()));
+}
+
+}  // namespace
+
+// Saves x (detached), weight, and the per-channel mean and invstd in op
+// math (batch statistics in training, running ones in evaluation).
+Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
+                  const Tensor& running_var, bool training, double momentum, double eps) {
+  constexpr const char* op = "batch_norm";
+  check::floating(x, op, "x");
+  QGRAD_CHECK(x.dim() >= 2, op, "x", "expected rank >= 2 [N, C, ...], got shape ", shape_str(x.shape()));
+  check::non_empty(x, op, "x");
+  check_channel_tensor(weight, x, "weight");
+  check_channel_tensor(bias, x, "bias");
+  check_channel_tensor(running_mean, x, "running_mean");
+  check_channel_tensor(running_var, x, "running_var");
+  QGRAD_CHECK(running_mean.defined() == running_var.defined(), op,
+              running_mean.defined() ? "running_var" : "running_mean",
+              "running_mean and running_var must be given together");
+  QGRAD_CHECK(!running_mean.defined() || !running_mean.requires_grad(), op, "running_mean",
+              "a running statistic is updated in place and must not require grad");
+  QGRAD_CHECK(!running_var.defined() || !running_var.requires_grad(), op, "running_var",
+              "a running statistic is updated in place and must not require grad");
+  QGRAD_CHECK(training || running_mean.defined(), op, "running_mean",
+              "evaluation (training = false) needs the running statistics");
+  QGRAD_CHECK(std::isfinite(momentum) && momentum >= 0 && momentum <= 1, op, "momentum", "must be in [0, 1], got ",
+              momentum);
+  check::finite_positive(eps, op, "eps");
+  const AxisLayout v = AxisLayout::of(x.shape(), 1);
+  const std::int64_t count = v.outer * v.inner;
+  QGRAD_CHECK(!training || count > 1, op, "x", "training needs more than 1 value per channel, got shape ",
+              shape_str(x.shape()));
+
+  const DType math = x.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  Tensor mean = Tensor::empty({v.channels}, like(x, math)), invstd = Tensor::empty({v.channels}, like(x, math));
+  if (training) kernels::batch_norm_stats(x, v, momentum, eps, running_mean, running_var, mean, invstd);
+  else kernels::batch_norm_eval_stats(running_mean, running_var, eps, mean, invstd);
+  Tensor out = Tensor::empty(x.shape(), like(x, x.dtype()));
+  kernels::batch_norm_apply(x, v, mean, invstd, weight, bias, out);
+  if (any_requires_grad({x, weight, bias})) {
+    const bool need_x = x.requires_grad(), need_w = weight.defined() && weight.requires_grad(),
+               need_b = bias.defined() && bias.requires_grad();
+    Tensor sw = weight.defined() ? weight.detach() : Tensor();
+    record(op, out, {x, weight, bias},
+           [sx = x.detach(), sw, mean, invstd, v, training, need_x, need_w, need_b](const Tensor& dy) {
+             Tensor dx = need_x ? Tensor::empty(sx.shape(), like(sx, sx.dtype())) : Tensor();
+             Tensor dw = need_w ? Tensor::empty({v.channels}, like(sx, sx.dtype())) : Tensor();
+             Tensor db = need_b ? Tensor::empty({v.channels}, like(sx, sx.dtype())) : Tensor();
+             kernels::batch_norm_backward(dy, sx, v, mean, invstd, sw, training, dx, dw, db);
+             return std::vector<Tensor>{dx, dw, db};
+           },
+           x.nbytes() + mean.nbytes() + invstd.nbytes() + (weight.defined() ? weight.nbytes() : 0));
+  }
+  return out;
+}
+
+Tensor flatten(const Tensor& x, std::int64_t start_dim, std::int64_t end_dim) {
+  constexpr const char* op = "flatten";
+  check::defined(x, op, "x");
+  const std::int64_t rank = x.dim() == 0 ? 1 : x.dim();  // a scalar flattens to [1], as in PyTorch
+  const std::int64_t s = check::axis(start_dim, rank, op, "start_dim"), e = check::axis(end_dim, rank, op, "end_dim");
+  QGRAD_CHECK(s <= e, op, "start_dim", "start_dim ", start_dim, " comes after end_dim ", end_dim);
+  if (x.dim() == 0) return x.reshape({1});
+  Shape shape(x.shape().begin(), x.shape().begin() + s);
+  std::int64_t merged = 1;
+  for (std::int64_t d = s; d <= e; ++d) merged *= x.size(d);
+  shape.push_back(merged);
+  shape.insert(shape.end(), x.shape().begin() + e + 1, x.shape().end());
+  return x.reshape(shape);
+}
+
+}  // namespace qgrad

@@ -1,0 +1,62 @@
+// Pooling and normalisation for convolutional networks, on NCHW tensors, with
+// PyTorch's semantics: max_pool2d (saving the argmax indices, not the input),
+// avg_pool2d, adaptive_avg_pool2d, batch_norm (training and evaluation, with
+// the running statistics updated in place), and flatten.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include "qgrad/core/tensor.h"
+
+namespace qgrad {
+
+// A pair of sizes (height, width); one value stands for both, as in PyTorch.
+struct Size2 {
+  std::int64_t h = 0, w = 0;
+  constexpr Size2() = default;
+  constexpr Size2(std::int64_t both) : h(both), w(both) {}  // NOLINT(google-explicit-constructor)
+  constexpr Size2(std::int64_t h_, std::int64_t w_) : h(h_), w(w_) {}
+  friend constexpr bool operator==(const Size2&, const Size2&) = default;
+};
+
+// max_pool2d's values and the argmax indices (s64, flat ih * W + iw within
+// each input plane, as PyTorch's return_indices).
+struct MaxPool2dResult {
+  Tensor output, indices;
+};
+
+// x [N, C, H, W] floating. y[n, c, oh, ow] = the largest x[n, c, ih, iw] in
+// the window of rows oh * stride.h - padding.h + k * dilation.h (k <
+// kernel.h), likewise for columns; padding <= kernel / 2; stride defaults to
+// the kernel. Output size floor((H + 2p - d (k - 1) - 1) / s) + 1 (ceil with
+// ceil_mode, less a last window starting in the right padding). NaN wins.
+Tensor max_pool2d(const Tensor& x, Size2 kernel_size, std::optional<Size2> stride = std::nullopt, Size2 padding = 0,
+                  Size2 dilation = 1, bool ceil_mode = false);
+MaxPool2dResult max_pool2d_with_indices(const Tensor& x, Size2 kernel_size, std::optional<Size2> stride = std::nullopt,
+                                        Size2 padding = 0, Size2 dilation = 1, bool ceil_mode = false);
+
+// The mean of each window (no dilation); divisor: the window clipped to the
+// padded input with count_include_pad, else the elements inside the input.
+Tensor avg_pool2d(const Tensor& x, Size2 kernel_size, std::optional<Size2> stride = std::nullopt, Size2 padding = 0,
+                  bool ceil_mode = false, bool count_include_pad = true);
+
+// Output (oh, ow): the mean over rows [floor(i H / oh), ceil((i + 1) H / oh))
+// and the like for columns. output_size (1, 1) is global average pooling.
+Tensor adaptive_avg_pool2d(const Tensor& x, Size2 output_size);
+
+// x [N, C, ...] (rank >= 2), normalised per channel (axis 1):
+// y = (x - mean) / sqrt(var + eps) * weight + bias. training: the batch's
+// mean and biased variance, and, when running_mean / running_var are given,
+// r = (1 - momentum) r + momentum * batch in place (the unbiased variance for
+// running_var; not recorded on the tape). Evaluation: the running
+// statistics. weight, bias, running_mean, running_var are optional
+// (undefined tensors); running statistics are required in evaluation.
+Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
+                  const Tensor& running_var, bool training, double momentum = 0.1, double eps = 1e-5);
+
+// x with dims start_dim..end_dim merged into one (a reshape; negative dims
+// count from the end).
+Tensor flatten(const Tensor& x, std::int64_t start_dim = 1, std::int64_t end_dim = -1);
+
+}  // namespace qgrad

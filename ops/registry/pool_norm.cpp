@@ -1,0 +1,280 @@
+// Registry entries: pooling (max, average, adaptive average), batch_norm and
+// flatten (ops/pool_norm.h).
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+#include "qgrad/ops/ops.h"
+#include "qgrad/ops/registry.h"
+
+namespace qgrad::registry {
+
+namespace {
+
+const std::vector<DType> kFloat = {DType::f64, DType::f32, DType::f16, DType::bf16};
+using Tensors = std::vector<Tensor>;
+
+// Global average pooling of planes longer than 128 elements takes the CUDA
+// block reduction (kernels/cuda/reduce.cu): the tolerances of sum.
+Promise summation_order(const char* what) { return Promise::within(1e-12, 1e-5, 1e-2, 1e-2, what); }
+
+// Distinct values (k - n / 2) / 32 in a seeded random order: exact in every
+// floating dtype (n <= 512), 1/32 apart, so max_pool2d has no ties and its
+// finite differences (and the lower-precision sweep) see one argmax.
+Tensor distinct(const Shape& shape, Generator& g, Device d, DType dt) {
+  const std::int64_t n = shape_numel(shape);
+  const std::vector<double> keys = rand({n}, g, on(Device::cpu(), DType::f64)).to_vector<double>();
+  std::vector<std::size_t> order(keys.size());
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return keys[a] < keys[b]; });
+  std::vector<double> v(keys.size());
+  for (std::size_t j = 0; j < order.size(); ++j) v[order[j]] = (static_cast<double>(j) - static_cast<double>(n / 2)) / 32;
+  return leaf(Tensor::from_vector(v, shape).to(dt).to(d));
+}
+
+Tensor plain(const Shape& shape, Generator& g, Device d, DType dt, double lo, double hi) {
+  return rand(shape, g, on(d, dt), lo, hi);
+}
+
+// The other device, when a GPU is present (mismatched-device cases).
+bool has_other(Device d) { return cuda_device_count() > 0 || d.is_cuda(); }
+Device other(Device d) { return d.is_cuda() ? Device::cpu() : Device::cuda(0); }
+
+// The argument errors of max_pool2d, max_pool2d_with_indices and avg_pool2d
+// (f(x, kernel, stride, padding, dilation)).
+using PoolFn = std::function<void(const Tensor&, Size2, std::optional<Size2>, Size2, Size2)>;
+std::vector<BadInput> pool_errors(const char* op, Device d, PoolFn f, bool dilation) {
+  const Tensor x = some({2, 3, 7, 8}, d);
+  std::vector<BadInput> c{
+      {op, "x", [=] { f(Tensor(), 2, std::nullopt, 0, 1); }},
+      {op, "x", [=] { f(some({2, 3, 7, 8}, d, DType::s32), 2, std::nullopt, 0, 1); }},
+      {op, "x", [=] { f(some({3, 7, 8}, d), 2, std::nullopt, 0, 1); }},        // rank 3
+      {op, "x", [=] { f(some({1, 2, 3, 7, 8}, d), 2, std::nullopt, 0, 1); }},  // rank 5
+      {op, "x", [=] { f(some({0, 3, 7, 8}, d), 2, std::nullopt, 0, 1); }},     // empty
+      {op, "kernel_size", [=] { f(x, 0, std::nullopt, 0, 1); }},
+      {op, "kernel_size", [=] { f(x, {2, -1}, std::nullopt, 0, 1); }},
+      {op, "stride", [=] { f(x, 2, Size2{0}, 0, 1); }},
+      {op, "stride", [=] { f(x, 2, Size2{1, -2}, 0, 1); }},
+      {op, "padding", [=] { f(x, 3, std::nullopt, 2, 1); }},  // > kernel / 2
+      {op, "padding", [=] { f(x, {3, 4}, std::nullopt, {1, 3}, 1); }},
+      {op, "padding", [=] { f(x, 3, std::nullopt, -1, 1); }},
+      {op, "kernel_size", [=] { f(x, {8, 2}, std::nullopt, 0, 1); }},            // 8 rows > 7
+      {op, "kernel_size", [=] { f(some({1, 1, 2, 2}, d), 5, 1, 1, 1); }},        // 5 > 2 + 2 * 1
+      {op, "kernel_size", [=] { f(some({1, 1, 2, 2}, d), {3, 7}, 1, 1, 1); }},   // 7 > 2 + 2 * 1
+      {op, "stride", [=] { f(x, 2, Size2{std::int64_t(1) << 40}, 0, 1); }},
+  };
+  if (dilation) {
+    c.push_back({op, "dilation", [=] { f(x, 2, std::nullopt, 0, 0); }});
+    c.push_back({op, "dilation", [=] { f(x, 2, std::nullopt, 0, {1, -1}); }});
+    c.push_back({op, "kernel_size", [=] { f(some({1, 1, 3, 3}, d), 2, 1, 0, 4); }});  // spans 5 > 3
+  }
+  return c;
+}
+
+std::vector<BadInput> batch_norm_errors(Device d) {
+  constexpr const char* op = "batch_norm";
+  const Tensor x = some({4, 3, 2, 2}, d), w = some({3}, d), b = some({3}, d);
+  const Tensor rm = some({3}, d), rv = full({3}, 1.0, on(d)), u;
+  constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+  std::vector<BadInput> c{
+      {op, "x", [=] { batch_norm(u, w, b, rm, rv, true); }},
+      {op, "x", [=] { batch_norm(some({4, 3}, d, DType::s32), u, u, u, u, true); }},
+      {op, "x", [=] { batch_norm(some({3}, d), u, u, u, u, true); }},          // rank 1
+      {op, "x", [=] { batch_norm(some({0, 3, 2}, d), u, u, u, u, true); }},    // empty
+      {op, "x", [=] { batch_norm(some({1, 3}, d), w, b, rm, rv, true); }},     // one value per channel
+      {op, "weight", [=] { batch_norm(x, some({4}, d), b, rm, rv, true); }},
+      {op, "weight", [=] { batch_norm(x, some({3, 1}, d), b, rm, rv, true); }},
+      {op, "weight", [=] { batch_norm(x, some({3}, d, DType::f64), b, rm, rv, true); }},
+      {op, "weight", [=] { batch_norm(x, some({3}, d, DType::s32), b, rm, rv, true); }},
+      {op, "bias", [=] { batch_norm(x, w, some({2}, d), rm, rv, true); }},
+      {op, "bias", [=] { batch_norm(x, w, some({3}, d, DType::f16), rm, rv, false); }},
+      {op, "running_mean", [=] { batch_norm(x, w, b, some({4}, d), rv, true); }},
+      {op, "running_mean", [=] { batch_norm(x, w, b, some({3}, d, DType::s32), rv, true); }},
+      {op, "running_var", [=] { batch_norm(x, w, b, rm, some({2}, d), true); }},
+      {op, "running_var", [=] { batch_norm(x, w, b, rm, some({3}, d, DType::f64), false); }},
+      {op, "running_var", [=] { batch_norm(x, w, b, rm, u, true); }},
+      {op, "running_mean", [=] { batch_norm(x, w, b, u, rv, true); }},
+      {op, "running_mean", [=] { batch_norm(x, w, b, u, u, false); }},  // evaluation needs them
+      {op, "running_mean", [=] { batch_norm(x, w, b, leaf(some({3}, d)), rv, true); }},
+      {op, "running_var", [=] { batch_norm(x, w, b, rm, leaf(full({3}, 1.0, on(d))), true); }},
+      {op, "momentum", [=] { batch_norm(x, w, b, rm, rv, true, -0.1); }},
+      {op, "momentum", [=] { batch_norm(x, w, b, rm, rv, true, 1.5); }},
+      {op, "momentum", [=] { batch_norm(x, w, b, rm, rv, true, kNaN); }},
+      {op, "eps", [=] { batch_norm(x, w, b, rm, rv, true, 0.1, 0.0); }},
+      {op, "eps", [=] { batch_norm(x, w, b, rm, rv, false, 0.1, -1e-5); }},
+      {op, "eps", [=] { batch_norm(x, w, b, rm, rv, true, 0.1, kNaN); }},
+  };
+  if (has_other(d)) {
+    const Device o = other(d);
+    c.push_back({op, "weight", [=] { batch_norm(x, some({3}, o), b, rm, rv, true); }});
+    c.push_back({op, "bias", [=] { batch_norm(x, w, some({3}, o), rm, rv, true); }});
+    c.push_back({op, "running_mean", [=] { batch_norm(x, w, b, some({3}, o), rv, true); }});
+    c.push_back({op, "running_var", [=] { batch_norm(x, w, b, rm, full({3}, 1.0, on(o)), false); }});
+  }
+  return c;
+}
+
+}  // namespace
+
+std::vector<OpEntry> pool_norm_entries() {
+  std::vector<OpEntry> e;
+  const PoolFn max_fn = [](const Tensor& x, Size2 k, std::optional<Size2> s, Size2 p, Size2 dl) {
+    max_pool2d(x, k, s, p, dl);
+  };
+  const PoolFn max_idx_fn = [](const Tensor& x, Size2 k, std::optional<Size2> s, Size2 p, Size2 dl) {
+    max_pool2d_with_indices(x, k, s, p, dl);
+  };
+  const PoolFn avg_fn = [](const Tensor& x, Size2 k, std::optional<Size2> s, Size2 p, Size2) {
+    avg_pool2d(x, k, s, p);
+  };
+
+  // Overlapping windows (kernel 3 x 2, stride 2 x 1, padding 1), ceil_mode;
+  // both functions, the indices compared across devices too.
+  e.push_back({"max_pool2d", {"max_pool2d", "max_pool2d_with_indices"}, kFloat,
+               [](Device d, DType dt, Generator& g) { return Tensors{distinct({2, 3, 7, 8}, g, d, dt)}; },
+               [](const Tensors& v) {
+                 const MaxPool2dResult r = max_pool2d_with_indices(v[0], {3, 2}, Size2{2, 1}, {1, 1}, 1, true);
+                 return Tensors{add(max_pool2d(v[0], {3, 2}, Size2{2, 1}, {1, 1}, 1, true), r.output), r.indices};
+               },
+               Promise::bit_identical(), GradMethod::finite_differences, {}, {},
+               [max_fn, max_idx_fn](Device d) {
+                 std::vector<BadInput> c = pool_errors("max_pool2d", d, max_fn, true);
+                 for (BadInput& b : pool_errors("max_pool2d_with_indices", d, max_idx_fn, true)) c.push_back(b);
+                 return c;
+               }});
+  // Dilation 2, stride 1 x 3, padding only along the rows, no ceil_mode.
+  e.push_back({"max_pool2d (dilation)", {"max_pool2d", "max_pool2d_with_indices"}, kFloat,
+               [](Device d, DType dt, Generator& g) { return Tensors{distinct({1, 2, 9, 10}, g, d, dt)}; },
+               [](const Tensors& v) {
+                 const MaxPool2dResult r = max_pool2d_with_indices(v[0], 3, Size2{1, 3}, {1, 0}, 2, false);
+                 return Tensors{r.output, r.indices};
+               },
+               Promise::bit_identical(), GradMethod::finite_differences, {}, {}, nullptr});
+  // NaN, +-inf, +-0 and ties: values and indices across devices (no gradient:
+  // ties make finite differences meaningless).
+  e.push_back({"max_pool2d (NaN, inf, ties)", {"max_pool2d_with_indices"}, kFloat,
+               [](Device d, DType dt, Generator&) {
+                 const double inf = INFINITY, nan = NAN;
+                 std::vector<double> v = {
+                     1,    1,   0.5, -0.0, 0.0,  2,    // plane 0: ties and signed zeros
+                     1,    1,   -0.0, 0.0, 2,    2,    //
+                     -inf, -inf, 3,   3,   -1,   -1,   //
+                     -inf, -inf, 3,   3,   -1,   -2,   //
+                     nan,  1,   inf,  nan, -inf, 0,    // plane 1: NaN (twice in a window), +-inf
+                     2,    nan, inf,  inf, 5,    -inf, //
+                     -inf, -inf, -inf, 1,  nan,  7,    //
+                     -inf, -inf, -inf, 2,  3,    nan};
+                 return Tensors{Tensor::from_vector(v, {1, 2, 4, 6}).to(dt).to(d)};
+               },
+               [](const Tensors& v) {
+                 const MaxPool2dResult a = max_pool2d_with_indices(v[0], 2);
+                 const MaxPool2dResult b = max_pool2d_with_indices(v[0], 3, Size2{2}, 1, 1, true);
+                 return Tensors{a.output, a.indices, b.output, b.indices};
+               },
+               Promise::bit_identical(), GradMethod::none, {}, {}, nullptr});
+
+  // count_include_pad on and off, ceil_mode with a last window clipped to
+  // the padded input (divisor 3 x 2, not 3 x 3).
+  e.push_back({"avg_pool2d", {"avg_pool2d"}, kFloat,
+               [](Device d, DType dt, Generator& g) { return Tensors{normal({2, 3, 7, 8}, g, d, dt)}; },
+               [](const Tensors& v) {
+                 return Tensors{add(avg_pool2d(v[0], 3, Size2{2}, 1, true, true),
+                                    avg_pool2d(v[0], 3, Size2{2}, 1, true, false))};
+               },
+               Promise::bit_identical(), GradMethod::finite_differences, {}, {},
+               [avg_fn](Device d) { return pool_errors("avg_pool2d", d, avg_fn, false); }});
+  e.push_back({"avg_pool2d (2 x 3, stride 1 x 2)", {"avg_pool2d"}, kFloat,
+               [](Device d, DType dt, Generator& g) { return Tensors{normal({1, 2, 5, 7}, g, d, dt)}; },
+               [](const Tensors& v) { return Tensors{avg_pool2d(v[0], {2, 3}, Size2{1, 2}, {1, 0}, false, false)}; },
+               Promise::bit_identical(), GradMethod::finite_differences, {}, {}, nullptr});
+
+  const auto adaptive_errors = [](Device d) {
+    constexpr const char* op = "adaptive_avg_pool2d";
+    const Tensor x = some({2, 3, 5, 5}, d);
+    std::vector<BadInput> c{{op, "x", [] { adaptive_avg_pool2d(Tensor(), 1); }},
+                            {op, "x", [=] { adaptive_avg_pool2d(some({3, 5, 5}, d), 1); }},
+                            {op, "x", [=] { adaptive_avg_pool2d(some({2, 3, 5, 5}, d, DType::s8), 1); }},
+                            {op, "x", [=] { adaptive_avg_pool2d(some({2, 0, 5, 5}, d), 1); }},
+                            {op, "output_size", [=] { adaptive_avg_pool2d(x, 0); }},
+                            {op, "output_size", [=] { adaptive_avg_pool2d(x, {2, -1}); }}};
+    return c;
+  };
+  // Windows of uneven sizes that overlap (7 -> 3, 9 -> 4), and more outputs
+  // than inputs (3 -> 5).
+  e.push_back({"adaptive_avg_pool2d", {"adaptive_avg_pool2d"}, kFloat,
+               [](Device d, DType dt, Generator& g) { return Tensors{normal({2, 3, 7, 9}, g, d, dt)}; },
+               [](const Tensors& v) { return Tensors{adaptive_avg_pool2d(v[0], {3, 4})}; }, Promise::bit_identical(),
+               GradMethod::finite_differences, {}, {}, adaptive_errors});
+  e.push_back({"adaptive_avg_pool2d (upsampling)", {"adaptive_avg_pool2d"}, kFloat,
+               [](Device d, DType dt, Generator& g) { return Tensors{normal({1, 2, 3, 4}, g, d, dt)}; },
+               [](const Tensors& v) { return Tensors{adaptive_avg_pool2d(v[0], {5, 6})}; }, Promise::bit_identical(),
+               GradMethod::finite_differences, {}, {}, nullptr});
+  // Global: planes of 156 elements take the CUDA block reduction.
+  e.push_back({"adaptive_avg_pool2d (global)", {"adaptive_avg_pool2d"}, kFloat,
+               [](Device d, DType dt, Generator& g) { return Tensors{normal({2, 3, 12, 13}, g, d, dt)}; },
+               [](const Tensors& v) { return Tensors{adaptive_avg_pool2d(v[0], 1)}; },
+               summation_order("block reduction of planes > 128 elements on CUDA"), GradMethod::finite_differences,
+               {}, {}, nullptr});
+
+  // Training: batch statistics, running statistics updated (compared across
+  // devices too), the full backward through the statistics.
+  e.push_back({"batch_norm (training)", {"batch_norm"}, kFloat,
+               [](Device d, DType dt, Generator& g) {
+                 Tensor x = leaf(add(mul(randn({4, 3, 5, 6}, g, on(d, dt)), 2.0), 0.5).detach());
+                 return Tensors{x, normal({3}, g, d, dt), normal({3}, g, d, dt), plain({3}, g, d, dt, -1, 1),
+                                plain({3}, g, d, dt, 0.5, 2)};
+               },
+               [](const Tensors& v) {
+                 Tensor y = batch_norm(v[0], v[1], v[2], v[3], v[4], true, 0.1, 1e-5);
+                 return Tensors{y, v[3], v[4]};
+               },
+               Promise::bit_identical(), GradMethod::finite_differences, {}, {}, batch_norm_errors});
+  // [N, C] without affine parameters or running statistics.
+  e.push_back({"batch_norm (training, [N, C])", {"batch_norm"}, kFloat,
+               [](Device d, DType dt, Generator& g) { return Tensors{normal({6, 5}, g, d, dt)}; },
+               [](const Tensors& v) { return Tensors{batch_norm(v[0], Tensor(), Tensor(), Tensor(), Tensor(), true)}; },
+               Promise::bit_identical(), GradMethod::finite_differences, {}, {}, nullptr});
+  // Evaluation: the running statistics, the affine backward.
+  e.push_back({"batch_norm (eval)", {"batch_norm"}, kFloat,
+               [](Device d, DType dt, Generator& g) {
+                 return Tensors{normal({3, 4, 2, 5}, g, d, dt), normal({4}, g, d, dt), normal({4}, g, d, dt),
+                                plain({4}, g, d, dt, -1, 1), plain({4}, g, d, dt, 0.5, 2)};
+               },
+               [](const Tensors& v) { return Tensors{batch_norm(v[0], v[1], v[2], v[3], v[4], false, 0.1, 1e-3)}; },
+               Promise::bit_identical(), GradMethod::finite_differences, {}, {}, nullptr});
+  // A constant channel (variance 0: invstd = 1 / sqrt(eps)), momentum 1 then 0.
+  e.push_back({"batch_norm (constant channel, momentum 0 and 1)", {"batch_norm"}, kFloat,
+               [](Device d, DType dt, Generator& g) {
+                 std::vector<double> x = randn({4, 2, 3}, g, on(Device::cpu(), DType::f64)).to_vector<double>();
+                 for (std::size_t i = 0; i < x.size(); ++i)
+                   if ((i / 3) % 2 == 0) x[i] = 2.5;
+                 return Tensors{Tensor::from_vector(x, {4, 2, 3}).to(dt).to(d), plain({2}, g, d, dt, -1, 1),
+                                plain({2}, g, d, dt, 0.5, 2)};
+               },
+               [](const Tensors& v) {
+                 Tensor a = batch_norm(v[0], Tensor(), Tensor(), v[1], v[2], true, 1.0, 1e-5);
+                 Tensor rm1 = v[1].clone(), rv1 = v[2].clone();
+                 Tensor b = batch_norm(v[0], Tensor(), Tensor(), v[1], v[2], true, 0.0, 1e-5);
+                 return Tensors{a, b, rm1, rv1, v[1], v[2]};
+               },
+               Promise::bit_identical(), GradMethod::none, {}, {}, nullptr});
+
+  e.push_back({"flatten", {"flatten"}, kFloat,
+               [](Device d, DType dt, Generator& g) { return Tensors{normal({2, 3, 4, 5}, g, d, dt)}; },
+               [](const Tensors& v) { return Tensors{flatten(v[0], 1, 2), flatten(v[0]), flatten(v[0], 0, -1)}; },
+               Promise::bit_identical(), GradMethod::finite_differences, {}, {}, [](Device d) {
+                 constexpr const char* op = "flatten";
+                 const Tensor x = some({2, 3, 4, 5}, d);
+                 return std::vector<BadInput>{{op, "x", [] { flatten(Tensor()); }},
+                                              {op, "start_dim", [=] { flatten(x, 4); }},
+                                              {op, "start_dim", [=] { flatten(x, -5); }},
+                                              {op, "end_dim", [=] { flatten(x, 0, 4); }},
+                                              {op, "end_dim", [=] { flatten(x, 1, -6); }},
+                                              {op, "start_dim", [=] { flatten(x, 2, 1); }},
+                                              {op, "start_dim", [=] { flatten(Tensor::scalar(1.5f, d), 1); }}};
+               }});
+  return e;
+}
+
+}  // namespace qgrad::registry

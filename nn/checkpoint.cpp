@@ -290,10 +290,14 @@ SafetensorsFile parse_safetensors(const char* bytes, std::size_t size, const std
           }
           shape.push_back(d.get<std::int64_t>());
         }
-      std::uint64_t numel = 1;
+      // As for any shape: the product of the non-zero dims must fit (here
+      // 2^62), also when a zero dim makes the count 0.
+      std::uint64_t numel = 1, nonzero = 1;
       for (std::int64_t d : shape) {
-        if (ok && d != 0 && numel > (std::uint64_t{1} << 62) / static_cast<std::uint64_t>(d)) ok = false;
-        numel *= static_cast<std::uint64_t>(d);
+        const auto ud = static_cast<std::uint64_t>(d);
+        if (ok && ud != 0 && nonzero > (std::uint64_t{1} << 62) / ud) ok = false;
+        if (ud != 0) nonzero *= ud;
+        numel *= ud;
       }
       if (!ok) fail(op, path, where + "invalid int4 shape '" + ks->second + "'");
       if ((numel + 1) / 2 != e.end - e.begin)

@@ -19,6 +19,7 @@ namespace {
 bool cuda_available() { return false; }
 int cuda_device_count() { return 0; }
 std::string cuda_device_name(int) { no_cuda("cuda_device_name"); }
+int cuda_compute_capability(int) { no_cuda("cuda_compute_capability"); }
 void cuda_synchronize(int) { no_cuda("cuda_synchronize"); }
 AllocatorStats cuda_allocator_stats(int) { no_cuda("cuda_allocator_stats"); }
 void cuda_reset_peak_stats(int) { no_cuda("cuda_reset_peak_stats"); }

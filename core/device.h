@@ -27,6 +27,9 @@ struct Device {
 bool cuda_available();
 int cuda_device_count();
 std::string cuda_device_name(int index = 0);
+// 10 * major + minor (e.g. 90 for an H100); cached per device. FP8 tensor
+// cores need 89 or more.
+int cuda_compute_capability(int index = 0);
 // Waits for all work queued on the device's stream (a host sync: never
 // called inside qgrad's ops, only by users, tests and benchmarks).
 void cuda_synchronize(int index = 0);

@@ -36,7 +36,7 @@ std::int64_t shape_numel(const Shape& shape, const char* op) {
 
 DType dtype_from_name(const std::string& name) {
   for (DType t : {DType::f32, DType::f64, DType::f16, DType::bf16, DType::s8, DType::u8, DType::s32, DType::s64,
-                  DType::boolean})
+                  DType::boolean, DType::s4, DType::u4, DType::f8e4m3, DType::f8e5m2})
     if (name == dtype_name(t)) return t;
   throw Error("dtype_from_name", "name", "unknown dtype '" + name + "'");
 }
@@ -82,7 +82,7 @@ Tensor Tensor::empty(const Shape& shape, TensorOptions options) {
   QGRAD_CHECK(static_cast<std::uint64_t>(impl->numel) <=
                   std::numeric_limits<std::size_t>::max() / dtype_size(options.dtype),
               "empty", "shape", "byte size of ", shape_str(shape), " overflows");
-  impl->storage = std::make_shared<Storage>(static_cast<std::size_t>(impl->numel) * dtype_size(options.dtype),
+  impl->storage = std::make_shared<Storage>(dtype_bytes(options.dtype, static_cast<std::size_t>(impl->numel)),
                                             options.device);
   Tensor t(std::move(impl));
   if (options.requires_grad) t.set_requires_grad(true);
@@ -112,7 +112,9 @@ Device Tensor::device() const {
 }
 void* Tensor::data_ptr() const {
   check_defined("Tensor::data_ptr");
-  return static_cast<char*>(impl_->storage->data) + impl_->offset * static_cast<std::int64_t>(dtype_size(impl_->dtype));
+  // (A packed 4-bit tensor's offset is even: views share whole bytes.)
+  return static_cast<char*>(impl_->storage->data) +
+         static_cast<std::int64_t>(dtype_bytes(impl_->dtype, static_cast<std::size_t>(impl_->offset)));
 }
 
 template <class T>
@@ -156,15 +158,24 @@ QGRAD_INSTANTIATE_HOST_IO(std::uint8_t)
 QGRAD_INSTANTIATE_HOST_IO(std::int32_t)
 QGRAD_INSTANTIATE_HOST_IO(std::int64_t)
 QGRAD_INSTANTIATE_HOST_IO(bool)
+QGRAD_INSTANTIATE_HOST_IO(float8_e4m3)
+QGRAD_INSTANTIATE_HOST_IO(float8_e5m2)
 #undef QGRAD_INSTANTIATE_HOST_IO
 
 double Tensor::item() const {
   QGRAD_CHECK(numel() == 1, "item", "tensor", "item() needs one element, tensor has shape ", shape_str(shape()));
+  if (is_packed_int4(dtype())) {
+    std::uint8_t byte = 0;
+    memory::copy(&byte, Device::cpu(), data_ptr(), device(), 1);
+    return static_cast<double>(nibble_get(&byte, 0, dtype() == DType::s4));
+  }
   return dispatch_all(dtype(), "item", [&](auto tag) {
     using T = typename decltype(tag)::type;
     T value;
     memory::copy(&value, Device::cpu(), data_ptr(), device(), sizeof(T));
-    if constexpr (std::is_same_v<T, half> || std::is_same_v<T, bfloat16>) return static_cast<double>(static_cast<float>(value));
+    if constexpr (std::is_same_v<T, half> || std::is_same_v<T, bfloat16> || std::is_same_v<T, float8_e4m3> ||
+                  std::is_same_v<T, float8_e5m2>)
+      return static_cast<double>(static_cast<float>(value));
     else return static_cast<double>(value);
   });
 }

@@ -38,7 +38,7 @@ struct Node;
 
 struct TensorImpl {
   std::shared_ptr<Storage> storage;
-  std::int64_t offset = 0;  // in elements
+  std::int64_t offset = 0;  // in elements (even for s4 / u4)
   Shape shape;
   std::int64_t numel = 0;
   DType dtype = DType::f32;
@@ -80,7 +80,8 @@ class Tensor {
   DType dtype() const;
   Device device() const;
   bool is_cuda() const { return device().is_cuda(); }
-  std::size_t nbytes() const { return static_cast<std::size_t>(numel()) * dtype_size(dtype()); }
+  // Bytes of storage: numel * dtype_size, ceil(numel / 2) for s4 / u4.
+  std::size_t nbytes() const { return dtype_bytes(dtype(), static_cast<std::size_t>(numel())); }
 
   void* data_ptr() const;
   template <class T>

@@ -37,13 +37,16 @@ const char* st_dtype(DType t) {
     case DType::s32: return "I32";
     case DType::s64: return "I64";
     case DType::boolean: return "BOOL";
+    case DType::f8e4m3: return "F8_E4M3";
+    case DType::f8e5m2: return "F8_E5M2";
+    case DType::s4: case DType::u4: return "U8";  // packed bytes; the metadata says so (int4_keys)
   }
   return "?";
 }
 
 bool parse_st_dtype(const std::string& s, DType& out) {
   for (DType t : {DType::f32, DType::f64, DType::f16, DType::bf16, DType::s8, DType::u8, DType::s32, DType::s64,
-                  DType::boolean})
+                  DType::boolean, DType::f8e4m3, DType::f8e5m2})
     if (s == st_dtype(t)) {
       out = t;
       return true;
@@ -80,27 +83,58 @@ void remove_stale_temps(const std::filesystem::path& dir, const std::string& pre
   }
 }
 
+// Packed int4 tensors are stored as U8 bytes; three metadata keys per tensor
+// say what the bytes are (docs/checkpoint section of nn/checkpoint.h).
+struct Int4Keys {
+  std::string dtype, shape, packing;
+};
+Int4Keys int4_keys(const std::string& name) { return {name + ".dtype", name + ".shape", name + ".packing"}; }
+constexpr const char* kInt4Packing = "int4x2-low-first";
+
+// The byte shape of a packed tensor: [..., D/2] for an even last dim, else
+// the flat [ceil(n/2)].
+Shape int4_byte_shape(const Shape& shape, std::int64_t numel) {
+  if (!shape.empty() && shape.back() % 2 == 0) {
+    Shape b = shape;
+    b.back() /= 2;
+    return b;
+  }
+  return {(numel + 1) / 2};
+}
+
 }  // namespace
 
 void save_safetensors(const std::string& path, const NamedTensors& tensors, const Metadata& metadata) {
   const char* op = "save_safetensors";
   // Validate and build the header before touching the file system.
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  if (!metadata.empty()) {
-    nlohmann::ordered_json meta = nlohmann::ordered_json::object();
-    for (const auto& [k, v] : metadata) meta[k] = v;
-    header["__metadata__"] = meta;
-  }
   std::vector<Tensor> host;
   std::uint64_t offset = 0;
+  Metadata meta_all = metadata;
   for (const auto& [name, t] : tensors) {
     QGRAD_CHECK(!name.empty() && name != "__metadata__", op, "tensors", "invalid tensor name '", name, "'");
     QGRAD_CHECK(!header.contains(name), op, "tensors", "duplicate tensor name '", name, "'");
     QGRAD_CHECK(t.defined(), op, "tensors", "tensor '", name, "' is undefined");
     host.push_back(t.detach().cpu());
     const std::uint64_t n = t.nbytes();
-    header[name] = {{"dtype", st_dtype(t.dtype())}, {"shape", t.shape()}, {"data_offsets", {offset, offset + n}}};
+    Shape shape = t.shape();
+    if (is_packed_int4(t.dtype())) {
+      const Int4Keys k = int4_keys(name);
+      meta_all[k.dtype] = dtype_name(t.dtype());
+      meta_all[k.shape] = nlohmann::json(t.shape()).dump();
+      meta_all[k.packing] = kInt4Packing;
+      shape = int4_byte_shape(t.shape(), t.numel());
+    }
+    header[name] = {{"dtype", st_dtype(t.dtype())}, {"shape", shape}, {"data_offsets", {offset, offset + n}}};
     offset += n;
+  }
+  if (!meta_all.empty()) {  // the metadata first, as before the int4 keys existed
+    nlohmann::ordered_json meta = nlohmann::ordered_json::object();
+    for (const auto& [k, v] : meta_all) meta[k] = v;
+    nlohmann::ordered_json h = nlohmann::ordered_json::object();
+    h["__metadata__"] = meta;
+    for (auto it = header.begin(); it != header.end(); ++it) h[it.key()] = it.value();
+    header = std::move(h);
   }
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');
@@ -233,7 +267,45 @@ SafetensorsFile parse_safetensors(const char* bytes, std::size_t size, const std
   }
   if (pos != data_size)
     fail(op, path, "tensors cover " + std::to_string(pos) + " of " + std::to_string(data_size) + " data bytes");
-  for (const Entry& e : entries) {
+  for (Entry& e : entries) {
+    // A U8 tensor the metadata marks as packed int4 becomes s4 / u4 of the
+    // recorded shape (its byte count checked against ceil(numel / 2)).
+    const Int4Keys keys = int4_keys(e.name);
+    const auto kd = out.metadata.find(keys.dtype);
+    if (kd != out.metadata.end() && (kd->second == "s4" || kd->second == "u4")) {
+      const std::string where = "tensor '" + e.name + "': ";
+      const auto ks = out.metadata.find(keys.shape), kp = out.metadata.find(keys.packing);
+      if (e.dtype != DType::u8) fail(op, path, where + "packed int4 must be stored as U8");
+      if (kp == out.metadata.end() || kp->second != kInt4Packing)
+        fail(op, path, where + "unknown int4 packing (expected " + kInt4Packing + ")");
+      if (ks == out.metadata.end()) fail(op, path, where + "packed int4 without its shape (" + keys.shape + ")");
+      const nlohmann::json js = nlohmann::json::parse(ks->second, nullptr, false);
+      Shape shape;
+      bool ok = js.is_array();
+      if (ok)
+        for (const auto& d : js) {
+          if (!d.is_number_unsigned() || d.get<std::uint64_t>() > (std::uint64_t{1} << 62)) {
+            ok = false;
+            break;
+          }
+          shape.push_back(d.get<std::int64_t>());
+        }
+      // As for any shape: the product of the non-zero dims must fit (here
+      // 2^62), also when a zero dim makes the count 0.
+      std::uint64_t numel = 1, nonzero = 1;
+      for (std::int64_t d : shape) {
+        const auto ud = static_cast<std::uint64_t>(d);
+        if (ok && ud != 0 && nonzero > (std::uint64_t{1} << 62) / ud) ok = false;
+        if (ud != 0) nonzero *= ud;
+        numel *= ud;
+      }
+      if (!ok) fail(op, path, where + "invalid int4 shape '" + ks->second + "'");
+      if ((numel + 1) / 2 != e.end - e.begin)
+        fail(op, path, where + "int4 shape " + shape_str(shape) + " needs " + std::to_string((numel + 1) / 2) +
+                           " bytes, the tensor has " + std::to_string(e.end - e.begin));
+      e.shape = shape;
+      e.dtype = kd->second == "s4" ? DType::s4 : DType::u4;
+    }
     Tensor t = Tensor::empty(e.shape, TensorOptions{}.with_dtype(e.dtype));
     if (e.dtype == DType::boolean)
       for (std::uint64_t k = e.begin; k < e.end; ++k)

@@ -2,7 +2,20 @@
 // `safetensors`): an 8-byte little-endian header length, a JSON header
 // {"name": {"dtype", "shape", "data_offsets": [begin, end]}, ...,
 // "__metadata__": {string: string}} padded with spaces to 8 bytes, then the
-// raw little-endian data. Dtypes: F32 F64 F16 BF16 I8 U8 I32 I64 BOOL.
+// raw little-endian data. Dtypes: F32 F64 F16 BF16 I8 U8 I32 I64 BOOL, and
+// F8_E4M3 / F8_E5M2 for f8e4m3 / f8e5m2.
+//
+// Packed int4 (s4 / u4) has no safetensors dtype: it is saved as U8 bytes
+// (shape [..., D/2] for an even last dim D, else the flat [ceil(n/2)]) and
+// the metadata records, per tensor <name>:
+//   "<name>.dtype"   = "s4" | "u4",
+//   "<name>.shape"   = the element shape as a JSON array, e.g. "[4096, 4096]",
+//   "<name>.packing" = "int4x2-low-first" (element 2k in the low nibble of
+//                      byte k, ONNX's INT4 order).
+// The group size of quantized weights is the caller's to record (by
+// convention "<name>.group_size" in `metadata`). Loading turns such a U8
+// tensor back into s4 / u4 of the recorded shape (checking its byte count);
+// the keys stay in the returned metadata.
 //
 // Saving is atomic: the file is written to a temporary file in the target's
 // directory, fsynced, renamed over the target and the directory fsynced, so

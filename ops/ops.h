@@ -14,3 +14,4 @@
 #include "qgrad/ops/observer.h"
 #include "qgrad/ops/optim.h"
 #include "qgrad/ops/pool_norm.h"
+#include "qgrad/ops/lowbit.h"

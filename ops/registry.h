@@ -124,6 +124,7 @@ ConformanceReport run_conformance(const std::vector<OpEntry>& entries, const Con
 // ---- the family files (ops/registry/*.cpp) and their helpers ----
 std::vector<OpEntry> arithmetic_entries();    // elementwise, linalg, reductions, losses, conversions
 std::vector<OpEntry> quantization_entries();  // fake quantize, LSQ, quantize/dequantize, W8A8
+std::vector<OpEntry> lowbit_entries();        // int4 per group and FP8 (ops/lowbit.h), low-bit Tensor::to
 std::vector<OpEntry> state_entries();         // in-place updates (optimizer, observers) and factories
 std::vector<OpEntry> pool_norm_entries();     // pooling, batch_norm, flatten
 

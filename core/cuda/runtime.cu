@@ -157,6 +157,23 @@ std::string cuda_device_name(int index) {
   return prop.name;
 }
 
+int cuda_compute_capability(int index) {
+  static std::mutex m;
+  static std::vector<int> cached;
+  std::lock_guard<std::mutex> lock(m);
+  if (cached.empty()) cached.assign(static_cast<std::size_t>(std::max(cuda_device_count(), 0)), -1);
+  QGRAD_CHECK(index >= 0 && index < static_cast<int>(cached.size()), "cuda_compute_capability", "index",
+              "no CUDA device ", index);
+  int& cc = cached[static_cast<std::size_t>(index)];
+  if (cc < 0) {
+    int major = 0, minor = 0;
+    QGRAD_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, index));
+    QGRAD_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, index));
+    cc = major * 10 + minor;
+  }
+  return cc;
+}
+
 void cuda_synchronize(int index) { QGRAD_CUDA_CHECK(cudaStreamSynchronize(cuda::stream(index))); }
 
 AllocatorStats cuda_allocator_stats(int index) {

@@ -1,0 +1,41 @@
+// Kernels of the int4 and FP8 quantization ops (ops/lowbit.h). One shared
+// source (kernels/lowbit.cpp) over the loop primitive of kernels/loop.h, so
+// the CPU and CUDA run the same formulas (kernels/formulas/lowbit.h) and
+// agree bit for bit. The per-block min/max they start from comes from the
+// observer kernel (kernels/observer.h), whose combine is order-free.
+//
+// Tensors: scale f32, zero point s32, one per block ("channel" of the
+// layout); block min/max f32. All on one device.
+#pragma once
+
+#include <cstdint>
+
+#include "qgrad/core/tensor.h"
+#include "qgrad/kernels/layout.h"
+
+namespace qgrad::kernels {
+
+// scale / zp [C] from the blocks' min / max [C] (formulas::int4_qparams).
+void int4_qparams(const Tensor& min, const Tensor& max, const Tensor& scale, const Tensor& zp, int qmin, int qmax,
+                  bool symmetric, float eps);
+// q (s4 / u4, packed, x's numel) = clamp(nearbyint(x * (1/s)) + zp, qmin, qmax)
+// per group of `group` consecutive elements (group g = i / group); NaN -> qmin.
+// mask (bitmask_words(numel) words, or null): qmin <= unclamped q <= qmax.
+void int4_quantize(const Tensor& x, const Tensor& q, const Tensor& scale, const Tensor& zp, std::int64_t group,
+                   std::uint32_t* mask);
+// y (floating) = (q - zp) * s per group (f32 product; f64 output: exact).
+void int4_dequantize(const Tensor& q, const Tensor& y, const Tensor& scale, const Tensor& zp, std::int64_t group);
+
+// scale [C] = max(amax, 1e-12) / fp8_max, amax from min / max [C].
+void fp8_scale(const Tensor& min, const Tensor& max, const Tensor& scale, DType fp8);
+// Element i uses scale[layout.channel(i)]:
+//   fp8_fake_quantize: y = float(fp8(clamp(float(x) / s, +-max))) * s, in x's dtype;
+//   fp8_quantize:      q = fp8(clamp(float(x) / s, +-max)) (q f8e4m3 / f8e5m2);
+//   fp8_dequantize:    y = float(q) * s (f64 output: exact);
+//   fp8_scale_grad:    dx = dy / s (divide) or dy * s (multiply), in dy's dtype.
+void fp8_fake_quantize(const Tensor& x, const Tensor& y, const Tensor& scale, const AxisLayout& layout, DType fp8);
+void fp8_quantize(const Tensor& x, const Tensor& q, const Tensor& scale, const AxisLayout& layout);
+void fp8_dequantize(const Tensor& q, const Tensor& y, const Tensor& scale, const AxisLayout& layout);
+void fp8_scale_grad(const Tensor& dy, const Tensor& dx, const Tensor& scale, const AxisLayout& layout, bool divide);
+
+}  // namespace qgrad::kernels

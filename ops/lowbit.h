@@ -1,0 +1,63 @@
+// Int4 and FP8 quantization ops (issue #14): fake quantize, quantize and
+// dequantize to packed int4 per group along the last (input) axis, and to
+// FP8 (e4m3 / e5m2) per tensor, channel, token or block. Every op is
+// differentiable on the tape. Formulas, limits and saved bytes: docs/ops.md,
+// "Int4 and FP8"; scalar math: kernels/formulas/lowbit.h.
+//
+// Qparams are tensors on the op's device (f32 scale, s32 zero point), or
+// computed there from the current values (dynamic): nothing waits on the
+// host. Given qparams are value-checked when they live on the CPU.
+#pragma once
+
+#include <cstdint>
+
+#include "qgrad/core/tensor.h"
+#include "qgrad/ops/dynamic_quant.h"  // QuantMode
+#include "qgrad/ops/quantize.h"       // QuantScope
+
+namespace qgrad {
+
+// ---- int4 per group (torchao's choose_qparams_affine / fake_quantize_affine) ----
+// x [..., D] floating, groups of G consecutive elements along the last axis
+// (G > 0 divides D); qparams [..., D/G] (QuantScope::per_group(-1, G)).
+// Range: s4 [-8, 7] or u4 [0, 15] (qtype).
+struct Int4Qparams {
+  Tensor scale;       // f32 [..., D/G]
+  Tensor zero_point;  // s32 [..., D/G]
+};
+// From each group's min/max, in f32 on x's device:
+//   symmetric:  scale = max(-min(min, 0), max(max, 0)) / ((qmax - qmin) / 2), zp = (qmax + qmin + 1) / 2;
+//   asymmetric: scale = (max(max, 0) - min(min, 0)) / (qmax - qmin), zp = clamp(qmin - round(min_neg / scale));
+//   scale floored at eps = the smallest normal of x's dtype (f32's for f64). Not differentiable.
+Int4Qparams choose_qparams_int4(const Tensor& x, std::int64_t group_size, QuantMode mode = QuantMode::symmetric,
+                                DType qtype = DType::s4);
+// y = (clamp(nearbyint(x * (1/scale)) + zp, qmin, qmax) - zp) * scale; dx = dy * 1[qmin <= q <= qmax].
+// Dynamic: the qparams of choose_qparams_int4 (the 8da4w weight fake quantizer); or given.
+Tensor fake_quantize_int4(const Tensor& x, std::int64_t group_size, QuantMode mode = QuantMode::symmetric,
+                          DType qtype = DType::s4);
+Tensor fake_quantize_int4(const Tensor& x, const Tensor& scale, const Tensor& zero_point, std::int64_t group_size,
+                          DType qtype = DType::s4);
+// q (s4 / u4, packed, x's shape; D even) = clamp(nearbyint(x * (1/scale)) + zp, qmin, qmax);
+// dx = dy / scale * 1[qmin <= q <= qmax].
+Tensor quantize_int4(const Tensor& x, const Tensor& scale, const Tensor& zero_point, std::int64_t group_size,
+                     DType qtype = DType::s4);
+// y = (q - zp) * scale; dq = dy * scale; dscale = sum over the group of dy * (q - zp) when scale requires grad.
+Tensor dequantize_int4(const Tensor& q, const Tensor& scale, const Tensor& zero_point, std::int64_t group_size,
+                       DType out_dtype = DType::f32);
+
+// ---- FP8 (torchao's _choose_scale_float8 / _quantize_affine_float8) ----
+// Scopes: per_tensor(), per_channel(axis), per_token(), per_group(-1, G)
+// (G = 128: the 1x128 blocks of DeepSeek-style block scaling); the scale
+// has the scope's qparams shape (docs/ops.md, "Quantization vocabulary").
+// fp8: f8e4m3 (max 448) or f8e5m2 (max 57344).
+// scale = max(amax, 1e-12) / fp8_max per block, on x's device. Not differentiable.
+Tensor fp8_scale(const Tensor& x, QuantScope scope, DType fp8 = DType::f8e4m3);
+// y = float(fp8(clamp(x / scale, -max, max))) * scale; dx = dy (straight through, saturated values included).
+Tensor fake_quantize_fp8(const Tensor& x, QuantScope scope, DType fp8 = DType::f8e4m3);
+Tensor fake_quantize_fp8(const Tensor& x, const Tensor& scale, QuantScope scope, DType fp8 = DType::f8e4m3);
+// q (fp8, x's shape) = fp8(clamp(x / scale, -max, max)); dx = dy / scale.
+Tensor quantize_fp8(const Tensor& x, const Tensor& scale, QuantScope scope, DType fp8 = DType::f8e4m3);
+// y = float(q) * scale; dq = dy * scale; dscale = sum over the block of dy * q when scale requires grad.
+Tensor dequantize_fp8(const Tensor& q, const Tensor& scale, QuantScope scope, DType out_dtype = DType::f32);
+
+}  // namespace qgrad

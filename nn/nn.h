@@ -11,3 +11,4 @@
 #include "qgrad/nn/quant.h"
 #include "qgrad/nn/qat.h"
 #include "qgrad/nn/smoothquant.h"
+#include "qgrad/nn/transformer.h"

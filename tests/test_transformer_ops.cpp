@@ -444,3 +444,49 @@ TEST_CASE("dropout: backward is dy * mask / (1 - p); CPU and CUDA draw the same 
     CHECK(bit_equal(c[1], d[1]));
   }
 }
+
+// ---------------------------------------------------------------- nn modules
+
+TEST_CASE("nn transformer modules: PyTorch's default inits, parameters, train/eval") {
+  nn::LayerNorm ln({3, 4});
+  CHECK(ln.named_parameters().size() == 2);
+  for (double v : values(ln.weight())) CHECK(v == 1.0);
+  for (double v : values(ln.bias())) CHECK(v == 0.0);
+  const Tensor x = rnd({2, 3, 4}, 101, DType::f32);
+  CHECK(bit_equal(ln(x), layer_norm(x, {3, 4})));
+  CHECK(nn::LayerNorm({4}, 1e-5, false).named_parameters().empty());
+  CHECK(nn::LayerNorm({4}, 1e-5, true, false).named_parameters().size() == 1);
+  CHECK_THROWS_AS(nn::LayerNorm({4}, 0.0), Error);
+  CHECK_THROWS_AS(nn::LayerNorm({}), Error);
+
+  nn::RMSNorm rms({4});
+  CHECK(rms.named_parameters().size() == 1);
+  CHECK(bit_equal(rms(x), rms_norm(x, {4})));
+  CHECK_THROWS_AS(nn::RMSNorm({4}, -1.0), Error);
+
+  Generator g(7);
+  nn::Embedding emb(10, 4, g, 3);
+  const std::vector<double> w = values(emb.weight());
+  for (int j = 0; j < 4; ++j) CHECK(w[static_cast<std::size_t>(12 + j)] == 0.0);  // padding row zeroed
+  Generator g2(7);
+  const std::vector<double> draw = values(randn({10, 4}, g2, opts(DType::f64)));
+  CHECK(w[0] == static_cast<double>(static_cast<float>(draw[0])));  // N(0, 1) from the generator
+  const Tensor ind = Tensor::from_vector<std::int64_t>({3, 1, 3}, {3});
+  Tensor y = emb(ind);
+  CHECK(y.shape() == Shape{3, 4});
+  sum(y).backward();
+  for (int j = 0; j < 4; ++j) CHECK(values(emb.weight().grad())[static_cast<std::size_t>(12 + j)] == 0.0);
+  CHECK_THROWS_AS(nn::Embedding(10, 4, g, 10), Error);
+
+  Generator gd(3);
+  nn::Dropout drop(0.5, gd);
+  const Tensor a = drop(x);
+  CHECK(!bit_equal(a, x));
+  drop.eval();
+  CHECK(bit_equal(drop(x), x));
+  CHECK_THROWS_AS(nn::Dropout(1.5), Error);
+
+  nn::GELU gelu_tanh(GeluApproximate::tanh);
+  CHECK(bit_equal(gelu_tanh(x), gelu(x, GeluApproximate::tanh)));
+  CHECK(bit_equal(nn::GELU()(x), gelu(x)));
+}

@@ -12,3 +12,4 @@
 #include "qgrad/nn/qat.h"
 #include "qgrad/nn/smoothquant.h"
 #include "qgrad/nn/pool_norm.h"
+#include "qgrad/nn/transformer.h"

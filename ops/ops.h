@@ -15,3 +15,4 @@
 #include "qgrad/ops/optim.h"
 #include "qgrad/ops/pool_norm.h"
 #include "qgrad/ops/lowbit.h"
+#include "qgrad/ops/transformer.h"

@@ -127,6 +127,7 @@ std::vector<OpEntry> quantization_entries();  // fake quantize, LSQ, quantize/de
 std::vector<OpEntry> lowbit_entries();        // int4 per group and FP8 (ops/lowbit.h), low-bit Tensor::to
 std::vector<OpEntry> state_entries();         // in-place updates (optimizer, observers) and factories
 std::vector<OpEntry> pool_norm_entries();     // pooling, batch_norm, flatten
+std::vector<OpEntry> transformer_entries();   // gelu, silu, softmax, layer_norm, rms_norm, embedding, dropout
 
 TensorOptions on(Device device, DType dtype = DType::f32);
 // Seeded values of any dtype on `device` for bad-input cases (floating:

@@ -49,4 +49,11 @@ void log_softmax_backward_warp_rows(const Tensor& y, const Tensor& dy, const Ten
 void cross_entropy_forward_warp_rows(const Tensor& logits, const Tensor& labels, const Tensor& probs,
                                      const Tensor& row_loss);
 
+// The stable sort of embedding's backward: sorted = keys (s64 [n]) in
+// increasing order, order = their positions, equal keys in increasing
+// position (CUB's radix sort, which is stable; the CPU uses std::stable_sort,
+// so both give the one stable result). Not a speed choice: the generic loop
+// has no sort.
+void sort_keys_with_positions(const Tensor& keys, const Tensor& sorted, const Tensor& order);
+
 }  // namespace qgrad::kernels::cuda

@@ -1,0 +1,423 @@
+// gelu, silu, softmax, layer_norm, rms_norm, embedding and dropout, one
+// source for both devices (kernels/loop.h): one index per element for the
+// elementwise kernels, per row for softmax and the normalisations (the row
+// formulas of kernels/formulas/transformer.h, summed in their fixed lane
+// order), per (chunk, column) and then per column for the weight and bias
+// gradients, per (vocabulary row, column) for embedding's gradient, per mask
+// word for dropout's forward.
+#include "qgrad/kernels/transformer.h"
+
+#include <algorithm>
+#include <numeric>
+#include <vector>
+
+#include "qgrad/kernels/bitmask.h"
+#include "qgrad/kernels/cuda/entries.h"
+#include "qgrad/kernels/formulas/transformer.h"
+#include "qgrad/kernels/loop.h"
+#include "qgrad/kernels/softmax.h"
+
+namespace qgrad::kernels {
+
+namespace {
+
+template <class T>
+const T* cdata(const Tensor& t) {
+  return t.defined() ? static_cast<const T*>(t.data_ptr()) : nullptr;
+}
+template <class T>
+T* mdata(const Tensor& t) {
+  return t.defined() ? static_cast<T*>(t.data_ptr()) : nullptr;
+}
+TensorOptions opts(DType dt, Device d) { return TensorOptions{}.with_dtype(dt).with_device(d); }
+
+// ---- elementwise activations ----
+template <class T, bool kTanh>
+struct Gelu {
+  const T* x;
+  T* y;
+  QGRAD_HD void operator()(std::int64_t i) const {
+    using M = op_math_t<T>;
+    y[i] = T(kTanh ? formulas::gelu_tanh(M(x[i])) : formulas::gelu_erf(M(x[i])));
+  }
+};
+template <class T, bool kTanh>
+struct GeluBackward {
+  const T* dy;
+  const T* x;
+  T* dx;
+  QGRAD_HD void operator()(std::int64_t i) const {
+    using M = op_math_t<T>;
+    dx[i] = T(kTanh ? formulas::gelu_tanh_backward(M(dy[i]), M(x[i])) : formulas::gelu_erf_backward(M(dy[i]), M(x[i])));
+  }
+};
+template <class T>
+struct Silu {
+  const T* x;
+  T* y;
+  QGRAD_HD void operator()(std::int64_t i) const { y[i] = T(formulas::silu(op_math_t<T>(x[i]))); }
+};
+template <class T>
+struct SiluBackward {
+  const T* dy;
+  const T* x;
+  T* dx;
+  QGRAD_HD void operator()(std::int64_t i) const {
+    using M = op_math_t<T>;
+    dx[i] = T(formulas::silu_backward(M(dy[i]), M(x[i])));
+  }
+};
+
+// ---- softmax: one index per row along the axis ----
+template <class T, bool kBackward>
+struct SoftmaxRow {
+  const T* in;  // x, or y for the backward
+  const T* dy;  // backward only
+  T* out;
+  AxisLayout v;
+  QGRAD_HD void operator()(std::int64_t row) const {
+    const std::int64_t b = v.base(row);
+    if constexpr (kBackward) formulas::softmax_backward_row(in + b, dy + b, out + b, v.channels, v.inner);
+    else formulas::softmax_row(in + b, out + b, v.channels, v.inner);
+  }
+};
+
+// ---- normalisations: one index per row of d ----
+template <class T>
+struct LayerNormRow {
+  const T* x;
+  const T* w;
+  const T* b;
+  T* y;
+  op_math_t<T>* mean;
+  op_math_t<T>* rstd;
+  std::int64_t d;
+  op_math_t<T> eps;
+  QGRAD_HD void operator()(std::int64_t r) const {
+    formulas::layer_norm_row(x + r * d, w, b, y + r * d, d, eps, mean + r, rstd + r);
+  }
+};
+template <class T>
+struct RmsNormRow {
+  const T* x;
+  const T* w;
+  T* y;
+  op_math_t<T>* rstd;
+  std::int64_t d;
+  op_math_t<T> eps;
+  QGRAD_HD void operator()(std::int64_t r) const { formulas::rms_norm_row(x + r * d, w, y + r * d, d, eps, rstd + r); }
+};
+template <class T, bool kCentered>
+struct NormBackwardRow {
+  const T* x;
+  const T* w;
+  const T* dy;
+  T* dx;
+  const op_math_t<T>* mean;  // null for rms_norm
+  const op_math_t<T>* rstd;
+  std::int64_t d;
+  QGRAD_HD void operator()(std::int64_t r) const {
+    using M = op_math_t<T>;
+    formulas::norm_backward_row<T, kCentered>(x + r * d, w, dy + r * d, dx + r * d, d, kCentered ? mean[r] : M(0),
+                                              rstd[r]);
+  }
+};
+// Stage 1 of the weight and bias gradients: index i = (chunk c, column j)
+// sums rows [c * kNormChunkRows, ...) of dy * xhat (pw) and dy (pb).
+template <class T>
+struct NormColumnPartial {
+  using M = op_math_t<T>;
+  const T* x;
+  const T* dy;
+  const M* mean;  // null for rms_norm
+  const M* rstd;
+  M* pw;  // null: no weight gradient
+  M* pb;  // null: no bias gradient
+  std::int64_t rows, d;
+  QGRAD_HD void operator()(std::int64_t i) const {
+    const std::int64_t c = i / d, j = i - c * d, r0 = c * kNormChunkRows;
+    const std::int64_t n = rows - r0 < kNormChunkRows ? rows - r0 : kNormChunkRows;
+    if (pw != nullptr)
+      pw[i] = formulas::lane_sum<M>(n, [&](std::int64_t k) {
+        const std::int64_t r = r0 + k;
+        const M centered = mean != nullptr ? M(x[r * d + j]) - mean[r] : M(x[r * d + j]);
+        return M(dy[r * d + j]) * (centered * rstd[r]);
+      });
+    if (pb != nullptr) pb[i] = formulas::lane_sum<M>(n, [&](std::int64_t k) { return M(dy[(r0 + k) * d + j]); });
+  }
+};
+// Stage 2: column j sums its chunks in order.
+template <class T>
+struct ColumnFinish {
+  const op_math_t<T>* part;
+  T* out;
+  std::int64_t chunks, d;
+  QGRAD_HD void operator()(std::int64_t j) const {
+    using M = op_math_t<T>;
+    out[j] = T(formulas::lane_sum<M>(chunks, [&](std::int64_t c) { return part[c * d + j]; }));
+  }
+};
+
+// ---- embedding ----
+template <class T, class L>
+struct EmbeddingGather {
+  const T* w;
+  const L* idx;
+  T* out;
+  std::int64_t V, D;
+  QGRAD_HD void operator()(std::int64_t i) const {
+    const std::int64_t n = i / D, j = i - n * D;
+    const auto k = static_cast<std::int64_t>(idx[n]);
+    out[i] = (k >= 0 && k < V) ? w[k * D + j] : T(formulas::quiet_nan<op_math_t<T>>());
+  }
+};
+template <class L>
+struct ToKeys {
+  const L* idx;
+  std::int64_t* keys;
+  QGRAD_HD void operator()(std::int64_t i) const { keys[i] = static_cast<std::int64_t>(idx[i]); }
+};
+// starts[v] = the first position of the sorted keys that is >= v (v in [0, V]).
+struct SegmentStarts {
+  const std::int64_t* sorted;
+  std::int64_t* starts;
+  std::int64_t n;
+  QGRAD_HD void operator()(std::int64_t v) const {
+    std::int64_t lo = 0, hi = n;
+    while (lo < hi) {
+      const std::int64_t mid = lo + (hi - lo) / 2;
+      if (sorted[mid] < v) lo = mid + 1;
+      else hi = mid;
+    }
+    starts[v] = lo;
+  }
+};
+// dweight[v, j] = sum over the occurrences k of v (in increasing position) of dy[order[k], j].
+template <class T>
+struct EmbeddingRowGrad {
+  const T* dy;
+  const std::int64_t* order;
+  const std::int64_t* starts;
+  T* dw;
+  std::int64_t D, padding_idx;
+  QGRAD_HD void operator()(std::int64_t i) const {
+    using M = op_math_t<T>;
+    const std::int64_t v = i / D, j = i - v * D;
+    M acc = M(0);
+    if (v != padding_idx)
+      for (std::int64_t k = starts[v]; k < starts[v + 1]; ++k) acc += M(dy[order[k] * D + j]);
+    dw[i] = T(acc);
+  }
+};
+
+// ---- dropout ----
+template <class T>
+struct DropoutWord {
+  using M = op_math_t<T>;
+  const T* x;
+  T* y;
+  std::uint32_t* words;  // null: no mask kept
+  std::int64_t n;
+  std::uint64_t seed, offset;
+  double p;
+  M scale;
+  QGRAD_HD void operator()(std::int64_t w) const {
+    const std::uint32_t word = bitmask_pack_word(w, n, [&](std::int64_t i) {
+      const bool keep = formulas::dropout_keep(seed, offset, i, p);
+      y[i] = T(formulas::dropout_apply(M(x[i]), keep, scale));
+      return keep;
+    });
+    if (words != nullptr) words[w] = word;
+  }
+};
+template <class T>
+struct DropoutBackward {
+  using M = op_math_t<T>;
+  const T* dy;
+  const std::uint32_t* words;
+  T* dx;
+  M scale;
+  QGRAD_HD void operator()(std::int64_t i) const {
+    dx[i] = T(formulas::dropout_apply(M(dy[i]), bitmask_get(words, i), scale));
+  }
+};
+
+// The scale 1 / (1 - p), computed in double (0 for p == 1: every element dropped).
+double dropout_scale(double p) { return p < 1.0 ? 1.0 / (1.0 - p) : 0.0; }
+
+}  // namespace
+
+void gelu(const Tensor& x, const Tensor& y, bool tanh) {
+  dispatch_floating(y.dtype(), "gelu", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if (tanh) for_each_index(y.device(), y.numel(), Gelu<T, true>{cdata<T>(x), mdata<T>(y)}, "gelu");
+    else for_each_index(y.device(), y.numel(), Gelu<T, false>{cdata<T>(x), mdata<T>(y)}, "gelu");
+  });
+}
+
+void gelu_backward(const Tensor& dy, const Tensor& x, const Tensor& dx, bool tanh) {
+  dispatch_floating(dx.dtype(), "gelu_backward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if (tanh)
+      for_each_index(dx.device(), dx.numel(), GeluBackward<T, true>{cdata<T>(dy), cdata<T>(x), mdata<T>(dx)},
+                     "gelu_backward");
+    else
+      for_each_index(dx.device(), dx.numel(), GeluBackward<T, false>{cdata<T>(dy), cdata<T>(x), mdata<T>(dx)},
+                     "gelu_backward");
+  });
+}
+
+void silu(const Tensor& x, const Tensor& y) {
+  dispatch_floating(y.dtype(), "silu", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    for_each_index(y.device(), y.numel(), Silu<T>{cdata<T>(x), mdata<T>(y)}, "silu");
+  });
+}
+
+void silu_backward(const Tensor& dy, const Tensor& x, const Tensor& dx) {
+  dispatch_floating(dx.dtype(), "silu_backward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    for_each_index(dx.device(), dx.numel(), SiluBackward<T>{cdata<T>(dy), cdata<T>(x), mdata<T>(dx)},
+                   "silu_backward");
+  });
+}
+
+void softmax(const Tensor& x, const Tensor& y, const AxisLayout& v) {
+  dispatch_floating(y.dtype(), "softmax", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    for_each_index(y.device(), v.outer * v.inner, SoftmaxRow<T, false>{cdata<T>(x), nullptr, mdata<T>(y), v},
+                   "softmax");
+  });
+}
+
+void softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx, const AxisLayout& v) {
+  dispatch_floating(dx.dtype(), "softmax_backward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    for_each_index(dx.device(), v.outer * v.inner, SoftmaxRow<T, true>{cdata<T>(y), cdata<T>(dy), mdata<T>(dx), v},
+                   "softmax_backward");
+  });
+}
+
+void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y, const Tensor& mean,
+                const Tensor& rstd, std::int64_t d, double eps) {
+  dispatch_floating(y.dtype(), "layer_norm", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using M = op_math_t<T>;
+    for_each_index(y.device(), y.numel() / d,
+                   LayerNormRow<T>{cdata<T>(x), cdata<T>(w), cdata<T>(b), mdata<T>(y), mdata<M>(mean), mdata<M>(rstd),
+                                   d, M(eps)},
+                   "layer_norm");
+  });
+}
+
+void rms_norm(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& rstd, std::int64_t d, double eps) {
+  dispatch_floating(y.dtype(), "rms_norm", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using M = op_math_t<T>;
+    for_each_index(y.device(), y.numel() / d,
+                   RmsNormRow<T>{cdata<T>(x), cdata<T>(w), mdata<T>(y), mdata<M>(rstd), d, M(eps)}, "rms_norm");
+  });
+}
+
+void norm_backward(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd, const Tensor& dy,
+                   const Tensor& dx, const Tensor& dw, const Tensor& db, std::int64_t d) {
+  dispatch_floating(x.dtype(), "norm_backward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using M = op_math_t<T>;
+    const Device dev = x.device();
+    const std::int64_t rows = x.numel() / d;
+    const M* pm = cdata<M>(mean);
+    if (dx.defined()) {
+      if (mean.defined())
+        for_each_index(dev, rows, NormBackwardRow<T, true>{cdata<T>(x), cdata<T>(w), cdata<T>(dy), mdata<T>(dx), pm,
+                                                           cdata<M>(rstd), d},
+                       "layer_norm_backward");
+      else
+        for_each_index(dev, rows, NormBackwardRow<T, false>{cdata<T>(x), cdata<T>(w), cdata<T>(dy), mdata<T>(dx),
+                                                            nullptr, cdata<M>(rstd), d},
+                       "rms_norm_backward");
+    }
+    if (!dw.defined() && !db.defined()) return;
+    const std::int64_t chunks = (rows + kNormChunkRows - 1) / kNormChunkRows;
+    const DType mt = dtype_of<M>;
+    Tensor pw = dw.defined() ? Tensor::empty({chunks, d}, opts(mt, dev)) : Tensor();
+    Tensor pb = db.defined() ? Tensor::empty({chunks, d}, opts(mt, dev)) : Tensor();
+    for_each_index(dev, chunks * d,
+                   NormColumnPartial<T>{cdata<T>(x), cdata<T>(dy), pm, cdata<M>(rstd), mdata<M>(pw), mdata<M>(pb),
+                                        rows, d},
+                   "norm_backward");
+    if (dw.defined()) for_each_index(dev, d, ColumnFinish<T>{cdata<M>(pw), mdata<T>(dw), chunks, d}, "norm_backward");
+    if (db.defined()) for_each_index(dev, d, ColumnFinish<T>{cdata<M>(pb), mdata<T>(db), chunks, d}, "norm_backward");
+  });
+}
+
+void embedding(const Tensor& weight, const Tensor& indices, const Tensor& out) {
+  dispatch_floating_label(weight.dtype(), indices.dtype(), "embedding", [&](auto tag, auto ltag) {
+    using T = typename decltype(tag)::type;
+    using L = typename decltype(ltag)::type;
+    for_each_index(out.device(), out.numel(),
+                   EmbeddingGather<T, L>{cdata<T>(weight), cdata<L>(indices), mdata<T>(out), weight.size(0),
+                                         weight.size(1)},
+                   "embedding");
+  });
+}
+
+void embedding_backward(const Tensor& dy, const Tensor& indices, const Tensor& dweight, std::int64_t padding_idx) {
+  const Device dev = dweight.device();
+  const std::int64_t n = indices.numel(), V = dweight.size(0), D = dweight.size(1);
+  // 1. The indices as s64 keys, and the positions 0..n-1 stably sorted by key.
+  Tensor keys = Tensor::empty({n}, opts(DType::s64, dev));
+  dispatch_label(indices.dtype(), [&](auto ltag) {
+    using L = typename decltype(ltag)::type;
+    for_each_index(dev, n, ToKeys<L>{cdata<L>(indices), mdata<std::int64_t>(keys)}, "embedding_backward");
+  });
+  Tensor sorted = Tensor::empty({n}, opts(DType::s64, dev));
+  Tensor order = Tensor::empty({n}, opts(DType::s64, dev));
+  if (dev.is_cuda()) {
+    QGRAD_ON_CUDA(cuda::sort_keys_with_positions(keys, sorted, order));
+  } else {
+    const std::int64_t* k = cdata<std::int64_t>(keys);
+    std::int64_t* o = mdata<std::int64_t>(order);
+    std::iota(o, o + n, std::int64_t{0});
+    std::stable_sort(o, o + n, [k](std::int64_t a, std::int64_t b) { return k[a] < k[b]; });
+    std::int64_t* s = mdata<std::int64_t>(sorted);
+    for (std::int64_t i = 0; i < n; ++i) s[i] = k[o[i]];
+  }
+  // 2. Each vocabulary row's segment of the sorted keys (keys outside [0, V)
+  // fall before starts[0] or after starts[V]: they contribute nothing).
+  Tensor starts = Tensor::empty({V + 1}, opts(DType::s64, dev));
+  for_each_index(dev, V + 1, SegmentStarts{cdata<std::int64_t>(sorted), mdata<std::int64_t>(starts), n},
+                 "embedding_backward");
+  // 3. Each (row, column) sums its segment in order.
+  dispatch_floating(dweight.dtype(), "embedding_backward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    for_each_index(dev, V * D,
+                   EmbeddingRowGrad<T>{cdata<T>(dy), cdata<std::int64_t>(order), cdata<std::int64_t>(starts),
+                                       mdata<T>(dweight), D, padding_idx},
+                   "embedding_backward");
+  });
+}
+
+void dropout(const Tensor& x, const Tensor& y, const Tensor& mask, std::uint64_t seed, std::uint64_t offset, double p) {
+  dispatch_floating(y.dtype(), "dropout", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using M = op_math_t<T>;
+    const std::int64_t n = y.numel();
+    for_each_index(y.device(), bitmask_words(n),
+                   DropoutWord<T>{cdata<T>(x), mdata<T>(y), mdata<std::uint32_t>(mask), n, seed, offset, p,
+                                  M(dropout_scale(p))},
+                   "dropout");
+  });
+}
+
+void dropout_backward(const Tensor& dy, const Tensor& mask, const Tensor& dx, double p) {
+  dispatch_floating(dx.dtype(), "dropout_backward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using M = op_math_t<T>;
+    for_each_index(dx.device(), dx.numel(),
+                   DropoutBackward<T>{cdata<T>(dy), cdata<std::uint32_t>(mask), mdata<T>(dx), M(dropout_scale(p))},
+                   "dropout_backward");
+  });
+}
+
+}  // namespace qgrad::kernels

@@ -1,0 +1,91 @@
+// Transformer layers: LayerNorm, RMSNorm, Embedding, Dropout, GELU, with
+// PyTorch's defaults and initialisations (torch.nn of 2.11).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "qgrad/nn/module.h"
+#include "qgrad/ops/activation.h"
+
+namespace qgrad::nn {
+
+// layer_norm over the last dims `normalized_shape`. With elementwise_affine,
+// a weight (ones) and, with bias, a bias (zeros) of that shape.
+class LayerNorm : public Module {
+ public:
+  explicit LayerNorm(Shape normalized_shape, double eps = 1e-5, bool elementwise_affine = true, bool bias = true,
+                     TensorOptions options = {});
+  Tensor forward(const Tensor& x) override;
+  std::string type_name() const override { return "LayerNorm"; }
+  const Shape& normalized_shape() const { return shape_; }
+  double eps() const { return eps_; }
+  Tensor weight() const { return weight_; }  // undefined without elementwise_affine
+  Tensor bias() const { return bias_; }      // undefined without bias
+
+ private:
+  Shape shape_;
+  double eps_;
+  Tensor weight_, bias_;
+};
+
+// rms_norm over the last dims; eps unset: the math type's machine epsilon
+// (ops/transformer.h). With elementwise_affine a weight of ones.
+class RMSNorm : public Module {
+ public:
+  explicit RMSNorm(Shape normalized_shape, std::optional<double> eps = std::nullopt, bool elementwise_affine = true,
+                   TensorOptions options = {});
+  Tensor forward(const Tensor& x) override;
+  std::string type_name() const override { return "RMSNorm"; }
+  Tensor weight() const { return weight_; }
+
+ private:
+  Shape shape_;
+  std::optional<double> eps_;
+  Tensor weight_;
+};
+
+// A lookup table [num_embeddings, embedding_dim], initialised N(0, 1) from
+// `gen` with the padding_idx row (if any) zeroed, as torch.nn.Embedding.
+// forward takes s32/s64 indices of any shape.
+class Embedding : public Module {
+ public:
+  Embedding(std::int64_t num_embeddings, std::int64_t embedding_dim, Generator& gen,
+            std::optional<std::int64_t> padding_idx = std::nullopt, TensorOptions options = {});
+  Tensor forward(const Tensor& indices) override;
+  std::string type_name() const override { return "Embedding"; }
+  Tensor weight() const { return weight_; }
+  std::optional<std::int64_t> padding_idx() const { return padding_idx_; }
+
+ private:
+  std::optional<std::int64_t> padding_idx_;
+  Tensor weight_;
+};
+
+// dropout(x, p, is_training(), gen): identity in eval mode. The generator is
+// referenced, not copied (it must outlive the module), and advances with
+// every training call.
+class Dropout : public Module {
+ public:
+  explicit Dropout(double p = 0.5, Generator& gen = default_generator());
+  Tensor forward(const Tensor& x) override;
+  std::string type_name() const override { return "Dropout"; }
+  double p() const { return p_; }
+
+ private:
+  double p_;
+  Generator* gen_;
+};
+
+class GELU : public Module {
+ public:
+  explicit GELU(GeluApproximate approximate = GeluApproximate::none) : approximate_(approximate) {}
+  Tensor forward(const Tensor& x) override;
+  std::string type_name() const override { return "GELU"; }
+
+ private:
+  GeluApproximate approximate_;
+};
+
+}  // namespace qgrad::nn

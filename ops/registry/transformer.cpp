@@ -1,0 +1,241 @@
+// Registry entries: the transformer ops (gelu, silu, softmax, layer_norm,
+// rms_norm, embedding, dropout).
+#include <cmath>
+#include <limits>
+
+#include "qgrad/core/random.h"
+#include "qgrad/ops/ops.h"
+#include "qgrad/ops/registry.h"
+
+namespace qgrad::registry {
+
+namespace {
+
+using Tensors = std::vector<Tensor>;
+const std::vector<DType> kFloat = {DType::f64, DType::f32, DType::f16, DType::bf16};
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+constexpr double kInf = std::numeric_limits<double>::infinity();
+const DType kNonFloat[] = {DType::s8, DType::u8, DType::s32, DType::s64, DType::boolean};
+
+// exp, erf and tanh are glibc's on the CPU and libdevice's on CUDA: each
+// within an ulp or two, not always the same ulp (f16/bf16: one rounding step
+// of the result may differ).
+Promise transcendental(const char* what) { return Promise::within(1e-13, 1e-6, 1e-2, 1e-2, what); }
+
+// Values from a normal draw plus special ones spread through the tensor:
+// +-0, a large and a tiny magnitude (all finite: the gradient is checked).
+Tensor activation_input(const Shape& shape, Generator& g, Device d, DType dt) {
+  std::vector<double> v = randn(shape, g, on(Device::cpu(), DType::f64), 0.0, 2.0).to_vector<double>();
+  const double special[] = {0.0, -0.0, 6.0, -6.0, 1e-3, -9.5};
+  for (std::size_t i = 0; i < std::size(special) && i < v.size(); ++i) v[i * 5 % v.size()] = special[i];
+  return leaf(Tensor::from_vector(v, shape).to(dt).to(d));
+}
+
+// The device on the other side, when a GPU is present (mixed-device cases).
+bool other_device(Device d, Device& other) {
+  if (cuda_device_count() == 0) return false;
+  other = d.is_cpu() ? Device::cuda(0) : Device::cpu();
+  return true;
+}
+
+std::vector<BadInput> unary_errors(const char* op, std::function<Tensor(const Tensor&)> f, Device d) {
+  std::vector<BadInput> c{{op, "x", [f] { f(Tensor()); }}};
+  for (DType dt : kNonFloat) c.push_back({op, "x", [=] { f(some({2, 3}, d, dt)); }});
+  return c;
+}
+
+Tensor embedding_indices(Device d, bool s32) {
+  // Repeated rows (1 three times, 4 twice), row 0 and the last row 5.
+  const std::vector<std::int64_t> v = {1, 4, 2, 1, 0, 5, 1, 4};
+  if (s32) return Tensor::from_vector<std::int32_t>({1, 4, 2, 1, 0, 5, 1, 4}, {2, 4}, d);
+  return Tensor::from_vector<std::int64_t>(v, {2, 4}, d);
+}
+
+constexpr std::uint64_t kDropoutSeed = 77;
+constexpr double kDropoutP = 0.3;
+
+}  // namespace
+
+std::vector<OpEntry> transformer_entries() {
+  std::vector<OpEntry> e;
+  for (const bool tanh : {false, true}) {
+    const char* name = tanh ? "gelu (tanh)" : "gelu (erf)";
+    const GeluApproximate a = tanh ? GeluApproximate::tanh : GeluApproximate::none;
+    e.push_back({name, {"gelu"}, kFloat,
+                 [](Device d, DType dt, Generator& g) { return Tensors{activation_input({4, 9}, g, d, dt)}; },
+                 [a](const Tensors& v) { return Tensors{gelu(v[0], a)}; }, transcendental("erf / tanh / exp"),
+                 GradMethod::finite_differences, {}, {}, [](Device d) {
+                   auto f = [](const Tensor& x) { return gelu(x); };
+                   std::vector<BadInput> c = unary_errors("gelu", f, d);
+                   const Tensor x = some({3}, d);
+                   c.push_back({"gelu", "approximate", [=] { gelu(x, static_cast<GeluApproximate>(7)); }});
+                   return c;
+                 }});
+  }
+  e.push_back({"silu", {"silu"}, kFloat,
+               [](Device d, DType dt, Generator& g) { return Tensors{activation_input({4, 9}, g, d, dt)}; },
+               [](const Tensors& v) { return Tensors{silu(v[0])}; }, transcendental("exp"),
+               GradMethod::finite_differences, {}, {},
+               [](Device d) { return unary_errors("silu", [](const Tensor& x) { return silu(x); }, d); }});
+  // Along a middle axis (strided rows) and the last one.
+  e.push_back({"softmax", {"softmax"}, kFloat,
+               [](Device d, DType dt, Generator& g) { return Tensors{normal({2, 5, 3}, g, d, dt, 2.0)}; },
+               [](const Tensors& v) { return Tensors{add(softmax(v[0], 1), mul(softmax(v[0], -1), 0.5))}; },
+               transcendental("exp"), GradMethod::finite_differences, {}, {}, [](Device d) {
+                 std::vector<BadInput> c = unary_errors("softmax", [](const Tensor& x) { return softmax(x); }, d);
+                 const Tensor x = some({2, 3}, d);
+                 for (std::int64_t ax : {2LL, -3LL, 100LL}) c.push_back({"softmax", "axis", [=] { softmax(x, ax); }});
+                 c.push_back({"softmax", "axis", [=] { softmax(Tensor::scalar(1.5f, d), 0); }});
+                 return c;
+               }});
+  // Rows with a large common offset (the two-pass variance keeps them
+  // exact), weight and bias over two dims, and a plain call over one dim.
+  e.push_back({"layer_norm", {"layer_norm"}, kFloat,
+               [](Device d, DType dt, Generator& g) {
+                 std::vector<double> x = randn({2, 3, 4}, g, on(Device::cpu(), DType::f64)).to_vector<double>();
+                 for (std::size_t i = 12; i < 24; ++i) x[i] += 100.0;
+                 return Tensors{leaf(Tensor::from_vector(x, {2, 3, 4}).to(dt).to(d)),
+                                leaf(rand({3, 4}, g, on(d, dt), 0.5, 1.5)), normal({3, 4}, g, d, dt)};
+               },
+               [](const Tensors& v) {
+                 return Tensors{add(layer_norm(v[0], {3, 4}, v[1], v[2], 1e-5), layer_norm(v[0], {4}))};
+               },
+               Promise::bit_identical(), GradMethod::finite_differences, {}, {}, [](Device d) {
+                 const char* op = "layer_norm";
+                 const Tensor x = some({2, 3, 4}, d), w = some({3, 4}, d), b = some({3, 4}, d), u;
+                 std::vector<BadInput> c{
+                     {op, "x", [=] { layer_norm(u, {4}); }},
+                     {op, "normalized_shape", [=] { layer_norm(x, {5}); }},
+                     {op, "normalized_shape", [=] { layer_norm(x, {}); }},
+                     {op, "normalized_shape", [=] { layer_norm(x, {1, 2, 3, 4}); }},
+                     {op, "normalized_shape", [=] { layer_norm(x, {4, 3}); }},
+                     {op, "weight", [=] { layer_norm(x, {3, 4}, some({4}, d), b); }},
+                     {op, "weight", [=] { layer_norm(x, {3, 4}, some({4, 3}, d), b); }},
+                     {op, "weight", [=] { layer_norm(x, {3, 4}, some({3, 4}, d, DType::f64), b); }},
+                     {op, "weight", [=] { layer_norm(x, {3, 4}, some({3, 4}, d, DType::s32), b); }},
+                     {op, "bias", [=] { layer_norm(x, {3, 4}, w, some({12}, d)); }},
+                     {op, "bias", [=] { layer_norm(x, {3, 4}, w, some({3, 4}, d, DType::f16)); }},
+                     {op, "eps", [=] { layer_norm(x, {3, 4}, w, b, 0.0); }},
+                     {op, "eps", [=] { layer_norm(x, {4}, u, u, -1e-5); }},
+                     {op, "eps", [=] { layer_norm(x, {4}, u, u, kNaN); }},
+                     {op, "eps", [=] { layer_norm(x, {4}, u, u, kInf); }}};
+                 for (DType dt : kNonFloat) c.push_back({op, "x", [=] { layer_norm(some({2, 4}, d, dt), {4}); }});
+                 Device o;
+                 if (other_device(d, o)) {
+                   c.push_back({op, "weight", [=] { layer_norm(x, {3, 4}, some({3, 4}, o), b); }});
+                   c.push_back({op, "bias", [=] { layer_norm(x, {3, 4}, w, some({3, 4}, o)); }});
+                 }
+                 return c;
+               }});
+  e.push_back({"rms_norm", {"rms_norm"}, kFloat,
+               [](Device d, DType dt, Generator& g) {
+                 std::vector<double> x = randn({2, 3, 4}, g, on(Device::cpu(), DType::f64)).to_vector<double>();
+                 for (std::size_t i = 0; i < 4; ++i) x[i] += 30.0;
+                 return Tensors{leaf(Tensor::from_vector(x, {2, 3, 4}).to(dt).to(d)),
+                                leaf(rand({4}, g, on(d, dt), 0.5, 1.5))};
+               },
+               [](const Tensors& v) {
+                 return Tensors{add(rms_norm(v[0], {4}, v[1], 1e-6), rms_norm(v[0], {3, 4}))};
+               },
+               Promise::bit_identical(), GradMethod::finite_differences, {}, {}, [](Device d) {
+                 const char* op = "rms_norm";
+                 const Tensor x = some({2, 3, 4}, d), w = some({4}, d), u;
+                 std::vector<BadInput> c{{op, "x", [=] { rms_norm(u, {4}); }},
+                                         {op, "normalized_shape", [=] { rms_norm(x, {3}); }},
+                                         {op, "normalized_shape", [=] { rms_norm(x, {}); }},
+                                         {op, "normalized_shape", [=] { rms_norm(x, {0}); }},
+                                         {op, "weight", [=] { rms_norm(x, {4}, some({3}, d)); }},
+                                         {op, "weight", [=] { rms_norm(x, {4}, some({1, 4}, d)); }},
+                                         {op, "weight", [=] { rms_norm(x, {4}, some({4}, d, DType::bf16)); }},
+                                         {op, "weight", [=] { rms_norm(x, {4}, some({4}, d, DType::s64)); }},
+                                         {op, "eps", [=] { rms_norm(x, {4}, w, 0.0); }},
+                                         {op, "eps", [=] { rms_norm(x, {4}, w, -1.0); }},
+                                         {op, "eps", [=] { rms_norm(x, {4}, w, kNaN); }},
+                                         {op, "eps", [=] { rms_norm(x, {4}, u, kInf); }}};
+                 for (DType dt : kNonFloat) c.push_back({op, "x", [=] { rms_norm(some({2, 4}, d, dt), {4}); }});
+                 Device o;
+                 if (other_device(d, o)) c.push_back({op, "weight", [=] { rms_norm(x, {4}, some({4}, o)); }});
+                 return c;
+               }});
+  // s64 indices with repeats, and s32 ones with padding_idx -3 (row 3: not
+  // among the indices, since a used padding row has a zero gradient by
+  // definition, which finite differences would not see; the unit tests check
+  // used padding rows).
+  e.push_back({"embedding", {"embedding"}, kFloat,
+               [](Device d, DType dt, Generator& g) { return Tensors{normal({6, 3}, g, d, dt)}; },
+               [](const Tensors& v) {
+                 const Device d = v[0].device();
+                 return Tensors{add(embedding(v[0], embedding_indices(d, false)),
+                                    mul(embedding(v[0], embedding_indices(d, true), -3), 0.5))};
+               },
+               Promise::bit_identical(), GradMethod::finite_differences, {}, {}, [](Device d) {
+                 const char* op = "embedding";
+                 const Tensor w = some({6, 3}, d), idx = embedding_indices(d, false), u;
+                 auto s64 = [d](std::vector<std::int64_t> v) {
+                   const auto n = static_cast<std::int64_t>(v.size());
+                   return Tensor::from_vector<std::int64_t>(v, {n}, d);
+                 };
+                 std::vector<BadInput> c{
+                     {op, "weight", [=] { embedding(u, idx); }},
+                     {op, "weight", [=] { embedding(some({6}, d), idx); }},
+                     {op, "weight", [=] { embedding(some({6, 3, 1}, d), idx); }},
+                     {op, "indices", [=] { embedding(w, u); }},
+                     {op, "indices", [=] { embedding(w, some({4}, d)); }},
+                     {op, "indices", [=] { embedding(w, some({4}, d, DType::u8)); }},
+                     {op, "indices", [=] { embedding(w, some({4}, d, DType::s8)); }},
+                     {op, "padding_idx", [=] { embedding(w, idx, 6); }},
+                     {op, "padding_idx", [=] { embedding(w, idx, -7); }},
+                     {op, "indices", [=] { embedding(w, s64({0, 6})); }, true},
+                     {op, "indices", [=] { embedding(w, s64({-1, 2})); }, true},
+                     {op, "indices",
+                      [=] { embedding(w, Tensor::from_vector<std::int32_t>({3, 1 << 30}, {2}, d)); }, true}};
+                 for (DType dt : kNonFloat) c.push_back({op, "weight", [=] { embedding(some({6, 3}, d, dt), idx); }});
+                 Device o;
+                 if (other_device(d, o)) c.push_back({op, "indices", [=] { embedding(w, idx.to(o)); }});
+                 return c;
+               }});
+  // Training with p = 0.3 over 200 elements (two mask blocks, the second
+  // partial), checked against the host transcription of the mask rule; p = 1
+  // and eval mode as extra outputs.
+  OpEntry drop{"dropout", {"dropout"}, kFloat,
+               [](Device d, DType dt, Generator& g) { return Tensors{normal({5, 40}, g, d, dt)}; },
+               [](const Tensors& v) {
+                 Generator g(kDropoutSeed);
+                 Tensor y = dropout(v[0], kDropoutP, true, g);
+                 Tensor all = dropout(v[0].detach(), 1.0, true, g);
+                 Tensor eval = dropout(v[0].detach(), 0.5, false, g);
+                 return Tensors{y, all, eval};
+               },
+               Promise::bit_identical(), GradMethod::host_reference,
+               [](const Tensors& in, const Tensor& dy) {
+                 const std::vector<double> g = dy.detach().cpu().to(DType::f64).to_vector<double>();
+                 std::vector<double> dx(g.size());
+                 for (std::size_t i = 0; i < g.size(); ++i)
+                   dx[i] = formulas::random_uniform(kDropoutSeed, i) >= kDropoutP ? g[i] * (1.0 / (1.0 - kDropoutP))
+                                                                                  : g[i] * 0.0;
+                 (void)in;
+                 return std::vector<std::vector<double>>{dx};
+               },
+               {}, [](Device d) {
+                 const char* op = "dropout";
+                 const Tensor x = some({2, 3}, d);
+                 std::vector<BadInput> c{{op, "p", [=] { dropout(x, -0.1); }},
+                                         {op, "p", [=] { dropout(x, 1.5); }},
+                                         {op, "p", [=] { dropout(x, kNaN); }},
+                                         {op, "p", [=] { dropout(x, -kInf, false); }},
+                                         {op, "x", [=] { dropout(Tensor(), 0.5); }}};
+                 for (DType dt : kNonFloat) c.push_back({op, "x", [=] { dropout(some({4}, d, dt), 0.5); }});
+                 return c;
+               }};
+  drop.forward_reference = [](const Tensors& in) {
+    const std::vector<double> x = in[0].detach().cpu().to(DType::f64).to_vector<double>();
+    std::vector<double> y(x.size());
+    for (std::size_t i = 0; i < x.size(); ++i)
+      y[i] = formulas::random_uniform(kDropoutSeed, i) >= kDropoutP ? x[i] * (1.0 / (1.0 - kDropoutP)) : x[i] * 0.0;
+    return y;
+  };
+  e.push_back(drop);
+  return e;
+}
+
+}  // namespace qgrad::registry

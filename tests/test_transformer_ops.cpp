@@ -1,0 +1,492 @@
+// The transformer ops (gelu, silu, softmax, layer_norm, rms_norm, embedding,
+// dropout) against host references in double: special values, rows with large
+// offsets, repeated indices and padding, the dropout mask's determinism and
+// statistics, and CPU against CUDA where a GPU is present.
+#include <cmath>
+#include <limits>
+
+#include "qgrad/core/random.h"
+#include "train_ops_helpers.h"
+
+using namespace qgrad;
+using namespace qgrad::testing;
+
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+Tensor from(const std::vector<double>& v, DType dt = DType::f64, Device d = Device::cpu()) {
+  return Tensor::from_vector(v, {static_cast<std::int64_t>(v.size())}).to(dt).to(d);
+}
+
+// PyTorch's gelu formulas in double (ActivationGeluKernel.cu).
+double gelu_ref(double x, bool tanh) {
+  if (!tanh) return x * 0.5 * (1.0 + std::erf(x * M_SQRT1_2));
+  const double beta = M_SQRT2 * M_2_SQRTPI * 0.5, kappa = 0.044715;
+  return 0.5 * x * (1.0 + std::tanh(beta * (x + kappa * x * x * x)));
+}
+double gelu_grad_ref(double x, bool tanh) {
+  if (!tanh) return 0.5 * (1.0 + std::erf(x * M_SQRT1_2)) + x * std::exp(-0.5 * x * x) * M_2_SQRTPI * M_SQRT1_2 * 0.5;
+  const double beta = M_SQRT2 * M_2_SQRTPI * 0.5, kappa = 0.044715;
+  const double t = std::tanh(beta * (x + kappa * x * x * x));
+  return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * beta * (1.0 + 3.0 * kappa * x * x);
+}
+
+// NaN equals NaN; otherwise |got - want| <= tol * max(1, |want|), infinities exact.
+void check_values(const std::vector<double>& got, const std::vector<double>& want, double tol) {
+  REQUIRE(got.size() == want.size());
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    INFO("element ", i, ": got ", got[i], ", want ", want[i]);
+    if (std::isnan(want[i])) {
+      CHECK(std::isnan(got[i]));
+    } else if (std::isinf(want[i])) {
+      CHECK(got[i] == want[i]);
+    } else {
+      CHECK(std::fabs(got[i] - want[i]) <= tol * std::max(1.0, std::fabs(want[i])));
+    }
+  }
+}
+
+// A fresh leaf holding t's values in dt on dev (never t itself: to() of the
+// same dtype or device returns t, and its grad would accumulate across runs).
+Tensor fresh(const Tensor& t, DType dt, Device dev) { return param(t.detach().to(dt).to(dev).clone().detach()); }
+
+Tensor grad_of(const std::function<Tensor(const Tensor&)>& f, const Tensor& x, const Tensor& dy) {
+  Tensor xl = param(x.detach());
+  f(xl).backward(dy);
+  return xl.grad();
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- gelu, silu
+
+TEST_CASE("gelu (erf and tanh forms): PyTorch's formulas at special values, forward and backward, f64 and f32") {
+  const std::vector<double> xs = {0.0, -0.0, 1.0, -1.0, 0.5, -3.0, 3.0, 10.0, -10.0, 30.0, -30.0, 1e-30, -1e-8,
+                                  kInf, -kInf, kNaN};
+  for (const bool tanh : {false, true}) {
+    const GeluApproximate a = tanh ? GeluApproximate::tanh : GeluApproximate::none;
+    std::vector<double> want, dwant;
+    for (double x : xs) {
+      want.push_back(gelu_ref(x, tanh));
+      dwant.push_back(std::isfinite(x) ? gelu_grad_ref(x, tanh) : kNaN);
+    }
+    // +inf: gelu = inf; -inf: -inf * 0 = NaN (the formula's value, as PyTorch).
+    CHECK(std::isinf(want[13]));
+    CHECK(std::isnan(want[14]));
+    for (const DType dt : {DType::f64, DType::f32}) {
+      INFO("tanh ", tanh, " dtype ", dtype_name(dt));
+      const double tol = dt == DType::f64 ? 1e-15 : 1e-6;
+      const Tensor x = from(xs, dt);
+      check_values(values(gelu(x, a)), want, tol);
+      // signed zero: -0 * 0.5 * (1 + erf(-0)) = -0
+      CHECK(std::signbit(values(gelu(x, a))[1]));
+      std::vector<double> got = values(grad_of([a](const Tensor& t) { return gelu(t, a); }, x, ones_like(x)));
+      for (std::size_t i = 0; i < xs.size(); ++i)
+        if (!std::isfinite(xs[i])) got[i] = kNaN;  // d/dx at +-inf is not compared
+      check_values(got, dwant, tol);
+      CHECK(values(grad_of([a](const Tensor& t) { return gelu(t, a); }, x, ones_like(x)))[0] == 0.5);
+    }
+  }
+  // The two forms differ, by at most ~5e-4 on this range.
+  const Tensor x = rnd({1000}, 3, DType::f64, 3.0);
+  const double d = max_abs_diff(gelu(x), gelu(x, GeluApproximate::tanh));
+  CHECK(d > 1e-5);
+  CHECK(d < 1e-3);
+}
+
+TEST_CASE("gelu and silu: gradcheck, and CUDA within an ulp or two of the CPU") {
+  const Tensor x = rnd({4, 7}, 11, DType::f64, 2.0);
+  check_grad([](const std::vector<Tensor>& v) { return gelu(v[0]); }, {param(x.clone().detach())});
+  check_grad([](const std::vector<Tensor>& v) { return gelu(v[0], GeluApproximate::tanh); }, {param(x.clone().detach())});
+  check_grad([](const std::vector<Tensor>& v) { return silu(v[0]); }, {param(x.clone().detach())});
+  if (!has_gpu()) return;
+  for (const DType dt : {DType::f32, DType::f64, DType::bf16}) {
+    const Tensor xc = rnd({4096}, 12, dt, 3.0);
+    const double tol = dt == DType::f64 ? 1e-14 : dt == DType::f32 ? 1e-6 : 1e-2;
+    CHECK(max_abs_diff(gelu(xc.cuda()).cpu(), gelu(xc)) <= tol * 10);
+    CHECK(max_abs_diff(silu(xc.cuda()).cpu(), silu(xc)) <= tol * 10);
+  }
+}
+
+TEST_CASE("silu: x / (1 + exp(-x)) and PyTorch's backward at special values") {
+  const std::vector<double> xs = {0.0, -0.0, 1.0, -1.0, 20.0, -20.0, 100.0, -100.0, kInf, -kInf, kNaN};
+  std::vector<double> want, dwant;
+  for (double x : xs) {
+    want.push_back(x / (1.0 + std::exp(-x)));
+    const double s = 1.0 / (1.0 + std::exp(-x));
+    dwant.push_back(std::isfinite(x) ? s * (1.0 + x * (1.0 - s)) : kNaN);
+  }
+  CHECK(std::isnan(want[9]));  // -inf / inf, as PyTorch's formula
+  for (const DType dt : {DType::f64, DType::f32}) {
+    const double tol = dt == DType::f64 ? 1e-15 : 1e-6;
+    const Tensor x = from(xs, dt);
+    check_values(values(silu(x)), want, tol);
+    CHECK(std::signbit(values(silu(x))[1]));
+    std::vector<double> got = values(grad_of([](const Tensor& t) { return silu(t); }, x, ones_like(x)));
+    for (std::size_t i = 0; i < xs.size(); ++i)
+      if (!std::isfinite(xs[i])) got[i] = kNaN;
+    check_values(got, dwant, tol);
+  }
+}
+
+// ---------------------------------------------------------------- softmax
+
+TEST_CASE("softmax along an axis: host reference, rows sum to 1, large values, -inf and NaN rows, gradcheck") {
+  const Tensor x = rnd({3, 5, 4}, 21, DType::f64, 3.0);
+  const std::vector<double> xv = values(x);
+  for (const std::int64_t axis : {0, 1, 2, -1}) {
+    const std::int64_t ax = axis < 0 ? axis + 3 : axis;
+    const Shape s = x.shape();
+    std::vector<double> want(xv.size());
+    const std::int64_t inner = ax == 0 ? 20 : ax == 1 ? 4 : 1, n = s[static_cast<std::size_t>(ax)];
+    for (std::size_t i = 0; i < xv.size(); ++i) {
+      const auto ii = static_cast<std::int64_t>(i);
+      const std::int64_t base = (ii / (inner * n)) * inner * n + ii % inner;
+      double mx = -kInf, sum = 0;
+      for (std::int64_t r = 0; r < n; ++r) mx = std::max(mx, xv[static_cast<std::size_t>(base + r * inner)]);
+      for (std::int64_t r = 0; r < n; ++r) sum += std::exp(xv[static_cast<std::size_t>(base + r * inner)] - mx);
+      want[i] = std::exp(xv[i] - mx) / sum;
+    }
+    check_values(values(softmax(x, axis)), want, 1e-14);
+    check_grad([axis](const std::vector<Tensor>& v) { return softmax(v[0], axis); }, {param(x.clone().detach())});
+  }
+  const std::vector<double> sums = values(sum(softmax(rnd({6, 33}, 22, DType::f32), -1), 1));
+  for (double s : sums) CHECK(s == doctest::Approx(1.0).epsilon(1e-6));
+  // Large values do not overflow; -inf entries get 0; a NaN makes its row NaN.
+  const Tensor big = Tensor::from_vector<double>({1000, 1001, -kInf, 0, kNaN, 1}, {2, 3});
+  const std::vector<double> y = values(softmax(big, 1));
+  CHECK(y[0] == doctest::Approx(1.0 / (1.0 + std::exp(1.0))));
+  CHECK(y[2] == 0.0);
+  CHECK(std::isnan(y[3]));
+  CHECK(std::isnan(y[4]));
+  CHECK(std::isnan(y[5]));
+}
+
+// ---------------------------------------------------------------- layer_norm, rms_norm
+
+namespace {
+
+struct NormRef {
+  std::vector<double> y, dx, dw, db;
+};
+// The normalisations in double over rows of d: layer_norm (centered) or rms_norm.
+NormRef norm_ref(const std::vector<double>& x, const std::vector<double>& w, const std::vector<double>& b,
+                 const std::vector<double>& dy, std::int64_t d, double eps, bool centered) {
+  const std::size_t D = static_cast<std::size_t>(d), rows = x.size() / D;
+  NormRef r{std::vector<double>(x.size()), std::vector<double>(x.size()), std::vector<double>(D, 0.0),
+            std::vector<double>(D, 0.0)};
+  for (std::size_t row = 0; row < rows; ++row) {
+    const double* xr = &x[row * D];
+    double mean = 0, var = 0;
+    if (centered) {
+      for (std::size_t j = 0; j < D; ++j) mean += xr[j];
+      mean /= static_cast<double>(D);
+    }
+    for (std::size_t j = 0; j < D; ++j) var += (xr[j] - mean) * (xr[j] - mean);
+    var /= static_cast<double>(D);
+    const double rstd = 1.0 / std::sqrt(var + eps);
+    double mg = 0, mgx = 0;
+    for (std::size_t j = 0; j < D; ++j) {
+      const double xhat = (xr[j] - mean) * rstd;
+      const double g = dy[row * D + j] * (w.empty() ? 1.0 : w[j]);
+      r.y[row * D + j] = xhat * (w.empty() ? 1.0 : w[j]) + (b.empty() ? 0.0 : b[j]);
+      mg += g;
+      mgx += g * xhat;
+      r.dw[j] += dy[row * D + j] * xhat;
+      r.db[j] += dy[row * D + j];
+    }
+    mg = centered ? mg / static_cast<double>(D) : 0.0;
+    mgx /= static_cast<double>(D);
+    for (std::size_t j = 0; j < D; ++j) {
+      const double xhat = (xr[j] - mean) * rstd;
+      const double g = dy[row * D + j] * (w.empty() ? 1.0 : w[j]);
+      r.dx[row * D + j] = rstd * (g - mg - xhat * mgx);
+    }
+  }
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("layer_norm: host reference for y, dx, dweight, dbias (f64), over one and two normalized dims") {
+  for (const bool two_dims : {false, true}) {
+    const Shape ns = two_dims ? Shape{3, 8} : Shape{8};
+    // 70 rows: two chunks of the column sums (64 rows each, the second partial).
+    const Tensor x = rnd({70, 3, 8}, 31, DType::f64, 2.0), dy = rnd({70, 3, 8}, 32);
+    const Tensor w = rnd(ns, 33), b = rnd(ns, 34);
+    const std::int64_t d = two_dims ? 24 : 8;
+    const NormRef ref = norm_ref(values(x), values(w), values(b), values(dy), d, 1e-5, true);
+    Tensor xl = param(x.clone().detach()), wl = param(w.clone().detach()), bl = param(b.clone().detach());
+    Tensor y = layer_norm(xl, ns, wl, bl, 1e-5);
+    check_values(values(y), ref.y, 1e-13);
+    y.backward(dy);
+    check_values(values(xl.grad()), ref.dx, 1e-12);
+    check_values(values(wl.grad()), ref.dw, 1e-12);
+    check_values(values(bl.grad()), ref.db, 1e-12);
+    CHECK(wl.grad().shape() == ns);
+    CHECK(bl.grad().shape() == ns);
+  }
+  // Without weight and bias; and with only one of them.
+  const Tensor x = rnd({5, 6}, 35), w = rnd({6}, 36);
+  check_grad([](const std::vector<Tensor>& v) { return layer_norm(v[0], {6}); }, {param(x.clone().detach())});
+  check_grad([](const std::vector<Tensor>& v) { return layer_norm(v[0], {6}, v[1]); },
+             {param(x.clone().detach()), param(w.clone().detach())});
+  check_grad([](const std::vector<Tensor>& v) { return layer_norm(v[0], {6}, Tensor(), v[1], 0.1); },
+             {param(x.clone().detach()), param(w.clone().detach())});
+}
+
+TEST_CASE("layer_norm: rows with a large offset stay exact (two-pass variance), in f32 and f64") {
+  // f32 rows at 1e4 + N(0, 1): a one-pass E[x^2] - E[x]^2 in float would lose
+  // every digit (x^2 ~ 1e8, float's ulp there is 8).
+  for (const DType dt : {DType::f32, DType::f64}) {
+    const double offset = dt == DType::f32 ? 1e4 : 1e9;
+    std::vector<double> xv = values(rnd({16, 64}, 41));
+    for (double& v : xv) v += offset;
+    const Tensor x = Tensor::from_vector(xv, {16, 64}).to(dt);
+    const std::vector<double> xr = values(x);  // the rounded inputs
+    const NormRef ref = norm_ref(xr, {}, {}, std::vector<double>(xr.size(), 1.0), 64, 1e-5, true);
+    const double tol = dt == DType::f32 ? 2e-3 : 1e-6;
+    check_values(values(layer_norm(x, {64})), ref.y, tol);
+  }
+}
+
+TEST_CASE("rms_norm: host reference, default eps = the math type's epsilon, gradcheck") {
+  const Tensor x = rnd({70, 12}, 51, DType::f64, 2.0), dy = rnd({70, 12}, 52), w = rnd({12}, 53);
+  const NormRef ref = norm_ref(values(x), values(w), {}, values(dy), 12, 1e-6, false);
+  Tensor xl = param(x.clone().detach()), wl = param(w.clone().detach());
+  Tensor y = rms_norm(xl, {12}, wl, 1e-6);
+  check_values(values(y), ref.y, 1e-13);
+  y.backward(dy);
+  check_values(values(xl.grad()), ref.dx, 1e-12);
+  check_values(values(wl.grad()), ref.dw, 1e-12);
+  check_grad([](const std::vector<Tensor>& v) { return rms_norm(v[0], {3, 4}); },
+             {param(rnd({2, 3, 4}, 54).detach())});
+  // Default eps: float's epsilon for f32 (and f16/bf16), double's for f64.
+  // Rows of 1e-4 (f32) and 1e-8 (f64), where eps is not negligible.
+  const double ef = std::numeric_limits<float>::epsilon(), ed = std::numeric_limits<double>::epsilon();
+  const std::vector<double> yf = values(rms_norm(full({2, 4}, 1e-4, opts(DType::f32)), {4}));
+  CHECK(yf[0] == doctest::Approx(1e-4 / std::sqrt(1e-8 + ef)).epsilon(1e-6));
+  const std::vector<double> yd = values(rms_norm(full({2, 4}, 1e-8, opts(DType::f64)), {4}));
+  CHECK(yd[0] == doctest::Approx(1e-8 / std::sqrt(1e-16 + ed)).epsilon(1e-12));
+  // A row of zeros: 0, not NaN.
+  for (double v : values(rms_norm(zeros({2, 4}, opts(DType::bf16)), {4}))) CHECK(v == 0.0);
+  // Large offsets: rms is dominated by the offset; f32 stays within 1e-6.
+  std::vector<double> xv = values(rnd({4, 32}, 55));
+  for (double& v : xv) v += 1e4;
+  const Tensor xo = Tensor::from_vector(xv, {4, 32}).to(DType::f32);
+  const NormRef ro = norm_ref(values(xo), {}, {}, std::vector<double>(xv.size(), 0.0), 32, ef, false);
+  check_values(values(rms_norm(xo, {32})), ro.y, 1e-6);
+}
+
+TEST_CASE("layer_norm and rms_norm: f16/bf16 accumulate in f32, and CUDA is bit-identical to the CPU") {
+  const Tensor x = rnd({33, 48}, 61, DType::f64, 3.0), w = rnd({48}, 62), b = rnd({48}, 63);
+  const NormRef ref = norm_ref(values(x), values(w), values(b), std::vector<double>(x.numel(), 1.0), 48, 1e-5, true);
+  for (const DType dt : {DType::f16, DType::bf16}) {
+    const std::vector<double> got = values(layer_norm(x.to(dt), {48}, w.to(dt), b.to(dt)));
+    for (std::size_t i = 0; i < got.size(); ++i)
+      CHECK(std::fabs(got[i] - ref.y[i]) <= (dt == DType::bf16 ? 6e-2 : 1e-2) * std::max(1.0, std::fabs(ref.y[i])));
+  }
+  if (!has_gpu()) return;
+  for (const DType dt : {DType::f64, DType::f32, DType::f16, DType::bf16}) {
+    const Tensor dy = rnd({33, 48}, 64, dt);
+    auto run = [&](Device dev) {
+      Tensor xl = fresh(x, dt, dev), wl = fresh(w, dt, dev), bl = fresh(b, dt, dev);
+      Tensor y = layer_norm(xl, {48}, wl, bl);
+      Tensor z = rms_norm(xl, {48}, wl);
+      add(y, z).backward(dy.to(dev));
+      return std::vector<Tensor>{y.cpu(), z.cpu(), xl.grad().cpu(), wl.grad().cpu(), bl.grad().cpu()};
+    };
+    const auto c = run(Device::cpu()), g = run(Device::cuda(0));
+    for (std::size_t i = 0; i < c.size(); ++i) CHECK(bit_equal(c[i], g[i]));
+  }
+}
+
+// ---------------------------------------------------------------- embedding
+
+TEST_CASE("embedding: gather, repeated indices summed in order, padding_idx rows get zero gradient") {
+  const std::int64_t V = 7, D = 5;
+  const Tensor w = rnd({V, D}, 71);
+  const std::vector<std::int64_t> idx = {3, 1, 3, 0, 6, 3, 2, 1, 2, 2, 5, 3};
+  for (const bool s32 : {false, true}) {
+    const Tensor ind = s32 ? Tensor::from_vector(std::vector<std::int32_t>(idx.begin(), idx.end()), {3, 4})
+                           : Tensor::from_vector(idx, {3, 4});
+    const Tensor dy = rnd({3, 4, D}, 72);
+    for (const std::int64_t pad : {-1LL, 2LL, -5LL}) {  // none, row 2, row 2 from the end
+      INFO("s32 ", s32, " padding_idx ", pad);
+      Tensor wl = param(w.clone().detach());
+      Tensor y = pad == -1 ? embedding(wl, ind) : embedding(wl, ind, pad);
+      CHECK(y.shape() == Shape{3, 4, D});
+      const std::vector<double> wv = values(w), yv = values(y), gv = values(dy);
+      for (std::size_t n = 0; n < idx.size(); ++n)
+        for (std::int64_t j = 0; j < D; ++j)  // the padding row is still gathered (PyTorch)
+          CHECK(yv[n * D + j] == wv[static_cast<std::size_t>(idx[n] * D + j)]);
+      y.backward(dy);
+      const std::vector<double> got = values(wl.grad());
+      for (std::int64_t v = 0; v < V; ++v)
+        for (std::int64_t j = 0; j < D; ++j) {
+          double want = 0;  // summed in index order, as the kernel promises
+          if (pad == -1 || v != 2)
+            for (std::size_t n = 0; n < idx.size(); ++n)
+              if (idx[n] == v) want += gv[n * D + j];
+          CHECK(got[static_cast<std::size_t>(v * D + j)] == want);
+        }
+    }
+  }
+  // (padding_idx 3 is not among the indices: a padding row that is used has
+  // a zero gradient by definition, which finite differences would not see.)
+  check_grad([](const std::vector<Tensor>& v) { return embedding(v[0], Tensor::from_vector<std::int64_t>({1, 1, 0}, {3}), 3); },
+             {param(w.clone().detach())});
+}
+
+TEST_CASE("embedding: out-of-range indices throw on the CPU before anything is written; deterministic gradient") {
+  const Tensor w = rnd({4, 3}, 81);
+  CHECK_THROWS_AS(embedding(w, Tensor::from_vector<std::int64_t>({0, 4}, {2})), Error);
+  CHECK_THROWS_AS(embedding(w, Tensor::from_vector<std::int32_t>({-1}, {1})), Error);
+  CHECK_THROWS_AS(embedding(w, Tensor::from_vector<std::int64_t>({0}, {1}), 4), Error);
+  // Many repeats of few rows in bf16 and f32: the same bits every run (and on CUDA).
+  Generator g(82);
+  const Tensor ind = randint(0, 4, {5000}, g, opts(DType::s64));
+  for (const DType dt : {DType::f32, DType::bf16}) {
+    const Tensor wd = w.to(dt), dy = rnd({5000, 3}, 83, dt);
+    auto run = [&](Device dev) {
+      Tensor wl = fresh(wd, dt, dev);
+      embedding(wl, ind.to(dev), 1).backward(dy.to(dev));
+      return wl.grad().cpu();
+    };
+    const Tensor a = run(Device::cpu()), b = run(Device::cpu());
+    CHECK(bit_equal(a, b));
+    CHECK(values(a)[3] == 0.0);  // padding row 1
+    if (has_gpu()) CHECK(bit_equal(a, run(Device::cuda(0))));
+  }
+  if (has_gpu()) {
+    // CUDA: an out-of-range index gives a NaN row and adds nothing to the gradient.
+    Tensor wl = param(w.cuda());
+    Tensor y = embedding(wl, Tensor::from_vector<std::int64_t>({1, 9, -2}, {3}, Device::cuda(0)));
+    const std::vector<double> yv = values(y.cpu());
+    CHECK(!std::isnan(yv[0]));
+    CHECK(std::isnan(yv[3]));
+    CHECK(std::isnan(yv[6]));
+    y.backward(ones_like(y));
+    const std::vector<double> gv = values(wl.grad().cpu());
+    CHECK(gv[3] == 1.0);
+    CHECK(gv[0] == 0.0);
+  }
+}
+
+// ---------------------------------------------------------------- dropout
+
+TEST_CASE("dropout: the same mask for the same seed, mask statistics, scaling, eval and p in {0, 1}") {
+  const std::int64_t n = 100000;
+  const double p = 0.3;
+  const Tensor x = rnd({n}, 91, DType::f32);
+  Generator g1(5), g2(5);
+  const Tensor y1 = dropout(x, p, true, g1), y2 = dropout(x, p, true, g2);
+  CHECK(bit_equal(y1, y2));
+  // The generator advanced: the next draw differs.
+  CHECK(!bit_equal(dropout(x, p, true, g1), y1));
+  Generator g3(6);
+  CHECK(!bit_equal(dropout(x, p, true, g3), y1));
+  // Kept elements are x / (1 - p) (scale rounded to f32), the rest 0; the
+  // mask is the host rule keep_i = uniform(seed, i) >= p.
+  const std::vector<double> xv = values(x), yv = values(y1);
+  const float scale = static_cast<float>(1.0 / (1.0 - p));
+  std::int64_t kept = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const auto k = static_cast<std::size_t>(i);
+    const bool keep = formulas::random_uniform(5, static_cast<std::uint64_t>(i)) >= p;
+    kept += keep;
+    CHECK(yv[k] == (keep ? static_cast<double>(static_cast<float>(xv[k]) * scale) : 0.0));
+  }
+  // Binomial(n, 0.7): within 5 standard deviations.
+  const double sd = std::sqrt(n * p * (1 - p));
+  CHECK(std::fabs(static_cast<double>(kept) - n * (1 - p)) < 5 * sd);
+  // Runs of kept bits are not correlated with position: each quarter keeps ~70%.
+  for (int q = 0; q < 4; ++q) {
+    std::int64_t kq = 0;
+    for (std::int64_t i = q * n / 4; i < (q + 1) * n / 4; ++i) kq += yv[static_cast<std::size_t>(i)] != 0.0;
+    CHECK(std::fabs(static_cast<double>(kq) / (n / 4) - (1 - p)) < 0.01);
+  }
+  // Eval and p == 0: x itself; p == 1: zeros (NaN stays NaN, as x * 0).
+  CHECK(dropout(x, p, false).data_ptr() == x.data_ptr());
+  CHECK(dropout(x, 0.0, true).data_ptr() == x.data_ptr());
+  const std::vector<double> z = values(dropout(from({1.0, -2.0, kNaN}, DType::f32), 1.0));
+  CHECK(z[0] == 0.0);
+  CHECK(z[1] == 0.0);
+  CHECK(std::isnan(z[2]));
+}
+
+TEST_CASE("dropout: backward is dy * mask / (1 - p); CPU and CUDA draw the same mask") {
+  const Tensor x = rnd({3, 77}, 92);
+  Generator g(8);
+  Tensor xl = param(x.clone().detach());
+  Tensor y = dropout(xl, 0.4, true, g);
+  const Tensor dy = rnd({3, 77}, 93);
+  y.backward(dy);
+  const std::vector<double> yv = values(y), xv = values(x), dv = values(dy), gv = values(xl.grad());
+  for (std::size_t i = 0; i < yv.size(); ++i) {
+    const bool keep = formulas::random_uniform(8, i) >= 0.4;
+    CHECK(gv[i] == (keep ? dv[i] * (1.0 / 0.6) : 0.0));
+    CHECK(yv[i] == (keep ? xv[i] * (1.0 / 0.6) : 0.0));
+  }
+  if (!has_gpu()) return;
+  for (const DType dt : {DType::f32, DType::bf16, DType::f64}) {
+    auto run = [&](Device dev) {
+      Generator gg(9);
+      Tensor xd = fresh(x, dt, dev);
+      Tensor yd = dropout(xd, 0.25, true, gg);
+      yd.backward(dy.to(dt).to(dev));
+      return std::vector<Tensor>{yd.cpu(), xd.grad().cpu()};
+    };
+    const auto c = run(Device::cpu()), d = run(Device::cuda(0));
+    CHECK(bit_equal(c[0], d[0]));
+    CHECK(bit_equal(c[1], d[1]));
+  }
+}
+
+// ---------------------------------------------------------------- nn modules
+
+TEST_CASE("nn transformer modules: PyTorch's default inits, parameters, train/eval") {
+  nn::LayerNorm ln({3, 4});
+  CHECK(ln.named_parameters().size() == 2);
+  for (double v : values(ln.weight())) CHECK(v == 1.0);
+  for (double v : values(ln.bias())) CHECK(v == 0.0);
+  const Tensor x = rnd({2, 3, 4}, 101, DType::f32);
+  CHECK(bit_equal(ln(x), layer_norm(x, {3, 4})));
+  CHECK(nn::LayerNorm({4}, 1e-5, false).named_parameters().empty());
+  CHECK(nn::LayerNorm({4}, 1e-5, true, false).named_parameters().size() == 1);
+  CHECK_THROWS_AS(nn::LayerNorm({4}, 0.0), Error);
+  CHECK_THROWS_AS(nn::LayerNorm({}), Error);
+
+  nn::RMSNorm rms({4});
+  CHECK(rms.named_parameters().size() == 1);
+  CHECK(bit_equal(rms(x), rms_norm(x, {4})));
+  CHECK_THROWS_AS(nn::RMSNorm({4}, -1.0), Error);
+
+  Generator g(7);
+  nn::Embedding emb(10, 4, g, 3);
+  const std::vector<double> w = values(emb.weight());
+  for (int j = 0; j < 4; ++j) CHECK(w[static_cast<std::size_t>(12 + j)] == 0.0);  // padding row zeroed
+  Generator g2(7);
+  const std::vector<double> draw = values(randn({10, 4}, g2, opts(DType::f64)));
+  CHECK(w[0] == static_cast<double>(static_cast<float>(draw[0])));  // N(0, 1) from the generator
+  const Tensor ind = Tensor::from_vector<std::int64_t>({3, 1, 3}, {3});
+  Tensor y = emb(ind);
+  CHECK(y.shape() == Shape{3, 4});
+  sum(y).backward();
+  for (int j = 0; j < 4; ++j) CHECK(values(emb.weight().grad())[static_cast<std::size_t>(12 + j)] == 0.0);
+  CHECK_THROWS_AS(nn::Embedding(10, 4, g, 10), Error);
+
+  Generator gd(3);
+  nn::Dropout drop(0.5, gd);
+  const Tensor a = drop(x);
+  CHECK(!bit_equal(a, x));
+  drop.eval();
+  CHECK(bit_equal(drop(x), x));
+  CHECK_THROWS_AS(nn::Dropout(1.5), Error);
+
+  nn::GELU gelu_tanh(GeluApproximate::tanh);
+  CHECK(bit_equal(gelu_tanh(x), gelu(x, GeluApproximate::tanh)));
+  CHECK(bit_equal(nn::GELU()(x), gelu(x)));
+}

@@ -13,3 +13,4 @@
 #include "qgrad/ops/quantized_linear.h"
 #include "qgrad/ops/observer.h"
 #include "qgrad/ops/optim.h"
+#include "qgrad/ops/conv.h"

@@ -125,6 +125,7 @@ ConformanceReport run_conformance(const std::vector<OpEntry>& entries, const Con
 std::vector<OpEntry> arithmetic_entries();    // elementwise, linalg, reductions, losses, conversions
 std::vector<OpEntry> quantization_entries();  // fake quantize, LSQ, quantize/dequantize, W8A8
 std::vector<OpEntry> state_entries();         // in-place updates (optimizer, observers) and factories
+std::vector<OpEntry> conv_entries();          // convolution (conv2d)
 
 TensorOptions on(Device device, DType dtype = DType::f32);
 // Seeded values of any dtype on `device` for bad-input cases (floating:

@@ -10,7 +10,7 @@ namespace qgrad::registry {
 const std::vector<OpEntry>& op_registry() {
   static const std::vector<OpEntry> entries = [] {
     std::vector<OpEntry> all;
-    for (auto family : {arithmetic_entries, quantization_entries, state_entries})
+    for (auto family : {arithmetic_entries, quantization_entries, state_entries, conv_entries})
       for (OpEntry& e : family()) all.push_back(std::move(e));
     return all;
   }();

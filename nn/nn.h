@@ -4,6 +4,7 @@
 #pragma once
 
 #include "qgrad/nn/checkpoint.h"
+#include "qgrad/nn/conv.h"
 #include "qgrad/nn/data.h"
 #include "qgrad/nn/layers.h"
 #include "qgrad/nn/module.h"

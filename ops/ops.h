@@ -16,3 +16,4 @@
 #include "qgrad/ops/pool_norm.h"
 #include "qgrad/ops/lowbit.h"
 #include "qgrad/ops/transformer.h"
+#include "qgrad/ops/conv.h"

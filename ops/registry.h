@@ -128,6 +128,7 @@ std::vector<OpEntry> lowbit_entries();        // int4 per group and FP8 (ops/low
 std::vector<OpEntry> state_entries();         // in-place updates (optimizer, observers) and factories
 std::vector<OpEntry> pool_norm_entries();     // pooling, batch_norm, flatten
 std::vector<OpEntry> transformer_entries();   // gelu, silu, softmax, layer_norm, rms_norm, embedding, dropout
+std::vector<OpEntry> conv_entries();          // convolution (conv2d)
 
 TensorOptions on(Device device, DType dtype = DType::f32);
 // Seeded values of any dtype on `device` for bad-input cases (floating:

@@ -46,14 +46,30 @@ else
 fi
 echo "gpu: $(head -n1 "$OUT/gpu.txt")"
 
+# cuDNN (conv2d): the toolkit's when it has one, else the wheel nvidia-cudnn-cu13 of
+# the PyTorch environment (CMake also searches both; passing the root makes the
+# choice explicit). Its folder goes on LD_LIBRARY_PATH below: cuDNN dlopens its
+# sub-libraries (libcudnn_cnn.so.9, libcudnn_engines_*.so.9) from the search path.
+CUDNN_ARGS=()
+if [ ! -f /usr/local/cuda/include/cudnn.h ] && [ -n "$PY" ]; then
+  cudnn_root=$("$PY" -c 'import nvidia.cudnn as m; print(list(m.__path__)[0])' 2>/dev/null || true)
+  [ -n "$cudnn_root" ] && [ -f "$cudnn_root/include/cudnn.h" ] && CUDNN_ARGS=(-DQGRAD_CUDNN_ROOT="$cudnn_root")
+fi
+
 if [ $BUILD = 1 ]; then
-  if (cd "$ROOT" && cmake --preset gpu -B "$B" -DCMAKE_CUDA_ARCHITECTURES="$ARCH") > "$OUT/configure.log" 2>&1 \
+  if (cd "$ROOT" && cmake --preset gpu -B "$B" -DCMAKE_CUDA_ARCHITECTURES="$ARCH" ${CUDNN_ARGS[@]+"${CUDNN_ARGS[@]}"}) > "$OUT/configure.log" 2>&1 \
      && ninja -C "$B" -j"$JOBS" > "$OUT/build.log" 2>&1; then
     note "build: ok ($((SECONDS - t0))s)"
   else
     echo "build FAILED; last lines of $OUT/build.log:"; tail -n 40 "$OUT/configure.log" "$OUT/build.log" 2>/dev/null
     exit 1
   fi
+fi
+
+cudnn_lib=$(sed -n 's/^QGRAD_CUDNN_LIBRARY_DIR:INTERNAL=//p' "$B/CMakeCache.txt" 2>/dev/null)
+if [ -n "$cudnn_lib" ]; then
+  export LD_LIBRARY_PATH="$cudnn_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  note "cudnn: $(sed -n 's/^QGRAD_CUDNN_LIBRARY:FILEPATH=//p' "$B/CMakeCache.txt")"
 fi
 
 # ---- tests ----

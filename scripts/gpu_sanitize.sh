@@ -17,6 +17,9 @@ OUT=$(mkdir -p "$2" && cd "$2" && pwd)
 shift 2
 TOOLS=${*:-memcheck racecheck initcheck synccheck}
 export PATH=/usr/local/cuda/bin:$PATH
+# cuDNN's folder (conv2d; from the build's cache), where it loads its sub-libraries from.
+cudnn_lib=$(sed -n 's/^QGRAD_CUDNN_LIBRARY_DIR:INTERNAL=//p' "$B/CMakeCache.txt" 2>/dev/null)
+[ -z "$cudnn_lib" ] || export LD_LIBRARY_PATH="$cudnn_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 command -v compute-sanitizer >/dev/null || { echo "compute-sanitizer not found"; exit 1; }
 status=0
 run_tool() {

@@ -83,6 +83,13 @@ void gemm_impl(const GemmShape& s, const Tensor& a, const Tensor& b, const Tenso
 
 }  // namespace
 
+void gemm_raw(const GemmShape& s, const float* a, const float* b, float* c, bool accumulate) {
+  gemm_native<float>(s, a, b, c, accumulate);
+}
+void gemm_raw(const GemmShape& s, const double* a, const double* b, double* c, bool accumulate) {
+  gemm_native<double>(s, a, b, c, accumulate);
+}
+
 void gemm(const GemmShape& s, const Tensor& a, const Tensor& b, const Tensor& c, bool accumulate) {
   dispatch_floating(c.dtype(), "gemm",
                     [&](auto tag) { gemm_impl<typename decltype(tag)::type>(s, a, b, c, accumulate); });

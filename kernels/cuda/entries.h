@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "qgrad/core/tensor.h"
+#include "qgrad/kernels/conv.h"
 #include "qgrad/kernels/lerp.h"
 #include "qgrad/kernels/linalg.h"
 #include "qgrad/kernels/optim.h"
@@ -19,6 +20,12 @@ namespace qgrad::kernels::cuda {
 
 // The GEMM through cuBLAS.
 void gemm(const GemmShape& s, const Tensor& a, const Tensor& b, const Tensor& c, bool accumulate);
+
+// conv2d and its input and weight gradients through cuDNN (kernels/cuda/conv.cu:
+// a library, not hand-written kernels; deterministic algorithms only).
+void conv2d_forward(const Conv2dShape& s, const Tensor& x, const Tensor& weight, const Tensor& y);
+void conv2d_backward_input(const Conv2dShape& s, const Tensor& dy, const Tensor& weight, const Tensor& dx);
+void conv2d_backward_weight(const Conv2dShape& s, const Tensor& x, const Tensor& dy, const Tensor& dweight);
 
 // relu with its x > 0 mask in one pass, one warp ballot per mask word
 // (train_ops relu_fw; the generic loop would pack each word in one thread).

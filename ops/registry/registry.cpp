@@ -11,7 +11,7 @@ const std::vector<OpEntry>& op_registry() {
   static const std::vector<OpEntry> entries = [] {
     std::vector<OpEntry> all;
     for (auto family : {arithmetic_entries, quantization_entries, lowbit_entries, state_entries, pool_norm_entries,
-                        transformer_entries})
+                        transformer_entries, conv_entries})
       for (OpEntry& e : family()) all.push_back(std::move(e));
     return all;
   }();

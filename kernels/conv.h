@@ -1,0 +1,49 @@
+// Kernels of conv2d: the convolution and its two gradients (CPU: im2col and
+// the Eigen GEMM, kernels/cpu/conv.cpp; CUDA: cuDNN, kernels/cuda/conv.cu),
+// and the per-channel bias add, written once over kernels/loop.h.
+#pragma once
+
+#include <cstdint>
+
+#include "qgrad/core/tensor.h"
+
+namespace qgrad::kernels {
+
+// One convolution: x [n, c, h, w] (NCHW), weight [o, c / groups, kh, kw],
+// y [n, o, oh, ow] with oh = (h + 2 ph - dh (kh - 1) - 1) / sh + 1 (ow
+// alike). All tensors contiguous, one floating dtype, one device. The ops
+// layer has checked every size (n may be 0; everything else >= 1).
+struct Conv2dShape {
+  std::int64_t n = 0, c = 0, h = 0, w = 0;  // input
+  std::int64_t o = 0, kh = 0, kw = 0;       // weight (its channels: c / groups)
+  std::int64_t oh = 0, ow = 0;              // output
+  std::int64_t sh = 1, sw = 1, ph = 0, pw = 0, dh = 1, dw = 1, groups = 1;
+
+  std::int64_t c_per_group() const { return c / groups; }
+  std::int64_t o_per_group() const { return o / groups; }
+  // Rows of the im2col matrix of one group: (c / groups) · kh · kw.
+  std::int64_t patch() const { return c_per_group() * kh * kw; }
+  // True for a 1x1, stride 1, unpadded convolution: the input is its own
+  // im2col matrix.
+  bool pointwise() const { return kh == 1 && kw == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0; }
+};
+
+// y = conv(x, weight) (no bias; every element of y written).
+void conv2d_forward(const Conv2dShape& s, const Tensor& x, const Tensor& weight, const Tensor& y);
+// dx = the gradient of the input for upstream dy (every element written).
+void conv2d_backward_input(const Conv2dShape& s, const Tensor& dy, const Tensor& weight, const Tensor& dx);
+// dweight = the gradient of the weight, summed over the batch (every element
+// written; zeros when n == 0).
+void conv2d_backward_weight(const Conv2dShape& s, const Tensor& x, const Tensor& dy, const Tensor& dweight);
+// y[n, c, ...] += bias[c] for y viewed as [outer, channels, inner], in
+// op_math_t (the same formula on both devices).
+void add_channel_bias(const Tensor& y, const Tensor& bias, std::int64_t channels, std::int64_t inner);
+// dbias[c] = the sum of dy[:, c, :] for dy viewed as [outer, channels,
+// inner], in op_math_t and in a fixed order: partial sums over fixed chunks
+// of kBiasChunk elements of each (outer, channel) row, then, per channel,
+// the partials in (outer, chunk) order; rounded once. The same loops on both
+// devices, so CPU and CUDA agree bit for bit.
+inline constexpr std::int64_t kBiasChunk = 256;
+void channel_bias_grad(const Tensor& dy, const Tensor& dbias, std::int64_t channels, std::int64_t inner);
+
+}  // namespace qgrad::kernels

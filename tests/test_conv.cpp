@@ -1,0 +1,282 @@
+// conv2d: seeded random inputs against a direct 7-loop convolution in double
+// (forward, input, weight and bias gradients) over stride, padding, dilation,
+// groups, depthwise, 1x1 and non-square kernels, in f32 and f64 on every
+// device; edge cases (empty batch, NaN, partial requires_grad, determinism).
+#include <array>
+#include <string>
+
+#include "helpers.h"
+
+using namespace qgrad;
+using namespace qgrad::testing;
+
+namespace {
+
+using Pair = std::array<std::int64_t, 2>;
+
+struct Config {
+  std::string name;
+  Shape x, w;
+  bool bias;
+  Pair stride, padding, dilation;
+  std::int64_t groups;
+};
+
+const std::vector<Config>& configs() {
+  static const std::vector<Config> c = {
+      {"3x3, padding 1", {2, 3, 6, 5}, {4, 3, 3, 3}, true, {1, 1}, {1, 1}, {1, 1}, 1},
+      {"stride 2", {2, 3, 7, 8}, {5, 3, 3, 3}, true, {2, 2}, {0, 0}, {1, 1}, 1},
+      {"stride (2, 1), padding (2, 1)", {1, 2, 6, 7}, {3, 2, 3, 3}, false, {2, 1}, {2, 1}, {1, 1}, 1},
+      {"dilation 2", {2, 2, 9, 8}, {3, 2, 3, 3}, true, {1, 1}, {1, 1}, {2, 2}, 1},
+      {"dilation (1, 3), stride 3", {1, 3, 10, 11}, {2, 3, 2, 3}, true, {3, 3}, {1, 2}, {1, 3}, 1},
+      {"groups 2", {2, 4, 6, 6}, {6, 2, 3, 3}, true, {1, 1}, {1, 1}, {1, 1}, 2},
+      {"depthwise", {2, 4, 7, 7}, {4, 1, 3, 3}, true, {1, 1}, {1, 1}, {1, 1}, 4},
+      {"depthwise x2, stride 2", {2, 3, 8, 6}, {6, 1, 5, 3}, false, {2, 2}, {2, 1}, {1, 1}, 3},
+      {"1x1", {3, 5, 4, 6}, {7, 5, 1, 1}, true, {1, 1}, {0, 0}, {1, 1}, 1},
+      {"1x1 stride 2, padding 1", {2, 4, 5, 5}, {3, 4, 1, 1}, true, {2, 2}, {1, 1}, {1, 1}, 1},
+      {"non-square 2x5 kernel", {2, 3, 5, 9}, {4, 3, 2, 5}, true, {1, 1}, {0, 2}, {1, 1}, 1},
+      {"kernel = padded input", {2, 2, 3, 3}, {3, 2, 5, 5}, true, {1, 1}, {1, 1}, {1, 1}, 1},
+      // Large enough (> 4M multiply-adds) for the CPU's parallel path.
+      {"parallel path", {4, 16, 18, 16}, {32, 16, 3, 3}, true, {1, 1}, {1, 1}, {1, 1}, 1},
+      {"parallel path, groups 4", {3, 16, 24, 24}, {32, 4, 3, 3}, true, {1, 1}, {1, 1}, {1, 1}, 4},
+  };
+  return c;
+}
+
+struct Reference {
+  std::vector<double> y, dx, dw, db;
+};
+
+// The direct convolution and its three gradients for upstream dy, in double.
+Reference reference(const Config& c, const std::vector<double>& x, const std::vector<double>& w,
+                    const std::vector<double>& b, const std::vector<double>& dy, std::int64_t oh, std::int64_t ow) {
+  const std::int64_t N = c.x[0], C = c.x[1], H = c.x[2], W = c.x[3];
+  const std::int64_t O = c.w[0], Cg = c.w[1], KH = c.w[2], KW = c.w[3], Og = O / c.groups;
+  Reference r;
+  r.y.assign(static_cast<std::size_t>(N * O * oh * ow), 0.0);
+  r.dx.assign(x.size(), 0.0);
+  r.dw.assign(w.size(), 0.0);
+  r.db.assign(static_cast<std::size_t>(O), 0.0);
+  auto at = [](std::int64_t i) { return static_cast<std::size_t>(i); };
+  for (std::int64_t n = 0; n < N; ++n)
+    for (std::int64_t o = 0; o < O; ++o)
+      for (std::int64_t a = 0; a < oh; ++a)
+        for (std::int64_t bb = 0; bb < ow; ++bb) {
+          const std::size_t yi = at(((n * O + o) * oh + a) * ow + bb);
+          double acc = c.bias ? b[at(o)] : 0.0;
+          const double g = dy[yi];
+          r.db[at(o)] += g;
+          for (std::int64_t cl = 0; cl < Cg; ++cl)
+            for (std::int64_t i = 0; i < KH; ++i)
+              for (std::int64_t j = 0; j < KW; ++j) {
+                const std::int64_t ih = a * c.stride[0] - c.padding[0] + i * c.dilation[0];
+                const std::int64_t iw = bb * c.stride[1] - c.padding[1] + j * c.dilation[1];
+                if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
+                const std::int64_t ch = (o / Og) * Cg + cl;
+                const std::size_t xi = at(((n * C + ch) * H + ih) * W + iw);
+                const std::size_t wi = at(((o * Cg + cl) * KH + i) * KW + j);
+                acc += w[wi] * x[xi];
+                r.dx[xi] += g * w[wi];
+                r.dw[wi] += g * x[xi];
+              }
+          r.y[yi] = acc;
+        }
+  return r;
+}
+
+Tensor seeded(const Shape& shape, std::uint64_t seed, DType dt, Device d, bool grad) {
+  Generator g(seed);
+  Tensor t = randn(shape, g, TensorOptions{}.with_dtype(dt).with_device(d));
+  t.set_requires_grad(grad);
+  return t;
+}
+
+// |got - want| <= tol · max(1, max |want|) elementwise (sums of many terms
+// of either sign: the error scales with the terms, not with each result).
+void check_close(const std::vector<double>& got, const std::vector<double>& want, double tol, const std::string& what) {
+  REQUIRE(got.size() == want.size());
+  double scale = 1, worst = 0;
+  for (double v : want) scale = std::max(scale, std::fabs(v));
+  for (std::size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::fabs(got[i] - want[i]) / scale);
+  INFO(what, ": worst error relative to max(1, max |reference|) ", worst);
+  CHECK(worst <= tol);
+}
+
+void run_config(const Config& c, DType dt, Device d, std::uint64_t seed) {
+  INFO("config ", c.name, ", ", std::string(dtype_name(dt)), " on ", d.str());
+  Tensor x = seeded(c.x, seed, dt, d, true), w = seeded(c.w, seed + 1, dt, d, true);
+  Tensor b = c.bias ? seeded({c.w[0]}, seed + 2, dt, d, true) : Tensor();
+  Tensor y = conv2d(x, w, b, c.stride, c.padding, c.dilation, c.groups);
+  const std::int64_t oh = (c.x[2] + 2 * c.padding[0] - c.dilation[0] * (c.w[2] - 1) - 1) / c.stride[0] + 1;
+  const std::int64_t ow = (c.x[3] + 2 * c.padding[1] - c.dilation[1] * (c.w[3] - 1) - 1) / c.stride[1] + 1;
+  REQUIRE(y.shape() == Shape{c.x[0], c.w[0], oh, ow});
+  CHECK(y.dtype() == dt);
+  CHECK(y.device() == d);
+  Tensor dy = seeded(y.shape(), seed + 3, dt, d, false);
+  y.backward(dy);
+  const Reference r = reference(c, values(x), values(w), c.bias ? values(b) : std::vector<double>{}, values(dy), oh, ow);
+  const double tol = dt == DType::f64 ? 1e-12 : 1e-5;
+  check_close(values(y), r.y, tol, "forward");
+  check_close(values(x.grad()), r.dx, tol, "input gradient");
+  check_close(values(w.grad()), r.dw, tol, "weight gradient");
+  if (c.bias) check_close(values(b.grad()), r.db, tol, "bias gradient");
+}
+
+}  // namespace
+
+TEST_CASE("conv2d f64 matches a direct double-loop convolution: forward and the three gradients") {
+  std::uint64_t seed = 100;
+  for (Device d : test_devices())
+    for (const Config& c : configs()) run_config(c, DType::f64, d, seed += 10);
+}
+
+TEST_CASE("conv2d f32 matches a direct double-loop convolution: forward and the three gradients") {
+  std::uint64_t seed = 500;
+  for (Device d : test_devices())
+    for (const Config& c : configs()) run_config(c, DType::f32, d, seed += 10);
+}
+
+TEST_CASE("conv2d f16 and bf16: within their rounding of the f64 result (computed in f32, rounded once)") {
+  const Config& c = configs()[5];  // groups 2
+  for (Device d : test_devices())
+    for (DType dt : {DType::f16, DType::bf16}) {
+      INFO(std::string(dtype_name(dt)), " on ", d.str());
+      Tensor x = seeded(c.x, 7, dt, d, false), w = seeded(c.w, 8, dt, d, false), b = seeded({c.w[0]}, 9, dt, d, false);
+      Tensor y = conv2d(x, w, b, c.stride, c.padding, c.dilation, c.groups);
+      Tensor y64 = conv2d(x.to(DType::f64), w.to(DType::f64), b.to(DType::f64), c.stride, c.padding, c.dilation,
+                          c.groups);
+      // One rounding of the conv result and one of the bias sum.
+      const double ulp = dt == DType::f16 ? 1.0 / 1024 : 1.0 / 128;
+      check_close(values(y), values(y64), 2 * ulp, "forward");
+    }
+}
+
+TEST_CASE("conv2d: an empty batch gives an empty output, zero weight and bias gradients") {
+  for (Device d : test_devices()) {
+    Tensor x = seeded({0, 3, 5, 5}, 1, DType::f32, d, true), w = seeded({4, 3, 3, 3}, 2, DType::f32, d, true);
+    Tensor b = seeded({4}, 3, DType::f32, d, true);
+    Tensor y = conv2d(x, w, b, {2, 2}, {1, 1});
+    CHECK(y.shape() == Shape{0, 4, 3, 3});
+    y.backward(zeros(y.shape(), TensorOptions{}.with_device(d)));
+    CHECK(x.grad().shape() == Shape{0, 3, 5, 5});
+    CHECK(values(w.grad()) == std::vector<double>(108, 0.0));
+    CHECK(values(b.grad()) == std::vector<double>(4, 0.0));
+  }
+}
+
+TEST_CASE("conv2d: only the inputs that require grad get gradients, and only what they need is saved") {
+  for (Device d : test_devices()) {
+    Tensor x = seeded({2, 3, 5, 5}, 1, DType::f64, d, false), w = seeded({4, 3, 3, 3}, 2, DType::f64, d, true);
+    Tensor y = conv2d(x, w);
+    REQUIRE(y.grad_fn());
+    CHECK(y.grad_fn()->saved_bytes == x.nbytes());  // x for the weight gradient; not the weight
+    y.backward(ones_like(y));
+    CHECK_FALSE(x.grad().defined());
+    REQUIRE(w.grad().defined());
+    Tensor x2 = seeded({2, 3, 5, 5}, 1, DType::f64, d, true), w2 = seeded({4, 3, 3, 3}, 2, DType::f64, d, false);
+    Tensor y2 = conv2d(x2, w2);
+    CHECK(y2.grad_fn()->saved_bytes == w2.nbytes());
+    y2.backward(ones_like(y2));
+    CHECK(x2.grad().defined());
+    CHECK_FALSE(w2.grad().defined());
+    NoGradGuard no_grad;
+    Tensor y3 = conv2d(x2, seeded({4, 3, 3, 3}, 2, DType::f64, d, true));
+    CHECK_FALSE(y3.grad_fn());
+  }
+}
+
+TEST_CASE("conv2d is deterministic: two runs give the same bits (forward and gradients)") {
+  const Config& c = configs()[12];  // the parallel path
+  for (Device d : test_devices())
+    for (DType dt : {DType::f32, DType::f16}) {
+      std::vector<Tensor> runs;
+      for (int k = 0; k < 2; ++k) {
+        Tensor x = seeded(c.x, 11, dt, d, true), w = seeded(c.w, 12, dt, d, true), b = seeded({c.w[0]}, 13, dt, d, true);
+        Tensor y = conv2d(x, w, b, c.stride, c.padding, c.dilation, c.groups);
+        y.backward(seeded(y.shape(), 14, dt, d, false));
+        runs.insert(runs.end(), {y, x.grad(), w.grad(), b.grad()});
+      }
+      for (std::size_t i = 0; i < 4; ++i) CHECK(bit_equal(runs[i], runs[i + 4]));
+    }
+}
+
+TEST_CASE("conv2d on the CPU: a NaN in x reaches exactly the outputs whose window reads it") {
+  // x [1, 1, 5, 5], 3x3 kernel of ones, padding 1: output (a, b) reads
+  // x rows a-1..a+1 and columns b-1..b+1.
+  std::vector<double> xv(25, 1.0);
+  xv[2 * 5 + 3] = NAN;  // row 2, column 3
+  Tensor x = Tensor::from_vector(xv, {1, 1, 5, 5});
+  Tensor y = conv2d(x, ones({1, 1, 3, 3}, TensorOptions{}.with_dtype(DType::f64)), Tensor(), {1, 1}, {1, 1});
+  const std::vector<double> v = values(y);
+  for (std::int64_t a = 0; a < 5; ++a)
+    for (std::int64_t b = 0; b < 5; ++b) {
+      const bool reads = std::abs(a - 2) <= 1 && std::abs(b - 3) <= 1;
+      INFO("output (", a, ", ", b, ")");
+      CHECK(std::isnan(v[static_cast<std::size_t>(a * 5 + b)]) == reads);
+    }
+}
+
+TEST_CASE("conv2d: errors name conv2d and the argument, and nothing is recorded") {
+  Tensor x = zeros({2, 4, 5, 5}), w = zeros({6, 4, 3, 3});
+  auto expect = [](const std::function<void()>& f, const char* arg) {
+    try {
+      f();
+      FAIL_CHECK("no error for ", arg);
+    } catch (const Error& e) {
+      INFO(e.what());
+      CHECK(e.op() == "conv2d");
+      CHECK(e.arg() == arg);
+    }
+  };
+  expect([&] { conv2d(zeros({4, 5, 5}), w); }, "x");
+  expect([&] { conv2d(x, zeros({6, 3, 3, 3})); }, "weight");
+  expect([&] { conv2d(zeros({2, 3, 5, 5}), zeros({6, 1, 3, 3}), Tensor(), {1, 1}, {0, 0}, {1, 1}, 2); }, "groups");
+  expect([&] { conv2d(x, zeros({6, 4, 7, 3})); }, "weight");
+  expect([&] { conv2d(x, w, Tensor(), {0, 1}); }, "stride");
+  expect([&] { conv2d(x, w, Tensor(), {1, 1}, {0, -1}); }, "padding");
+  expect([&] { conv2d(x, w, Tensor(), {1, 1}, {0, 0}, {0, 1}); }, "dilation");
+  expect([&] { conv2d(x, w, zeros({5})); }, "bias");
+  expect([&] { conv2d(x, zeros({6, 4, 3, 3}, TensorOptions{}.with_dtype(DType::f64))); }, "weight");
+}
+
+TEST_CASE("nn::Conv2d: PyTorch kaiming-uniform bounds, deterministic per seed, names, forward = conv2d") {
+  Generator g1(3), g2(3);
+  nn::Conv2dOptions o;
+  o.stride = {2, 1};
+  o.padding = {1, 1};
+  o.groups = 2;
+  nn::Conv2d a(4, 6, {3, 2}, g1, o), b(4, 6, {3, 2}, g2, o);
+  CHECK(bit_equal(a.weight(), b.weight()));
+  CHECK(bit_equal(a.bias(), b.bias()));
+  CHECK(a.weight().shape() == Shape{6, 2, 3, 2});
+  CHECK(a.bias().shape() == Shape{6});
+  const double bound = 1.0 / std::sqrt(2.0 * 3 * 2);  // fan_in = in / groups · kh · kw
+  double widest = 0;
+  for (double v : values(a.weight())) widest = std::max(widest, std::fabs(v));
+  CHECK(widest <= bound);
+  CHECK(widest > 0.8 * bound);  // uniform over the whole range, not a narrower one
+  for (double v : values(a.bias())) CHECK(std::fabs(v) <= bound);
+  CHECK(a.weight().requires_grad());
+  auto np = a.named_parameters();
+  REQUIRE(np.size() == 2);
+  CHECK(np[0].first == "weight");
+  CHECK(np[1].first == "bias");
+  CHECK(a.type_name() == "Conv2d");
+
+  Tensor x = seeded({2, 4, 7, 5}, 4, DType::f32, Device::cpu(), false);
+  Tensor y = a.forward(x);
+  CHECK(bit_equal(y, conv2d(x, a.weight(), a.bias(), {2, 1}, {1, 1}, {1, 1}, 2)));
+  sum(y).backward();
+  CHECK(a.weight().grad().defined());
+  CHECK(a.bias().grad().defined());
+
+  nn::Conv2dOptions no_bias;
+  no_bias.bias = false;
+  CHECK(nn::Conv2d(3, 3, {1, 1}, g1, no_bias).named_parameters().size() == 1);
+  CHECK_THROWS_AS(nn::Conv2d(0, 3, {3, 3}, g1), Error);
+  CHECK_THROWS_AS(nn::Conv2d(3, 3, {0, 3}, g1), Error);
+  nn::Conv2dOptions bad_groups;
+  bad_groups.groups = 2;
+  CHECK_THROWS_AS(nn::Conv2d(3, 4, {3, 3}, g1, bad_groups), Error);
+  CHECK_THROWS_AS(nn::Conv2d(3, 3, {3, 3}, g1, {}, TensorOptions{}.with_dtype(DType::s32)), Error);
+}

@@ -18,7 +18,7 @@ using formulas::min_i64;
 
 // The index arithmetic of the pooling bodies: an element's (plane, row,
 // column) and the divisions by the strides. When every operand fits in 31
-// bits (kSmall) they take FastDiv's multiply and shift (kernels/layout.h)
+// bits (small_indices) they take FastDiv's multiply and shift (kernels/layout.h)
 // instead of a hardware 64-bit division (on CUDA a long software routine);
 // the results are the same integers either way.
 struct PlaneDivs {

@@ -14,8 +14,70 @@ namespace qgrad::kernels {
 
 namespace {
 
-using formulas::ceil_div_clip0;
 using formulas::min_i64;
+
+// The index arithmetic of the pooling bodies: an element's (plane, row,
+// column) and the divisions by the strides. When every operand fits in 31
+// bits (small_indices) they take FastDiv's multiply and shift (kernels/layout.h)
+// instead of a hardware 64-bit division (on CUDA a long software routine);
+// the results are the same integers either way.
+struct PlaneDivs {
+  bool small = false;
+  std::int64_t rows = 1, cols = 1;  // the plane's (ih, iw) or (oh, ow)
+  FastDiv by_plane, by_cols;
+  PlaneDivs() = default;
+  PlaneDivs(std::int64_t rows_, std::int64_t cols_, bool small_) : small(small_), rows(rows_), cols(cols_) {
+    if (small) {
+      by_plane = FastDiv(static_cast<std::uint32_t>(rows * cols));
+      by_cols = FastDiv(static_cast<std::uint32_t>(cols));
+    }
+  }
+  struct At {
+    std::int64_t plane, r, row, col;  // r = row * cols + col
+  };
+  QGRAD_HD At at(std::int64_t i) const {
+    const std::int64_t per_plane = rows * cols;
+    std::int64_t plane, row;
+    if (small) plane = by_plane.div(static_cast<std::uint32_t>(i));
+    else plane = i / per_plane;
+    const std::int64_t r = i - plane * per_plane;
+    if (small) row = by_cols.div(static_cast<std::uint32_t>(r));
+    else row = r / cols;
+    return {plane, r, row, r - row * cols};
+  }
+};
+
+struct StrideDivs {
+  bool small = false;
+  std::int64_t s = 1;
+  FastDiv by_s;
+  StrideDivs() = default;
+  StrideDivs(std::int64_t s_, bool small_) : small(small_), s(s_) {
+    if (small) by_s = FastDiv(static_cast<std::uint32_t>(s));
+  }
+  QGRAD_HD std::int64_t div(std::int64_t n) const {  // n >= 0
+    return small ? static_cast<std::int64_t>(by_s.div(static_cast<std::uint32_t>(n))) : n / s;
+  }
+};
+
+// Every index of a pooling between x and y fits in 31 bits (with room for
+// the ceil divisions' s - 1).
+bool small_indices(const Pool2dGeometry& g) {
+  constexpr std::int64_t kLim = std::int64_t(1) << 30;
+  return g.planes * g.ih * g.iw < kLim && g.planes * g.oh * g.ow < kLim && g.ih + g.ph < kLim &&
+         g.iw + g.pw < kLim && g.sh < kLim && g.sw < kLim;
+}
+
+// The divisions of one pooling: input and output planes, strides.
+struct PoolDivs {
+  PlaneDivs in, out;
+  StrideDivs sh, sw;
+  static PoolDivs of(const Pool2dGeometry& g) {
+    const bool small = small_indices(g);
+    return {PlaneDivs(g.ih, g.iw, small), PlaneDivs(g.oh, g.ow, small), StrideDivs(g.sh, small),
+            StrideDivs(g.sw, small)};
+  }
+};
 
 template <class T>
 struct MaxPoolForward {
@@ -23,14 +85,13 @@ struct MaxPoolForward {
   T* y;
   std::int64_t* idx;  // null: values only
   Pool2dGeometry g;
+  PoolDivs dv;
   QGRAD_HD void operator()(std::int64_t o) const {
     using M = op_math_t<T>;
-    const std::int64_t per_plane = g.oh * g.ow;
-    const std::int64_t plane = o / per_plane, r = o - plane * per_plane;
-    const std::int64_t oh = r / g.ow, ow = r - (r / g.ow) * g.ow;
-    const formulas::Span hs = formulas::max_pool_span(oh, g.ih, g.kh, g.sh, g.ph, g.dh);
-    const formulas::Span ws = formulas::max_pool_span(ow, g.iw, g.kw, g.sw, g.pw, g.dw);
-    const T* p = x + plane * g.ih * g.iw;
+    const PlaneDivs::At a = dv.out.at(o);
+    const formulas::Span hs = formulas::max_pool_span(a.row, g.ih, g.kh, g.sh, g.ph, g.dh);
+    const formulas::Span ws = formulas::max_pool_span(a.col, g.iw, g.kw, g.sw, g.pw, g.dw);
+    const T* p = x + a.plane * g.ih * g.iw;
     M best = -std::numeric_limits<M>::infinity();
     std::int64_t arg = hs.lo * g.iw + ws.lo;
     for (std::int64_t h = hs.lo; h < hs.hi; h += g.dh)
@@ -51,8 +112,9 @@ struct MaxPoolForward {
 struct OutRange {
   std::int64_t lo, hi;  // inclusive; empty when lo > hi
 };
-QGRAD_HD OutRange out_range(std::int64_t i, std::int64_t out, std::int64_t span, std::int64_t s, std::int64_t p) {
-  return {ceil_div_clip0(i + p - span + 1, s), min_i64((i + p) / s, out - 1)};
+QGRAD_HD OutRange out_range(std::int64_t i, std::int64_t out, std::int64_t span, const StrideDivs& s, std::int64_t p) {
+  const std::int64_t first = i + p - span + 1;  // ceil(first / s), clipped at 0
+  return {first <= 0 ? 0 : s.div(first + s.s - 1), min_i64(s.div(i + p), out - 1)};
 }
 
 template <class T>
@@ -61,14 +123,14 @@ struct MaxPoolBackward {
   const std::int64_t* idx;
   T* dx;
   Pool2dGeometry g;
+  PoolDivs dv;
   QGRAD_HD void operator()(std::int64_t i) const {
     using M = op_math_t<T>;
-    const std::int64_t per_plane = g.ih * g.iw;
-    const std::int64_t plane = i / per_plane, r = i - plane * per_plane;
-    const std::int64_t h = r / g.iw, w = r - (r / g.iw) * g.iw;
-    const OutRange hr = out_range(h, g.oh, (g.kh - 1) * g.dh + 1, g.sh, g.ph);
-    const OutRange wr = out_range(w, g.ow, (g.kw - 1) * g.dw + 1, g.sw, g.pw);
-    const std::int64_t base = plane * g.oh * g.ow;
+    const PlaneDivs::At a = dv.in.at(i);
+    const std::int64_t r = a.r;
+    const OutRange hr = out_range(a.row, g.oh, (g.kh - 1) * g.dh + 1, dv.sh, g.ph);
+    const OutRange wr = out_range(a.col, g.ow, (g.kw - 1) * g.dw + 1, dv.sw, g.pw);
+    const std::int64_t base = a.plane * g.oh * g.ow;
     M acc = M(0);
     for (std::int64_t oh = hr.lo; oh <= hr.hi; ++oh)
       for (std::int64_t ow = wr.lo; ow <= wr.hi; ++ow) {
@@ -84,12 +146,13 @@ struct AvgPoolForward {
   const T* x;
   T* y;
   Pool2dGeometry g;
+  PoolDivs dv;
   bool count_include_pad;
   QGRAD_HD void operator()(std::int64_t o) const {
     using M = op_math_t<T>;
-    const std::int64_t per_plane = g.oh * g.ow;
-    const std::int64_t plane = o / per_plane, r = o - plane * per_plane;
-    const formulas::AvgWindow win = formulas::avg_pool_window(g, r / g.ow, r - (r / g.ow) * g.ow, count_include_pad);
+    const PlaneDivs::At a = dv.out.at(o);
+    const std::int64_t plane = a.plane;
+    const formulas::AvgWindow win = formulas::avg_pool_window(g, a.row, a.col, count_include_pad);
     if (win.divisor == 0) {
       y[o] = T(M(0));
       return;
@@ -107,15 +170,15 @@ struct AvgPoolBackward {
   const T* dy;
   T* dx;
   Pool2dGeometry g;
+  PoolDivs dv;
   bool count_include_pad;
   QGRAD_HD void operator()(std::int64_t i) const {
     using M = op_math_t<T>;
-    const std::int64_t per_plane = g.ih * g.iw;
-    const std::int64_t plane = i / per_plane, r = i - plane * per_plane;
-    const std::int64_t h = r / g.iw, w = r - (r / g.iw) * g.iw;
-    const OutRange hr = out_range(h, g.oh, g.kh, g.sh, g.ph);
-    const OutRange wr = out_range(w, g.ow, g.kw, g.sw, g.pw);
-    const std::int64_t base = plane * g.oh * g.ow;
+    const PlaneDivs::At a = dv.in.at(i);
+    const std::int64_t h = a.row, w = a.col;
+    const OutRange hr = out_range(h, g.oh, g.kh, dv.sh, g.ph);
+    const OutRange wr = out_range(w, g.ow, g.kw, dv.sw, g.pw);
+    const std::int64_t base = a.plane * g.oh * g.ow;
     M acc = M(0);
     for (std::int64_t oh = hr.lo; oh <= hr.hi; ++oh)
       for (std::int64_t ow = wr.lo; ow <= wr.hi; ++ow) {
@@ -132,11 +195,11 @@ struct AdaptiveAvgForward {
   const T* x;
   T* y;
   Pool2dGeometry g;
+  PoolDivs dv;
   QGRAD_HD void operator()(std::int64_t o) const {
     using M = op_math_t<T>;
-    const std::int64_t per_plane = g.oh * g.ow;
-    const std::int64_t plane = o / per_plane, r = o - plane * per_plane;
-    const std::int64_t oh = r / g.ow, ow = r - (r / g.ow) * g.ow;
+    const PlaneDivs::At a = dv.out.at(o);
+    const std::int64_t plane = a.plane, oh = a.row, ow = a.col;
     const std::int64_t h0 = formulas::adaptive_start(oh, g.ih, g.oh), h1 = formulas::adaptive_end(oh, g.ih, g.oh);
     const std::int64_t w0 = formulas::adaptive_start(ow, g.iw, g.ow), w1 = formulas::adaptive_end(ow, g.iw, g.ow);
     const T* p = x + plane * g.ih * g.iw;
@@ -154,11 +217,11 @@ struct AdaptiveAvgBackward {
   const T* dy;
   T* dx;
   Pool2dGeometry g;
+  PoolDivs dv;
   QGRAD_HD void operator()(std::int64_t i) const {
     using M = op_math_t<T>;
-    const std::int64_t per_plane = g.ih * g.iw;
-    const std::int64_t plane = i / per_plane, r = i - plane * per_plane;
-    const std::int64_t h = r / g.iw, w = r - (r / g.iw) * g.iw;
+    const PlaneDivs::At a = dv.in.at(i);
+    const std::int64_t h = a.row, w = a.col, plane = a.plane;
     const std::int64_t oh0 = formulas::adaptive_start(h, g.oh, g.ih), oh1 = formulas::adaptive_end(h, g.oh, g.ih);
     const std::int64_t ow0 = formulas::adaptive_start(w, g.ow, g.iw), ow1 = formulas::adaptive_end(w, g.ow, g.iw);
     const std::int64_t base = plane * g.oh * g.ow;
@@ -174,6 +237,21 @@ struct AdaptiveAvgBackward {
   }
 };
 
+// Global pooling's backward, the loop above with one window per plane:
+// dx[i] = 0 + dy[plane] / (H W), the plane found as a "channel" of the
+// layout [1, planes, H W] (FastDiv, no hardware division).
+template <class T>
+struct GlobalAvgBackward {
+  const T* dy;
+  T* dx;
+  std::int64_t n;
+  ChannelIndexer plane;
+  QGRAD_HD void operator()(std::int64_t i) const {
+    using M = op_math_t<T>;
+    dx[i] = T(M(0) + M(dy[plane.channel(i)]) / M(n));
+  }
+};
+
 }  // namespace
 
 void max_pool2d(const Tensor& x, const Tensor& y, const Tensor& indices, const Pool2dGeometry& g) {
@@ -181,7 +259,7 @@ void max_pool2d(const Tensor& x, const Tensor& y, const Tensor& indices, const P
     using T = typename decltype(tag)::type;
     std::int64_t* idx = indices.defined() ? static_cast<std::int64_t*>(indices.data_ptr()) : nullptr;
     for_each_index(y.device(), y.numel(),
-                   MaxPoolForward<T>{static_cast<const T*>(x.data_ptr()), static_cast<T*>(y.data_ptr()), idx, g},
+                   MaxPoolForward<T>{static_cast<const T*>(x.data_ptr()), static_cast<T*>(y.data_ptr()), idx, g, PoolDivs::of(g)},
                    "max_pool2d");
   });
 }
@@ -192,7 +270,7 @@ void max_pool2d_backward(const Tensor& dy, const Tensor& indices, const Tensor& 
     for_each_index(dx.device(), dx.numel(),
                    MaxPoolBackward<T>{static_cast<const T*>(dy.data_ptr()),
                                       static_cast<const std::int64_t*>(indices.data_ptr()),
-                                      static_cast<T*>(dx.data_ptr()), g},
+                                      static_cast<T*>(dx.data_ptr()), g, PoolDivs::of(g)},
                    "max_pool2d_backward");
   });
 }
@@ -202,7 +280,8 @@ void avg_pool2d(const Tensor& x, const Tensor& y, const Pool2dGeometry& g, bool 
     using T = typename decltype(tag)::type;
     for_each_index(
         y.device(), y.numel(),
-        AvgPoolForward<T>{static_cast<const T*>(x.data_ptr()), static_cast<T*>(y.data_ptr()), g, count_include_pad},
+        AvgPoolForward<T>{static_cast<const T*>(x.data_ptr()), static_cast<T*>(y.data_ptr()), g, PoolDivs::of(g),
+                          count_include_pad},
         "avg_pool2d");
   });
 }
@@ -211,7 +290,7 @@ void avg_pool2d_backward(const Tensor& dy, const Tensor& dx, const Pool2dGeometr
   dispatch_floating(dx.dtype(), "avg_pool2d_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
     for_each_index(dx.device(), dx.numel(),
-                   AvgPoolBackward<T>{static_cast<const T*>(dy.data_ptr()), static_cast<T*>(dx.data_ptr()), g,
+                   AvgPoolBackward<T>{static_cast<const T*>(dy.data_ptr()), static_cast<T*>(dx.data_ptr()), g, PoolDivs::of(g),
                                       count_include_pad},
                    "avg_pool2d_backward");
   });
@@ -228,7 +307,8 @@ void adaptive_avg_pool2d(const Tensor& x, const Tensor& y, const Pool2dGeometry&
   dispatch_floating(y.dtype(), "adaptive_avg_pool2d", [&](auto tag) {
     using T = typename decltype(tag)::type;
     for_each_index(y.device(), y.numel(),
-                   AdaptiveAvgForward<T>{static_cast<const T*>(x.data_ptr()), static_cast<T*>(y.data_ptr()), g},
+                   AdaptiveAvgForward<T>{static_cast<const T*>(x.data_ptr()), static_cast<T*>(y.data_ptr()), g,
+                                         PoolDivs::of(g)},
                    "adaptive_avg_pool2d");
   });
 }
@@ -236,8 +316,17 @@ void adaptive_avg_pool2d(const Tensor& x, const Tensor& y, const Pool2dGeometry&
 void adaptive_avg_pool2d_backward(const Tensor& dy, const Tensor& dx, const Pool2dGeometry& g) {
   dispatch_floating(dx.dtype(), "adaptive_avg_pool2d_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
+    if (g.oh == 1 && g.ow == 1) {
+      const AxisLayout v{1, g.planes, g.ih * g.iw};
+      for_each_index(dx.device(), dx.numel(),
+                     GlobalAvgBackward<T>{static_cast<const T*>(dy.data_ptr()), static_cast<T*>(dx.data_ptr()),
+                                          v.inner, ChannelIndexer(v)},
+                     "adaptive_avg_pool2d_backward");
+      return;
+    }
     for_each_index(dx.device(), dx.numel(),
-                   AdaptiveAvgBackward<T>{static_cast<const T*>(dy.data_ptr()), static_cast<T*>(dx.data_ptr()), g},
+                   AdaptiveAvgBackward<T>{static_cast<const T*>(dy.data_ptr()), static_cast<T*>(dx.data_ptr()), g,
+                                          PoolDivs::of(g)},
                    "adaptive_avg_pool2d_backward");
   });
 }

@@ -190,3 +190,24 @@ TEST_CASE("a small CNN-shaped model (BN, ReLU, pooling, Flatten, Linear) learns 
   for (const auto& [name, t] : state) has_running |= name == "0.running_mean";
   CHECK(has_running);
 }
+
+TEST_CASE("BatchNorm2d on CUDA: outputs, running statistics and the count as on the CPU, bit for bit") {
+  QGRAD_REQUIRE_GPU();
+  for (const std::optional<double> momentum : {std::optional<double>(0.1), std::optional<double>()}) {
+    BatchNorm2d cpu(3, 1e-5, momentum), gpu(3, 1e-5, momentum);
+    gpu.to(Device::cuda(0));
+    for (int step = 0; step < 3; ++step) {
+      Generator g(static_cast<std::uint64_t>(60 + step));
+      Tensor x = randn({4, 3, 9, 7}, g);
+      CHECK(bit_equal(cpu(x), gpu(x.to(Device::cuda(0)))));
+    }
+    CHECK(bit_equal(cpu.running_mean(), gpu.running_mean()));
+    CHECK(bit_equal(cpu.running_var(), gpu.running_var()));
+    CHECK(gpu.num_batches_tracked().item() == 3);
+    cpu.eval();
+    gpu.eval();
+    Generator g(70);
+    Tensor x = randn({2, 3, 5, 5}, g);
+    CHECK(bit_equal(cpu(x), gpu(x.to(Device::cuda(0)))));
+  }
+}

@@ -16,8 +16,6 @@ struct Pool2dGeometry {
 
 QGRAD_HD std::int64_t min_i64(std::int64_t a, std::int64_t b) { return a < b ? a : b; }
 QGRAD_HD std::int64_t max_i64(std::int64_t a, std::int64_t b) { return a < b ? b : a; }
-// ceil(a / b) for b > 0 and a >= 0; 0 for a < 0 (callers clip at 0).
-QGRAD_HD std::int64_t ceil_div_clip0(std::int64_t a, std::int64_t b) { return a <= 0 ? 0 : (a + b - 1) / b; }
 
 // Rows [lo, hi) along one axis of the input that window `o` covers, before
 // clipping: the window starts at o * stride - pad.

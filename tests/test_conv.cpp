@@ -282,3 +282,29 @@ TEST_CASE("nn::Conv2d: PyTorch kaiming-uniform bounds, deterministic per seed, n
   CHECK_THROWS_AS(nn::Conv2d(3, 4, {3, 3}, g1, bad_groups), Error);
   CHECK_THROWS_AS(nn::Conv2d(3, 3, {3, 3}, g1, {}, TensorOptions{}.with_dtype(DType::s32)), Error);
 }
+
+TEST_CASE("cuda conv2d agrees with the CPU in every dtype and repeats bit for bit (GPU)") {
+  QGRAD_REQUIRE_GPU();
+  const Device gpu = Device::cuda(0);
+  for (const Config& c : configs())
+    for (DType dt : {DType::f64, DType::f32, DType::f16, DType::bf16}) {
+      INFO("config ", c.name, ", ", std::string(dtype_name(dt)));
+      std::vector<Tensor> cpu, cuda, again;
+      for (auto* out : {&cpu, &cuda, &again}) {
+        const Device d = out == &cpu ? Device::cpu() : gpu;
+        Tensor x = seeded(c.x, 21, dt, d, true), w = seeded(c.w, 22, dt, d, true);
+        Tensor b = c.bias ? seeded({c.w[0]}, 23, dt, d, true) : Tensor();
+        Tensor y = conv2d(x, w, b, c.stride, c.padding, c.dilation, c.groups);
+        y.backward(seeded(y.shape(), 24, dt, d, false));
+        *out = {y, x.grad(), w.grad()};
+        if (c.bias) out->push_back(b.grad());
+      }
+      // The registry's promise (docs/ops.md): relative to max(1, max |cpu|).
+      const double tol = dt == DType::f64 ? 1e-12 : dt == DType::f32 ? 1e-4 : dt == DType::f16 ? 1e-2 : 6e-2;
+      for (std::size_t i = 0; i < cpu.size(); ++i) {
+        check_close(values(cuda[i]), values(cpu[i]), tol, "cuda vs cpu, output " + std::to_string(i));
+        CHECK(bit_equal(cuda[i], again[i]));
+      }
+      if (c.bias) CHECK(bit_equal(cuda.back(), cpu.back()));  // the bias gradient: one kernel, one order
+    }
+}

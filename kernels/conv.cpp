@@ -1,7 +1,8 @@
 // conv2d's kernels: the convolution and its gradients go to the CPU code
 // (im2col + Eigen GEMM, kernels/cpu/conv.cpp) or to cuDNN
-// (kernels/cuda/conv.cu); the bias add and the bias gradient are written
-// once here over kernels/loop.h, so they agree bit for bit across devices.
+// (kernels/cuda/conv.cu); the bias fill and the bias gradient are written
+// once here over kernels/loop.h (the bias gradient agrees bit for bit
+// across devices).
 #include "qgrad/kernels/conv.h"
 
 #include "qgrad/kernels/cpu/conv.h"
@@ -13,14 +14,11 @@ namespace qgrad::kernels {
 namespace {
 
 template <class T>
-struct AddChannelBias {
+struct FillChannelBias {
   const T* b;
   T* y;
   std::int64_t channels, inner;
-  QGRAD_HD void operator()(std::int64_t i) const {
-    using M = op_math_t<T>;
-    y[i] = T(M(y[i]) + M(b[(i / inner) % channels]));
-  }
+  QGRAD_HD void operator()(std::int64_t i) const { y[i] = b[(i / inner) % channels]; }
 };
 
 // partial[(o * channels + c) * chunks + k] = sum of dy[o, c, k * kBiasChunk ...].
@@ -60,9 +58,9 @@ struct BiasCombine {
 
 }  // namespace
 
-void conv2d_forward(const Conv2dShape& s, const Tensor& x, const Tensor& weight, const Tensor& y) {
-  if (y.is_cuda()) QGRAD_ON_CUDA(cuda::conv2d_forward(s, x, weight, y));
-  else cpu::conv2d_forward(s, x, weight, y);
+void conv2d_forward(const Conv2dShape& s, const Tensor& x, const Tensor& weight, const Tensor& y, bool accumulate) {
+  if (y.is_cuda()) QGRAD_ON_CUDA(cuda::conv2d_forward(s, x, weight, y, accumulate));
+  else cpu::conv2d_forward(s, x, weight, y, accumulate);
 }
 
 void conv2d_backward_input(const Conv2dShape& s, const Tensor& dy, const Tensor& weight, const Tensor& dx) {
@@ -75,11 +73,11 @@ void conv2d_backward_weight(const Conv2dShape& s, const Tensor& x, const Tensor&
   else cpu::conv2d_backward_weight(s, x, dy, dweight);
 }
 
-void add_channel_bias(const Tensor& y, const Tensor& bias, std::int64_t channels, std::int64_t inner) {
+void fill_channel_bias(const Tensor& y, const Tensor& bias, std::int64_t channels, std::int64_t inner) {
   dispatch_floating(y.dtype(), "conv2d", [&](auto tag) {
     using T = typename decltype(tag)::type;
     for_each_index(y.device(), y.numel(),
-                   AddChannelBias<T>{static_cast<const T*>(bias.data_ptr()), static_cast<T*>(y.data_ptr()), channels,
+                   FillChannelBias<T>{static_cast<const T*>(bias.data_ptr()), static_cast<T*>(y.data_ptr()), channels,
                                      inner},
                    "conv2d");
   });

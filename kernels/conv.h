@@ -28,16 +28,18 @@ struct Conv2dShape {
   bool pointwise() const { return kh == 1 && kw == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0; }
 };
 
-// y = conv(x, weight) (no bias; every element of y written).
-void conv2d_forward(const Conv2dShape& s, const Tensor& x, const Tensor& weight, const Tensor& y);
+// y = conv(x, weight), or with accumulate y += conv(x, weight) (the sum
+// formed in op math and rounded once); every element of y written.
+void conv2d_forward(const Conv2dShape& s, const Tensor& x, const Tensor& weight, const Tensor& y,
+                    bool accumulate = false);
 // dx = the gradient of the input for upstream dy (every element written).
 void conv2d_backward_input(const Conv2dShape& s, const Tensor& dy, const Tensor& weight, const Tensor& dx);
 // dweight = the gradient of the weight, summed over the batch (every element
 // written; zeros when n == 0).
 void conv2d_backward_weight(const Conv2dShape& s, const Tensor& x, const Tensor& dy, const Tensor& dweight);
-// y[n, c, ...] += bias[c] for y viewed as [outer, channels, inner], in
-// op_math_t (the same formula on both devices).
-void add_channel_bias(const Tensor& y, const Tensor& bias, std::int64_t channels, std::int64_t inner);
+// y[o, c, j] = bias[c] for y viewed as [outer, channels, inner] (the bias
+// the convolution then accumulates onto).
+void fill_channel_bias(const Tensor& y, const Tensor& bias, std::int64_t channels, std::int64_t inner);
 // dbias[c] = the sum of dy[:, c, :] for dy viewed as [outer, channels,
 // inner], in op_math_t and in a fixed order: partial sums over fixed chunks
 // of kBiasChunk elements of each (outer, channel) row, then, per channel,

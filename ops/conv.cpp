@@ -88,8 +88,9 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, std::ar
               std::array<std::int64_t, 2> padding, std::array<std::int64_t, 2> dilation, std::int64_t groups) {
   const kernels::Conv2dShape s = conv2d_shape(x, weight, bias, stride, padding, dilation, groups);
   Tensor out = Tensor::empty({s.n, s.o, s.oh, s.ow}, like(x));
-  kernels::conv2d_forward(s, x, weight, out);
-  if (bias.defined()) kernels::add_channel_bias(out, bias, s.o, s.oh * s.ow);
+  // The bias first, the convolution accumulated onto it: 16-bit outputs round once.
+  if (bias.defined()) kernels::fill_channel_bias(out, bias, s.o, s.oh * s.ow);
+  kernels::conv2d_forward(s, x, weight, out, bias.defined());
   if (any_requires_grad({x, weight, bias})) {
     const bool need_x = x.requires_grad(), need_w = weight.requires_grad();
     const bool need_b = bias.defined() && bias.requires_grad();

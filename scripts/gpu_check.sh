@@ -69,7 +69,7 @@ fi
 cudnn_lib=$(sed -n 's/^QGRAD_CUDNN_LIBRARY_DIR:INTERNAL=//p' "$B/CMakeCache.txt" 2>/dev/null)
 if [ -n "$cudnn_lib" ]; then
   export LD_LIBRARY_PATH="$cudnn_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  note "cudnn: $(sed -n 's/^QGRAD_CUDNN_LIBRARY:FILEPATH=//p' "$B/CMakeCache.txt")"
+  note "cudnn: $(sed -n 's/^QGRAD_CUDNN_LIBRARY_PATH:INTERNAL=//p' "$B/CMakeCache.txt")"
 fi
 
 # ---- tests ----

@@ -49,14 +49,20 @@ const M* math_in(const Tensor& t, std::vector<M>& buf) {
     return buf.data();
   }
 }
-// Where a result in op math goes: the tensor itself, or a buffer that
-// math_out_finish rounds into it.
+// Where a result in op math goes: the tensor itself, or a buffer (holding
+// the tensor's values when they are accumulated onto) that math_out_finish
+// rounds into it.
 template <class T, class M = op_math_t<T>>
-M* math_out(const Tensor& t, std::vector<M>& buf) {
+M* math_out(const Tensor& t, std::vector<M>& buf, bool accumulate = false) {
   if constexpr (std::is_same_v<T, M>) {
     (void)buf;
+    (void)accumulate;
     return static_cast<M*>(t.data_ptr());
   } else {
+    if (accumulate) {
+      math_in<T>(t, buf);
+      return buf.data();
+    }
     buf.assign(static_cast<std::size_t>(t.numel()), M(0));
     return buf.data();
   }
@@ -142,12 +148,12 @@ void col2im_add(const Conv2dShape& s, const M* dcol, M* dx) {
 }
 
 template <class T>
-void forward_impl(const Conv2dShape& s, const Tensor& x, const Tensor& weight, const Tensor& y) {
+void forward_impl(const Conv2dShape& s, const Tensor& x, const Tensor& weight, const Tensor& y, bool accumulate) {
   using M = op_math_t<T>;
   std::vector<M> bx, bw, by;
   const M* xp = math_in<T>(x, bx);
   const M* wp = math_in<T>(weight, bw);
-  M* yp = math_out<T>(y, by);
+  M* yp = math_out<T>(y, by, accumulate);
   const std::int64_t G = s.groups, Cg = s.c_per_group(), Og = s.o_per_group(), K = s.patch(), P = s.oh * s.ow;
   const bool pointwise = s.pointwise();
   run_tasks<M>(s.n * G, s.n * s.o * P * K, pointwise ? 0 : K * P, [&](std::int64_t task, M* col) {
@@ -158,7 +164,7 @@ void forward_impl(const Conv2dShape& s, const Tensor& x, const Tensor& weight, c
       im2col_rows(s, xg, 0, K, col);
       src = col;
     }
-    gemm_raw(GemmShape{1, Og, P, K, false, false}, wp + g * Og * K, src, yp + (n * s.o + g * Og) * P, false);
+    gemm_raw(GemmShape{1, Og, P, K, false, false}, wp + g * Og * K, src, yp + (n * s.o + g * Og) * P, accumulate);
   });
   math_out_finish<T>(y, by);
 }
@@ -222,9 +228,9 @@ void backward_weight_impl(const Conv2dShape& s, const Tensor& x, const Tensor& d
 
 }  // namespace
 
-void conv2d_forward(const Conv2dShape& s, const Tensor& x, const Tensor& weight, const Tensor& y) {
+void conv2d_forward(const Conv2dShape& s, const Tensor& x, const Tensor& weight, const Tensor& y, bool accumulate) {
   dispatch_floating(y.dtype(), "conv2d",
-                    [&](auto tag) { forward_impl<typename decltype(tag)::type>(s, x, weight, y); });
+                    [&](auto tag) { forward_impl<typename decltype(tag)::type>(s, x, weight, y, accumulate); });
 }
 
 void conv2d_backward_input(const Conv2dShape& s, const Tensor& dy, const Tensor& weight, const Tensor& dx) {

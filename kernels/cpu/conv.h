@@ -7,7 +7,7 @@
 
 namespace qgrad::kernels::cpu {
 
-void conv2d_forward(const Conv2dShape& s, const Tensor& x, const Tensor& weight, const Tensor& y);
+void conv2d_forward(const Conv2dShape& s, const Tensor& x, const Tensor& weight, const Tensor& y, bool accumulate);
 void conv2d_backward_input(const Conv2dShape& s, const Tensor& dy, const Tensor& weight, const Tensor& dx);
 void conv2d_backward_weight(const Conv2dShape& s, const Tensor& x, const Tensor& dy, const Tensor& dweight);
 

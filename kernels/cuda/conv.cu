@@ -94,6 +94,19 @@ struct Descriptors {
   cudnnConvolutionDescriptor_t conv = nullptr;
 
   Descriptors(const Conv2dShape& s, DType dt) {
+    try {
+      init(s, dt);
+    } catch (...) {
+      destroy();
+      throw;
+    }
+  }
+  ~Descriptors() { destroy(); }
+  Descriptors(const Descriptors&) = delete;
+  Descriptors& operator=(const Descriptors&) = delete;
+
+ private:
+  void init(const Conv2dShape& s, DType dt) {
     const cudnnDataType_t t = data_type(dt);
     QGRAD_CUDNN_CHECK(cudnnCreateTensorDescriptor(&x));
     QGRAD_CUDNN_CHECK(cudnnCreateTensorDescriptor(&y));
@@ -109,14 +122,12 @@ struct Descriptors {
     QGRAD_CUDNN_CHECK(cudnnSetConvolutionGroupCount(conv, i(s.groups)));
     QGRAD_CUDNN_CHECK(cudnnSetConvolutionMathType(conv, math_type(dt)));
   }
-  ~Descriptors() {
+  void destroy() {
     if (conv) cudnnDestroyConvolutionDescriptor(conv);
     if (w) cudnnDestroyFilterDescriptor(w);
     if (y) cudnnDestroyTensorDescriptor(y);
     if (x) cudnnDestroyTensorDescriptor(x);
   }
-  Descriptors(const Descriptors&) = delete;
-  Descriptors& operator=(const Descriptors&) = delete;
 };
 
 enum class Direction { forward, backward_data, backward_filter };
@@ -222,8 +233,8 @@ struct Workspace {
   Workspace& operator=(const Workspace&) = delete;
 };
 
-// alpha = 1, beta = 0 in the scaling type cuDNN expects (double for f64,
-// float otherwise).
+// alpha = 1, beta = 0 or 1 in the scaling type cuDNN expects (double for
+// f64, float otherwise).
 struct Scaling {
   double d1 = 1.0, d0 = 0.0;
   float f1 = 1.0f, f0 = 0.0f;
@@ -239,7 +250,7 @@ void check_dtype(DType dt) {
 
 }  // namespace
 
-void conv2d_forward(const Conv2dShape& s, const Tensor& x, const Tensor& weight, const Tensor& y) {
+void conv2d_forward(const Conv2dShape& s, const Tensor& x, const Tensor& weight, const Tensor& y, bool accumulate) {
   if (s.n == 0) return;
   const DType dt = y.dtype();
   check_dtype(dt);
@@ -252,7 +263,7 @@ void conv2d_forward(const Conv2dShape& s, const Tensor& x, const Tensor& weight,
   const Scaling a(dt);
   QGRAD_CUDNN_CHECK(cudnnConvolutionForward(h, a.one(), d.x, x.data_ptr(), d.w, weight.data_ptr(), d.conv,
                                             static_cast<cudnnConvolutionFwdAlgo_t>(c.algo), ws.ptr, c.workspace,
-                                            a.zero(), d.y, y.data_ptr()));
+                                            accumulate ? a.one() : a.zero(), d.y, y.data_ptr()));
 }
 
 void conv2d_backward_input(const Conv2dShape& s, const Tensor& dy, const Tensor& weight, const Tensor& dx) {

@@ -23,7 +23,7 @@ void gemm(const GemmShape& s, const Tensor& a, const Tensor& b, const Tensor& c,
 
 // conv2d and its input and weight gradients through cuDNN (kernels/cuda/conv.cu:
 // a library, not hand-written kernels; deterministic algorithms only).
-void conv2d_forward(const Conv2dShape& s, const Tensor& x, const Tensor& weight, const Tensor& y);
+void conv2d_forward(const Conv2dShape& s, const Tensor& x, const Tensor& weight, const Tensor& y, bool accumulate);
 void conv2d_backward_input(const Conv2dShape& s, const Tensor& dy, const Tensor& weight, const Tensor& dx);
 void conv2d_backward_weight(const Conv2dShape& s, const Tensor& x, const Tensor& dy, const Tensor& dweight);
 

@@ -16,9 +16,11 @@ using Pair = std::array<std::int64_t, 2>;
 // cuDNN's algorithms (implicit GEMM, Winograd, FFT, ... as its heuristic
 // picks) and the CPU's im2col + Eigen GEMM sum the same products in another
 // order, both in f32 (f64 for f64) and rounded once: the GEMM tolerances of
-// the arithmetic entries.
+// the arithmetic entries, but 1e-4 for f32, since the transform algorithms
+// (Winograd, FFT) add rounding errors of their own.
 Promise summation_order() {
-  return Promise::within(1e-12, 1e-5, 1e-2, 6e-2, "summation order: cuDNN's algorithms vs im2col + Eigen GEMM");
+  return Promise::within(1e-12, 1e-4, 1e-2, 6e-2,
+                         "summation order: cuDNN's algorithms (Winograd, FFT, implicit GEMM) vs im2col + Eigen GEMM");
 }
 
 struct Config {
@@ -113,7 +115,7 @@ std::vector<OpEntry> conv_entries() {
   e.push_back(conv_entry({"conv2d", {2, 3, 6, 5}, {4, 3, 3, 3}, true, {1, 1}, {1, 1}, {1, 1}, 1}));
   e.back().bad_inputs = conv2d_errors;
   e.push_back(conv_entry(
-      {"conv2d stride 2, padding (1, 2), 3x2 kernel, no bias", {2, 3, 7, 6}, {4, 3, 3, 2}, false, {2, 2}, {1, 2},
+      {"conv2d stride 2, pad (1, 2), 3x2, no bias", {2, 3, 7, 6}, {4, 3, 3, 2}, false, {2, 2}, {1, 2},
        {1, 1}, 1}));
   e.push_back(conv_entry(
       {"conv2d dilation 2, stride (1, 2), groups 2", {2, 4, 7, 7}, {6, 2, 3, 3}, true, {1, 2}, {1, 1}, {2, 2}, 2}));

@@ -12,3 +12,6 @@
 #include "qgrad/autograd/dot.h"
 #include "qgrad/nn/nn.h"
 #include "qgrad/export/onnx.h"
+#include "qgrad/dist/ddp.h"
+#include "qgrad/dist/process_group.h"
+#include "qgrad/dist/store.h"

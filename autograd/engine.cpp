@@ -15,6 +15,13 @@ namespace qgrad {
 namespace {
 thread_local bool g_grad_enabled = true;
 std::atomic<std::uint64_t> g_sequence{0};
+std::atomic<std::uint64_t> g_hook_handle{1};
+
+void run_hooks(const AutogradMeta& m) {
+  // A copy: a hook may add or remove hooks.
+  const auto hooks = m.post_accumulate_hooks;
+  for (const auto& [h, f] : hooks) f();
+}
 
 Tensor like(const Tensor& t) {
   return Tensor::empty(t.shape(), TensorOptions{}.with_dtype(t.dtype()).with_device(t.device()));
@@ -55,15 +62,41 @@ Node::~Node() {
 bool grad_enabled() { return g_grad_enabled; }
 void set_grad_enabled(bool enabled) { g_grad_enabled = enabled; }
 
-bool any_requires_grad(std::initializer_list<Tensor> inputs) {
+namespace {
+
+bool any_requires_grad_of(const Tensor* begin, const Tensor* end) {
   if (!g_grad_enabled) return false;
-  for (const Tensor& t : inputs)
-    if (t.defined() && t.requires_grad()) return true;
+  for (const Tensor* t = begin; t != end; ++t)
+    if (t->defined() && t->requires_grad()) return true;
   return false;
+}
+
+void record_of(const char* name, Tensor& out, const Tensor* begin, const Tensor* end, BackwardFn backward,
+               std::size_t saved_bytes, DType grad_dtype, bool grad_dtype_given);
+
+}  // namespace
+
+bool any_requires_grad(std::initializer_list<Tensor> inputs) {
+  return any_requires_grad_of(inputs.begin(), inputs.end());
+}
+bool any_requires_grad(const std::vector<Tensor>& inputs) {
+  return any_requires_grad_of(inputs.data(), inputs.data() + inputs.size());
 }
 
 void record(const char* name, Tensor& out, std::initializer_list<Tensor> inputs, BackwardFn backward,
             std::size_t saved_bytes, DType grad_dtype, bool grad_dtype_given) {
+  record_of(name, out, inputs.begin(), inputs.end(), std::move(backward), saved_bytes, grad_dtype, grad_dtype_given);
+}
+void record(const char* name, Tensor& out, const std::vector<Tensor>& inputs, BackwardFn backward,
+            std::size_t saved_bytes) {
+  record_of(name, out, inputs.data(), inputs.data() + inputs.size(), std::move(backward), saved_bytes, DType::f32,
+            false);
+}
+
+namespace {
+
+void record_of(const char* name, Tensor& out, const Tensor* begin, const Tensor* end, BackwardFn backward,
+               std::size_t saved_bytes, DType grad_dtype, bool grad_dtype_given) {
   auto node = std::make_shared<Node>();
   node->name = name;
   node->output = TensorMeta::of(out);
@@ -73,8 +106,9 @@ void record(const char* name, Tensor& out, std::initializer_list<Tensor> inputs,
   node->backward = std::move(backward);
   node->saved_bytes = saved_bytes;
   node->sequence = g_sequence++;
-  node->inputs.reserve(inputs.size());
-  for (const Tensor& t : inputs) {
+  node->inputs.reserve(static_cast<std::size_t>(end - begin));
+  for (const Tensor* it = begin; it != end; ++it) {
+    const Tensor& t = *it;
     Edge e;
     if (t.defined()) {
       e.meta = TensorMeta::of(t);
@@ -90,6 +124,8 @@ void record(const char* name, Tensor& out, std::initializer_list<Tensor> inputs,
   om.requires_grad = true;
   om.grad_fn = std::move(node);
 }
+
+}  // namespace
 
 void run_backward(const Tensor& root, const Tensor& grad_in, bool retain_graph) {
   QGRAD_CHECK(root.defined(), "backward", "tensor", "undefined tensor");
@@ -111,17 +147,22 @@ void run_backward(const Tensor& root, const Tensor& grad_in, bool retain_graph) 
   if (!root_node) {  // a leaf
     AutogradMeta& m = root.autograd_meta();
     m.grad = accumulate(m.grad, grad);
+    if (!m.post_accumulate_hooks.empty()) run_hooks(m);
     return;
   }
 
-  // Count, for every reachable node, how many edges point at it.
+  // Count, for every reachable node, how many edges point at it; and for
+  // every reachable leaf with hooks, how many edges reach it (its hooks
+  // fire when the last one has been accumulated).
   std::unordered_map<Node*, int> dependencies;
+  std::unordered_map<AutogradMeta*, int> leaf_edges;
   std::vector<Node*> stack{root_node.get()};
   dependencies[root_node.get()] = 0;
   while (!stack.empty()) {
     Node* n = stack.back();
     stack.pop_back();
     for (const Edge& e : n->inputs) {
+      if (e.leaf && !e.leaf->post_accumulate_hooks.empty()) leaf_edges[e.leaf.get()]++;
       if (!e.node) continue;
       auto [it, inserted] = dependencies.try_emplace(e.node.get(), 0);
       it->second++;
@@ -153,12 +194,30 @@ void run_backward(const Tensor& root, const Tensor& grad_in, bool retain_graph) 
         Tensor& slot = pending[e.node.get()];
         if (gi.defined()) slot = accumulate(slot, gi);
         if (--dependencies[e.node.get()] == 0) ready.push_back(e.node.get());
-      } else if (e.leaf && gi.defined()) {
-        e.leaf->grad = accumulate(e.leaf->grad, gi);
+      } else if (e.leaf) {
+        if (gi.defined()) e.leaf->grad = accumulate(e.leaf->grad, gi);
+        auto it = leaf_edges.find(e.leaf.get());
+        if (it != leaf_edges.end() && --it->second == 0) run_hooks(*e.leaf);
       }
     }
     if (!retain_graph) n->release();
   }
+}
+
+std::uint64_t add_post_accumulate_grad_hook(const Tensor& leaf, std::function<void()> hook) {
+  const char* op = "add_post_accumulate_grad_hook";
+  QGRAD_CHECK(leaf.defined(), op, "leaf", "undefined tensor");
+  QGRAD_CHECK(leaf.requires_grad() && leaf.is_leaf(), op, "leaf", "expected a leaf that requires grad");
+  QGRAD_CHECK(hook != nullptr, op, "hook", "empty function");
+  const std::uint64_t h = g_hook_handle++;
+  leaf.autograd_meta().post_accumulate_hooks.emplace_back(h, std::move(hook));
+  return h;
+}
+
+void remove_post_accumulate_grad_hook(const Tensor& leaf, std::uint64_t handle) {
+  if (!leaf.defined() || !leaf.impl()->autograd) return;
+  auto& hooks = leaf.autograd_meta().post_accumulate_hooks;
+  std::erase_if(hooks, [&](const auto& p) { return p.first == handle; });
 }
 
 void Tensor::backward(const Tensor& g, bool retain_graph) const { run_backward(*this, g, retain_graph); }

@@ -68,6 +68,7 @@ class NoGradGuard {
 // True when grad mode is on and some input requires grad: only then does an
 // op compute the state its backward needs and call record().
 bool any_requires_grad(std::initializer_list<Tensor> inputs);
+bool any_requires_grad(const std::vector<Tensor>& inputs);  // ops with a list of inputs (cat)
 
 // Records `out` as produced by op `name` from `inputs`. Call it only when
 // any_requires_grad(inputs). `grad_dtype` is the dtype gradients of `out`
@@ -75,6 +76,21 @@ bool any_requires_grad(std::initializer_list<Tensor> inputs);
 // pass the dtype of their float input).
 void record(const char* name, Tensor& out, std::initializer_list<Tensor> inputs, BackwardFn backward,
             std::size_t saved_bytes = 0, DType grad_dtype = DType::f32, bool grad_dtype_given = false);
+// The same for an op with a list of inputs (cat): one edge per element.
+void record(const char* name, Tensor& out, const std::vector<Tensor>& inputs, BackwardFn backward,
+            std::size_t saved_bytes = 0);
+
+// Post-accumulate hooks (PyTorch's register_post_accumulate_grad_hook):
+// `hook` runs once in every backward pass that reaches the leaf `leaf`,
+// right after the pass has summed the last gradient it contributes into
+// leaf.grad() (so several uses of the leaf still fire it once), in grad
+// mode off, on the thread running backward. Gradients flow in the reverse
+// order of the graph, so hooks fire as soon as each leaf is final: what
+// DistributedDataParallel starts its bucket all-reduces from. An exception
+// from a hook propagates out of backward. Returns a handle for removal.
+std::uint64_t add_post_accumulate_grad_hook(const Tensor& leaf, std::function<void()> hook);
+// Removes the hook (no-op when the handle is not there).
+void remove_post_accumulate_grad_hook(const Tensor& leaf, std::uint64_t handle);
 
 // Runs backward from `root` (see Tensor::backward).
 void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph);

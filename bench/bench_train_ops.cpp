@@ -1,12 +1,18 @@
 // Benchmarks of the training ops the QAT step is made of, on CUDA: relu
 // forward/backward, the observer's min/max, the fused SGD step, cross-entropy
-// forward + backward and linear forward + backward. Memory-bound cases report
+// forward + backward, linear forward + backward and scaled_dot_product_attention
+// forward / backward (a ViT shape and sequence length 1024; the L = 1024 case
+// is also timed on the CPU, with a small B * H, before the CUDA rows).
+// Memory-bound cases report
 // GB/s and the fraction of the copy bandwidth measured in the same run;
 // linear reports TFLOP/s and the fraction of the f32 (non-tensor-core) peak.
 // JSON lines; bench/peer_train_ops.py measures PyTorch under the same keys.
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "bench_common.h"
 #include "qgrad/kernels/observer.h"
@@ -41,9 +47,51 @@ void report_flops(const std::string& name, const Timing& t, double flops, const 
   emit(buf);
 }
 
+// Attention FLOPs: forward 2 GEMMs of 2 * L * S * D each; backward 4 (dV, dA, dQ, dK).
+double sdpa_flops(std::int64_t bh, std::int64_t L, std::int64_t D, bool backward) {
+  return (backward ? 4.0 : 2.0) * 2.0 * static_cast<double>(bh) * static_cast<double>(L * L * D);
+}
+
+// Forward (no grad) and backward (the recorded node's rule alone) of
+// scaled_dot_product_attention at [B, H, L, D], on `opt`'s device; `time`
+// is time_cuda or the CPU timer.
+template <class Timer>
+void sdpa_rows(const std::string& tag, std::int64_t B, std::int64_t H, std::int64_t L, std::int64_t D,
+               TensorOptions opt, const std::string& dev, Timer time) {
+  Generator gen(0x5d);
+  Tensor q = randn({B, H, L, D}, gen, opt), k = randn({B, H, L, D}, gen, opt), v = randn({B, H, L, D}, gen, opt);
+  {
+    NoGradGuard ng;
+    report_flops("sdpa_fw_" + tag, time([&](int) { scaled_dot_product_attention(q, k, v); }),
+                 sdpa_flops(B * H, L, D, false), dev);
+    report_flops("sdpa_causal_fw_" + tag, time([&](int) { scaled_dot_product_attention(q, k, v, Tensor(), true); }),
+                 sdpa_flops(B * H, L, D, false), dev);
+  }
+  for (Tensor* t : {&q, &k, &v}) t->set_requires_grad(true);
+  Tensor y = scaled_dot_product_attention(q, k, v);
+  Tensor dy = randn(y.shape(), gen, opt);
+  report_flops("sdpa_bw_" + tag, time([&](int) { y.grad_fn()->backward(dy); }), sdpa_flops(B * H, L, D, true), dev);
+}
+
+// Median wall time of `work` on the CPU.
+Timing time_cpu(const std::function<void(int)>& work, int reps = 7, int warmup = 1) {
+  for (int i = 0; i < warmup; ++i) work(i);
+  std::vector<double> ms;
+  for (int i = 0; i < reps; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    work(i);
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(ms.begin(), ms.end());
+  return Timing{ms[ms.size() / 2], ms.front(), reps};
+}
+
 }  // namespace
 
 int main() {
+  // The CPU row of attention at L = 1024 (B * H = 2, D = 64): runs anywhere.
+  sdpa_rows("l1024_b1_h2_d64", 1, 2, 1024, 64, TensorOptions{}, "cpu",
+            [](const std::function<void(int)>& w) { return time_cpu(w); });
   if (!cuda_available()) {
     std::printf("bench_train_ops: no CUDA device present; nothing measured\n");
     return 0;
@@ -107,5 +155,9 @@ int main() {
                  }, 30, 3),
                  3.0 * 2.0 * static_cast<double>(M * N * K), dev);
   }
+  // Attention at the ViT shape (B = 256, H = 4, L = 50, D = 32) and at L = 1024.
+  auto gpu_timer = [](const std::function<void(int)>& w) { return time_cuda(w, 30, 3); };
+  sdpa_rows("vit_b256_h4_l50_d32", 256, 4, 50, 32, on_gpu(), dev, gpu_timer);
+  sdpa_rows("l1024_b8_h4_d32", 8, 4, 1024, 32, on_gpu(), dev, gpu_timer);
   return 0;
 }

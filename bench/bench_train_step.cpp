@@ -1,5 +1,5 @@
-// The QAT training step of bench/peer_train_step.py: a 784-H-H-10 MLP
-// (nn::Sequential of Linear/ReLU) prepared with prepare_qat and the default
+// The QAT training steps of bench/peer_train_step.py: a 784-H-H-10 MLP
+// (nn::Sequential of Linear/ReLU) and a small CNN, prepared with prepare_qat and the default
 // QAT qconfig (per-channel symmetric s8 weight fake quant, per-tensor u8
 // activation fake quant with moving-average observers), cross-entropy, SGD
 // with momentum 0.9, gradients set to none before each step.
@@ -11,7 +11,11 @@
 //   ..._graph: the same step captured once in a CudaGraph (after the eager
 //     warm-up) and replayed; each timed step copies the next batch into the
 //     static inputs the graph reads, then replays;
-//   qat_step_cpu_b256_h256: 2 OpenMP threads, wall-clock median.
+//   qat_step_cpu_b256_h256: 2 OpenMP threads, wall-clock median;
+//   qat_cnn_step_cuda_b256_w32 (+ _graph), qat_cnn_step_cpu_b64_w32: the
+//     same for the CNN of bench/qat_cnn.h (two Conv-BN-ReLU-MaxPool blocks
+//     of 32 and 64 channels, fused into ConvBnReLU2d by prepare_qat, and a
+//     linear head) on [B, 1, 28, 28] inputs.
 // peak_bytes: the allocator's peak of bytes held by tensors (model,
 // optimizer state, the four input batches, the step's temporaries), reset
 // after warm-up; PyTorch's peer reports torch.cuda.max_memory_allocated
@@ -20,6 +24,8 @@
 // private pool holds.
 #include <chrono>
 #include <cstdio>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -31,6 +37,7 @@
 #endif
 
 #include "bench_common.h"
+#include "qat_cnn.h"
 #include "qat_mlp.h"
 
 using namespace qgrad;
@@ -38,24 +45,47 @@ using namespace qgrad::bench;
 
 namespace {
 
+// A benchmarked network: the case name's stem, how to build it, the shape
+// of one input example.
+struct Net {
+  std::string name;  // "qat_step_{device}_b256_h256": name = "qat_step", tag = "_h256"
+  std::string tag;
+  std::function<std::unique_ptr<QatStep>(Device, Generator&)> make;
+  Shape example;
+};
+
+Net mlp(std::int64_t hidden) {
+  return {"qat_step", "_h" + std::to_string(hidden),
+          [hidden](Device d, Generator& g) { return std::make_unique<QatMlp>(d, hidden, g); }, {784}};
+}
+Net cnn(std::int64_t width) {
+  return {"qat_cnn_step", "_w" + std::to_string(width),
+          [width](Device d, Generator& g) { return std::make_unique<QatCnn>(d, width, g); }, {1, 28, 28}};
+}
+std::string case_name(const Net& net, const std::string& device, std::int64_t batch) {
+  return net.name + "_" + device + "_b" + std::to_string(batch) + net.tag;
+}
+
 struct Setup {
-  std::unique_ptr<QatMlp> mlp;
+  std::unique_ptr<QatStep> net;
   std::vector<Tensor> xs, ys;
 };
 
-Setup make_setup(Device dev, std::int64_t batch, std::int64_t hidden) {
+Setup make_setup(Device dev, std::int64_t batch, const Net& net) {
   Generator gen(0x7a1);
   Setup s;
-  s.mlp = std::make_unique<QatMlp>(dev, hidden, gen);
+  s.net = net.make(dev, gen);
   const auto on = TensorOptions{}.with_device(dev);
+  Shape shape{batch};
+  shape.insert(shape.end(), net.example.begin(), net.example.end());
   for (int i = 0; i < 4; ++i) {  // several batches, as the peer
-    s.xs.push_back(randn({batch, 784}, gen, on));
+    s.xs.push_back(randn(shape, gen, on));
     s.ys.push_back(randint(0, 10, {batch}, gen, TensorOptions{}.with_dtype(DType::s64).with_device(dev)));
   }
   return s;
 }
 
-void train_step(Setup& s, const Tensor& x, const Tensor& y) { s.mlp->step(x, y); }
+void train_step(Setup& s, const Tensor& x, const Tensor& y) { s.net->step(x, y); }
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -94,11 +124,11 @@ std::vector<double> time_steps_cuda(int reps, F&& step) {
   return ms;
 }
 
-void bench_cuda(std::int64_t batch, std::int64_t hidden, int reps) {
-  const std::string name = "qat_step_cuda_b" + std::to_string(batch) + "_h" + std::to_string(hidden);
+void bench_cuda(const Net& net, std::int64_t batch, int reps) {
+  const std::string name = case_name(net, "cuda", batch);
   const std::string dev_name = cuda_device_name(0);
   {  // eager
-    Setup s = make_setup(Device::cuda(), batch, hidden);
+    Setup s = make_setup(Device::cuda(), batch, net);
     for (int i = 0; i < 20; ++i) train_step(s, s.xs[i % 4], s.ys[i % 4]);
     cuda_synchronize();
     cuda_reset_peak_stats();
@@ -119,7 +149,7 @@ void bench_cuda(std::int64_t batch, std::int64_t hidden, int reps) {
   }
   cuda_empty_cache();
   {  // captured
-    Setup s = make_setup(Device::cuda(), batch, hidden);
+    Setup s = make_setup(Device::cuda(), batch, net);
     Tensor x_static = empty_like(s.xs[0]), y_static = empty_like(s.ys[0]);
     for (int i = 0; i < 20; ++i) {  // warm-up: momentum buffers exist, observers have seen data
       x_static.copy_(s.xs[i % 4]);
@@ -148,8 +178,8 @@ void bench_cuda(std::int64_t batch, std::int64_t hidden, int reps) {
 // replays (no input copies) between cudaProfilerStart/Stop, for a profiler
 // started with profiling off (scripts/profile_step.sh runs ncu on it).
 // Prints the number of kernel nodes and the CUDA-event time per replay.
-void profile_graph(std::int64_t batch, std::int64_t hidden, int replays) {
-  Setup s = make_setup(Device::cuda(), batch, hidden);
+void profile_graph(const Net& net, std::int64_t batch, int replays) {
+  Setup s = make_setup(Device::cuda(), batch, net);
   for (int i = 0; i < 20; ++i) train_step(s, s.xs[0], s.ys[0]);
   CudaGraph graph;
   graph.capture([&] { train_step(s, s.xs[0], s.ys[0]); });
@@ -158,20 +188,20 @@ void profile_graph(std::int64_t batch, std::int64_t hidden, int replays) {
   QGRAD_CUDA_CHECK(cudaProfilerStart());
   const auto t = time_steps_cuda(replays, [&](int) { graph.replay(); });
   QGRAD_CUDA_CHECK(cudaProfilerStop());
-  std::printf("{\"bench\":\"train_step_profile\",\"case\":\"qat_step_cuda_b%lld_h%lld_graph\",\"kernel_nodes\":%lld,"
+  std::printf("{\"bench\":\"train_step_profile\",\"case\":\"%s_graph\",\"kernel_nodes\":%lld,"
               "\"replay_ms\":%.4f,\"replays\":%d}\n",
-              static_cast<long long>(batch), static_cast<long long>(hidden),
-              static_cast<long long>(graph.kernel_node_count()), median(t), replays);
+              case_name(net, "cuda", batch).c_str(), static_cast<long long>(graph.kernel_node_count()), median(t),
+              replays);
 }
 #endif
 
-void bench_cpu(std::int64_t batch, std::int64_t hidden, int reps, int threads) {
+void bench_cpu(const Net& net, std::int64_t batch, int reps, int threads) {
 #if defined(_OPENMP)
   omp_set_num_threads(threads);
 #else
   (void)threads;
 #endif
-  Setup s = make_setup(Device::cpu(), batch, hidden);
+  Setup s = make_setup(Device::cpu(), batch, net);
   for (int i = 0; i < 10; ++i) train_step(s, s.xs[i % 4], s.ys[i % 4]);
   std::vector<double> ms;
   for (int i = 0; i < reps; ++i) {
@@ -181,7 +211,7 @@ void bench_cpu(std::int64_t batch, std::int64_t hidden, int reps, int threads) {
   }
   char extra[64];
   std::snprintf(extra, sizeof extra, ",\"reps\":%d,\"min_ms\":%.4f", reps, *std::min_element(ms.begin(), ms.end()));
-  emit_case("qat_step_cpu_b" + std::to_string(batch) + "_h" + std::to_string(hidden), median(ms), 0,
+  emit_case(case_name(net, "cpu", batch), median(ms), 0,
             "cpu (" + std::to_string(threads) + " threads)", extra);
 }
 
@@ -203,18 +233,20 @@ int main(int argc, char** argv) {
 #if QGRAD_WITH_CUDA
   if (profile_replays > 0) {
     if (!cuda_available()) return 1;
-    profile_graph(256, 256, profile_replays);
-    profile_graph(4096, 1024, profile_replays);
+    profile_graph(mlp(256), 256, profile_replays);
+    profile_graph(mlp(1024), 4096, profile_replays);
     return 0;
   }
   if (!cpu_only && cuda_available()) {
-    bench_cuda(256, 256, 300);
-    bench_cuda(4096, 1024, 200);
+    bench_cuda(mlp(256), 256, 300);
+    bench_cuda(mlp(1024), 4096, 200);
+    bench_cuda(cnn(32), 256, 200);
   }
 #else
   (void)cpu_only;
   if (profile_replays > 0) return 1;  // nothing to profile without CUDA
 #endif
-  bench_cpu(256, 256, cpu_reps, cpu_threads);
+  bench_cpu(mlp(256), 256, cpu_reps, cpu_threads);
+  bench_cpu(cnn(32), 64, std::max(cpu_reps / 5, 5), cpu_threads);
   return 0;
 }

@@ -70,7 +70,38 @@ def main():
         F.linear(a, w, b).backward(g)
     ms = time_cuda(lin, reps=30, warmup=3)
     emit("linear_fwbw_4096x1024x1024", ms, tflops=3 * 2.0 * M * Nn * K / (ms * 1e-3) / 1e12)
+    # scaled_dot_product_attention at the ViT shape and at L = 1024, with the
+    # math backend (qgrad's formula: GEMM, softmax, GEMM) and with PyTorch's
+    # default choice (flash / memory-efficient kernels where they apply).
+    for tag, (Bs, H, L, D) in (("vit_b256_h4_l50_d32", (256, 4, 50, 32)), ("l1024_b8_h4_d32", (8, 4, 1024, 32))):
+        sdpa_rows(tag, Bs, H, L, D)
     return 0
+
+
+def sdpa_rows(tag, B, H, L, D):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    fw_flops = 2 * 2.0 * B * H * L * L * D
+    q, k, v = (torch.randn(B, H, L, D, device="cuda", requires_grad=True) for _ in range(3))
+    dy = torch.randn(B, H, L, D, device="cuda")
+    # The default backend (PyTorch's strongest choice) under qgrad's case
+    # names, so bench_table.py compares with it; the math backend (qgrad's own
+    # formula) as PyTorch-only rows "<case>_math".
+    for backend, suffix in ((SDPBackend.MATH, "_math"), (None, "")):
+        def run(causal=False):
+            if backend is None:
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        with torch.no_grad():
+            ms = time_cuda(run, reps=30, warmup=3)
+            emit("sdpa_fw_" + tag + suffix, ms, backend=suffix[1:] or "default", tflops=fw_flops / (ms * 1e-3) / 1e12)
+            ms = time_cuda(lambda: run(True), reps=30, warmup=3)
+            emit("sdpa_causal_fw_" + tag + suffix, ms, backend=suffix[1:] or "default",
+                 tflops=fw_flops / (ms * 1e-3) / 1e12)
+        y = run()
+        ms = time_cuda(lambda: torch.autograd.grad(y, (q, k, v), dy, retain_graph=True), reps=30, warmup=3)
+        emit("sdpa_bw_" + tag + suffix, ms, backend=suffix[1:] or "default", tflops=2 * fw_flops / (ms * 1e-3) / 1e12)
 
 
 if __name__ == "__main__":

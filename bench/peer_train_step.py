@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
-"""PyTorch peer for bench_train_step: the QAT training step of an MLP.
+"""PyTorch peer for bench_train_step: the QAT training step of an MLP and of a CNN.
 
-784-H-H-10 MLP (Linear, ReLU, Linear, ReLU, Linear), cross-entropy, SGD with
+784-H-H-10 MLP (Linear, ReLU, Linear, ReLU, Linear), and the CNN of
+bench/qat_cnn.h (Conv-BN-ReLU-MaxPool twice, 32 and 64 channels, a linear
+head; torch.ao fuses each Conv-BN-ReLU into a QAT ConvBnReLU2d, the tensor-op
+model writes that module's _forward_approximate out), cross-entropy, SGD with
 momentum 0.9, gradients set to none before each step; the whole step
 (forward, backward, optimizer) timed with CUDA events, median of many
 repetitions after warm-up. Configurations, each a JSON line:
@@ -105,6 +108,64 @@ def make_tensorop_model(hidden):
     ).train()
 
 
+def make_ao_cnn(width):
+    """The CNN of bench/qat_cnn.h, fused (Conv-BN-ReLU -> ConvBnReLU2d) and prepared by torch.ao."""
+    model = nn.Sequential(
+        tq.QuantStub(),
+        nn.Conv2d(1, width, 3, padding=1), nn.BatchNorm2d(width), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(width, 2 * width, 3, padding=1), nn.BatchNorm2d(2 * width), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(2 * width * 7 * 7, 10),
+        tq.DeQuantStub(),
+    )
+    model.train()
+    model.qconfig = tq.get_default_qat_qconfig("x86")
+    tq.fuse_modules_qat(model, [["1", "2", "3"], ["5", "6", "7"]], inplace=True)
+    tq.prepare_qat(model, inplace=True)
+    return model
+
+
+class QatConvBnReLU(nn.Module):
+    """torch.ao.nn.intrinsic.qat.ConvBnReLU2d's _forward_approximate in tensor ops:
+    the batch norm folded into the per-channel weight fake quant with the
+    running std, the conv output unscaled, batch norm with batch statistics
+    (running ones updated in place), ReLU, the output activation fake quant."""
+
+    def __init__(self, cin, cout):
+        super().__init__()
+        self.conv = nn.Conv2d(cin, cout, 3, padding=1)
+        self.bn = nn.BatchNorm2d(cout)
+        self.out_fq = ActFakeQuant()
+
+    def forward(self, x):
+        bn = self.bn
+        scale_factor = bn.weight / torch.sqrt(bn.running_var + bn.eps)
+        w = self.conv.weight * scale_factor.reshape(-1, 1, 1, 1)
+        scale = torch.clamp(w.detach().abs().amax(dim=(1, 2, 3), keepdim=True) / 127.5,
+                            min=torch.finfo(torch.float32).eps)
+        w_fq = torch.clamp(round_ste(w / scale), -128, 127) * scale
+        y = nn.functional.conv2d(x, w_fq, None, padding=1) / scale_factor.reshape(1, -1, 1, 1)
+        y = y + self.conv.bias.reshape(1, -1, 1, 1)
+        y = nn.functional.batch_norm(y, bn.running_mean, bn.running_var, bn.weight, bn.bias, True, bn.momentum,
+                                     bn.eps)
+        return self.out_fq(torch.relu(y))
+
+
+def make_tensorop_cnn(width):
+    return nn.Sequential(
+        ActFakeQuant(),
+        QatConvBnReLU(1, width), nn.MaxPool2d(2),
+        QatConvBnReLU(width, 2 * width), nn.MaxPool2d(2),
+        nn.Flatten(), QatLinear(2 * width * 7 * 7, 10),
+    ).train()
+
+
+# net -> (make torch.ao model, make tensor-op model, one example's shape)
+NETS = {
+    "mlp": (make_ao_model, make_tensorop_model, (784,)),
+    "cnn": (make_ao_cnn, make_tensorop_cnn, (1, 28, 28)),
+}
+
+
 def timed(device, reps, run):
     if device != "cuda":
         times = []
@@ -129,14 +190,15 @@ def timed(device, reps, run):
     return times[len(times) // 2], torch.cuda.max_memory_allocated()
 
 
-def bench(device, batch, hidden, reps, warmup, kind, compiled=False, graph=False):
+def bench(device, net, batch, size, reps, warmup, kind, compiled=False, graph=False):
     torch.manual_seed(0)
-    model = (make_ao_model(hidden) if kind == "ao" else make_tensorop_model(hidden)).to(device)
+    make_ao, make_tensorop, example = NETS[net]
+    model = (make_ao(size) if kind == "ao" else make_tensorop(size)).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
     fwd = torch.compile(model) if compiled else model
     # Several batches, so inputs are not the same cached tensor every step.
-    xs = [torch.randn(batch, 784, device=device) for _ in range(4)]
+    xs = [torch.randn(batch, *example, device=device) for _ in range(4)]
     ys = [torch.randint(0, 10, (batch,), device=device) for _ in range(4)]
 
     def step(x, y):
@@ -191,21 +253,22 @@ CONFIGS = [  # impl, kind, compiled, graph
 
 def main():
     quick = "--quick" in sys.argv[1:]
-    cases = []
+    cases = []  # device, net, batch, hidden size (MLP) or width (CNN), reps
     if torch.cuda.is_available():
-        cases += [("cuda", 256, 256, 200), ("cuda", 4096, 1024, 200)]
-    cases += [("cpu", 256, 256, 50)]
-    for device, batch, hidden, reps in cases:
+        cases += [("cuda", "mlp", 256, 256, 200), ("cuda", "mlp", 4096, 1024, 200), ("cuda", "cnn", 256, 32, 200)]
+    cases += [("cpu", "mlp", 256, 256, 50), ("cpu", "cnn", 64, 32, 10)]
+    for device, net, batch, size, reps in cases:
         if device == "cpu":
             torch.set_num_threads(2)
-        case = f"qat_step_{device}_b{batch}_h{hidden}"
+        case = (f"qat_step_{device}_b{batch}_h{size}" if net == "mlp" else f"qat_cnn_step_{device}_b{batch}_w{size}")
         dev_name = torch.cuda.get_device_name() if device == "cuda" else "cpu (2 threads)"
         results = []
         for impl, kind, compiled, graph in CONFIGS:
             if (graph and device != "cuda") or (compiled and (quick or device != "cuda")):
                 continue
             try:
-                ms, peak = bench(device, batch, hidden, reps, 20, kind, compiled, graph)
+                ms, peak = bench(device, net, batch, size, reps, 20 if device == "cuda" or net == "mlp" else 3,
+                                 kind, compiled, graph)
             except Exception as e:  # a configuration PyTorch cannot run is reported, not fatal
                 print(json.dumps({"bench": "train_step", "impl": impl, "case": case, "error": str(e)[:300]}),
                       flush=True)

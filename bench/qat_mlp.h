@@ -11,22 +11,20 @@
 
 namespace qgrad::bench {
 
-struct QatMlp {
-  std::shared_ptr<nn::Sequential> model;
+// A model prepared with prepare_qat and the default QAT qconfig, moved to
+// `device`, in training mode, with SGD (momentum 0.9, fixed lr: a captured
+// step bakes it in); step() is one training step with gradients set to none.
+struct QatStep {
+  std::shared_ptr<nn::Sequential> model = std::make_shared<nn::Sequential>();
   std::unique_ptr<nn::SGD> opt;
+  double clip_grad_norm = 0;  // > 0: nn::clip_grad_norm(*opt, it) fused into the step
 
-  QatMlp(Device device, std::int64_t hidden, Generator& gen, double lr = 0.01) {
-    model = std::make_shared<nn::Sequential>();
-    model->emplace_back<nn::Linear>(784, hidden, gen);
-    model->emplace_back<nn::ReLU>();
-    model->emplace_back<nn::Linear>(hidden, hidden, gen);
-    model->emplace_back<nn::ReLU>();
-    model->emplace_back<nn::Linear>(hidden, 10, gen);
+  void prepare(Device device, double lr) {
     nn::prepare_qat(*model, nn::default_qat_qconfig());
     model->to(device);
     model->train();
     nn::SGDOptions o;
-    o.lr = lr;  // fixed: a captured step bakes it in
+    o.lr = lr;
     o.momentum = 0.9;
     opt = std::make_unique<nn::SGD>(model->named_parameters(), o);
   }
@@ -35,7 +33,19 @@ struct QatMlp {
     opt->zero_grad();  // set to none
     Tensor loss = cross_entropy(model->forward(x), y);
     loss.backward();
+    if (clip_grad_norm > 0) nn::clip_grad_norm(*opt, clip_grad_norm, 2.0, true);
     opt->step();
+  }
+};
+
+struct QatMlp : QatStep {
+  QatMlp(Device device, std::int64_t hidden, Generator& gen, double lr = 0.01) {
+    model->emplace_back<nn::Linear>(784, hidden, gen);
+    model->emplace_back<nn::ReLU>();
+    model->emplace_back<nn::Linear>(hidden, hidden, gen);
+    model->emplace_back<nn::ReLU>();
+    model->emplace_back<nn::Linear>(hidden, 10, gen);
+    prepare(device, lr);
   }
 };
 

@@ -4,8 +4,12 @@
 // record, the backward engine) is the autograd layer's (autograd/node.h).
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "qgrad/core/tensor.h"
 
@@ -27,6 +31,10 @@ struct AutogradMeta {
   Tensor grad;                    // leaves only
   std::shared_ptr<Node> grad_fn;  // null for leaves
   TensorMeta meta;                // the tensor's own shape/dtype/device
+  // Leaves only: run by the backward engine once per pass, after the pass
+  // has accumulated its last gradient into `grad` (autograd/node.h,
+  // add_post_accumulate_grad_hook). Keyed by a handle for removal.
+  std::vector<std::pair<std::uint64_t, std::function<void()>>> post_accumulate_hooks;
 };
 
 }  // namespace qgrad

@@ -152,6 +152,11 @@ class Generator {
     return first;
   }
   void manual_seed(std::uint64_t seed) { seed_ = seed; offset_ = 0; }
+  // The whole state is (seed, offset): the next draw uses counter offset().
+  // set_state(g.seed(), g.offset()) makes another generator continue g's
+  // sequence bit for bit (training resume: nn::generator_state).
+  std::uint64_t offset() const { return offset_; }
+  void set_state(std::uint64_t seed, std::uint64_t offset) { seed_ = seed; offset_ = offset; }
 
  private:
   std::uint64_t seed_;

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "qgrad/core/device.h"
 
@@ -67,6 +68,20 @@ inline CLI::Validator number_in(double lo, double hi, bool lo_open = false, bool
 // A seed: an integer in [0, 2^63 - 1] (CLI11 alone would wrap "-1" into an
 // unsigned seed and answer "Could not convert" for "abc").
 inline CLI::Validator seed_value() { return integer_in(0, std::numeric_limits<std::int64_t>::max()); }
+
+// One of a fixed set of words ("must be int8, 8da4w or fp8, got 'int4'").
+inline CLI::Validator one_of(std::vector<std::string> words) {
+  std::string wanted;
+  for (std::size_t i = 0; i < words.size(); ++i)
+    wanted += (i == 0 ? "" : i + 1 == words.size() ? " or " : ", ") + words[i];
+  return CLI::Validator(
+      [words, wanted](std::string& text) -> std::string {
+        for (const auto& w : words)
+          if (text == w) return {};
+        return "must be " + wanted + ", got '" + text + "'";
+      },
+      "one of " + wanted);
+}
 
 // A device name as Device::parse reads it ("cpu", "cuda", "cuda:N"), and
 // "auto" where the example picks one itself.

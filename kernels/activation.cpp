@@ -1,5 +1,5 @@
-// relu, one source for both devices (kernels/loop.h); the masked forward on
-// CUDA is the warp-ballot kernel of kernels/cuda/activation.cu.
+// relu, one source for both devices (kernels/loop.h); the forward on CUDA
+// (with or without its mask) is the kernel of kernels/cuda/activation.cu.
 #include "qgrad/kernels/activation.h"
 
 #include "qgrad/kernels/bitmask.h"
@@ -32,7 +32,7 @@ struct ReluBackward {
 }  // namespace
 
 void relu(const Tensor& in, const Tensor& out, const Tensor& mask) {
-  if (mask.defined() && out.is_cuda()) {
+  if (out.is_cuda()) {
     QGRAD_ON_CUDA(cuda::relu_masked(in, out, mask));
     return;
   }
@@ -42,7 +42,7 @@ void relu(const Tensor& in, const Tensor& out, const Tensor& mask) {
     const std::int64_t n = out.numel();
     for_each_index(out.device(), n, Relu<T>{x, static_cast<T*>(out.data_ptr())}, "relu");
     if (!mask.defined()) return;
-    // CPU only (CUDA took the ballot kernel above): one mask word per index.
+    // CPU only (CUDA took the kernel above): one mask word per index.
     auto* words = static_cast<std::uint32_t*>(mask.data_ptr());
     cpu::parallel_for(bitmask_words(n), [&](std::int64_t w) {
       words[w] = bitmask_pack_word(w, n, [&](std::int64_t i) { return formulas::relu_mask(op_math_t<T>(x[i])); });

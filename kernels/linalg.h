@@ -12,9 +12,12 @@ namespace qgrad::kernels {
 // c[i] is [m, n]; a[i] is [m, k] ([k, m] when trans_a); b[i] is [k, n]
 // ([n, k] when trans_b). With accumulate, c[i] += instead of =. a, b, c share
 // a floating dtype and a device; m, n, k fit in int. k == 0 gives zeros.
+// broadcast_a / broadcast_b: that operand is one matrix used by every batch
+// (batch stride 0).
 struct GemmShape {
   std::int64_t batch = 1, m = 0, n = 0, k = 0;
   bool trans_a = false, trans_b = false;
+  bool broadcast_a = false, broadcast_b = false;
 };
 void gemm(const GemmShape& s, const Tensor& a, const Tensor& b, const Tensor& c, bool accumulate = false);
 // out[r, :] = row for every row r of out ([rows, row.numel()]); same dtype.

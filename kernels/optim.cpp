@@ -1,5 +1,6 @@
 #include "qgrad/kernels/optim.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "qgrad/kernels/cuda/entries.h"
@@ -52,23 +53,113 @@ template <class T>
 struct OptimUpdate {
   OptimElems<T> e;
   formulas::OptimScalars<op_math_t<T>> s;
-  QGRAD_HD void operator()(std::int64_t i) const { e.update(i, s); }
+  bool scaled;
+  op_math_t<T> scale;
+  QGRAD_HD void operator()(std::int64_t i) const { e.update(i, s, scaled, scale); }
 };
+
+template <class T>
+struct ScaleElems {
+  T* p;
+  op_math_t<T> scale;
+  QGRAD_HD void operator()(std::int64_t i) const { p[i] = T(op_math_t<T>(p[i]) * scale); }
+};
+
+// One chunk of formulas::NormKind's step 1, as the CUDA block runs it.
+template <class T, class M>
+M norm_chunk(formulas::NormKind k, const T* x, std::int64_t len) {
+  using namespace formulas;
+  M lanes[kNormLanes];
+  for (M& l : lanes) l = M(0);
+  for (std::int64_t base = 0; base < len; base += kNormLanes) {
+    const std::int64_t m = std::min<std::int64_t>(kNormLanes, len - base);
+    for (std::int64_t t = 0; t < m; ++t) lanes[t] = norm_fold(k, lanes[t], M(x[base + t]));
+  }
+  M groups[kNormGroup];
+  for (M& g : groups) g = M(0);
+  for (int w = 0; w < kNormLanes / kNormGroup; ++w) groups[w] = norm_tree(k, lanes + w * kNormGroup, kNormGroup);
+  return norm_tree(k, groups, kNormLanes / kNormGroup);
+}
 
 }  // namespace
 
-void optim_step(const OptimizerHyper& hyper, const std::vector<OptimizerSlot>& slots) {
+void optim_step(const OptimizerHyper& hyper, const std::vector<OptimizerSlot>& slots, const Tensor& grad_scale,
+                const Tensor& skip) {
   if (slots.empty()) return;
   const Device dev = slots.front().param.device();
   if (dev.is_cuda()) {
-    QGRAD_ON_CUDA(cuda::optim_step(hyper, slots));
+    QGRAD_ON_CUDA(cuda::optim_step(hyper, slots, grad_scale, skip));
     return;
   }
+  if (skip.defined() && *static_cast<const std::int32_t*>(skip.data_ptr()) != 0) return;
   dispatch_floating(slots.front().param.dtype(), "optim_step", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    const formulas::OptimScalars<op_math_t<T>> s = optim_scalars<op_math_t<T>>(hyper);
+    using M = op_math_t<T>;
+    const formulas::OptimScalars<M> s = optim_scalars<M>(hyper);
+    const bool scaled = grad_scale.defined();
+    const M scale = scaled ? M(*static_cast<const T*>(grad_scale.data_ptr())) : M(1);
     for (const OptimizerSlot& slot : slots)
-      for_each_index(dev, slot.param.numel(), OptimUpdate<T>{optim_elems<T>(hyper, slot), s}, "optim_step");
+      for_each_index(dev, slot.param.numel(), OptimUpdate<T>{optim_elems<T>(hyper, slot), s, scaled, scale},
+                     "optim_step");
+  });
+}
+
+void grad_norm(const std::vector<Tensor>& tensors, formulas::NormKind kind, double max_norm, const Tensor& total,
+               const Tensor& coef, const Tensor& nonfinite) {
+  if (total.is_cuda()) {
+    QGRAD_ON_CUDA(cuda::grad_norm(tensors, kind, max_norm, total, coef, nonfinite));
+    return;
+  }
+  dispatch_floating(total.dtype(), "grad_norm", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using M = op_math_t<T>;
+    using formulas::kNormChunk;
+    // Every chunk of every tensor, reduced in parallel (each alone).
+    std::vector<std::int64_t> first(tensors.size() + 1, 0);
+    for (std::size_t i = 0; i < tensors.size(); ++i)
+      first[i + 1] = first[i] + (tensors[i].numel() + kNormChunk - 1) / kNormChunk;
+    std::vector<M> partial(static_cast<std::size_t>(first.back()));
+    std::vector<std::size_t> owner(partial.size());
+    for (std::size_t i = 0; i < tensors.size(); ++i)
+      for (std::int64_t c = first[i]; c < first[i + 1]; ++c) owner[static_cast<std::size_t>(c)] = i;
+    cpu::parallel_for(
+        first.back(),
+        [&](std::int64_t c) {
+          const std::size_t i = owner[static_cast<std::size_t>(c)];
+          const std::int64_t begin = (c - first[i]) * kNormChunk;
+          const std::int64_t len = std::min(kNormChunk, tensors[i].numel() - begin);
+          partial[static_cast<std::size_t>(c)] =
+              norm_chunk<T, M>(kind, static_cast<const T*>(tensors[i].data_ptr()) + begin, len);
+        },
+        1);
+    // Each tensor's partials over 32 lanes, then the total.
+    std::vector<M> acc(tensors.size());
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+      M lanes[formulas::kNormGroup];
+      for (M& l : lanes) l = M(0);
+      for (std::int64_t c = first[i]; c < first[i + 1]; ++c) {
+        M& l = lanes[(c - first[i]) % formulas::kNormGroup];
+        l = formulas::norm_combine(kind, l, partial[static_cast<std::size_t>(c)]);
+      }
+      acc[i] = formulas::norm_tree(kind, lanes, formulas::kNormGroup);
+    }
+    formulas::norm_result<T, M>(kind, acc.data(), static_cast<std::int64_t>(acc.size()), static_cast<M>(max_norm),
+                                static_cast<T*>(total.data_ptr()), static_cast<T*>(coef.data_ptr()),
+                                nonfinite.defined() ? static_cast<std::int32_t*>(nonfinite.data_ptr()) : nullptr);
+  });
+}
+
+void grad_scale(const std::vector<Tensor>& tensors, const Tensor& scale) {
+  if (tensors.empty()) return;
+  if (scale.is_cuda()) {
+    QGRAD_ON_CUDA(cuda::grad_scale(tensors, scale));
+    return;
+  }
+  dispatch_floating(scale.dtype(), "grad_scale", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const op_math_t<T> s = op_math_t<T>(*static_cast<const T*>(scale.data_ptr()));
+    for (const Tensor& t : tensors)
+      for_each_index(Device::cpu(), t.numel(), ScaleElems<T>{static_cast<T*>(t.data_ptr()), s}, "grad_scale");
   });
 }
 

@@ -22,15 +22,19 @@ struct OptimElems {
   T* b1;
   T* b2;
   formulas::OptimTensorScalars<M> ts;
-  QGRAD_HD void update(std::int64_t i, const formulas::OptimScalars<M>& s) const {
+  // `scale`: the gradient is first multiplied by it and rounded to T (the
+  // clip coefficient; the same bits as grad_scale_ before the step).
+  QGRAD_HD void update(std::int64_t i, const formulas::OptimScalars<M>& s, bool scaled = false,
+                       M scale = M(1)) const {
     M pv = M(p[i]);
+    const M gv = scaled ? M(T(M(g[i]) * scale)) : M(g[i]);
     if (s.kind == OptimizerKind::sgd) {
       M bv = b1 ? M(b1[i]) : M(0);
-      formulas::sgd_update<M>(pv, M(g[i]), bv, s, ts);
+      formulas::sgd_update<M>(pv, gv, bv, s, ts);
       if (b1) b1[i] = T(bv);
     } else {
       M mv = M(b1[i]), vv = M(b2[i]);
-      formulas::adamw_update<M>(pv, M(g[i]), mv, vv, s, ts);
+      formulas::adamw_update<M>(pv, gv, mv, vv, s, ts);
       b1[i] = T(mv);
       b2[i] = T(vv);
     }
@@ -39,7 +43,21 @@ struct OptimElems {
 };
 
 // All slots share one device and one floating dtype (the caller validates).
-void optim_step(const OptimizerHyper& hyper, const std::vector<OptimizerSlot>& slots);
+// grad_scale (optional): a one-element tensor of that dtype every gradient
+// is multiplied by; skip (optional): an s32 one-element tensor, and when it
+// holds a nonzero value nothing is written. Both are read on the device.
+void optim_step(const OptimizerHyper& hyper, const std::vector<OptimizerSlot>& slots,
+                const Tensor& grad_scale = Tensor(), const Tensor& skip = Tensor());
+
+// The global norm of `tensors` (one floating dtype, one device, any
+// shapes) in the order of formulas::NormKind's comment: total (a
+// one-element tensor of their dtype) = the norm, coef = the clip
+// coefficient for max_norm, nonfinite (optional s32 one element) set to 1
+// when the total is not finite.
+void grad_norm(const std::vector<Tensor>& tensors, formulas::NormKind kind, double max_norm, const Tensor& total,
+               const Tensor& coef, const Tensor& nonfinite);
+// tensors[i] *= scale (a one-element tensor of their dtype), in place.
+void grad_scale(const std::vector<Tensor>& tensors, const Tensor& scale);
 
 // Host-side conversion of the hyper-parameters (shared by both backends).
 template <class M>

@@ -92,12 +92,12 @@ struct MaxPoolForward {
     const formulas::Span hs = formulas::max_pool_span(a.row, g.ih, g.kh, g.sh, g.ph, g.dh);
     const formulas::Span ws = formulas::max_pool_span(a.col, g.iw, g.kw, g.sw, g.pw, g.dw);
     const T* p = x + a.plane * g.ih * g.iw;
-    M best = -std::numeric_limits<M>::infinity();
+    M best = formulas::pool_lowest<M>();
     std::int64_t arg = hs.lo * g.iw + ws.lo;
     for (std::int64_t h = hs.lo; h < hs.hi; h += g.dh)
       for (std::int64_t w = ws.lo; w < ws.hi; w += g.dw) {
         const M v = M(p[h * g.iw + w]);
-        if (v > best || v != v) {
+        if (v > best || formulas::pool_is_nan(v)) {
           best = v;
           arg = h * g.iw + w;
         }
@@ -237,6 +237,55 @@ struct AdaptiveAvgBackward {
   }
 };
 
+// s8 / u8 average pooling: the integer sum of the window, PyTorch's
+// quantized rounding (formulas::quantized_avg).
+template <class Q>
+struct QuantAvgPoolForward {
+  const Q* x;
+  Q* y;
+  Pool2dGeometry g;
+  PoolDivs dv;
+  bool count_include_pad;
+  QGRAD_HD void operator()(std::int64_t o) const {
+    const PlaneDivs::At a = dv.out.at(o);
+    const formulas::AvgWindow win = formulas::avg_pool_window(g, a.row, a.col, count_include_pad);
+    if (win.divisor == 0) {
+      y[o] = Q(0);
+      return;
+    }
+    const Q* p = x + a.plane * g.ih * g.iw;
+    std::int64_t sum = 0;
+    for (std::int64_t h = win.h0; h < win.h1; ++h)
+      for (std::int64_t w = win.w0; w < win.w1; ++w) sum += p[h * g.iw + w];
+    y[o] = formulas::quantized_avg<Q>(sum, win.divisor);
+  }
+};
+
+template <class Q>
+struct QuantAdaptiveAvgForward {
+  const Q* x;
+  Q* y;
+  Pool2dGeometry g;
+  PoolDivs dv;
+  QGRAD_HD void operator()(std::int64_t o) const {
+    const PlaneDivs::At a = dv.out.at(o);
+    const std::int64_t h0 = formulas::adaptive_start(a.row, g.ih, g.oh), h1 = formulas::adaptive_end(a.row, g.ih, g.oh);
+    const std::int64_t w0 = formulas::adaptive_start(a.col, g.iw, g.ow), w1 = formulas::adaptive_end(a.col, g.iw, g.ow);
+    const Q* p = x + a.plane * g.ih * g.iw;
+    std::int64_t sum = 0;
+    for (std::int64_t h = h0; h < h1; ++h)
+      for (std::int64_t w = w0; w < w1; ++w) sum += p[h * g.iw + w];
+    y[o] = formulas::quantized_adaptive_avg<Q>(sum, h1 - h0, w1 - w0);
+  }
+};
+
+// f(tag) for the floating dtypes and s8 / u8 (the forwards of the poolings).
+template <class F>
+void dispatch_pool(DType dt, const char* op, F&& f) {
+  if (dt == DType::s8 || dt == DType::u8) dispatch_int8(dt, op, f);
+  else dispatch_floating(dt, op, f);
+}
+
 // Global pooling's backward, the loop above with one window per plane:
 // dx[i] = 0 + dy[plane] / (H W), the plane found as a "channel" of the
 // layout [1, planes, H W] (FastDiv, no hardware division).
@@ -255,7 +304,7 @@ struct GlobalAvgBackward {
 }  // namespace
 
 void max_pool2d(const Tensor& x, const Tensor& y, const Tensor& indices, const Pool2dGeometry& g) {
-  dispatch_floating(y.dtype(), "max_pool2d", [&](auto tag) {
+  dispatch_pool(y.dtype(), "max_pool2d", [&](auto tag) {
     using T = typename decltype(tag)::type;
     std::int64_t* idx = indices.defined() ? static_cast<std::int64_t*>(indices.data_ptr()) : nullptr;
     for_each_index(y.device(), y.numel(),
@@ -276,6 +325,16 @@ void max_pool2d_backward(const Tensor& dy, const Tensor& indices, const Tensor& 
 }
 
 void avg_pool2d(const Tensor& x, const Tensor& y, const Pool2dGeometry& g, bool count_include_pad) {
+  if (!is_floating(y.dtype())) {
+    dispatch_int8(y.dtype(), "avg_pool2d", [&](auto tag) {
+      using Q = typename decltype(tag)::type;
+      for_each_index(y.device(), y.numel(),
+                     QuantAvgPoolForward<Q>{static_cast<const Q*>(x.data_ptr()), static_cast<Q*>(y.data_ptr()), g,
+                                            PoolDivs::of(g), count_include_pad},
+                     "avg_pool2d");
+    });
+    return;
+  }
   dispatch_floating(y.dtype(), "avg_pool2d", [&](auto tag) {
     using T = typename decltype(tag)::type;
     for_each_index(
@@ -297,6 +356,16 @@ void avg_pool2d_backward(const Tensor& dy, const Tensor& dx, const Pool2dGeometr
 }
 
 void adaptive_avg_pool2d(const Tensor& x, const Tensor& y, const Pool2dGeometry& g) {
+  if (!is_floating(y.dtype())) {
+    dispatch_int8(y.dtype(), "adaptive_avg_pool2d", [&](auto tag) {
+      using Q = typename decltype(tag)::type;
+      for_each_index(y.device(), y.numel(),
+                     QuantAdaptiveAvgForward<Q>{static_cast<const Q*>(x.data_ptr()), static_cast<Q*>(y.data_ptr()), g,
+                                                PoolDivs::of(g)},
+                     "adaptive_avg_pool2d");
+    });
+    return;
+  }
   if (g.oh == 1 && g.ow == 1) {
     // Global pooling: the mean of each plane, a row reduction (on CUDA a
     // block per plane once planes are long; kernels/cuda/reduce.cu). Same

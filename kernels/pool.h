@@ -11,6 +11,10 @@ namespace qgrad::kernels {
 
 using formulas::Pool2dGeometry;
 
+// The forwards also take s8 / u8 x and y (the integer poolings of
+// ops/pool_norm.h: max exact, the averages with PyTorch's quantized rounding,
+// formulas::quantized_avg / quantized_adaptive_avg).
+
 // y = the largest element of each dilated window (NaN wins: the last NaN in
 // scan order gives the index, as in PyTorch; ties keep the first); when
 // indices is defined (s64, y's shape) it receives the flat index ih * iw + iw

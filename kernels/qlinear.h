@@ -17,7 +17,14 @@ struct QLinearEpilogue {
   bool per_row = true;
   Tensor sw;    // f32 [N], output's device
   Tensor bias;  // undefined, or [N] in the epilogue math dtype (f64 for an f64 output, else f32)
+  // Asymmetric per-token activations: za s32 [M] (per row) and wsum s32 [N]
+  // (row sums of the weight), both on the output's device; undefined otherwise.
+  Tensor za;
+  Tensor wsum;
 };
+
+// wsum[n] = sum_k w[n, k] for w s8 [N, K] contiguous, into s32 [N] (w's device).
+void qlinear_weight_row_sums(const Tensor& w, const Tensor& wsum);
 
 // Row stride (in elements) the quantized activation must have for this
 // device: K on the CPU, K rounded up to 16 on CUDA (cuBLASLt int8 alignment;

@@ -283,6 +283,10 @@ void silu_backward(const Tensor& dy, const Tensor& x, const Tensor& dx) {
 }
 
 void softmax(const Tensor& x, const Tensor& y, const AxisLayout& v) {
+  if (y.is_cuda() && v.inner == 1 && cuda::use_norm_warp(v.channels)) {
+    QGRAD_ON_CUDA(cuda::softmax_warp_rows(x, y, v.channels));
+    return;
+  }
   dispatch_floating(y.dtype(), "softmax", [&](auto tag) {
     using T = typename decltype(tag)::type;
     for_each_index(y.device(), v.outer * v.inner, SoftmaxRow<T, false>{cdata<T>(x), nullptr, mdata<T>(y), v},
@@ -291,6 +295,10 @@ void softmax(const Tensor& x, const Tensor& y, const AxisLayout& v) {
 }
 
 void softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx, const AxisLayout& v) {
+  if (dx.is_cuda() && v.inner == 1 && cuda::use_norm_warp(v.channels)) {
+    QGRAD_ON_CUDA(cuda::softmax_backward_warp_rows(y, dy, dx, v.channels));
+    return;
+  }
   dispatch_floating(dx.dtype(), "softmax_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
     for_each_index(dx.device(), v.outer * v.inner, SoftmaxRow<T, true>{cdata<T>(y), cdata<T>(dy), mdata<T>(dx), v},
@@ -300,6 +308,10 @@ void softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx, const
 
 void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y, const Tensor& mean,
                 const Tensor& rstd, std::int64_t d, double eps) {
+  if (y.is_cuda() && cuda::use_norm_warp(d)) {
+    QGRAD_ON_CUDA(cuda::layer_norm_warp_rows(x, w, b, y, mean, rstd, d, eps));
+    return;
+  }
   dispatch_floating(y.dtype(), "layer_norm", [&](auto tag) {
     using T = typename decltype(tag)::type;
     using M = op_math_t<T>;
@@ -311,6 +323,10 @@ void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor&
 }
 
 void rms_norm(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& rstd, std::int64_t d, double eps) {
+  if (y.is_cuda() && cuda::use_norm_warp(d)) {
+    QGRAD_ON_CUDA(cuda::rms_norm_warp_rows(x, w, y, rstd, d, eps));
+    return;
+  }
   dispatch_floating(y.dtype(), "rms_norm", [&](auto tag) {
     using T = typename decltype(tag)::type;
     using M = op_math_t<T>;
@@ -327,7 +343,9 @@ void norm_backward(const Tensor& x, const Tensor& w, const Tensor& mean, const T
     const Device dev = x.device();
     const std::int64_t rows = x.numel() / d;
     const M* pm = cdata<M>(mean);
-    if (dx.defined()) {
+    if (dx.defined() && dev.is_cuda() && cuda::use_norm_warp(d)) {
+      QGRAD_ON_CUDA(cuda::norm_backward_warp_rows(x, w, mean, rstd, dy, dx, d));
+    } else if (dx.defined()) {
       if (mean.defined())
         for_each_index(dev, rows, NormBackwardRow<T, true>{cdata<T>(x), cdata<T>(w), cdata<T>(dy), mdata<T>(dx), pm,
                                                            cdata<M>(rstd), d},

@@ -12,7 +12,10 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
+
+#include "qgrad/nn/quant.h"
 
 namespace qgrad::nn {
 
@@ -362,6 +365,111 @@ Metadata load_checkpoint(const std::string& path, Module& model, Optimizer* opti
     fail(op, path, e.what());
   }
   return f.metadata;
+}
+
+Tensor generator_state(const Generator& gen) {
+  return Tensor::from_vector(std::vector<std::int64_t>{static_cast<std::int64_t>(gen.seed()),
+                                                       static_cast<std::int64_t>(gen.offset())},
+                             {2});
+}
+
+void set_generator_state(Generator& gen, const Tensor& state) {
+  const char* op = "set_generator_state";
+  QGRAD_CHECK(state.defined() && !state.is_cuda() && state.dtype() == DType::s64 && state.shape() == Shape{2}, op,
+              "state", "expected a host s64 [2] tensor (seed, offset)");
+  const auto v = state.to_vector<std::int64_t>();
+  gen.set_state(static_cast<std::uint64_t>(v[0]), static_cast<std::uint64_t>(v[1]));
+}
+
+void save_train_state(const std::string& path, const Module& model, const Optimizer* optimizer,
+                      const NamedGenerators& generators, const NamedTensors& extra, const std::string& state_json) {
+  const char* op = "save_train_state";
+  NamedTensors all;
+  for (const auto& [n, t] : model.state_dict()) all.emplace_back("model." + n, t);
+  for (const auto& [n, t] : quant_flags(model)) all.emplace_back("quant." + n, t);
+  if (optimizer)
+    for (const auto& [n, t] : optimizer->state_dict()) all.emplace_back("optim." + n, t);
+  for (const auto& [n, g] : generators) {
+    QGRAD_CHECK(g != nullptr, op, "generators", "generator '", n, "' is null");
+    all.emplace_back("rng." + n, generator_state(*g));
+  }
+  for (const auto& [n, t] : extra) all.emplace_back("extra." + n, t);
+  Metadata meta{{"format", "qgrad-train-state"},
+                {"optimizer", optimizer ? optimizer->kind() : "none"},
+                {"state", state_json}};
+  save_safetensors(path, all, meta);  // validates names (unique, non-empty) before writing
+}
+
+TrainStateFile read_train_state(const std::string& path) {
+  const char* op = "read_train_state";
+  TrainStateFile out{path, {}, load_safetensors(path)};
+  const auto& meta = out.file.metadata;
+  auto format = meta.find("format");
+  if (format == meta.end() || format->second != "qgrad-train-state")
+    fail(op, path, "is not a training state (metadata format is not \"qgrad-train-state\")");
+  auto state = meta.find("state");
+  if (state == meta.end()) fail(op, path, "has no \"state\" metadata");
+  if (meta.find("optimizer") == meta.end()) fail(op, path, "has no \"optimizer\" metadata");
+  out.state_json = state->second;
+  for (const auto& [n, t] : out.file.tensors) {
+    bool known = false;
+    for (const char* prefix : {"model.", "quant.", "optim.", "rng.", "extra."})
+      known = known || n.rfind(prefix, 0) == 0;
+    if (!known) fail(op, path, "unexpected tensor '" + n + "' (expected model.*, quant.*, optim.*, rng.* or extra.*)");
+  }
+  return out;
+}
+
+NamedTensors restore_train_state(const TrainStateFile& state, Module& model, Optimizer* optimizer,
+                                 const NamedGenerators& generators) {
+  const char* op = "restore_train_state";
+  const std::string& path = state.path;
+  NamedTensors m, q, o, extra;
+  std::map<std::string, Tensor> rng;
+  for (const auto& [n, t] : state.file.tensors) {
+    const auto dot = n.find('.');
+    const std::string group = n.substr(0, dot), rest = n.substr(dot + 1);
+    if (group == "model") m.emplace_back(rest, t);
+    else if (group == "quant") q.emplace_back(rest, t);
+    else if (group == "optim") o.emplace_back(rest, t);
+    else if (group == "rng") rng.emplace(rest, t);
+    else extra.emplace_back(rest, t);
+  }
+  const std::string kind = state.file.metadata.at("optimizer");
+  if (optimizer && kind != optimizer->kind())
+    fail(op, path, "optimizer state is for " + kind + ", not " + optimizer->kind());
+  if (!optimizer && (kind != "none" || !o.empty())) fail(op, path, "holds optimizer state but no optimizer was given");
+  for (const auto& [n, g] : generators) {
+    auto it = rng.find(n);
+    if (it == rng.end()) fail(op, path, "holds no state of generator '" + n + "'");
+    try {
+      Generator probe;
+      set_generator_state(probe, it->second);
+    } catch (const Error& e) {
+      fail(op, path, "generator '" + n + "': " + e.what());
+    }
+  }
+  if (rng.size() != generators.size())
+    fail(op, path, "holds " + std::to_string(rng.size()) + " generator states, " +
+                       std::to_string(generators.size()) + " generators were given");
+  NamedTensors backup;
+  for (const auto& [n, t] : model.state_dict()) backup.emplace_back(n, t.detach().clone());
+  const NamedTensors flags_backup = quant_flags(model);
+  try {
+    model.load_state_dict(m);
+  } catch (const Error& e) {
+    fail(op, path, e.what());
+  }
+  try {
+    load_quant_flags(model, q);
+    if (optimizer) optimizer->load_state_dict(o);
+  } catch (const Error& e) {
+    model.load_state_dict(backup);
+    load_quant_flags(model, flags_backup);
+    fail(op, path, e.what());
+  }
+  for (const auto& [n, g] : generators) set_generator_state(*g, rng.at(n));
+  return extra;
 }
 
 }  // namespace qgrad::nn

@@ -24,6 +24,8 @@
 // killed process is removed by the next save to the same target (only
 // when that process no longer exists). tests/test_faults.cpp checks this
 // with hundreds of SIGKILLs.
+// Training checkpoints for resume (save_train_state below) use the same
+// writer, so they are atomic too; docs/design.md "Checkpoints and resume".
 // Loading validates everything (header length, JSON, dtypes, shapes,
 // offsets in range, contiguous, non-overlapping and covering the data,
 // byte sizes, overflow) and throws a qgrad::Error naming the file.
@@ -61,5 +63,51 @@ void save_checkpoint(const std::string& path, const Module& model, const Optimiz
 // Loads into `model` (strict: names, shapes and dtypes must match) and, if
 // given, `optimizer`. Returns the file's metadata.
 Metadata load_checkpoint(const std::string& path, Module& model, Optimizer* optimizer = nullptr);
+
+// ---- training state: resuming a run bit for bit ----
+
+// A generator's whole state (seed, offset) as a host s64 [2] tensor (the
+// u64 bits reinterpreted), and back; set_generator_state validates the
+// tensor before changing gen.
+Tensor generator_state(const Generator& gen);
+void set_generator_state(Generator& gen, const Tensor& state);
+
+using NamedGenerators = std::vector<std::pair<std::string, Generator*>>;
+
+// One safetensors file holding everything a resumed run depends on:
+//   "model.<name>"  model.state_dict(): parameters and buffers (observer
+//                   min/max, fake-quant scale and zero point)
+//   "quant.<name>"  quant_flags(model): the fake quants' observer and
+//                   fake-quant enabled flags
+//   "optim.<name>"  optimizer->state_dict(): step counts and momentum /
+//                   Adam buffers (an LRSchedule is a function of the step
+//                   count, so this also restores the schedule's position)
+//   "rng.<name>"    generator_state of each named generator
+//   "extra.<name>"  the caller's tensors (a DataLoader's state_dict, running
+//                   sums of the epoch's metrics, ...)
+// and metadata "format" = "qgrad-train-state", "optimizer" = its kind (or
+// "none") and "state" = the caller's JSON text (phase, epoch, metrics so
+// far, hyper-parameters to check on resume). Written by save_safetensors:
+// atomically (temporary file in the same folder, fsync, rename, directory
+// fsync), so the previous file stays valid until the new one is complete.
+void save_train_state(const std::string& path, const Module& model, const Optimizer* optimizer,
+                      const NamedGenerators& generators, const NamedTensors& extra, const std::string& state_json);
+
+// Resuming is two steps, because the caller usually rebuilds its model (for
+// example prepare_qat) and optimizer from the JSON before loading into them.
+struct TrainStateFile {
+  std::string path;
+  std::string state_json;  // the caller's "state" metadata
+  SafetensorsFile file;
+};
+// Reads and validates the file (safetensors, format, tensor name groups).
+TrainStateFile read_train_state(const std::string& path);
+// Loads model, quant flags, optimizer (nullptr: the file must hold none)
+// and generators (each name must be in the file; the file may hold no
+// other) and returns the "extra." tensors, names without the prefix. On an
+// error nothing is changed: the model's and optimizer's states are
+// validated by their loads and the model is restored if a later part fails.
+NamedTensors restore_train_state(const TrainStateFile& state, Module& model, Optimizer* optimizer,
+                                 const NamedGenerators& generators);
 
 }  // namespace qgrad::nn

@@ -31,7 +31,7 @@ Conv2d::Conv2d(std::int64_t in_channels, std::int64_t out_channels, std::array<s
 }
 
 Tensor Conv2d::forward(const Tensor& x) {
-  return ::qgrad::conv2d(x, weight_, bias_, conv_.stride, conv_.padding, conv_.dilation, conv_.groups);
+  return ::qgrad::conv2d(to_compute(x), to_compute(weight_), to_compute(bias_), conv_.stride, conv_.padding, conv_.dilation, conv_.groups);
 }
 
 }  // namespace qgrad::nn

@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 
 #include "qgrad/core/random.h"
+#include "qgrad/nn/checkpoint.h"
 
 namespace qgrad::nn {
 
@@ -211,6 +212,49 @@ bool DataLoader::next(Batch& batch) {
   batch.index = batch_index_++;
   pos_ += b;
   return true;
+}
+
+NamedTensors DataLoader::state_dict() const {
+  NamedTensors out;
+  out.emplace_back("order", Tensor::from_vector(order_, {static_cast<std::int64_t>(order_.size())}));
+  out.emplace_back("position", Tensor::from_vector(std::vector<std::int64_t>{pos_, batch_index_, epoch_}, {3}));
+  out.emplace_back("generator", generator_state(gen_));
+  return out;
+}
+
+void DataLoader::load_state_dict(const NamedTensors& state) {
+  const char* op = "DataLoader::load_state_dict";
+  const std::int64_t n = data_.size();
+  const Tensor *order = nullptr, *position = nullptr, *generator = nullptr;
+  for (const auto& [name, t] : state) {
+    const Tensor** slot = name == "order" ? &order : name == "position" ? &position : name == "generator" ? &generator : nullptr;
+    QGRAD_CHECK(slot != nullptr, op, name, "is not a DataLoader state entry (order, position, generator)");
+    QGRAD_CHECK(*slot == nullptr, op, name, "duplicate entry");
+    QGRAD_CHECK(t.defined() && !t.is_cuda() && t.dtype() == DType::s64 && t.dim() == 1, op, name,
+                "expected a host s64 vector");
+    *slot = &t;
+  }
+  QGRAD_CHECK(order && position && generator, op, "state", "needs order, position and generator");
+  QGRAD_CHECK(order->numel() == n, op, "order", "has ", order->numel(), " entries, the data set ", n);
+  auto ord = order->to_vector<std::int64_t>();
+  std::vector<char> seen(static_cast<std::size_t>(n), 0);
+  for (std::int64_t k : ord) {
+    QGRAD_CHECK(k >= 0 && k < n && !seen[static_cast<std::size_t>(k)], op, "order", "is not a permutation of 0..",
+                n - 1);
+    seen[static_cast<std::size_t>(k)] = 1;
+  }
+  QGRAD_CHECK(position->numel() == 3, op, "position", "expected 3 entries, got ", position->numel());
+  const auto pv = position->to_vector<std::int64_t>();
+  QGRAD_CHECK(pv[0] >= 0 && pv[0] <= n && pv[1] >= 0 && pv[1] <= num_batches() && pv[2] >= 0, op, "position",
+              "out of range: example ", pv[0], ", batch ", pv[1], ", epoch ", pv[2], " (", n, " examples, ",
+              num_batches(), " batches)");
+  Generator g;
+  set_generator_state(g, *generator);
+  order_ = std::move(ord);
+  pos_ = pv[0];
+  batch_index_ = pv[1];
+  epoch_ = pv[2];
+  gen_ = g;
 }
 
 }  // namespace qgrad::nn

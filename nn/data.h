@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "qgrad/core/tensor.h"
+#include "qgrad/nn/module.h"
 
 namespace qgrad::nn {
 
@@ -66,6 +67,15 @@ class DataLoader {
   std::int64_t num_batches() const;
   const std::vector<std::int64_t>& order() const { return order_; }
   std::int64_t epoch() const { return epoch_; }
+  // The loader's position, for resuming a run bit for bit: "order" (s64
+  // [N], this epoch's permutation), "position" (s64 [3]: next example,
+  // next batch index, epoch) and "generator" (generator_state: the
+  // shuffling generator after this epoch's permutation was drawn).
+  NamedTensors state_dict() const;
+  // Validates every entry against this loader's data (sizes, a permutation
+  // of 0..N-1, positions in range) before changing anything; throws
+  // qgrad::Error naming the entry.
+  void load_state_dict(const NamedTensors& state);
 
  private:
   Dataset data_;

@@ -20,7 +20,9 @@ Linear::Linear(std::int64_t in_features, std::int64_t out_features, Generator& g
   if (bias) bias_ = register_parameter("bias", rand({out_features}, gen, options, -bound, bound));
 }
 
-Tensor Linear::forward(const Tensor& x) { return ::qgrad::linear(x, weight_, bias_); }
+Tensor Linear::forward(const Tensor& x) {
+  return ::qgrad::linear(to_compute(x), to_compute(weight_), to_compute(bias_));
+}
 
 Tensor ReLU::forward(const Tensor& x) { return ::qgrad::relu(x); }
 

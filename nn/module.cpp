@@ -136,6 +136,18 @@ void Module::train(bool on) {
   for (auto& [n, c] : children_) c->train(on);
 }
 
+void Module::set_compute_dtype(std::optional<DType> dtype) {
+  QGRAD_CHECK(!dtype || is_floating(*dtype), "Module::set_compute_dtype", "dtype", "expected a floating dtype, got ",
+              dtype_name(*dtype));
+  compute_dtype_ = dtype;
+  for (auto& [n, c] : children_) c->set_compute_dtype(dtype);
+}
+
+Tensor Module::to_compute(const Tensor& t) const {
+  if (!compute_dtype_ || !t.defined() || !is_floating(t.dtype())) return t;
+  return t.to(*compute_dtype_);
+}
+
 void Module::zero_grad() {
   for (auto& [n, t] : params_) t.zero_grad();
   for (auto& [n, c] : children_) c->zero_grad();

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -50,6 +51,19 @@ class Module {
   bool is_training() const { return training_; }
   void zero_grad();
 
+  // Mixed precision (docs/design.md "Mixed precision"): with a compute dtype
+  // set (e.g. DType::bf16), the modules that run matmuls (Linear,
+  // QATLinear, Conv2d) and the norms (LayerNorm, RMSNorm) cast their input,
+  // weight and bias to it for the forward, so their outputs, and the
+  // activations after them, are in that dtype; the parameters stay in their
+  // own dtype (f32 master weights, and so the optimizer state) and their
+  // gradients flow back through the cast (Tensor::to's backward casts the
+  // gradient to the parameter's dtype). Set on this module and every child
+  // it has now (prepare_qat carries it from a Linear to its QATLinear);
+  // std::nullopt turns it off. A floating dtype only.
+  void set_compute_dtype(std::optional<DType> dtype);
+  std::optional<DType> compute_dtype() const { return compute_dtype_; }
+
  protected:
   // Register and return the (shared) handle. Names must be unique and
   // contain no dot.
@@ -64,6 +78,9 @@ class Module {
   void replace_child(std::size_t index, std::shared_ptr<Module> m);
   void insert_child(std::size_t index, const std::string& name, std::shared_ptr<Module> m);
   virtual void on_train(bool /*on*/) {}
+  // t cast to the compute dtype (differentiable), when one is set and t is
+  // defined and floating; t otherwise.
+  Tensor to_compute(const Tensor& t) const;
 
  private:
   void check_new_name(const std::string& name) const;
@@ -71,6 +88,7 @@ class Module {
   NamedTensors params_, buffers_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
   bool training_ = true;
+  std::optional<DType> compute_dtype_;
 };
 
 // Moves a tensor's data to `device` in place: every handle sharing it sees

@@ -11,6 +11,8 @@
 #include "qgrad/nn/optim.h"
 #include "qgrad/nn/quant.h"
 #include "qgrad/nn/qat.h"
+#include "qgrad/nn/qat_conv.h"
+#include "qgrad/nn/recipes.h"
 #include "qgrad/nn/smoothquant.h"
 #include "qgrad/nn/pool_norm.h"
 #include "qgrad/nn/transformer.h"

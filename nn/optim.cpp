@@ -80,7 +80,10 @@ void Optimizer::step() {
     slot.step = param_steps_[i] + 1;
     groups[p.dtype()].push_back(slot);
   }
-  for (auto& [dt, slots] : groups) optimizer_step_(hyper_, slots);
+  if (grad_scale_.defined()) move_in_place(grad_scale_, params_.front().second.device());
+  if (nonfinite_.defined()) move_in_place(nonfinite_, params_.front().second.device());
+  for (auto& [dt, slots] : groups) optimizer_step_(hyper_, slots, grad_scale_, nonfinite_);
+  grad_scale_ = Tensor();
   // Host-side bookkeeping only after every launch was queued.
   for (std::size_t i = 0; i < params_.size(); ++i)
     if (params_[i].second.grad().defined()) ++param_steps_[i];
@@ -89,6 +92,75 @@ void Optimizer::step() {
 
 void Optimizer::zero_grad() {
   for (auto& [n, p] : params_) const_cast<Tensor&>(p).zero_grad();
+  grad_scale_ = Tensor();
+}
+
+void Optimizer::set_grad_scale(const Tensor& scale) {
+  QGRAD_CHECK(!grad_scale_.defined(), kind_, "grad_scale",
+              "a clip coefficient is already pending for the next step (clip once per step)");
+  const Tensor& p = params_.front().second;
+  QGRAD_CHECK(scale.defined() && scale.numel() == 1 && scale.dtype() == p.dtype() && scale.device() == p.device(),
+              kind_, "grad_scale", "expected one ", dtype_name(p.dtype()), " element on ", p.device().str());
+  grad_scale_ = scale;
+}
+
+Tensor Optimizer::nonfinite_flag() {
+  const Device dev = params_.front().second.device();
+  if (!nonfinite_.defined()) nonfinite_ = zeros({1}, TensorOptions{}.with_dtype(DType::s32).with_device(dev));
+  move_in_place(nonfinite_, dev);
+  return nonfinite_;
+}
+
+void Optimizer::check_finite() {
+  if (!nonfinite_.defined() || nonfinite_.item() == 0.0) return;
+  nonfinite_.copy_(zeros({1}, TensorOptions{}.with_dtype(DType::s32)));
+  QGRAD_CHECK(false, "clip_grad_norm", "error_if_nonfinite",
+              "the total norm of the gradients was NaN or infinite at a clip since the last check, so they could "
+              "not be clipped; the steps that followed skipped their update. Set error_if_nonfinite = false to "
+              "scale the gradients by the non-finite norm anyway");
+}
+
+namespace {
+
+std::vector<Tensor> defined_grads(const NamedTensors& params) {
+  std::vector<Tensor> grads;
+  for (const auto& [n, p] : params)
+    if (p.defined() && p.grad().defined()) grads.push_back(p.grad());
+  return grads;
+}
+
+Tensor zero_norm(const NamedTensors& params) {
+  if (params.empty() || !params.front().second.defined()) return zeros({});
+  const Tensor& p = params.front().second;
+  return zeros({}, TensorOptions{}.with_dtype(p.dtype()).with_device(p.device()));
+}
+
+}  // namespace
+
+Tensor clip_grad_norm(Optimizer& opt, double max_norm, double norm_type, bool error_if_nonfinite) {
+  NoGradGuard no_grad;
+  QGRAD_CHECK(!opt.grad_scale().defined(), "clip_grad_norm", "opt",
+              "a clip coefficient is already pending for the next step (clip once per step)");
+  const std::vector<Tensor> grads = defined_grads(opt.params());
+  if (grads.empty()) return zero_norm(opt.params());
+  GradNorm n = grad_norm(grads, max_norm, norm_type, error_if_nonfinite ? opt.nonfinite_flag() : Tensor());
+  opt.set_grad_scale(n.clip_coef);
+  return n.total_norm;
+}
+
+Tensor clip_grad_norm(const NamedTensors& params, double max_norm, double norm_type, bool error_if_nonfinite) {
+  NoGradGuard no_grad;
+  const std::vector<Tensor> grads = defined_grads(params);
+  if (grads.empty()) return zero_norm(params);
+  GradNorm n = grad_norm(grads, max_norm, norm_type);
+  if (error_if_nonfinite) {
+    const double t = n.total_norm.item();  // a host sync, as in PyTorch
+    QGRAD_CHECK(std::isfinite(t), "clip_grad_norm", "error_if_nonfinite", "the total norm of order ", norm_type,
+                " of the gradients is ", t,
+                ", so they cannot be clipped. Set error_if_nonfinite = false to scale them by it anyway");
+  }
+  grad_scale_(grads, n.clip_coef);
+  return n.total_norm;
 }
 
 NamedTensors Optimizer::state_dict() const {

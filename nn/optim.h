@@ -21,7 +21,11 @@ class Optimizer {
   Optimizer(NamedTensors params, OptimizerHyper hyper, const char* kind);
   virtual ~Optimizer() = default;
 
+  // Runs the fused update; a pending clip coefficient (clip_grad_norm on
+  // this optimizer) multiplies every gradient inside that same kernel and
+  // is consumed. While the non-finite flag is set, the step writes nothing.
   void step();
+  // Drops the gradients and any pending clip coefficient.
   void zero_grad();
   double lr() const { return hyper_.lr; }
   void set_lr(double lr);
@@ -39,6 +43,23 @@ class Optimizer {
   // Validates every entry (names, shapes, dtypes) before changing anything.
   void load_state_dict(const NamedTensors& state);
 
+  // The clip coefficient the next step() applies (a one-element device
+  // tensor of the parameters' dtype; clip_grad_norm sets it). Throws if one
+  // is already pending: clip once per step.
+  void set_grad_scale(const Tensor& scale);
+  const Tensor& grad_scale() const { return grad_scale_; }  // undefined when none is pending
+  // clip_grad_norm(..., error_if_nonfinite = true)'s sticky flag: an s32
+  // one-element tensor on the parameters' device, created (0) on first use,
+  // set to 1 on the device when a clipped total norm is NaN or infinite.
+  // While it is set, step() skips its update (on the device: the parameters
+  // and buffers keep their last finite values; the host-side step counts
+  // still advance).
+  Tensor nonfinite_flag();
+  // The error of error_if_nonfinite, at a point the caller chooses: waits
+  // for the device, and when the flag is set, clears it and throws
+  // qgrad::Error (op "clip_grad_norm", argument "error_if_nonfinite").
+  void check_finite();
+
  protected:
   OptimizerHyper hyper_;
 
@@ -48,7 +69,32 @@ class Optimizer {
   std::vector<Tensor> buf1_, buf2_;
   std::vector<std::int64_t> param_steps_;
   std::int64_t steps_ = 0;
+  Tensor grad_scale_, nonfinite_;
 };
+
+// torch.nn.utils.clip_grad_norm_ by the global norm of the gradients (the
+// parameters with a gradient), on the device and without a host sync
+// (ops/optim.h grad_norm: one multi-tensor reduction in a fixed order, the
+// same bits on every run and on CPU and CUDA):
+//   total_norm = norm_p of the per-parameter norm_p's (norm_type 1, 2 or inf),
+//   clip_coef  = min(max_norm / (total_norm + 1e-6), 1),  grads *= clip_coef.
+// Returns total_norm, a scalar device tensor of the gradients' dtype (read
+// it, e.g. for logging, at a point where a sync is fine). All gradients must
+// share one dtype. No gradient at all: a zero, nothing clipped.
+//
+// On an Optimizer: the gradients are NOT modified; the coefficient is
+// applied inside the optimizer's next step() (the fused kernel reads it
+// from the device: no extra pass over the gradients). error_if_nonfinite:
+// PyTorch syncs to raise here; we do not. A non-finite total sets
+// opt.nonfinite_flag() on the device, the steps skip their update while it
+// is set, and opt.check_finite() throws where the caller chooses to sync
+// (e.g. at the end of an epoch or when logging).
+Tensor clip_grad_norm(Optimizer& opt, double max_norm, double norm_type = 2.0, bool error_if_nonfinite = false);
+// On parameters: PyTorch's semantics, the gradients are scaled in place (one
+// multi-tensor launch). error_if_nonfinite here syncs (as PyTorch does) and
+// throws before any gradient is modified.
+Tensor clip_grad_norm(const NamedTensors& params, double max_norm, double norm_type = 2.0,
+                      bool error_if_nonfinite = false);
 
 struct SGDOptions {
   double lr = 0.01;

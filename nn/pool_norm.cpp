@@ -1,6 +1,7 @@
 #include "qgrad/nn/pool_norm.h"
 
 #include <cmath>
+#include <utility>
 
 #include "qgrad/autograd/node.h"
 #include "qgrad/ops/elementwise.h"
@@ -69,5 +70,24 @@ Tensor AvgPool2d::forward(const Tensor& x) {
 Tensor AdaptiveAvgPool2d::forward(const Tensor& x) { return ::qgrad::adaptive_avg_pool2d(x, output_size_); }
 
 Tensor Flatten::forward(const Tensor& x) { return ::qgrad::flatten(x, start_, end_); }
+
+Unflatten::Unflatten(std::int64_t dim, Shape sizes) : dim_(dim), sizes_(std::move(sizes)) {
+  QGRAD_CHECK(!sizes_.empty(), "Unflatten", "sizes", "must not be empty");
+  for (std::int64_t s : sizes_) QGRAD_CHECK(s > 0, "Unflatten", "sizes", "must be > 0, got ", shape_str(sizes_));
+}
+
+Tensor Unflatten::forward(const Tensor& x) {
+  QGRAD_CHECK(x.defined(), "Unflatten", "x", "undefined tensor");
+  const std::int64_t d = dim_ < 0 ? dim_ + x.dim() : dim_;
+  QGRAD_CHECK(d >= 0 && d < x.dim(), "Unflatten", "dim", "dim ", dim_, " out of range for shape ", shape_str(x.shape()));
+  std::int64_t n = 1;
+  for (std::int64_t s : sizes_) n *= s;
+  QGRAD_CHECK(n == x.size(d), "Unflatten", "sizes", shape_str(sizes_), " does not hold dim ", dim_, " of shape ",
+              shape_str(x.shape()));
+  Shape shape(x.shape().begin(), x.shape().begin() + d);
+  shape.insert(shape.end(), sizes_.begin(), sizes_.end());
+  shape.insert(shape.end(), x.shape().begin() + d + 1, x.shape().end());
+  return x.reshape(shape);
+}
 
 }  // namespace qgrad::nn

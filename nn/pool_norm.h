@@ -1,5 +1,5 @@
 // Pooling and normalisation layers over the ops of ops/pool_norm.h:
-// BatchNorm2d, MaxPool2d, AvgPool2d, AdaptiveAvgPool2d, Flatten (PyTorch's
+// BatchNorm2d, MaxPool2d, AvgPool2d, AdaptiveAvgPool2d, Flatten, Unflatten (PyTorch's
 // nn modules of the same names and defaults).
 #pragma once
 
@@ -87,6 +87,20 @@ class Flatten : public Module {
 
  private:
   std::int64_t start_, end_;
+};
+
+// x with dim `dim` (negative counts from the end) split into `sizes`, whose
+// product must equal that dim (torch.nn.Unflatten; a reshape, on the tape):
+// Unflatten(1, {1, 28, 28}) turns [N, 784] images into [N, 1, 28, 28].
+class Unflatten : public Module {
+ public:
+  Unflatten(std::int64_t dim, Shape sizes);
+  Tensor forward(const Tensor& x) override;
+  std::string type_name() const override { return "Unflatten"; }
+
+ private:
+  std::int64_t dim_;
+  Shape sizes_;
 };
 
 }  // namespace qgrad::nn

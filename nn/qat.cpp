@@ -1,5 +1,9 @@
 #include "qgrad/nn/qat.h"
 
+#include "qgrad/nn/qat_conv.h"
+
+#include <utility>
+
 #include "qgrad/autograd/node.h"
 #include "qgrad/ops/linalg.h"
 #include "qgrad/ops/quantize.h"
@@ -38,19 +42,21 @@ QATLinear::QATLinear(const Linear& linear, const QConfig& qconfig) {
   const Device dev = weight_.device();
   weight_fq_->to(dev);
   act_fq_->to(dev);
+  set_compute_dtype(linear.compute_dtype());
 }
 
 Tensor QATLinear::forward(const Tensor& x) {
-  return act_fq_->forward(::qgrad::linear(x, weight_fq_->forward(weight_), bias_));
+  // Mixed precision: the weight is fake-quantized in its own dtype (the
+  // observer and qparams see the f32 master), then cast.
+  return act_fq_->forward(::qgrad::linear(to_compute(x), to_compute(weight_fq_->forward(weight_)), to_compute(bias_)));
 }
 
-QuantizedLinear::QuantizedLinear(Tensor weight_q, Tensor weight_scale, Tensor bias, Tensor input_scale,
-                                 Tensor input_zero_point, Tensor output_scale, Tensor output_zero_point,
-                                 std::int64_t qmin, std::int64_t qmax)
+QuantizedLayer::QuantizedLayer(const char* op, std::int64_t weight_rank, Tensor weight_q, Tensor weight_scale,
+                               Tensor bias, Tensor input_scale, Tensor input_zero_point, Tensor output_scale,
+                               Tensor output_zero_point, std::int64_t qmin, std::int64_t qmax)
     : qmin_(qmin), qmax_(qmax) {
-  const char* op = "QuantizedLinear";
-  QGRAD_CHECK(weight_q.defined() && weight_q.dtype() == DType::s8 && weight_q.dim() == 2, op, "weight",
-              "expected s8 [N, K]");
+  QGRAD_CHECK(weight_q.defined() && weight_q.dtype() == DType::s8 && weight_q.dim() == weight_rank, op, "weight",
+              "expected s8 of rank ", weight_rank);
   const std::int64_t n = weight_q.size(0);
   QGRAD_CHECK(weight_scale.defined() && weight_scale.dtype() == DType::f32 && weight_scale.shape() == Shape{n}, op,
               "weight_scale", "expected f32 [", n, "]");
@@ -70,6 +76,13 @@ QuantizedLinear::QuantizedLinear(Tensor weight_q, Tensor weight_scale, Tensor bi
   out_zp_ = register_buffer("output_zero_point", output_zero_point);
 }
 
+QuantizedLinear::QuantizedLinear(Tensor weight_q, Tensor weight_scale, Tensor bias, Tensor input_scale,
+                                 Tensor input_zero_point, Tensor output_scale, Tensor output_zero_point,
+                                 std::int64_t qmin, std::int64_t qmax)
+    : QuantizedLayer("QuantizedLinear", 2, std::move(weight_q), std::move(weight_scale), std::move(bias),
+                     std::move(input_scale), std::move(input_zero_point), std::move(output_scale),
+                     std::move(output_zero_point), qmin, qmax) {}
+
 Tensor QuantizedLinear::forward(const Tensor& x) {
   Tensor y = ::qgrad::quantized_linear(x, weight_, weight_scale_, bias_,
                                         ActivationQuant::fixed(in_scale_, in_zp_, qmin_, qmax_), DType::f32);
@@ -79,8 +92,8 @@ Tensor QuantizedLinear::forward(const Tensor& x) {
 void prepare_qat(Sequential& model, const QConfig& qconfig) {
   const char* op = "prepare_qat";
   for (std::size_t i = 0; i < model.size(); ++i) {
-    QGRAD_CHECK(model.name_at(i) != "quant" && model[i]->type_name() != "QATLinear", op, "model",
-                "model is already prepared");
+    QGRAD_CHECK(model.name_at(i) != "quant" && model[i]->type_name() != "QATLinear" && !detail::is_qat_conv(*model[i]),
+                op, "model", "model is already prepared");
   }
   QGRAD_CHECK(model.size() > 0, op, "model", "empty model");
   QGRAD_CHECK(!is_per_channel(qconfig.activation.qscheme), op, "qconfig", "activation must be per tensor");
@@ -91,9 +104,15 @@ void prepare_qat(Sequential& model, const QConfig& qconfig) {
     if (auto* lin = dynamic_cast<Linear*>(model[i].get())) {
       dev = lin->weight().device();
       any = true;
+    } else if (auto* conv = dynamic_cast<Conv2d*>(model[i].get())) {
+      dev = conv->weight().device();
+      any = true;
     }
   }
-  QGRAD_CHECK(any, op, "model", "no Linear layer to prepare");
+  QGRAD_CHECK(any, op, "model", "no Linear or Conv2d layer to prepare");
+  // Conv2d (-> BatchNorm2d) (-> ReLU) into the fused QAT modules (nn/qat_conv.h);
+  // it checks every pattern before it changes the model.
+  detail::fuse_conv_qat(model, qconfig);
   for (std::size_t i = 0; i < model.size(); ++i) {
     if (auto* lin = dynamic_cast<Linear*>(model[i].get())) model.set(i, std::make_shared<QATLinear>(*lin, qconfig));
   }
@@ -110,8 +129,9 @@ std::shared_ptr<Sequential> convert(const Sequential& model) {
   // Validate before building anything.
   for (std::size_t i = 1; i < model.size(); ++i) {
     const std::string t = model[i]->type_name();
-    QGRAD_CHECK(t == "QATLinear" || t == "ReLU", op, model.name_at(i), "cannot convert a ", t,
-                " (supported: QATLinear, ReLU)");
+    QGRAD_CHECK(t == "QATLinear" || t == "ReLU" || detail::convertible(*model[i]), op, model.name_at(i),
+                "cannot convert a ", t,
+                " (supported: QATLinear, ReLU and nn/qat_conv.h's QAT convs, Identity, MaxPool2d, Flatten, Unflatten)");
   }
   auto out = std::make_shared<Sequential>();
   const FakeQuantize* prev = static_cast<const FakeQuantize*>(model[0].get());
@@ -130,8 +150,10 @@ std::shared_ptr<Sequential> convert(const Sequential& model) {
                                                        prev->zero_point().clone(), afq.scale().clone(),
                                                        afq.zero_point().clone(), afq.qmin(), afq.qmax()));
       prev = &afq;
-    } else {
+    } else if (model[i]->type_name() == "ReLU") {
       out->push_back(model.name_at(i), std::make_shared<ReLU>());
+    } else {
+      out->push_back(model.name_at(i), detail::convert_conv(model[i], prev, model.name_at(i)));
     }
   }
   out->eval();

@@ -59,12 +59,12 @@ class QATLinear : public Module {
 // "output_scale" / "output_zero_point".
 //   y = quantized_linear(x, weight, weight_scale, bias, ActivationQuant::fixed(input qparams, qmin, qmax))
 //   out = fake_quantize_per_tensor(y, output qparams, qmin, qmax)   (PyTorch's quint8 output, dequantized)
-class QuantizedLinear : public Module {
+// What the int8 layers of a converted model hold (QuantizedLinear here,
+// QuantizedConv2d in nn/qat_conv.h): the buffers below, checked by the
+// constructor (the weight s8 of rank `weight_rank`, its scale f32 [N], the
+// bias floating [N] or absent, the qparams f32 [1] / s32 [1], qmin < qmax).
+class QuantizedLayer : public Module {
  public:
-  QuantizedLinear(Tensor weight_q, Tensor weight_scale, Tensor bias, Tensor input_scale, Tensor input_zero_point,
-                  Tensor output_scale, Tensor output_zero_point, std::int64_t qmin, std::int64_t qmax);
-  Tensor forward(const Tensor& x) override;
-  std::string type_name() const override { return "QuantizedLinear"; }
   Tensor weight() const { return weight_; }
   Tensor weight_scale() const { return weight_scale_; }
   Tensor bias() const { return bias_; }
@@ -75,20 +75,35 @@ class QuantizedLinear : public Module {
   std::int64_t qmin() const { return qmin_; }  // the activations' quant range
   std::int64_t qmax() const { return qmax_; }
 
- private:
+ protected:
+  QuantizedLayer(const char* op, std::int64_t weight_rank, Tensor weight_q, Tensor weight_scale, Tensor bias,
+                 Tensor input_scale, Tensor input_zero_point, Tensor output_scale, Tensor output_zero_point,
+                 std::int64_t qmin, std::int64_t qmax);
   Tensor weight_, weight_scale_, bias_, in_scale_, in_zp_, out_scale_, out_zp_;
   std::int64_t qmin_, qmax_;
 };
 
+class QuantizedLinear : public QuantizedLayer {
+ public:
+  QuantizedLinear(Tensor weight_q, Tensor weight_scale, Tensor bias, Tensor input_scale, Tensor input_zero_point,
+                  Tensor output_scale, Tensor output_zero_point, std::int64_t qmin, std::int64_t qmax);
+  Tensor forward(const Tensor& x) override;
+  std::string type_name() const override { return "QuantizedLinear"; }
+};
+
 // In place: inserts "quant" (a FakeQuantize with the activation qconfig) at
-// the front and replaces every Linear child with a QATLinear under the
-// same name (parameter names are unchanged). Throws if already prepared.
+// the front, replaces every Linear child with a QATLinear under the
+// same name (parameter names are unchanged) and fuses Conv2d (-> BatchNorm2d)
+// (-> ReLU) into ConvBn2d / ConvBnReLU2d / QATConv2d (nn/qat_conv.h).
+// Throws if already prepared.
 void prepare_qat(Sequential& model, const QConfig& qconfig = default_qat_qconfig());
 
 // A new int8 Sequential from a prepared (and trained) model: "quant" is
 // folded into the first QuantizedLinear; QATLinear -> QuantizedLinear
 // (weights quantized with quantize_per_channel and the weight fake quant's
-// current qparams); ReLU is kept. All qparams are copied, so further
+// current qparams); ReLU is kept; QATConv2d / ConvBn2d -> QuantizedConv2d
+// (BN folded with its running statistics) and MaxPool2d, Flatten,
+// Unflatten, Identity kept (nn/qat_conv.h). All qparams are copied, so further
 // training of `model` does not change the result. Any other child type is
 // an error (it would need its own quantized kernel).
 std::shared_ptr<Sequential> convert(const Sequential& model);

@@ -1,6 +1,7 @@
 #include "qgrad/nn/quant.h"
 
 #include <cmath>
+#include <map>
 
 #include "qgrad/autograd/node.h"
 #include "qgrad/ops/factory.h"
@@ -77,6 +78,7 @@ ObserverUpdate Observer::update() const {
 Tensor Observer::forward(const Tensor& x) {
   const std::int64_t axis = check_x(x);
   observe_minmax_(x, update(), axis);
+  if (range_sync_) range_sync_(min_val_, max_val_);
   return x;
 }
 
@@ -99,11 +101,21 @@ void Observer::calculate_qparams(const Tensor& scale, const Tensor& zero_point) 
 void Observer::observe_and_calculate_qparams(const Tensor& x, const Tensor& scale, const Tensor& zero_point) {
   const std::int64_t axis = check_x(x);
   check_qparams(scale, zero_point);
+  if (range_sync_) {
+    forward(x);
+    observer_qparams_(update(), scale, zero_point, qmin_, qmax_);
+    return;
+  }
   observe_minmax_qparams_(x, update(), axis, scale, zero_point, qmin_, qmax_);
 }
 
 Tensor Observer::observe_and_fake_quantize(const Tensor& x, const Tensor& scale, const Tensor& zero_point) {
   const std::int64_t axis = check_x(x);  // the op checks scale and zero_point
+  if (range_sync_) {
+    observe_and_calculate_qparams(x.detach(), scale, zero_point);
+    if (axis >= 0) return ::qgrad::fake_quantize_per_channel(x, scale, zero_point, axis, qmin_, qmax_);
+    return ::qgrad::fake_quantize_per_tensor(x, scale, zero_point, qmin_, qmax_);
+  }
   if (axis >= 0) return observe_fake_quantize_per_channel(x, scale, zero_point, axis, qmin_, qmax_, update());
   return observe_fake_quantize_per_tensor(x, scale, zero_point, qmin_, qmax_, update());
 }
@@ -234,6 +246,63 @@ void enable_fake_quant(Module& root, bool on) {
     if (auto* fq = dynamic_cast<FakeQuantize*>(&m)) fq->enable_fake_quant(on);
     if (auto* lfq = dynamic_cast<LearnableFakeQuantize*>(&m)) lfq->enable_fake_quant(on);
   });
+}
+
+namespace {
+// Visits every fake quant under m with its dotted path prefix ("" or "a.b.").
+template <class F>
+void for_each_fake_quant(Module& m, const std::string& prefix, F&& f) {
+  if (dynamic_cast<FakeQuantize*>(&m) || dynamic_cast<LearnableFakeQuantize*>(&m)) f(m, prefix);
+  for (auto& [n, c] : m.named_children()) for_each_fake_quant(*c, prefix + n + ".", f);
+}
+bool observer_on(Module& m) {
+  if (auto* fq = dynamic_cast<FakeQuantize*>(&m)) return fq->observer_enabled();
+  return dynamic_cast<LearnableFakeQuantize&>(m).observer_enabled();
+}
+bool fake_quant_on(Module& m) {
+  if (auto* fq = dynamic_cast<FakeQuantize*>(&m)) return fq->fake_quant_enabled();
+  return dynamic_cast<LearnableFakeQuantize&>(m).fake_quant_enabled();
+}
+}  // namespace
+
+NamedTensors quant_flags(const Module& root) {
+  NamedTensors out;
+  // The walk only reads; Module's child accessors are shared handles.
+  for_each_fake_quant(const_cast<Module&>(root), "", [&](Module& m, const std::string& p) {
+    out.emplace_back(p + "observer_enabled", Tensor::scalar<std::uint8_t>(observer_on(m) ? 1 : 0));
+    out.emplace_back(p + "fake_quant_enabled", Tensor::scalar<std::uint8_t>(fake_quant_on(m) ? 1 : 0));
+  });
+  return out;
+}
+
+void load_quant_flags(Module& root, const NamedTensors& flags) {
+  const char* op = "load_quant_flags";
+  std::map<std::string, bool> given;
+  for (const auto& [n, t] : flags) {
+    QGRAD_CHECK(t.defined() && t.numel() == 1 && t.dtype() == DType::u8, op, n, "expected one u8 value");
+    const double v = t.item();
+    QGRAD_CHECK(v == 0 || v == 1, op, n, "expected 0 or 1, got ", v);
+    QGRAD_CHECK(given.emplace(n, v == 1).second, op, n, "duplicate entry");
+  }
+  std::vector<std::pair<Module*, std::string>> targets;
+  for_each_fake_quant(root, "", [&](Module& m, const std::string& p) {
+    for (const char* k : {"observer_enabled", "fake_quant_enabled"})
+      QGRAD_CHECK(given.count(p + k), op, p + k, "missing from the flags");
+    targets.emplace_back(&m, p);
+  });
+  QGRAD_CHECK(given.size() == 2 * targets.size(), op, "flags", given.size() - 2 * targets.size(),
+              " entries name no fake quant of this model");
+  for (auto& [m, p] : targets) {
+    const bool obs = given.at(p + "observer_enabled"), fq = given.at(p + "fake_quant_enabled");
+    if (auto* f = dynamic_cast<FakeQuantize*>(m)) {
+      f->enable_observer(obs);
+      f->enable_fake_quant(fq);
+    } else {
+      auto& l = dynamic_cast<LearnableFakeQuantize&>(*m);
+      l.enable_observer(obs);
+      l.enable_fake_quant(fq);
+    }
+  }
 }
 
 }  // namespace qgrad::nn

@@ -11,6 +11,7 @@
 // keeps the switches in device tensors and reads them back every call).
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <utility>
 
@@ -69,6 +70,15 @@ class Observer : public Module {
   Tensor max_val() const { return max_val_; }
   // Back to the never-observed state.
   void reset();
+  // A reduction of the running range across processes, run after every
+  // update of min_val/max_val and before qparams are computed from them
+  // (DistributedDataParallel installs an all-reduce: min of min_val, max of
+  // max_val, so every rank fake-quantizes with the same qparams). With one
+  // installed, the observe-and-quantize calls run unfused: observe, sync,
+  // qparams, fake quantize. An empty function removes it.
+  using RangeSync = std::function<void(const Tensor& min_val, const Tensor& max_val)>;
+  void set_range_sync(RangeSync sync) { range_sync_ = std::move(sync); }
+  bool has_range_sync() const { return static_cast<bool>(range_sync_); }
 
  private:
   std::int64_t check_x(const Tensor& x) const;  // returns the channel axis (-1: per tensor)
@@ -78,6 +88,7 @@ class Observer : public Module {
   std::int64_t qmin_, qmax_;
   std::int32_t sym_zp_;
   Tensor min_val_, max_val_;
+  RangeSync range_sync_;
 };
 
 // The observers PyTorch names, as constructors of Observer.
@@ -139,6 +150,8 @@ class LearnableFakeQuantize : public Module {
   std::string type_name() const override { return "LearnableFakeQuantize"; }
   void enable_observer(bool on = true) { observer_enabled_ = on; }
   void enable_fake_quant(bool on = true) { fake_quant_enabled_ = on; }
+  bool observer_enabled() const { return observer_enabled_; }
+  bool fake_quant_enabled() const { return fake_quant_enabled_; }
   // PyTorch's enable_param_learning: observer off, fake quant on, scale and
   // zero point require grad.
   void enable_param_learning();
@@ -160,5 +173,18 @@ class LearnableFakeQuantize : public Module {
 // Recursive switches over every (Learnable)FakeQuantize under `root`.
 void enable_observer(Module& root, bool on = true);
 void enable_fake_quant(Module& root, bool on = true);
+
+// The enabled flags of every FakeQuantize and LearnableFakeQuantize under
+// root, which are members, not buffers (so model.state_dict() and the
+// checkpoints built from it do not hold them): "<path>.observer_enabled"
+// and "<path>.fake_quant_enabled", u8 scalars (0 or 1), <path> the module's
+// dotted name as in named_buffers(). Training checkpoints save them
+// (nn::save_train_state) so a resumed run observes and fake-quantizes
+// exactly as the interrupted one did.
+NamedTensors quant_flags(const Module& root);
+// Sets the flags from quant_flags' output; every fake quant under root must
+// be named exactly once (no missing or extra entries, values 0 or 1),
+// checked before any flag changes. Throws qgrad::Error naming the entry.
+void load_quant_flags(Module& root, const NamedTensors& flags);
 
 }  // namespace qgrad::nn

@@ -3,7 +3,9 @@
 #include <cmath>
 #include <vector>
 
+#include "qgrad/ops/attention.h"
 #include "qgrad/ops/factory.h"
+#include "qgrad/ops/shape.h"
 #include "qgrad/ops/transformer.h"
 
 namespace qgrad::nn {
@@ -30,7 +32,9 @@ LayerNorm::LayerNorm(Shape normalized_shape, double eps, bool elementwise_affine
   }
 }
 
-Tensor LayerNorm::forward(const Tensor& x) { return layer_norm(x, shape_, weight_, bias_, eps_); }
+Tensor LayerNorm::forward(const Tensor& x) {
+  return layer_norm(to_compute(x), shape_, to_compute(weight_), to_compute(bias_), eps_);
+}
 
 RMSNorm::RMSNorm(Shape normalized_shape, std::optional<double> eps, bool elementwise_affine, TensorOptions options)
     : shape_(std::move(normalized_shape)), eps_(eps) {
@@ -42,7 +46,7 @@ RMSNorm::RMSNorm(Shape normalized_shape, std::optional<double> eps, bool element
   if (elementwise_affine) weight_ = register_parameter("weight", ones(shape_, options));
 }
 
-Tensor RMSNorm::forward(const Tensor& x) { return rms_norm(x, shape_, weight_, eps_); }
+Tensor RMSNorm::forward(const Tensor& x) { return rms_norm(to_compute(x), shape_, to_compute(weight_), eps_); }
 
 Embedding::Embedding(std::int64_t num_embeddings, std::int64_t embedding_dim, Generator& gen,
                      std::optional<std::int64_t> padding_idx, TensorOptions options) {
@@ -74,5 +78,41 @@ Dropout::Dropout(double p, Generator& gen) : p_(p), gen_(&gen) {
 Tensor Dropout::forward(const Tensor& x) { return dropout(x, p_, is_training(), *gen_); }
 
 Tensor GELU::forward(const Tensor& x) { return gelu(x, approximate_); }
+
+MultiheadAttention::MultiheadAttention(std::int64_t embed_dim, std::int64_t num_heads, Generator& gen, double dropout,
+                                       bool bias, TensorOptions options)
+    : embed_dim_(embed_dim), num_heads_(num_heads), dropout_(dropout), gen_(&gen) {
+  constexpr const char* m = "MultiheadAttention";
+  QGRAD_CHECK(embed_dim > 0, m, "embed_dim", "must be > 0, got ", embed_dim);
+  QGRAD_CHECK(num_heads > 0, m, "num_heads", "must be > 0, got ", num_heads);
+  QGRAD_CHECK(embed_dim % num_heads == 0, m, "num_heads", "embed_dim ", embed_dim, " is not divisible by num_heads ",
+              num_heads);
+  QGRAD_CHECK(dropout >= 0.0 && dropout <= 1.0, m, "dropout", "probability must be in [0, 1], got ", dropout);
+  check_options(m, options);
+  options.requires_grad = false;
+  in_proj_ = register_module("in_proj", std::make_shared<Linear>(embed_dim, 3 * embed_dim, gen, bias, options));
+  out_proj_ = register_module("out_proj", std::make_shared<Linear>(embed_dim, embed_dim, gen, bias, options));
+  // PyTorch's _reset_parameters: xavier_uniform_ on in_proj_weight, zero biases.
+  const double bound = std::sqrt(6.0 / static_cast<double>(embed_dim + 3 * embed_dim));
+  in_proj_->weight().copy_(rand({3 * embed_dim, embed_dim}, gen, options, -bound, bound));
+  if (bias) {
+    in_proj_->bias().copy_(zeros({3 * embed_dim}, options));
+    out_proj_->bias().copy_(zeros({embed_dim}, options));
+  }
+}
+
+Tensor MultiheadAttention::forward(const Tensor& x, const Tensor& attn_mask, bool causal) {
+  constexpr const char* m = "MultiheadAttention";
+  QGRAD_CHECK(x.defined(), m, "x", "undefined tensor");
+  QGRAD_CHECK(x.dim() == 3 && x.size(2) == embed_dim_, m, "x", "expected shape [B, L, ", embed_dim_, "], got ",
+              shape_str(x.shape()));
+  const std::int64_t B = x.size(0), L = x.size(1), H = num_heads_, Dh = embed_dim_ / num_heads_;
+  Tensor qkv = permute(in_proj_->forward(x).reshape({B, L, 3, H, Dh}), {2, 0, 3, 1, 4});  // [3, B, H, L, Dh]
+  std::vector<Tensor> parts = chunk(qkv, 3, 0);
+  const double p = is_training() ? dropout_ : 0.0;
+  Tensor o = scaled_dot_product_attention(parts[0].reshape({B, H, L, Dh}), parts[1].reshape({B, H, L, Dh}),
+                                          parts[2].reshape({B, H, L, Dh}), attn_mask, causal, std::nullopt, p, *gen_);
+  return out_proj_->forward(permute(o, {0, 2, 1, 3}).reshape({B, L, embed_dim_}));
+}
 
 }  // namespace qgrad::nn

@@ -6,6 +6,7 @@
 #include <optional>
 #include <string>
 
+#include "qgrad/nn/layers.h"
 #include "qgrad/nn/module.h"
 #include "qgrad/ops/activation.h"
 
@@ -86,6 +87,39 @@ class GELU : public Module {
 
  private:
   GeluApproximate approximate_;
+};
+
+// Multi-head self-attention over x [B, L, embed_dim] (torch.nn.MultiheadAttention
+// with batch_first=True and query = key = value = x):
+//   qkv = in_proj(x) -> [B, L, 3, H, Dh] -> permute -> q, k, v [B, H, L, Dh]
+//   o = scaled_dot_product_attention(q, k, v, mask, causal, 1/sqrt(Dh), dropout if training)
+//   out = out_proj(o -> [B, L, embed_dim]).
+// in_proj and out_proj are Linear children (so QAT wraps them like any
+// Linear): parameters "in_proj.weight" [3E, E], "in_proj.bias" [3E],
+// "out_proj.weight" [E, E], "out_proj.bias" [E]. PyTorch names the first two
+// "in_proj_weight" / "in_proj_bias" (same layout: rows q, then k, then v);
+// the out_proj names match. Initialisation as PyTorch: in_proj weight
+// xavier-uniform over [3E, E], both biases zero, out_proj weight uniform
+// +-1/sqrt(E). num_heads must divide embed_dim. The generator is referenced
+// for the attention dropout (it must outlive the module).
+class MultiheadAttention : public Module {
+ public:
+  MultiheadAttention(std::int64_t embed_dim, std::int64_t num_heads, Generator& gen, double dropout = 0.0,
+                     bool bias = true, TensorOptions options = {});
+  Tensor forward(const Tensor& x) override { return forward(x, Tensor(), false); }
+  // attn_mask: as scaled_dot_product_attention's, broadcast to [B, H, L, L].
+  Tensor forward(const Tensor& x, const Tensor& attn_mask, bool causal);
+  std::string type_name() const override { return "MultiheadAttention"; }
+  std::int64_t embed_dim() const { return embed_dim_; }
+  std::int64_t num_heads() const { return num_heads_; }
+  std::shared_ptr<Linear> in_proj() const { return in_proj_; }
+  std::shared_ptr<Linear> out_proj() const { return out_proj_; }
+
+ private:
+  std::int64_t embed_dim_, num_heads_;
+  double dropout_;
+  Generator* gen_;
+  std::shared_ptr<Linear> in_proj_, out_proj_;
 };
 
 }  // namespace qgrad::nn

@@ -6,6 +6,10 @@
 
 #include "qgrad/core/tensor.h"
 
+namespace qgrad {
+struct ActivationQuant;  // ops/quantized_linear.h
+}
+
 namespace qgrad::check {
 
 inline void defined(const Tensor& t, const char* op, const char* arg) {
@@ -41,6 +45,23 @@ inline std::int64_t axis(std::int64_t axis, std::int64_t rank, const char* op, c
 }
 inline void finite_positive(double v, const char* op, const char* arg) {
   QGRAD_CHECK(std::isfinite(v) && v > 0, op, arg, "must be finite and > 0, got ", v);
+}
+
+// The static per-tensor activation quantization of the int8 ops
+// (quantized_linear, quantized_conv2d): scale f32 and zero point s32, one
+// element each, on the host or on `dev`; qmin < qmax within [-128, 255],
+// spanning at most 256 values; a host scale finite and > 0; a host zero
+// point in [qmin, qmax] with [qmin - zp, qmax - zp] inside s8. Errors name
+// `op` and "act.*". Defined in ops/quantized_linear.cpp.
+void static_activation_quant(const ActivationQuant& act, Device dev, const char* op);
+
+// FP8 tensor cores: compute capability >= 8.9 (Ada, Hopper and later); `cc`
+// as cuda_compute_capability gives it (major * 10 + minor). The FP8 ops
+// refuse an older GPU rather than give a wrong answer; the check takes the
+// capability as an argument so that tests can give it any value.
+inline void fp8_tensor_cores(int cc, const Device& device, const char* op, const char* arg = "device") {
+  QGRAD_CHECK(cc >= 89, op, arg, "FP8 tensor cores need sm_89+ (compute capability >= 8.9); ", device.str(), " has ",
+              cc / 10, ".", cc % 10);
 }
 
 // The broadcast of two shapes (numpy rules), or an error naming the op.

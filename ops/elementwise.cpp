@@ -3,6 +3,7 @@
 
 #include "qgrad/autograd/node.h"
 #include "qgrad/kernels/binary.h"
+#include "qgrad/kernels/unary.h"
 #include "qgrad/ops/check.h"
 
 namespace qgrad {
@@ -158,6 +159,24 @@ Tensor mul(const Tensor& a, double b) {
 Tensor neg(const Tensor& a) {
   Tensor out = scalar_forward("neg", BinaryOp::mul, a, -1.0);
   if (any_requires_grad({a})) record("neg", out, {a}, [](const Tensor& g) { return std::vector<Tensor>{neg(g)}; });
+  return out;
+}
+
+// d sqrt(x) = g / (2 sqrt(x)). Saves the output.
+Tensor sqrt(const Tensor& x) {
+  constexpr const char* op = "sqrt";
+  check::floating(x, op, "x");
+  Tensor out = Tensor::empty(x.shape(), TensorOptions{}.with_dtype(x.dtype()).with_device(x.device()));
+  kernels::sqrt(x, out);
+  if (any_requires_grad({x}))
+    record(
+        op, out, {x},
+        [y = out.detach()](const Tensor& g) {
+          Tensor dx = Tensor::empty(g.shape(), TensorOptions{}.with_dtype(g.dtype()).with_device(g.device()));
+          kernels::sqrt_backward(g, y, dx);
+          return std::vector<Tensor>{dx};
+        },
+        out.nbytes());
   return out;
 }
 

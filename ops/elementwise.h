@@ -1,5 +1,5 @@
 // Broadcasting arithmetic: add, sub, mul, div (tensor-tensor and
-// tensor-scalar). Floating dtypes, both operands on one device and dtype.
+// tensor-scalar), and sqrt. Floating dtypes, both operands on one device and dtype.
 #pragma once
 
 #include "qgrad/core/tensor.h"
@@ -15,6 +15,10 @@ Tensor maximum(const Tensor& a, const Tensor& b);
 Tensor add(const Tensor& a, double b);
 Tensor mul(const Tensor& a, double b);
 Tensor neg(const Tensor& a);
+// sqrt(x) elementwise (torch.sqrt): correctly rounded, so bit-identical on
+// both devices; x < 0 gives NaN, -0 gives -0. Backward dx = dy / (2 y),
+// saving the output y.
+Tensor sqrt(const Tensor& x);
 
 // Sums `t` down to `shape` (the shape it was broadcast from); the backward
 // of every broadcasting op uses it. Not recorded on the tape.

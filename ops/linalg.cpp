@@ -8,7 +8,9 @@
 #include "qgrad/kernels/bitmask.h"
 #include "qgrad/kernels/linalg.h"
 #include "qgrad/kernels/reduce.h"
+#include "qgrad/kernels/shape.h"
 #include "qgrad/ops/check.h"
+#include "qgrad/ops/elementwise.h"
 
 namespace qgrad {
 
@@ -31,42 +33,90 @@ Tensor gemm_new(const Shape& shape, const GemmShape& s, const Tensor& a, const T
 
 }  // namespace
 
-// Backward: dA = dY · Bᵀ, dB = Aᵀ · dY (per batch). Saves B when A needs
-// grad and A when B needs grad (detached).
+// [...batch_a, M, K] x [...batch_b, K, N] -> [...broadcast(batch_a, batch_b), M, N]
+// (torch.matmul for operands of rank >= 2). Three plans: b one matrix and
+// a carrying every batch: one GEMM of (batch * M) rows; one operand a single
+// matrix: strided batches with batch stride 0 for it; otherwise the operands
+// that do not carry every batch are broadcast by a copy first.
+// Backward: dA = dY · Bᵀ, dB = Aᵀ · dY per batch, summed over the batch dims
+// an operand was broadcast along (a single matrix's gradient in the folded
+// plan is one GEMM over all rows). Saves B when A needs grad and A when B
+// needs grad (detached, not broadcast).
 Tensor matmul(const Tensor& a, const Tensor& b) {
   constexpr const char* op = "matmul";
   check::floating(a, op, "a");
   check::floating(b, op, "b");
   check::same_dtype(b, a, op, "b");
   check::same_device(b, a, op, "b");
-  QGRAD_CHECK(a.dim() == 2 || a.dim() == 3, op, "a", "expected rank 2 or 3, got shape ", shape_str(a.shape()));
-  QGRAD_CHECK(b.dim() == a.dim(), op, "b", "rank differs from a: shapes ", shape_str(a.shape()), " and ",
-              shape_str(b.shape()));
-  const bool batched = a.dim() == 3;
-  QGRAD_CHECK(!batched || a.size(0) == b.size(0), op, "b", "batch sizes differ: shapes ", shape_str(a.shape()),
-              " and ", shape_str(b.shape()));
+  QGRAD_CHECK(a.dim() >= 2, op, "a", "expected rank >= 2, got shape ", shape_str(a.shape()));
+  QGRAD_CHECK(b.dim() >= 2, op, "b", "expected rank >= 2, got shape ", shape_str(b.shape()));
   QGRAD_CHECK(a.size(-1) == b.size(-2), op, "b", "inner dimensions differ: shapes ", shape_str(a.shape()), " and ",
               shape_str(b.shape()));
+  const Shape batch_a(a.shape().begin(), a.shape().end() - 2), batch_b(b.shape().begin(), b.shape().end() - 2);
+  const Shape batch = check::broadcast_shapes(batch_a, batch_b, op);
+  QGRAD_CHECK(static_cast<std::int64_t>(batch.size()) < kernels::kMaxTransposeDims, op, "a", "more than ",
+              kernels::kMaxTransposeDims - 1, " batch dims: shapes ", shape_str(a.shape()), " and ",
+              shape_str(b.shape()));
+  const std::int64_t nb = shape_numel(batch, op), na = shape_numel(batch_a, op), nbb = shape_numel(batch_b, op);
   GemmShape s;
-  s.batch = batched ? a.size(0) : 1;
   s.m = a.size(-2);
   s.k = a.size(-1);
   s.n = b.size(-1);
+  const bool fold = nbb == 1 && na == nb;
+  if (fold) {
+    s.m = nb * s.m;
+  } else {
+    s.batch = nb;
+    s.broadcast_a = na == 1;
+    s.broadcast_b = nbb == 1;
+  }
   fits_int(s.batch, op, "a");
   fits_int(s.m, op, "a");
   fits_int(s.k, op, "a");
   fits_int(s.n, op, "b");
-  Shape out_shape = batched ? Shape{s.batch, s.m, s.n} : Shape{s.m, s.n};
-  Tensor out = gemm_new(out_shape, s, a, b);
+  Shape out_shape = batch;
+  out_shape.push_back(a.size(-2));
+  out_shape.push_back(s.n);
+  shape_numel(out_shape, op);
+  // An operand that neither carries every batch nor is one matrix: broadcast copy.
+  auto full = [batch](const Tensor& t, std::int64_t n, std::int64_t total) {
+    if (n == total || n == 1) return t;
+    Shape shape = batch;
+    shape.push_back(t.size(-2));
+    shape.push_back(t.size(-1));
+    Tensor e = Tensor::empty(shape, like(t));
+    kernels::expand(t, e);
+    return e;
+  };
+  Tensor out = gemm_new(out_shape, s, full(a, na, nb), full(b, nbb, nb));
   if (any_requires_grad({a, b})) {
     const bool need_a = a.requires_grad(), need_b = b.requires_grad();
     Tensor sa = need_b ? a.detach() : Tensor(), sb = need_a ? b.detach() : Tensor();
     record(
         op, out, {a, b},
-        [sa, sb, s, shape_a = a.shape(), shape_b = b.shape()](const Tensor& g) {
+        [sa, sb, s, fold, na, nbb, nb, full, shape_a = a.shape(), shape_b = b.shape()](const Tensor& g) {
           Tensor ga, gb;
-          if (sb.defined()) ga = gemm_new(shape_a, GemmShape{s.batch, s.m, s.k, s.n, false, true}, g, sb);
-          if (sa.defined()) gb = gemm_new(shape_b, GemmShape{s.batch, s.k, s.n, s.m, true, false}, sa, g);
+          if (fold) {
+            if (sb.defined()) ga = gemm_new(shape_a, GemmShape{1, s.m, s.k, s.n, false, true}, g, sb);
+            if (sa.defined()) gb = gemm_new(shape_b, GemmShape{1, s.k, s.n, s.m, true, false}, sa, g);
+            return std::vector<Tensor>{ga, gb};
+          }
+          Shape full_a(g.shape().begin(), g.shape().end() - 1), full_b = full_a;
+          full_a.push_back(s.k);
+          full_b.back() = s.k;
+          full_b.push_back(s.n);
+          if (sb.defined()) {
+            GemmShape gs{s.batch, s.m, s.k, s.n, false, true};
+            gs.broadcast_b = s.broadcast_b;
+            ga = gemm_new(na == nb ? shape_a : full_a, gs, g, full(sb, nbb, nb));
+            if (na != nb) ga = sum_to_shape(ga, shape_a);
+          }
+          if (sa.defined()) {
+            GemmShape gs{s.batch, s.k, s.n, s.m, true, false};
+            gs.broadcast_a = s.broadcast_a;
+            gb = gemm_new(nbb == nb ? shape_b : full_b, gs, full(sa, na, nb), g);
+            if (nbb != nb) gb = sum_to_shape(gb, shape_b);
+          }
           return std::vector<Tensor>{ga, gb};
         },
         (need_a ? b.nbytes() : 0) + (need_b ? a.nbytes() : 0));

@@ -7,7 +7,9 @@
 
 namespace qgrad {
 
-// [M, K] x [K, N] -> [M, N], or batched [B, M, K] x [B, K, N] -> [B, M, N].
+// [..., M, K] x [..., K, N] -> [..., M, N] (torch.matmul for ranks >= 2):
+// the batch dims (all but the last two) broadcast by numpy rules, at most 7
+// of them. 1-D operands are not accepted (reshape them to [1, K] / [K, 1]).
 Tensor matmul(const Tensor& a, const Tensor& b);
 // y = x · wᵀ + bias with w in nn.Linear layout [N, K], bias [N] or an
 // undefined Tensor, x [..., K] -> y [..., N].

@@ -439,4 +439,28 @@ Tensor dequantize_fp8(const Tensor& q, const Tensor& scale, QuantScope scope, DT
   return out;
 }
 
+// ---- affine qparams ----
+
+AffineQparams choose_qparams_affine(const Tensor& x, QuantScope scope, QuantMode mode, std::int64_t qmin,
+                                    std::int64_t qmax, double eps) {
+  const char* op = "choose_qparams_affine";
+  check::floating(x, op, "x");
+  check_mode(mode, op);
+  constexpr std::int64_t lim = std::int64_t{1} << 24;  // integers exact in f32: (qmax - qmin) is an f32 divisor
+  QGRAD_CHECK(qmin >= -lim && qmin <= lim, op, "qmin", "must lie in [-2^24, 2^24], got ", qmin);
+  QGRAD_CHECK(qmax >= -lim && qmax <= lim, op, "qmax", "must lie in [-2^24, 2^24], got ", qmax);
+  QGRAD_CHECK(qmin < qmax, op, "qmax", "qmin must be < qmax, got qmin ", qmin, ", qmax ", qmax);
+  const auto e = static_cast<float>(eps);
+  QGRAD_CHECK(std::isfinite(eps) && eps > 0 && std::isfinite(e) && e > 0 && std::isfinite(1.0f / e), op, "eps",
+              "must be a finite positive f32 with a finite reciprocal, got ", eps);
+  const Blocks b = scope_blocks(x.shape(), scope, op);
+  Tensor mn, mx;
+  block_minmax(x, b, mn, mx);
+  const Shape qshape = b.any_one_element ? Shape{} : b.qshape;
+  AffineQparams q{Tensor::empty(qshape, like(x, DType::f32)), Tensor::empty(qshape, like(x, DType::s32))};
+  kernels::int4_qparams(mn, mx, q.scale, q.zero_point, static_cast<int>(qmin), static_cast<int>(qmax),
+                        mode == QuantMode::symmetric, e);
+  return q;
+}
+
 }  // namespace qgrad

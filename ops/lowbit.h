@@ -60,4 +60,19 @@ Tensor quantize_fp8(const Tensor& x, const Tensor& scale, QuantScope scope, DTyp
 // y = float(q) * scale; dq = dy * scale; dscale = sum over the block of dy * q when scale requires grad.
 Tensor dequantize_fp8(const Tensor& q, const Tensor& scale, QuantScope scope, DType out_dtype = DType::f32);
 
+// ---- affine qparams with an explicit range and eps (torchao's choose_qparams_affine) ----
+// The qparams of torchao's choose_qparams_affine (MappingType.SYMMETRIC /
+// ASYMMETRIC, integer zero point) over any scope (QuantScope; per group along
+// the last axis), for an integer range [qmin, qmax] and an explicit eps, in
+// f32 on x's device; the formulas of choose_qparams_int4 with scale floored at
+// eps. The 8da4w activation fake quantizer is choose_qparams_affine(x,
+// per_token(), asymmetric, -128, 127, FLT_EPSILON) followed by fake_quantize
+// (ops/quantize.h) with the same scope. Not differentiable.
+struct AffineQparams {
+  Tensor scale;       // f32, the scope's qparams shape (per tensor: [])
+  Tensor zero_point;  // s32, same shape
+};
+AffineQparams choose_qparams_affine(const Tensor& x, QuantScope scope, QuantMode mode, std::int64_t qmin,
+                                    std::int64_t qmax, double eps);
+
 }  // namespace qgrad

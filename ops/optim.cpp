@@ -23,9 +23,56 @@ void check_buffer(const Tensor& buf, const Tensor& param, const char* arg) {
               param.device().str());
 }
 
+// A one-element tensor of `dtype` on `device` (a device scalar operand).
+void check_device_scalar(const Tensor& t, DType dtype, Device device, const char* op, const char* arg) {
+  check::defined(t, op, arg);
+  QGRAD_CHECK(t.numel() == 1 && t.dtype() == dtype && t.device() == device, op, arg, "expected one ",
+              dtype_name(dtype), " element on ", device.str(), ", got ", shape_str(t.shape()), " ",
+              dtype_name(t.dtype()), " on ", t.device().str());
+}
+
+// All defined, floating, one dtype and one device (that of the first).
+void check_tensor_list(const std::vector<Tensor>& ts, const char* op, const char* arg) {
+  for (const Tensor& t : ts) {
+    check::defined(t, op, arg);
+    check::floating(t, op, arg);
+    check::same_dtype(t, ts.front(), op, arg);
+    check::same_device(t, ts.front(), op, arg);
+  }
+}
+
 }  // namespace
 
-void optimizer_step_(const OptimizerHyper& h, const std::vector<OptimizerSlot>& slots) {
+GradNorm grad_norm(const std::vector<Tensor>& grads, double max_norm, double norm_type, const Tensor& nonfinite) {
+  const char* op = "grad_norm";
+  QGRAD_CHECK(!grads.empty(), op, "grads", "needs at least one tensor");
+  check_tensor_list(grads, op, "grads");
+  QGRAD_CHECK(norm_type == 1.0 || norm_type == 2.0 || norm_type == INFINITY, op, "norm_type",
+              "must be 1, 2 or inf, got ", norm_type);
+  QGRAD_CHECK(std::isfinite(max_norm) && max_norm >= 0, op, "max_norm", "must be finite and >= 0, got ", max_norm);
+  const Device dev = grads.front().device();
+  if (nonfinite.defined()) check_device_scalar(nonfinite, DType::s32, dev, op, "nonfinite");
+  const auto opts = TensorOptions{}.with_dtype(grads.front().dtype()).with_device(dev);
+  GradNorm out{Tensor::empty({}, opts), Tensor::empty({}, opts)};
+  const formulas::NormKind kind = norm_type == 1.0   ? formulas::NormKind::l1
+                                  : norm_type == 2.0 ? formulas::NormKind::l2
+                                                     : formulas::NormKind::linf;
+  kernels::grad_norm(grads, kind, max_norm, out.total_norm, out.clip_coef, nonfinite);
+  return out;
+}
+
+void grad_scale_(const std::vector<Tensor>& tensors, const Tensor& scale) {
+  const char* op = "grad_scale_";
+  check::defined(scale, op, "scale");
+  check::floating(scale, op, "scale");
+  check_tensor_list(tensors, op, "tensors");
+  if (!tensors.empty()) check_device_scalar(scale, tensors.front().dtype(), tensors.front().device(), op, "scale");
+  QGRAD_CHECK(scale.numel() == 1, op, "scale", "expected one element, got ", shape_str(scale.shape()));
+  kernels::grad_scale(tensors, scale);
+}
+
+void optimizer_step_(const OptimizerHyper& h, const std::vector<OptimizerSlot>& slots, const Tensor& grad_scale,
+                     const Tensor& skip) {
   const char* op = "optimizer_step_";
   check_range(h.lr, 0.0, 1e30, "lr");
   check_range(h.weight_decay, 0.0, 1e30, "weight_decay");
@@ -56,7 +103,9 @@ void optimizer_step_(const OptimizerHyper& h, const std::vector<OptimizerSlot>& 
       check_buffer(s.buf1, s.param, "buf1");
     }
   }
-  kernels::optim_step(h, slots);
+  if (grad_scale.defined()) check_device_scalar(grad_scale, first.dtype(), first.device(), op, "grad_scale");
+  if (skip.defined()) check_device_scalar(skip, DType::s32, first.device(), op, "skip");
+  kernels::optim_step(h, slots, grad_scale, skip);
 }
 
 }  // namespace qgrad

@@ -24,9 +24,12 @@ constexpr std::int64_t kMaxSize = std::int64_t(1) << 31;
 
 bool in_range(Size2 s, std::int64_t lo) { return s.h >= lo && s.w >= lo && s.h < kMaxSize && s.w < kMaxSize; }
 
-// x [N, C, H, W], floating, non-empty.
+// x [N, C, H, W], floating or (the forward-only integer poolings) s8 / u8,
+// non-empty.
 void check_nchw(const char* op, const Tensor& x) {
-  check::floating(x, op, "x");
+  check::defined(x, op, "x");
+  QGRAD_CHECK(is_floating(x.dtype()) || x.dtype() == DType::s8 || x.dtype() == DType::u8, op, "x",
+              "expected a floating dtype (f32, f64, f16, bf16) or s8 / u8, got ", dtype_name(x.dtype()));
   QGRAD_CHECK(x.dim() == 4, op, "x", "expected rank 4 [N, C, H, W], got shape ", shape_str(x.shape()));
   check::non_empty(x, op, "x");
 }

@@ -26,7 +26,16 @@ struct MaxPool2dResult {
   Tensor output, indices;
 };
 
-// x [N, C, H, W] floating. y[n, c, oh, ow] = the largest x[n, c, ih, iw] in
+// Integer inputs (forward only): max_pool2d, max_pool2d_with_indices,
+// avg_pool2d and adaptive_avg_pool2d also take s8 / u8 x, the quantized
+// values of a tensor with zero point 0 (symmetric qint8, or quint8 after a
+// ReLU), and return the same dtype (the output keeps the input's qparams).
+// Max is exact; the averages round as PyTorch's quantized CPU kernels do,
+// bit for bit: nearbyint(float(sum) * float(1.0 / divisor)) for avg_pool2d,
+// nearbyint(float(sum) * ((1.0f / kh) / kw)) for adaptive_avg_pool2d, clamped
+// to the dtype (kernels/formulas/pool.h). docs/ops.md "int8 pooling".
+
+// x [N, C, H, W] floating or s8 / u8. y[n, c, oh, ow] = the largest x[n, c, ih, iw] in
 // the window of rows oh * stride.h - padding.h + k * dilation.h (k <
 // kernel.h), likewise for columns; padding <= kernel / 2; stride defaults to
 // the kernel. Output size floor((H + 2p - d (k - 1) - 1) / s) + 1 (ceil with

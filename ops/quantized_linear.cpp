@@ -12,15 +12,30 @@ namespace {
 constexpr const char* kOp = "quantized_linear";
 
 // A one-element tensor on the host or on `dev`.
-void check_scalar_tensor(const Tensor& t, DType d, Device dev, const char* arg) {
-  check::dtype_is(t, d, kOp, arg);
-  QGRAD_CHECK(t.numel() == 1, kOp, arg, "expected one element, got shape ", shape_str(t.shape()));
-  QGRAD_CHECK(t.device().is_cpu() || t.device() == dev, kOp, arg, "must be on the host or on ", dev.str(),
+void check_scalar_tensor(const Tensor& t, DType d, Device dev, const char* op, const char* arg) {
+  check::dtype_is(t, d, op, arg);
+  QGRAD_CHECK(t.numel() == 1, op, arg, "expected one element, got shape ", shape_str(t.shape()));
+  QGRAD_CHECK(t.device().is_cpu() || t.device() == dev, op, arg, "must be on the host or on ", dev.str(),
               ", got ", t.device().str());
 }
 
-void check_act(const ActivationQuant& act, Device dev) {
+void check_act(const ActivationQuant& act, Device dev, std::int64_t N) {
   QGRAD_CHECK(act.qmin < act.qmax, kOp, "act.qmin", "qmin ", act.qmin, " must be < qmax ", act.qmax);
+  if (act.kind == ActivationQuant::dynamic_per_token && act.mode == QuantMode::asymmetric) {
+    QGRAD_CHECK(act.qmin >= -128 && act.qmax <= 127, kOp, "act.qmin/qmax",
+                "dynamic per-token asymmetric quantization stores s8: need -128 <= qmin < qmax <= 127, got [",
+                act.qmin, ", ", act.qmax, "]");
+    if (act.weight_row_sums.defined()) {
+      check::dtype_is(act.weight_row_sums, DType::s32, kOp, "act.weight_row_sums");
+      QGRAD_CHECK(act.weight_row_sums.device() == dev, kOp, "act.weight_row_sums", "must be on ", dev.str(),
+                  ", got ", act.weight_row_sums.device().str());
+      QGRAD_CHECK(act.weight_row_sums.shape() == Shape{N}, kOp, "act.weight_row_sums", "expected shape [", N,
+                  "], got ", shape_str(act.weight_row_sums.shape()));
+    }
+    return;
+  }
+  QGRAD_CHECK(!act.weight_row_sums.defined(), kOp, "act.weight_row_sums",
+              "only dynamic per-token asymmetric quantization uses weight row sums");
   if (act.kind == ActivationQuant::dynamic_per_token) {
     QGRAD_CHECK(act.qmin >= -128 && act.qmin < 0 && act.qmax > 0 && act.qmax <= 127, kOp, "act.qmin/qmax",
                 "dynamic per-token quantization is symmetric s8: need -128 <= qmin < 0 < qmax <= 127, got [",
@@ -28,23 +43,32 @@ void check_act(const ActivationQuant& act, Device dev) {
     return;
   }
   QGRAD_CHECK(act.kind == ActivationQuant::static_per_tensor, kOp, "act.kind", "unknown activation quantization");
-  check_scalar_tensor(act.scale, DType::f32, dev, "act.scale");
-  check_scalar_tensor(act.zero_point, DType::s32, dev, "act.zero_point");
-  QGRAD_CHECK(act.qmin >= -128 && act.qmax <= 255 && act.qmax - act.qmin <= 255, kOp, "act.qmin/qmax",
-              "range [", act.qmin, ", ", act.qmax, "] must lie in [-128, 255] and span at most 256 values");
-  if (act.scale.device().is_cpu()) check::finite_positive(act.scale.item(), kOp, "act.scale");
-  if (act.zero_point.device().is_cpu()) {
-    const auto za = static_cast<std::int64_t>(act.zero_point.item());
-    QGRAD_CHECK(za >= act.qmin && za <= act.qmax, kOp, "act.zero_point", "zero point ", za, " outside [", act.qmin,
-                ", ", act.qmax, "]");
-    QGRAD_CHECK(act.qmin - za >= -128 && act.qmax - za <= 127, kOp, "act.zero_point", "shifted range [",
-                act.qmin - za, ", ", act.qmax - za, "] = [qmin - zp, qmax - zp] does not fit s8 [-128, 127]");
-  }
+  check::static_activation_quant(act, dev, kOp);
 }
 
 }  // namespace
 
-ActivationQuant ActivationQuant::dynamic() { return ActivationQuant{}; }
+void check::static_activation_quant(const ActivationQuant& act, Device dev, const char* op) {
+  QGRAD_CHECK(act.qmin < act.qmax, op, "act.qmin", "qmin ", act.qmin, " must be < qmax ", act.qmax);
+  check_scalar_tensor(act.scale, DType::f32, dev, op, "act.scale");
+  check_scalar_tensor(act.zero_point, DType::s32, dev, op, "act.zero_point");
+  QGRAD_CHECK(act.qmin >= -128 && act.qmax <= 255 && act.qmax - act.qmin <= 255, op, "act.qmin/qmax",
+              "range [", act.qmin, ", ", act.qmax, "] must lie in [-128, 255] and span at most 256 values");
+  if (act.scale.device().is_cpu()) check::finite_positive(act.scale.item(), op, "act.scale");
+  if (act.zero_point.device().is_cpu()) {
+    const auto za = static_cast<std::int64_t>(act.zero_point.item());
+    QGRAD_CHECK(za >= act.qmin && za <= act.qmax, op, "act.zero_point", "zero point ", za, " outside [", act.qmin,
+                ", ", act.qmax, "]");
+    QGRAD_CHECK(act.qmin - za >= -128 && act.qmax - za <= 127, op, "act.zero_point", "shifted range [",
+                act.qmin - za, ", ", act.qmax - za, "] = [qmin - zp, qmax - zp] does not fit s8 [-128, 127]");
+  }
+}
+
+ActivationQuant ActivationQuant::dynamic(QuantMode mode) {
+  ActivationQuant a;
+  a.mode = mode;
+  return a;
+}
 
 ActivationQuant ActivationQuant::fixed(Tensor scale, Tensor zero_point, std::int64_t qmin, std::int64_t qmax) {
   ActivationQuant a;
@@ -83,7 +107,7 @@ Tensor quantized_linear(const Tensor& x, const Tensor& w_q, const Tensor& w_scal
     QGRAD_CHECK(bias.shape() == Shape{N}, kOp, "bias", "expected shape [", N, "], got ", shape_str(bias.shape()));
   }
   QGRAD_CHECK(is_floating(out_dtype), kOp, "out_dtype", "expected f32, f64, f16 or bf16, got ", dtype_name(out_dtype));
-  check_act(act, x.device());
+  check_act(act, x.device(), N);
 
   // ---- compute ----
   Shape out_shape = x.shape();
@@ -101,8 +125,17 @@ Tensor quantized_linear(const Tensor& x, const Tensor& w_q, const Tensor& w_scal
   if (act.kind == ActivationQuant::dynamic_per_token) {
     ep.sa = Tensor::empty({M}, TensorOptions(on).with_dtype(x.dtype() == DType::f64 ? DType::f64 : DType::f32));
     ep.per_row = true;
-    const kernels::QuantSpec spec{true, static_cast<int>(act.qmin), static_cast<int>(act.qmax)};
-    kernels::quantize_rows_dynamic(x, K, spec, a, lda, ep.sa, Tensor());
+    const bool symmetric = act.mode == QuantMode::symmetric;
+    const kernels::QuantSpec spec{symmetric, static_cast<int>(act.qmin), static_cast<int>(act.qmax)};
+    if (!symmetric) {
+      ep.za = Tensor::empty({M}, TensorOptions(on).with_dtype(DType::s32));
+      ep.wsum = act.weight_row_sums;
+      if (!ep.wsum.defined()) {
+        ep.wsum = Tensor::empty({N}, TensorOptions(on).with_dtype(DType::s32));
+        kernels::qlinear_weight_row_sums(w_q, ep.wsum);
+      }
+    }
+    kernels::quantize_rows_dynamic(x, K, spec, a, lda, ep.sa, ep.za);
   } else {
     ep.sa = act.scale;
     ep.per_row = false;

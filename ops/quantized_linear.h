@@ -9,6 +9,12 @@
 //     a_q = clamp(nearbyint(x * (1/sa)), qmin, qmax) (default [-128, 127]);
 //     computed in f32 (f64 for an f64 x, whose scale is then rounded to the
 //     epilogue type).
+//     With mode asymmetric: per-row scale and zero point of
+//     dynamic_range_quantize's asymmetric mode over [qmin, qmax] (within s8),
+//     and the zero point leaves the GEMM as one exact correction:
+//       y[m, n] = (acc[m, n] - za[m] * wsum[n]) * (sa[m] * sw[n]) + bias[n],
+//     wsum[n] = sum_k w_q[n, k] (act.weight_row_sums when given, s32 [N] on
+//     x's device: precompute it once per weight; otherwise computed per call).
 //   static_per_tensor: a_q = clamp(nearbyint(x * (1/sa)) + za, qmin, qmax) - za,
 //     one f32 scale and one s32 zero point (host or x's device: a device
 //     scale is read only by the kernels, never by the host). qmax - qmin <= 255
@@ -28,6 +34,7 @@
 #include <cstdint>
 
 #include "qgrad/core/tensor.h"
+#include "qgrad/ops/dynamic_quant.h"  // QuantMode
 
 namespace qgrad {
 
@@ -36,8 +43,10 @@ struct ActivationQuant {
   Tensor scale;       // f32, 1 element (static)
   Tensor zero_point;  // s32, 1 element (static)
   std::int64_t qmin = -128, qmax = 127;
+  QuantMode mode = QuantMode::symmetric;  // dynamic_per_token only
+  Tensor weight_row_sums;                 // s32 [N], optional (dynamic asymmetric)
 
-  static ActivationQuant dynamic();
+  static ActivationQuant dynamic(QuantMode mode = QuantMode::symmetric);
   static ActivationQuant fixed(Tensor scale, Tensor zero_point, std::int64_t qmin, std::int64_t qmax);
 };
 

@@ -125,10 +125,15 @@ ConformanceReport run_conformance(const std::vector<OpEntry>& entries, const Con
 std::vector<OpEntry> arithmetic_entries();    // elementwise, linalg, reductions, losses, conversions
 std::vector<OpEntry> quantization_entries();  // fake quantize, LSQ, quantize/dequantize, W8A8
 std::vector<OpEntry> lowbit_entries();        // int4 per group and FP8 (ops/lowbit.h), low-bit Tensor::to
+std::vector<OpEntry> lowbit_linear_entries(); // int4 linear layers: W4A16, W4A8 (ops/lowbit_linear.h)
 std::vector<OpEntry> state_entries();         // in-place updates (optimizer, observers) and factories
 std::vector<OpEntry> pool_norm_entries();     // pooling, batch_norm, flatten
-std::vector<OpEntry> transformer_entries();   // gelu, silu, softmax, layer_norm, rms_norm, embedding, dropout
+std::vector<OpEntry> transformer_entries();   // gelu, silu, softmax, layer_norm, rms_norm, embedding, dropout,
+                                              // scaled_dot_product_attention
+std::vector<OpEntry> shape_entries();         // permute, slice, narrow, cat, split, split_with_sizes, chunk
 std::vector<OpEntry> conv_entries();          // convolution (conv2d)
+std::vector<OpEntry> quantized_conv_entries();  // the int8 convolution (quantized_conv2d)
+std::vector<OpEntry> fp8_linear_entries();    // the FP8 linear (inference, cuBLASLt on CUDA)
 
 TensorOptions on(Device device, DType dtype = DType::f32);
 // Seeded values of any dtype on `device` for bad-input cases (floating:

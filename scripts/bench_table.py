@@ -8,7 +8,7 @@ Each input line is a JSON object with at least "case" and "ms"; optional
 fraction of the limit the measurement reached: of the device-to-device copy
 bandwidth measured in the same run for memory-bound work ("frac_copy",
 "fraction_of_copy" or "copy_fraction") or of the int8 / f32 peak for GEMMs
-("int8_peak_fraction", "f32_peak_fraction"). A record belongs to PyTorch
+("int8_peak_fraction", "fp8_peak_fraction", "f32_peak_fraction"). A record belongs to PyTorch
 when its "impl" says "torch"/"pytorch" or, without "impl", when its file
 name starts with "peer_"; otherwise to qgrad. Records with the same "case"
 are put on one row; the speed-up column is PyTorch ms / qgrad ms (above 1:
@@ -25,7 +25,7 @@ import sys
 
 RATES = [("gbs", "GB/s"), ("tops", "TOPS"), ("tflops", "TFLOP/s")]
 LIMITS = [("frac_copy", "copy"), ("fraction_of_copy", "copy"), ("copy_fraction", "copy"),
-          ("int8_peak_fraction", "int8 peak"), ("f32_peak_fraction", "f32 peak")]
+          ("int8_peak_fraction", "int8 peak"), ("fp8_peak_fraction", "fp8 peak"), ("f32_peak_fraction", "f32 peak")]
 
 
 def limit_of(record):

@@ -56,6 +56,14 @@ if [ ! -f /usr/local/cuda/include/cudnn.h ] && [ -n "$PY" ]; then
   [ -n "$cudnn_root" ] && [ -f "$cudnn_root/include/cudnn.h" ] && CUDNN_ARGS=(-DQGRAD_CUDNN_ROOT="$cudnn_root")
 fi
 
+# NCCL (dist/, CUDA collectives): likewise the toolkit's, else the wheel
+# nvidia-nccl-cu13 of the PyTorch environment; its folder goes on
+# LD_LIBRARY_PATH below as cuDNN's does.
+if [ ! -f /usr/local/cuda/include/nccl.h ] && [ -n "$PY" ]; then
+  nccl_root=$("$PY" -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null || true)
+  [ -n "$nccl_root" ] && [ -f "$nccl_root/include/nccl.h" ] && CUDNN_ARGS+=(-DQGRAD_NCCL_ROOT="$nccl_root")
+fi
+
 if [ $BUILD = 1 ]; then
   if (cd "$ROOT" && cmake --preset gpu -B "$B" -DCMAKE_CUDA_ARCHITECTURES="$ARCH" ${CUDNN_ARGS[@]+"${CUDNN_ARGS[@]}"}) > "$OUT/configure.log" 2>&1 \
      && ninja -C "$B" -j"$JOBS" > "$OUT/build.log" 2>&1; then
@@ -70,6 +78,11 @@ cudnn_lib=$(sed -n 's/^QGRAD_CUDNN_LIBRARY_DIR:INTERNAL=//p' "$B/CMakeCache.txt"
 if [ -n "$cudnn_lib" ]; then
   export LD_LIBRARY_PATH="$cudnn_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   note "cudnn: $(sed -n 's/^QGRAD_CUDNN_LIBRARY_PATH:INTERNAL=//p' "$B/CMakeCache.txt")"
+fi
+nccl_lib=$(sed -n 's/^QGRAD_NCCL_LIBRARY_DIR:INTERNAL=//p' "$B/CMakeCache.txt" 2>/dev/null)
+if [ -n "$nccl_lib" ]; then
+  export LD_LIBRARY_PATH="$nccl_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  note "nccl: $(sed -n 's/^QGRAD_NCCL_LIBRARY_PATH:INTERNAL=//p' "$B/CMakeCache.txt")"
 fi
 
 # ---- tests ----

@@ -237,9 +237,12 @@ TEST_CASE("matmul rejects bad inputs") {
   CHECK_THROWS_AS(matmul(a, b.to(DType::f32)), Error);           // mixed dtypes
   CHECK_THROWS_AS(matmul(a, rnd({3, 2}, 43)), Error);            // inner mismatch
   CHECK_THROWS_AS(matmul(rnd({4}, 44), b), Error);               // rank 1
-  CHECK_THROWS_AS(matmul(a, rnd({2, 4, 2}, 45)), Error);         // rank mismatch
-  CHECK_THROWS_AS(matmul(rnd({2, 3, 4}, 46), rnd({3, 4, 2}, 47)), Error);  // batch mismatch
-  CHECK_THROWS_AS(matmul(rnd({1, 1, 1, 1}, 48), rnd({1, 1, 1, 1}, 49)), Error);  // rank 4
+  CHECK_THROWS_AS(matmul(a, rnd({2, 3, 2}, 45)), Error);         // inner mismatch, batched b
+  CHECK_THROWS_AS(matmul(rnd({2, 3, 4}, 46), rnd({3, 4, 2}, 47)), Error);  // batch dims do not broadcast
+  CHECK_THROWS_AS(matmul(rnd({1, 1, 1, 1, 1, 1, 1, 1, 1, 1}, 48), rnd({1, 1}, 49)), Error);  // 8 batch dims
+  // Broadcast batch dims (torch.matmul): valid now.
+  CHECK(matmul(a, rnd({2, 4, 2}, 45)).shape() == Shape{2, 3, 2});
+  CHECK(matmul(rnd({1, 1, 1, 1}, 48), rnd({1, 1, 1, 1}, 49)).shape() == Shape{1, 1, 1, 1});
 }
 
 TEST_CASE("linear rejects bad inputs") {

@@ -323,3 +323,101 @@ TEST_CASE("CUDA rejects mixed devices") {
   CHECK_THROWS_AS(quantized_linear(x, l.w_q.cuda(), l.w_scale, Tensor(), ActivationQuant::dynamic()), Error);
   CHECK_THROWS_AS(quantized_linear(x, l.w_q.cuda(), l.w_scale.cuda(), l.bias, ActivationQuant::dynamic()), Error);
 }
+
+namespace {
+// Reference of the asymmetric per-token path: the activation qparams and
+// q from dynamic_range_quantize (its own tests pin them to PyTorch), then
+// sum_k (q - za) w exactly in int64 and the epilogue in the epilogue type.
+template <class Me>
+std::vector<double> ref_asymmetric(const Tensor& x, const Layer& l, std::int64_t qmin, std::int64_t qmax, DType out) {
+  const std::int64_t K = l.K, M = x.numel() / K, N = l.N;
+  const DynamicQuantized dq =
+      dynamic_range_quantize(x.reshape({M, K}), QuantScope::per_token(), QuantMode::asymmetric, DType::s8, qmin, qmax);
+  const auto q = values(dq.q), sa = values(dq.scale), za = values(dq.zero_point);
+  const auto wq = values(l.w_q), sw = values(l.w_scale);
+  const auto bv = l.bias.defined() ? values(l.bias) : std::vector<double>();
+  std::vector<double> y(static_cast<std::size_t>(M * N));
+  for (std::int64_t m = 0; m < M; ++m)
+    for (std::int64_t n = 0; n < N; ++n) {
+      std::int64_t acc = 0;
+      for (std::int64_t k = 0; k < K; ++k)
+        acc += (static_cast<std::int64_t>(q[static_cast<std::size_t>(m * K + k)]) -
+                static_cast<std::int64_t>(za[static_cast<std::size_t>(m)])) *
+               static_cast<std::int64_t>(wq[static_cast<std::size_t>(n * K + k)]);
+      Me v = static_cast<Me>(acc) *
+             (static_cast<Me>(sa[static_cast<std::size_t>(m)]) * static_cast<Me>(sw[static_cast<std::size_t>(n)]));
+      if (!bv.empty()) v = v + static_cast<Me>(bv[static_cast<std::size_t>(n)]);
+      y[static_cast<std::size_t>(m * N + n)] = static_cast<double>(v);
+    }
+  if (out == DType::f64) return y;
+  return values(Tensor::from_vector<double>(y, {M * N}).to(DType::f32).to(out));
+}
+}  // namespace
+
+TEST_CASE("dynamic per-token asymmetric: the zero-point correction matches the reference exactly") {
+  for (auto [M, N, K] : {std::tuple{6, 24, 40}, std::tuple{1, 5, 7}, std::tuple{33, 17, 129}}) {
+    CAPTURE(M);
+    CAPTURE(N);
+    CAPTURE(K);
+    Layer l = make_layer(N, K, 31);
+    // Shifted inputs: the rows' ranges are far from symmetric, so za != 0.
+    Tensor x = make_x({M, K}, DType::f32, 32) + 1.5;
+    for (DType out : kFloat) {
+      CAPTURE(dtype_name(out));
+      const auto ref = out == DType::f64 ? ref_asymmetric<double>(x, l, -128, 127, out)
+                                         : ref_asymmetric<float>(x, l, -128, 127, out);
+      CHECK(values(quantized_linear(x, l.w_q, l.w_scale, l.bias, ActivationQuant::dynamic(QuantMode::asymmetric),
+                                    out)) == ref);
+    }
+    // Precomputed weight row sums give the same bits.
+    std::vector<std::int32_t> sums(static_cast<std::size_t>(N), 0);
+    const auto wq = values(l.w_q);
+    for (std::int64_t n = 0; n < N; ++n)
+      for (std::int64_t k = 0; k < K; ++k) sums[static_cast<std::size_t>(n)] += static_cast<std::int32_t>(wq[static_cast<std::size_t>(n * K + k)]);
+    ActivationQuant act = ActivationQuant::dynamic(QuantMode::asymmetric);
+    act.weight_row_sums = Tensor::from_vector<std::int32_t>(sums, {N});
+    CHECK(values(quantized_linear(x, l.w_q, l.w_scale, l.bias, act)) == ref_asymmetric<float>(x, l, -128, 127, DType::f32));
+  }
+  // A narrower range (torchao-style [-127, 127] is symmetric; any s8 sub-range works).
+  Layer l = make_layer(12, 32, 33);
+  Tensor x = make_x({5, 32}, DType::f32, 34) + (-0.7);
+  ActivationQuant act = ActivationQuant::dynamic(QuantMode::asymmetric);
+  act.qmin = -100;
+  act.qmax = 90;
+  CHECK(values(quantized_linear(x, l.w_q, l.w_scale, l.bias, act)) == ref_asymmetric<float>(x, l, -100, 90, DType::f32));
+}
+
+TEST_CASE("dynamic per-token asymmetric: bad arguments") {
+  Layer l = make_layer(4, 8, 35);
+  Tensor x = make_x({3, 8}, DType::f32, 36);
+  ActivationQuant act = ActivationQuant::dynamic(QuantMode::asymmetric);
+  act.qmax = 255;
+  CHECK_THROWS_WITH_AS(quantized_linear(x, l.w_q, l.w_scale, l.bias, act), doctest::Contains("act.qmin/qmax"), Error);
+  act = ActivationQuant::dynamic(QuantMode::asymmetric);
+  act.weight_row_sums = Tensor::from_vector<std::int32_t>({1, 2, 3}, {3});
+  CHECK_THROWS_WITH_AS(quantized_linear(x, l.w_q, l.w_scale, l.bias, act), doctest::Contains("act.weight_row_sums"), Error);
+  act.weight_row_sums = Tensor::from_vector<float>({1, 2, 3, 4}, {4});
+  CHECK_THROWS_WITH_AS(quantized_linear(x, l.w_q, l.w_scale, l.bias, act), doctest::Contains("act.weight_row_sums"), Error);
+  ActivationQuant sym = ActivationQuant::dynamic();
+  sym.weight_row_sums = Tensor::from_vector<std::int32_t>({1, 2, 3, 4}, {4});
+  CHECK_THROWS_WITH_AS(quantized_linear(x, l.w_q, l.w_scale, l.bias, sym), doctest::Contains("act.weight_row_sums"), Error);
+}
+
+TEST_CASE("CUDA dynamic per-token asymmetric matches the CPU bit for bit") {
+  QGRAD_REQUIRE_GPU();
+  for (auto [M, N, K] : {std::tuple{1, 5, 7}, std::tuple{16, 96, 128}, std::tuple{37, 33, 65}, std::tuple{128, 256, 512}}) {
+    CAPTURE(M);
+    CAPTURE(N);
+    CAPTURE(K);
+    Layer l = make_layer(N, K, 37);
+    for (DType dt : kFloat) {
+      Tensor x = make_x({M, K}, dt, 38) + 0.8;
+      const ActivationQuant act = ActivationQuant::dynamic(QuantMode::asymmetric);
+      for (DType out : {DType::f32, DType::bf16}) {
+        Tensor c = quantized_linear(x, l.w_q, l.w_scale, l.bias, act, out);
+        Tensor g = quantized_linear(x.cuda(), l.w_q.cuda(), l.w_scale.cuda(), l.bias.cuda(), act, out);
+        CHECK(bit_equal(c, g));
+      }
+    }
+  }
+}

@@ -1,12 +1,13 @@
-// The QAT training step of bench/bench_train_step.cpp (784-H-H-10 MLP,
-// prepare_qat with the default QAT qconfig, cross-entropy, SGD with
-// momentum, gradients set to none) captured in a CudaGraph. Capture throws
+// The QAT training steps of bench/bench_train_step.cpp (784-H-H-10 MLP and
+// the Conv-BN-ReLU CNN, prepare_qat with the default QAT qconfig,
+// cross-entropy, SGD with momentum, gradients set to none) captured in a CudaGraph. Capture throws
 // on any host synchronisation, so a successful capture proves the step
 // never waits for the device; replaying it must then give the parameters,
 // observer ranges and qparams of the same steps run eagerly, bit for bit.
 #include <cmath>
 #include <cstring>
 
+#include "../bench/qat_cnn.h"
 #include "../bench/qat_mlp.h"
 #include "helpers.h"
 #include "qgrad/kernels/formulas/observer.h"
@@ -24,18 +25,47 @@ bench::QatMlp make_trainer(Device dev, std::int64_t hidden) {
   return bench::QatMlp(dev, hidden, gen, 0.05);
 }
 
+// The CNN of bench/qat_cnn.h (ConvBnReLU2d blocks), 4 and 8 channels.
+bench::QatCnn make_cnn_trainer(Device dev) {
+  Generator gen(0x51b);
+  return bench::QatCnn(dev, 4, gen, 0.05);
+}
+
 struct Batches {
   std::vector<Tensor> xs, ys;
-  Batches(int count, std::int64_t batch, Device dev) {
+  Batches(int count, std::int64_t batch, Device dev, const Shape& example = {784}) {
     Generator gen(0xba7);
+    Shape shape{batch};
+    shape.insert(shape.end(), example.begin(), example.end());
     for (int i = 0; i < count; ++i) {
-      xs.push_back(randn({batch, 784}, gen, TensorOptions{}.with_device(dev)));
+      xs.push_back(randn(shape, gen, TensorOptions{}.with_device(dev)));
       ys.push_back(randint(0, 10, {batch}, gen, TensorOptions{}.with_dtype(DType::s64).with_device(dev)));
     }
   }
 };
 
 }  // namespace
+
+TEST_CASE("the CNN QAT step changes the model and the running statistics (CPU)") {
+  bench::QatCnn t = make_cnn_trainer(Device::cpu());
+  Batches b(2, 8, Device::cpu(), {1, 28, 28});
+  const nn::NamedTensors before = t.model->state_dict();
+  std::vector<Tensor> copies;
+  for (const auto& [n, v] : before) copies.push_back(v.clone());
+  t.step(b.xs[0], b.ys[0]);
+  t.step(b.xs[1], b.ys[1]);
+  const nn::NamedTensors after = t.model->state_dict();
+  int seen = 0;
+  for (std::size_t i = 0; i < after.size(); ++i) {
+    const std::string& n = after[i].first;
+    if (n == "0.weight" || n == "0.bn.running_mean" || n == "4.bn.running_var") {
+      INFO(n);
+      CHECK_FALSE(bit_equal(copies[i], after[i].second));
+      ++seen;
+    }
+  }
+  CHECK(seen == 3);
+}
 
 TEST_CASE("the QAT step changes the model (CPU)") {
   // The CPU half of the comparison below: the step trains at all.
@@ -47,12 +77,17 @@ TEST_CASE("the QAT step changes the model (CPU)") {
   CHECK_FALSE(bit_equal(w0, t.model->named_parameters().front().second));
 }
 
-TEST_CASE("CUDA: the QAT step captures with no host sync and replays bit for bit like eager steps") {
-  QGRAD_REQUIRE_GPU();
+namespace {
+
+// Eager steps against the same steps captured once and replayed: the
+// parameters, buffers (observer ranges, qparams, batch-norm running
+// statistics) and momentum buffers end bit for bit equal.
+template <class Make>
+void check_capture_matches_eager(Make make, std::int64_t batch, const Shape& example) {
   const Device dev = Device::cuda();
   constexpr int kWarmup = 3, kSteps = 6;
-  Batches b(kWarmup + kSteps, 64, dev);
-  bench::QatMlp eager = make_trainer(dev, 64), graphed = make_trainer(dev, 64);
+  Batches b(kWarmup + kSteps, batch, dev, example);
+  auto eager = make(dev), graphed = make(dev);
   Tensor x_static = empty_like(b.xs[0]), y_static = empty_like(b.ys[0]);
   // Warm-up, eagerly, on both: momentum buffers exist and the observers
   // have seen data, so no host-side branch changes after this point.
@@ -87,6 +122,56 @@ TEST_CASE("CUDA: the QAT step captures with no host sync and replays bit for bit
     if (oe[i].first.find("momentum_buffer") == std::string::npos) continue;
     INFO(oe[i].first);
     CHECK(bit_equal(oe[i].second, og[i].second));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("CUDA: the QAT step captures with no host sync and replays bit for bit like eager steps") {
+  QGRAD_REQUIRE_GPU();
+  check_capture_matches_eager([](Device d) { return make_trainer(d, 64); }, 64, {784});
+}
+
+TEST_CASE("CUDA: the CNN QAT step (ConvBnReLU2d, batch norm) captures and replays bit for bit like eager steps") {
+  QGRAD_REQUIRE_GPU();
+  check_capture_matches_eager([](Device d) { return make_cnn_trainer(d); }, 16, {1, 28, 28});
+}
+
+TEST_CASE("CUDA: the QAT step with gradient clipping captures with no host sync and replays like eager steps") {
+  // nn::clip_grad_norm on the optimizer (error_if_nonfinite on: the device
+  // flag, no sync): the norm's reduction, its last-block finish and the
+  // coefficient read by the fused step all replay bit for bit.
+  QGRAD_REQUIRE_GPU();
+  const Device dev = Device::cuda();
+  constexpr int kWarmup = 3, kSteps = 5;
+  Batches b(kWarmup + kSteps, 64, dev);
+  bench::QatMlp eager = make_trainer(dev, 64), graphed = make_trainer(dev, 64);
+  eager.clip_grad_norm = graphed.clip_grad_norm = 0.5;
+  Tensor x_static = empty_like(b.xs[0]), y_static = empty_like(b.ys[0]);
+  for (int i = 0; i < kWarmup; ++i) {
+    eager.step(b.xs[static_cast<std::size_t>(i)], b.ys[static_cast<std::size_t>(i)]);
+    x_static.copy_(b.xs[static_cast<std::size_t>(i)]);
+    y_static.copy_(b.ys[static_cast<std::size_t>(i)]);
+    graphed.step(x_static, y_static);
+  }
+  CudaGraph graph;
+  graph.capture([&] { graphed.step(x_static, y_static); });  // throws on a host sync
+  REQUIRE(graph.captured());
+  for (int i = kWarmup; i < kWarmup + kSteps; ++i) {
+    const auto k = static_cast<std::size_t>(i);
+    eager.step(b.xs[k], b.ys[k]);
+    x_static.copy_(b.xs[k]);
+    y_static.copy_(b.ys[k]);
+    graph.replay();
+  }
+  cuda_synchronize();
+  eager.opt->check_finite();
+  graphed.opt->check_finite();
+  const nn::NamedTensors se = eager.model->state_dict(), sg = graphed.model->state_dict();
+  REQUIRE(se.size() == sg.size());
+  for (std::size_t i = 0; i < se.size(); ++i) {
+    INFO(se[i].first);
+    CHECK(bit_equal(se[i].second, sg[i].second));
   }
 }
 

@@ -303,6 +303,36 @@ TEST_CASE("layer_norm and rms_norm: f16/bf16 accumulate in f32, and CUDA is bit-
   }
 }
 
+TEST_CASE("layer_norm, rms_norm, softmax: warp-per-row CUDA rows (d >= 32, with tails) against the CPU") {
+  QGRAD_REQUIRE_GPU();
+  for (const std::int64_t d : {31LL, 32LL, 300LL, 1027LL}) {
+    CAPTURE(d);
+    const Tensor x = rnd({17, d}, 65, DType::f64, 2.0), w = rnd({d}, 66), b = rnd({d}, 67);
+    for (const DType dt : {DType::f64, DType::f32, DType::bf16}) {
+      CAPTURE(dtype_name(dt));
+      const Tensor dy = rnd({17, d}, 68, dt);
+      auto run = [&](Device dev) {
+        Tensor xl = fresh(x, dt, dev), wl = fresh(w, dt, dev), bl = fresh(b, dt, dev);
+        Tensor y = layer_norm(xl, {d}, wl, bl);
+        Tensor z = rms_norm(xl, {d});
+        Tensor s = softmax(xl, -1);
+        add(add(y, z), s).backward(dy.to(dev));
+        return std::vector<Tensor>{y.cpu(), z.cpu(), s.cpu(), xl.grad().cpu(), wl.grad().cpu(), bl.grad().cpu()};
+      };
+      const auto c = run(Device::cpu()), g = run(Device::cuda(0));
+      // The normalisations: the same bits; softmax and the gradient through it:
+      // exp is glibc's on the CPU and libdevice's on CUDA.
+      CHECK(bit_equal(c[0], g[0]));
+      CHECK(bit_equal(c[1], g[1]));
+      CHECK(bit_equal(c[4], g[4]));
+      CHECK(bit_equal(c[5], g[5]));
+      const double tol = dt == DType::f64 ? 1e-13 : dt == DType::f32 ? 1e-5 : 1e-2;
+      CHECK(max_abs_diff(c[2], g[2]) <= tol);
+      CHECK(max_abs_diff(c[3], g[3]) <= tol * 10);
+    }
+  }
+}
+
 // ---------------------------------------------------------------- embedding
 
 TEST_CASE("embedding: gather, repeated indices summed in order, padding_idx rows get zero gradient") {

@@ -23,27 +23,34 @@ using RowMat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>
 
 constexpr std::int64_t kRowBlock = 128;
 constexpr std::int64_t kParallelMacs = std::int64_t{1} << 22;
+// The fewest multiply-adds over all batches worth a thread team over batches.
+constexpr std::int64_t kParallelBatchMacs = std::int64_t{1} << 18;
 
+// Batches run in parallel (OpenMP over batches) when there are several and
+// each product is below the parallel size; otherwise each large product
+// runs its row blocks in parallel. Each batch computes the same blocks in
+// the same order either way, so results never depend on the thread count.
 template <class T>
 void gemm_native(const GemmShape& s, const T* a, const T* b, T* c, bool accumulate) {
   using Eigen::Index;
   const Index m = s.m, n = s.n, k = s.k;
-  for (std::int64_t i = 0; i < s.batch; ++i) {
-    Eigen::Map<const RowMat<T>> A(a + i * m * k, s.trans_a ? k : m, s.trans_a ? m : k);
-    Eigen::Map<const RowMat<T>> B(b + i * k * n, s.trans_b ? n : k, s.trans_b ? k : n);
+  const std::int64_t blocks = (m + kRowBlock - 1) / kRowBlock;
+  const bool large = blocks > 1 && m * n * k >= kParallelMacs;
+  auto one = [&](std::int64_t i, bool parallel_blocks) {
+    Eigen::Map<const RowMat<T>> A(a + (s.broadcast_a ? 0 : i * m * k), s.trans_a ? k : m, s.trans_a ? m : k);
+    Eigen::Map<const RowMat<T>> B(b + (s.broadcast_b ? 0 : i * k * n), s.trans_b ? n : k, s.trans_b ? k : n);
     Eigen::Map<RowMat<T>> C(c + i * m * n, m, n);
     if (k == 0) {
       if (!accumulate) C.setZero();
-      continue;
+      return;
     }
     auto run = [&](const auto& opa, const auto& opb) {
-      const std::int64_t blocks = (m + kRowBlock - 1) / kRowBlock;
       auto block = [&](std::int64_t blk) {
         const Index r0 = blk * kRowBlock, rows = std::min<Index>(kRowBlock, m - r0);
         if (accumulate) C.middleRows(r0, rows).noalias() += opa.middleRows(r0, rows) * opb;
         else C.middleRows(r0, rows).noalias() = opa.middleRows(r0, rows) * opb;
       };
-      if (blocks > 1 && m * n * k >= kParallelMacs) {
+      if (parallel_blocks) {
 #if defined(_OPENMP)
 #pragma omp parallel for schedule(static)
 #endif
@@ -56,6 +63,14 @@ void gemm_native(const GemmShape& s, const T* a, const T* b, T* c, bool accumula
     else if (!s.trans_a) run(A, B.transpose());
     else if (!s.trans_b) run(A.transpose(), B);
     else run(A.transpose(), B.transpose());
+  };
+  if (!large && s.batch > 1 && s.batch * m * n * std::max<Index>(k, 1) >= kParallelBatchMacs) {
+#if defined(_OPENMP)
+#pragma omp parallel for schedule(static)
+#endif
+    for (std::int64_t i = 0; i < s.batch; ++i) one(i, false);
+  } else {
+    for (std::int64_t i = 0; i < s.batch; ++i) one(i, large);
   }
 }
 

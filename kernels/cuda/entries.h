@@ -6,9 +6,11 @@
 // build without CUDA needs no definitions.
 #pragma once
 
+#include <cstdint>
 #include <vector>
 
 #include "qgrad/core/tensor.h"
+#include "qgrad/kernels/attention.h"
 #include "qgrad/kernels/conv.h"
 #include "qgrad/kernels/lerp.h"
 #include "qgrad/kernels/linalg.h"
@@ -27,6 +29,14 @@ void conv2d_forward(const Conv2dShape& s, const Tensor& x, const Tensor& weight,
 void conv2d_backward_input(const Conv2dShape& s, const Tensor& dy, const Tensor& weight, const Tensor& dx);
 void conv2d_backward_weight(const Conv2dShape& s, const Tensor& x, const Tensor& dy, const Tensor& dweight);
 
+// The exact int32 GEMM of the int8 kernels (quantized_linear, quantized_conv2d):
+// C[M, ldc] (s32, row-major) = A[M, lda] (s8) x W[N, ldw]^T (s8) over K, through
+// cuBLASLt's int8 tensor cores (kernels/cuda/lt_gemm.cuh: a library, not a
+// hand-written GEMM), with a dp4a fallback only for shapes cuBLASLt rejects.
+// K, lda, ldw multiples of 16, ldc of 4, 16-byte aligned pointers.
+void int8_gemm(int device, const std::int8_t* a, std::int64_t lda, const std::int8_t* w, std::int64_t ldw,
+               std::int32_t* c, std::int64_t ldc, std::int64_t M, std::int64_t N, std::int64_t K);
+
 // relu with its x > 0 mask in one pass, one warp ballot per mask word
 // (train_ops relu_fw; the generic loop would pack each word in one thread).
 void relu_masked(const Tensor& in, const Tensor& out, const Tensor& mask);
@@ -39,7 +49,16 @@ bool lerp_backward_vec(const LerpArgs& args, const Tensor& dy, const Tensor& da,
 
 // The multi-tensor optimizer step: one launch per 32 parameters
 // (train_ops sgd_momentum_step).
-void optim_step(const OptimizerHyper& hyper, const std::vector<OptimizerSlot>& slots);
+void optim_step(const OptimizerHyper& hyper, const std::vector<OptimizerSlot>& slots, const Tensor& grad_scale,
+                const Tensor& skip);
+// clip_grad_norm's multi-tensor reduction (one launch per 128 tensors, the
+// last block of each finishing it: formulas::NormKind's fixed order) and
+// scale (one launch per 128 tensors). Not a speed choice alone: the generic
+// loop has no multi-tensor reduction, and a launch per parameter is what
+// the fused path exists to avoid.
+void grad_norm(const std::vector<Tensor>& tensors, formulas::NormKind kind, double max_norm, const Tensor& total,
+               const Tensor& coef, const Tensor& nonfinite);
+void grad_scale(const std::vector<Tensor>& tensors, const Tensor& scale);
 
 // sum over rows longer than kSumThreadPerRowMax: a block per row (or per
 // fixed chunk), shared-memory tree (train step profile: sum_block_kernel).
@@ -55,6 +74,32 @@ void log_softmax_warp_rows(const Tensor& x, const Tensor& y, const AxisLayout& v
 void log_softmax_backward_warp_rows(const Tensor& y, const Tensor& dy, const Tensor& dx, const AxisLayout& v);
 void cross_entropy_forward_warp_rows(const Tensor& logits, const Tensor& labels, const Tensor& probs,
                                      const Tensor& row_loss);
+
+// layer_norm / rms_norm forward and input gradient, softmax forward and
+// backward along a contiguous last axis: one warp per row of at least
+// kNormWarpMin elements (kernels/cuda/norm_rows.cu), summing in
+// formulas::lane_sum's order, so the bits are those of the one-thread-per-row
+// loop (the CPU's). Shorter rows and strided softmax axes stay one index per
+// row (kernels/transformer.cpp); the weight and bias gradients too.
+inline constexpr std::int64_t kNormWarpMin = 32;
+inline bool use_norm_warp(std::int64_t d) { return d >= kNormWarpMin; }
+void layer_norm_warp_rows(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y, const Tensor& mean,
+                          const Tensor& rstd, std::int64_t d, double eps);
+void rms_norm_warp_rows(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& rstd, std::int64_t d,
+                        double eps);
+void norm_backward_warp_rows(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
+                             const Tensor& dy, const Tensor& dx, std::int64_t d);
+void softmax_warp_rows(const Tensor& x, const Tensor& y, std::int64_t n);
+void softmax_backward_warp_rows(const Tensor& y, const Tensor& dy, const Tensor& dx, std::int64_t n);
+
+// scaled_dot_product_attention's fused scale/mask/softmax(/dropout) row
+// kernel and its backward, one warp per row (kernels/cuda/attention.cu;
+// the CPU runs a row per index), and the dropout of the probabilities again.
+void attention_softmax_warp_rows(const Tensor& scores, const Tensor& mask, const Tensor& probs, const Tensor& attn,
+                                 const AttentionRows& a);
+void attention_softmax_backward_warp_rows(const Tensor& probs, const Tensor& dattn, const Tensor& dscores,
+                                          const Tensor& dlogits, const AttentionRows& a);
+void attention_dropout(const Tensor& probs, const Tensor& attn, const AttentionRows& a);
 
 // The stable sort of embedding's backward: sorted = keys (s64 [n]) in
 // increasing order, order = their positions, equal keys in increasing

@@ -37,7 +37,8 @@ void gemm_impl(const GemmShape& s, const Tensor& a, const Tensor& b, const Tenso
   const cublasOperation_t op_second = s.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;  // a
   const int ld_first = s.trans_b ? k : m;
   const int ld_second = s.trans_a ? n : k;
-  const long long stride_a = s.m * s.k, stride_b = s.k * s.n, stride_c = s.m * s.n;
+  const long long stride_a = s.broadcast_a ? 0 : s.m * s.k, stride_b = s.broadcast_b ? 0 : s.k * s.n;
+  const long long stride_c = s.m * s.n;
   const int batch = static_cast<int>(s.batch);
   const void* pa = a.data_ptr();
   const void* pb = b.data_ptr();

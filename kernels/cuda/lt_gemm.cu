@@ -21,18 +21,8 @@ struct LtPlan {
 
 using PlanKey = std::tuple<int, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t>;
 
-std::mutex g_mutex;
 std::map<int, cublasLtHandle_t> g_handles;  // per device, for the life of the process
 std::map<PlanKey, LtPlan> g_plans;
-
-cublasLtHandle_t handle_for(int device) {
-  auto it = g_handles.find(device);
-  if (it != g_handles.end()) return it->second;
-  cublasLtHandle_t h = nullptr;
-  if (cublasLtCreate(&h) != CUBLAS_STATUS_SUCCESS) throw Error("quantized_linear", "", "cublasLtCreate failed");
-  g_handles[device] = h;
-  return h;
-}
 
 LtPlan make_plan(cublasLtHandle_t h, std::int64_t lda, std::int64_t ldw, std::int64_t ldc, std::int64_t M,
                  std::int64_t N, std::int64_t K, std::size_t ws) {
@@ -63,6 +53,20 @@ LtPlan make_plan(cublasLtHandle_t h, std::int64_t lda, std::int64_t ldw, std::in
 
 }  // namespace
 
+std::mutex& lt_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+cublasLtHandle_t lt_handle(int device, const char* op) {
+  auto it = g_handles.find(device);
+  if (it != g_handles.end()) return it->second;
+  cublasLtHandle_t h = nullptr;
+  if (cublasLtCreate(&h) != CUBLAS_STATUS_SUCCESS) throw Error(op, "", "cublasLtCreate failed");
+  g_handles[device] = h;
+  return h;
+}
+
 bool lt_int8_gemm(int device, const std::int8_t* a, std::int64_t lda, const std::int8_t* w, std::int64_t ldw,
                   std::int32_t* c, std::int64_t ldc, std::int64_t M, std::int64_t N, std::int64_t K, void* workspace,
                   std::size_t workspace_bytes) {
@@ -70,8 +74,8 @@ bool lt_int8_gemm(int device, const std::int8_t* a, std::int64_t lda, const std:
   LtPlan plan;
   cublasLtHandle_t h = nullptr;
   {
-    std::lock_guard<std::mutex> lock(g_mutex);
-    h = handle_for(device);
+    std::lock_guard<std::mutex> lock(lt_mutex());
+    h = lt_handle(device, "quantized_linear");
     const PlanKey key{device, M, N, K, lda, ldw, ldc};
     auto it = g_plans.find(key);
     if (it == g_plans.end()) it = g_plans.emplace(key, make_plan(h, lda, ldw, ldc, M, N, K, workspace_bytes)).first;

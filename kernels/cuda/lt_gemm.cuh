@@ -14,12 +14,23 @@
 // algorithm for the shape or rejects it; the caller then runs the fallback.
 #pragma once
 
+#include <cublasLt.h>
+
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
 
 namespace qgrad::kernels::cuda {
 
 inline constexpr std::size_t kLtWorkspaceBytes = std::size_t(32) << 20;
+
+// The shared cuBLASLt state of the library's Lt GEMMs (this one and the FP8
+// GEMM of kernels/cuda/fp8_gemm.cu): one handle per device for the life of
+// the process, created on first use (a failure throws qgrad::Error naming
+// `op`). Call lt_handle and touch the callers' plan caches with lt_mutex()
+// held.
+std::mutex& lt_mutex();
+cublasLtHandle_t lt_handle(int device, const char* op);
 
 bool lt_int8_gemm(int device, const std::int8_t* a, std::int64_t lda, const std::int8_t* w, std::int64_t ldw,
                   std::int32_t* c, std::int64_t ldc, std::int64_t M, std::int64_t N, std::int64_t K, void* workspace,

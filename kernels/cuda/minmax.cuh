@@ -65,6 +65,39 @@ __device__ inline void slice_minmax(const T* x, std::int64_t channels, std::int6
                                     std::int64_t ch, std::int64_t part, std::int64_t parts, float& lo, float& hi) {
   // One outer slice (per tensor, or channels on axis 0) needs no division.
   const bool one_slice = count == inner;
+  if constexpr (sizeof(T) == 4) {
+    // f32 (the only 4-byte floating type) in one contiguous slice: 16-byte
+    // loads, four in flight per thread (scalar loads reached 55% of the copy
+    // rate, limited by load instructions); then the tail of < 4 elements.
+    const T* base = x + ch * inner;
+    if (one_slice && (reinterpret_cast<std::uintptr_t>(base) & 15u) == 0) {
+      const std::int64_t nv = count / 4, first = part * blockDim.x + threadIdx.x, stride = parts * blockDim.x;
+      const float4* v = reinterpret_cast<const float4*>(base);
+      constexpr int kUnroll = 4;
+      lo = INFINITY;
+      hi = -INFINITY;
+      for (std::int64_t k0 = first; k0 < nv; k0 += kUnroll * stride) {
+        float4 f[kUnroll];
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          const std::int64_t k = k0 + u * stride;
+          f[u] = v[k < nv ? k : k0];  // k0 < nv: a repeat changes neither min nor max
+        }
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          lo = formulas::min_combine(formulas::min_combine(lo, f[u].x), formulas::min_combine(f[u].y, f[u].z));
+          lo = formulas::min_combine(lo, f[u].w);
+          hi = formulas::max_combine(formulas::max_combine(hi, f[u].x), formulas::max_combine(f[u].y, f[u].z));
+          hi = formulas::max_combine(hi, f[u].w);
+        }
+      }
+      for (std::int64_t k = 4 * nv + first; k < count; k += stride) {
+        lo = formulas::min_combine(lo, static_cast<float>(base[k]));
+        hi = formulas::max_combine(hi, static_cast<float>(base[k]));
+      }
+      return;
+    }
+  }
   strided_minmax(
       part * blockDim.x + threadIdx.x, count, parts * blockDim.x,
       [&](std::int64_t k) {

@@ -12,6 +12,7 @@
 // success) run a SIMT dp4a fallback GEMM with the same int32 result.
 #include <algorithm>
 
+#include "qgrad/kernels/cuda/entries.h"
 #include "qgrad/kernels/cuda/launch.cuh"
 #include "qgrad/kernels/cuda/lt_gemm.cuh"
 #include "qgrad/kernels/formulas/qlinear.h"
@@ -67,13 +68,15 @@ struct ScaleArg {
 template <class T, int V>
 __global__ void epilogue_kernel(const std::int32_t* __restrict__ c, std::int64_t ldc, T* __restrict__ o,
                                 std::int64_t M, std::int64_t N, ScaleArg sa_arg, const float* __restrict__ sw,
-                                const op_math_t<T>* __restrict__ bias) {
+                                const op_math_t<T>* __restrict__ bias, const std::int32_t* __restrict__ za,
+                                const std::int32_t* __restrict__ wsum) {
   using Mt = op_math_t<T>;
   using CP = Pack<std::int32_t, V>;
   using OP = Pack<T, V>;
   const std::int64_t nvec = N / V;
   for (std::int64_t m = blockIdx.y; m < M; m += gridDim.y) {
     const Mt sa = sa_arg.at<Mt>(m);
+    const std::int32_t zm = za ? za[m] : 0;
     const CP* cr = reinterpret_cast<const CP*>(c + m * ldc);
     OP* orow = reinterpret_cast<OP*>(o + m * N);
     for (std::int64_t v = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; v < nvec;
@@ -83,7 +86,9 @@ __global__ void epilogue_kernel(const std::int32_t* __restrict__ c, std::int64_t
 #pragma unroll
       for (int e = 0; e < V; ++e) {
         const std::int64_t n = v * V + e;
-        out.v[e] = T(formulas::qlinear_epilogue<Mt>(acc.v[e], sa, Mt(sw[n]), bias ? bias[n] : Mt(0), bias != nullptr));
+        const Mt b = bias ? bias[n] : Mt(0);
+        out.v[e] = za ? T(formulas::qlinear_epilogue_zp<Mt>(acc.v[e], zm, wsum[n], sa, Mt(sw[n]), b, bias != nullptr))
+                      : T(formulas::qlinear_epilogue<Mt>(acc.v[e], sa, Mt(sw[n]), b, bias != nullptr));
       }
       orow[v] = out;
     }
@@ -108,18 +113,33 @@ void epilogue_impl(const Tensor& c, std::int64_t ldc, const QLinearEpilogue& ep,
   const Mt* bias = ep.bias.defined() ? static_cast<const Mt*>(ep.bias.data_ptr()) : nullptr;
   T* o = static_cast<T*>(out.data_ptr());
   const std::int32_t* cp = static_cast<const std::int32_t*>(c.data_ptr());
+  const std::int32_t* za = ep.za.defined() ? static_cast<const std::int32_t*>(ep.za.data_ptr()) : nullptr;
+  const std::int32_t* wsum = za ? static_cast<const std::int32_t*>(ep.wsum.data_ptr()) : nullptr;
   const bool vec = N % 4 == 0 && (reinterpret_cast<std::uintptr_t>(o) % (4 * sizeof(T))) == 0;
   const std::int64_t nvec = vec ? N / 4 : N;
   constexpr unsigned threads = 256;
   const unsigned gx = static_cast<unsigned>(std::min<std::int64_t>((nvec + threads - 1) / threads, 1024));
   const unsigned gy = static_cast<unsigned>(std::min<std::int64_t>(M, 65535));
   cudaStream_t s = ::qgrad::cuda::stream(out.device().index);
-  if (vec) epilogue_kernel<T, 4><<<dim3(gx, gy), threads, 0, s>>>(cp, ldc, o, M, N, sa, sw, bias);
-  else epilogue_kernel<T, 1><<<dim3(gx, gy), threads, 0, s>>>(cp, ldc, o, M, N, sa, sw, bias);
+  if (vec) epilogue_kernel<T, 4><<<dim3(gx, gy), threads, 0, s>>>(cp, ldc, o, M, N, sa, sw, bias, za, wsum);
+  else epilogue_kernel<T, 1><<<dim3(gx, gy), threads, 0, s>>>(cp, ldc, o, M, N, sa, sw, bias, za, wsum);
   QGRAD_LAUNCH_CHECK();
 }
 
 }  // namespace
+
+void int8_gemm(int device, const std::int8_t* a, std::int64_t lda, const std::int8_t* w, std::int64_t ldw,
+               std::int32_t* c, std::int64_t ldc, std::int64_t M, std::int64_t N, std::int64_t K) {
+  if (M <= 0 || N <= 0) return;
+  Tensor ws = Tensor::empty({static_cast<std::int64_t>(kLtWorkspaceBytes)},
+                            TensorOptions{}.with_device(Device::cuda(device)).with_dtype(DType::u8));
+  if (!lt_int8_gemm(device, a, lda, w, ldw, c, ldc, M, N, K, ws.data_ptr(), kLtWorkspaceBytes)) {
+    constexpr unsigned threads = 256;
+    fallback_gemm_kernel<<<::qgrad::cuda::blocks_for(M * N, threads), threads, 0, ::qgrad::cuda::stream(device)>>>(
+        a, lda, w, ldw, c, ldc, M, N, K);
+    QGRAD_LAUNCH_CHECK();
+  }
+}
 
 void qlinear(const Tensor& a, std::int64_t lda, std::int64_t K, const Tensor& w, const QLinearEpilogue& ep,
              const Tensor& out) {
@@ -142,16 +162,8 @@ void qlinear(const Tensor& a, std::int64_t lda, std::int64_t K, const Tensor& w,
   }
   const std::int64_t ldc = (N + 3) / 4 * 4;  // 16-byte rows: the epilogue's int4 loads
   Tensor c = Tensor::empty({M, ldc}, TensorOptions(on).with_dtype(DType::s32));
-  Tensor ws = Tensor::empty({static_cast<std::int64_t>(kLtWorkspaceBytes)}, TensorOptions(on).with_dtype(DType::u8));
-  const auto* ap = static_cast<const std::int8_t*>(a.data_ptr());
-  const auto* wp = static_cast<const std::int8_t*>(wpad.data_ptr());
-  auto* cp = static_cast<std::int32_t*>(c.data_ptr());
-  if (!lt_int8_gemm(d, ap, lda, wp, ldw, cp, ldc, M, N, lda, ws.data_ptr(), kLtWorkspaceBytes)) {
-    constexpr unsigned threads = 256;
-    fallback_gemm_kernel<<<::qgrad::cuda::blocks_for(M * N, threads), threads, 0, ::qgrad::cuda::stream(d)>>>(
-        ap, lda, wp, ldw, cp, ldc, M, N, lda);
-    QGRAD_LAUNCH_CHECK();
-  }
+  int8_gemm(d, static_cast<const std::int8_t*>(a.data_ptr()), lda, static_cast<const std::int8_t*>(wpad.data_ptr()),
+            ldw, static_cast<std::int32_t*>(c.data_ptr()), ldc, M, N, lda);
   dispatch_floating(out.dtype(), "quantized_linear",
                     [&](auto tag) { epilogue_impl<typename decltype(tag)::type>(c, ldc, ep, out); });
 }

@@ -6,44 +6,13 @@
 // Shorter or strided rows, and the gradients, are kernels/softmax.cpp.
 #include "qgrad/core/cuda/common.cuh"
 #include "qgrad/kernels/cuda/entries.h"
+#include "qgrad/kernels/cuda/warp_rows.cuh"
 #include "qgrad/kernels/formulas/softmax.h"
 #include "qgrad/kernels/softmax.h"
 
 namespace qgrad::kernels::cuda {
 
 namespace {
-
-template <class F>
-__global__ void warp_rows_kernel(std::int64_t rows, F f) {
-  const std::int64_t warps = (static_cast<std::int64_t>(gridDim.x) * blockDim.x) >> 5;
-  const int lane = static_cast<int>(threadIdx.x & 31u);
-  for (std::int64_t row = (static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5; row < rows;
-       row += warps)
-    f(row, lane);
-}
-
-// Runs f(row, lane) for every row, one full warp per row.
-template <class F>
-void launch_warp_rows(int device, std::int64_t rows, F f) {
-  if (rows <= 0) return;
-  constexpr unsigned threads = 256;
-  const unsigned blocks =
-      ::qgrad::cuda::blocks_for(rows * 32, threads, ::qgrad::cuda::fill_blocks(device, threads) * 4LL);
-  warp_rows_kernel<<<blocks, threads, 0, ::qgrad::cuda::stream(device)>>>(rows, f);
-  QGRAD_LAUNCH_CHECK();
-}
-
-template <class M>
-__device__ __forceinline__ M warp_sum(M v) {
-  for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
-  return v;
-}
-
-template <class M>
-__device__ __forceinline__ M warp_max(M v) {
-  for (int m = 16; m > 0; m >>= 1) v = formulas::max_nan(v, __shfl_xor_sync(0xffffffffu, v, m));
-  return __shfl_sync(0xffffffffu, v, 0);
-}
 
 // max and sum(exp(x - max)) of a contiguous row of n, across the warp.
 template <class T>

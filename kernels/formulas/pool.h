@@ -3,8 +3,10 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 
 #include "qgrad/core/half.h"
+#include "qgrad/kernels/formulas/dynamic_quant.h"
 
 namespace qgrad::formulas {
 
@@ -59,6 +61,49 @@ QGRAD_HD AvgWindow avg_pool_window(const Pool2dGeometry& g, std::int64_t oh, std
 QGRAD_HD std::int64_t adaptive_start(std::int64_t o, std::int64_t in, std::int64_t out) { return (o * in) / out; }
 QGRAD_HD std::int64_t adaptive_end(std::int64_t o, std::int64_t in, std::int64_t out) {
   return ((o + 1) * in + out - 1) / out;
+}
+
+// ---- integer (s8 / u8) pooling: PyTorch's quantized CPU kernels ----
+// An s8 / u8 tensor holds the quantized values of a tensor whose zero point
+// is 0 (symmetric qint8, or quint8 after a ReLU); the output keeps the
+// input's scale and zero point, so the scale cancels.
+
+// The smallest value of M (-inf for floating types, NaN aside).
+template <class M>
+QGRAD_HD M pool_lowest() {
+  if constexpr (std::numeric_limits<M>::has_infinity) return -std::numeric_limits<M>::infinity();
+  else return std::numeric_limits<M>::lowest();
+}
+template <class M>
+QGRAD_HD bool pool_is_nan(M v) {
+  if constexpr (std::numeric_limits<M>::has_quiet_NaN) return v != v;
+  else return false;
+}
+
+template <class Q>
+QGRAD_HD Q saturate_int(float r) {
+  constexpr float lo = static_cast<float>(std::numeric_limits<Q>::lowest());
+  constexpr float hi = static_cast<float>(std::numeric_limits<Q>::max());
+  return static_cast<Q>(r < lo ? lo : (r > hi ? hi : r));
+}
+
+// avg_pool2d (aten/src/ATen/native/quantized/cpu/AveragePool2d.cpp,
+// avg_pool2d_out_frame): the multiplier float(1.0 / divisor) rounded from
+// double, the int sum converted to float, one float product, rounded half to
+// even, clamped to Q.
+template <class Q>
+QGRAD_HD Q quantized_avg(std::int64_t sum, std::int64_t divisor) {
+  const float multiplier = static_cast<float>(1.0 / static_cast<double>(divisor));
+  return saturate_int<Q>(round_even(static_cast<float>(sum) * multiplier));
+}
+
+// adaptive_avg_pool2d (AdaptiveAveragePooling.cpp,
+// adaptive_avg_pool_single_out_frame): the multiplier (1.0f / kh) / kw in
+// float, then as above.
+template <class Q>
+QGRAD_HD Q quantized_adaptive_avg(std::int64_t sum, std::int64_t kh, std::int64_t kw) {
+  const float multiplier = (1.0f / static_cast<float>(kh)) / static_cast<float>(kw);
+  return saturate_int<Q>(round_even(static_cast<float>(sum) * multiplier));
 }
 
 }  // namespace qgrad::formulas

@@ -4,6 +4,7 @@
 // bit-identical.
 //
 //   y[m, n] = M(acc[m, n]) * (sa[m] * sw[n]) + bias[n]
+// (asymmetric per-token activations: acc - za[m] * wsum[n] in place of acc)
 //
 // M (the epilogue math type) is double when the output is f64, float
 // otherwise; sa, sw and bias are converted to M first (exactly, as they are
@@ -20,6 +21,18 @@ namespace qgrad::formulas {
 template <class M>
 QGRAD_HD M qlinear_epilogue(std::int32_t acc, M sa, M sw, M bias, bool has_bias) {
   const M v = static_cast<M>(acc) * (sa * sw);
+  return has_bias ? v + bias : v;
+}
+
+// Asymmetric per-token activations (a = q - za[m]): the zero point leaves
+// the integer GEMM as one correction, sum_k (q - za) w = acc - za * wsum[n]
+// with wsum[n] = sum_k w[n, k], exact in 64 bits, then the same epilogue:
+//   y[m, n] = M(acc - za[m] * wsum[n]) * (sa[m] * sw[n]) + bias[n]
+template <class M>
+QGRAD_HD M qlinear_epilogue_zp(std::int32_t acc, std::int32_t za, std::int32_t wsum, M sa, M sw, M bias,
+                               bool has_bias) {
+  const std::int64_t c = static_cast<std::int64_t>(acc) - static_cast<std::int64_t>(za) * wsum;
+  const M v = static_cast<M>(c) * (sa * sw);
   return has_bias ? v + bias : v;
 }
 

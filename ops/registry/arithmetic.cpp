@@ -158,8 +158,11 @@ void add_argument_errors(std::vector<OpEntry>& e) {
         {"matmul", "b", [=] { matmul(a, some({3, 2}, d, DType::f64)); }},
         {"matmul", "", [=] { matmul(a, some({2, 3}, d)); }},
         {"matmul", "a", [=] { matmul(some({3}, d), some({3, 2}, d)); }},
-        {"matmul", "a", [=] { matmul(some({1, 1, 2, 3}, d), some({1, 1, 3, 2}, d)); }},
-        {"matmul", "", [=] { matmul(some({2, 2, 3}, d), some({3, 3, 2}, d)); }}};
+        {"matmul", "b", [=] { matmul(some({2, 3}, d), some({3}, d)); }},
+        {"matmul", "", [=] { matmul(some({2, 2, 3}, d), some({3, 3, 2}, d)); }},
+        {"matmul", "", [=] { matmul(some({2, 1, 2, 3}, d), some({4, 3, 3, 2}, d)); }},
+        {"matmul", "a", [=] { matmul(some({1, 1, 1, 1, 1, 1, 1, 1, 2, 3}, d), some({3, 2}, d)); }},
+        {"matmul", "b", [=] { matmul(some({5, 2, 3}, d), some({5, 4, 2}, d)); }}};
   });
   extend_bad_inputs(e, "linear", [](Device d) {
     const Tensor a = some({2, 3}, d), u;
@@ -239,6 +242,22 @@ std::vector<OpEntry> arithmetic_entries() {
                                               {"matmul", "a", [=] { matmul(zeros({4}, on(d)), a); }},
                                               {"matmul", "b", [=] { matmul(a, zeros({4, 2}, on(d, DType::f64))); }}};
                }});
+  // Broadcast batch dims, one plan each: [2, 1, 3, 4] x [3, 4, 5] (both
+  // broadcast: copies), [3, 3, 4] x [4, 5] (b one matrix: one folded GEMM),
+  // [3, 4] x [2, 1, 4, 5] (a one matrix: batch stride 0), summed by broadcasting.
+  e.push_back({"matmul (broadcast batch)", {"matmul"}, kFloat,
+               [](Device d, DType dt, Generator& g) {
+                 return Tensors{normal({2, 1, 3, 4}, g, d, dt), normal({3, 4, 5}, g, d, dt), normal({3, 3, 4}, g, d, dt),
+                                normal({4, 5}, g, d, dt), normal({3, 4}, g, d, dt), normal({2, 1, 4, 5}, g, d, dt)};
+               },
+               [](const Tensors& v) {
+                 return Tensors{add(add(matmul(v[0], v[1]), matmul(v[2], v[3])), matmul(v[4], v[5]))};
+               },
+               gemm("cuBLAS GEMM"), GradMethod::finite_differences, {}, {}, [](Device d) {
+                 return std::vector<BadInput>{
+                     {"matmul", "", [=] { matmul(some({3, 2, 3}, d), some({2, 3, 2}, d)); }},
+                     {"matmul", "b", [=] { matmul(some({2, 2, 3}, d), some({2, 2, 2}, d)); }}};
+               }});
   for (const bool with_relu : {false, true}) {
     const char* name = with_relu ? "linear_relu" : "linear";
     e.push_back({name, {name}, kFloat,
@@ -274,6 +293,16 @@ std::vector<OpEntry> arithmetic_entries() {
                Promise::bit_identical(), GradMethod::finite_differences, {}, {}, [](Device d) {
                  return std::vector<BadInput>{{"relu", "x", [=] { relu(zeros({2}, on(d, DType::u8))); }},
                                               {"relu", "x", [] { relu(Tensor()); }}};
+               }});
+  // Inputs in [0.5, 2] (sqrt has no derivative at 0).
+  e.push_back({"sqrt", {"sqrt"}, kFloat,
+               [](Device d, DType dt, Generator& g) { return Tensors{leaf(rand({3, 5}, g, on(d, dt), 0.5, 2.0))}; },
+               [](const Tensors& v) { return Tensors{sqrt(v[0])}; }, Promise::bit_identical(),
+               GradMethod::finite_differences, {}, {}, [non_float = std::vector<DType>{DType::s8, DType::u8, DType::s32,
+                                                                                     DType::s64, DType::boolean}](Device d) {
+                 std::vector<BadInput> c{{"sqrt", "x", [] { sqrt(Tensor()); }}};
+                 for (DType dt : non_float) c.push_back({"sqrt", "x", [=] { sqrt(zeros({2}, on(d, dt))); }});
+                 return c;
                }});
   e.push_back({"sum", {"sum"}, kFloat, one_operand({3, 4}),
                [](const Tensors& v) { return Tensors{add(sum(v[0], 1), sum(v[0]))}; }, summation_order("sum order"),

@@ -4,6 +4,8 @@
 // (docs/ops.md, "Int4 and FP8").
 #include <algorithm>
 #include <cmath>
+#include <limits>
+#include <tuple>
 
 #include "qgrad/ops/ops.h"
 #include "qgrad/ops/registry.h"
@@ -364,6 +366,63 @@ std::vector<OpEntry> lowbit_entries() {
                Promise::bit_identical(), GradMethod::none, {}, {}, [](Device d) {
                  return std::vector<BadInput>{
                      {"rand", "dtype", [=] { Generator g; rand({4}, g, on(d, DType::s4)); }}};
+               }});
+  // choose_qparams_affine: torchao's choose_qparams_affine with an explicit
+  // range and eps over every scope (per token asymmetric int8 with eps
+  // FLT_EPSILON: the 8da4w activation qparams). Rows: all zero (scale = eps),
+  // tiny (the eps floor binds), all positive, all negative, +-0, random.
+  e.push_back({"choose_qparams_affine", {"choose_qparams_affine"}, kFloat,
+               [](Device d, DType dt, Generator& g) {
+                 Tensor x = randn({6, 64}, g, on(Device::cpu(), DType::f64), 0.0, 2.0);
+                 std::vector<double> v = x.to_vector<double>();
+                 for (std::size_t i = 0; i < 64; ++i) {
+                   v[i] = 0.0;                                        // row 0: all zero
+                   v[64 + i] = 1e-6 * static_cast<double>(i % 7);     // row 1: range < 255 * eps
+                   v[128 + i] = std::fabs(v[128 + i]) + 0.25;         // row 2: all positive
+                   v[192 + i] = -std::fabs(v[192 + i]) - 0.25;        // row 3: all negative
+                 }
+                 v[3] = -0.0;
+                 v[260] = -0.0;
+                 return Tensors{Tensor::from_vector(v, {6, 64}).to(dt).to(d)};
+               },
+               [](const Tensors& v) {
+                 Tensors out;
+                 const float eps = std::numeric_limits<float>::epsilon();
+                 for (const auto& [scope, mode, lo, hi, ep] :
+                      {std::tuple{QuantScope::per_token(), QuantMode::asymmetric, -128, 127, static_cast<double>(eps)},
+                       std::tuple{QuantScope::per_token(), QuantMode::symmetric, -128, 127, 1e-5},
+                       std::tuple{QuantScope::per_group(-1, 32), QuantMode::symmetric, -8, 7, 1e-6},
+                       std::tuple{QuantScope::per_group(-1, 16), QuantMode::asymmetric, 0, 15, 1e-6},
+                       std::tuple{QuantScope::per_channel(1), QuantMode::asymmetric, 0, 255, 1e-8},
+                       std::tuple{QuantScope::per_tensor(), QuantMode::asymmetric, -128, 127, static_cast<double>(eps)}}) {
+                   const AffineQparams q = choose_qparams_affine(v[0], scope, mode, lo, hi, ep);
+                   out.push_back(q.scale);
+                   out.push_back(q.zero_point);
+                 }
+                 return out;
+               },
+               Promise::bit_identical(), GradMethod::none, {}, {},
+               [](Device d) {
+                 const char* op = "choose_qparams_affine";
+                 const Tensor x = some({4, 64}, d);
+                 const auto tok = QuantScope::per_token();
+                 const auto asym = QuantMode::asymmetric;
+                 return std::vector<BadInput>{
+                     {op, "x", [=] { choose_qparams_affine(Tensor(), tok, asym, -128, 127, 1e-7); }},
+                     {op, "x", [=] { choose_qparams_affine(some({4, 64}, d, DType::s8), tok, asym, -128, 127, 1e-7); }},
+                     {op, "x", [=] { choose_qparams_affine(Tensor::scalar(1.0f, d), tok, asym, -128, 127, 1e-7); }},
+                     {op, "mode", [=] { choose_qparams_affine(x, tok, static_cast<QuantMode>(5), -128, 127, 1e-7); }},
+                     {op, "qmax", [=] { choose_qparams_affine(x, tok, asym, 127, -128, 1e-7); }},
+                     {op, "qmax", [=] { choose_qparams_affine(x, tok, asym, 3, 3, 1e-7); }},
+                     {op, "qmin", [=] { choose_qparams_affine(x, tok, asym, -(std::int64_t{1} << 40), 127, 1e-7); }},
+                     {op, "qmax", [=] { choose_qparams_affine(x, tok, asym, 0, std::int64_t{1} << 25, 1e-7); }},
+                     {op, "eps", [=] { choose_qparams_affine(x, tok, asym, -128, 127, 0.0); }},
+                     {op, "eps", [=] { choose_qparams_affine(x, tok, asym, -128, 127, -1e-7); }},
+                     {op, "eps", [=] { choose_qparams_affine(x, tok, asym, -128, 127, NAN); }},
+                     {op, "eps", [=] { choose_qparams_affine(x, tok, asym, -128, 127, 1e-45); }},
+                     {op, "group_size", [=] { choose_qparams_affine(x, QuantScope::per_group(-1, 48), asym, -8, 7, 1e-6); }},
+                     {op, "scope", [=] { choose_qparams_affine(x, QuantScope::per_group(0, 2), asym, -8, 7, 1e-6); }},
+                     {op, "axis", [=] { choose_qparams_affine(x, QuantScope::per_channel(2), asym, -8, 7, 1e-6); }}};
                }});
   return e;
 }

@@ -194,7 +194,7 @@ std::vector<OpEntry> pool_norm_entries() {
     const Tensor x = some({2, 3, 5, 5}, d);
     std::vector<BadInput> c{{op, "x", [] { adaptive_avg_pool2d(Tensor(), 1); }},
                             {op, "x", [=] { adaptive_avg_pool2d(some({3, 5, 5}, d), 1); }},
-                            {op, "x", [=] { adaptive_avg_pool2d(some({2, 3, 5, 5}, d, DType::s8), 1); }},
+                            {op, "x", [=] { adaptive_avg_pool2d(some({2, 3, 5, 5}, d, DType::s32), 1); }},
                             {op, "x", [=] { adaptive_avg_pool2d(some({2, 0, 5, 5}, d), 1); }},
                             {op, "output_size", [=] { adaptive_avg_pool2d(x, 0); }},
                             {op, "output_size", [=] { adaptive_avg_pool2d(x, {2, -1}); }}};
@@ -216,6 +216,39 @@ std::vector<OpEntry> pool_norm_entries() {
                [](const Tensors& v) { return Tensors{adaptive_avg_pool2d(v[0], 1)}; },
                summation_order("block reduction of planes > 128 elements on CUDA"), GradMethod::finite_differences,
                {}, {}, nullptr});
+
+  // s8 / u8 (forward only): the full range of the dtype, ties (few distinct
+  // values), max with indices; averages with PyTorch's quantized rounding
+  // (half to even at exact halves: 2 x 2 windows), count_include_pad on and
+  // off, ceil_mode, uneven adaptive windows and global pooling.
+  const auto int8_values = [](const Shape& shape, Generator& g, Device d, DType dt) {
+    return dt == DType::s8 ? randint(-128, 128, shape, g, on(d, dt)) : randint(0, 256, shape, g, on(d, dt));
+  };
+  e.push_back({"max_pool2d (s8, u8)", {"max_pool2d", "max_pool2d_with_indices"}, {DType::s8, DType::u8},
+               [int8_values](Device d, DType dt, Generator& g) {
+                 return Tensors{int8_values({2, 3, 7, 8}, g, d, dt),
+                                randint(0, 3, {1, 2, 6, 6}, g, on(d, dt))};  // ties
+               },
+               [](const Tensors& v) {
+                 const MaxPool2dResult r = max_pool2d_with_indices(v[0], {3, 2}, Size2{2, 1}, {1, 1}, 1, true);
+                 const MaxPool2dResult t = max_pool2d_with_indices(v[1], 3, Size2{1, 2}, 1, 2, false);
+                 return Tensors{max_pool2d(v[0], 2), r.output, r.indices, t.output, t.indices};
+               },
+               Promise::bit_identical(), GradMethod::none, {}, {}, nullptr});
+  e.push_back({"avg_pool2d (s8, u8)", {"avg_pool2d"}, {DType::s8, DType::u8},
+               [int8_values](Device d, DType dt, Generator& g) { return Tensors{int8_values({2, 3, 7, 8}, g, d, dt)}; },
+               [](const Tensors& v) {
+                 return Tensors{avg_pool2d(v[0], 3, Size2{2}, 1, true, true), avg_pool2d(v[0], 3, Size2{2}, 1, true, false),
+                                avg_pool2d(v[0], 2), avg_pool2d(v[0], {2, 3}, Size2{1, 2}, {1, 0}, false, false)};
+               },
+               Promise::bit_identical(), GradMethod::none, {}, {}, nullptr});
+  e.push_back({"adaptive_avg_pool2d (s8, u8)", {"adaptive_avg_pool2d"}, {DType::s8, DType::u8},
+               [int8_values](Device d, DType dt, Generator& g) { return Tensors{int8_values({2, 3, 7, 9}, g, d, dt)}; },
+               [](const Tensors& v) {
+                 return Tensors{adaptive_avg_pool2d(v[0], {3, 4}), adaptive_avg_pool2d(v[0], 1),
+                                adaptive_avg_pool2d(v[0], {5, 11})};
+               },
+               Promise::bit_identical(), GradMethod::none, {}, {}, nullptr});
 
   // Training: batch statistics, running statistics updated (compared across
   // devices too), the full backward through the statistics.

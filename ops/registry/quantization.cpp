@@ -220,7 +220,12 @@ void add_argument_errors(std::vector<OpEntry>& e) {
         {op, "act", [=] { ql(x, wq, ws, Tensor(), ActivationQuant::fixed(s1, z0, 5, 5)); }},
         {op, "act", [=] { ql(x, wq, ws, Tensor(), ActivationQuant::fixed(s1, z0, -300, 0)); }},
         {op, "act", [=] { ql(x, wq, ws, Tensor(), ActivationQuant::fixed(s1, s32_on({300}, d), 0, 255)); }, true},
-        {op, "act", [=] { ql(x, wq, ws, Tensor(), ActivationQuant::fixed(sc, z0, -127, 127)); }}};
+        {op, "act", [=] { ql(x, wq, ws, Tensor(), ActivationQuant::fixed(sc, z0, -127, 127)); }},
+        {op, "act", [=] {
+           ActivationQuant a = ActivationQuant::dynamic(QuantMode::asymmetric);
+           a.weight_row_sums = s32_on({0, 0}, d);
+           ql(x, wq, ws, Tensor(), a);
+         }}};
   });
 }
 
@@ -494,7 +499,8 @@ std::vector<OpEntry> quantization_entries() {
                [](const Tensors& v) {
                  const Tensor x = v[0].detach();
                  return Tensors{quantized_linear(x, v[1], v[2], v[3].detach(), ActivationQuant::dynamic()),
-                                quantized_linear(x, v[1], v[2], Tensor(), ActivationQuant::fixed(v[4], v[5], -127, 127))};
+                                quantized_linear(x, v[1], v[2], Tensor(), ActivationQuant::fixed(v[4], v[5], -127, 127)),
+                                quantized_linear(x, v[1], v[2], v[3].detach(), ActivationQuant::dynamic(QuantMode::asymmetric))};
                },
                Promise::bit_identical(), GradMethod::none, {}, {}, [](Device d) {
                  Tensor x = zeros({5, 32}, on(d)), w = zeros({24, 32}, on(d, DType::s8)), s = full({24}, 0.01, on(d));

@@ -10,8 +10,9 @@ namespace qgrad::registry {
 const std::vector<OpEntry>& op_registry() {
   static const std::vector<OpEntry> entries = [] {
     std::vector<OpEntry> all;
-    for (auto family : {arithmetic_entries, quantization_entries, lowbit_entries, state_entries, pool_norm_entries,
-                        transformer_entries, conv_entries})
+    for (auto family : {arithmetic_entries, quantization_entries, lowbit_entries, lowbit_linear_entries,
+                        state_entries, pool_norm_entries, transformer_entries, shape_entries, conv_entries,
+                        quantized_conv_entries, fp8_linear_entries})
       for (OpEntry& e : family()) all.push_back(std::move(e));
     return all;
   }();

@@ -38,6 +38,13 @@ std::vector<OpEntry> state_entries() {
                  adamw.weight_decay = 0.01;
                  optimizer_step_(adamw, {{v[3], v[4], v[5], v[6], 1, false}});
                  optimizer_step_(adamw, {{v[3], v[4], v[5], v[6], 2, false}});
+                 // With a device grad scale (the clip coefficient), then a
+                 // step skipped by a set flag.
+                 const Tensor scale = full({1}, 0.375, on(v[0].device(), v[0].dtype()));
+                 const Tensor skip = full({1}, 1.0, on(v[0].device(), DType::s32));
+                 optimizer_step_(sgd, {{v[0], v[1], v[2], Tensor(), 3, false}}, scale);
+                 optimizer_step_(adamw, {{v[3], v[4], v[5], v[6], 3, false}}, scale, zeros_like(skip));
+                 optimizer_step_(adamw, {{v[3], v[4], v[5], v[6], 4, false}}, scale, skip);
                  return Tensors{v[0], v[2], v[3], v[5], v[6]};
                },
                Promise::bit_identical(), GradMethod::none, {}, {}, [](Device d) {
@@ -48,7 +55,53 @@ std::vector<OpEntry> state_entries() {
                      {"optimizer_step_", "lr", [=] { optimizer_step_(bad_lr, {{p, gr, Tensor(), Tensor(), 1, false}}); }},
                      {"optimizer_step_", "buf1", [=] { optimizer_step_(sgd, {{p, gr, Tensor(), Tensor(), 1, true}}); }},
                      {"optimizer_step_", "grad", [=] { optimizer_step_(sgd, {{p, zeros({4}, on(d)), zeros({3}, on(d)), Tensor(), 1, false}}); }},
-                     {"optimizer_step_", "step", [=] { optimizer_step_(sgd, {{p, gr, zeros({3}, on(d)), Tensor(), 0, false}}); }}};
+                     {"optimizer_step_", "step", [=] { optimizer_step_(sgd, {{p, gr, zeros({3}, on(d)), Tensor(), 0, false}}); }},
+                     {"optimizer_step_", "grad_scale",
+                      [=] { optimizer_step_(sgd, {{p, gr, zeros({3}, on(d)), Tensor(), 1, true}}, zeros({1}, on(d, DType::f64))); }},
+                     {"optimizer_step_", "grad_scale",
+                      [=] { optimizer_step_(sgd, {{p, gr, zeros({3}, on(d)), Tensor(), 1, true}}, zeros({2}, on(d))); }},
+                     {"optimizer_step_", "skip",
+                      [=] { optimizer_step_(sgd, {{p, gr, zeros({3}, on(d)), Tensor(), 1, true}}, Tensor(), zeros({1}, on(d))); }}};
+               }});
+  // The global norm of clip_grad_norm in its three orders over tensors of
+  // one chunk, two chunks, 34 chunks (step 2 folds lanes) and none, the
+  // clip coefficient (clipping, not clipping, zero max_norm), the in-place
+  // scale, and a non-finite total (inf: coefficient 0, the flag set).
+  e.push_back({"grad_norm, grad_scale_", {"grad_norm", "grad_scale_"}, kFloat,
+               [](Device d, DType dt, Generator& g) {
+                 return Tensors{plain({70, 70}, g, d, dt), plain({5, 3}, g, d, dt, 10.0), zeros({0}, on(d, dt)),
+                                plain({300, 451}, g, d, dt, 0.01), plain({1}, g, d, dt)};
+               },
+               [](const Tensors& v) {
+                 const Device d = v[0].device();
+                 const Tensors gs{v[0], v[1], v[2], v[3], v[4]};
+                 Tensor flag = zeros({1}, on(d, DType::s32));
+                 const GradNorm l2 = grad_norm(gs, 5.0, 2.0, flag);
+                 const GradNorm l1 = grad_norm(gs, 1e9, 1.0);
+                 const GradNorm linf = grad_norm(gs, 0.0, INFINITY, flag);
+                 const GradNorm big = grad_norm({v[3]}, 0.5);
+                 Tensor inf = full({4}, INFINITY, on(d, v[0].dtype()));
+                 const GradNorm bad = grad_norm({v[1], inf}, 1.0, 2.0, flag);
+                 grad_scale_(gs, l2.clip_coef);
+                 return Tensors{l2.total_norm, l2.clip_coef, l1.total_norm, l1.clip_coef, linf.total_norm,
+                                linf.clip_coef, big.total_norm, big.clip_coef, bad.total_norm, bad.clip_coef,
+                                flag, v[0], v[1], v[3], v[4]};
+               },
+               Promise::bit_identical(), GradMethod::none, {}, {}, [](Device d) {
+                 Tensor a = zeros({3}, on(d)), b = zeros({2, 2}, on(d));
+                 Tensor one = full({1}, 0.5, on(d));
+                 return std::vector<BadInput>{
+                     {"grad_norm", "grads", [=] { grad_norm({}, 1.0); }},
+                     {"grad_norm", "grads", [=] { grad_norm({a, b.to(DType::f64)}, 1.0); }},
+                     {"grad_norm", "grads", [=] { grad_norm({zeros({3}, on(d, DType::s32))}, 1.0); }},
+                     {"grad_norm", "grads", [=] { grad_norm({a, Tensor()}, 1.0); }},
+                     {"grad_norm", "norm_type", [=] { grad_norm({a, b}, 1.0, 3.0); }},
+                     {"grad_norm", "max_norm", [=] { grad_norm({a, b}, -1.0); }},
+                     {"grad_norm", "max_norm", [=] { grad_norm({a, b}, NAN); }},
+                     {"grad_norm", "nonfinite", [=] { grad_norm({a, b}, 1.0, 2.0, zeros({1}, on(d))); }},
+                     {"grad_scale_", "scale", [=] { grad_scale_({a, b}, zeros({2}, on(d))); }},
+                     {"grad_scale_", "scale", [=] { grad_scale_({a, b}, one.to(DType::f64)); }},
+                     {"grad_scale_", "tensors", [=] { grad_scale_({a, b.to(DType::f64)}, one); }}};
                }});
   // The observer updates: per tensor with a moving average, per channel as
   // running min/max, then the qparams; SmoothQuant's absmax.

@@ -1,5 +1,5 @@
 // Registry entries: the transformer ops (gelu, silu, softmax, layer_norm,
-// rms_norm, embedding, dropout).
+// rms_norm, embedding, dropout) and scaled_dot_product_attention.
 #include <cmath>
 #include <limits>
 
@@ -236,6 +236,65 @@ std::vector<OpEntry> transformer_entries() {
     return y;
   };
   e.push_back(drop);
+  // q [2, 2, 3, 4], k [2, 2, 5, 4], v [2, 2, 5, 3] with an additive mask
+  // [3, 5] (a leaf: its gradient is checked) and dropout 0.3 from a fixed
+  // seed, plus a causal call with its own scale; extra outputs: a boolean
+  // mask [2, 1, 1, 5] broadcast over heads and queries that hides every key
+  // of the second batch (zero rows), and causal with L > S.
+  e.push_back({"scaled_dot_product_attention", {"scaled_dot_product_attention"}, kFloat,
+               [](Device d, DType dt, Generator& g) {
+                 return Tensors{normal({2, 2, 3, 4}, g, d, dt), normal({2, 2, 5, 4}, g, d, dt),
+                                normal({2, 2, 5, 3}, g, d, dt), normal({3, 5}, g, d, dt)};
+               },
+               [](const Tensors& v) {
+                 const Device d = v[0].device();
+                 Generator g(kDropoutSeed);
+                 Tensor y = add(scaled_dot_product_attention(v[0], v[1], v[2], v[3], false, std::nullopt, kDropoutP, g),
+                                scaled_dot_product_attention(v[0], v[1], v[2], Tensor(), true, 0.7));
+                 const Tensor keep = Tensor::from_vector<bool>({true, false, true, true, false, false, false, false,
+                                                                false, false},
+                                                               {2, 1, 1, 5}, d);
+                 Tensor masked = scaled_dot_product_attention(v[0].detach(), v[1].detach(), v[2].detach(), keep);
+                 Tensor tall = scaled_dot_product_attention(v[1].detach(), v[0].detach(), v[0].detach(), Tensor(), true);
+                 return Tensors{y, masked, tall};
+               },
+               Promise::within(1e-12, 1e-5, 1e-2, 6e-2, "cuBLAS GEMMs and exp (glibc / libdevice)"),
+               GradMethod::finite_differences, {}, {}, [](Device d) {
+                 const char* op = "scaled_dot_product_attention";
+                 const Tensor q = some({2, 2, 3, 4}, d), k = some({2, 2, 5, 4}, d), v = some({2, 2, 5, 3}, d), u;
+                 auto f = [=](const Tensor& m) { scaled_dot_product_attention(q, k, v, m); };
+                 std::vector<BadInput> c{
+                     {op, "q", [=] { scaled_dot_product_attention(u, k, v); }},
+                     {op, "k", [=] { scaled_dot_product_attention(q, u, v); }},
+                     {op, "v", [=] { scaled_dot_product_attention(q, k, u); }},
+                     {op, "q", [=] { scaled_dot_product_attention(some({4}, d), some({4}, d), some({4}, d)); }},
+                     {op, "k", [=] { scaled_dot_product_attention(q, some({2, 5, 4}, d), v); }},
+                     {op, "k", [=] { scaled_dot_product_attention(q, some({2, 3, 5, 4}, d), v); }},
+                     {op, "k", [=] { scaled_dot_product_attention(q, some({2, 2, 5, 3}, d), v); }},
+                     {op, "k", [=] { scaled_dot_product_attention(q, some({2, 2, 5, 4}, d, DType::f64), v); }},
+                     {op, "v", [=] { scaled_dot_product_attention(q, k, some({2, 2, 4, 3}, d)); }},
+                     {op, "v", [=] { scaled_dot_product_attention(q, k, some({1, 2, 5, 3}, d)); }},
+                     {op, "attn_mask", [=] { f(some({3, 4}, d)); }},
+                     {op, "attn_mask", [=] { f(some({5, 3}, d)); }},
+                     {op, "attn_mask", [=] { f(some({3, 2, 3, 5}, d)); }},
+                     {op, "attn_mask", [=] { f(some({1, 2, 2, 3, 5}, d)); }},
+                     {op, "attn_mask", [=] { f(some({3, 5}, d, DType::s32)); }},
+                     {op, "attn_mask", [=] { f(some({3, 5}, d, DType::f64)); }},
+                     {op, "dropout_p", [=] { scaled_dot_product_attention(q, k, v, u, false, std::nullopt, -0.1); }},
+                     {op, "dropout_p", [=] { scaled_dot_product_attention(q, k, v, u, false, std::nullopt, 1.5); }},
+                     {op, "dropout_p", [=] { scaled_dot_product_attention(q, k, v, u, false, std::nullopt, kNaN); }},
+                     {op, "scale", [=] { scaled_dot_product_attention(q, k, v, u, false, kNaN); }},
+                     {op, "scale", [=] { scaled_dot_product_attention(q, k, v, u, false, kInf); }}};
+                 for (DType dt : kNonFloat) {
+                   c.push_back({op, "q", [=] { scaled_dot_product_attention(some({2, 3, 4}, d, dt), k, v); }});
+                 }
+                 Device o;
+                 if (other_device(d, o)) {
+                   c.push_back({op, "v", [=] { scaled_dot_product_attention(q, k, v.to(o)); }});
+                   c.push_back({op, "attn_mask", [=] { f(some({3, 5}, o)); }});
+                 }
+                 return c;
+               }});
   return e;
 }
 

@@ -1,5 +1,7 @@
-# Runs qgrad-qat-mlp twice on 2000 training / 2000 test images (1 float +
-# 1 QAT epoch) on DEVICE (default cpu) and checks its outputs; see CMakeLists.txt.
+# Runs a QAT example (EXE: qgrad-qat-mlp, qgrad-qat-cnn) twice on 2000
+# training / 2000 test images (1 float + 1 QAT epoch, plus the example's
+# EXTRA arguments, ';'-separated) on DEVICE (default cpu) and checks its
+# outputs; see examples/qat_mlp/CMakeLists.txt.
 set(data /usr/share/datasets/fashion-mnist)
 if(NOT EXISTS ${data}/train-images-idx3-ubyte.gz)
   message("SKIPPED: Fashion-MNIST is not installed at ${data}")
@@ -24,7 +26,7 @@ foreach(run a b)
     set(fmt svg)
   endif()
   execute_process(COMMAND ${EXE} --epochs 1 --qat-epochs 1 --limit-train 2000 --limit-test 2000 --seed 3
-                          --device ${DEVICE} --data ${data} --out ${OUT}/${run} --plot-format ${fmt}
+                          --device ${DEVICE} --data ${data} --out ${OUT}/${run} --plot-format ${fmt} ${EXTRA}
                   RESULT_VARIABLE rc OUTPUT_VARIABLE log ERROR_VARIABLE log)
   if(NOT rc EQUAL 0)
     message(FATAL_ERROR "run ${run} failed (${rc}):\n${log}")
@@ -71,4 +73,4 @@ string(JSON agree GET "${json_a}" int8_vs_qat_agreement)
 if(agree LESS 0.99)
   message(FATAL_ERROR "int8 agrees with the fake-quant model on only ${agree}")
 endif()
-message("qat_mlp smoke: outputs present; report.json (apart from timing) and all three checkpoints identical")
+message("${NAME} smoke: outputs present; report.json (apart from timing) and all three checkpoints identical")

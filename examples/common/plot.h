@@ -1,4 +1,4 @@
-// Plots for qgrad-qat-mlp: line charts (loss / accuracy per epoch) and a
+// Plots for the QAT examples (qgrad-qat-mlp, qgrad-qat-cnn): line charts (loss / accuracy per epoch) and a
 // histogram with vertical grid lines (weights against their int8 grid).
 // PNG through gnuplot when it is on PATH (a .gp script and .dat data are
 // written next to the image and gnuplot runs through posix_spawnp, no
@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-namespace qat_mlp {
+namespace qgrad_examples {
 
 struct Series {
   std::string label;
@@ -38,4 +38,4 @@ bool on_path(const std::string& program);
 std::string plot_lines(const LineChart& chart, const std::string& stem, PlotFormat format);
 std::string plot_histogram(const Histogram& hist, const std::string& stem, PlotFormat format);
 
-}  // namespace qat_mlp
+}  // namespace qgrad_examples

@@ -14,7 +14,7 @@
 
 extern char** environ;
 
-namespace qat_mlp {
+namespace qgrad_examples {
 
 namespace {
 
@@ -260,4 +260,4 @@ std::string plot_histogram(const Histogram& h, const std::string& stem, PlotForm
   return stem + ".svg";
 }
 
-}  // namespace qat_mlp
+}  // namespace qgrad_examples

@@ -1,0 +1,203 @@
+// bench_lowbit: the int4 linear layers (ops/lowbit_linear.h) against bf16
+// cuBLAS and the W8A8 quantized_linear, in one run. JSON lines; the "case"
+// keys match bench/peer_lowbit.py (PyTorch), run side by side on the same
+// machine.
+//
+//   case w4a16_<M>x<N>x<K>   impl qgrad (linear_w4a16, bf16 x/out, s4 groups of 128),
+//                            impl qgrad_g32 (groups of 32), impl qgrad_u4 (u4 + zero points, groups of 128),
+//                            impl qgrad_kernel_back_to_back (the s4 g128 kernel alone, 24 launches
+//                            back to back into a preallocated output: kernel time without the op's host
+//                            work, which the per-call rows include when it is the longer),
+//                            impl cublas_bf16 (cublasGemmEx bf16, f32 accumulate, the same shape);
+//                            gbs = packed weight + scale bytes / time (the bytes that must move),
+//                            copy_fraction against the device-to-device copy of this run,
+//                            speedup_vs_cublas_bf16
+//   case w4a8_<M>x<N>x<K>    impl qgrad (linear_w4a8 per channel, symmetric activations, bf16 x/out:
+//                            widen + cuBLASLt int8 + epilogue), impl qgrad_widen (the s4 -> s8 widening
+//                            alone: the per-call cost over W8A8), impl qgrad_cached (linear_w4a8 given
+//                            the widened weight w_s8: no widening; extra_bytes = N K kept), impl qgrad_w8a8 (quantized_linear,
+//                            dynamic per token, bf16 out), impl qgrad_g128_asym / qgrad_g32_asym
+//                            (8da4w: grouped kernel, asymmetric activations), impl cublas_bf16
+// TOPS = 2 M N K / time.
+#include <cstdio>
+#include <string>
+#include <tuple>
+
+#include "bench_common.h"
+
+#if QGRAD_WITH_CUDA
+#include <cublas_v2.h>
+
+#include "qgrad/kernels/lowbit_linear.h"
+#endif
+
+using namespace qgrad;
+using namespace qgrad::bench;
+
+namespace {
+
+#if QGRAD_WITH_CUDA
+TensorOptions cuda_opts(DType dt) { return TensorOptions{}.with_device(Device::cuda()).with_dtype(dt); }
+
+Tensor int4_weight(std::int64_t N, std::int64_t K, Generator& g, DType qtype) {
+  const bool s = qtype == DType::s4;
+  return randint(s ? -8 : 0, s ? 8 : 16, {N, K}, g, cuda_opts(DType::s32)).to(qtype);
+}
+
+void emit_row(const char* bench_case, const char* impl, std::int64_t M, std::int64_t N, std::int64_t K,
+              const Timing& t, const std::string& extra) {
+  const double tops = 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K) /
+                      (t.median_ms * 1e-3) / 1e12;
+  char line[768];
+  std::snprintf(line, sizeof line,
+                "{\"bench\":\"lowbit\",\"case\":\"%s_%lldx%lldx%lld\",\"impl\":\"%s\",\"ms\":%.4f,\"min_ms\":%.4f,"
+                "\"tops\":%.2f%s}",
+                bench_case, static_cast<long long>(M), static_cast<long long>(N), static_cast<long long>(K), impl,
+                t.median_ms, t.min_ms, tops, extra.c_str());
+  emit(line);
+}
+
+Timing time_cublas_bf16(cublasHandle_t h, const Tensor& x, const Tensor& wb, const Tensor& yb, int reps) {
+  const std::int64_t M = x.size(0), K = x.size(1), N = wb.size(0);
+  const float one = 1.0f, zero = 0.0f;
+  QGRAD_CHECK(cublasSetStream(h, qgrad::cuda::stream(0)) == CUBLAS_STATUS_SUCCESS, "bench", "", "cublasSetStream");
+  return time_cuda(
+      [&](int) {
+        cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(N), static_cast<int>(M), static_cast<int>(K), &one,
+                     wb.data_ptr(), CUDA_R_16BF, static_cast<int>(K), x.data_ptr(), CUDA_R_16BF, static_cast<int>(K),
+                     &zero, yb.data_ptr(), CUDA_R_16BF, static_cast<int>(N), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+      },
+      reps, 5);
+}
+
+// W4A16 at decode sizes. The weights rotate over sets larger than the 50 MB
+// L2 together (at N = K = 4096: 12 x 8 MiB packed, 4 x 32 MiB bf16), so each
+// call reads them from HBM, as a model's successive layers would.
+void bench_w4a16(cublasHandle_t h, std::int64_t M, std::int64_t N, std::int64_t K, double copy_gbs) {
+  constexpr int kCopies = 4, kInt4Copies = 12;
+  Generator g(3);
+  Tensor x = randn({M, K}, g, cuda_opts(DType::bf16));
+  const double bf16_ms = [&] {
+    std::vector<Tensor> wb;
+    for (int i = 0; i < kCopies; ++i) wb.push_back(randn({N, K}, g, cuda_opts(DType::bf16)));
+    Tensor yb = Tensor::empty({M, N}, cuda_opts(DType::bf16));
+    const float one = 1.0f, zero = 0.0f;
+    QGRAD_CHECK(cublasSetStream(h, qgrad::cuda::stream(0)) == CUBLAS_STATUS_SUCCESS, "bench", "", "cublasSetStream");
+    Timing t = time_cuda(
+        [&](int rep) {
+          cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(N), static_cast<int>(M), static_cast<int>(K),
+                       &one, wb[static_cast<std::size_t>(rep % kCopies)].data_ptr(), CUDA_R_16BF, static_cast<int>(K),
+                       x.data_ptr(), CUDA_R_16BF, static_cast<int>(K), &zero, yb.data_ptr(), CUDA_R_16BF,
+                       static_cast<int>(N), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        },
+        100, 10);
+    const double gbs = static_cast<double>(N * K * 2) / (t.median_ms * 1e-3) / 1e9;
+    emit_row("w4a16", "cublas_bf16", M, N, K, t,
+             ",\"gbs\":" + std::to_string(gbs) + ",\"copy_fraction\":" + std::to_string(gbs / copy_gbs));
+    return t.median_ms;
+  }();
+  for (auto [impl, G, qt] : {std::tuple{"qgrad", 128, DType::s4}, std::tuple{"qgrad_g32", 32, DType::s4},
+                             std::tuple{"qgrad_u4", 128, DType::u4}}) {
+    std::vector<Tensor> wq, ws, wz;
+    for (int i = 0; i < kInt4Copies; ++i) {
+      wq.push_back(int4_weight(N, K, g, qt));
+      ws.push_back(rand({N, K / G}, g, cuda_opts(DType::f32), 0.01, 0.02));
+      wz.push_back(qt == DType::u4 ? randint(0, 16, {N, K / G}, g, cuda_opts(DType::s32)) : Tensor());
+    }
+    Timing t = time_cuda(
+        [&](int rep) {
+          const auto i = static_cast<std::size_t>(rep % kInt4Copies);
+          (void)linear_w4a16(x, wq[i], ws[i], wz[i], G);
+        },
+        100, 10);
+    const double bytes = static_cast<double>(N * K / 2 + N * (K / G) * (qt == DType::u4 ? 8 : 4));
+    const double gbs = bytes / (t.median_ms * 1e-3) / 1e9;
+    emit_row("w4a16", impl, M, N, K, t,
+             ",\"gbs\":" + std::to_string(gbs) + ",\"copy_fraction\":" + std::to_string(gbs / copy_gbs) +
+                 ",\"speedup_vs_cublas_bf16\":" + std::to_string(bf16_ms / t.median_ms));
+     if (G != 128 || qt != DType::s4) continue;
+    // The kernel alone: kBack launches of kernels::w4a16_linear back to back
+    // into a preallocated output (no op-level validation, allocation or
+    // host gap between calls), time / kBack. The per-call rows above time one
+    // op call between two events, so they include the host's work for the
+    // call whenever it exceeds the kernel's (the GPU waits for it).
+    constexpr int kBack = 24;
+    Tensor y = Tensor::empty({M, N}, cuda_opts(DType::bf16));
+    Timing tk = time_cuda(
+        [&](int) {
+          for (int b = 0; b < kBack; ++b)
+            kernels::w4a16_linear(x, wq[static_cast<std::size_t>(b % kInt4Copies)],
+                                  ws[static_cast<std::size_t>(b % kInt4Copies)], Tensor(), G, Tensor(), y);
+        },
+        20, 3);
+    tk.median_ms /= kBack;
+    tk.min_ms /= kBack;
+    const double gbs_k = bytes / (tk.median_ms * 1e-3) / 1e9;
+    emit_row("w4a16", "qgrad_kernel_back_to_back", M, N, K, tk,
+             ",\"gbs\":" + std::to_string(gbs_k) + ",\"copy_fraction\":" + std::to_string(gbs_k / copy_gbs) +
+                 ",\"speedup_vs_cublas_bf16\":" + std::to_string(bf16_ms / tk.median_ms));
+  }
+}
+
+void bench_w4a8(cublasHandle_t h, std::int64_t M, std::int64_t N, std::int64_t K, bool grouped) {
+  Generator g(4);
+  const int reps = M * N * K >= (std::int64_t(1) << 36) ? 20 : 50;
+  Tensor x = randn({M, K}, g, cuda_opts(DType::bf16));
+  Tensor wq = int4_weight(N, K, g, DType::s4);
+  Tensor sw = rand({N, 1}, g, cuda_opts(DType::f32), 0.01, 0.02);
+  Timing tq = time_cuda(
+      [&](int) { (void)linear_w4a8(x, wq, sw, K, Tensor(), QuantMode::symmetric, DType::bf16); }, reps, 5);
+  emit_row("w4a8", "qgrad", M, N, K, tq, "");
+
+  Tensor w8 = Tensor::empty({N, K}, cuda_opts(DType::s8));
+  Timing tw = time_cuda([&](int) { kernels::int4_widen(wq, w8); }, reps, 5);
+  const double widen_gbs = static_cast<double>(N * K / 2 + N * K) / (tw.median_ms * 1e-3) / 1e9;
+  emit_row("w4a8", "qgrad_widen", M, N, K, tw, ",\"gbs\":" + std::to_string(widen_gbs));
+
+  Tensor sw1 = sw.reshape({N});
+  Timing t8 = time_cuda(
+      [&](int) { (void)quantized_linear(x, w8, sw1, Tensor(), ActivationQuant::dynamic(), DType::bf16); }, reps, 5);
+  emit_row("w4a8", "qgrad_w8a8", M, N, K, t8, ",\"w4a8_over_w8a8\":" + std::to_string(tq.median_ms / t8.median_ms));
+  // The cached widened weight (linear_w4a8's w_s8): no per-call widening, N K more bytes kept.
+  Timing tc = time_cuda(
+      [&](int) { (void)linear_w4a8(x, wq, sw, K, Tensor(), QuantMode::symmetric, DType::bf16, w8); }, reps, 5);
+  emit_row("w4a8", "qgrad_cached", M, N, K, tc,
+           ",\"cached_over_w8a8\":" + std::to_string(tc.median_ms / t8.median_ms) +
+               ",\"extra_bytes\":" + std::to_string(N * K));
+
+  if (grouped) {
+    for (auto [impl, G] : {std::tuple{"qgrad_g128_asym", 128}, std::tuple{"qgrad_g32_asym", 32}}) {
+      Tensor swg = rand({N, K / G}, g, cuda_opts(DType::f32), 0.01, 0.02);
+      Timing tg = time_cuda(
+          [&](int) { (void)linear_w4a8(x, wq, swg, G, Tensor(), QuantMode::asymmetric, DType::bf16); }, reps, 3);
+      emit_row("w4a8", impl, M, N, K, tg, "");
+    }
+  }
+
+  Tensor wb = randn({N, K}, g, cuda_opts(DType::bf16));
+  Tensor yb = Tensor::empty({M, N}, cuda_opts(DType::bf16));
+  emit_row("w4a8", "cublas_bf16", M, N, K, time_cublas_bf16(h, x, wb, yb, reps), "");
+}
+#endif
+
+}  // namespace
+
+int main() {
+#if QGRAD_WITH_CUDA
+  if (!cuda_available()) {
+    std::printf("{\"bench\":\"lowbit\",\"skipped\":\"no CUDA device\"}\n");
+    return 0;
+  }
+  const double copy_gbs = copy_bandwidth_gbs(std::size_t(1) << 30);
+  cublasHandle_t h = nullptr;
+  if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) return 1;
+  for (std::int64_t M : {1, 16, 128}) bench_w4a16(h, M, 4096, 4096, copy_gbs);
+  bench_w4a8(h, 4096, 4096, 4096, true);
+  bench_w4a8(h, 8192, 8192, 8192, false);
+  bench_w4a8(h, 16, 4096, 4096, true);
+  cublasDestroy(h);
+#else
+  std::printf("{\"bench\":\"lowbit\",\"skipped\":\"built without CUDA\"}\n");
+#endif
+  return 0;
+}

@@ -1,0 +1,592 @@
+// CUDA kernels of the int4 linear layers (kernels/lowbit_linear.h).
+//
+// W4A16, decode sizes (M <= kW4A16GemvMaxM, bf16/f16 x): a tensor-core GEMV.
+// A block of 8 warps owns 16 output channels and MC chunks of 16 rows of x
+// (MC = 1, 2, 4 for M up to 16, 32, more; blockIdx.y picks the rows); its
+// warps split K. Per 128 columns of K each lane (g = lane / 4, t = lane % 4)
+// loads 16 bytes = 32 packed weights of channels n0 + g and n0 + 8 + g at
+// k = 128 it + 32 t (one group, as G is a multiple of 32; the loads of 4
+// such iterations are issued before their math), dequantizes them
+// (formulas::w4a16_weight: T((q - zp) * s) through the 2^23 float trick, no
+// int-to-float conversions) and feeds 8 mma.sync.m16n8k16 (bf16/f16 in, f32
+// accumulate) per channel tile and row chunk. The mma's k index is permuted
+// the same way in A (x) and B (W), which a dot product allows, so a lane's
+// B fragments come from its one 16-byte load and its A fragments from 8-byte
+// loads. Every weight byte is read once per 16 MC rows of x: at M = 1 the
+// packed weight (N K / 2 bytes) once, 4x fewer bytes than a bf16 GEMM. The
+// 8 warps' partial tiles are added in warp order in shared memory
+// (deterministic).
+// W4A16, larger M: W dequantized to T into a scratch [N, K] (one pass, 8
+// values per thread) and cuBLAS (kernels::cuda::gemm, CUBLAS_COMPUTE_32F with
+// reduced-precision split-K reductions disallowed: f32 accumulation and one
+// rounding; bias filled first and accumulated onto). Other shapes (f32 x, K or G not a
+// multiple of 32, unaligned rows) at M <= kW4A16GemvMaxM: a warp per output.
+//
+// W4A8 with groups (K % 128 == 0, G % 8 == 0, G dividing 128 or a multiple
+// of it): a block per 16 rows x 16 channels, one output per thread, the s8
+// activation tile and the widened weight tile in shared memory per 128
+// columns, dp4a spans, the f32 group terms added in increasing g (see
+// w4a8_tile_kernel). Other shapes: a warp per output; lane l owns groups l,
+// l + 32, ...; each group sum is exact (dp4a over 8 values per step when
+// G % 8 == 0), and the f32 group terms are added in increasing g by every
+// lane from shuffles, as the CPU adds them. Both bit-identical to the CPU.
+// int4_widen: 16 packed bytes in, 32 s8 out per thread.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+
+#include "qgrad/kernels/cuda/blas.cuh"
+#include "qgrad/kernels/cuda/entries.h"
+#include "qgrad/kernels/cuda/launch.cuh"
+#include "qgrad/kernels/formulas/lowbit_linear.h"
+#include "qgrad/kernels/linalg.h"
+#include "qgrad/kernels/lowbit_linear.h"
+
+namespace qgrad::kernels::cuda {
+
+namespace {
+
+using I64 = std::int64_t;
+
+bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
+
+// The 4 s4 values of a 16-bit pair of bytes (low nibble first) as 4 s8
+// bytes of a word (formulas::int4_value per nibble): the nibbles spread to
+// the bytes, then (u ^ 8) - 8 per byte (modulo 256: __vsub4 does not saturate).
+__device__ __forceinline__ std::uint32_t s4x4_to_s8x4_fast(std::uint32_t x) {
+  const std::uint32_t b = (x & 0xfu) | ((x & 0xf0u) << 4) | ((x & 0xf00u) << 8) | ((x & 0xf000u) << 12);
+  return __vsub4(b ^ 0x08080808u, 0x08080808u);
+}
+
+template <class F>
+void dispatch_linear_dtype(DType t, const char* op, F&& f) {
+  switch (t) {
+    case DType::f32: f(TypeTag<float>{}); return;
+    case DType::f16: f(TypeTag<half>{}); return;
+    case DType::bf16: f(TypeTag<bfloat16>{}); return;
+    default: break;
+  }
+  throw Error(op, "dtype", std::string("expected f32, f16 or bf16, got ") + dtype_name(t));
+}
+
+// ---------------------------------------------------------------- W4A16 mma
+
+constexpr int kMmaWarps = 8;   // warps per block, splitting K
+constexpr int kMmaNTile = 16;  // output channels per block (two n8 tiles)
+constexpr int kMmaRows = 16;   // rows of x per block (the mma's M)
+constexpr int kMmaBatch = 4;   // iterations per warp whose weight loads are in flight together
+
+template <class T> struct Mma;
+template <> struct Mma<bfloat16> {
+  // Two floats as a bf16x2 register, low half first (round to nearest even).
+  static __device__ __forceinline__ std::uint32_t pack(float lo, float hi) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const std::uint32_t*>(&v);
+  }
+  static __device__ __forceinline__ void run(float (&c)[4], std::uint32_t a0, std::uint32_t a1, std::uint32_t a2,
+                                             std::uint32_t a3, std::uint32_t b0, std::uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+};
+template <> struct Mma<half> {
+  static __device__ __forceinline__ std::uint32_t pack(float lo, float hi) {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const std::uint32_t*>(&v);
+  }
+  static __device__ __forceinline__ void run(float (&c)[4], std::uint32_t a0, std::uint32_t a1, std::uint32_t a2,
+                                             std::uint32_t a3, std::uint32_t b0, std::uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+};
+
+__device__ __forceinline__ std::uint32_t word_of(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+// (nibble - off) * s exactly as formulas::w4a16_weight before its rounding:
+// 2^23 + u is exact in f32, so (2^23 + u) - (2^23 + off) = u - off exactly
+// (off = 8 after the sign flip for s4, the zero point for u4).
+__device__ __forceinline__ float dq(std::uint32_t word, int e, float bias_off, float s) {
+  const float f = __uint_as_float(0x4B000000u | ((word >> (4 * e)) & 0xfu)) - bias_off;
+  return f * s;
+}
+
+// MC chunks of 16 rows per block share every dequantized weight fragment
+// (MC = 1, 2, 4: M up to 16, 32, 64 rows per block; larger M takes more
+// blocks along y, which re-read the packed weight from L2).
+template <class T, bool kSigned, int MC>
+__global__ void __launch_bounds__(kMmaWarps * 32)
+    w4a16_mma_kernel(const T* __restrict__ x, const std::uint8_t* __restrict__ w, const float* __restrict__ scale,
+                     const std::int32_t* __restrict__ zp, const T* __restrict__ bias, T* __restrict__ out, int M,
+                     int N, int K, int G) {
+  __shared__ float part[kMmaWarps][MC * 8][32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int n0 = blockIdx.x * kMmaNTile, m0 = blockIdx.y * (kMmaRows * MC);
+  const int groups = K / G;
+  // Rows g and g + 8 of each 16-row chunk (A fragment rows); a missing row reads zeros.
+  const T* xr[MC][2];
+  bool has_r[MC][2];
+#pragma unroll
+  for (int mc = 0; mc < MC; ++mc)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = m0 + mc * kMmaRows + g + 8 * h;
+      has_r[mc][h] = r < M;
+      xr[mc][h] = x + static_cast<I64>(has_r[mc][h] ? r : 0) * K;
+    }
+  int nrow[2];
+  bool has_n[2];
+#pragma unroll
+  for (int sub = 0; sub < 2; ++sub) {
+    nrow[sub] = n0 + sub * 8 + g;
+    has_n[sub] = nrow[sub] < N;
+  }
+  float acc[MC][2][4];
+#pragma unroll
+  for (int mc = 0; mc < MC; ++mc)
+#pragma unroll
+    for (int sub = 0; sub < 2; ++sub)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) acc[mc][sub][r] = 0.0f;
+  const int iters = (K + 127) / 128;
+  const uint4 zero4 = make_uint4(0, 0, 0, 0);
+  const uint2 zero2 = make_uint2(0, 0);
+  // Batches of kMmaBatch iterations: every weight load of a batch is issued
+  // before any of its math, so a lane keeps kMmaBatch x 32 bytes in flight
+  // (one HBM round trip per batch instead of one per iteration).
+  for (int it0 = warp; it0 < iters; it0 += kMmaWarps * kMmaBatch) {
+    uint4 wv[kMmaBatch][2];
+    float s[kMmaBatch][2], off[kMmaBatch][2];
+#pragma unroll
+    for (int u = 0; u < kMmaBatch; ++u) {
+      const int k0 = (it0 + u * kMmaWarps) * 128 + t * 32;
+      const bool kin = k0 < K;  // K % 32 == 0: a lane's 32 columns are all in or all out
+#pragma unroll
+      for (int sub = 0; sub < 2; ++sub) {
+        if (kin && has_n[sub]) {
+          const I64 n = nrow[sub];
+          wv[u][sub] = __ldg(reinterpret_cast<const uint4*>(w + n * (K / 2) + k0 / 2));
+          const I64 gi = n * groups + k0 / G;
+          s[u][sub] = __ldg(scale + gi);
+          off[u][sub] = kSigned ? 8388616.0f : 8388608.0f + static_cast<float>(__ldg(zp + gi));
+        } else {
+          wv[u][sub] = zero4;
+          s[u][sub] = 0.0f;
+          off[u][sub] = 8388608.0f;
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kMmaBatch; ++u) {
+      if (it0 + u * kMmaWarps >= iters) break;  // warp-uniform
+      const int k0 = (it0 + u * kMmaWarps) * 128 + t * 32;
+      const bool kin = k0 < K;
+      if (kSigned) {  // s4: (u ^ 8) - 8 is the value; flip the sign bits of all 32 nibbles at once
+#pragma unroll
+        for (int sub = 0; sub < 2; ++sub) {
+          wv[u][sub].x ^= 0x88888888u;
+          wv[u][sub].y ^= 0x88888888u;
+          wv[u][sub].z ^= 0x88888888u;
+          wv[u][sub].w ^= 0x88888888u;
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        // Step j: physical columns k0 + 4j + {0, 1} are the mma's k {2t, 2t + 1},
+        // k0 + 4j + {2, 3} its k {2t + 8, 2t + 9}, in A and in B alike.
+        std::uint32_t b0[2], b1[2];
+#pragma unroll
+        for (int sub = 0; sub < 2; ++sub) {
+          const std::uint32_t word = word_of(wv[u][sub], j >> 1);
+          const int e = (j & 1) * 4;
+          const float so = s[u][sub], oo = off[u][sub];
+          b0[sub] = Mma<T>::pack(dq(word, e, oo, so), dq(word, e + 1, oo, so));
+          b1[sub] = Mma<T>::pack(dq(word, e + 2, oo, so), dq(word, e + 3, oo, so));
+        }
+#pragma unroll
+        for (int mc = 0; mc < MC; ++mc) {
+          // 4 values of row g (a0: k 2t, 2t + 1; a2: 2t + 8, 2t + 9) and of row g + 8 (a1, a3).
+          const uint2 va = (kin && has_r[mc][0]) ? __ldg(reinterpret_cast<const uint2*>(xr[mc][0] + k0 + 4 * j)) : zero2;
+          const uint2 vb = (kin && has_r[mc][1]) ? __ldg(reinterpret_cast<const uint2*>(xr[mc][1] + k0 + 4 * j)) : zero2;
+#pragma unroll
+          for (int sub = 0; sub < 2; ++sub) Mma<T>::run(acc[mc][sub], va.x, vb.x, va.y, vb.y, b0[sub], b1[sub]);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int mc = 0; mc < MC; ++mc)
+#pragma unroll
+    for (int sub = 0; sub < 2; ++sub)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) part[warp][(mc * 2 + sub) * 4 + r][lane] = acc[mc][sub][r];
+  __syncthreads();
+  // One output per thread and pass: (mc, sub, r) x 32 lanes = the (16 MC) x 16 tile, the
+  // 8 warps' partials added in warp order.
+#pragma unroll
+  for (int pass = 0; pass < MC; ++pass) {
+    const int idx = pass * 8 + (threadIdx.x >> 5), ln = threadIdx.x & 31;
+    const int mc = idx >> 3, sub = (idx >> 2) & 1, r = idx & 3;
+    const int m = m0 + mc * kMmaRows + (ln >> 2) + (r >> 1) * 8, n = n0 + sub * 8 + 2 * (ln & 3) + (r & 1);
+    if (m < M && n < N) {
+      float v = part[0][idx][ln];
+#pragma unroll
+      for (int wq = 1; wq < kMmaWarps; ++wq) v += part[wq][idx][ln];
+      if (bias) v += static_cast<float>(bias[n]);
+      out[static_cast<I64>(m) * N + n] = T(v);
+    }
+  }
+}
+
+template <class T>
+bool w4a16_mma(const Tensor& x, const Tensor& w, const Tensor& scale, const Tensor& zp, I64 G, const Tensor& bias,
+               const Tensor& out) {
+  if constexpr (std::is_same_v<T, float>) {
+    return false;
+  } else {
+    const I64 M = out.shape()[0], N = out.shape()[1], K = w.shape()[1];
+    if (M > kW4A16GemvMaxM || K % 32 != 0 || G % 32 != 0 || !aligned16(x.data_ptr()) || !aligned16(w.data_ptr()) ||
+        K > (I64(1) << 30) || N > (I64(1) << 30))
+      return false;
+    // Rows per block: 16 up to M = 16, 32 up to 32, else 64.
+    const int mc = M <= 16 ? 1 : M <= 32 ? 2 : 4;
+    const dim3 grid(static_cast<unsigned>((N + kMmaNTile - 1) / kMmaNTile),
+                    static_cast<unsigned>((M + kMmaRows * mc - 1) / (kMmaRows * mc)));
+    const T* bp = bias.defined() ? static_cast<const T*>(bias.data_ptr()) : nullptr;
+    const std::int32_t* zpp = zp.defined() ? static_cast<const std::int32_t*>(zp.data_ptr()) : nullptr;
+    auto launch = [&](auto kernel) {
+      kernel<<<grid, kMmaWarps * 32, 0, ::qgrad::cuda::stream(out.device().index)>>>(
+          static_cast<const T*>(x.data_ptr()), static_cast<const std::uint8_t*>(w.data_ptr()),
+          static_cast<const float*>(scale.data_ptr()), zpp, bp, static_cast<T*>(out.data_ptr()),
+          static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), static_cast<int>(G));
+    };
+    const bool sg = w.dtype() == DType::s4;
+    if (mc == 1) sg ? launch(w4a16_mma_kernel<T, true, 1>) : launch(w4a16_mma_kernel<T, false, 1>);
+    else if (mc == 2) sg ? launch(w4a16_mma_kernel<T, true, 2>) : launch(w4a16_mma_kernel<T, false, 2>);
+    else sg ? launch(w4a16_mma_kernel<T, true, 4>) : launch(w4a16_mma_kernel<T, false, 4>);
+    QGRAD_LAUNCH_CHECK();
+    return true;
+  }
+}
+
+// ------------------------------------------------------- W4A16 other shapes
+
+// A warp per output (m, n): lanes stride over k, a shuffle reduction.
+template <class T>
+__global__ void w4a16_warp_kernel(const T* __restrict__ x, const std::uint8_t* __restrict__ w,
+                                  const float* __restrict__ scale, const std::int32_t* __restrict__ zp,
+                                  const T* __restrict__ bias, T* __restrict__ out, I64 M, I64 N, I64 K, I64 G,
+                                  bool is_signed) {
+  const int lane = threadIdx.x & 31;
+  const I64 warps = static_cast<I64>(gridDim.x) * (blockDim.x / 32);
+  const I64 groups = K / G;
+  for (I64 o = (static_cast<I64>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; o < M * N; o += warps) {
+    const I64 m = o / N, n = o % N;
+    float acc = 0;
+    for (I64 k = lane; k < K; k += 32) {
+      const I64 gi = n * groups + k / G;
+      const int q = nibble_get(w, n * K + k, is_signed) - (zp ? zp[gi] : 0);
+      acc += static_cast<float>(x[m * K + k]) * static_cast<float>(formulas::w4a16_weight<T>(q, scale[gi]));
+    }
+#pragma unroll
+    for (int d = 16; d > 0; d >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, d);
+    if (lane == 0) out[o] = T(bias ? acc + static_cast<float>(bias[n]) : acc);
+  }
+}
+
+// W (T [N, K]) = T((q - zp) * s): 8 values (one 32-bit word of nibbles) per
+// index when K and G are multiples of 8, else one.
+template <class T>
+void dequantize_weight(const Tensor& w, const Tensor& scale, const Tensor& zp, I64 G, const Tensor& wd) {
+  const I64 N = w.shape()[0], K = w.shape()[1], groups = K / G;
+  const auto* wp = static_cast<const std::uint8_t*>(w.data_ptr());
+  const float* sp = static_cast<const float*>(scale.data_ptr());
+  const std::int32_t* zpp = zp.defined() ? static_cast<const std::int32_t*>(zp.data_ptr()) : nullptr;
+  const bool is_signed = w.dtype() == DType::s4;
+  T* o = static_cast<T*>(wd.data_ptr());
+  const int d = wd.device().index;
+  if (K % 8 == 0 && G % 8 == 0 && (reinterpret_cast<std::uintptr_t>(wp) & 3u) == 0 &&
+      (reinterpret_cast<std::uintptr_t>(o) % (8 * sizeof(T))) == 0) {
+    launch_elementwise(d, N * K / 8, [=] __device__(I64 i) {
+      const std::uint32_t word = reinterpret_cast<const std::uint32_t*>(wp)[i];
+      const I64 k8 = i * 8, n = k8 / K, gi = n * groups + (k8 % K) / G;
+      const float s = sp[gi];
+      const int z = zpp ? zpp[gi] : 0;
+      T v[8];
+#pragma unroll
+      for (int e = 0; e < 8; ++e)
+        v[e] = formulas::w4a16_weight<T>(formulas::int4_value((word >> (4 * e)) & 0xfu, is_signed) - z, s);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) o[k8 + e] = v[e];
+    });
+  } else {
+    launch_elementwise(d, N * K, [=] __device__(I64 i) {
+      const I64 gi = (i / K) * groups + (i % K) / G;
+      o[i] = formulas::w4a16_weight<T>(nibble_get(wp, i, is_signed) - (zpp ? zpp[gi] : 0), sp[gi]);
+    });
+  }
+}
+
+template <class T>
+void w4a16_impl(const Tensor& x, const Tensor& w, const Tensor& scale, const Tensor& zp, I64 G, const Tensor& bias,
+                const Tensor& out) {
+  const I64 M = out.shape()[0], N = out.shape()[1], K = w.shape()[1];
+  if (w4a16_mma<T>(x, w, scale, zp, G, bias, out)) return;
+  const Device dev = out.device();
+  if (M <= kW4A16GemvMaxM) {
+    constexpr unsigned threads = 256;
+    const unsigned blocks = ::qgrad::cuda::blocks_for(M * N * 32, threads);
+    w4a16_warp_kernel<T><<<blocks, threads, 0, ::qgrad::cuda::stream(dev.index)>>>(
+        static_cast<const T*>(x.data_ptr()), static_cast<const std::uint8_t*>(w.data_ptr()),
+        static_cast<const float*>(scale.data_ptr()),
+        zp.defined() ? static_cast<const std::int32_t*>(zp.data_ptr()) : nullptr,
+        bias.defined() ? static_cast<const T*>(bias.data_ptr()) : nullptr, static_cast<T*>(out.data_ptr()), M, N, K,
+        G, w.dtype() == DType::s4);
+    QGRAD_LAUNCH_CHECK();
+    return;
+  }
+  Tensor wd = Tensor::empty({N, K}, TensorOptions{}.with_dtype(out.dtype()).with_device(dev));
+  dequantize_weight<T>(w, scale, zp, G, wd);
+  if (bias.defined()) fill_rows(bias, out);
+  GemmShape s;
+  s.m = M;
+  s.n = N;
+  s.k = K;
+  s.trans_b = true;
+  // CUBLAS_COMPUTE_32F alone still lets cuBLAS reduce split-K partial sums in
+  // the output type (f16 / bf16: each partial rounded, up to several ulps of
+  // the output when the partials cancel). The promise is f32 accumulation and
+  // one rounding, so this call disallows reduced-precision reductions; the
+  // handle's math mode is restored afterwards (same host thread, same stream).
+  cublasHandle_t h = ::qgrad::cuda::blas_handle(dev.index);
+  cublasMath_t prev = CUBLAS_DEFAULT_MATH;
+  QGRAD_CUBLAS_CHECK(cublasGetMathMode(h, &prev));
+  QGRAD_CUBLAS_CHECK(cublasSetMathMode(
+      h, static_cast<cublasMath_t>(prev | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
+  try {
+    kernels::cuda::gemm(s, x, wd, out, bias.defined());
+  } catch (...) {
+    cublasSetMathMode(h, prev);
+    throw;
+  }
+  QGRAD_CUBLAS_CHECK(cublasSetMathMode(h, prev));
+}
+
+// ------------------------------------------------------------------- W4A8
+
+// A warp per output; lane l owns groups l, l + 32, ... Each round of 32
+// groups is added to y in increasing g by every lane (shuffles), so y is
+// term(0) + term(1) + ... exactly as on the CPU.
+template <class T, bool kVec>
+__global__ void w4a8_group_kernel(const std::int8_t* __restrict__ a, I64 lda, const float* __restrict__ sa,
+                                  const std::int32_t* __restrict__ za, const std::uint8_t* __restrict__ w,
+                                  const float* __restrict__ sw, const float* __restrict__ bias, T* __restrict__ out,
+                                  I64 M, I64 N, I64 K, I64 G) {
+  const int lane = threadIdx.x & 31;
+  const I64 warps = static_cast<I64>(gridDim.x) * (blockDim.x / 32);
+  const I64 groups = K / G;
+  for (I64 o = (static_cast<I64>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; o < M * N; o += warps) {
+    const I64 m = o / N, n = o % N;
+    const float s_a = sa[m];
+    const std::int32_t z = za ? za[m] : 0;
+    const std::int8_t* ar = a + m * lda;
+    float y = 0;
+    for (I64 g0 = 0; g0 < groups; g0 += 32) {
+      const I64 gl = g0 + lane;
+      float term = 0;
+      if (gl < groups) {
+        std::int32_t acc = 0;
+        if constexpr (kVec) {
+          // 8 values per step: one word of nibbles, two words of activations.
+          const std::uint32_t* wr = reinterpret_cast<const std::uint32_t*>(w + (n * K + gl * G) / 2);
+          const std::uint32_t* arr = reinterpret_cast<const std::uint32_t*>(ar + gl * G);
+          int dot = 0, wsum = 0;
+          for (I64 j = 0; j < G / 8; ++j) {
+            const std::uint32_t word = wr[j];
+            const int w_lo = static_cast<int>(s4x4_to_s8x4_fast(word & 0xffffu));
+            const int w_hi = static_cast<int>(s4x4_to_s8x4_fast(word >> 16));
+            dot = __dp4a(static_cast<int>(arr[2 * j]), w_lo, dot);
+            dot = __dp4a(static_cast<int>(arr[2 * j + 1]), w_hi, dot);
+            wsum = __dp4a(0x01010101, w_lo, wsum);
+            wsum = __dp4a(0x01010101, w_hi, wsum);
+          }
+          acc = static_cast<std::int32_t>(static_cast<std::uint32_t>(dot) -
+                                          static_cast<std::uint32_t>(z) * static_cast<std::uint32_t>(wsum));
+        } else {
+          std::uint32_t u = 0;
+          for (I64 k = gl * G; k < (gl + 1) * G; ++k)
+            u += static_cast<std::uint32_t>((static_cast<std::int32_t>(ar[k]) - z) * nibble_get(w, n * K + k, true));
+          acc = static_cast<std::int32_t>(u);
+        }
+        term = formulas::w4a8_group_term(acc, s_a, sw[n * groups + gl]);
+      }
+      const I64 valid = groups - g0 < 32 ? groups - g0 : 32;
+      for (int j = 0; j < valid; ++j) {
+        const float v = __shfl_sync(0xffffffffu, term, j);
+        y = (g0 == 0 && j == 0) ? v : y + v;
+      }
+    }
+    if (lane == 0) out[o] = T(bias ? y + bias[n] : y);
+  }
+}
+
+// Tiled: a block of 256 threads owns 16 rows x 16 channels, one output per
+// thread. Per 128 columns of K the block stages the 16 activation rows (s8)
+// and the 16 weight rows widened to s8 in shared memory (coalesced 8- and
+// 4-byte loads, 132-byte rows: conflict-free reads), then each thread sums
+// its spans of L = min(G, 128) columns with dp4a (Σ(a − za)·w = dp4a(a, w) −
+// za·Σw, modulo 2^32, so exact wherever the group sum fits int32, as the CPU
+// kernel's) and, at each group's end, adds the f32 term to its y in
+// increasing g (the first term not added to a zero): the CPU's bits. Needs
+// K % 128 == 0, G % 8 == 0 and G dividing 128 or a multiple of it.
+constexpr int kW4A8Kt = 128, kW4A8Tile = 16;
+
+template <class T>
+__global__ void __launch_bounds__(kW4A8Tile * kW4A8Tile)
+    w4a8_tile_kernel(const std::int8_t* __restrict__ a, I64 lda, const float* __restrict__ sa,
+                     const std::int32_t* __restrict__ za, const std::uint8_t* __restrict__ w,
+                     const float* __restrict__ sw, const float* __restrict__ bias, T* __restrict__ out, int M, int N,
+                     int K, int G) {
+  constexpr int kWords = kW4A8Kt / 4;  // s8 words per staged row
+  __shared__ std::uint32_t as[kW4A8Tile][kWords + 1];
+  __shared__ std::uint32_t ws[kW4A8Tile][kWords + 1];
+  const int tid = threadIdx.x;
+  const int tm = tid >> 4, tn = tid & 15;
+  const int m0 = blockIdx.y * kW4A8Tile, n0 = blockIdx.x * kW4A8Tile;
+  const int m = m0 + tm, n = n0 + tn;
+  const bool out_in = m < M && n < N;
+  const int groups = K / G;
+  const int L = G < kW4A8Kt ? G : kW4A8Kt;
+  const float s_a = m < M ? sa[m] : 0.0f;
+  const std::uint32_t z = (za && m < M) ? static_cast<std::uint32_t>(za[m]) : 0u;
+  // Staging: thread tid loads activation words 2 (tid & 15), + 1 of row tid >> 4
+  // and packed weight word tid & 15 (8 values) of channel row tid >> 4.
+  const int lr = tid >> 4, lw = tid & 15;
+  const bool a_row = m0 + lr < M, w_row = n0 + lr < N;
+  const std::int8_t* arow = a + static_cast<I64>(a_row ? m0 + lr : 0) * lda;
+  const std::uint8_t* wrow = w + static_cast<I64>(w_row ? n0 + lr : 0) * (K / 2);
+  float y = 0.0f;
+  std::uint32_t acc = 0;
+  // The next chunk's loads are issued before this chunk's math (registers).
+  uint2 av = a_row ? __ldg(reinterpret_cast<const uint2*>(arow + 8 * lw)) : make_uint2(0, 0);
+  std::uint32_t wp = w_row ? __ldg(reinterpret_cast<const std::uint32_t*>(wrow + 4 * lw)) : 0u;
+  for (int k0 = 0; k0 < K; k0 += kW4A8Kt) {
+    as[lr][2 * lw] = av.x;
+    as[lr][2 * lw + 1] = av.y;
+    ws[lr][2 * lw] = s4x4_to_s8x4_fast(wp & 0xffffu);
+    ws[lr][2 * lw + 1] = s4x4_to_s8x4_fast(wp >> 16);
+    __syncthreads();
+    const int k1 = k0 + kW4A8Kt;
+    if (k1 < K) {
+      av = a_row ? __ldg(reinterpret_cast<const uint2*>(arow + k1 + 8 * lw)) : make_uint2(0, 0);
+      wp = w_row ? __ldg(reinterpret_cast<const std::uint32_t*>(wrow + k1 / 2 + 4 * lw)) : 0u;
+    }
+    for (int c = 0; c < kW4A8Kt; c += L) {
+      int dot = 0, wsum = 0;
+      for (int j = c / 4; j < (c + L) / 4; ++j) {
+        const int wv = static_cast<int>(ws[tn][j]);
+        dot = __dp4a(static_cast<int>(as[tm][j]), wv, dot);
+        wsum = __dp4a(0x01010101, wv, wsum);
+      }
+      acc += static_cast<std::uint32_t>(dot) - z * static_cast<std::uint32_t>(wsum);
+      const int kend = k0 + c + L;
+      if (kend % G == 0) {
+        const int gi = kend / G - 1;
+        const float term = out_in ? formulas::w4a8_group_term(static_cast<std::int32_t>(acc), s_a,
+                                                              sw[static_cast<I64>(n) * groups + gi])
+                                  : 0.0f;
+        y = gi == 0 ? term : y + term;
+        acc = 0;
+      }
+    }
+    __syncthreads();
+  }
+  if (out_in) out[static_cast<I64>(m) * N + n] = T(bias ? y + bias[n] : y);
+}
+
+template <class T>
+void w4a8_impl(const Tensor& a, I64 lda, I64 K, const Tensor& sa, const Tensor& za, const Tensor& w, const Tensor& sw,
+               I64 G, const Tensor& bias, const Tensor& out) {
+  const I64 M = out.shape()[0], N = out.shape()[1];
+  if (K % kW4A8Kt == 0 && G % 8 == 0 && (G % kW4A8Kt == 0 || kW4A8Kt % G == 0) && lda % 8 == 0 &&
+      (reinterpret_cast<std::uintptr_t>(a.data_ptr()) & 7u) == 0 &&
+      (reinterpret_cast<std::uintptr_t>(w.data_ptr()) & 3u) == 0 && K < (I64(1) << 30) && N < (I64(1) << 30) &&
+      (M + kW4A8Tile - 1) / kW4A8Tile <= 65535) {
+    const dim3 grid(static_cast<unsigned>((N + kW4A8Tile - 1) / kW4A8Tile),
+                    static_cast<unsigned>((M + kW4A8Tile - 1) / kW4A8Tile));
+    w4a8_tile_kernel<T><<<grid, kW4A8Tile * kW4A8Tile, 0, ::qgrad::cuda::stream(out.device().index)>>>(
+        static_cast<const std::int8_t*>(a.data_ptr()), lda, static_cast<const float*>(sa.data_ptr()),
+        za.defined() ? static_cast<const std::int32_t*>(za.data_ptr()) : nullptr,
+        static_cast<const std::uint8_t*>(w.data_ptr()), static_cast<const float*>(sw.data_ptr()),
+        bias.defined() ? static_cast<const float*>(bias.data_ptr()) : nullptr, static_cast<T*>(out.data_ptr()),
+        static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), static_cast<int>(G));
+    QGRAD_LAUNCH_CHECK();
+    return;
+  }
+  constexpr unsigned threads = 256;
+  const unsigned blocks = ::qgrad::cuda::blocks_for(M * N * 32, threads);
+  const bool vec = G % 8 == 0 && lda % 4 == 0 && (reinterpret_cast<std::uintptr_t>(a.data_ptr()) & 3u) == 0 &&
+                   (reinterpret_cast<std::uintptr_t>(w.data_ptr()) & 3u) == 0;
+  auto launch = [&](auto kernel) {
+    kernel<<<blocks, threads, 0, ::qgrad::cuda::stream(out.device().index)>>>(
+        static_cast<const std::int8_t*>(a.data_ptr()), lda, static_cast<const float*>(sa.data_ptr()),
+        za.defined() ? static_cast<const std::int32_t*>(za.data_ptr()) : nullptr,
+        static_cast<const std::uint8_t*>(w.data_ptr()), static_cast<const float*>(sw.data_ptr()),
+        bias.defined() ? static_cast<const float*>(bias.data_ptr()) : nullptr, static_cast<T*>(out.data_ptr()), M, N,
+        K, G);
+  };
+  if (vec) launch(w4a8_group_kernel<T, true>);
+  else launch(w4a8_group_kernel<T, false>);
+  QGRAD_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+void w4a16_linear(const Tensor& x, const Tensor& w, const Tensor& scale, const Tensor& zp, std::int64_t group,
+                  const Tensor& bias, const Tensor& out) {
+  dispatch_linear_dtype(x.dtype(), "linear_w4a16", [&](auto tag) {
+    w4a16_impl<typename decltype(tag)::type>(x, w, scale, zp, group, bias, out);
+  });
+}
+
+void w4a8_linear(const Tensor& a, std::int64_t lda, std::int64_t K, const Tensor& sa, const Tensor& za,
+                 const Tensor& w, const Tensor& sw, std::int64_t group, const Tensor& bias, const Tensor& out) {
+  dispatch_linear_dtype(out.dtype(), "linear_w4a8", [&](auto tag) {
+    w4a8_impl<typename decltype(tag)::type>(a, lda, K, sa, za, w, sw, group, bias, out);
+  });
+}
+
+void int4_widen(const Tensor& w, const Tensor& w8) {
+  const auto* src = static_cast<const std::uint8_t*>(w.data_ptr());
+  auto* dst = static_cast<std::int8_t*>(w8.data_ptr());
+  const I64 bytes = w.numel() / 2;  // K is even: whole bytes
+  const int d = w8.device().index;
+  if (bytes % 16 == 0 && aligned16(src) && aligned16(dst)) {
+    const uint4* s4 = reinterpret_cast<const uint4*>(src);
+    uint4* d4 = reinterpret_cast<uint4*>(dst);
+    launch_elementwise(d, bytes / 16, [=] __device__(I64 i) {
+      const uint4 v = s4[i];
+      const std::uint32_t in[4] = {v.x, v.y, v.z, v.w};
+      std::uint32_t o[8];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        o[2 * j] = s4x4_to_s8x4_fast(in[j] & 0xffffu);
+        o[2 * j + 1] = s4x4_to_s8x4_fast(in[j] >> 16);
+      }
+      d4[2 * i] = make_uint4(o[0], o[1], o[2], o[3]);
+      d4[2 * i + 1] = make_uint4(o[4], o[5], o[6], o[7]);
+    });
+  } else {
+    launch_elementwise(d, w.numel(), [=] __device__(I64 i) { dst[i] = static_cast<std::int8_t>(nibble_get(src, i, true)); });
+  }
+}
+
+}  // namespace qgrad::kernels::cuda

@@ -1,0 +1,55 @@
+// One warp per row: the launch and the warp reductions shared by the
+// warp-per-row kernels (softmax.cu, attention.cu).
+#pragma once
+
+#include <cstdint>
+#include <limits>
+
+#include "qgrad/core/cuda/common.cuh"
+#include "qgrad/kernels/formulas/softmax.h"
+
+namespace qgrad::kernels::cuda {
+
+template <class F>
+__global__ void warp_rows_kernel(std::int64_t rows, F f) {
+  const std::int64_t warps = (static_cast<std::int64_t>(gridDim.x) * blockDim.x) >> 5;
+  const int lane = static_cast<int>(threadIdx.x & 31u);
+  for (std::int64_t row = (static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5; row < rows;
+       row += warps)
+    f(row, lane);
+}
+
+// Runs f(row, lane) for every row, one full warp per row.
+template <class F>
+void launch_warp_rows(int device, std::int64_t rows, F f) {
+  if (rows <= 0) return;
+  constexpr unsigned threads = 256;
+  const unsigned blocks =
+      ::qgrad::cuda::blocks_for(rows * 32, threads, ::qgrad::cuda::fill_blocks(device, threads) * 4LL);
+  warp_rows_kernel<<<blocks, threads, 0, ::qgrad::cuda::stream(device)>>>(rows, f);
+  QGRAD_LAUNCH_CHECK();
+}
+
+// Butterfly sum: every lane gets the same total.
+template <class M>
+__device__ __forceinline__ M warp_sum(M v) {
+  for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
+  return v;
+}
+
+// The tree of formulas::lane_sum (s[l] += s[l + h], h = 16 .. 1) over the
+// lanes' partial sums, broadcast from lane 0: with lane l summing r = l,
+// l + 32, ... in order, the same bits as lane_sum on the CPU.
+template <class M>
+__device__ __forceinline__ M warp_lane_sum(M v) {
+  for (int h = 16; h > 0; h >>= 1) v += __shfl_down_sync(0xffffffffu, v, h);
+  return __shfl_sync(0xffffffffu, v, 0);
+}
+
+template <class M>
+__device__ __forceinline__ M warp_max(M v) {
+  for (int m = 16; m > 0; m >>= 1) v = formulas::max_nan(v, __shfl_xor_sync(0xffffffffu, v, m));
+  return __shfl_sync(0xffffffffu, v, 0);
+}
+
+}  // namespace qgrad::kernels::cuda

@@ -1,0 +1,48 @@
+// Element formulas of the fused attention row kernels (kernels/attention.h),
+// shared by the CPU row loop and the CUDA warp-per-row kernel. M is the math
+// type (float for f32/f16/bf16, double for f64).
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+
+#include "qgrad/kernels/attention.h"
+#include "qgrad/kernels/formulas/transformer.h"
+
+namespace qgrad::formulas {
+
+// The logit of column j of row r: s * scale + mask (additive), or -inf where
+// the boolean mask is false or the causal mask hides j (j > query index).
+template <class T, class MaskT>
+QGRAD_HD op_math_t<T> attention_logit(const kernels::AttentionRows& a, const T* scores, const MaskT* mask,
+                                      std::int64_t mask_row, std::int64_t r, std::int64_t j) {
+  using M = op_math_t<T>;
+  constexpr M kNegInf = -std::numeric_limits<M>::infinity();
+  if (a.causal && j > r % a.L) return kNegInf;
+  M z = M(scores[r * a.S + j]) * M(a.scale);
+  if (mask == nullptr) return z;
+  if constexpr (std::is_same_v<MaskT, bool>) {
+    if (!mask[mask_row + j * a.mask_col_stride]) return kNegInf;
+  } else {
+    z = z + M(mask[mask_row + j * a.mask_col_stride]);
+  }
+  return z;
+}
+
+// The probability from the logit, the row max and the row sum: exp(z - max) /
+// sum, or 0 for a row where every column is masked (max == -inf).
+template <class M>
+QGRAD_HD M attention_prob(M z, M mx, M sum) {
+  if (mx == -std::numeric_limits<M>::infinity()) return M(0);
+  return exp_m(z - mx) / sum;
+}
+
+// The dropout multiplier of element i (scale_d = 1 / (1 - p), 0 for p == 1).
+template <class M>
+QGRAD_HD M attention_drop(const kernels::AttentionRows& a, std::int64_t i, M v, M scale_d) {
+  if (a.p <= 0.0) return v;
+  return dropout_apply(v, dropout_keep(a.seed, a.offset, i, a.p), scale_d);
+}
+
+}  // namespace qgrad::formulas

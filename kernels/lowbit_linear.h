@@ -1,0 +1,59 @@
+// Kernels of the int4 linear layers (ops/lowbit_linear.h); scalar formulas
+// in kernels/formulas/lowbit_linear.h. CPU: kernels/cpu/lowbit_linear.cpp;
+// CUDA: kernels/cuda/lowbit_linear.cu (hand-written: the decode GEMV is the
+// point of W4A16, and the W4A8 group sums need int4 unpacking in the loop).
+// All tensors on out's device; the op has validated shapes and dtypes.
+#pragma once
+
+#include <cstdint>
+
+#include "qgrad/core/tensor.h"
+
+namespace qgrad::kernels {
+
+// W4A16: out [M, N] (x's dtype T) = x [M, K] · W^T (+ bias), W[n, k] =
+// T((q - zp) * s) (formulas::w4a16_weight), f32 accumulation, one rounding.
+// w packed s4 / u4 [N, K]; scale f32 [N, K / G]; zp s32 [N, K / G] for u4,
+// undefined for s4; bias undefined or T [N].
+//   CPU: W in f32, an Eigen GEMM.
+//   CUDA: M <= kW4A16GemvMaxM, 16-bit x, K and G multiples of 32, 16-byte
+//   aligned x and w: a tensor-core GEMV (mma.sync m16n8k16, bf16/f16 in, f32
+//   accumulate; each dequantized 16-byte weight load feeds up to 64 rows of
+//   x); larger M: W dequantized to T into a scratch [N, K] and a cuBLAS
+//   GEMM (f32 compute, no reduced-precision reduction); other shapes at
+//   M <= kW4A16GemvMaxM: a warp per output. 64: one block row of the GEMV
+//   reads the packed weight once; past that every further 64 rows re-read and
+//   re-dequantize it, and the tensor-core GEMM wins (H100, N = K = 4096: the
+//   old GEMV took 0.095 ms at M = 128, cuBLAS 0.018 ms + the dequantize pass).
+inline constexpr std::int64_t kW4A16GemvMaxM = 64;
+void w4a16_linear(const Tensor& x, const Tensor& w, const Tensor& scale, const Tensor& zp, std::int64_t group,
+                  const Tensor& bias, const Tensor& out);
+
+// W4A8 with groups: out [M, N] (f32, bf16, f16) from a (s8 [M, lda], K
+// columns used), sa (f32 [M]), za (s32 [M], or undefined: 0), w (s4 packed
+// [N, K]), sw (f32 [N, K / G]) and bias (undefined or f32 [N]):
+//   out[m, n] = T(sum_g (in g order) float(acc_g) * (sa[m] * sw[n, g]) + bias[n]),
+//   acc_g = sum_{k in g} (a[m, k] - za[m]) * w[n, k] exact in int32.
+void w4a8_linear(const Tensor& a, std::int64_t lda, std::int64_t K, const Tensor& sa, const Tensor& za,
+                 const Tensor& w, const Tensor& sw, std::int64_t group, const Tensor& bias, const Tensor& out);
+
+// w8 (s8 [N, K], contiguous) = the values of w (s4 packed [N, K]).
+void int4_widen(const Tensor& w, const Tensor& w8);
+
+namespace cpu {
+void w4a16_linear(const Tensor& x, const Tensor& w, const Tensor& scale, const Tensor& zp, std::int64_t group,
+                  const Tensor& bias, const Tensor& out);
+void w4a8_linear(const Tensor& a, std::int64_t lda, std::int64_t K, const Tensor& sa, const Tensor& za,
+                 const Tensor& w, const Tensor& sw, std::int64_t group, const Tensor& bias, const Tensor& out);
+void int4_widen(const Tensor& w, const Tensor& w8);
+}  // namespace cpu
+
+namespace cuda {
+void w4a16_linear(const Tensor& x, const Tensor& w, const Tensor& scale, const Tensor& zp, std::int64_t group,
+                  const Tensor& bias, const Tensor& out);
+void w4a8_linear(const Tensor& a, std::int64_t lda, std::int64_t K, const Tensor& sa, const Tensor& za,
+                 const Tensor& w, const Tensor& sw, std::int64_t group, const Tensor& bias, const Tensor& out);
+void int4_widen(const Tensor& w, const Tensor& w8);
+}  // namespace cuda
+
+}  // namespace qgrad::kernels

@@ -1,0 +1,161 @@
+// QAT recipes beyond int8 (issue #14): one entry point per step for every
+// recipe, after torchao's quantizers:
+//   prepare_qat(model, recipe)  swaps each Linear for the recipe's QAT linear;
+//   ... train ...;
+//   convert(model, recipe)      builds the matching inference model.
+//
+// Recipes:
+//   int8   today's flow (nn/qat.h): static per-tensor u8 activations with
+//          observers, per-channel s8 weights; convert -> QuantizedLinear.
+//   8da4w  torchao's Int8DynActInt4WeightQATQuantizer: activations fake
+//          quantized dynamic per token, asymmetric int8 [-128, 127] (scale
+//          and zero point from each row's min/max in the step itself, eps
+//          FLT_EPSILON), weights fake quantized int4 symmetric per group of
+//          G (default 32) along in_features; both straight-through.
+//          convert -> Int8DynActInt4WeightLinear (linear_w4a8).
+//   fp8    e4m3 weights and activations, each with a dynamic per-tensor
+//          scale amax / 448 from the current values (torchao's
+//          Float8FakeQuantizer with PerTensor granularity), straight-through.
+//          convert -> Float8Linear (fp8_linear, dynamic activation scale).
+//
+// A Linear whose in_features the group size does not divide cannot take
+// int4 groups: prepare_qat rejects it (qgrad::Error naming "group_size"),
+// or, with RecipeOptions::skip_indivisible, leaves it in float as torchao's
+// quantizer does (its filter with padding_allowed=False); convert then keeps
+// it as a float Linear. docs/tutorial.md, "Recipes".
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "qgrad/nn/qat.h"
+
+namespace qgrad::nn {
+
+enum class Recipe { int8, w8da4, fp8 };
+
+// "int8", "8da4w", "fp8"; anything else: qgrad::Error("parse_recipe", "recipe").
+Recipe parse_recipe(const std::string& name);
+const char* recipe_name(Recipe recipe);
+
+struct RecipeOptions {
+  QConfig int8 = default_qat_qconfig();  // Recipe::int8
+  std::int64_t group_size = 32;          // Recipe::w8da4: int4 weight group along in_features
+  bool skip_indivisible = false;         // Recipe::w8da4: keep such a Linear in float instead of failing
+};
+
+// ---- the fake quantizers of the recipes (differentiable, straight-through) ----
+// 8da4w activations: per token (rows of the last axis) asymmetric int8,
+//   (scale, zp) = choose_qparams_affine(x, per_token(), asymmetric, -128, 127, FLT_EPSILON),
+//   y = (clamp(nearbyint(x * (1/scale)) + zp, -128, 127) - zp) * scale; dx = dy * 1[in range].
+Tensor fake_quantize_8da4w_activation(const Tensor& x);
+// 8da4w weights: fake_quantize_int4(w, group_size, symmetric, s4) (scale = absmax / 7.5 per group, zp 0).
+Tensor fake_quantize_8da4w_weight(const Tensor& w, std::int64_t group_size);
+// fp8: fake_quantize_fp8(x, per_tensor(), f8e4m3) (scale = max(amax, 1e-12) / 448); dx = dy.
+Tensor fake_quantize_fp8_tensor(const Tensor& x);
+
+// linear(fq_act(x), fq_weight(weight), bias). Shares weight and bias with
+// the Linear it wraps. Names: "weight", "bias". No buffers: the qparams
+// are recomputed each step.
+class Int8DynActInt4WeightQATLinear : public Module {
+ public:
+  Int8DynActInt4WeightQATLinear(const Linear& linear, std::int64_t group_size = 32);
+  Tensor forward(const Tensor& x) override;
+  std::string type_name() const override { return "Int8DynActInt4WeightQATLinear"; }
+  Tensor weight() const { return weight_; }
+  Tensor bias() const { return bias_; }
+  std::int64_t group_size() const { return group_size_; }
+  // Off: a plain linear (the float model of the same weights).
+  void enable_fake_quant(bool on) { fake_quant_ = on; }
+  bool fake_quant_enabled() const { return fake_quant_; }
+
+ private:
+  Tensor weight_, bias_;
+  std::int64_t group_size_;
+  bool fake_quant_ = true;
+};
+
+// linear(fake_quantize_fp8_tensor(x), fake_quantize_fp8_tensor(weight), bias).
+// Names: "weight", "bias".
+class Float8QATLinear : public Module {
+ public:
+  explicit Float8QATLinear(const Linear& linear);
+  Tensor forward(const Tensor& x) override;
+  std::string type_name() const override { return "Float8QATLinear"; }
+  Tensor weight() const { return weight_; }
+  Tensor bias() const { return bias_; }
+  void enable_fake_quant(bool on) { fake_quant_ = on; }
+  bool fake_quant_enabled() const { return fake_quant_; }
+
+ private:
+  Tensor weight_, bias_;
+  bool fake_quant_ = true;
+};
+
+// Fake quant on or off in every recipe QAT linear and every FakeQuantize /
+// LearnableFakeQuantize under root (nn::enable_fake_quant for the latter).
+void enable_recipe_fake_quant(Module& root, bool on);
+
+// In place. int8: prepare_qat(model, options.int8). 8da4w / fp8: every
+// Linear child becomes the recipe's QAT linear under the same name
+// (parameter names unchanged); the whole model is validated first. Throws
+// if the model is already prepared, has no Linear, or (8da4w, without
+// skip_indivisible) a Linear's in_features is not a multiple of group_size.
+void prepare_qat(Sequential& model, Recipe recipe, const RecipeOptions& options = {});
+
+// The names of the Linear children prepare_qat left in float (8da4w with
+// skip_indivisible); empty for a fully prepared model.
+std::vector<std::string> float_layers(const Sequential& model);
+
+// ---- inference modules (convert) ----
+
+// The 8da4w inference linear: y = linear_w4a8(x, weight, weight_scale,
+// group_size, bias, asymmetric, f32) — per-token dynamic asymmetric int8
+// activations, symmetric int4 weights per group (ops/lowbit_linear.h).
+// Buffers: "weight" (s4 [N, K], packed), "weight_scale" (f32 [N, K/G]),
+// "bias" (f32 [N], when present).
+class Int8DynActInt4WeightLinear : public Module {
+ public:
+  Int8DynActInt4WeightLinear(Tensor weight_q, Tensor weight_scale, Tensor bias, std::int64_t group_size);
+  Tensor forward(const Tensor& x) override;
+  std::string type_name() const override { return "Int8DynActInt4WeightLinear"; }
+  Tensor weight() const { return weight_; }
+  Tensor weight_scale() const { return weight_scale_; }
+  Tensor bias() const { return bias_; }
+  std::int64_t group_size() const { return group_size_; }
+
+ private:
+  Tensor weight_, weight_scale_, bias_;
+  std::int64_t group_size_;
+};
+
+// The fp8 inference linear: y = fp8_linear(x, weight, weight_scale, bias,
+// f32) — e4m3 weights with one scale, the activation scaled dynamically per
+// tensor (ops/fp8_linear.h). Buffers: "weight" (f8e4m3 [N, K]),
+// "weight_scale" (f32 [1]), "bias" (f32 [N], when present).
+class Float8Linear : public Module {
+ public:
+  Float8Linear(Tensor weight_q, Tensor weight_scale, Tensor bias);
+  Tensor forward(const Tensor& x) override;
+  std::string type_name() const override { return "Float8Linear"; }
+  Tensor weight() const { return weight_; }
+  Tensor weight_scale() const { return weight_scale_; }
+  Tensor bias() const { return bias_; }
+
+ private:
+  Tensor weight_, weight_scale_, bias_;
+};
+
+// A new inference Sequential from a model prepared with `recipe` (and
+// trained). int8: convert(model) (nn/qat.h). 8da4w: each
+// Int8DynActInt4WeightQATLinear -> Int8DynActInt4WeightLinear with the
+// weight quantized by quantize_int4 with the qparams its fake quantizer uses
+// (choose_qparams_int4, symmetric s4); fp8: each Float8QATLinear ->
+// Float8Linear with quantize_fp8 and fp8_scale of the weight. ReLU is kept; a
+// Linear left in float by prepare_qat is copied. Everything is copied, so
+// further training of `model` does not change the result. Any other child
+// type, or a QAT linear of another recipe, is an error naming the child.
+std::shared_ptr<Sequential> convert(const Sequential& model, Recipe recipe);
+
+}  // namespace qgrad::nn

@@ -1,0 +1,29 @@
+// Scaled dot-product attention (PyTorch 2.11's F.scaled_dot_product_attention
+// with the math backend; docs/ops.md "scaled_dot_product_attention").
+#pragma once
+
+#include <optional>
+
+#include "qgrad/core/tensor.h"
+
+namespace qgrad {
+
+// softmax(q · kᵀ * scale + mask) · v for q [..., L, D], k [..., S, D],
+// v [..., S, Dv] of one floating dtype and device, with equal leading
+// (batch) dims (at most 6 of them; not broadcast). scale defaults to
+// 1 / sqrt(D). attn_mask: undefined, boolean (true: take part) or of q's
+// dtype (added to the scores; differentiable), of a shape that broadcasts to
+// [..., L, S]. causal: query i sees keys j <= i (top-left aligned, as
+// PyTorch's is_causal); with a mask too, both apply. A row with every key
+// masked gives zeros (PyTorch's _safe_softmax). dropout_p in [0, 1]: the
+// probabilities are dropped with the dropout op's counter-based mask
+// (element i of the [..., L, S] probabilities keeps iff
+// random_uniform(seed, offset + i) >= p), the generator advancing by their
+// count; dropout_p == 0 draws nothing. Saves the probabilities for the
+// backward: batch * L * S elements of q's dtype.
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                    const Tensor& attn_mask = Tensor(), bool causal = false,
+                                    std::optional<double> scale = std::nullopt, double dropout_p = 0.0,
+                                    Generator& generator = default_generator());
+
+}  // namespace qgrad

@@ -1,0 +1,172 @@
+// The int4 linear layers (ops/lowbit_linear.h): validation, then the
+// kernels of kernels/lowbit_linear.h (W4A16, grouped W4A8) or, for W4A8 per
+// channel with symmetric activations, the widened weight through
+// quantized_linear's int8 GEMM and epilogue (kernels/qlinear.h).
+#include "qgrad/ops/lowbit_linear.h"
+
+#include "qgrad/kernels/dynamic_quant.h"
+#include "qgrad/kernels/lowbit_linear.h"
+#include "qgrad/kernels/qlinear.h"
+#include "qgrad/ops/check.h"
+
+namespace qgrad {
+
+namespace {
+
+using I64 = std::int64_t;
+
+void check_activation(const Tensor& x, const char* op) {
+  check::floating(x, op, "x");
+  QGRAD_CHECK(x.dtype() != DType::f64, op, "x", "expected f32, f16 or bf16, got f64");
+  QGRAD_CHECK(x.dim() >= 1, op, "x", "expected rank >= 1 ([..., K]), got a scalar");
+  QGRAD_CHECK(x.size(-1) >= 1, op, "x", "inner dimension K must be >= 1, got shape ", shape_str(x.shape()));
+}
+
+// w_q packed [N, K] on x's device, K even, G > 0 dividing K; returns N.
+I64 check_weight(const Tensor& x, const Tensor& w_q, I64 group_size, const char* op) {
+  check::defined(w_q, op, "w_q");
+  check::rank_is(w_q, 2, op, "w_q");
+  check::same_device(w_q, x, op, "w_q");
+  const I64 K = x.size(-1), N = w_q.size(0);
+  QGRAD_CHECK(N >= 1, op, "w_q", "needs at least one output channel, got shape ", shape_str(w_q.shape()));
+  QGRAD_CHECK(w_q.size(1) == K, op, "w_q", "shape ", shape_str(w_q.shape()), " does not match K = ", K, " of x ",
+              shape_str(x.shape()));
+  QGRAD_CHECK(K % 2 == 0, op, "w_q", "packed int4 rows need an even K (two values per byte), got K = ", K);
+  QGRAD_CHECK(group_size > 0, op, "group_size", "must be > 0, got ", group_size);
+  QGRAD_CHECK(K % group_size == 0, op, "group_size", "K = ", K, " is not a multiple of the group size ", group_size);
+  return N;
+}
+
+void check_scale(const Tensor& x, const Tensor& w_scale, I64 N, I64 groups, const char* op) {
+  check::dtype_is(w_scale, DType::f32, op, "w_scale");
+  check::same_device(w_scale, x, op, "w_scale");
+  QGRAD_CHECK(w_scale.shape() == (Shape{N, groups}), op, "w_scale", "expected shape [", N, ", ", groups, "], got ",
+              shape_str(w_scale.shape()));
+  if (w_scale.device().is_cpu()) {
+    const float* s = w_scale.data<float>();
+    for (I64 i = 0; i < N * groups; ++i) check::finite_positive(s[i], op, "w_scale");
+  }
+}
+
+void check_bias(const Tensor& x, const Tensor& bias, I64 N, const char* op) {
+  if (!bias.defined()) return;
+  check::floating(bias, op, "bias");
+  check::same_device(bias, x, op, "bias");
+  QGRAD_CHECK(bias.shape() == Shape{N}, op, "bias", "expected shape [", N, "], got ", shape_str(bias.shape()));
+}
+
+Shape out_shape_of(const Tensor& x, I64 N) {
+  Shape s = x.shape();
+  s.back() = N;
+  return s;
+}
+
+}  // namespace
+
+Tensor linear_w4a16(const Tensor& x, const Tensor& w_q, const Tensor& w_scale, const Tensor& w_zero_point,
+                    std::int64_t group_size, const Tensor& bias) {
+  constexpr const char* kOp = "linear_w4a16";
+  // ---- validation: everything before any allocation or launch ----
+  check_activation(x, kOp);
+  check::defined(w_q, kOp, "w_q");
+  QGRAD_CHECK(is_packed_int4(w_q.dtype()), kOp, "w_q", "expected dtype s4 or u4, got ", dtype_name(w_q.dtype()));
+  const I64 N = check_weight(x, w_q, group_size, kOp);
+  const I64 K = x.size(-1), groups = K / group_size;
+  check_scale(x, w_scale, N, groups, kOp);
+  if (w_q.dtype() == DType::s4) {
+    QGRAD_CHECK(!w_zero_point.defined(), kOp, "w_zero_point",
+                "s4 weights are symmetric: the zero point must be undefined (use u4 weights for a zero point)");
+  } else {
+    check::dtype_is(w_zero_point, DType::s32, kOp, "w_zero_point");
+    check::same_device(w_zero_point, x, kOp, "w_zero_point");
+    QGRAD_CHECK(w_zero_point.shape() == (Shape{N, groups}), kOp, "w_zero_point", "expected shape [", N, ", ", groups,
+                "], got ", shape_str(w_zero_point.shape()));
+    if (w_zero_point.device().is_cpu()) {
+      const std::int32_t* z = w_zero_point.data<std::int32_t>();
+      for (I64 i = 0; i < N * groups; ++i)
+        QGRAD_CHECK(z[i] >= 0 && z[i] <= 15, kOp, "w_zero_point", "u4 zero point ", z[i], " outside [0, 15]");
+    }
+  }
+  check_bias(x, bias, N, kOp);
+
+  // ---- compute ----
+  Tensor out = Tensor::empty(out_shape_of(x, N), TensorOptions{}.with_dtype(x.dtype()).with_device(x.device()));
+  const I64 M = x.numel() / K;
+  if (M == 0) return out;
+  const Tensor b = bias.defined() ? bias.detach().to(x.dtype()) : Tensor();
+  kernels::w4a16_linear(x.detach().reshape({M, K}), w_q, w_scale, w_zero_point, group_size, b, out.reshape({M, N}));
+  return out;
+}
+
+Tensor linear_w4a8(const Tensor& x, const Tensor& w_q, const Tensor& w_scale, std::int64_t group_size,
+                   const Tensor& bias, QuantMode act_mode, DType out_dtype, const Tensor& w_s8) {
+  constexpr const char* kOp = "linear_w4a8";
+  // ---- validation: everything before any allocation or launch ----
+  check_activation(x, kOp);
+  check::defined(w_q, kOp, "w_q");
+  QGRAD_CHECK(w_q.dtype() == DType::s4, kOp, "w_q", "expected dtype s4 (symmetric int4 weights), got ",
+              dtype_name(w_q.dtype()));
+  const I64 N = check_weight(x, w_q, group_size, kOp);
+  const I64 K = x.size(-1), groups = K / group_size;
+  check_scale(x, w_scale, N, groups, kOp);
+  check_bias(x, bias, N, kOp);
+  QGRAD_CHECK(act_mode == QuantMode::symmetric || act_mode == QuantMode::asymmetric, kOp, "act_mode",
+              "unknown activation quantization mode");
+  QGRAD_CHECK(out_dtype == DType::f32 || out_dtype == DType::bf16 || out_dtype == DType::f16, kOp, "out_dtype",
+              "expected f32, bf16 or f16, got ", dtype_name(out_dtype));
+  if (w_s8.defined()) {
+    check::dtype_is(w_s8, DType::s8, kOp, "w_s8");
+    check::same_device(w_s8, x, kOp, "w_s8");
+    QGRAD_CHECK(w_s8.shape() == (Shape{N, K}), kOp, "w_s8", "expected shape [", N, ", ", K, "] (w_q widened), got ",
+                shape_str(w_s8.shape()));
+    if (w_s8.device().is_cpu()) {
+      Tensor ref = Tensor::empty({N, K}, TensorOptions{}.with_dtype(DType::s8));
+      kernels::int4_widen(w_q, ref);
+      const std::int8_t* a = w_s8.data<std::int8_t>();
+      const std::int8_t* r = ref.data<std::int8_t>();
+      for (I64 i = 0; i < N * K; ++i)
+        QGRAD_CHECK(a[i] == r[i], kOp, "w_s8", "value ", static_cast<int>(a[i]), " at flat index ", i,
+                    " differs from w_q's ", static_cast<int>(r[i]), " (a stale cache?)");
+    }
+  }
+
+  // ---- compute ----
+  const Device dev = x.device();
+  const TensorOptions on = TensorOptions{}.with_device(dev);
+  Tensor out = Tensor::empty(out_shape_of(x, N), TensorOptions(on).with_dtype(out_dtype));
+  const I64 M = x.numel() / K;
+  if (M == 0) return out;
+  const bool symmetric = act_mode == QuantMode::symmetric;
+  // Per-token int8 activations (dynamic_range_quantize's formulas), rows
+  // padded to the int8 GEMM's stride on CUDA.
+  const I64 lda = kernels::qlinear_lda(dev, K);
+  Tensor a = Tensor::empty({M, lda}, TensorOptions(on).with_dtype(DType::s8));
+  Tensor sa = Tensor::empty({M}, TensorOptions(on).with_dtype(DType::f32));
+  Tensor za = symmetric ? Tensor() : Tensor::empty({M}, TensorOptions(on).with_dtype(DType::s32));
+  const kernels::QuantSpec spec{symmetric, -128, 127};
+  kernels::quantize_rows_dynamic(x.detach().reshape({M, K}), K, spec, a, lda, sa, za);
+  const Tensor b = bias.defined() ? bias.detach().to(DType::f32) : Tensor();
+  const Tensor out2 = out.reshape({M, N});
+  if (group_size == K && symmetric) {
+    // Per channel: widen to s8 (a scratch buffer, 1.5 bytes per weight moved)
+    // and run quantized_linear's int8 GEMM + epilogue: the same bits as the
+    // grouped formula with one group.
+    // A caller's w_s8 (validated above) replaces the widening.
+    Tensor w8 = w_s8;
+    if (!w8.defined()) {
+      w8 = Tensor::empty({N, K}, TensorOptions(on).with_dtype(DType::s8));
+      kernels::int4_widen(w_q, w8);
+    }
+    kernels::QLinearEpilogue ep;
+    ep.sa = sa;
+    ep.per_row = true;
+    ep.sw = w_scale.reshape({N});
+    ep.bias = b;
+    kernels::qlinear(a, lda, K, w8, ep, out2);
+  } else {
+    kernels::w4a8_linear(a, lda, K, sa, za, w_q, w_scale, group_size, b, out2);
+  }
+  return out;
+}
+
+}  // namespace qgrad

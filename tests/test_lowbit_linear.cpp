@@ -1,0 +1,393 @@
+// linear_w4a16 and linear_w4a8 (ops/lowbit_linear.h): host references built
+// from dequantize_int4 + f64 math (W4A16) and from dynamic_range_quantize +
+// exact integer group sums + the documented f32 sequence (W4A8, bit for
+// bit), M = 0 / 1 / odd shapes, group sizes, bias, dtypes, per-channel W4A8
+// against quantized_linear on the widened weight, bad inputs naming op and
+// argument, and CUDA against the CPU (bit for bit for W4A8).
+#include <cmath>
+#include <string>
+#include <tuple>
+
+#include "helpers.h"
+
+using namespace qgrad;
+using namespace qgrad::testing;
+
+namespace {
+
+using I64 = std::int64_t;
+
+struct W4 {
+  Tensor q, scale, zp;  // zp undefined for s4
+  I64 N, K, G;
+};
+
+W4 make_w4(I64 N, I64 K, I64 G, DType qtype, std::uint64_t seed) {
+  Generator g(seed);
+  W4 w;
+  w.N = N;
+  w.K = K;
+  w.G = G;
+  const bool s = qtype == DType::s4;
+  w.q = randint(s ? -8 : 0, s ? 8 : 16, {N, K}, g, TensorOptions{}.with_dtype(DType::s32)).to(qtype);
+  w.scale = rand({N, K / G}, g, {}, 0.005, 0.05);
+  if (!s) w.zp = randint(0, 16, {N, K / G}, g, TensorOptions{}.with_dtype(DType::s32));
+  return w;
+}
+
+Tensor make_x(const Shape& shape, DType dt, std::uint64_t seed) {
+  Generator g(seed);
+  return randn(shape, g, TensorOptions{}.with_dtype(dt), 0.0, 1.5);
+}
+
+W4 on_cuda(const W4& w) {
+  W4 c = w;
+  c.q = w.q.cuda();
+  c.scale = w.scale.cuda();
+  if (w.zp.defined()) c.zp = w.zp.cuda();
+  return c;
+}
+
+double rel_ulp(DType dt) { return dt == DType::f32 ? 0x1p-23 : dt == DType::f16 ? 0x1p-10 : 0x1p-7; }
+
+// W4A16 against dequantize_int4 (in x's dtype: the documented weight) and
+// f64 sums: |y - ref| <= one ulp of the output dtype at |ref| plus f32
+// accumulation error over sum |x w|.
+void check_w4a16(const Tensor& x, const W4& w, const Tensor& bias, const Tensor& y) {
+  const DType dt = x.dtype();
+  const Tensor zp = w.zp.defined() ? w.zp : zeros({w.N, w.K / w.G}, TensorOptions{}.with_dtype(DType::s32));
+  const auto W = values(dequantize_int4(w.q, w.scale, zp, w.G, dt));
+  const auto xs = values(x), ys = values(y);
+  const auto bs = bias.defined() ? values(bias.to(dt)) : std::vector<double>();
+  const I64 M = x.numel() / w.K;
+  REQUIRE(static_cast<I64>(ys.size()) == M * w.N);
+  for (I64 m = 0; m < M; ++m)
+    for (I64 n = 0; n < w.N; ++n) {
+      double ref = 0, mag = 0;
+      for (I64 k = 0; k < w.K; ++k) {
+        const double p = xs[static_cast<std::size_t>(m * w.K + k)] * W[static_cast<std::size_t>(n * w.K + k)];
+        ref += p;
+        mag += std::fabs(p);
+      }
+      if (!bs.empty()) {
+        ref += bs[static_cast<std::size_t>(n)];
+        mag += std::fabs(bs[static_cast<std::size_t>(n)]);
+      }
+      const double got = ys[static_cast<std::size_t>(m * w.N + n)];
+      const double tol = rel_ulp(dt) * std::fabs(ref) + 1e-6 * mag + 1e-30;
+      CHECK_MESSAGE(std::fabs(got - ref) <= tol, "m=", m, " n=", n, " got ", got, " ref ", ref);
+    }
+}
+
+// W4A8's documented sequence on the host: the activation quantization of
+// dynamic_range_quantize (per token, s8), exact group sums in int64, the f32
+// terms float(acc) * (sa * sw) added in increasing g, + bias, one rounding.
+Tensor ref_w4a8(const Tensor& x, const W4& w, const Tensor& bias, QuantMode mode, DType out_dtype) {
+  const I64 K = w.K, M = x.numel() / K, groups = K / w.G;
+  const DynamicQuantized dq = dynamic_range_quantize(x.reshape({M, K}), QuantScope::per_token(), mode, DType::s8);
+  const auto a = dq.q.to(DType::s32).to_vector<std::int32_t>();
+  const auto sa = dq.scale.to_vector<float>();
+  const auto za = dq.zero_point.to_vector<std::int32_t>();
+  const auto wq = w.q.to(DType::s32).to_vector<std::int32_t>();
+  const auto sw = w.scale.to_vector<float>();
+  const auto b = bias.defined() ? bias.to(DType::f32).to_vector<float>() : std::vector<float>();
+  std::vector<float> y(static_cast<std::size_t>(M * w.N));
+  for (I64 m = 0; m < M; ++m)
+    for (I64 n = 0; n < w.N; ++n) {
+      float acc_f = 0;
+      for (I64 g = 0; g < groups; ++g) {
+        std::int64_t acc = 0;
+        for (I64 k = g * w.G; k < (g + 1) * w.G; ++k)
+          acc += static_cast<std::int64_t>(a[static_cast<std::size_t>(m * K + k)] - za[static_cast<std::size_t>(m)]) *
+                 wq[static_cast<std::size_t>(n * K + k)];
+        const float term = static_cast<float>(acc) * (sa[static_cast<std::size_t>(m)] *
+                                                       sw[static_cast<std::size_t>(n * groups + g)]);
+        acc_f = g == 0 ? term : acc_f + term;
+      }
+      y[static_cast<std::size_t>(m * w.N + n)] = b.empty() ? acc_f : acc_f + b[static_cast<std::size_t>(n)];
+    }
+  Shape s = x.shape();
+  s.back() = w.N;
+  return Tensor::from_vector(y, s).to(out_dtype);
+}
+
+template <class F>
+void expect_error(F&& f, const std::string& op, const std::string& arg) {
+  try {
+    f();
+    FAIL_CHECK("no error for ", op, " ", arg);
+  } catch (const Error& e) {
+    CHECK(e.op() == op);
+    CHECK_MESSAGE(e.arg() == arg, e.what());
+  }
+}
+
+const DType kAct[] = {DType::f32, DType::f16, DType::bf16};
+
+}  // namespace
+
+// ---- W4A16 ----
+
+TEST_CASE("linear_w4a16 matches dequantize_int4 + f64 sums: s4 and u4, group sizes, bias, dtypes") {
+  for (auto [M, N, K, G] : {std::tuple{1, 8, 64, 32}, std::tuple{3, 17, 128, 64}, std::tuple{5, 9, 256, 256},
+                            std::tuple{2, 5, 34, 2}, std::tuple{1, 3, 6, 6}, std::tuple{7, 12, 96, 32}}) {
+    CAPTURE(M);
+    CAPTURE(N);
+    CAPTURE(K);
+    CAPTURE(G);
+    for (DType qt : {DType::s4, DType::u4}) {
+      const W4 w = make_w4(N, K, G, qt, 31);
+      for (DType dt : kAct) {
+        CAPTURE(dt);
+        const Tensor x = make_x({M, K}, dt, 32);
+        Generator g(33);
+        const Tensor bias = randn({N}, g, TensorOptions{}.with_dtype(dt));
+        const Tensor y = linear_w4a16(x, w.q, w.scale, w.zp, G, bias);
+        CHECK(y.dtype() == dt);
+        CHECK(y.shape() == (Shape{M, N}));
+        check_w4a16(x, w, bias, y);
+        check_w4a16(x, w, Tensor(), linear_w4a16(x, w.q, w.scale, w.zp, G));
+      }
+    }
+  }
+}
+
+TEST_CASE("linear_w4a16: batch dims, M = 0, a lone row, an f32 bias for 16-bit x") {
+  const W4 w = make_w4(6, 64, 32, DType::s4, 41);
+  const Tensor x = make_x({2, 3, 64}, DType::bf16, 42);
+  const Tensor y = linear_w4a16(x, w.q, w.scale, Tensor(), 32);
+  CHECK(y.shape() == (Shape{2, 3, 6}));
+  CHECK(bit_equal(y.reshape({6, 6}), linear_w4a16(x.reshape({6, 64}), w.q, w.scale, Tensor(), 32)));
+  const Tensor e = linear_w4a16(zeros({0, 64}), w.q, w.scale, Tensor(), 32);
+  CHECK(e.shape() == (Shape{0, 6}));
+  const Tensor e3 = linear_w4a16(zeros({2, 0, 64}, TensorOptions{}.with_dtype(DType::f16)), w.q, w.scale, Tensor(), 32);
+  CHECK(e3.shape() == (Shape{2, 0, 6}));
+  // An f32 bias is rounded to x's dtype first.
+  Generator g(43);
+  const Tensor b32 = randn({6}, g);
+  CHECK(bit_equal(linear_w4a16(x, w.q, w.scale, Tensor(), 32, b32),
+                  linear_w4a16(x, w.q, w.scale, Tensor(), 32, b32.to(DType::bf16))));
+}
+
+TEST_CASE("linear_w4a16: zero weights give the bias, NaN in x reaches its row only") {
+  W4 w = make_w4(4, 32, 32, DType::s4, 51);
+  w.q = zeros({4, 32}).to(DType::s4);
+  Tensor x = make_x({2, 32}, DType::f32, 52);
+  const Tensor bias = Tensor::from_vector(std::vector<float>{1.5f, -0.0f, 0.0f, -2.0f}, {4});
+  auto y = values(linear_w4a16(x, w.q, w.scale, Tensor(), 32, bias));
+  for (int m = 0; m < 2; ++m) {
+    CHECK(y[static_cast<std::size_t>(m * 4)] == 1.5);
+    CHECK(y[static_cast<std::size_t>(m * 4 + 3)] == -2.0);
+  }
+  const W4 w2 = make_w4(4, 32, 32, DType::s4, 53);
+  std::vector<float> xv = x.to_vector<float>();
+  xv[3] = NAN;
+  const auto y2 = values(linear_w4a16(Tensor::from_vector(xv, {2, 32}), w2.q, w2.scale, Tensor(), 32));
+  for (int n = 0; n < 4; ++n) {
+    CHECK(std::isnan(y2[static_cast<std::size_t>(n)]));
+    CHECK(std::isfinite(y2[static_cast<std::size_t>(4 + n)]));
+  }
+}
+
+// ---- W4A8 ----
+
+TEST_CASE("linear_w4a8 matches the documented sequence bit for bit: modes, groups, bias, out dtypes") {
+  for (auto [M, N, K, G] : {std::tuple{1, 8, 64, 32}, std::tuple{5, 17, 128, 32}, std::tuple{3, 9, 256, 64},
+                            std::tuple{4, 7, 30, 6}, std::tuple{2, 5, 34, 34}, std::tuple{9, 16, 64, 64}}) {
+    CAPTURE(M);
+    CAPTURE(N);
+    CAPTURE(K);
+    CAPTURE(G);
+    const W4 w = make_w4(N, K, G, DType::s4, 61);
+    Generator g(62);
+    const Tensor bias = randn({N}, g);
+    for (DType dt : kAct) {
+      const Tensor x = make_x({M, K}, dt, 63);
+      for (QuantMode mode : {QuantMode::symmetric, QuantMode::asymmetric})
+        for (DType out : kAct) {
+          CAPTURE(dt);
+          CAPTURE(out);
+          CAPTURE(static_cast<int>(mode));
+          CHECK(bit_equal(linear_w4a8(x, w.q, w.scale, G, bias, mode, out), ref_w4a8(x, w, bias, mode, out)));
+          CHECK(bit_equal(linear_w4a8(x, w.q, w.scale, G, Tensor(), mode, out), ref_w4a8(x, w, Tensor(), mode, out)));
+        }
+    }
+  }
+}
+
+TEST_CASE("linear_w4a8 is close to x · dequantize_int4(w)^T (int8 activations)") {
+  const W4 w = make_w4(16, 128, 32, DType::s4, 71);
+  const Tensor x = make_x({4, 128}, DType::f32, 72);
+  const auto W = values(dequantize_int4(w.q, w.scale, zeros({16, 4}, TensorOptions{}.with_dtype(DType::s32)), 32));
+  const auto xs = values(x);
+  for (QuantMode mode : {QuantMode::symmetric, QuantMode::asymmetric}) {
+    const auto y = values(linear_w4a8(x, w.q, w.scale, 32, Tensor(), mode));
+    for (I64 m = 0; m < 4; ++m) {
+      double amax = 0;
+      for (I64 k = 0; k < 128; ++k) amax = std::max(amax, std::fabs(xs[static_cast<std::size_t>(m * 128 + k)]));
+      for (I64 n = 0; n < 16; ++n) {
+        double ref = 0, wabs = 0;
+        for (I64 k = 0; k < 128; ++k) {
+          ref += xs[static_cast<std::size_t>(m * 128 + k)] * W[static_cast<std::size_t>(n * 128 + k)];
+          wabs += std::fabs(W[static_cast<std::size_t>(n * 128 + k)]);
+        }
+        // Each activation is off by at most half a step (amax / 127 symmetric, 2 amax / 255 asymmetric).
+        CHECK(std::fabs(y[static_cast<std::size_t>(m * 16 + n)] - ref) <= 0.5 * (2 * amax / 127) * wabs + 1e-5);
+      }
+    }
+  }
+}
+
+TEST_CASE("linear_w4a8 per channel, symmetric = quantized_linear on the widened weight (bit for bit)") {
+  for (auto [M, N, K] : {std::tuple{1, 8, 64}, std::tuple{6, 13, 34}, std::tuple{33, 40, 128}}) {
+    const W4 w = make_w4(N, K, K, DType::s4, 81);
+    Generator g(82);
+    const Tensor bias = randn({N}, g);
+    const Tensor x = make_x({M, K}, DType::bf16, 83);
+    for (DType out : kAct)
+      CHECK(bit_equal(linear_w4a8(x, w.q, w.scale, K, bias, QuantMode::symmetric, out),
+                      quantized_linear(x, w.q.to(DType::s8), w.scale.reshape({N}), bias, ActivationQuant::dynamic(),
+                                       out)));
+  }
+}
+
+TEST_CASE("linear_w4a8 with a cached widened weight w_s8: the same bits, every path, a stale cache rejected") {
+  for (auto [M, N, K, G] : {std::tuple{1, 8, 64, 64}, std::tuple{6, 13, 34, 34}, std::tuple{5, 9, 64, 32}}) {
+    const W4 w = make_w4(N, K, G, DType::s4, 84);
+    const Tensor w8 = w.q.to(DType::s8);
+    Generator g(85);
+    const Tensor bias = randn({N}, g);
+    const Tensor x = make_x({M, K}, DType::bf16, 86);
+    for (QuantMode mode : {QuantMode::symmetric, QuantMode::asymmetric})
+      for (DType out : kAct)
+        CHECK(bit_equal(linear_w4a8(x, w.q, w.scale, G, bias, mode, out, w8),
+                        linear_w4a8(x, w.q, w.scale, G, bias, mode, out)));
+  }
+  const W4 w = make_w4(4, 64, 64, DType::s4, 87);
+  Tensor w8 = w.q.to(DType::s8);
+  w8.data<std::int8_t>()[70] = static_cast<std::int8_t>(w8.data<std::int8_t>()[70] == 3 ? 4 : 3);
+  expect_error([&] { (void)linear_w4a8(make_x({2, 64}, DType::f32, 88), w.q, w.scale, 64, Tensor(),
+                                       QuantMode::symmetric, DType::f32, w8); },
+               "linear_w4a8", "w_s8");
+}
+
+TEST_CASE("linear_w4a8: batch dims, M = 0, default arguments") {
+  const W4 w = make_w4(5, 64, 32, DType::s4, 91);
+  const Tensor x = make_x({2, 3, 64}, DType::f32, 92);
+  const Tensor y = linear_w4a8(x, w.q, w.scale, 32);
+  CHECK(y.dtype() == DType::f32);
+  CHECK(y.shape() == (Shape{2, 3, 5}));
+  CHECK(bit_equal(y, ref_w4a8(x, w, Tensor(), QuantMode::asymmetric, DType::f32)));
+  CHECK(linear_w4a8(zeros({0, 64}), w.q, w.scale, 32).shape() == (Shape{0, 5}));
+}
+
+// ---- bad inputs ----
+
+TEST_CASE("bad inputs name the op and the argument") {
+  const W4 s = make_w4(4, 64, 32, DType::s4, 101), u = make_w4(4, 64, 32, DType::u4, 102);
+  const Tensor x = make_x({2, 64}, DType::f32, 103), none;
+  const char* a16 = "linear_w4a16";
+  const char* a8 = "linear_w4a8";
+  // odd K (packed rows), G not dividing K, G <= 0
+  const Tensor x63 = make_x({2, 63}, DType::f32, 104);
+  const Tensor w63 = zeros({4, 63}).to(DType::s4), s63 = full({4, 1}, 0.1);
+  expect_error([&] { linear_w4a16(x63, w63, s63, none, 63); }, a16, "w_q");
+  expect_error([&] { linear_w4a8(x63, w63, s63, 63); }, a8, "w_q");
+  expect_error([&] { linear_w4a16(x, s.q, full({4, 1}, 0.1), none, 48); }, a16, "group_size");
+  expect_error([&] { linear_w4a8(x, s.q, full({4, 1}, 0.1), 48); }, a8, "group_size");
+  expect_error([&] { linear_w4a16(x, s.q, s.scale, none, 0); }, a16, "group_size");
+  expect_error([&] { linear_w4a8(x, s.q, s.scale, -2); }, a8, "group_size");
+  // dtypes
+  expect_error([&] { linear_w4a16(x.to(DType::f64), s.q, s.scale, none, 32); }, a16, "x");
+  expect_error([&] { linear_w4a16(x.to(DType::s32), s.q, s.scale, none, 32); }, a16, "x");
+  expect_error([&] { linear_w4a8(x.to(DType::f64), s.q, s.scale, 32); }, a8, "x");
+  expect_error([&] { linear_w4a16(x, s.q.to(DType::s8), s.scale, none, 32); }, a16, "w_q");
+  expect_error([&] { linear_w4a8(x, u.q, u.scale, 32); }, a8, "w_q");
+  expect_error([&] { linear_w4a16(x, s.q, s.scale.to(DType::f16), none, 32); }, a16, "w_scale");
+  expect_error([&] { linear_w4a8(x, s.q, s.scale.to(DType::f64), 32); }, a8, "w_scale");
+  expect_error([&] { linear_w4a8(x, s.q, s.scale, 32, none, QuantMode::symmetric, DType::f64); }, a8, "out_dtype");
+  expect_error([&] { linear_w4a8(x, s.q, s.scale, 32, none, QuantMode::symmetric, DType::s32); }, a8, "out_dtype");
+  // zero points
+  expect_error([&] { linear_w4a16(x, s.q, s.scale, u.zp, 32); }, a16, "w_zero_point");
+  expect_error([&] { linear_w4a16(x, u.q, u.scale, none, 32); }, a16, "w_zero_point");
+  expect_error([&] { linear_w4a16(x, u.q, u.scale, u.zp.to(DType::f32), 32); }, a16, "w_zero_point");
+  expect_error([&] { linear_w4a16(x, u.q, u.scale, full({4, 2}, -1, TensorOptions{}.with_dtype(DType::s32)), 32); },
+               a16, "w_zero_point");
+  // shapes
+  expect_error([&] { linear_w4a16(x, s.q, full({4, 3}, 0.1), none, 32); }, a16, "w_scale");
+  expect_error([&] { linear_w4a8(x, s.q, full({3, 2}, 0.1), 32); }, a8, "w_scale");
+  expect_error([&] { linear_w4a16(make_x({2, 32}, DType::f32, 1), s.q, s.scale, none, 32); }, a16, "w_q");
+  expect_error([&] { linear_w4a16(x, s.q, s.scale, none, 32, zeros({5})); }, a16, "bias");
+  expect_error([&] { linear_w4a8(x, s.q, s.scale, 32, zeros({4}, TensorOptions{}.with_dtype(DType::s8))); }, a8,
+               "bias");
+  // scale values (host-resident: checked)
+  expect_error([&] { linear_w4a16(x, s.q, full({4, 2}, -0.1), none, 32); }, a16, "w_scale");
+  expect_error([&] { linear_w4a8(x, s.q, full({4, 2}, INFINITY), 32); }, a8, "w_scale");
+}
+
+// ---- CUDA ----
+
+TEST_CASE("CUDA linear_w4a8 matches the CPU bit for bit") {
+  QGRAD_REQUIRE_GPU();
+  for (auto [M, N, K, G] : {std::tuple{1, 8, 64, 32}, std::tuple{5, 17, 128, 32}, std::tuple{3, 9, 256, 64},
+                            std::tuple{4, 7, 30, 6}, std::tuple{2, 5, 34, 34}, std::tuple{37, 40, 128, 128},
+                            std::tuple{130, 64, 512, 512}, std::tuple{130, 64, 512, 128}}) {
+    CAPTURE(M);
+    CAPTURE(N);
+    CAPTURE(K);
+    CAPTURE(G);
+    const W4 w = make_w4(N, K, G, DType::s4, 111);
+    const W4 wc = on_cuda(w);
+    Generator g(112);
+    const Tensor bias = randn({N}, g);
+    for (DType dt : kAct) {
+      const Tensor x = make_x({M, K}, dt, 113);
+      for (QuantMode mode : {QuantMode::symmetric, QuantMode::asymmetric})
+        for (DType out : kAct)
+          CHECK(bit_equal(linear_w4a8(x, w.q, w.scale, G, bias, mode, out),
+                          linear_w4a8(x.cuda(), wc.q, wc.scale, G, bias.cuda(), mode, out)));
+      // The cached widened weight (per channel symmetric: no widening on the device).
+      CHECK(bit_equal(linear_w4a8(x, w.q, w.scale, G, bias, QuantMode::symmetric, DType::bf16),
+                      linear_w4a8(x.cuda(), wc.q, wc.scale, G, bias.cuda(), QuantMode::symmetric, DType::bf16,
+                                  wc.q.to(DType::s8))));
+    }
+  }
+}
+
+TEST_CASE("CUDA linear_w4a16 matches the reference: GEMV (M <= 64), cuBLAS (M > 64), other shapes") {
+  QGRAD_REQUIRE_GPU();
+  for (auto [M, N, K, G] : {std::tuple{1, 8, 64, 32}, std::tuple{1, 40, 256, 128}, std::tuple{16, 33, 128, 32},
+                            std::tuple{17, 16, 96, 32}, std::tuple{33, 24, 128, 128}, std::tuple{64, 24, 128, 64},
+                            std::tuple{65, 24, 128, 64}, std::tuple{128, 16, 256, 64}, std::tuple{130, 48, 256, 256}, std::tuple{3, 7, 34, 2}, std::tuple{5, 9, 48, 16}}) {
+    CAPTURE(M);
+    CAPTURE(N);
+    CAPTURE(K);
+    CAPTURE(G);
+    for (DType qt : {DType::s4, DType::u4}) {
+      const W4 w = make_w4(N, K, G, qt, 121);
+      const W4 wc = on_cuda(w);
+      for (DType dt : kAct) {
+        CAPTURE(dt);
+        const Tensor x = make_x({M, K}, dt, 122);
+        Generator g(123);
+        const Tensor bias = randn({N}, g, TensorOptions{}.with_dtype(dt));
+        const Tensor y = linear_w4a16(x.cuda(), wc.q, wc.scale, wc.zp, G, bias.cuda());
+        check_w4a16(x, w, bias, y.cpu());
+        check_w4a16(x, w, Tensor(), linear_w4a16(x.cuda(), wc.q, wc.scale, wc.zp, G).cpu());
+      }
+    }
+  }
+}
+
+TEST_CASE("CUDA int4 linear layers reject operands on another device") {
+  QGRAD_REQUIRE_GPU();
+  const W4 s = make_w4(4, 64, 32, DType::s4, 131), u = make_w4(4, 64, 32, DType::u4, 132);
+  const Tensor x = make_x({2, 64}, DType::f32, 133).cuda(), none;
+  expect_error([&] { linear_w4a16(x, s.q, s.scale.cuda(), none, 32); }, "linear_w4a16", "w_q");
+  expect_error([&] { linear_w4a16(x, s.q.cuda(), s.scale, none, 32); }, "linear_w4a16", "w_scale");
+  expect_error([&] { linear_w4a16(x, u.q.cuda(), u.scale.cuda(), u.zp, 32); }, "linear_w4a16", "w_zero_point");
+  expect_error([&] { linear_w4a16(x, s.q.cuda(), s.scale.cuda(), none, 32, zeros({4})); }, "linear_w4a16", "bias");
+  expect_error([&] { linear_w4a8(x, s.q, s.scale.cuda(), 32); }, "linear_w4a8", "w_q");
+  expect_error([&] { linear_w4a8(x, s.q.cuda(), s.scale, 32); }, "linear_w4a8", "w_scale");
+  expect_error([&] { linear_w4a8(x, s.q.cuda(), s.scale.cuda(), 32, zeros({4})); }, "linear_w4a8", "bias");
+}

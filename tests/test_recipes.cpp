@@ -1,0 +1,438 @@
+// QAT recipes (nn/recipes.h, issue #14 item 3): the 8da4w and fp8 fake
+// quantizers against host transcriptions of torchao's f32 formulas (bit for
+// bit), their straight-through gradients, choose_qparams_affine, the QAT
+// linears' forward and gradients against a host composition, prepare_qat /
+// convert per recipe, and bad input.
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <limits>
+
+#include "helpers.h"
+#include "qgrad/core/float8.h"
+#include "qgrad/nn/nn.h"
+#include "qgrad/ops/lowbit.h"
+
+using namespace qgrad;
+using namespace qgrad::testing;
+
+namespace {
+
+// torchao's _choose_qparams_affine in f32 for blocks of `block` consecutive
+// elements (per token: block = the row length).
+struct HostQ {
+  std::vector<float> scale;
+  std::vector<int> zp;
+};
+HostQ host_qparams(const std::vector<float>& x, std::size_t block, bool symmetric, int qmin, int qmax, float eps) {
+  HostQ q;
+  for (std::size_t b0 = 0; b0 < x.size(); b0 += block) {
+    float mn = INFINITY, mx = -INFINITY;
+    for (std::size_t i = b0; i < b0 + block; ++i) mn = std::min(mn, x[i]), mx = std::max(mx, x[i]);
+    const float min_neg = std::min(mn, 0.0f), max_pos = std::max(mx, 0.0f);
+    float s = symmetric ? std::max(-min_neg, max_pos) / (static_cast<float>(qmax - qmin) / 2.0f)
+                        : (max_pos - min_neg) / static_cast<float>(qmax - qmin);
+    s = std::max(s, eps);
+    const int z = symmetric ? (qmax + qmin + 1) / 2
+                            : static_cast<int>(std::clamp<float>(static_cast<float>(qmin) - std::nearbyint(min_neg / s),
+                                                                 static_cast<float>(qmin), static_cast<float>(qmax)));
+    q.scale.push_back(s);
+    q.zp.push_back(z);
+  }
+  return q;
+}
+
+// _fake_quantize_affine in f32: values and the straight-through mask.
+void host_fake_quant(const std::vector<float>& x, std::size_t block, const HostQ& q, int qmin, int qmax,
+                     std::vector<float>& y, std::vector<double>& mask) {
+  y.resize(x.size());
+  mask.resize(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const float s = q.scale[i / block], inv = 1.0f / s;
+    const float v = std::nearbyint(x[i] * inv) + static_cast<float>(q.zp[i / block]);
+    mask[i] = (v >= qmin && v <= qmax) ? 1.0 : 0.0;
+    const float c = std::clamp(v, static_cast<float>(qmin), static_cast<float>(qmax));
+    y[i] = (c - static_cast<float>(q.zp[i / block])) * s;
+  }
+}
+
+std::vector<float> host_fp8(const std::vector<float>& x) {
+  float amax = 0;
+  for (float v : x) amax = std::max(amax, std::fabs(v));
+  const float s = std::max(amax, 1e-12f) / 448.0f;
+  std::vector<float> y(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const float c = std::clamp(x[i] / s, -448.0f, 448.0f);
+    y[i] = f8e4m3_bits_to_float(float_to_f8e4m3_bits(c)) * s;
+  }
+  return y;
+}
+
+std::vector<float> f32s(const Tensor& t) { return t.detach().cpu().to(DType::f32).to_vector<float>(); }
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return false;
+  return std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+Tensor randn_leaf(const Shape& s, std::uint64_t seed, Device d, double stddev = 1.0) {
+  Generator g(seed);
+  Tensor t = randn(s, g, TensorOptions{}.with_device(d), 0.0, stddev);
+  t.set_requires_grad(true);
+  return t;
+}
+
+// Error with the op and the argument named.
+template <class F>
+void check_error(F&& f, const std::string& op, const std::string& arg) {
+  try {
+    f();
+    FAIL("expected qgrad::Error from ", op, " naming ", arg);
+  } catch (const Error& e) {
+    CHECK_MESSAGE(e.op().find(op) != std::string::npos, e.what());
+    CHECK_MESSAGE(e.arg().find(arg) != std::string::npos, e.what());
+  }
+}
+
+std::shared_ptr<nn::Sequential> mlp(std::int64_t in, std::int64_t hidden, std::int64_t out, std::uint64_t seed) {
+  Generator g(seed);
+  auto m = std::make_shared<nn::Sequential>();
+  m->emplace_back<nn::Linear>(in, hidden, g);
+  m->emplace_back<nn::ReLU>();
+  m->emplace_back<nn::Linear>(hidden, out, g);
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("recipes: parse_recipe and recipe_name") {
+  CHECK(nn::parse_recipe("int8") == nn::Recipe::int8);
+  CHECK(nn::parse_recipe("8da4w") == nn::Recipe::w8da4);
+  CHECK(nn::parse_recipe("fp8") == nn::Recipe::fp8);
+  for (auto r : {nn::Recipe::int8, nn::Recipe::w8da4, nn::Recipe::fp8})
+    CHECK(nn::parse_recipe(nn::recipe_name(r)) == r);
+  for (const char* bad : {"", "int4", "8DA4W", "w8da4", "fp8 ", "e4m3"})
+    check_error([&] { nn::parse_recipe(bad); }, "parse_recipe", "recipe");
+}
+
+TEST_CASE("recipes: choose_qparams_affine equals torchao's f32 formulas (token, group, eps floor)") {
+  for (const Device d : test_devices()) {
+    Generator g(11);
+    std::vector<float> v = randn({8, 64}, g).to_vector<float>();
+    for (std::size_t i = 0; i < 64; ++i) {
+      v[i] = 0.0f;                                            // all zero: scale = eps
+      v[64 + i] = 1e-6f * static_cast<float>(i % 5);          // range below 255 * eps: the eps floor binds
+      v[128 + i] = std::fabs(v[128 + i]) + 0.5f;              // all positive: min_neg = 0
+      v[192 + i] = -std::fabs(v[192 + i]) * 3.0f - 0.1f;      // all negative
+    }
+    const Tensor x = Tensor::from_vector(v, {8, 64}).to(d);
+    const float eps = FLT_EPSILON;
+    struct Case {
+      QuantScope scope;
+      std::size_t block;
+      QuantMode mode;
+      int qmin, qmax;
+      float eps;
+    };
+    for (const Case c : {Case{QuantScope::per_token(), 64, QuantMode::asymmetric, -128, 127, eps},
+                         Case{QuantScope::per_token(), 64, QuantMode::symmetric, -128, 127, eps},
+                         Case{QuantScope::per_group(-1, 32), 32, QuantMode::symmetric, -8, 7, 1e-6f},
+                         Case{QuantScope::per_group(-1, 16), 16, QuantMode::asymmetric, 0, 15, 1e-3f},
+                         Case{QuantScope::per_tensor(), 512, QuantMode::asymmetric, -128, 127, eps}}) {
+      const AffineQparams q = choose_qparams_affine(x, c.scope, c.mode, c.qmin, c.qmax, c.eps);
+      const HostQ h = host_qparams(v, c.block, c.mode == QuantMode::symmetric, c.qmin, c.qmax, c.eps);
+      CHECK(same_bits(f32s(q.scale), h.scale));
+      const auto z = q.zero_point.cpu().to_vector<std::int32_t>();
+      CHECK(std::vector<int>(z.begin(), z.end()) == h.zp);
+    }
+    // The all-zero and the tiny row take the floor.
+    const auto s = f32s(choose_qparams_affine(x, QuantScope::per_token(), QuantMode::asymmetric, -128, 127, eps).scale);
+    CHECK(s[0] == eps);
+    CHECK(s[1] == eps);
+  }
+}
+
+TEST_CASE("recipes: 8da4w activation fake quant equals torchao's per-token formula, straight-through gradient") {
+  for (const Device d : test_devices()) {
+    Tensor x = randn_leaf({16, 96}, 5, d, 2.0);
+    // Row 0 spans [-3, 3]: 3 * float(1/scale) = 127.5 exactly (torch: the
+    // same f32 values) -> 128 with zp 0, out of range (mask 0): the
+    // straight-through gradient is the clamp's, not all ones.
+    std::vector<float> v = f32s(x);
+    for (std::size_t i = 0; i < 96; ++i) v[i] = (i % 2 ? 3.0f : -3.0f) * static_cast<float>(i % 7) / 6.0f;
+    v[0] = -3.0f;
+    v[1] = 3.0f;
+    x = Tensor::from_vector(v, {16, 96}).to(d);
+    x.set_requires_grad(true);
+    const Tensor y = nn::fake_quantize_8da4w_activation(x);
+    const HostQ h = host_qparams(v, 96, false, -128, 127, FLT_EPSILON);
+    std::vector<float> ry;
+    std::vector<double> mask;
+    host_fake_quant(v, 96, h, -128, 127, ry, mask);
+    CHECK(same_bits(f32s(y), ry));
+    CHECK(mask[1] == 0.0);  // 127.5 rounds (half to even) to 128
+    Generator g(7);
+    const Tensor dy = randn({16, 96}, g).to(d);
+    y.backward(dy);
+    const auto gx = values(x.grad()), gy = values(dy);
+    std::size_t zeros = 0;
+    for (std::size_t i = 0; i < gx.size(); ++i) {
+      CHECK(gx[i] == gy[i] * mask[i]);
+      zeros += mask[i] == 0.0;
+    }
+    CHECK(zeros >= 1);
+  }
+}
+
+TEST_CASE("recipes: 8da4w weight fake quant equals torchao's int4 symmetric per-group formula, straight-through") {
+  for (const Device d : test_devices()) {
+    for (const std::int64_t group : {32, 64, 128}) {
+      const Tensor w = randn_leaf({8, 256}, 100 + static_cast<std::uint64_t>(group), d, 0.1);
+      const std::vector<float> v = f32s(w);
+      const Tensor y = nn::fake_quantize_8da4w_weight(w, group);
+      const HostQ h = host_qparams(v, static_cast<std::size_t>(group), true, -8, 7, FLT_MIN);
+      std::vector<float> ry;
+      std::vector<double> mask;
+      host_fake_quant(v, static_cast<std::size_t>(group), h, -8, 7, ry, mask);
+      CHECK(same_bits(f32s(y), ry));
+      Generator g(3);
+      const Tensor dy = randn({8, 256}, g).to(d);
+      y.backward(dy);
+      const auto gx = values(w.grad()), gy = values(dy);
+      // A positive group max lands on 7.5 (or an ulp off it): 8 is clamped, gradient 0.
+      for (std::size_t i = 0; i < gx.size(); ++i) CHECK(gx[i] == gy[i] * mask[i]);
+    }
+  }
+}
+
+TEST_CASE("recipes: fp8 fake quant equals torchao's e4m3 per-tensor formula, gradient passes unchanged") {
+  for (const Device d : test_devices()) {
+    const Tensor x = randn_leaf({12, 40}, 9, d, 3.0);
+    const Tensor y = nn::fake_quantize_fp8_tensor(x);
+    CHECK(same_bits(f32s(y), host_fp8(f32s(x))));
+    Generator g(4);
+    const Tensor dy = randn({12, 40}, g).to(d);
+    y.backward(dy);
+    CHECK(bit_equal(x.grad(), dy));
+  }
+}
+
+namespace {
+
+// Host linear in f64 of f32 operands: y = a b^T + bias.
+std::vector<double> host_linear(const std::vector<float>& a, const std::vector<float>& b, const std::vector<float>& bias,
+                                std::size_t m, std::size_t k, std::size_t n) {
+  std::vector<double> y(m * n);
+  for (std::size_t i = 0; i < m; ++i)
+    for (std::size_t j = 0; j < n; ++j) {
+      double s = bias[j];
+      for (std::size_t t = 0; t < k; ++t) s += static_cast<double>(a[i * k + t]) * b[j * k + t];
+      y[i * n + j] = s;
+    }
+  return y;
+}
+
+void check_close(const std::vector<double>& got, const std::vector<double>& want, double rtol) {
+  REQUIRE(got.size() == want.size());
+  for (std::size_t i = 0; i < got.size(); ++i)
+    CHECK_MESSAGE(std::fabs(got[i] - want[i]) <= rtol * std::max(1.0, std::fabs(want[i])), i, ": ", got[i], " vs ",
+                  want[i]);
+}
+
+}  // namespace
+
+TEST_CASE("recipes: QAT linears: forward and gradients equal the host composition") {
+  const std::size_t m = 8, k = 64, n = 12;
+  for (const Device d : test_devices()) {
+    for (const nn::Recipe r : {nn::Recipe::w8da4, nn::Recipe::fp8}) {
+      CAPTURE(nn::recipe_name(r));
+      Generator gen(21);
+      nn::Linear lin(static_cast<std::int64_t>(k), static_cast<std::int64_t>(n), gen);
+      lin.to(d);
+      std::shared_ptr<nn::Module> q;
+      if (r == nn::Recipe::w8da4) q = std::make_shared<nn::Int8DynActInt4WeightQATLinear>(lin, 32);
+      else q = std::make_shared<nn::Float8QATLinear>(lin);
+      const Tensor x = randn_leaf({static_cast<std::int64_t>(m), static_cast<std::int64_t>(k)}, 31, d);
+      const Tensor y = (*q)(x);
+      const auto xv = f32s(x), wv = f32s(lin.weight()), bv = f32s(lin.bias());
+      std::vector<float> xq, wq;
+      std::vector<double> mx(xv.size(), 1.0), mw(wv.size(), 1.0);
+      if (r == nn::Recipe::w8da4) {
+        host_fake_quant(xv, k, host_qparams(xv, k, false, -128, 127, FLT_EPSILON), -128, 127, xq, mx);
+        host_fake_quant(wv, 32, host_qparams(wv, 32, true, -8, 7, FLT_MIN), -8, 7, wq, mw);
+      } else {
+        xq = host_fp8(xv);
+        wq = host_fp8(wv);
+      }
+      check_close(values(y), host_linear(xq, wq, bv, m, k, n), 1e-5);
+      Generator g(8);
+      const Tensor dy = randn({static_cast<std::int64_t>(m), static_cast<std::int64_t>(n)}, g).to(d);
+      y.backward(dy);
+      const auto gy = values(dy);
+      std::vector<double> dx(m * k), dw(n * k), db(n, 0.0);
+      for (std::size_t i = 0; i < m; ++i)
+        for (std::size_t t = 0; t < k; ++t) {
+          double s = 0;
+          for (std::size_t j = 0; j < n; ++j) s += gy[i * n + j] * wq[j * k + t];
+          dx[i * k + t] = s * mx[i * k + t];
+        }
+      for (std::size_t j = 0; j < n; ++j) {
+        for (std::size_t i = 0; i < m; ++i) db[j] += gy[i * n + j];
+        for (std::size_t t = 0; t < k; ++t) {
+          double s = 0;
+          for (std::size_t i = 0; i < m; ++i) s += gy[i * n + j] * xq[i * k + t];
+          dw[j * k + t] = s * mw[j * k + t];
+        }
+      }
+      check_close(values(x.grad()), dx, 1e-5);
+      check_close(values(lin.weight().grad()), dw, 1e-5);  // the QAT linear shares the Linear's parameters
+      check_close(values(lin.bias().grad()), db, 1e-5);
+      // Fake quant off: the plain linear.
+      nn::enable_recipe_fake_quant(*q, false);
+      NoGradGuard ng;
+      CHECK(bit_equal((*q)(x), linear(x, lin.weight(), lin.bias())));
+    }
+  }
+}
+
+TEST_CASE("recipes: prepare_qat per recipe swaps the Linear layers and keeps parameter names") {
+  for (const nn::Recipe r : {nn::Recipe::int8, nn::Recipe::w8da4, nn::Recipe::fp8}) {
+    CAPTURE(nn::recipe_name(r));
+    auto m = mlp(64, 32, 10, 1);
+    nn::NamedTensors before = m->named_parameters();
+    nn::prepare_qat(*m, r);
+    const std::string want = r == nn::Recipe::int8    ? "QATLinear"
+                             : r == nn::Recipe::w8da4 ? "Int8DynActInt4WeightQATLinear"
+                                                      : "Float8QATLinear";
+    std::size_t found = 0;
+    for (std::size_t i = 0; i < m->size(); ++i) found += (*m)[i]->type_name() == want;
+    CHECK(found == 2);
+    if (r != nn::Recipe::int8) {
+      const nn::NamedTensors after = m->named_parameters();
+      REQUIRE(after.size() == before.size());
+      for (std::size_t i = 0; i < after.size(); ++i) {
+        CHECK(after[i].first == before[i].first);
+        CHECK(after[i].second.data_ptr() == before[i].second.data_ptr());  // shared, not copied
+      }
+    }
+    CHECK(nn::float_layers(*m).empty());
+    check_error([&] { nn::prepare_qat(*m, r); }, "prepare_qat", "model");  // already prepared
+    Generator g(2);
+    const Tensor y = (*m)(randn({4, 64}, g));
+    CHECK(y.shape() == Shape{4, 10});
+  }
+}
+
+TEST_CASE("recipes: 8da4w group size not dividing in_features: an error naming group_size, or float with skip") {
+  // 784 = 24.5 groups of 32 (the Fashion-MNIST input layer).
+  auto m = mlp(784, 64, 10, 3);
+  const std::string before = (*m)[0]->type_name();
+  check_error([&] { nn::prepare_qat(*m, nn::Recipe::w8da4); }, "prepare_qat", "group_size");
+  CHECK((*m)[0]->type_name() == before);  // validated before any change
+  CHECK((*m)[2]->type_name() == "Linear");
+  nn::RecipeOptions o;
+  o.group_size = 0;
+  check_error([&] { nn::prepare_qat(*m, nn::Recipe::w8da4, o); }, "prepare_qat", "group_size");
+  o.group_size = 32;
+  o.skip_indivisible = true;
+  nn::prepare_qat(*m, nn::Recipe::w8da4, o);
+  CHECK((*m)[0]->type_name() == "Linear");  // torchao's filter: left in float
+  CHECK((*m)[2]->type_name() == "Int8DynActInt4WeightQATLinear");
+  CHECK(nn::float_layers(*m) == std::vector<std::string>{"0"});
+  // Every Linear indivisible: nothing to prepare.
+  auto only = std::make_shared<nn::Sequential>();
+  Generator g(1);
+  only->emplace_back<nn::Linear>(48, 4, g);
+  check_error([&] { nn::prepare_qat(*only, nn::Recipe::w8da4, o); }, "prepare_qat", "model");
+  // The module itself.
+  nn::Linear lin(48, 4, g);
+  check_error([&] { nn::Int8DynActInt4WeightQATLinear(lin, 32); }, "Int8DynActInt4WeightQATLinear", "group_size");
+  check_error([&] { nn::Int8DynActInt4WeightQATLinear(lin, -16); }, "Int8DynActInt4WeightQATLinear", "group_size");
+  check_error([&] { nn::prepare_qat(*only, static_cast<nn::Recipe>(9)); }, "prepare_qat", "recipe");
+}
+
+TEST_CASE("recipes: convert per recipe: inference layers whose weights dequantize to the fake-quant weights") {
+  for (const Device d : test_devices()) {
+    for (const nn::Recipe r : {nn::Recipe::w8da4, nn::Recipe::fp8}) {
+      CAPTURE(nn::recipe_name(r));
+      auto m = mlp(96, 64, 10, 5);
+      m->to(d);
+      nn::prepare_qat(*m, r);
+      auto c = nn::convert(*m, r);
+      REQUIRE(c->size() == 3);
+      CHECK((*c)[1]->type_name() == "ReLU");
+      for (const std::size_t i : {std::size_t{0}, std::size_t{2}}) {
+        if (r == nn::Recipe::w8da4) {
+          const auto* q = dynamic_cast<const nn::Int8DynActInt4WeightQATLinear*>((*m)[i].get());
+          const auto* l = dynamic_cast<const nn::Int8DynActInt4WeightLinear*>((*c)[i].get());
+          REQUIRE(q);
+          REQUIRE(l);
+          const std::int64_t n = q->weight().size(0), k = q->weight().size(1);
+          CHECK(l->weight().dtype() == DType::s4);
+          CHECK(l->weight().shape() == Shape{n, k});
+          CHECK(l->weight_scale().shape() == Shape{n, k / 32});
+          const Tensor zp = zeros({n, k / 32}, TensorOptions{}.with_dtype(DType::s32).with_device(d));
+          CHECK(bit_equal(dequantize_int4(l->weight(), l->weight_scale(), zp, 32),
+                          nn::fake_quantize_8da4w_weight(q->weight().detach(), 32)));
+        } else {
+          const auto* q = dynamic_cast<const nn::Float8QATLinear*>((*m)[i].get());
+          const auto* l = dynamic_cast<const nn::Float8Linear*>((*c)[i].get());
+          REQUIRE(q);
+          REQUIRE(l);
+          CHECK(l->weight().dtype() == DType::f8e4m3);
+          CHECK(l->weight_scale().shape() == Shape{1});
+          CHECK(bit_equal(dequantize_fp8(l->weight(), l->weight_scale(), QuantScope::per_tensor()),
+                          nn::fake_quantize_fp8_tensor(q->weight().detach())));
+        }
+      }
+      // The converted model computes what the fake-quant model computes, up
+      // to the accumulation (int32 group sums; fp8: f32 sums and the bias in bf16).
+      Generator g(6);
+      const Tensor x = randn({32, 96}, g).to(d);
+      NoGradGuard ng;
+      const auto yq = values((*m)(x)), yc = values((*c)(x));
+      double worst = 0;
+      for (std::size_t i = 0; i < yq.size(); ++i) worst = std::max(worst, std::fabs(yq[i] - yc[i]));
+      CHECK(worst < (r == nn::Recipe::w8da4 ? 1e-4 : 5e-3));
+      // Converting with the other recipe names the layer.
+      check_error([&] { nn::convert(*m, r == nn::Recipe::w8da4 ? nn::Recipe::fp8 : nn::Recipe::w8da4); }, "convert",
+                  "0");
+      // The converted model is a copy: training the QAT model further does not change it.
+      const Tensor before = (*c)[0]->state_dict()[0].second.clone();
+      m->named_parameters()[0].second.copy_(zeros_like(m->named_parameters()[0].second));
+      CHECK(bit_equal((*c)[0]->state_dict()[0].second, before));
+    }
+  }
+}
+
+TEST_CASE("recipes: convert keeps a float layer of an 8da4w model, and bad input of convert and the inference layers") {
+  auto m = mlp(784, 64, 10, 3);
+  nn::RecipeOptions o;
+  o.skip_indivisible = true;
+  nn::prepare_qat(*m, nn::Recipe::w8da4, o);
+  auto c = nn::convert(*m, nn::Recipe::w8da4);
+  CHECK((*c)[0]->type_name() == "Linear");
+  CHECK((*c)[2]->type_name() == "Int8DynActInt4WeightLinear");
+  Generator g(2);
+  const Tensor x = randn({4, 784}, g);
+  {
+    NoGradGuard ng;
+    CHECK(bit_equal((*(*c)[0])(x), (*(*m)[0])(x)));
+  }
+  auto plain = mlp(64, 32, 10, 1);
+  check_error([&] { nn::convert(*plain, nn::Recipe::fp8); }, "convert", "model");  // not prepared
+  check_error([&] { nn::convert(*plain, static_cast<nn::Recipe>(7)); }, "convert", "recipe");
+  const auto s4 = TensorOptions{}.with_dtype(DType::s4);
+  const Tensor wq = zeros({8, 64}, s4), ws = ones({8, 2});
+  check_error([&] { nn::Int8DynActInt4WeightLinear(zeros({8, 64}, TensorOptions{}.with_dtype(DType::s8)), ws, Tensor(), 32); },
+              "Int8DynActInt4WeightLinear", "weight");
+  check_error([&] { nn::Int8DynActInt4WeightLinear(wq, ws, Tensor(), 48); }, "Int8DynActInt4WeightLinear", "group_size");
+  check_error([&] { nn::Int8DynActInt4WeightLinear(wq, ones({8, 4}), Tensor(), 32); }, "Int8DynActInt4WeightLinear",
+              "weight_scale");
+  check_error([&] { nn::Int8DynActInt4WeightLinear(wq, ws, ones({7}), 32); }, "Int8DynActInt4WeightLinear", "bias");
+  const Tensor fq = zeros({8, 64}, TensorOptions{}.with_dtype(DType::f8e4m3));
+  check_error([&] { nn::Float8Linear(wq, ones({1}), Tensor()); }, "Float8Linear", "weight");
+  check_error([&] { nn::Float8Linear(fq, ones({8}), Tensor()); }, "Float8Linear", "weight_scale");
+  check_error([&] { nn::Float8Linear(fq, ones({1}), ones({8}, TensorOptions{}.with_dtype(DType::f64))); },
+              "Float8Linear", "bias");
+}

@@ -1,0 +1,475 @@
+// The shape ops (permute, slice / narrow, cat, split / chunk), matmul with
+// broadcast batch dims, scaled_dot_product_attention and nn::MultiheadAttention
+// against host references in double with seeded random inputs; SDPA against
+// PyTorch 2.11's math backend (tests/data/golden_sdpa.json); CPU against CUDA
+// where a GPU is present.
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <numeric>
+
+#include "train_ops_helpers.h"
+
+using namespace qgrad;
+using namespace qgrad::testing;
+using json = nlohmann::json;
+
+namespace {
+
+constexpr const char* kGoldenPath = QGRAD_SOURCE_DIR "/tests/data/golden_sdpa.json";
+
+std::vector<std::int64_t> strides_of(const Shape& s) {
+  std::vector<std::int64_t> st(s.size(), 1);
+  for (std::size_t d = s.size(); d-- > 1;) st[d - 1] = st[d] * s[d];
+  return st;
+}
+// The multi-index of flat index i in shape s.
+std::vector<std::int64_t> unravel(std::int64_t i, const Shape& s) {
+  std::vector<std::int64_t> idx(s.size());
+  for (std::size_t d = s.size(); d-- > 0;) {
+    idx[d] = i % s[d];
+    i /= s[d];
+  }
+  return idx;
+}
+
+// |got - want| <= tol * max(1, |want|) elementwise.
+void check_values_near(const std::vector<double>& got, const std::vector<double>& want, double tol) {
+  REQUIRE(got.size() == want.size());
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    INFO("element ", i, ": got ", got[i], ", want ", want[i]);
+    CHECK(std::fabs(got[i] - want[i]) <= tol * std::max(1.0, std::fabs(want[i])));
+  }
+}
+
+Tensor fresh(const Tensor& t, DType dt = DType::f64, Device dev = Device::cpu()) {
+  return param(t.detach().to(dt).to(dev).clone().detach());
+}
+
+// Host attention in double: out [batch, L, Dv] and the probabilities, for
+// flat q [batch, L, D], k [batch, S, D], v [batch, S, Dv]; mask(b, i, j)
+// returns {masked, additive}.
+struct HostAttention {
+  std::vector<double> out, probs;
+};
+template <class Mask>
+HostAttention host_attention(const std::vector<double>& q, const std::vector<double>& k, const std::vector<double>& v,
+                             std::int64_t batch, std::int64_t L, std::int64_t S, std::int64_t D, std::int64_t Dv,
+                             double scale, bool causal, Mask mask) {
+  HostAttention r;
+  r.out.assign(static_cast<std::size_t>(batch * L * Dv), 0.0);
+  r.probs.assign(static_cast<std::size_t>(batch * L * S), 0.0);
+  for (std::int64_t b = 0; b < batch; ++b)
+    for (std::int64_t i = 0; i < L; ++i) {
+      std::vector<double> z(static_cast<std::size_t>(S));
+      double mx = -INFINITY;
+      for (std::int64_t j = 0; j < S; ++j) {
+        double s = 0;
+        for (std::int64_t d = 0; d < D; ++d) s += q[static_cast<std::size_t>((b * L + i) * D + d)] * k[static_cast<std::size_t>((b * S + j) * D + d)];
+        auto [masked, add] = mask(b, i, j);
+        z[static_cast<std::size_t>(j)] = (masked || (causal && j > i)) ? -INFINITY : s * scale + add;
+        mx = std::max(mx, z[static_cast<std::size_t>(j)]);
+      }
+      double sum = 0;
+      for (double zz : z) sum += mx == -INFINITY ? 0.0 : std::exp(zz - mx);
+      for (std::int64_t j = 0; j < S; ++j) {
+        const double p = mx == -INFINITY ? 0.0 : std::exp(z[static_cast<std::size_t>(j)] - mx) / sum;
+        r.probs[static_cast<std::size_t>((b * L + i) * S + j)] = p;
+        for (std::int64_t e = 0; e < Dv; ++e) r.out[static_cast<std::size_t>((b * L + i) * Dv + e)] += p * v[static_cast<std::size_t>((b * S + j) * Dv + e)];
+      }
+    }
+  return r;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- shape ops
+
+TEST_CASE("permute: a host reference, f64 and s32, forward and backward") {
+  const Shape s{2, 3, 4, 5};
+  const std::vector<std::int64_t> perm{3, 1, 0, 2};
+  Tensor x = param(rnd(s, 1));
+  Tensor y = permute(x, {-1, 1, 0, 2});
+  Shape os{5, 3, 2, 4};
+  REQUIRE(y.shape() == os);
+  const auto xv = values(x), yv = values(y);
+  const auto st = strides_of(s);
+  for (std::int64_t i = 0; i < y.numel(); ++i) {
+    const auto idx = unravel(i, os);
+    std::int64_t off = 0;
+    for (std::size_t d = 0; d < 4; ++d) off += idx[d] * st[static_cast<std::size_t>(perm[d])];
+    REQUIRE(yv[static_cast<std::size_t>(i)] == xv[static_cast<std::size_t>(off)]);
+  }
+  Tensor dy = rnd(os, 2);
+  y.backward(dy);
+  CHECK(bit_equal(permute(x.grad(), {3, 1, 0, 2}), dy));  // the gradient is dy permuted back
+  Tensor xi = Tensor::from_vector<std::int32_t>({0, 1, 2, 3, 4, 5}, {2, 3});
+  CHECK(permute(xi, {1, 0}).to_vector<std::int32_t>() == std::vector<std::int32_t>{0, 3, 1, 4, 2, 5});
+}
+
+TEST_CASE("slice and narrow: a host reference; the gradient is zero outside the selection") {
+  Tensor x = param(rnd({3, 7, 2}, 3));
+  Tensor y = slice(x, 1, 1, 7, 2);  // columns 1, 3, 5
+  REQUIRE(y.shape() == Shape{3, 3, 2});
+  const auto xv = values(x), yv = values(y);
+  for (std::int64_t o = 0; o < 3; ++o)
+    for (std::int64_t j = 0; j < 3; ++j)
+      for (std::int64_t i = 0; i < 2; ++i)
+        CHECK(yv[static_cast<std::size_t>((o * 3 + j) * 2 + i)] == xv[static_cast<std::size_t>((o * 7 + 1 + 2 * j) * 2 + i)]);
+  Tensor dy = rnd({3, 3, 2}, 4);
+  y.backward(dy);
+  const auto g = values(x.grad()), dv = values(dy);
+  for (std::int64_t f = 0; f < x.numel(); ++f) {
+    const auto idx = unravel(f, {3, 7, 2});
+    const bool sel = idx[1] % 2 == 1;
+    const double want = sel ? dv[static_cast<std::size_t>((idx[0] * 3 + idx[1] / 2) * 2 + idx[2])] : 0.0;
+    CHECK(g[static_cast<std::size_t>(f)] == want);
+  }
+  // narrow with a negative start; empty selections; step past the end.
+  CHECK(bit_equal(narrow(x, 1, -3, 2), slice(x, 1, 4, 6)));
+  CHECK(narrow(x, 1, 7, 0).shape() == Shape{3, 0, 2});
+  CHECK(slice(x, 1, 6, 7, 5).shape() == Shape{3, 1, 2});
+  CHECK(slice(x, 0, 0, 3, 100).shape() == Shape{1, 7, 2});
+}
+
+TEST_CASE("cat: a host reference along every dim, gradients are the matching slices, errors name the operand") {
+  for (std::int64_t dim = 0; dim < 3; ++dim) {
+    CAPTURE(dim);
+    Shape sa{2, 3, 4}, sb{2, 3, 4};
+    sb[static_cast<std::size_t>(dim)] = 1;
+    Tensor a = param(rnd(sa, 5)), b = param(rnd(sb, 6));
+    Tensor y = cat({a, b, a}, dim - 3);
+    Shape os = sa;
+    os[static_cast<std::size_t>(dim)] = 2 * sa[static_cast<std::size_t>(dim)] + 1;
+    REQUIRE(y.shape() == os);
+    const auto av = values(a), bv = values(b), yv = values(y);
+    const auto sta = strides_of(sa), stb = strides_of(sb);
+    const std::int64_t na = sa[static_cast<std::size_t>(dim)];
+    for (std::int64_t i = 0; i < y.numel(); ++i) {
+      auto idx = unravel(i, os);
+      std::int64_t& c = idx[static_cast<std::size_t>(dim)];
+      double want;
+      if (c < na || c > na) {
+        if (c > na) c -= na + 1;
+        want = av[static_cast<std::size_t>(std::inner_product(idx.begin(), idx.end(), sta.begin(), std::int64_t{0}))];
+      } else {
+        c = 0;
+        want = bv[static_cast<std::size_t>(std::inner_product(idx.begin(), idx.end(), stb.begin(), std::int64_t{0}))];
+      }
+      REQUIRE(yv[static_cast<std::size_t>(i)] == want);
+    }
+    Tensor dy = rnd(os, 7);
+    y.backward(dy);
+    std::vector<Tensor> parts = split_with_sizes(dy, {na, 1, na}, dim);
+    CHECK(bit_equal(a.grad(), add(parts[0], parts[2])));  // a used twice: its slices accumulate
+    CHECK(bit_equal(b.grad(), parts[1]));
+  }
+  Tensor a = rnd({2, 3}, 8);
+  try {
+    cat({a, rnd({3, 3}, 9)}, 1);
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK(e.op() == "cat");
+    CHECK(e.arg() == "tensors[1]");
+  }
+}
+
+TEST_CASE("split / chunk: sizes as PyTorch; gradients accumulate over the pieces used, unused pieces add nothing") {
+  Tensor x = param(rnd({7, 3}, 10));
+  std::vector<Tensor> p = split(x, 3);
+  REQUIRE(p.size() == 3);
+  CHECK(p[0].shape() == Shape{3, 3});
+  CHECK(p[2].shape() == Shape{1, 3});
+  // Only pieces 0 and 2 used, piece 0 twice.
+  Tensor loss = sum(add(mul(p[0], p[0]), mul(p[2], 5.0)));
+  loss.backward();
+  const auto xv = values(x), g = values(x.grad());
+  for (std::int64_t r = 0; r < 7; ++r)
+    for (std::int64_t c = 0; c < 3; ++c) {
+      const auto i = static_cast<std::size_t>(r * 3 + c);
+      const double want = r < 3 ? 2.0 * xv[i] : r == 6 ? 15.0 : 0.0;  // p[2] broadcast over 3 rows
+      CHECK(g[i] == doctest::Approx(want).epsilon(1e-15));
+    }
+  // chunk: ceil(n / chunks) per piece, possibly fewer pieces; an empty dim
+  // gives `chunks` empty pieces (torch.chunk).
+  std::vector<Tensor> c = chunk(rnd({5}, 11), 4);
+  REQUIRE(c.size() == 3);
+  CHECK(c[0].numel() == 2);
+  CHECK(c[2].numel() == 1);
+  CHECK(chunk(Tensor::empty({0, 2}, opts()), 3).size() == 3);
+  CHECK(split(Tensor::empty({0, 2}, opts()), 2).size() == 1);
+  CHECK(split_with_sizes(rnd({4, 2}, 12), {0, 4, 0}).size() == 3);
+}
+
+// ---------------------------------------------------------------- matmul
+
+TEST_CASE("matmul: broadcast batch dims against a double-loop reference, all three plans, and their gradients") {
+  struct Case {
+    Shape a, b;
+  };
+  const Case cases[] = {{{2, 1, 3, 4}, {3, 4, 5}},  // both broadcast (copies)
+                        {{3, 2, 3, 4}, {4, 5}},      // b one matrix: folded
+                        {{3, 4}, {2, 3, 4, 5}},      // a one matrix: batch stride 0
+                        {{1, 3, 4}, {2, 1, 4, 5}},   // a one matrix with leading 1s
+                        {{2, 3, 3, 4}, {2, 3, 4, 5}}};  // equal batches
+  for (const Case& c : cases) {
+    CAPTURE(shape_str(c.a));
+    CAPTURE(shape_str(c.b));
+    for (const DType dt : {DType::f64, DType::f32}) {
+      Tensor a = param(rnd(c.a, 13, dt)), b = param(rnd(c.b, 14, dt));
+      Tensor y = matmul(a, b);
+      const Shape ba(c.a.begin(), c.a.end() - 2), bb(c.b.begin(), c.b.end() - 2);
+      const Shape batch = check::broadcast_shapes(ba, bb, "test");
+      Shape os = batch;
+      os.push_back(c.a[c.a.size() - 2]);
+      os.push_back(c.b.back());
+      REQUIRE(y.shape() == os);
+      const std::int64_t M = c.a[c.a.size() - 2], K = c.a.back(), N = c.b.back();
+      const auto av = values(a), bv = values(b), yv = values(y);
+      // The batch offset of an operand: its own dims, broadcast ones at 0.
+      auto batch_off = [&](const std::vector<std::int64_t>& idx, const Shape& own) {
+        std::int64_t off = 0, stride = 1;
+        for (std::size_t d = own.size(); d-- > 0;) {
+          const std::int64_t k = idx[idx.size() - own.size() + d];
+          off += (own[d] == 1 ? 0 : k) * stride;
+          stride *= own[d];
+        }
+        return off;
+      };
+      std::vector<double> ga(av.size(), 0.0), gb(bv.size(), 0.0);
+      const std::vector<double> dy = values(rnd(os, 15));
+      const std::int64_t nb = shape_numel(batch);
+      for (std::int64_t t = 0; t < nb; ++t) {
+        const auto idx = unravel(t, batch);
+        const std::int64_t oa = batch_off(idx, ba) * M * K, ob = batch_off(idx, bb) * K * N;
+        for (std::int64_t m = 0; m < M; ++m)
+          for (std::int64_t n = 0; n < N; ++n) {
+            double s = 0;
+            for (std::int64_t k = 0; k < K; ++k) s += av[static_cast<std::size_t>(oa + m * K + k)] * bv[static_cast<std::size_t>(ob + k * N + n)];
+            const auto o = static_cast<std::size_t>((t * M + m) * N + n);
+            CHECK(yv[o] == doctest::Approx(s).epsilon(dt == DType::f64 ? 1e-13 : 1e-5));
+            for (std::int64_t k = 0; k < K; ++k) {
+              ga[static_cast<std::size_t>(oa + m * K + k)] += dy[o] * bv[static_cast<std::size_t>(ob + k * N + n)];
+              gb[static_cast<std::size_t>(ob + k * N + n)] += dy[o] * av[static_cast<std::size_t>(oa + m * K + k)];
+            }
+          }
+      }
+      y.backward(rnd(os, 15).to(dt));
+      check_near(values(a.grad()), ga, dt == DType::f64 ? 1e-12 : 1e-4);
+      check_near(values(b.grad()), gb, dt == DType::f64 ? 1e-12 : 1e-4);
+    }
+  }
+}
+
+TEST_CASE("matmul: many small batches (OpenMP over batches) give the bits of a batch-by-batch product") {
+  Tensor a = rnd({64, 5, 7}, 16, DType::f32), b = rnd({64, 7, 3}, 17, DType::f32);
+  Tensor y = matmul(a, b);
+  for (std::int64_t i = 0; i < 64; i += 9) CHECK(bit_equal(matmul(narrow(a, 0, i, 1), narrow(b, 0, i, 1)), narrow(y, 0, i, 1)));
+}
+
+// ---------------------------------------------------------------- attention
+
+TEST_CASE("scaled_dot_product_attention: a host reference in f64 (masks, causal, zero rows) and gradcheck") {
+  const std::int64_t B = 2, H = 3, L = 4, S = 6, D = 5, Dv = 3;
+  Tensor q = param(rnd({B, H, L, D}, 20)), k = param(rnd({B, H, S, D}, 21)), v = param(rnd({B, H, S, Dv}, 22));
+  Tensor add_mask = param(rnd({L, S}, 23));
+  std::vector<bool> keep(static_cast<std::size_t>(B * S));
+  for (std::size_t i = 0; i < keep.size(); ++i) keep[i] = i >= static_cast<std::size_t>(S) ? false : (i % 3 != 1);
+  Tensor bmask = Tensor::from_vector(keep, {B, 1, 1, S});  // batch 1: every key hidden
+  const auto qv = values(q), kv = values(k), vv = values(v), mv = values(add_mask);
+  const double scale = 1.0 / std::sqrt(5.0);
+  {
+    HostAttention want = host_attention(qv, kv, vv, B * H, L, S, D, Dv, scale, false, [&](std::int64_t, std::int64_t i, std::int64_t j) {
+      return std::pair<bool, double>{false, mv[static_cast<std::size_t>(i * S + j)]};
+    });
+    check_near(values(scaled_dot_product_attention(q, k, v, add_mask)), want.out, 1e-13);
+  }
+  {
+    HostAttention want = host_attention(qv, kv, vv, B * H, L, S, D, Dv, 0.25, true, [&](std::int64_t bh, std::int64_t, std::int64_t j) {
+      return std::pair<bool, double>{!keep[static_cast<std::size_t>((bh / H) * S + j)], 0.0};
+    });
+    Tensor y = scaled_dot_product_attention(q, k, v, bmask, true, 0.25);
+    check_near(values(y), want.out, 1e-13);
+    const auto yv = values(y);
+    for (std::size_t i = static_cast<std::size_t>(H * L * Dv); i < yv.size(); ++i) CHECK(yv[i] == 0.0);  // all masked: zeros
+  }
+  check_grad([](const std::vector<Tensor>& in) { return scaled_dot_product_attention(in[0], in[1], in[2], in[3]); },
+             {q, k, v, add_mask});
+  check_grad([bmask](const std::vector<Tensor>& in) {
+               return scaled_dot_product_attention(in[0], in[1], in[2], bmask, true, 0.7);
+             },
+             {q, k, v});
+  check_grad([](const std::vector<Tensor>& in) {
+               Generator g(5);
+               return scaled_dot_product_attention(in[0], in[1], in[2], Tensor(), false, std::nullopt, 0.4, g);
+             },
+             {q, k, v});
+}
+
+TEST_CASE("scaled_dot_product_attention: dropout is the dropout op's mask on the probabilities (same generator draw)") {
+  const std::int64_t B = 2, H = 2, L = 5, S = 7, D = 4;
+  Tensor q = rnd({B, H, L, D}, 30), k = rnd({B, H, S, D}, 31), v = rnd({B, H, S, D}, 32);
+  Generator g1(99), g2(99);
+  g1.advance(13);
+  g2.advance(13);
+  Tensor y = scaled_dot_product_attention(q, k, v, Tensor(), false, std::nullopt, 0.3, g1);
+  Tensor probs = softmax(mul(matmul(q, transpose(k, -1, -2)), 0.5), -1);
+  Tensor want = matmul(dropout(probs, 0.3, true, g2), v);
+  CHECK(max_abs_diff(y, want) < 1e-13);
+  CHECK(g1.offset() == g2.offset());
+  // A failed call draws nothing.
+  CHECK_THROWS_AS(scaled_dot_product_attention(q, k, v, rnd({3, 3}, 1), false, std::nullopt, 0.3, g1), Error);
+  CHECK(g1.offset() == g2.offset());
+}
+
+TEST_CASE("scaled_dot_product_attention: f32 matches PyTorch 2.11's math backend (golden values)") {
+  std::ifstream f(kGoldenPath);
+  if (!f) {
+    std::printf("SKIPPED: %s missing (run tests/python/gen_sdpa_golden.py)\n", kGoldenPath);
+    return;
+  }
+  const json doc = json::parse(f);
+  auto filled = [](const Shape& s, auto fn) {
+    std::vector<float> v(static_cast<std::size_t>(shape_numel(s)));
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(fn(static_cast<double>(i)));
+    return Tensor::from_vector(v, s);
+  };
+  for (const auto& c : doc["cases"]) {
+    const std::string name = c["name"];
+    CAPTURE(name);
+    const std::int64_t B = c["B"], H = c["H"], L = c["L"], S = c["S"], D = c["D"], Dv = c["Dv"];
+    const std::string mk = c["mask"];
+    const bool causal = c["causal"];
+    std::optional<double> scale;
+    if (!c["scale"].is_null()) scale = c["scale"].get<double>();
+    for (const Device dev : test_devices()) {
+      CAPTURE(dev.str());
+      Tensor q = param(filled({B, H, L, D}, [](double i) { return std::sin(0.37 * i + 0.1); }).to(dev));
+      Tensor k = param(filled({B, H, S, D}, [](double i) { return std::cos(0.23 * i); }).to(dev));
+      Tensor v = param(filled({B, H, S, Dv}, [](double i) { return 2.0 * std::sin(0.11 * i + 0.5); }).to(dev));
+      Tensor mask;
+      if (mk == "additive") mask = param(filled({L, S}, [](double i) { return 0.5 * std::cos(0.7 * i); }).to(dev));
+      if (mk == "bool") {
+        std::vector<bool> keep(static_cast<std::size_t>(B * L * S));
+        for (std::size_t i = 0; i < keep.size(); ++i) keep[i] = (i * 7) % 5 != 0;
+        mask = Tensor::from_vector(keep, {B, 1, L, S}, dev);
+      }
+      Tensor out = scaled_dot_product_attention(q, k, v, mask, causal, scale);
+      Tensor w = filled(out.shape(), [](double i) { return std::cos(0.05 * i); }).to(dev);
+      sum(mul(out, w)).backward();
+      // f32 against PyTorch: 1e-5 relative to max(1, |x|) (torch scales q
+      // and k by sqrt(scale) each before its GEMM; qgrad scales the scores).
+      check_values_near(values(out), c["out"].get<std::vector<double>>(), 1e-5);
+      check_values_near(values(q.grad()), c["dq"].get<std::vector<double>>(), 1e-5);
+      check_values_near(values(k.grad()), c["dk"].get<std::vector<double>>(), 1e-5);
+      check_values_near(values(v.grad()), c["dv"].get<std::vector<double>>(), 1e-5);
+      if (mk == "additive") check_values_near(values(mask.grad()), c["dmask"].get<std::vector<double>>(), 1e-5);
+    }
+  }
+}
+
+TEST_CASE("scaled_dot_product_attention: CUDA matches the CPU in every dtype, dropout masks identical") {
+  QGRAD_REQUIRE_GPU();
+  const std::int64_t B = 3, H = 2, L = 37, S = 70, D = 16;
+  for (const DType dt : {DType::f32, DType::f64, DType::f16, DType::bf16}) {
+    CAPTURE(dtype_name(dt));
+    const double tol = dt == DType::f64 ? 1e-12 : dt == DType::f32 ? 1e-5 : dt == DType::f16 ? 1e-2 : 6e-2;
+    Tensor q = rnd({B, H, L, D}, 40, dt), k = rnd({B, H, S, D}, 41, dt), v = rnd({B, H, S, D}, 42, dt);
+    Tensor m = rnd({B, 1, L, S}, 43, dt);
+    Tensor y[2], gq[2], gk[2], gv[2], gm[2];
+    int i = 0;
+    for (const Device dev : {Device::cpu(), Device::cuda(0)}) {
+      Tensor ql = fresh(q, dt, dev), kl = fresh(k, dt, dev), vl = fresh(v, dt, dev), ml = fresh(m, dt, dev);
+      Generator g(7);
+      y[i] = scaled_dot_product_attention(ql, kl, vl, ml, true, std::nullopt, 0.25, g);
+      y[i].backward(rnd(y[i].shape(), 44, dt).to(dev));
+      gq[i] = ql.grad();
+      gk[i] = kl.grad();
+      gv[i] = vl.grad();
+      gm[i] = ml.grad();
+      ++i;
+    }
+    for (auto* pair : {y, gq, gk, gv, gm}) {
+      const auto a = values(pair[0]), b = values(pair[1]);
+      for (std::size_t e = 0; e < a.size(); ++e) CHECK(std::fabs(a[e] - b[e]) <= tol * std::max(1.0, std::fabs(a[e])));
+    }
+  }
+}
+
+// ---------------------------------------------------------------- nn
+
+TEST_CASE("MultiheadAttention: a host reference, parameter names, head-count errors") {
+  const std::int64_t B = 2, L = 5, E = 12, H = 3, Dh = E / H;
+  Generator g(50);
+  nn::MultiheadAttention mha(E, H, g, 0.0, true, opts());
+  std::vector<std::string> names;
+  for (const auto& [name, t] : mha.named_parameters()) names.push_back(name);
+  CHECK(names == std::vector<std::string>{"in_proj.weight", "in_proj.bias", "out_proj.weight", "out_proj.bias"});
+  CHECK(mha.in_proj()->weight().shape() == Shape{3 * E, E});
+  Tensor x = rnd({B, L, E}, 51);
+  Tensor y = mha.forward(x, Tensor(), true);
+  REQUIRE(y.shape() == Shape{B, L, E});
+  // Host: qkv = x W_inᵀ + b_in; heads; causal attention; out = o W_outᵀ + b_out.
+  {
+    NoGradGuard ng;
+    mha.in_proj()->bias().copy_(rnd({3 * E}, 52));
+    mha.out_proj()->bias().copy_(rnd({E}, 53));
+  }
+  y = mha.forward(x, Tensor(), true);
+  const auto xv = values(x), wi = values(mha.in_proj()->weight()), bi = values(mha.in_proj()->bias());
+  const auto wo = values(mha.out_proj()->weight()), bo = values(mha.out_proj()->bias());
+  std::vector<double> qkv(static_cast<std::size_t>(B * L * 3 * E));
+  for (std::int64_t r = 0; r < B * L; ++r)
+    for (std::int64_t o = 0; o < 3 * E; ++o) {
+      double s = bi[static_cast<std::size_t>(o)];
+      for (std::int64_t e = 0; e < E; ++e) s += xv[static_cast<std::size_t>(r * E + e)] * wi[static_cast<std::size_t>(o * E + e)];
+      qkv[static_cast<std::size_t>(r * 3 * E + o)] = s;
+    }
+  // Per (b, h): q, k, v [L, Dh] gathered from qkv.
+  std::vector<double> qh, kh, vh;
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t h = 0; h < H; ++h)
+      for (std::int64_t l = 0; l < L; ++l)
+        for (std::int64_t d = 0; d < Dh; ++d) {
+          const auto base = static_cast<std::size_t>((b * L + l) * 3 * E + h * Dh + d);
+          qh.push_back(qkv[base]);
+          kh.push_back(qkv[base + static_cast<std::size_t>(E)]);
+          vh.push_back(qkv[base + static_cast<std::size_t>(2 * E)]);
+        }
+  HostAttention att = host_attention(qh, kh, vh, B * H, L, L, Dh, Dh, 1.0 / std::sqrt(double(Dh)), true,
+                                     [](std::int64_t, std::int64_t, std::int64_t) { return std::pair<bool, double>{false, 0.0}; });
+  std::vector<double> want(static_cast<std::size_t>(B * L * E));
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t l = 0; l < L; ++l)
+      for (std::int64_t o = 0; o < E; ++o) {
+        double s = bo[static_cast<std::size_t>(o)];
+        for (std::int64_t h = 0; h < H; ++h)
+          for (std::int64_t d = 0; d < Dh; ++d)
+            s += att.out[static_cast<std::size_t>(((b * H + h) * L + l) * Dh + d)] * wo[static_cast<std::size_t>(o * E + h * Dh + d)];
+        want[static_cast<std::size_t>((b * L + l) * E + o)] = s;
+      }
+  check_near(values(y), want, 1e-12);
+  // Gradients reach every parameter.
+  sum(y).backward();
+  for (const auto& [name, t] : mha.named_parameters()) {
+    CAPTURE(name);
+    CHECK(t.grad().defined());
+  }
+  auto bad = [](auto f, const char* arg) {
+    try {
+      f();
+      FAIL("no error");
+    } catch (const Error& e) {
+      CHECK(e.op() == "MultiheadAttention");
+      CHECK(e.arg() == arg);
+    }
+  };
+  Generator g2(1);
+  bad([&] { nn::MultiheadAttention(130, 4, g2); }, "num_heads");
+  bad([&] { nn::MultiheadAttention(128, 0, g2); }, "num_heads");
+  bad([&] { nn::MultiheadAttention(0, 1, g2); }, "embed_dim");
+  bad([&] { nn::MultiheadAttention(8, 2, g2, 1.5); }, "dropout");
+  bad([&] { mha.forward(rnd({2, 5, 8}, 1)); }, "x");
+  bad([&] { mha.forward(rnd({5, 12}, 1)); }, "x");
+}

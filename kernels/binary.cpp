@@ -1,9 +1,15 @@
 // The binary kernels, one source for both devices (kernels/loop.h).
 #include "qgrad/kernels/binary.h"
 
+#include <algorithm>
+#include <utility>
+#include <vector>
+
+#include "qgrad/kernels/basic.h"
 #include "qgrad/kernels/broadcast.h"
 #include "qgrad/kernels/formulas/cast.h"
 #include "qgrad/kernels/loop.h"
+#include "qgrad/kernels/reduce.h"
 
 namespace qgrad::kernels {
 
@@ -43,7 +49,8 @@ struct BinaryScalar {
 };
 
 // One output element per index, summing in one fixed order, so CPU and
-// CUDA agree bit for bit (and the result is deterministic).
+// CUDA agree bit for bit (and the result is deterministic); taken for
+// reductions shorter than kAxisPassesMinReduction.
 template <class T>
 struct SumToShape {
   const T* x;
@@ -85,7 +92,66 @@ void binary_scalar(formulas::BinaryOp op, const Tensor& a, double b, const Tenso
   });
 }
 
+// SumToShape is one thread per output looping over every reduced element
+// (with an index decomposition per element): a gradient [N, C, H, W] summed
+// to [1, C, 1, 1] (a per-channel factor's backward) is then C CUDA threads
+// reading N H W elements each, hundreds of milliseconds on a large batch.
+// Reductions at least this long per output run instead as passes of sum_axis
+// (block reductions for long rows on CUDA, contiguous row sums on the CPU).
+constexpr std::int64_t kAxisPassesMinReduction = 4096;
+
+// Out = in summed to out's shape as a sequence of sum_axis passes over runs
+// of adjacent reduced dims, innermost run first. 16-bit inputs are summed in
+// f32 and rounded once at the end. The order of the additions differs from
+// SumToShape: the usual f32 summation error, not bit identity, across devices
+// for such long reductions (sum_axis's CUDA block trees differ from the CPU's
+// in-order row sums); each device stays deterministic.
+void sum_to_shape_by_axes(const Tensor& in, const Tensor& out) {
+  const Shape& is = in.shape();
+  const Shape& os = out.shape();
+  const std::size_t lead = is.size() - os.size();
+  std::vector<std::pair<std::int64_t, bool>> runs;  // (size, reduced), adjacent runs alternate
+  for (std::size_t k = 0; k < is.size(); ++k) {
+    if (is[k] == 1) continue;
+    const bool reduced = k < lead || os[k - lead] == 1;
+    if (!runs.empty() && runs.back().second == reduced) runs.back().first *= is[k];
+    else runs.emplace_back(is[k], reduced);
+  }
+  const DType acc_dtype = out.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  Tensor cur = in;
+  if (in.dtype() != acc_dtype) {
+    cur = Tensor::empty(in.shape(), TensorOptions{}.with_dtype(acc_dtype).with_device(in.device()));
+    cast(in, cur);
+  }
+  for (;;) {
+    std::size_t j = runs.size();
+    for (std::size_t k = 0; k < runs.size(); ++k)
+      if (runs[k].second) j = k;
+    if (j == runs.size()) break;
+    AxisLayout v;
+    for (std::size_t k = 0; k < j; ++k) v.outer *= runs[k].first;
+    v.channels = runs[j].first;
+    for (std::size_t k = j + 1; k < runs.size(); ++k) v.inner *= runs[k].first;
+    runs.erase(runs.begin() + static_cast<std::ptrdiff_t>(j));
+    if (j > 0 && j < runs.size()) {  // the kept runs on both sides become one
+      runs[j - 1].first *= runs[j].first;
+      runs.erase(runs.begin() + static_cast<std::ptrdiff_t>(j));
+    }
+    const bool last = std::none_of(runs.begin(), runs.end(), [](const auto& r) { return r.second; });
+    Tensor next = last && acc_dtype == out.dtype()
+                      ? out
+                      : Tensor::empty({v.outer * v.inner}, TensorOptions{}.with_dtype(acc_dtype).with_device(out.device()));
+    sum_axis(cur, next, v, /*mean=*/false);
+    cur = next;
+  }
+  if (cur.data_ptr() != out.data_ptr()) cast(cur, out);
+}
+
 void sum_to_shape(const Tensor& in, const Tensor& out) {
+  if (out.numel() > 0 && in.numel() / out.numel() >= kAxisPassesMinReduction) {
+    sum_to_shape_by_axes(in, out);
+    return;
+  }
   dispatch_floating(out.dtype(), "sum_to_shape", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const ReduceIndex ri = make_reduce_index(in.shape(), out.shape());

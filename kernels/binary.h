@@ -14,6 +14,10 @@ void binary(formulas::BinaryOp op, const Tensor& a, const Tensor& b, const Tenso
 // tensor; out has a's shape, dtype and device.
 void binary_scalar(formulas::BinaryOp op, const Tensor& a, double b, const Tensor& out);
 // out[j] = sum of in over the dims that broadcasting added or stretched.
+// Reductions of at least 4096 elements per output take sum_to_shape_by_axes.
 void sum_to_shape(const Tensor& in, const Tensor& out);
+// sum_to_shape as passes of sum_axis over runs of adjacent reduced dims
+// (any device; tests compare it with the one-loop form on the CPU).
+void sum_to_shape_by_axes(const Tensor& in, const Tensor& out);
 
 }  // namespace qgrad::kernels

@@ -2,10 +2,13 @@
 #include <limits>
 
 #include "helpers.h"
+#include "qgrad/kernels/binary.h"
 #include "qgrad/kernels/formulas/binary.h"
+#include "test_nn_helpers.h"
 
 using namespace qgrad;
 using namespace qgrad::testing;
+using qgrad::testing::error_of;
 using formulas::BinaryOp;
 
 namespace {
@@ -90,6 +93,42 @@ TEST_CASE("sum_to_shape reduces broadcast dims in a fixed order") {
   }
 }
 
+// The multi-pass form taken for long reductions, checked
+// against the one-loop form in f64 (same sums, another order) and, for 16 bit,
+// against the f64 sum rounded once (one rounding at the end, not per pass).
+TEST_CASE("sum_to_shape_by_axes equals the one-loop sum for every pattern of reduced dims") {
+  Generator g(17);
+  const std::pair<Shape, Shape> cases[] = {
+      {{4, 3, 5, 6}, {1, 3, 1, 1}}, {{4, 3, 5, 6}, {3, 1, 1}}, {{4, 3, 5, 6}, {1, 1, 1, 6}},
+      {{4, 3, 5, 6}, {4, 1, 5, 1}}, {{4, 3, 5, 6}, {1}},       {{2, 1, 7, 3}, {1, 1, 7, 1}},
+      {{4, 3, 5, 6}, {5, 6}},       {{3, 4}, {4}},             {{4, 3, 5, 6}, {1, 3, 5, 1}}};
+  for (const auto& [in_shape, out_shape] : cases) {
+    CAPTURE(shape_str(in_shape));
+    CAPTURE(shape_str(out_shape));
+    const Tensor x = randn(in_shape, g, TensorOptions{}.with_dtype(DType::f64));
+    const Tensor ref = sum_to_shape(x, out_shape);
+    Tensor got = full(out_shape, std::nan(""), TensorOptions{}.with_dtype(DType::f64));
+    kernels::sum_to_shape_by_axes(x, got);
+    const auto r = ref.to_vector<double>(), v = got.to_vector<double>();
+    REQUIRE(r.size() == v.size());
+    for (std::size_t i = 0; i < r.size(); ++i) CHECK(v[i] == doctest::Approx(r[i]).epsilon(1e-13));
+    const auto mag = sum_to_shape(add(relu(x), relu(neg(x))), out_shape).to_vector<double>();
+    for (DType dt : {DType::f32, DType::bf16}) {
+      CAPTURE(dt);
+      const Tensor xd = x.to(dt);
+      Tensor low = full(out_shape, std::nan(""), TensorOptions{}.with_dtype(dt));
+      kernels::sum_to_shape_by_axes(xd, low);
+      const auto want = sum_to_shape(xd.to(DType::f64), out_shape).to_vector<double>();
+      const auto a = low.to(DType::f64).to_vector<double>();
+      // One rounding to dt at the end (the unit roundoff u = 2^-p of its p-bit
+      // significand) after f32 sums; a rounding per pass would exceed it.
+      const double u = dt == DType::bf16 ? 0x1p-8 : 0x1p-24;
+      for (std::size_t i = 0; i < a.size(); ++i)
+        CHECK(std::fabs(a[i] - want[i]) <= u * std::fabs(want[i]) + 1e-6 * mag[i]);
+    }
+  }
+}
+
 TEST_CASE("binary ops reject bad arguments before writing") {
   Tensor f = ones({2, 3});
   CHECK_THROWS_AS(add(f, ones({4})), Error);                                                   // shapes
@@ -124,6 +163,34 @@ TEST_CASE("CUDA: binary ops and sum_to_shape are bit-identical to the CPU") {
       CHECK(bit_equal(sum_to_shape(big, {33, 1}), sum_to_shape(big.cuda(), {33, 1})));
     }
   }
+}
+
+// A per-channel factor's gradient ([N, C, H, W] summed to [1, C, 1, 1]):
+// sum_to_shape takes the multi-pass form (block reductions on CUDA).
+void check_long_sum_to_shape(Device dev) {
+  Generator g(18);
+  for (DType dt : {DType::f32, DType::bf16, DType::f64}) {
+    CAPTURE(dt);
+    const Tensor x = randn({64, 8, 28, 28}, g).to(dt);
+    // Host sums per channel (not sum_to_shape, which takes the same passes).
+    const auto v = x.to(DType::f64).to_vector<double>();
+    std::vector<double> ref(8, 0.0), mag(8, 0.0);
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      ref[(i / 784) % 8] += v[i];
+      mag[(i / 784) % 8] += std::fabs(v[i]);
+    }
+    const auto got = sum_to_shape(x.to(dev), {1, 8, 1, 1}).to(DType::f64).cpu().to_vector<double>();
+    const double ulp = dt == DType::bf16 ? 0x1p-8 : dt == DType::f32 ? 0x1p-23 : 0x1p-52;
+    for (std::size_t c = 0; c < ref.size(); ++c)
+      CHECK(std::fabs(got[c] - ref[c]) <= ulp * std::fabs(ref[c]) + 1e-6 * mag[c]);
+  }
+}
+
+TEST_CASE("long sum_to_shape reductions match the f64 sum") { check_long_sum_to_shape(Device::cpu()); }
+
+TEST_CASE("CUDA: long sum_to_shape reductions match the f64 sum") {
+  QGRAD_REQUIRE_GPU();
+  check_long_sum_to_shape(Device::cuda());
 }
 
 TEST_CASE("CUDA: binary ops pass gradcheck on the device") {
@@ -172,4 +239,47 @@ TEST_CASE("maximum: NaN, ties and signed zeros as torch.maximum; gradient shares
       CHECK(b.grad().to(DType::f64).cpu().to_vector<double>() == std::vector<double>{1, 2, 1.5, 2, 4, 16});
     }
   }
+}
+
+TEST_CASE("sqrt: seeded values against std::sqrt, edge values (-0, negatives, inf, NaN), gradient 0.5 / y") {
+  for (const Device dev : test_devices()) {
+    CAPTURE(dev.str());
+    Generator gen(0x5e7);
+    for (const DType dt : {DType::f64, DType::f32, DType::f16, DType::bf16}) {
+      CAPTURE(dtype_name(dt));
+      Tensor x = rand({257}, gen, TensorOptions{}.with_dtype(dt), 0.0, 100.0);
+      const auto xv = values(x), yv = values(sqrt(x.to(dev)));
+      for (std::size_t i = 0; i < xv.size(); ++i) {
+        // f16/bf16 compute in f32 and round once: the f32 result rounded to dt.
+        const double want = dt == DType::f64 ? std::sqrt(xv[i])
+                                             : values(Tensor::from_vector<float>({std::sqrt(static_cast<float>(xv[i]))},
+                                                                                 {1}).to(dt))[0];
+        CHECK(yv[i] == want);
+      }
+    }
+    const double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
+    const auto y = values(sqrt(Tensor::from_vector<double>({0.0, -0.0, -1.0, inf, -inf, nan, 4.0}, {7}, dev)));
+    CHECK(y[0] == 0.0);
+    CHECK(!std::signbit(y[0]));
+    CHECK(y[1] == 0.0);
+    CHECK(std::signbit(y[1]));
+    CHECK(std::isnan(y[2]));
+    CHECK(y[3] == inf);
+    CHECK(std::isnan(y[4]));
+    CHECK(std::isnan(y[5]));
+    CHECK(y[6] == 2.0);
+    // Backward dy * 0.5 / y: 0.25 at x = 4, +inf at x = 0 (as PyTorch).
+    Tensor x = Tensor::from_vector<double>({4.0, 0.0, 2.25}, {3}, dev).set_requires_grad(true);
+    sum(sqrt(x)).backward();
+    const auto g = values(x.grad());
+    CHECK(g[0] == 0.25);
+    CHECK(g[1] == inf);
+    CHECK(g[2] == doctest::Approx(1.0 / 3.0).epsilon(1e-15));
+    CHECK(gradcheck([](const std::vector<Tensor>& v) { return sqrt(v[0]); },
+                    {Tensor::from_vector<double>({0.5, 1.0, 3.0, 9.0}, {4}, dev).set_requires_grad(true)})
+              .ok);
+  }
+  CHECK(error_of([] { sqrt(Tensor()); }).find("sqrt: argument 'x'") != std::string::npos);
+  CHECK(error_of([] { sqrt(zeros({2}, TensorOptions{}.with_dtype(DType::s32))); }).find("sqrt: argument 'x'") !=
+        std::string::npos);
 }

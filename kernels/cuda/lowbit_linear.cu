@@ -17,9 +17,9 @@
 // 8 warps' partial tiles are added in warp order in shared memory
 // (deterministic).
 // W4A16, larger M: W dequantized to T into a scratch [N, K] (one pass, 8
-// values per thread) and cuBLAS (kernels::cuda::gemm, CUBLAS_COMPUTE_32F with
-// reduced-precision split-K reductions disallowed: f32 accumulation and one
-// rounding; bias filled first and accumulated onto). Other shapes (f32 x, K or G not a
+// values per thread) and cuBLAS (CUBLAS_COMPUTE_32F; 16-bit x: an f32
+// product, then bias and one rounding in one pass; f32 x: bias filled first
+// and accumulated onto). Other shapes (f32 x, K or G not a
 // multiple of 32, unaligned rows) at M <= kW4A16GemvMaxM: a warp per output.
 //
 // W4A8 with groups (K % 128 == 0, G % 8 == 0, G dividing 128 or a multiple
@@ -355,29 +355,37 @@ void w4a16_impl(const Tensor& x, const Tensor& w, const Tensor& scale, const Ten
   }
   Tensor wd = Tensor::empty({N, K}, TensorOptions{}.with_dtype(out.dtype()).with_device(dev));
   dequantize_weight<T>(w, scale, zp, G, wd);
-  if (bias.defined()) fill_rows(bias, out);
-  GemmShape s;
-  s.m = M;
-  s.n = N;
-  s.k = K;
-  s.trans_b = true;
-  // CUBLAS_COMPUTE_32F alone still lets cuBLAS reduce split-K partial sums in
-  // the output type (f16 / bf16: each partial rounded, up to several ulps of
-  // the output when the partials cancel). The promise is f32 accumulation and
-  // one rounding, so this call disallows reduced-precision reductions; the
-  // handle's math mode is restored afterwards (same host thread, same stream).
-  cublasHandle_t h = ::qgrad::cuda::blas_handle(dev.index);
-  cublasMath_t prev = CUBLAS_DEFAULT_MATH;
-  QGRAD_CUBLAS_CHECK(cublasGetMathMode(h, &prev));
-  QGRAD_CUBLAS_CHECK(cublasSetMathMode(
-      h, static_cast<cublasMath_t>(prev | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
-  try {
+  if constexpr (std::is_same_v<T, float>) {
+    if (bias.defined()) fill_rows(bias, out);
+    GemmShape s;
+    s.m = M;
+    s.n = N;
+    s.k = K;
+    s.trans_b = true;
     kernels::cuda::gemm(s, x, wd, out, bias.defined());
-  } catch (...) {
-    cublasSetMathMode(h, prev);
-    throw;
+  } else {
+    // A 16-bit C lets cuBLAS round split-K partial sums to the output type
+    // (several ulps, measured on H100 even with
+    // CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION). The promise is f32
+    // accumulation and one rounding: cuBLAS writes the f32 product to a
+    // scratch [M, N], and one pass adds the bias and rounds to T.
+    Tensor acc = Tensor::empty({M, N}, TensorOptions{}.with_dtype(DType::f32).with_device(dev));
+    constexpr cudaDataType_t type = std::is_same_v<T, half> ? CUDA_R_16F : CUDA_R_16BF;
+    const float alpha = 1.0f, beta = 0.0f;
+    ::qgrad::cuda::DeviceGuard guard(dev.index);
+    // Column-major: acc^T (N x M) = wd (K x N as stored, transposed) . x^T (K x M).
+    QGRAD_CUBLAS_CHECK(cublasGemmEx(::qgrad::cuda::blas_handle(dev.index), CUBLAS_OP_T, CUBLAS_OP_N,
+                                    static_cast<int>(N), static_cast<int>(M), static_cast<int>(K), &alpha,
+                                    wd.data_ptr(), type, static_cast<int>(K), x.data_ptr(), type, static_cast<int>(K),
+                                    &beta, acc.data_ptr(), CUDA_R_32F, static_cast<int>(N), CUBLAS_COMPUTE_32F,
+                                    CUBLAS_GEMM_DEFAULT));
+    const float* a = static_cast<const float*>(acc.data_ptr());
+    const T* b = bias.defined() ? static_cast<const T*>(bias.data_ptr()) : nullptr;
+    T* o = static_cast<T*>(out.data_ptr());
+    launch_elementwise(dev.index, M * N, [=] __device__(I64 i) {
+      o[i] = T(b ? a[i] + static_cast<float>(b[i % N]) : a[i]);
+    });
   }
-  QGRAD_CUBLAS_CHECK(cublasSetMathMode(h, prev));
 }
 
 // ------------------------------------------------------------------- W4A8

@@ -36,6 +36,28 @@ struct Binary {
   }
 };
 
+// The CPU form of a broadcast: one index per row of the innermost
+// (collapsed) dim, whose offsets are decomposed once; the row is walked with
+// each operand's stride there (1, or 0 where it is broadcast). The same
+// formula per element as Binary, so the results are the same bits.
+template <class T>
+struct BinaryRows {
+  formulas::BinaryOp op;
+  const T* x;
+  const T* y;
+  T* o;
+  BroadcastIndex index;
+  std::int64_t len, step_a, step_b;
+  QGRAD_HD void operator()(std::int64_t r) const {
+    using M = op_math_t<T>;
+    std::int64_t oa, ob;
+    index.offsets(r * len, oa, ob);
+    T* out = o + r * len;
+    for (std::int64_t j = 0; j < len; ++j)
+      out[j] = T(formulas::binary_apply<M>(op, M(x[oa + j * step_a]), M(y[ob + j * step_b])));
+  }
+};
+
 template <class T>
 struct BinaryScalar {
   formulas::BinaryOp op;
@@ -78,6 +100,13 @@ void binary(formulas::BinaryOp op, const Tensor& a, const Tensor& b, const Tenso
       return;
     }
     const BroadcastIndex bi = make_broadcast_index(a.shape(), b.shape(), out.shape());
+    const std::int64_t len = bi.ndim > 0 ? bi.sizes[bi.ndim - 1] : 1;
+    if (!out.is_cuda() && len >= 8) {
+      const BinaryRows<T> rows{op, x, y, o, bi, len, bi.stride_a[bi.ndim - 1], bi.stride_b[bi.ndim - 1]};
+      for_each_index(out.device(), out.numel() / len, rows, "binary",
+                     std::max<std::int64_t>(1, cpu::kParallelGrain / len));
+      return;
+    }
     for_each_index(out.device(), out.numel(), Binary<T, BroadcastIndex>{op, x, y, o, bi}, "binary");
   });
 }

@@ -28,6 +28,25 @@ BroadcastIndex make_broadcast_index(const Shape& a, const Shape& b, const Shape&
       bi.stride_b[d] = b[k] == 1 ? 0 : sb[k];
     }
   }
+  // Size-1 dims dropped, and a dim merged into the one before it when both
+  // operands walk the pair as one run (contiguous, or broadcast, in both):
+  // fewer divisions per element and a longer innermost run (binary's CPU
+  // rows). [N, C, H, W] with [1, C, 1, 1] becomes [N, C, H*W].
+  int n = 0;
+  for (int d = 0; d < bi.ndim; ++d) {
+    if (bi.sizes[d] == 1) continue;
+    if (n > 0 && bi.stride_a[n - 1] == bi.stride_a[d] * bi.sizes[d] &&
+        bi.stride_b[n - 1] == bi.stride_b[d] * bi.sizes[d]) {
+      bi.sizes[n - 1] *= bi.sizes[d];
+    } else {
+      bi.sizes[n] = bi.sizes[d];
+      ++n;
+    }
+    bi.stride_a[n - 1] = bi.stride_a[d];
+    bi.stride_b[n - 1] = bi.stride_b[d];
+  }
+  for (int d = n; d < bi.ndim; ++d) bi.sizes[d] = bi.stride_a[d] = bi.stride_b[d] = 0;
+  bi.ndim = n;
   return bi;
 }
 

@@ -293,8 +293,8 @@ class Trainer {
       bar.finish();
       const double secs = seconds_before + seconds_since(t0);
       model.eval();
-      const double test_acc =
-          accuracy(ph.qat ? predict_qat(model, test_, dev_, observers_on) : predict(model, test_, dev_), test_);
+      last_test_pred = ph.qat ? predict_qat(model, test_, dev_, observers_on) : predict(model, test_, dev_);
+      const double test_acc = accuracy(last_test_pred, test_);
       records.push_back({e, ph.name, stats.loss(), stats.accuracy(), test_acc, secs});
       std::printf("%-5s epoch %2d/%d  loss %.4f  train acc %6.2f%%  test acc %6.2f%%  %6.1f s  %7.0f samples/s\n",
                   ph.name.c_str(), e, ph.epochs, stats.loss(), 100 * stats.accuracy(), 100 * test_acc, secs,
@@ -305,6 +305,15 @@ class Trainer {
   }
 
   std::vector<EpochRecord> records;
+  // The test-set predictions of the last epoch (eval mode, observers off):
+  // run_flow's final accuracies reuse them instead of another pass.
+  std::vector<std::int64_t> last_test_pred;
+  // Whether this process's last epoch was of `phase` and left its predictions
+  // of `test` (not so after a resume that ran no epoch of it).
+  bool evaluated_last(const std::string& phase, const Dataset& test) const {
+    return !records.empty() && records.back().phase == phase &&
+           static_cast<std::int64_t>(last_test_pred.size()) == test.size();
+  }
   std::string dot_path, dot_svg;
   double float_acc = 0;  // set by the caller after the float phase; saved in the training state
 

@@ -15,7 +15,7 @@
 // report.json, plots, the graph of one QAT training step (DOT) and
 // safetensors checkpoints; --checkpoint-every / --resume as there.
 //
-//   qgrad-qat-cnn [--epochs 3] [--qat-epochs 2] [--device auto|cpu|cuda] [--out qat-cnn-out] ...
+//   qgrad-qat-cnn [--epochs 5] [--qat-epochs 1] [--device auto|cpu|cuda] [--out qat-cnn-out] ...
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
@@ -36,8 +36,11 @@ using namespace qgrad_examples;
 namespace {
 
 struct Flags : QatFlags {
+  // 5 float epochs reach 92.1% (3 gave 91.5%); one QAT epoch is within
+  // 0.1 point of the second and keeps the CPU run near 10 minutes.
   Flags() {
-    epochs = 3;
+    epochs = 5;
+    qat_epochs = 1;
     out = "qat-cnn-out";
   }
   int freeze_bn_epoch = 2;  // --freeze-bn-epoch

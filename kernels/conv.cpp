@@ -5,6 +5,8 @@
 // across devices).
 #include "qgrad/kernels/conv.h"
 
+#include <climits>
+
 #include "qgrad/kernels/cpu/conv.h"
 #include "qgrad/kernels/cuda/entries.h"
 #include "qgrad/kernels/loop.h"
@@ -57,6 +59,52 @@ struct BiasCombine {
 };
 
 }  // namespace
+
+Conv2dShape conv2d_geometry(const Shape& x, const Shape& w, std::array<std::int64_t, 2> stride,
+                            std::array<std::int64_t, 2> padding, std::array<std::int64_t, 2> dilation,
+                            std::int64_t groups, const char* op, const char* w_arg) {
+  // cuDNN takes every size as an int: so does the CPU path, for one limit.
+  const char* names[] = {"height", "width"};
+  for (int d = 0; d < 2; ++d) {
+    QGRAD_CHECK(stride[d] >= 1 && stride[d] <= INT_MAX, op, "stride", names[d], " stride must be in [1, ", INT_MAX,
+                "], got ", stride[d]);
+    QGRAD_CHECK(padding[d] >= 0 && padding[d] <= INT_MAX / 4, op, "padding", names[d], " padding must be in [0, ",
+                INT_MAX / 4, "], got ", padding[d]);
+    QGRAD_CHECK(dilation[d] >= 1 && dilation[d] <= INT_MAX, op, "dilation", names[d], " dilation must be in [1, ",
+                INT_MAX, "], got ", dilation[d]);
+  }
+  QGRAD_CHECK(groups >= 1, op, "groups", "must be >= 1, got ", groups);
+  for (std::int64_t v : x)
+    QGRAD_CHECK(v <= INT_MAX / 4, op, "x", "dimension ", v, " exceeds the limit ", INT_MAX / 4, " (shape ",
+                shape_str(x), ")");
+  for (std::int64_t v : w)
+    QGRAD_CHECK(v <= INT_MAX / 4, op, w_arg, "dimension ", v, " exceeds the limit ", INT_MAX / 4, " (shape ",
+                shape_str(w), ")");
+  Conv2dShape s;
+  s.n = x[0], s.c = x[1], s.h = x[2], s.w = x[3];
+  s.o = w[0], s.kh = w[2], s.kw = w[3];
+  s.sh = stride[0], s.sw = stride[1], s.ph = padding[0], s.pw = padding[1], s.dh = dilation[0], s.dw = dilation[1];
+  s.groups = groups;
+  QGRAD_CHECK(s.c >= 1 && s.h >= 1 && s.w >= 1, op, "x", "channels, height and width must be >= 1, got shape ",
+              shape_str(x));
+  QGRAD_CHECK(s.o >= 1 && w[1] >= 1 && s.kh >= 1 && s.kw >= 1, op, w_arg, "every dimension must be >= 1, got shape ",
+              shape_str(w));
+  QGRAD_CHECK(s.c % groups == 0, op, "groups", "x's ", s.c, " channels are not divisible by groups = ", groups);
+  QGRAD_CHECK(s.o % groups == 0, op, "groups", w_arg, "'s ", s.o, " out channels are not divisible by groups = ",
+              groups);
+  QGRAD_CHECK(w[1] == s.c / groups, op, w_arg, "expected ", s.c / groups, " in channels per group (x has ", s.c,
+              " channels, groups = ", groups, "), got ", w_arg, " shape ", shape_str(w));
+  // The dilated kernel must fit in the padded input (else the output is empty).
+  const std::int64_t ekh = s.dh * (s.kh - 1) + 1, ekw = s.dw * (s.kw - 1) + 1;
+  const std::int64_t ph2 = s.h + 2 * s.ph, pw2 = s.w + 2 * s.pw;
+  QGRAD_CHECK(ekh <= ph2 && ekw <= pw2, op, w_arg, "kernel ", s.kh, "x", s.kw, " with dilation (", s.dh, ", ",
+              s.dw, ") spans ", ekh, "x", ekw, ", larger than the padded input ", ph2, "x", pw2,
+              ": the output would be empty");
+  s.oh = (ph2 - ekh) / s.sh + 1;
+  s.ow = (pw2 - ekw) / s.sw + 1;
+  shape_numel({s.n, s.o, s.oh, s.ow}, op);
+  return s;
+}
 
 void conv2d_forward(const Conv2dShape& s, const Tensor& x, const Tensor& weight, const Tensor& y, bool accumulate) {
   if (y.is_cuda()) QGRAD_ON_CUDA(cuda::conv2d_forward(s, x, weight, y, accumulate));

@@ -3,6 +3,7 @@
 // and the per-channel bias add, written once over kernels/loop.h.
 #pragma once
 
+#include <array>
 #include <cstdint>
 
 #include "qgrad/core/tensor.h"
@@ -27,6 +28,16 @@ struct Conv2dShape {
   // im2col matrix.
   bool pointwise() const { return kh == 1 && kw == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0; }
 };
+
+// The geometry of a convolution of x [N, C, H, W] with a weight [O, C /
+// groups, kh, kw] (argument `w_arg` of `op`: conv2d's "weight",
+// quantized_conv2d's "w_q"): every size, stride, padding, dilation and group
+// count checked (qgrad::Error naming op and argument; sizes within cuDNN's
+// int limits, for one limit on both devices), the output size computed. The
+// ops check the tensors' ranks, dtypes and devices before calling it.
+Conv2dShape conv2d_geometry(const Shape& x, const Shape& w, std::array<std::int64_t, 2> stride,
+                            std::array<std::int64_t, 2> padding, std::array<std::int64_t, 2> dilation,
+                            std::int64_t groups, const char* op, const char* w_arg);
 
 // y = conv(x, weight), or with accumulate y += conv(x, weight) (the sum
 // formed in op math and rounded once); every element of y written.

@@ -1,8 +1,6 @@
 // conv2d: validation, forward, saved state and backward.
 #include "qgrad/ops/conv.h"
 
-#include <climits>
-
 #include "qgrad/autograd/node.h"
 #include "qgrad/kernels/conv.h"
 #include "qgrad/ops/check.h"
@@ -33,48 +31,7 @@ kernels::Conv2dShape conv2d_shape(const Tensor& x, const Tensor& weight, const T
     QGRAD_CHECK(bias.dim() == 1 && bias.size(0) == weight.size(0), op, "bias", "expected shape [", weight.size(0),
                 "] (the weight's out channels), got ", shape_str(bias.shape()));
   }
-  // cuDNN takes every size as an int: so does the CPU path, for one limit.
-  const char* names[] = {"height", "width"};
-  for (int d = 0; d < 2; ++d) {
-    QGRAD_CHECK(stride[d] >= 1 && stride[d] <= INT_MAX, op, "stride", names[d], " stride must be in [1, ", INT_MAX,
-                "], got ", stride[d]);
-    QGRAD_CHECK(padding[d] >= 0 && padding[d] <= INT_MAX / 4, op, "padding", names[d], " padding must be in [0, ",
-                INT_MAX / 4, "], got ", padding[d]);
-    QGRAD_CHECK(dilation[d] >= 1 && dilation[d] <= INT_MAX, op, "dilation", names[d], " dilation must be in [1, ",
-                INT_MAX, "], got ", dilation[d]);
-  }
-  QGRAD_CHECK(groups >= 1, op, "groups", "must be >= 1, got ", groups);
-  for (std::int64_t v : x.shape())
-    QGRAD_CHECK(v <= INT_MAX / 4, op, "x", "dimension ", v, " exceeds the limit ", INT_MAX / 4, " (shape ",
-                shape_str(x.shape()), ")");
-  for (std::int64_t v : weight.shape())
-    QGRAD_CHECK(v <= INT_MAX / 4, op, "weight", "dimension ", v, " exceeds the limit ", INT_MAX / 4, " (shape ",
-                shape_str(weight.shape()), ")");
-  kernels::Conv2dShape s;
-  s.n = x.size(0), s.c = x.size(1), s.h = x.size(2), s.w = x.size(3);
-  s.o = weight.size(0), s.kh = weight.size(2), s.kw = weight.size(3);
-  s.sh = stride[0], s.sw = stride[1], s.ph = padding[0], s.pw = padding[1], s.dh = dilation[0], s.dw = dilation[1];
-  s.groups = groups;
-  QGRAD_CHECK(s.c >= 1 && s.h >= 1 && s.w >= 1, op, "x", "channels, height and width must be >= 1, got shape ",
-              shape_str(x.shape()));
-  QGRAD_CHECK(s.o >= 1 && weight.size(1) >= 1 && s.kh >= 1 && s.kw >= 1, op, "weight",
-              "every dimension must be >= 1, got shape ", shape_str(weight.shape()));
-  QGRAD_CHECK(s.c % groups == 0, op, "groups", "x's ", s.c, " channels are not divisible by groups = ", groups);
-  QGRAD_CHECK(s.o % groups == 0, op, "groups", "weight's ", s.o, " out channels are not divisible by groups = ",
-              groups);
-  QGRAD_CHECK(weight.size(1) == s.c / groups, op, "weight", "expected ", s.c / groups,
-              " in channels per group (x has ", s.c, " channels, groups = ", groups, "), got weight shape ",
-              shape_str(weight.shape()));
-  // The dilated kernel must fit in the padded input (else the output is empty).
-  const std::int64_t ekh = s.dh * (s.kh - 1) + 1, ekw = s.dw * (s.kw - 1) + 1;
-  const std::int64_t ph2 = s.h + 2 * s.ph, pw2 = s.w + 2 * s.pw;
-  QGRAD_CHECK(ekh <= ph2 && ekw <= pw2, op, "weight", "kernel ", s.kh, "x", s.kw, " with dilation (", s.dh, ", ",
-              s.dw, ") spans ", ekh, "x", ekw, ", larger than the padded input ", ph2, "x", pw2,
-              ": the output would be empty");
-  s.oh = (ph2 - ekh) / s.sh + 1;
-  s.ow = (pw2 - ekw) / s.sw + 1;
-  shape_numel({s.n, s.o, s.oh, s.ow}, op);
-  return s;
+  return kernels::conv2d_geometry(x.shape(), weight.shape(), stride, padding, dilation, groups, op, "weight");
 }
 
 }  // namespace

@@ -2,8 +2,6 @@
 // with its epilogue (kernels/qconv.h).
 #include "qgrad/ops/quantized_conv.h"
 
-#include <climits>
-
 #include "qgrad/kernels/qconv.h"
 #include "qgrad/ops/check.h"
 
@@ -46,44 +44,8 @@ kernels::Conv2dShape qconv_shape(const Tensor& x, const Tensor& w_q, const Tenso
               "the int8 convolution quantizes its input per tensor with static qparams "
               "(ActivationQuant::fixed), not dynamically per token");
   check::static_activation_quant(act, x.device(), kOp);
-  const char* names[] = {"height", "width"};
-  for (int d = 0; d < 2; ++d) {
-    QGRAD_CHECK(stride[d] >= 1 && stride[d] <= INT_MAX, kOp, "stride", names[d], " stride must be in [1, ", INT_MAX,
-                "], got ", stride[d]);
-    QGRAD_CHECK(padding[d] >= 0 && padding[d] <= INT_MAX / 4, kOp, "padding", names[d], " padding must be in [0, ",
-                INT_MAX / 4, "], got ", padding[d]);
-    QGRAD_CHECK(dilation[d] >= 1 && dilation[d] <= INT_MAX, kOp, "dilation", names[d], " dilation must be in [1, ",
-                INT_MAX, "], got ", dilation[d]);
-  }
-  QGRAD_CHECK(groups >= 1, kOp, "groups", "must be >= 1, got ", groups);
-  for (std::int64_t v : x.shape())
-    QGRAD_CHECK(v <= INT_MAX / 4, kOp, "x", "dimension ", v, " exceeds the limit ", INT_MAX / 4, " (shape ",
-                shape_str(x.shape()), ")");
-  for (std::int64_t v : w_q.shape())
-    QGRAD_CHECK(v <= INT_MAX / 4, kOp, "w_q", "dimension ", v, " exceeds the limit ", INT_MAX / 4, " (shape ",
-                shape_str(w_q.shape()), ")");
-  kernels::Conv2dShape s;
-  s.n = x.size(0), s.c = x.size(1), s.h = x.size(2), s.w = x.size(3);
-  s.o = O, s.kh = w_q.size(2), s.kw = w_q.size(3);
-  s.sh = stride[0], s.sw = stride[1], s.ph = padding[0], s.pw = padding[1], s.dh = dilation[0], s.dw = dilation[1];
-  s.groups = groups;
-  QGRAD_CHECK(s.c >= 1 && s.h >= 1 && s.w >= 1, kOp, "x", "channels, height and width must be >= 1, got shape ",
-              shape_str(x.shape()));
-  QGRAD_CHECK(s.o >= 1 && w_q.size(1) >= 1 && s.kh >= 1 && s.kw >= 1, kOp, "w_q",
-              "every dimension must be >= 1, got shape ", shape_str(w_q.shape()));
-  QGRAD_CHECK(s.c % groups == 0, kOp, "groups", "x's ", s.c, " channels are not divisible by groups = ", groups);
-  QGRAD_CHECK(s.o % groups == 0, kOp, "groups", "w_q's ", s.o, " out channels are not divisible by groups = ",
-              groups);
-  QGRAD_CHECK(w_q.size(1) == s.c / groups, kOp, "w_q", "expected ", s.c / groups, " in channels per group (x has ",
-              s.c, " channels, groups = ", groups, "), got w_q shape ", shape_str(w_q.shape()));
-  const std::int64_t ekh = s.dh * (s.kh - 1) + 1, ekw = s.dw * (s.kw - 1) + 1;
-  const std::int64_t ph2 = s.h + 2 * s.ph, pw2 = s.w + 2 * s.pw;
-  QGRAD_CHECK(ekh <= ph2 && ekw <= pw2, kOp, "w_q", "kernel ", s.kh, "x", s.kw, " with dilation (", s.dh, ", ", s.dw,
-              ") spans ", ekh, "x", ekw, ", larger than the padded input ", ph2, "x", pw2,
-              ": the output would be empty");
-  s.oh = (ph2 - ekh) / s.sh + 1;
-  s.ow = (pw2 - ekw) / s.sw + 1;
-  shape_numel({s.n, s.o, s.oh, s.ow}, kOp);
+  const kernels::Conv2dShape s =
+      kernels::conv2d_geometry(x.shape(), w_q.shape(), stride, padding, dilation, groups, kOp, "w_q");
   // The column matrix: groups x (N OH OW) rows of (C / groups) kh kw.
   shape_numel({s.groups, s.n * s.oh * s.ow, s.patch() + 16}, kOp);
   return s;

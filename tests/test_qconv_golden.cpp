@@ -12,13 +12,12 @@
 //     torch.ops.quantized.conv2d (x86 engine for reduce_range activations,
 //     QNNPACK for full-range ones, where x86 saturates; each requantizes with
 //     its own float multiplier), and the 1-LSB differences are counted.
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <array>
 #include <cstring>
 #include <fstream>
 
+#include "golden.h"
 #include "helpers.h"
 
 using namespace qgrad;
@@ -29,21 +28,9 @@ namespace {
 
 const char* kGoldenPath = QGRAD_SOURCE_DIR "/tests/data/golden_qconv.json";
 
-bool load(json& doc) {
-  std::ifstream f(kGoldenPath);
-  if (!f) return false;
-  doc = json::parse(f);
-  return true;
-}
+#define REQUIRE_GOLDEN(doc) QGRAD_REQUIRE_GOLDEN(doc, kGoldenPath, "gen_qconv_golden.py")
 
-#define QGRAD_REQUIRE_GOLDEN(doc)                                                                  \
-  json doc;                                                                                        \
-  if (!load(doc)) {                                                                                \
-    std::printf("SKIPPED: golden data missing (run tests/python/gen_qconv_golden.py)\n");          \
-    return;                                                                                        \
-  }
-
-Shape shape_of(const json& j) { return j.get<std::vector<std::int64_t>>(); }
+Shape shape_of(const json& j) { return golden_shape(j); }
 
 std::vector<std::int64_t> ints_of(const json& j) { return j.get<std::vector<std::int64_t>>(); }
 
@@ -73,7 +60,7 @@ std::vector<std::int64_t> ints(const Tensor& t) {
 }  // namespace
 
 TEST_CASE("int8 pooling equals PyTorch's quantized max / avg / adaptive avg pooling bit for bit") {
-  QGRAD_REQUIRE_GOLDEN(doc);
+  REQUIRE_GOLDEN(doc);
   std::size_t checked = 0;
   for (const Device dev : test_devices()) {
     for (const auto& c : doc["pool"]) {
@@ -105,7 +92,7 @@ TEST_CASE("int8 pooling equals PyTorch's quantized max / avg / adaptive avg pool
 }
 
 TEST_CASE("quantized_conv2d against torch.ops.quantized.conv2d (x86 and QNNPACK engines)") {
-  QGRAD_REQUIRE_GOLDEN(doc);
+  REQUIRE_GOLDEN(doc);
   for (const Device dev : test_devices()) {
     std::size_t outputs = 0, one_lsb = 0;
     for (const auto& c : doc["conv"]) {

@@ -3,11 +3,10 @@
 // CPU and, with a GPU present, on CUDA. Reductions whose order PyTorch does
 // not fix (LSQ scale/zero-point sums over many elements, broadcast-reduced
 // lerp gradients) are compared to a relative tolerance instead.
-#include <nlohmann/json.hpp>
-
 #include <fstream>
 #include <sstream>
 
+#include "golden.h"
 #include "test_quant_ref.h"
 
 using namespace qgrad;
@@ -18,21 +17,9 @@ namespace {
 
 const char* kGoldenPath = QGRAD_SOURCE_DIR "/tests/data/golden_quant.json";
 
-bool load(json& doc) {
-  std::ifstream f(kGoldenPath);
-  if (!f) return false;
-  doc = json::parse(f);
-  return true;
-}
+#define REQUIRE_GOLDEN(doc) QGRAD_REQUIRE_GOLDEN(doc, kGoldenPath, "gen_golden.py")
 
-#define QGRAD_REQUIRE_GOLDEN(doc)                                                                   \
-  json doc;                                                                                         \
-  if (!load(doc)) {                                                                                 \
-    std::printf("SKIPPED: golden data not generated (run tests/python/gen_golden.py on the GPU machine)\n"); \
-    return;                                                                                         \
-  }
-
-Shape shape_of(const json& j) { return j.get<std::vector<std::int64_t>>(); }
+Shape shape_of(const json& j) { return golden_shape(j); }
 
 // A floating tensor from hex bit patterns of dtype dt.
 Tensor from_hex(const json& arr, const Shape& shape, DType dt, Device dev) {
@@ -114,7 +101,7 @@ void for_cases(const json& doc, const std::string& op_prefix, F&& f) {
 }  // namespace
 
 TEST_CASE("golden: fake_quantize_per_tensor (host scalars and tensor qparams)") {
-  QGRAD_REQUIRE_GOLDEN(doc);
+  REQUIRE_GOLDEN(doc);
   for_cases(doc, "fake_quantize_per_tensor", [](const json& c, Device dev) {
     const DType dt = dtype_from_name(c["dtype"]);
     Tensor x = leaf(from_hex(c["x"], shape_of(c["shape"]), dt, dev));
@@ -134,7 +121,7 @@ TEST_CASE("golden: fake_quantize_per_tensor (host scalars and tensor qparams)") 
 }
 
 TEST_CASE("golden: fake_quantize_per_channel") {
-  QGRAD_REQUIRE_GOLDEN(doc);
+  REQUIRE_GOLDEN(doc);
   for_cases(doc, "fake_quantize_per_channel", [](const json& c, Device dev) {
     const DType dt = dtype_from_name(c["dtype"]);
     const Shape shape = shape_of(c["shape"]);
@@ -154,7 +141,7 @@ TEST_CASE("golden: fake_quantize_per_channel") {
 }
 
 TEST_CASE("golden: learnable fake quantize (LSQ)") {
-  QGRAD_REQUIRE_GOLDEN(doc);
+  REQUIRE_GOLDEN(doc);
   for_cases(doc, "fake_quantize_learnable", [](const json& c, Device dev) {
     const DType dt = dtype_from_name(c["dtype"]);
     const Shape shape = shape_of(c["shape"]);
@@ -181,7 +168,7 @@ TEST_CASE("golden: learnable fake quantize (LSQ)") {
 }
 
 TEST_CASE("golden: quantize / dequantize per tensor, with the documented gradients") {
-  QGRAD_REQUIRE_GOLDEN(doc);
+  REQUIRE_GOLDEN(doc);
   for_cases(doc, "quantize_per_tensor", [](const json& c, Device dev) {
     const DType qt = dtype_from_name(c["qdtype"]);
     const Shape shape = shape_of(c["shape"]);
@@ -200,7 +187,7 @@ TEST_CASE("golden: quantize / dequantize per tensor, with the documented gradien
 }
 
 TEST_CASE("golden: quantize / dequantize per channel, per token, per group") {
-  QGRAD_REQUIRE_GOLDEN(doc);
+  REQUIRE_GOLDEN(doc);
   for (const char* kind : {"quantize_per_channel", "quantize_per_token", "quantize_per_group"}) {
     for_cases(doc, kind, [kind](const json& c, Device dev) {
       const DType qt = dtype_from_name(c["qdtype"]);
@@ -235,7 +222,7 @@ TEST_CASE("golden: quantize / dequantize per channel, per token, per group") {
 }
 
 TEST_CASE("golden: lerp forward and gradients") {
-  QGRAD_REQUIRE_GOLDEN(doc);
+  REQUIRE_GOLDEN(doc);
   for_cases(doc, "lerp", [](const json& c, Device dev) {
     const DType dt = dtype_from_name(c["dtype"]);
     Tensor a = leaf(from_hex(c["a"], shape_of(c["shape_a"]), dt, dev));
@@ -263,7 +250,7 @@ TEST_CASE("golden: lerp forward and gradients") {
 }
 
 TEST_CASE("golden: the data names its PyTorch version and what PyTorch does not support") {
-  QGRAD_REQUIRE_GOLDEN(doc);
+  REQUIRE_GOLDEN(doc);
   MESSAGE("torch ", doc["torch_version"].get<std::string>());
   CHECK(doc["torch_version"].get<std::string>().rfind("2.11", 0) == 0);
   for (const auto& u : doc["unsupported"]) MESSAGE("unsupported by PyTorch: ", u.dump());

@@ -108,6 +108,8 @@ void check_capture_matches_eager(Make make, std::int64_t batch, const Shape& exa
     graph.replay();
   }
   cuda_synchronize();
+  eager.opt->check_finite();  // the device flags of clip_grad_norm's error_if_nonfinite, where set
+  graphed.opt->check_finite();
   const nn::NamedTensors se = eager.model->state_dict(), sg = graphed.model->state_dict();
   REQUIRE(se.size() == sg.size());
   for (std::size_t i = 0; i < se.size(); ++i) {
@@ -142,37 +144,13 @@ TEST_CASE("CUDA: the QAT step with gradient clipping captures with no host sync 
   // flag, no sync): the norm's reduction, its last-block finish and the
   // coefficient read by the fused step all replay bit for bit.
   QGRAD_REQUIRE_GPU();
-  const Device dev = Device::cuda();
-  constexpr int kWarmup = 3, kSteps = 5;
-  Batches b(kWarmup + kSteps, 64, dev);
-  bench::QatMlp eager = make_trainer(dev, 64), graphed = make_trainer(dev, 64);
-  eager.clip_grad_norm = graphed.clip_grad_norm = 0.5;
-  Tensor x_static = empty_like(b.xs[0]), y_static = empty_like(b.ys[0]);
-  for (int i = 0; i < kWarmup; ++i) {
-    eager.step(b.xs[static_cast<std::size_t>(i)], b.ys[static_cast<std::size_t>(i)]);
-    x_static.copy_(b.xs[static_cast<std::size_t>(i)]);
-    y_static.copy_(b.ys[static_cast<std::size_t>(i)]);
-    graphed.step(x_static, y_static);
-  }
-  CudaGraph graph;
-  graph.capture([&] { graphed.step(x_static, y_static); });  // throws on a host sync
-  REQUIRE(graph.captured());
-  for (int i = kWarmup; i < kWarmup + kSteps; ++i) {
-    const auto k = static_cast<std::size_t>(i);
-    eager.step(b.xs[k], b.ys[k]);
-    x_static.copy_(b.xs[k]);
-    y_static.copy_(b.ys[k]);
-    graph.replay();
-  }
-  cuda_synchronize();
-  eager.opt->check_finite();
-  graphed.opt->check_finite();
-  const nn::NamedTensors se = eager.model->state_dict(), sg = graphed.model->state_dict();
-  REQUIRE(se.size() == sg.size());
-  for (std::size_t i = 0; i < se.size(); ++i) {
-    INFO(se[i].first);
-    CHECK(bit_equal(se[i].second, sg[i].second));
-  }
+  check_capture_matches_eager(
+      [](Device d) {
+        bench::QatMlp t = make_trainer(d, 64);
+        t.clip_grad_norm = 0.5;
+        return t;
+      },
+      64, {784});
 }
 
 TEST_CASE("CUDA: replaying the captured QAT step allocates no device memory") {

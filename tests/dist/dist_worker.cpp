@@ -14,6 +14,11 @@
 //                same model in one process with the global batch and
 //                compares the loss curves (tolerance below)
 //   nccl-ddp     the same on CUDA, one GPU per rank (skips without GPUs)
+//   nccl-ddp-graph  DDP on NCCL with the whole step (forward with the
+//                observer range all-reduces, backward with the bucket
+//                all-reduces, SGD) captured once in a CudaGraph and replayed:
+//                weights, buffers and momentum bit for bit equal to the same
+//                steps run eagerly under DDP, and equal across ranks
 //   exit CODE    rank world-1 exits with CODE after 0.2 s, the others sleep
 //                (the launcher must stop them and exit with CODE)
 //   sleep        sleeps 60 s (the launcher's signal forwarding)
@@ -294,6 +299,80 @@ int run_ddp(ProcessGroup& pg) {
   }
   return 0;
 }
+// The nccl-ddp-graph mode: kWarmup eager steps, then kSteps steps either
+// eagerly or as replays of one captured step (static input tensors).
+int run_ddp_graph(ProcessGroup& pg) {
+  constexpr int kWarmup = 3, kSteps = 6;
+  const int rank = pg.rank(), world = pg.world_size();
+  const Data d = make_data();
+  dist::DistributedSampler sampler(kExamples, 1, 0, true, 7, true);
+  const std::vector<std::int64_t> order = sampler.indices();
+  const std::int64_t b = kGlobalBatch / world;
+  struct Run {
+    std::vector<float> state, momentum;
+    std::int64_t syncs = 0;
+  };
+  auto train_run = [&](bool captured) {
+    auto model = make_model();
+    dist::DDPOptions o;
+    o.bucket_cap_bytes = 1024;  // several buckets, as in nccl-ddp
+    auto ddp = std::make_shared<dist::DistributedDataParallel>(
+        model, std::shared_ptr<ProcessGroup>(&pg, [](ProcessGroup*) {}), o);
+    nn::SGD opt(model->named_parameters(), nn::SGDOptions{0.1, 0.9, 0.0, 0.0, false});
+    Tensor x_static, y_static;
+    rows(d, order, rank * b, b, x_static, y_static);
+    auto step = [&](const Tensor& x, const Tensor& y) {
+      Tensor loss = cross_entropy(ddp->forward(x), y);
+      loss.backward();
+      opt.step();
+      opt.zero_grad();
+    };
+    CudaGraph graph(g_dev.index);
+    for (int i = 0; i < kWarmup + kSteps; ++i) {
+      Tensor x, y;
+      rows(d, order, (i * kGlobalBatch) % kExamples + rank * b, b, x, y);
+      if (!captured || i < kWarmup) {
+        step(x, y);
+        continue;
+      }
+      x_static.copy_(x);
+      y_static.copy_(y);
+      if (!graph.captured()) graph.capture([&] { step(x_static, y_static); });
+      graph.replay();
+    }
+    cuda_synchronize(g_dev.index);
+    Run r;
+    r.state = flat_state(*model);
+    for (const auto& [n, t] : opt.state_dict()) {
+      if (n.find("momentum_buffer") == std::string::npos) continue;
+      const std::vector<double> v = read(t);
+      r.momentum.insert(r.momentum.end(), v.begin(), v.end());
+    }
+    r.syncs = ddp->sync_count();
+    return r;
+  };
+  const Run eager = train_run(false), graphed = train_run(true);
+  EXPECT(eager.syncs == kWarmup + kSteps, "eager: %lld gradient syncs", static_cast<long long>(eager.syncs));
+  // Host-side counters move only when host code runs: the warm-up and the capture.
+  EXPECT(graphed.syncs == kWarmup + 1, "captured: %lld gradient syncs", static_cast<long long>(graphed.syncs));
+  EXPECT(eager.state.size() == graphed.state.size() && eager.momentum.size() == graphed.momentum.size() &&
+             !eager.momentum.empty(),
+         "state sizes differ");
+  EXPECT(std::memcmp(eager.state.data(), graphed.state.data(), eager.state.size() * sizeof(float)) == 0,
+         "replayed weights and buffers differ from eager DDP steps");
+  EXPECT(std::memcmp(eager.momentum.data(), graphed.momentum.data(), eager.momentum.size() * sizeof(float)) == 0,
+         "replayed momentum buffers differ from eager DDP steps");
+  const std::vector<float>& mine = graphed.state;
+  Tensor all = pg.all_gather(Tensor::from_vector(mine, {static_cast<std::int64_t>(mine.size())}, g_dev));
+  const std::vector<float> v = all.to(Device::cpu()).to_vector<float>();
+  for (int r = 1; r < world; ++r)
+    EXPECT(std::memcmp(v.data(), v.data() + r * mine.size(), mine.size() * sizeof(float)) == 0,
+           "rank %d's replayed weights and buffers differ from rank 0's", r);
+  if (rank == 0)
+    std::printf("ddp graph: %d ranks, %d eager + %d replayed steps: bit for bit as eager DDP, equal across ranks\n",
+                world, kWarmup, kSteps);
+  return 0;
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -387,14 +466,15 @@ int main(int argc, char** argv) {
       }
     } else if (mode == "ddp") {
       run_ddp(*pg);
-    } else if (mode == "nccl-ddp") {
+    } else if (mode == "nccl-ddp" || mode == "nccl-ddp-graph") {
       if (!dist::nccl_available() || cuda_device_count() < pg->world_size()) {
         std::printf("SKIPPED: DDP on NCCL needs %d GPUs and an NCCL build (have %d GPUs, NCCL %s)\n",
                     pg->world_size(), cuda_device_count(), dist::nccl_available() ? "on" : "off");
         return 0;
       }
       g_dev = Device::cuda(pg->local_rank());
-      run_ddp(*pg);
+      if (mode == "nccl-ddp") run_ddp(*pg);
+      else run_ddp_graph(*pg);
     } else {
       std::fprintf(stderr, "unknown mode %s\n", mode.c_str());
       return 2;

@@ -47,8 +47,9 @@ using namespace qgrad_examples;
 namespace {
 
 struct Flags : QatFlags {
-  // AdamW at 1e-3 (5% linear warmup, cosine to 0) for the float phase, then
-  // a short fine-tune with fake quant at a tenth of that.
+  // AdamW at 1e-3 (linear warmup over 5% of the steps, at most 200, then
+  // cosine to 0) for the float phase, then a short fine-tune with fake quant
+  // at a tenth of that; gradients clipped to global norm 1 (on the device).
   Flags() {
     epochs = 20;
     qat_epochs = 2;
@@ -56,6 +57,7 @@ struct Flags : QatFlags {
     lr = 1e-3;
     qat_lr = 1e-4;
     weight_decay = 0.05;
+    clip_grad_norm = 1.0;
     out = "qat-vit-out";
   }
   std::int64_t patch = 4, dim = 128, depth = 6, heads = 4, mlp_ratio = 2;

@@ -160,8 +160,7 @@ namespace {
 void prepare_8da8w(Module& model) {
   const char* op = "prepare_qat";
   QGRAD_CHECK(!is_quant_module(model), op, "model", "model is already prepared (a ", model.type_name(), ")");
-  std::size_t linears = model.type_name() == "Linear" ? 1 : 0;
-  QGRAD_CHECK(linears == 0, op, "model", "the model is a bare Linear: wrap it in a Sequential");
+  std::size_t linears = 0;
   walk_children(model, "", [&](const std::string& path, const Module& parent, std::size_t i) {
     const Module& c = *parent.named_children()[i].second;
     QGRAD_CHECK(!is_quant_module(c), op, "model", "model is already prepared: '", path, "' is a ", c.type_name());

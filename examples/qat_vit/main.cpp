@@ -23,7 +23,7 @@
 // --resume as there. --bf16 (= --precision bf16): bf16 matmuls and
 // activations, f32 master weights and optimizer state.
 //
-//   qgrad-qat-vit [--epochs 20] [--qat-epochs 2] [--device auto|cpu|cuda] [--smoothquant] [--bf16] ...
+//   qgrad-qat-vit [--epochs 25] [--qat-epochs 2] [--device auto|cpu|cuda] [--smoothquant] [--bf16] ...
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -51,7 +51,7 @@ struct Flags : QatFlags {
   // cosine to 0) for the float phase, then a short fine-tune with fake quant
   // at a tenth of that; gradients clipped to global norm 1 (on the device).
   Flags() {
-    epochs = 20;
+    epochs = 25;
     qat_epochs = 2;
     batch = 256;
     lr = 1e-3;

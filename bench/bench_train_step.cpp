@@ -15,7 +15,11 @@
 //   qat_cnn_step_cuda_b256_w32 (+ _graph), qat_cnn_step_cpu_b64_w32: the
 //     same for the CNN of bench/qat_cnn.h (two Conv-BN-ReLU-MaxPool blocks
 //     of 32 and 64 channels, fused into ConvBnReLU2d by prepare_qat, and a
-//     linear head) on [B, 1, 28, 28] inputs.
+//     linear head) on [B, 1, 28, 28] inputs;
+//   qat_vit_step_cuda_b256 (+ _graph): the ViT of bench/qat_vit.h (the
+//     qgrad-qat-vit model: 6 blocks of width 128, 49 tokens) prepared with
+//     the 8da8w recipe, AdamW with the global gradient norm clipped to 1
+//     (no CPU case: a step there takes about a second).
 // peak_bytes: the allocator's peak of bytes held by tensors (model,
 // optimizer state, the four input batches, the step's temporaries), reset
 // after warm-up; PyTorch's peer reports torch.cuda.max_memory_allocated
@@ -39,6 +43,7 @@
 #include "bench_common.h"
 #include "qat_cnn.h"
 #include "qat_mlp.h"
+#include "qat_vit.h"
 
 using namespace qgrad;
 using namespace qgrad::bench;
@@ -61,6 +66,9 @@ Net mlp(std::int64_t hidden) {
 Net cnn(std::int64_t width) {
   return {"qat_cnn_step", "_w" + std::to_string(width),
           [width](Device d, Generator& g) { return std::make_unique<QatCnn>(d, width, g); }, {1, 28, 28}};
+}
+[[maybe_unused]] Net vit() {  // CUDA only
+  return {"qat_vit_step", "", [](Device d, Generator& g) { return std::make_unique<QatVit>(d, g); }, {784}};
 }
 std::string case_name(const Net& net, const std::string& device, std::int64_t batch) {
   return net.name + "_" + device + "_b" + std::to_string(batch) + net.tag;
@@ -241,6 +249,7 @@ int main(int argc, char** argv) {
     bench_cuda(mlp(256), 256, 300);
     bench_cuda(mlp(1024), 4096, 200);
     bench_cuda(cnn(32), 256, 200);
+    bench_cuda(vit(), 256, 100);
   }
 #else
   (void)cpu_only;

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""PyTorch peer for bench_train_step: the QAT training step of an MLP and of a CNN.
+"""PyTorch peer for bench_train_step: the QAT training step of an MLP, a CNN and a ViT.
 
 784-H-H-10 MLP (Linear, ReLU, Linear, ReLU, Linear), and the CNN of
 bench/qat_cnn.h (Conv-BN-ReLU-MaxPool twice, 32 and 64 channels, a linear
@@ -28,6 +28,19 @@ updated in place under no_grad); rounding is straight-through
 (z + (round(z) - z).detach()) and the clamp masks the gradient outside the
 range. torch.ao's modules cannot be captured in a CUDA graph (the capture is
 invalidated), hence the tensor-op model for the captured configurations.
+
+The ViT (bench/qat_vit.h, the qgrad-qat-vit model: 4x4 patches of the
+28x28 image through a Linear to width 128 plus a learned position
+embedding, 6 pre-norm blocks (LayerNorm, attention with 4 heads through
+F.scaled_dot_product_attention, LayerNorm, Linear-GELU-Linear with ratio 2),
+a final LayerNorm, the mean over tokens, a linear head) runs the 8da8w
+recipe in tensor ops, as torchao's QAT writes it: every Linear's input
+fake-quantized per token, asymmetric int8 (scale = (max(hi, 0) - min(lo, 0))
+/ 255 floored at f32 eps, zp = clamp(-128 - round(min(lo, 0) / scale)), from
+the row's own min/max), its weight per channel symmetric int8 (scale =
+amax|w| / 127.5), both straight-through; AdamW (lr 1e-3, weight decay 0.05,
+capturable when captured) after clip_grad_norm_ to 1. torch.ao has no such
+recipe, so the ViT has no impl "torch" configuration of its own.
 
 Besides one record per configuration, each CUDA shape gets a record with
 impl "torch" and case "<case>_graph": the fastest configuration of that
@@ -159,10 +172,72 @@ def make_tensorop_cnn(width):
     ).train()
 
 
-# net -> (make torch.ao model, make tensor-op model, one example's shape)
+EPS = torch.finfo(torch.float32).eps
+
+
+def fq_token_int8(x):
+    """8da8w activations: per token (last axis) asymmetric int8, qparams from the row's own range."""
+    lo, hi = torch.aminmax(x.detach(), dim=-1, keepdim=True)
+    lo, hi = torch.clamp(lo, max=0.0), torch.clamp(hi, min=0.0)
+    scale = torch.clamp((hi - lo) / 255.0, min=EPS)
+    zp = torch.clamp(-128 - torch.round(lo / scale), -128, 127)
+    q = torch.clamp(round_ste(x / scale) + zp, -128, 127)
+    return (q - zp) * scale
+
+
+def fq_channel_int8(w):
+    """8da8w weights: per output channel symmetric int8, scale = amax / 127.5."""
+    scale = torch.clamp(w.detach().abs().amax(dim=1, keepdim=True) / 127.5, min=EPS)
+    return torch.clamp(round_ste(w / scale), -128, 127) * scale
+
+
+class Linear8da8w(nn.Linear):
+    def forward(self, x):
+        return nn.functional.linear(fq_token_int8(x), fq_channel_int8(self.weight), self.bias)
+
+
+class VitBlock(nn.Module):
+    def __init__(self, dim, heads, ratio):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.in_proj, self.out_proj = Linear8da8w(dim, 3 * dim), Linear8da8w(dim, dim)
+        self.fc1, self.fc2 = Linear8da8w(dim, ratio * dim), Linear8da8w(ratio * dim, dim)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        qkv = self.in_proj(self.ln1(x)).reshape(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        o = nn.functional.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2])
+        x = x + self.out_proj(o.transpose(1, 2).reshape(b, t, d))
+        return x + self.fc2(nn.functional.gelu(self.fc1(self.ln2(x))))
+
+
+class Vit(nn.Module):
+    def __init__(self, dim=128, depth=6, heads=4, ratio=2, patch=4):
+        super().__init__()
+        self.patch, self.grid = patch, 28 // patch
+        self.proj = Linear8da8w(patch * patch, dim)
+        self.pos = nn.Parameter(torch.randn(1, self.grid * self.grid, dim) * 0.02)
+        self.blocks = nn.Sequential(*[VitBlock(dim, heads, ratio) for _ in range(depth)])
+        self.norm = nn.LayerNorm(dim)
+        self.head = Linear8da8w(dim, 10)
+
+    def forward(self, x):
+        b, g, p = x.shape[0], self.grid, self.patch
+        x = x.reshape(b, g, p, g, p).permute(0, 1, 3, 2, 4).reshape(b, g * g, p * p)
+        x = self.blocks(self.proj(x) + self.pos)
+        return self.head(self.norm(x).mean(dim=1))
+
+
+def make_tensorop_vit(dim):
+    return Vit(dim=dim).train()
+
+
+# net -> (make torch.ao model or None, make tensor-op model, one example's shape)
 NETS = {
     "mlp": (make_ao_model, make_tensorop_model, (784,)),
     "cnn": (make_ao_cnn, make_tensorop_cnn, (1, 28, 28)),
+    "vit": (None, make_tensorop_vit, (784,)),
 }
 
 
@@ -194,7 +269,11 @@ def bench(device, net, batch, size, reps, warmup, kind, compiled=False, graph=Fa
     torch.manual_seed(0)
     make_ao, make_tensorop, example = NETS[net]
     model = (make_ao(size) if kind == "ao" else make_tensorop(size)).to(device)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    clip = net == "vit"  # the ViT: AdamW after clip_grad_norm_ (bench/qat_vit.h)
+    if clip:
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.05, foreach=True, capturable=graph)
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
     fwd = torch.compile(model) if compiled else model
     # Several batches, so inputs are not the same cached tensor every step.
@@ -205,6 +284,8 @@ def bench(device, net, batch, size, reps, warmup, kind, compiled=False, graph=Fa
         opt.zero_grad(set_to_none=True)
         loss = loss_fn(fwd(x), y)
         loss.backward()
+        if clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
         opt.step()
 
     if not graph:
@@ -230,6 +311,8 @@ def bench(device, net, batch, size, reps, warmup, kind, compiled=False, graph=Fa
     with torch.cuda.graph(g):
         loss = loss_fn(fwd(sx), sy)
         loss.backward()
+        if clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
         opt.step()
 
     def replay(i):
@@ -255,16 +338,20 @@ def main():
     quick = "--quick" in sys.argv[1:]
     cases = []  # device, net, batch, hidden size (MLP) or width (CNN), reps
     if torch.cuda.is_available():
-        cases += [("cuda", "mlp", 256, 256, 200), ("cuda", "mlp", 4096, 1024, 200), ("cuda", "cnn", 256, 32, 200)]
+        cases += [("cuda", "mlp", 256, 256, 200), ("cuda", "mlp", 4096, 1024, 200), ("cuda", "cnn", 256, 32, 200),
+                  ("cuda", "vit", 256, 128, 100)]
     cases += [("cpu", "mlp", 256, 256, 50), ("cpu", "cnn", 64, 32, 10)]
     for device, net, batch, size, reps in cases:
         if device == "cpu":
             torch.set_num_threads(2)
-        case = (f"qat_step_{device}_b{batch}_h{size}" if net == "mlp" else f"qat_cnn_step_{device}_b{batch}_w{size}")
+        case = {"mlp": f"qat_step_{device}_b{batch}_h{size}", "cnn": f"qat_cnn_step_{device}_b{batch}_w{size}",
+                "vit": f"qat_vit_step_{device}_b{batch}"}[net]
         dev_name = torch.cuda.get_device_name() if device == "cuda" else "cpu (2 threads)"
         results = []
         for impl, kind, compiled, graph in CONFIGS:
             if (graph and device != "cuda") or (compiled and (quick or device != "cuda")):
+                continue
+            if kind == "ao" and NETS[net][0] is None:  # no torch.ao form of the recipe
                 continue
             try:
                 ms, peak = bench(device, net, batch, size, reps, 20 if device == "cuda" or net == "mlp" else 3,

@@ -16,7 +16,7 @@ namespace qgrad::bench {
 // step bakes it in); step() is one training step with gradients set to none.
 struct QatStep {
   std::shared_ptr<nn::Sequential> model = std::make_shared<nn::Sequential>();
-  std::unique_ptr<nn::SGD> opt;
+  std::unique_ptr<nn::Optimizer> opt;  // SGD here; AdamW for the ViT (qat_vit.h)
   double clip_grad_norm = 0;  // > 0: nn::clip_grad_norm(*opt, it) fused into the step
 
   void prepare(Device device, double lr) {

@@ -24,6 +24,12 @@ Tensor Linear::forward(const Tensor& x) {
   return ::qgrad::linear(to_compute(x), to_compute(weight_), to_compute(bias_));
 }
 
+std::shared_ptr<Module> Linear::clone() const {
+  Generator unused(0);  // the values are overwritten by the copy
+  return clone_into(std::make_shared<Linear>(in_, out_, unused, bias_.defined(),
+                                             TensorOptions{}.with_dtype(weight_.dtype())));
+}
+
 Tensor ReLU::forward(const Tensor& x) { return ::qgrad::relu(x); }
 
 Sequential& Sequential::push_back(std::shared_ptr<Module> m) {
@@ -39,6 +45,12 @@ Tensor Sequential::forward(const Tensor& x) {
   Tensor h = x;
   for (const auto& [n, m] : named_children()) h = m->forward(h);
   return h;
+}
+
+std::shared_ptr<Module> Sequential::clone() const {
+  auto copy = std::make_shared<Sequential>();
+  for (const auto& [n, c] : named_children()) copy->push_back(n, c);  // replaced by clones in clone_into
+  return clone_into(copy);
 }
 
 }  // namespace qgrad::nn

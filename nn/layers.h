@@ -17,6 +17,7 @@ class Linear : public Module {
          TensorOptions options = {});
   Tensor forward(const Tensor& x) override;
   std::string type_name() const override { return "Linear"; }
+  std::shared_ptr<Module> clone() const override;
   std::int64_t in_features() const { return in_; }
   std::int64_t out_features() const { return out_; }
   Tensor weight() const { return weight_; }
@@ -31,6 +32,7 @@ class ReLU : public Module {
  public:
   Tensor forward(const Tensor& x) override;
   std::string type_name() const override { return "ReLU"; }
+  std::shared_ptr<Module> clone() const override { return clone_into(std::make_shared<ReLU>()); }
 };
 
 // Runs its children in order. Children are named "0", "1", ... unless a
@@ -48,6 +50,7 @@ class Sequential : public Module {
   }
   Tensor forward(const Tensor& x) override;
   std::string type_name() const override { return "Sequential"; }
+  std::shared_ptr<Module> clone() const override;
   std::size_t size() const { return named_children().size(); }
   const std::shared_ptr<Module>& operator[](std::size_t i) const { return named_children().at(i).second; }
   const std::string& name_at(std::size_t i) const { return named_children().at(i).first; }

@@ -44,6 +44,45 @@ void Module::replace_child(std::size_t index, std::shared_ptr<Module> m) {
   children_[index].second = std::move(m);
 }
 
+Module& Module::child(std::size_t index) const {
+  QGRAD_CHECK(index < children_.size(), "Module::child", "index", "no child ", index, " in ", type_name());
+  return *children_[index].second;
+}
+
+std::shared_ptr<Module> Module::clone() const {
+  throw Error("Module::clone", type_name(), "a " + type_name() + " cannot be copied (it does not implement clone)");
+}
+
+void Module::copy_state_to(Module& copy) const {
+  const char* op = "Module::clone";
+  const auto same_names = [](const auto& a, const auto& b) {
+    if (a.size() != b.size()) return false;
+    for (std::size_t i = 0; i < a.size(); ++i)
+      if (a[i].first != b[i].first) return false;
+    return true;
+  };
+  QGRAD_CHECK(same_names(params_, copy.params_) && same_names(buffers_, copy.buffers_) &&
+                  same_names(children_, copy.children_),
+              op, type_name(), "the copy's parameters, buffers or children differ from the original's");
+  for (std::size_t i = 0; i < children_.size(); ++i) copy.children_[i].second = children_[i].second->clone();
+  NoGradGuard no_grad;
+  const auto copy_values = [&](const NamedTensors& from, NamedTensors& to) {
+    for (std::size_t i = 0; i < from.size(); ++i) {
+      const Tensor& src = from[i].second;
+      Tensor& dst = to[i].second;
+      QGRAD_CHECK(src.shape() == dst.shape() && src.dtype() == dst.dtype(), op, from[i].first,
+                  "the copy's tensor is ", dtype_name(dst.dtype()), " ", shape_str(dst.shape()), ", the original's ",
+                  dtype_name(src.dtype()), " ", shape_str(src.shape()));
+      move_in_place(dst, src.device());
+      dst.copy_(src);
+    }
+  };
+  copy_values(params_, copy.params_);
+  copy_values(buffers_, copy.buffers_);
+  copy.training_ = training_;
+  copy.compute_dtype_ = compute_dtype_;
+}
+
 void Module::insert_child(std::size_t index, const std::string& name, std::shared_ptr<Module> m) {
   check_new_name(name);
   QGRAD_CHECK(index <= children_.size() && m != nullptr, "Module::insert_child", "index", "bad index ", index);

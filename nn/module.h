@@ -43,6 +43,20 @@ class Module {
   // extra). Throws qgrad::Error naming the entry.
   void load_state_dict(const NamedTensors& state, bool strict = true);
   const std::vector<std::pair<std::string, std::shared_ptr<Module>>>& named_children() const { return children_; }
+  // Replaces child `index` (same name). Every module's forward reaches its
+  // children through this list (never through a pointer of its own that the
+  // replacement would leave stale), so the new child takes effect: this is
+  // how prepare_qat swaps Linears nested at any depth (nn/recipes.h).
+  void replace_child(std::size_t index, std::shared_ptr<Module> m);
+
+  // A deep copy: a new module of the same type and configuration holding
+  // copies of every parameter and buffer (same shapes, dtypes, devices; new
+  // leaves, no gradients), each child cloned (so a replaced child is copied
+  // as it is now), the same train/eval mode and compute dtype. Nothing is
+  // shared with this module. The modules of layers.h, transformer.h,
+  // recipes.h (8da8w) and vit.h implement it; any other module throws
+  // qgrad::Error naming "Module::clone" and its type.
+  virtual std::shared_ptr<Module> clone() const;
 
   // Moves every parameter and buffer to `device` in place (gradients drop).
   void to(Device device);
@@ -75,7 +89,18 @@ class Module {
     return m;
   }
   void add_child(const std::string& name, std::shared_ptr<Module> m);
-  void replace_child(std::size_t index, std::shared_ptr<Module> m);
+  // Child `index`, as forward should reach it (see replace_child).
+  Module& child(std::size_t index) const;
+  // clone()'s second half: `copy` is a freshly constructed module of this
+  // type and configuration (same parameter, buffer and child names); its
+  // children become clones of this module's, its parameters and buffers
+  // copies of this module's values (moved to their devices first), and it
+  // takes this module's mode and compute dtype. Returns `copy`.
+  template <class M>
+  std::shared_ptr<M> clone_into(std::shared_ptr<M> copy) const {
+    copy_state_to(*copy);
+    return copy;
+  }
   void insert_child(std::size_t index, const std::string& name, std::shared_ptr<Module> m);
   virtual void on_train(bool /*on*/) {}
   // t cast to the compute dtype (differentiable), when one is set and t is
@@ -84,6 +109,7 @@ class Module {
 
  private:
   void check_new_name(const std::string& name) const;
+  void copy_state_to(Module& copy) const;
   void collect(const std::string& prefix, bool params, NamedTensors& out) const;
   NamedTensors params_, buffers_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;

@@ -16,3 +16,4 @@
 #include "qgrad/nn/smoothquant.h"
 #include "qgrad/nn/pool_norm.h"
 #include "qgrad/nn/transformer.h"
+#include "qgrad/nn/vit.h"

@@ -9,6 +9,7 @@
 #include "qgrad/ops/lowbit.h"
 #include "qgrad/ops/lowbit_linear.h"
 #include "qgrad/ops/quantize.h"
+#include "qgrad/ops/quantized_linear.h"
 
 namespace qgrad::nn {
 
@@ -21,7 +22,29 @@ void walk(Module& m, F&& f) {
 }
 
 bool is_recipe_qat(const Module& m) {
-  return dynamic_cast<const Int8DynActInt4WeightQATLinear*>(&m) || dynamic_cast<const Float8QATLinear*>(&m);
+  return dynamic_cast<const Int8DynActInt4WeightQATLinear*>(&m) || dynamic_cast<const Float8QATLinear*>(&m) ||
+         dynamic_cast<const Int8DynActInt8WeightQATLinear*>(&m);
+}
+
+// Calls f(path, parent, index of the child in parent) for every child at any
+// depth, parents before their children ("" + name, joined with dots).
+template <class F>
+void walk_children(const Module& m, const std::string& prefix, F&& f) {
+  const auto& children = m.named_children();
+  for (std::size_t i = 0; i < children.size(); ++i) {
+    const std::string path = prefix + children[i].first;
+    f(path, m, i);
+    walk_children(*children[i].second, path + ".", f);
+  }
+}
+
+// What no model entering the 8da8w prepare / convert may hold besides its own modules.
+bool is_quant_module(const Module& m) {
+  const std::string t = m.type_name();
+  return is_recipe_qat(m) || t == "QATLinear" || t == "QATConv2d" || t == "ConvBn2d" || t == "ConvBnReLU2d" ||
+         t == "FakeQuantize" || t == "LearnableFakeQuantize" || t == "Observer" || t == "QuantizedLinear" ||
+         t == "QuantizedConv2d" || t == "Int8DynActInt4WeightLinear" || t == "Float8Linear" ||
+         t == "Int8DynActInt8WeightLinear";
 }
 
 }  // namespace
@@ -30,7 +53,8 @@ Recipe parse_recipe(const std::string& name) {
   if (name == "int8") return Recipe::int8;
   if (name == "8da4w") return Recipe::w8da4;
   if (name == "fp8") return Recipe::fp8;
-  throw Error("parse_recipe", "recipe", "unknown recipe '" + name + "' (expected int8, 8da4w or fp8)");
+  if (name == "8da8w") return Recipe::w8da8;
+  throw Error("parse_recipe", "recipe", "unknown recipe '" + name + "' (expected int8, 8da4w, fp8 or 8da8w)");
 }
 
 const char* recipe_name(Recipe recipe) {
@@ -38,6 +62,7 @@ const char* recipe_name(Recipe recipe) {
     case Recipe::int8: return "int8";
     case Recipe::w8da4: return "8da4w";
     case Recipe::fp8: return "fp8";
+    case Recipe::w8da8: return "8da8w";
   }
   throw Error("recipe_name", "recipe", "unknown recipe " + std::to_string(static_cast<int>(recipe)));
 }
@@ -58,6 +83,16 @@ Tensor fake_quantize_8da4w_weight(const Tensor& w, std::int64_t group_size) {
 
 Tensor fake_quantize_fp8_tensor(const Tensor& x) {
   return fake_quantize_fp8(x, QuantScope::per_tensor(), DType::f8e4m3);
+}
+
+Tensor fake_quantize_8da8w_weight(const Tensor& w) {
+  constexpr const char* op = "fake_quantize_8da8w_weight";
+  check::floating(w, op, "w");
+  check::rank_is(w, 2, op, "w");
+  // torchao's IntxFakeQuantizeConfig(torch.int8, PerAxis(0), is_symmetric=True): eps = finfo(f32).eps.
+  const AffineQparams q = choose_qparams_affine(w.detach(), QuantScope::per_channel(0), QuantMode::symmetric, -128,
+                                                127, std::numeric_limits<float>::epsilon());
+  return ::qgrad::fake_quantize(w, q.scale, q.zero_point, QuantScope::per_channel(0), -128, 127);
 }
 
 // ---- QAT modules ----
@@ -87,19 +122,67 @@ Tensor Float8QATLinear::forward(const Tensor& x) {
   return ::qgrad::linear(fake_quantize_fp8_tensor(x), fake_quantize_fp8_tensor(weight_), bias_);
 }
 
+Int8DynActInt8WeightQATLinear::Int8DynActInt8WeightQATLinear(const Linear& linear) {
+  weight_ = register_parameter("weight", linear.weight());
+  if (linear.bias().defined()) bias_ = register_parameter("bias", linear.bias());
+  set_compute_dtype(linear.compute_dtype());
+}
+
+Tensor Int8DynActInt8WeightQATLinear::forward(const Tensor& x) {
+  if (!fake_quant_) return ::qgrad::linear(to_compute(x), to_compute(weight_), to_compute(bias_));
+  return ::qgrad::linear(fake_quantize_8da4w_activation(to_compute(x)),
+                         to_compute(fake_quantize_8da8w_weight(weight_)), to_compute(bias_));
+}
+
+std::shared_ptr<Module> Int8DynActInt8WeightQATLinear::clone() const {
+  Generator unused(0);  // the values are overwritten by the copy
+  const Linear shape(in_features(), out_features(), unused, bias_.defined(),
+                     TensorOptions{}.with_dtype(weight_.dtype()));
+  auto copy = std::make_shared<Int8DynActInt8WeightQATLinear>(shape);
+  copy->fake_quant_ = fake_quant_;
+  return clone_into(copy);
+}
+
 void enable_recipe_fake_quant(Module& root, bool on) {
   enable_fake_quant(root, on);
   walk(root, [&](Module& m) {
     if (auto* a = dynamic_cast<Int8DynActInt4WeightQATLinear*>(&m)) a->enable_fake_quant(on);
     if (auto* b = dynamic_cast<Float8QATLinear*>(&m)) b->enable_fake_quant(on);
+    if (auto* c = dynamic_cast<Int8DynActInt8WeightQATLinear*>(&m)) c->enable_fake_quant(on);
   });
 }
 
 // ---- prepare ----
 
+namespace {
+
+// 8da8w: every Linear at any depth -> Int8DynActInt8WeightQATLinear.
+void prepare_8da8w(Module& model) {
+  const char* op = "prepare_qat";
+  QGRAD_CHECK(!is_quant_module(model), op, "model", "model is already prepared (a ", model.type_name(), ")");
+  std::size_t linears = 0;
+  walk_children(model, "", [&](const std::string& path, const Module& parent, std::size_t i) {
+    const Module& c = *parent.named_children()[i].second;
+    QGRAD_CHECK(!is_quant_module(c), op, "model", "model is already prepared: '", path, "' is a ", c.type_name());
+    linears += c.type_name() == "Linear" ? 1 : 0;
+  });
+  QGRAD_CHECK(linears > 0, op, "model", "no Linear layer to prepare for recipe 8da8w");
+  // Parents first: a replaced child is a leaf (its own children are not visited again).
+  walk(model, [&](Module& m) {
+    const auto& children = m.named_children();
+    for (std::size_t i = 0; i < children.size(); ++i)
+      if (children[i].second->type_name() == "Linear")
+        m.replace_child(i, std::make_shared<Int8DynActInt8WeightQATLinear>(
+                               dynamic_cast<const Linear&>(*children[i].second)));
+  });
+}
+
+}  // namespace
+
 void prepare_qat(Sequential& model, Recipe recipe, const RecipeOptions& options) {
   const char* op = "prepare_qat";
   if (recipe == Recipe::int8) return prepare_qat(model, options.int8);
+  if (recipe == Recipe::w8da8) return prepare_8da8w(model);
   QGRAD_CHECK(recipe == Recipe::w8da4 || recipe == Recipe::fp8, op, "recipe", "unknown recipe ",
               static_cast<int>(recipe));
   QGRAD_CHECK(model.size() > 0, op, "model", "empty model");
@@ -192,11 +275,92 @@ Float8Linear::Float8Linear(Tensor weight_q, Tensor weight_scale, Tensor bias) {
 
 Tensor Float8Linear::forward(const Tensor& x) { return fp8_linear(x, weight_, weight_scale_, bias_, DType::f32); }
 
+Int8DynActInt8WeightLinear::Int8DynActInt8WeightLinear(Tensor weight_q, Tensor weight_scale, Tensor bias,
+                                                       Tensor weight_row_sums) {
+  const char* op = "Int8DynActInt8WeightLinear";
+  QGRAD_CHECK(weight_q.defined() && weight_q.dtype() == DType::s8 && weight_q.dim() == 2, op, "weight",
+              "expected s8 [N, K]");
+  const std::int64_t n = weight_q.size(0), k = weight_q.size(1);
+  QGRAD_CHECK(weight_scale.defined() && weight_scale.dtype() == DType::f32 && weight_scale.shape() == Shape{n}, op,
+              "weight_scale", "expected f32 [", n, "]");
+  check_bias(bias, n, op);
+  if (weight_row_sums.defined()) {
+    QGRAD_CHECK(weight_row_sums.dtype() == DType::s32 && weight_row_sums.shape() == Shape{n}, op, "weight_row_sums",
+                "expected s32 [", n, "]");
+  } else {  // once, offline: sum_k w_q[n, k] (exact in int32: |sum| <= 128 K)
+    const std::vector<std::int8_t> w = weight_q.cpu().to_vector<std::int8_t>();
+    std::vector<std::int32_t> sums(static_cast<std::size_t>(n), 0);
+    for (std::int64_t r = 0; r < n; ++r)
+      for (std::int64_t c = 0; c < k; ++c) sums[static_cast<std::size_t>(r)] += w[static_cast<std::size_t>(r * k + c)];
+    weight_row_sums = Tensor::from_vector<std::int32_t>(sums, {n}, weight_q.device());
+  }
+  for (const Tensor* t : {&weight_scale, &weight_row_sums, &bias})
+    QGRAD_CHECK(!t->defined() || t->device() == weight_q.device(), op, "weight_scale",
+                "weight, weight_scale, weight_row_sums and bias must be on one device");
+  weight_ = register_buffer("weight", weight_q);
+  weight_scale_ = register_buffer("weight_scale", weight_scale);
+  row_sums_ = register_buffer("weight_row_sums", weight_row_sums);
+  if (bias.defined()) bias_ = register_buffer("bias", bias);
+}
+
+Tensor Int8DynActInt8WeightLinear::forward(const Tensor& x) {
+  const char* op = "Int8DynActInt8WeightLinear";
+  QGRAD_CHECK(x.defined() && is_floating(x.dtype()), op, "x", "expected a floating tensor");
+  ActivationQuant act = ActivationQuant::dynamic(QuantMode::asymmetric);
+  act.weight_row_sums = row_sums_;
+  return quantized_linear(x, weight_, weight_scale_, bias_, act, x.dtype());
+}
+
+std::shared_ptr<Module> Int8DynActInt8WeightLinear::clone() const {
+  NoGradGuard no_grad;
+  return clone_into(std::make_shared<Int8DynActInt8WeightLinear>(
+      weight_.clone(), weight_scale_.clone(), bias_.defined() ? bias_.clone() : Tensor(), row_sums_.clone()));
+}
+
 // ---- convert ----
+
+namespace {
+
+std::shared_ptr<Sequential> convert_8da8w(const Sequential& model) {
+  const char* op = "convert";
+  // Validate before building anything.
+  std::size_t qat = 0;
+  walk_children(model, "", [&](const std::string& path, const Module& parent, std::size_t i) {
+    const Module& c = *parent.named_children()[i].second;
+    if (dynamic_cast<const Int8DynActInt8WeightQATLinear*>(&c)) {
+      ++qat;
+      return;
+    }
+    QGRAD_CHECK(!is_quant_module(c), op, path, "cannot convert a ", c.type_name(), " with recipe 8da8w");
+  });
+  QGRAD_CHECK(qat > 0, op, "model", "not prepared for recipe 8da8w (no Int8DynActInt8WeightQATLinear)");
+  NoGradGuard no_grad;
+  auto out = std::dynamic_pointer_cast<Sequential>(model.clone());
+  walk(*out, [&](Module& m) {
+    const auto& children = m.named_children();
+    for (std::size_t i = 0; i < children.size(); ++i) {
+      const auto* q = dynamic_cast<const Int8DynActInt8WeightQATLinear*>(children[i].second.get());
+      if (!q) continue;
+      const Tensor w = q->weight().detach();
+      const AffineQparams qp = choose_qparams_affine(w, QuantScope::per_channel(0), QuantMode::symmetric, -128, 127,
+                                                     std::numeric_limits<float>::epsilon());
+      Tensor wq = quantize(w, qp.scale, qp.zero_point, QuantScope::per_channel(0), DType::s8);
+      Tensor bias = q->bias().defined() ? q->bias().detach().to(DType::f32).clone() : Tensor();
+      auto lin = std::make_shared<Int8DynActInt8WeightLinear>(wq, qp.scale, bias);
+      lin->set_compute_dtype(q->compute_dtype());
+      m.replace_child(i, lin);
+    }
+  });
+  out->eval();
+  return out;
+}
+
+}  // namespace
 
 std::shared_ptr<Sequential> convert(const Sequential& model, Recipe recipe) {
   const char* op = "convert";
   if (recipe == Recipe::int8) return convert(model);
+  if (recipe == Recipe::w8da8) return convert_8da8w(model);
   QGRAD_CHECK(recipe == Recipe::w8da4 || recipe == Recipe::fp8, op, "recipe", "unknown recipe ",
               static_cast<int>(recipe));
   const std::string qat = recipe == Recipe::w8da4 ? "Int8DynActInt4WeightQATLinear" : "Float8QATLinear";

@@ -17,6 +17,20 @@
 //          scale amax / 448 from the current values (torchao's
 //          Float8FakeQuantizer with PerTensor granularity), straight-through.
 //          convert -> Float8Linear (fp8_linear, dynamic activation scale).
+//   8da8w  the transformer recipe (torchao's Int8DynamicActivationInt8Weight
+//          numerics in QAT form, IntxFakeQuantizeConfig(int8, per_token,
+//          is_symmetric=False) for activations and (int8, PerAxis(0),
+//          is_symmetric=True) for weights): activations as 8da4w (dynamic per
+//          token, asymmetric int8); weights int8 symmetric per output
+//          channel, scale_n = max(max_k |W[n, k]| / 127.5, FLT_EPSILON), zero
+//          point 0, q = clamp(nearbyint(W * (1/scale)), -128, 127); both
+//          straight-through. prepare_qat recurses through nested modules
+//          (MultiheadAttention's in_proj / out_proj, an MLP block's fc1 /
+//          fc2, ...), replacing every Linear at any depth.
+//          convert -> Int8DynActInt8WeightLinear (quantized_linear with
+//          dynamic per-token asymmetric activations, s8 x s8 -> s32 on int8
+//          tensor cores); everything else (norms, attention matmuls,
+//          activations) stays floating point, copied by Module::clone.
 //
 // A Linear whose in_features the group size does not divide cannot take
 // int4 groups: prepare_qat rejects it (qgrad::Error naming "group_size"),
@@ -33,9 +47,9 @@
 
 namespace qgrad::nn {
 
-enum class Recipe { int8, w8da4, fp8 };
+enum class Recipe { int8, w8da4, fp8, w8da8 };
 
-// "int8", "8da4w", "fp8"; anything else: qgrad::Error("parse_recipe", "recipe").
+// "int8", "8da4w", "fp8", "8da8w"; anything else: qgrad::Error("parse_recipe", "recipe").
 Recipe parse_recipe(const std::string& name);
 const char* recipe_name(Recipe recipe);
 
@@ -54,6 +68,11 @@ Tensor fake_quantize_8da4w_activation(const Tensor& x);
 Tensor fake_quantize_8da4w_weight(const Tensor& w, std::int64_t group_size);
 // fp8: fake_quantize_fp8(x, per_tensor(), f8e4m3) (scale = max(amax, 1e-12) / 448); dx = dy.
 Tensor fake_quantize_fp8_tensor(const Tensor& x);
+// 8da8w weights [N, K]: (scale, zp) = choose_qparams_affine(w, per_channel(0), symmetric, -128, 127,
+//   FLT_EPSILON) (scale [N] = max(amax_n / 127.5, FLT_EPSILON), zp 0), then
+//   fake_quantize(w, scale, zp, per_channel(0), -128, 127); dw = dy * 1[in range].
+//   Throws qgrad::Error("fake_quantize_8da8w_weight", "w") unless w is floating of rank 2.
+Tensor fake_quantize_8da8w_weight(const Tensor& w);
 
 // linear(fq_act(x), fq_weight(weight), bias). Shares weight and bias with
 // the Linear it wraps. Names: "weight", "bias". No buffers: the qparams
@@ -93,6 +112,29 @@ class Float8QATLinear : public Module {
   bool fake_quant_ = true;
 };
 
+// linear(fake_quantize_8da4w_activation(x), fake_quantize_8da8w_weight(weight), bias).
+// Names: "weight", "bias" (shared with the Linear it wraps). No buffers.
+// Mixed precision (Module::set_compute_dtype, carried over from the Linear):
+// the weight is fake-quantized in its own dtype, then cast; the input is
+// cast first, then fake-quantized in the compute dtype.
+class Int8DynActInt8WeightQATLinear : public Module {
+ public:
+  explicit Int8DynActInt8WeightQATLinear(const Linear& linear);
+  Tensor forward(const Tensor& x) override;
+  std::string type_name() const override { return "Int8DynActInt8WeightQATLinear"; }
+  std::shared_ptr<Module> clone() const override;
+  Tensor weight() const { return weight_; }
+  Tensor bias() const { return bias_; }
+  std::int64_t in_features() const { return weight_.size(1); }
+  std::int64_t out_features() const { return weight_.size(0); }
+  void enable_fake_quant(bool on) { fake_quant_ = on; }
+  bool fake_quant_enabled() const { return fake_quant_; }
+
+ private:
+  Tensor weight_, bias_;
+  bool fake_quant_ = true;
+};
+
 // Fake quant on or off in every recipe QAT linear and every FakeQuantize /
 // LearnableFakeQuantize under root (nn::enable_fake_quant for the latter).
 void enable_recipe_fake_quant(Module& root, bool on);
@@ -102,6 +144,10 @@ void enable_recipe_fake_quant(Module& root, bool on);
 // (parameter names unchanged); the whole model is validated first. Throws
 // if the model is already prepared, has no Linear, or (8da4w, without
 // skip_indivisible) a Linear's in_features is not a multiple of group_size.
+// 8da8w: every Linear at any depth (children of children, through
+// Module::replace_child) becomes an Int8DynActInt8WeightQATLinear; throws
+// if any module of the tree is already a QAT or quantized layer, or there is
+// no Linear at all.
 void prepare_qat(Sequential& model, Recipe recipe, const RecipeOptions& options = {});
 
 // The names of the Linear children prepare_qat left in float (8da4w with
@@ -109,6 +155,29 @@ void prepare_qat(Sequential& model, Recipe recipe, const RecipeOptions& options 
 std::vector<std::string> float_layers(const Sequential& model);
 
 // ---- inference modules (convert) ----
+
+// The 8da8w (W8A8) inference linear: y = quantized_linear(x, weight,
+// weight_scale, bias, ActivationQuant::dynamic(asymmetric) with the weight's
+// row sums precomputed, out = x's dtype) — per-token dynamic asymmetric int8
+// activations over [-128, 127], s8 per-channel weights, int32 sums (int8
+// tensor cores through cuBLASLt on CUDA). Buffers: "weight" (s8 [N, K]),
+// "weight_scale" (f32 [N]), "weight_row_sums" (s32 [N], sum_k weight[n, k]),
+// "bias" (f32 [N], when present).
+class Int8DynActInt8WeightLinear : public Module {
+ public:
+  // weight_row_sums undefined: computed here (once, on the host).
+  Int8DynActInt8WeightLinear(Tensor weight_q, Tensor weight_scale, Tensor bias, Tensor weight_row_sums = Tensor());
+  Tensor forward(const Tensor& x) override;
+  std::string type_name() const override { return "Int8DynActInt8WeightLinear"; }
+  std::shared_ptr<Module> clone() const override;
+  Tensor weight() const { return weight_; }
+  Tensor weight_scale() const { return weight_scale_; }
+  Tensor weight_row_sums() const { return row_sums_; }
+  Tensor bias() const { return bias_; }
+
+ private:
+  Tensor weight_, weight_scale_, row_sums_, bias_;
+};
 
 // The 8da4w inference linear: y = linear_w4a8(x, weight, weight_scale,
 // group_size, bias, asymmetric, f32) — per-token dynamic asymmetric int8
@@ -156,6 +225,13 @@ class Float8Linear : public Module {
 // Linear left in float by prepare_qat is copied. Everything is copied, so
 // further training of `model` does not change the result. Any other child
 // type, or a QAT linear of another recipe, is an error naming the child.
+// 8da8w: a deep copy of the whole tree (Module::clone: every module of it
+// must implement clone) in which each Int8DynActInt8WeightQATLinear, at any
+// depth, becomes an Int8DynActInt8WeightLinear whose weight is
+// quantize(w, scale, 0, per_channel(0), s8) with the qparams its fake
+// quantizer uses (so w_q * scale equals the fake-quantized weight exactly).
+// An observer or QAT layer of another recipe anywhere in the tree is an
+// error naming its path.
 std::shared_ptr<Sequential> convert(const Sequential& model, Recipe recipe);
 
 }  // namespace qgrad::nn

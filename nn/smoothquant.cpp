@@ -5,6 +5,8 @@
 #include <vector>
 
 #include "qgrad/autograd/node.h"
+#include "qgrad/nn/layers.h"
+#include "qgrad/nn/transformer.h"
 #include "qgrad/ops/check.h"
 #include "qgrad/ops/dynamic_quant.h"
 #include "qgrad/ops/elementwise.h"
@@ -126,6 +128,26 @@ Tensor SmoothQuantLinear::forward(const Tensor& x, DType out_dtype) const {
   const Tensor xs = divisor.defined() ? div(x.detach(), divisor.to(x.dtype())) : x;
   return quantized_linear(xs, w_q, w_scale, bias, ActivationQuant::fixed(act_scale, act_zero_point, -127, 127),
                           out_dtype);
+}
+
+void smoothquant_fold(LayerNorm& ln, Linear& next, const Tensor& s) {
+  constexpr const char* op = "smoothquant_fold";
+  check::floating(s, op, "s");
+  check::rank_is(s, 1, op, "s");
+  const std::int64_t K = s.size(0);
+  QGRAD_CHECK(ln.normalized_shape() == Shape{K}, op, "ln", "normalized_shape ", shape_str(ln.normalized_shape()),
+              " is not [", K, "] (one factor per channel of s)");
+  QGRAD_CHECK(ln.weight().defined(), op, "ln", "the LayerNorm has no elementwise weight to fold the factors into");
+  QGRAD_CHECK(next.in_features() == K, op, "next", "in_features ", next.in_features(), " does not match s's ", K,
+              " channels");
+  const std::vector<double> sv = host_values(s);
+  for (double v : sv)
+    QGRAD_CHECK(std::isfinite(v) && v > 0, op, "s", "factors must be finite and > 0, got ", v);
+  NoGradGuard guard;
+  Tensor lw = ln.weight(), lb = ln.bias(), w = next.weight();
+  lw.copy_(div(lw.detach(), s.to(lw.dtype()).to(lw.device())));
+  if (lb.defined()) lb.copy_(div(lb.detach(), s.to(lb.dtype()).to(lb.device())));
+  w.copy_(mul(w.detach(), s.to(w.dtype()).to(w.device()).reshape({1, K})));
 }
 
 }  // namespace qgrad::nn

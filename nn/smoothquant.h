@@ -23,6 +23,9 @@
 
 namespace qgrad::nn {
 
+class LayerNorm;
+class Linear;
+
 class SmoothQuantCalibrator {
  public:
   SmoothQuantCalibrator(std::int64_t in_features, Device device = Device::cpu());
@@ -57,6 +60,21 @@ struct SmoothQuantLinear {
   void fold_divisor_into(Tensor& prev_weight, Tensor& prev_bias);
   Tensor forward(const Tensor& x, DType out_dtype = DType::f32) const;
 };
+
+// The SmoothQuant fold of a pre-norm transformer block (the LayerNorm that
+// feeds a Linear: ln1 -> attention in_proj, ln2 -> fc1), in place, before
+// QAT: with s (f32 [K], host or device, finite and > 0; e.g. from
+// smoothquant_factors(calibrated amax of ln's output, next.weight())),
+//   ln.weight[j] /= s_j,  ln.bias[j] /= s_j,  next.weight[n, j] *= s_j,
+// each in the parameter's own dtype and device. ln's output channel j is
+// divided by s_j and next's input column j multiplied by it, so
+// next(ln(x)) is the same function: equal in exact arithmetic, within a few
+// float roundings otherwise, and bit for bit when every s_j is a power of two
+// (then each division and product is exact). The LayerNorm must normalise
+// over [K] alone with an elementwise weight (its bias, when present, is
+// divided too); next.in_features() == K. Throws qgrad::Error naming
+// "smoothquant_fold" and the argument.
+void smoothquant_fold(LayerNorm& ln, Linear& next, const Tensor& s);
 
 }  // namespace qgrad::nn
 

@@ -32,6 +32,12 @@ LayerNorm::LayerNorm(Shape normalized_shape, double eps, bool elementwise_affine
   }
 }
 
+std::shared_ptr<Module> LayerNorm::clone() const {
+  return clone_into(std::make_shared<LayerNorm>(shape_, eps_, weight_.defined(), bias_.defined(),
+                                                TensorOptions{}.with_dtype(weight_.defined() ? weight_.dtype()
+                                                                                             : DType::f32)));
+}
+
 Tensor LayerNorm::forward(const Tensor& x) {
   return layer_norm(to_compute(x), shape_, to_compute(weight_), to_compute(bias_), eps_);
 }
@@ -44,6 +50,11 @@ RMSNorm::RMSNorm(Shape normalized_shape, std::optional<double> eps, bool element
   check_options("RMSNorm", options);
   options.requires_grad = false;
   if (elementwise_affine) weight_ = register_parameter("weight", ones(shape_, options));
+}
+
+std::shared_ptr<Module> RMSNorm::clone() const {
+  return clone_into(std::make_shared<RMSNorm>(
+      shape_, eps_, weight_.defined(), TensorOptions{}.with_dtype(weight_.defined() ? weight_.dtype() : DType::f32)));
 }
 
 Tensor RMSNorm::forward(const Tensor& x) { return rms_norm(to_compute(x), shape_, to_compute(weight_), eps_); }
@@ -69,19 +80,29 @@ Embedding::Embedding(std::int64_t num_embeddings, std::int64_t embedding_dim, Ge
       "weight", Tensor::from_vector(w, {num_embeddings, embedding_dim}).to(options.dtype).to(options.device));
 }
 
+std::shared_ptr<Module> Embedding::clone() const {
+  Generator unused(0);  // the values are overwritten by the copy
+  return clone_into(std::make_shared<Embedding>(weight_.size(0), weight_.size(1), unused, padding_idx_,
+                                                TensorOptions{}.with_dtype(weight_.dtype())));
+}
+
 Tensor Embedding::forward(const Tensor& indices) { return embedding(weight_, indices, padding_idx_); }
 
 Dropout::Dropout(double p, Generator& gen) : p_(p), gen_(&gen) {
   QGRAD_CHECK(p >= 0.0 && p <= 1.0, "Dropout", "p", "probability must be in [0, 1], got ", p);
 }
 
+std::shared_ptr<Module> Dropout::clone() const { return clone_into(std::make_shared<Dropout>(p_, *gen_)); }
+
 Tensor Dropout::forward(const Tensor& x) { return dropout(x, p_, is_training(), *gen_); }
 
 Tensor GELU::forward(const Tensor& x) { return gelu(x, approximate_); }
 
+std::shared_ptr<Module> GELU::clone() const { return clone_into(std::make_shared<GELU>(approximate_)); }
+
 MultiheadAttention::MultiheadAttention(std::int64_t embed_dim, std::int64_t num_heads, Generator& gen, double dropout,
                                        bool bias, TensorOptions options)
-    : embed_dim_(embed_dim), num_heads_(num_heads), dropout_(dropout), gen_(&gen) {
+    : embed_dim_(embed_dim), num_heads_(num_heads), dropout_(dropout), bias_(bias), gen_(&gen) {
   constexpr const char* m = "MultiheadAttention";
   QGRAD_CHECK(embed_dim > 0, m, "embed_dim", "must be > 0, got ", embed_dim);
   QGRAD_CHECK(num_heads > 0, m, "num_heads", "must be > 0, got ", num_heads);
@@ -90,15 +111,32 @@ MultiheadAttention::MultiheadAttention(std::int64_t embed_dim, std::int64_t num_
   QGRAD_CHECK(dropout >= 0.0 && dropout <= 1.0, m, "dropout", "probability must be in [0, 1], got ", dropout);
   check_options(m, options);
   options.requires_grad = false;
-  in_proj_ = register_module("in_proj", std::make_shared<Linear>(embed_dim, 3 * embed_dim, gen, bias, options));
-  out_proj_ = register_module("out_proj", std::make_shared<Linear>(embed_dim, embed_dim, gen, bias, options));
+  auto in_proj = register_module("in_proj", std::make_shared<Linear>(embed_dim, 3 * embed_dim, gen, bias, options));
+  auto out_proj = register_module("out_proj", std::make_shared<Linear>(embed_dim, embed_dim, gen, bias, options));
   // PyTorch's _reset_parameters: xavier_uniform_ on in_proj_weight, zero biases.
   const double bound = std::sqrt(6.0 / static_cast<double>(embed_dim + 3 * embed_dim));
-  in_proj_->weight().copy_(rand({3 * embed_dim, embed_dim}, gen, options, -bound, bound));
+  in_proj->weight().copy_(rand({3 * embed_dim, embed_dim}, gen, options, -bound, bound));
   if (bias) {
-    in_proj_->bias().copy_(zeros({3 * embed_dim}, options));
-    out_proj_->bias().copy_(zeros({embed_dim}, options));
+    in_proj->bias().copy_(zeros({3 * embed_dim}, options));
+    out_proj->bias().copy_(zeros({embed_dim}, options));
   }
+}
+
+std::shared_ptr<Linear> MultiheadAttention::in_proj() const {
+  return std::dynamic_pointer_cast<Linear>(named_children()[0].second);
+}
+
+std::shared_ptr<Linear> MultiheadAttention::out_proj() const {
+  return std::dynamic_pointer_cast<Linear>(named_children()[1].second);
+}
+
+std::shared_ptr<Module> MultiheadAttention::clone() const {
+  Generator unused(0);  // the values are overwritten by the copy; the copy draws its dropout from gen_
+  const DType dt = in_proj() ? in_proj()->weight().dtype() : DType::f32;
+  auto copy = std::make_shared<MultiheadAttention>(embed_dim_, num_heads_, unused, dropout_, bias_,
+                                                   TensorOptions{}.with_dtype(dt));
+  copy->gen_ = gen_;
+  return clone_into(copy);
 }
 
 Tensor MultiheadAttention::forward(const Tensor& x, const Tensor& attn_mask, bool causal) {
@@ -107,12 +145,12 @@ Tensor MultiheadAttention::forward(const Tensor& x, const Tensor& attn_mask, boo
   QGRAD_CHECK(x.dim() == 3 && x.size(2) == embed_dim_, m, "x", "expected shape [B, L, ", embed_dim_, "], got ",
               shape_str(x.shape()));
   const std::int64_t B = x.size(0), L = x.size(1), H = num_heads_, Dh = embed_dim_ / num_heads_;
-  Tensor qkv = permute(in_proj_->forward(x).reshape({B, L, 3, H, Dh}), {2, 0, 3, 1, 4});  // [3, B, H, L, Dh]
+  Tensor qkv = permute(child(0).forward(x).reshape({B, L, 3, H, Dh}), {2, 0, 3, 1, 4});  // [3, B, H, L, Dh]
   std::vector<Tensor> parts = chunk(qkv, 3, 0);
   const double p = is_training() ? dropout_ : 0.0;
   Tensor o = scaled_dot_product_attention(parts[0].reshape({B, H, L, Dh}), parts[1].reshape({B, H, L, Dh}),
                                           parts[2].reshape({B, H, L, Dh}), attn_mask, causal, std::nullopt, p, *gen_);
-  return out_proj_->forward(permute(o, {0, 2, 1, 3}).reshape({B, L, embed_dim_}));
+  return child(1).forward(permute(o, {0, 2, 1, 3}).reshape({B, L, embed_dim_}));
 }
 
 }  // namespace qgrad::nn

@@ -20,6 +20,7 @@ class LayerNorm : public Module {
                      TensorOptions options = {});
   Tensor forward(const Tensor& x) override;
   std::string type_name() const override { return "LayerNorm"; }
+  std::shared_ptr<Module> clone() const override;
   const Shape& normalized_shape() const { return shape_; }
   double eps() const { return eps_; }
   Tensor weight() const { return weight_; }  // undefined without elementwise_affine
@@ -39,6 +40,7 @@ class RMSNorm : public Module {
                    TensorOptions options = {});
   Tensor forward(const Tensor& x) override;
   std::string type_name() const override { return "RMSNorm"; }
+  std::shared_ptr<Module> clone() const override;
   Tensor weight() const { return weight_; }
 
  private:
@@ -56,6 +58,7 @@ class Embedding : public Module {
             std::optional<std::int64_t> padding_idx = std::nullopt, TensorOptions options = {});
   Tensor forward(const Tensor& indices) override;
   std::string type_name() const override { return "Embedding"; }
+  std::shared_ptr<Module> clone() const override;
   Tensor weight() const { return weight_; }
   std::optional<std::int64_t> padding_idx() const { return padding_idx_; }
 
@@ -72,6 +75,7 @@ class Dropout : public Module {
   explicit Dropout(double p = 0.5, Generator& gen = default_generator());
   Tensor forward(const Tensor& x) override;
   std::string type_name() const override { return "Dropout"; }
+  std::shared_ptr<Module> clone() const override;
   double p() const { return p_; }
 
  private:
@@ -84,6 +88,7 @@ class GELU : public Module {
   explicit GELU(GeluApproximate approximate = GeluApproximate::none) : approximate_(approximate) {}
   Tensor forward(const Tensor& x) override;
   std::string type_name() const override { return "GELU"; }
+  std::shared_ptr<Module> clone() const override;
 
  private:
   GeluApproximate approximate_;
@@ -101,7 +106,10 @@ class GELU : public Module {
 // the out_proj names match. Initialisation as PyTorch: in_proj weight
 // xavier-uniform over [3E, E], both biases zero, out_proj weight uniform
 // +-1/sqrt(E). num_heads must divide embed_dim. The generator is referenced
-// for the attention dropout (it must outlive the module).
+// for the attention dropout (it must outlive the module). forward runs the
+// children "in_proj" and "out_proj" as they are at the time, so prepare_qat
+// may replace them (nn/recipes.h); in_proj() / out_proj() return them as
+// Linear, or null once replaced by another module type.
 class MultiheadAttention : public Module {
  public:
   MultiheadAttention(std::int64_t embed_dim, std::int64_t num_heads, Generator& gen, double dropout = 0.0,
@@ -110,16 +118,17 @@ class MultiheadAttention : public Module {
   // attn_mask: as scaled_dot_product_attention's, broadcast to [B, H, L, L].
   Tensor forward(const Tensor& x, const Tensor& attn_mask, bool causal);
   std::string type_name() const override { return "MultiheadAttention"; }
+  std::shared_ptr<Module> clone() const override;
   std::int64_t embed_dim() const { return embed_dim_; }
   std::int64_t num_heads() const { return num_heads_; }
-  std::shared_ptr<Linear> in_proj() const { return in_proj_; }
-  std::shared_ptr<Linear> out_proj() const { return out_proj_; }
+  std::shared_ptr<Linear> in_proj() const;
+  std::shared_ptr<Linear> out_proj() const;
 
  private:
   std::int64_t embed_dim_, num_heads_;
   double dropout_;
+  bool bias_;
   Generator* gen_;
-  std::shared_ptr<Linear> in_proj_, out_proj_;
 };
 
 }  // namespace qgrad::nn

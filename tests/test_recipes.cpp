@@ -436,3 +436,156 @@ TEST_CASE("recipes: convert keeps a float layer of an 8da4w model, and bad input
   check_error([&] { nn::Float8Linear(fq, ones({1}), ones({8}, TensorOptions{}.with_dtype(DType::f64))); },
               "Float8Linear", "bias");
 }
+
+// ---- 8da8w: the transformer recipe ----
+
+TEST_CASE("recipes: 8da8w parse, and the weight fake quant equals torchao's int8 per-channel symmetric formula") {
+  CHECK(nn::parse_recipe("8da8w") == nn::Recipe::w8da8);
+  CHECK(std::string(nn::recipe_name(nn::Recipe::w8da8)) == "8da8w");
+  for (const Device d : test_devices()) {
+    Tensor w = randn_leaf({6, 40}, 21, d, 0.1);
+    std::vector<float> v = f32s(w);
+    // Row 0 holds +-amax = 127.5 / 256: scale = 1/256 exactly, amax * 256 = 127.5 -> 128 (ties to
+    // even), clamped to 127, mask 0; -amax -> -128, in range. Row 5 is all zeros: scale floored at FLT_EPSILON.
+    v[0] = 127.5f / 256, v[1] = -127.5f / 256;
+    for (std::size_t j = 200; j < 240; ++j) v[j] = 0.0f;
+    w = Tensor::from_vector(v, {6, 40}).to(d);
+    w.set_requires_grad(true);
+    const Tensor y = nn::fake_quantize_8da8w_weight(w);
+    const HostQ h = host_qparams(v, 40, true, -128, 127, FLT_EPSILON);
+    CHECK(h.scale[0] == 1.0f / 256);
+    CHECK(h.scale[5] == FLT_EPSILON);
+    std::vector<float> ry;
+    std::vector<double> mask;
+    host_fake_quant(v, 40, h, -128, 127, ry, mask);
+    CHECK(same_bits(f32s(y), ry));
+    CHECK(mask[0] == 0.0);
+    CHECK(mask[1] == 1.0);
+    CHECK(ry[0] == 127.0f * h.scale[0]);
+    Generator g(4);
+    const Tensor dy = randn({6, 40}, g).to(d);
+    y.backward(dy);
+    const auto gw = values(w.grad()), gy = values(dy);
+    for (std::size_t i = 0; i < gw.size(); ++i) CHECK(gw[i] == gy[i] * mask[i]);
+  }
+  check_error([] { nn::fake_quantize_8da8w_weight(zeros({8})); }, "fake_quantize_8da8w_weight", "w");
+  check_error([] { nn::fake_quantize_8da8w_weight(zeros({2, 3}, TensorOptions{}.with_dtype(DType::s32))); },
+              "fake_quantize_8da8w_weight", "w");
+}
+
+TEST_CASE("recipes: 8da8w prepare_qat reaches nested Linears (MultiheadAttention, a nested Sequential)") {
+  Generator g(8);
+  auto inner = std::make_shared<nn::Sequential>();
+  inner->emplace_back<nn::Linear>(16, 32, g);
+  inner->emplace_back<nn::GELU>();
+  inner->emplace_back<nn::Linear>(32, 16, g);
+  auto m = std::make_shared<nn::Sequential>();
+  m->push_back("attn", std::make_shared<nn::MultiheadAttention>(16, 4, g));
+  m->push_back("mlp", inner);
+  m->emplace_back<nn::Linear>(16, 3, g);
+  const nn::NamedTensors before = m->named_parameters();
+  Generator gx(9);
+  const Tensor x = randn({2, 5, 16}, gx);
+  Tensor y_float;
+  {
+    NoGradGuard ng;
+    y_float = (*m)(x);
+  }
+  nn::prepare_qat(*m, nn::Recipe::w8da8);
+  auto& attn = dynamic_cast<nn::MultiheadAttention&>(*(*m)[0]);
+  CHECK(attn.in_proj() == nullptr);
+  CHECK(attn.named_children()[0].second->type_name() == "Int8DynActInt8WeightQATLinear");
+  CHECK(attn.named_children()[1].second->type_name() == "Int8DynActInt8WeightQATLinear");
+  CHECK((*inner)[0]->type_name() == "Int8DynActInt8WeightQATLinear");
+  CHECK((*inner)[1]->type_name() == "GELU");
+  CHECK((*inner)[2]->type_name() == "Int8DynActInt8WeightQATLinear");
+  CHECK((*m)[2]->type_name() == "Int8DynActInt8WeightQATLinear");
+  // Same names, same tensors (shared with the float Linears).
+  const nn::NamedTensors after = m->named_parameters();
+  REQUIRE(after.size() == before.size());
+  for (std::size_t i = 0; i < after.size(); ++i) {
+    CHECK(after[i].first == before[i].first);
+    CHECK(after[i].second.impl() == before[i].second.impl());
+  }
+  // The forward runs the QAT children: fake quant on changes the output, off gives the float output back.
+  NoGradGuard ng;
+  const Tensor y_qat = (*m)(x);
+  CHECK(!bit_equal(y_qat, y_float));
+  CHECK(max_abs_diff(y_qat, y_float) < 0.05);
+  nn::enable_recipe_fake_quant(*m, false);
+  CHECK(bit_equal((*m)(x), y_float));
+  nn::enable_recipe_fake_quant(*m, true);
+  // Twice, or a model without any Linear: errors naming the model.
+  check_error([&] { nn::prepare_qat(*m, nn::Recipe::w8da8); }, "prepare_qat", "model");
+  nn::Sequential no_linear;
+  no_linear.emplace_back<nn::GELU>();
+  check_error([&] { nn::prepare_qat(no_linear, nn::Recipe::w8da8); }, "prepare_qat", "model");
+}
+
+TEST_CASE("recipes: 8da8w convert: W8A8 layers at every depth, weights exactly the fake-quant grid, a deep copy") {
+  for (const Device d : test_devices()) {
+    Generator g(12);
+    auto m = std::make_shared<nn::Sequential>();
+    m->push_back("attn", std::make_shared<nn::MultiheadAttention>(32, 4, g));
+    m->push_back("ln", std::make_shared<nn::LayerNorm>(Shape{32}));
+    m->emplace_back<nn::Linear>(32, 10, g);
+    m->to(d);
+    nn::prepare_qat(*m, nn::Recipe::w8da8);
+    auto c = nn::convert(*m, nn::Recipe::w8da8);
+    const auto& attn_c = dynamic_cast<const nn::MultiheadAttention&>(*(*c)[0]);
+    const auto& attn_q = dynamic_cast<const nn::MultiheadAttention&>(*(*m)[0]);
+    for (std::size_t i = 0; i < 2; ++i) {
+      const auto* q = dynamic_cast<const nn::Int8DynActInt8WeightQATLinear*>(attn_q.named_children()[i].second.get());
+      const auto* l = dynamic_cast<const nn::Int8DynActInt8WeightLinear*>(attn_c.named_children()[i].second.get());
+      REQUIRE(q);
+      REQUIRE(l);
+      const std::int64_t n = q->out_features();
+      CHECK(l->weight().dtype() == DType::s8);
+      CHECK(l->weight().device() == d);
+      const Tensor zp = zeros({n}, TensorOptions{}.with_dtype(DType::s32).with_device(d));
+      CHECK(bit_equal(dequantize(l->weight(), l->weight_scale(), zp, QuantScope::per_channel(0)),
+                      nn::fake_quantize_8da8w_weight(q->weight().detach())));
+      // Row sums of the s8 weight, for the zero-point correction.
+      const auto wq = values(l->weight()), rs = values(l->weight_row_sums());
+      const std::int64_t k = q->in_features();
+      for (std::int64_t r = 0; r < n; ++r) {
+        double s = 0;
+        for (std::int64_t j = 0; j < k; ++j) s += wq[static_cast<std::size_t>(r * k + j)];
+        CHECK(rs[static_cast<std::size_t>(r)] == s);
+      }
+    }
+    CHECK((*c)[1]->type_name() == "LayerNorm");
+    CHECK((*c)[2]->type_name() == "Int8DynActInt8WeightLinear");
+    CHECK(!c->is_training());
+    // The W8A8 model computes what the fake-quant model computes up to the
+    // accumulation (exact int32 sums against f32 sums of the same products).
+    Generator gx(13);
+    const Tensor x = randn({4, 7, 32}, gx).to(d);
+    {
+      NoGradGuard ng;
+      m->eval();
+      const Tensor yq = (*m)(x), yc = (*c)(x);
+      CHECK(yc.shape() == Shape{4, 7, 10});
+      CHECK(max_abs_diff(yq, yc) < 1e-4);
+      // A copy: the QAT model's parameters changing later leaves it as it is.
+      const Tensor before = yc.clone();
+      for (auto& [n, t] : m->named_parameters()) t.copy_(zeros_like(t));
+      CHECK(bit_equal((*c)(x), before));
+    }
+  }
+  // Not prepared, or prepared for another recipe: errors.
+  auto plain = mlp(16, 8, 4, 1);
+  check_error([&] { nn::convert(*plain, nn::Recipe::w8da8); }, "convert", "model");
+  nn::prepare_qat(*plain, nn::Recipe::fp8);
+  check_error([&] { nn::convert(*plain, nn::Recipe::w8da8); }, "convert", "0");
+  // The inference layer's own checks.
+  const Tensor w8 = zeros({4, 8}, TensorOptions{}.with_dtype(DType::s8));
+  check_error([&] { nn::Int8DynActInt8WeightLinear(zeros({4, 8}), ones({4}), Tensor()); },
+              "Int8DynActInt8WeightLinear", "weight");
+  check_error([&] { nn::Int8DynActInt8WeightLinear(w8, ones({3}), Tensor()); }, "Int8DynActInt8WeightLinear",
+              "weight_scale");
+  check_error([&] { nn::Int8DynActInt8WeightLinear(w8, ones({4}), ones({5})); }, "Int8DynActInt8WeightLinear",
+              "bias");
+  check_error([&] { nn::Int8DynActInt8WeightLinear(w8, ones({4}), Tensor(), ones({4})); },
+              "Int8DynActInt8WeightLinear", "weight_row_sums");
+}

@@ -59,7 +59,7 @@ void add_qat_options(CLI::App& app, Flags& f) {
   app.add_option("--qat-lr", f.qat_lr, "peak learning rate of the QAT fine-tuning")
       ->capture_default_str()
       ->check(number_in(0, 10, /*lo_open=*/true));
-  app.add_option("--weight-decay", f.weight_decay, "SGD weight decay")->capture_default_str()->check(number_in(0, 1));
+  app.add_option("--weight-decay", f.weight_decay, "weight decay (SGD: L2 in the gradient; AdamW: decoupled)")->capture_default_str()->check(number_in(0, 1));
   app.add_option("--device", f.device, "auto, cpu, cuda or cuda:N")->capture_default_str()->check(qgrad_examples::device_name(true));
   app.add_option("--seed", f.seed, "seed of the initialisation and the shuffling")
       ->capture_default_str()

@@ -1,8 +1,8 @@
 // The training loop and the outputs shared by the QAT examples
-// (qgrad-qat-mlp, qgrad-qat-cnn): the float / QAT phases with SGD and a
-// cosine schedule, per-epoch metrics, the graph of one QAT step, training
-// checkpoints for --checkpoint-every / --resume, evaluation, metrics.csv,
-// report.json and the plots. Moved out of examples/qat_mlp/main.cpp when
+// (qgrad-qat-mlp, qgrad-qat-cnn, qgrad-qat-vit): the float / QAT phases with
+// SGD or AdamW and a cosine schedule, per-epoch metrics, the graph of one
+// QAT step, training checkpoints for --checkpoint-every / --resume,
+// evaluation, metrics.csv, report.json and the plots. Moved out of examples/qat_mlp/main.cpp when
 // the CNN example came (docs/design.md, "Why examples/common").
 #pragma once
 
@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -40,6 +41,9 @@ struct TrainOptions {
   std::int64_t checkpoint_every = 0;  // --checkpoint-every N (training steps; 0: never)
   std::int64_t abort_at_step = 0;     // hidden: SIGKILL itself during training step N (testing)
   double clip_grad_norm = 0;          // --clip-grad-norm X (global L2 norm, fused into the step; 0: off)
+  // "sgd" (momentum, nesterov, weight_decay as L2) or "adamw" (beta1 = 0.9,
+  // beta2 = 0.999, eps 1e-8, decoupled weight_decay): qgrad-qat-vit's.
+  std::string optimizer = "sgd";
 };
 
 // The training state of --checkpoint-every / --resume.
@@ -217,7 +221,14 @@ class Trainer {
   // restores the model, the optimizer, the generators, the loader's
   // position and the epoch's running sums, and continues mid-epoch.
   void run(Sequential& model, const Phase& ph, const std::string& out_dir) {
-    SGD opt(model.named_parameters(), SGDOptions{ph.lr, f_.momentum, 0.0, f_.weight_decay, f_.nesterov});
+    std::unique_ptr<Optimizer> optimizer;
+    if (f_.optimizer == "adamw")
+      optimizer = std::make_unique<AdamW>(model.named_parameters(),
+                                          AdamWOptions{ph.lr, 0.9, 0.999, 1e-8, f_.weight_decay});
+    else
+      optimizer = std::make_unique<SGD>(model.named_parameters(),
+                                        SGDOptions{ph.lr, f_.momentum, 0.0, f_.weight_decay, f_.nesterov});
+    Optimizer& opt = *optimizer;
     const std::int64_t steps = static_cast<std::int64_t>(ph.epochs) * loader_.num_batches();
     CosineSchedule schedule(ph.lr, steps, ph.warmup ? std::min<std::int64_t>(steps / 20, 200) : 0);
     int first_epoch = 1;

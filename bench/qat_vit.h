@@ -1,0 +1,29 @@
+// The ViT of the QAT step benchmark (bench_train_step.cpp) and of the
+// example qgrad-qat-vit: make_vit (nn/vit.h; 4x4 patches, width 128, 6
+// pre-norm blocks, 4 heads, MLP ratio 2, mean pooling) on [B, 784] inputs,
+// prepared with the transformer recipe 8da8w (every Linear: dynamic
+// per-token asymmetric int8 activations, per-channel symmetric int8 weights,
+// straight-through), AdamW (lr 1e-3, weight decay 0.05) with the gradients'
+// global norm clipped to 1 on the device, fused into the AdamW kernel.
+#pragma once
+
+#include "qat_mlp.h"
+
+namespace qgrad::bench {
+
+struct QatVit : QatStep {
+  QatVit(Device device, Generator& gen) {
+    nn::ViTOptions o;  // the example's defaults
+    model = nn::make_vit(o, gen);
+    nn::prepare_qat(*model, nn::Recipe::w8da8);
+    model->to(device);
+    model->train();
+    nn::AdamWOptions a;
+    a.lr = 1e-3;
+    a.weight_decay = 0.05;
+    opt = std::make_unique<nn::AdamW>(model->named_parameters(), a);
+    clip_grad_norm = 1.0;
+  }
+};
+
+}  // namespace qgrad::bench

@@ -1,0 +1,299 @@
+// The tiny ViT (nn/vit.h), Module::clone, the SmoothQuant fold
+// (smoothquant_fold, smoothquant_encoder_blocks) and the 8da8w recipe on a
+// whole ViT: the patch layout, the block against its composition, deep
+// copies, the fold's exactness (power-of-two factors) and tolerance, and the
+// W8A8 model against the fake-quant model.
+#include <cmath>
+
+#include "helpers.h"
+#include "qgrad/nn/nn.h"
+
+using namespace qgrad;
+using namespace qgrad::testing;
+
+namespace {
+
+template <class F>
+void check_error(F&& f, const std::string& op, const std::string& arg) {
+  try {
+    f();
+    FAIL("expected qgrad::Error from ", op, " naming ", arg);
+  } catch (const Error& e) {
+    CHECK_MESSAGE(e.op().find(op) != std::string::npos, e.what());
+    CHECK_MESSAGE(e.arg().find(arg) != std::string::npos, e.what());
+  }
+}
+
+nn::ViTOptions small_vit() {
+  nn::ViTOptions o;
+  o.patch = 7;
+  o.dim = 32;
+  o.depth = 2;
+  o.heads = 4;
+  o.mlp_ratio = 2;
+  return o;
+}
+
+Tensor images(std::int64_t n, std::uint64_t seed, Device d) {
+  Generator g(seed);
+  return randn({n, 784}, g).to(d);
+}
+
+}  // namespace
+
+TEST_CASE("vit: patch embedding takes row-major P x P patches, tokens row-major over the patch grid") {
+  Generator g(1);
+  nn::PatchEmbedding pe(8, 4, 16, g);  // 2 x 2 patches of 16 pixels, D = P*P
+  CHECK(pe.tokens() == 4);
+  CHECK(pe.pos_embed().shape() == Shape{1, 4, 16});
+  // proj = identity, no bias, no position: the output is the patches themselves.
+  auto& proj = dynamic_cast<nn::Linear&>(*pe.named_children()[0].second);
+  std::vector<float> eye(256, 0.0f);
+  for (int i = 0; i < 16; ++i) eye[static_cast<std::size_t>(i * 16 + i)] = 1.0f;
+  proj.weight().copy_(Tensor::from_vector(eye, {16, 16}));
+  proj.bias().copy_(zeros({16}));
+  pe.pos_embed().copy_(zeros({1, 4, 16}));
+  std::vector<float> px(2 * 64);
+  for (std::size_t i = 0; i < px.size(); ++i) px[i] = static_cast<float>(i);
+  NoGradGuard ng;
+  const auto y = values(pe(Tensor::from_vector(px, {2, 64})));
+  REQUIRE(y.size() == 2 * 4 * 16);
+  // Image 1, token 2 = patch row 1, column 0: pixel (4 + r, c) for r, c in [0, 4).
+  for (int r = 0; r < 4; ++r)
+    for (int c = 0; c < 4; ++c)
+      CHECK(y[static_cast<std::size_t>((1 * 4 + 2) * 16 + r * 4 + c)] == 64 + (4 + r) * 8 + c);
+  // Token 1 of image 0 = patch (0, 1): pixel (r, 4 + c).
+  for (int r = 0; r < 4; ++r)
+    for (int c = 0; c < 4; ++c) CHECK(y[static_cast<std::size_t>(1 * 16 + r * 4 + c)] == r * 8 + 4 + c);
+  check_error([&] { pe(zeros({2, 63})); }, "PatchEmbedding", "x");
+  check_error([&] { nn::PatchEmbedding(28, 5, 16, g); }, "PatchEmbedding", "patch");
+}
+
+TEST_CASE("vit: make_vit's structure, names and output; an encoder block equals its composition") {
+  for (const Device d : test_devices()) {
+    Generator g(2);
+    auto m = nn::make_vit(small_vit(), g);
+    m->to(d);
+    REQUIRE(m->size() == 6);
+    CHECK(m->name_at(0) == "embed");
+    CHECK(m->name_at(1) == "block0");
+    CHECK(m->name_at(2) == "block1");
+    CHECK(m->name_at(5) == "head");
+    const auto p = m->named_parameters();
+    CHECK(p[0].first == "embed.pos_embed");
+    CHECK(p[1].first == "embed.proj.weight");
+    CHECK(p[3].first == "block0.ln1.weight");
+    CHECK(p[5].first == "block0.attn.in_proj.weight");
+    // 16 tokens x 32 + proj 49*32+32 + 2 blocks x (2 LN 128 + attn 4*32*32+4*32 + MLP 32*64+64+64*32+32) + LN 64 + head 330.
+    std::int64_t n = 0;
+    for (const auto& [name, t] : p) n += t.numel();
+    CHECK(n == 512 + 1600 + 2 * (128 + 4224 + 4192) + 64 + 330);
+    const Tensor x = images(3, 3, d);
+    NoGradGuard ng;
+    m->eval();
+    const Tensor y = (*m)(x);
+    CHECK(y.shape() == Shape{3, 10});
+    // Block 0 against its composition: x + attn(ln1(x)), then + fc2(gelu(fc1(ln2(.)))).
+    const Tensor h0 = (*(*m)[0])(x);
+    auto& b = dynamic_cast<nn::EncoderBlock&>(*(*m)[1]);
+    const auto& ch = b.named_children();
+    const Tensor h1 = add(h0, (*ch[1].second)((*ch[0].second)(h0)));
+    const Tensor ref = add(h1, (*ch[5].second)(gelu((*ch[3].second)((*ch[2].second)(h1)))));
+    CHECK(bit_equal(b(h0), ref));
+    // The pooled head: mean over tokens of the final norm.
+    Tensor h = h0;
+    for (std::size_t i = 1; i < 4; ++i) h = (*(*m)[i])(h);
+    CHECK(bit_equal((*(*m)[5])(mean(h, 1)), y));
+  }
+  nn::ViTOptions bad = small_vit();
+  bad.heads = 3;
+  Generator g(0);
+  check_error([&] { nn::make_vit(bad, g); }, "make_vit", "heads");
+  bad = small_vit();
+  bad.patch = 5;
+  check_error([&] { nn::make_vit(bad, g); }, "make_vit", "patch");
+  bad = small_vit();
+  bad.depth = 0;
+  check_error([&] { nn::make_vit(bad, g); }, "make_vit", "depth");
+  bad = small_vit();
+  bad.dropout = 1.0;
+  check_error([&] { nn::make_vit(bad, g); }, "make_vit", "dropout");
+  check_error([&] { nn::EncoderBlock(30, 4, 2, g); }, "EncoderBlock", "heads");
+  nn::EncoderBlock blk(32, 4, 2, g);
+  check_error([&] { blk(zeros({2, 5, 16})); }, "EncoderBlock", "x");
+}
+
+TEST_CASE("vit: clone is a deep copy (same outputs, no shared storage, replaced children kept)") {
+  for (const Device d : test_devices()) {
+    Generator g(4);
+    auto m = nn::make_vit(small_vit(), g);
+    m->to(d);
+    auto c = std::dynamic_pointer_cast<nn::Sequential>(m->clone());
+    REQUIRE(c);
+    const Tensor x = images(2, 5, d);
+    NoGradGuard ng;
+    CHECK(bit_equal((*c)(x), (*m)(x)));
+    const auto pm = m->state_dict(), pc = c->state_dict();
+    REQUIRE(pm.size() == pc.size());
+    for (std::size_t i = 0; i < pm.size(); ++i) {
+      CHECK(pm[i].first == pc[i].first);
+      CHECK(pm[i].second.impl() != pc[i].second.impl());
+      CHECK(pc[i].second.device() == d);
+      CHECK(pc[i].second.requires_grad());
+    }
+    const Tensor before = (*c)(x);
+    for (auto& [n, t] : m->named_parameters()) t.copy_(zeros_like(t));
+    CHECK(bit_equal((*c)(x), before));
+    // After prepare_qat the copy holds QAT layers too.
+    nn::prepare_qat(*c, nn::Recipe::w8da8);
+    auto c2 = c->clone();
+    const auto& blk = dynamic_cast<const nn::EncoderBlock&>(*c2->named_children()[1].second);
+    CHECK(blk.named_children()[3].second->type_name() == "Int8DynActInt8WeightQATLinear");
+    CHECK(bit_equal((*c2)(x), (*c)(x)));
+  }
+  // A module without clone says so.
+  struct Plain : nn::Module {
+    Tensor forward(const Tensor& x) override { return x; }
+    std::string type_name() const override { return "Plain"; }
+  };
+  Plain p;
+  check_error([&] { p.clone(); }, "Module::clone", "Plain");
+}
+
+TEST_CASE("vit: smoothquant_fold keeps the function: bit for bit with power-of-two factors, to rounding otherwise") {
+  for (const Device d : test_devices()) {
+    Generator g(6);
+    nn::LayerNorm ln(Shape{24});
+    nn::Linear fc(24, 40, g);
+    ln.weight().copy_(randn({24}, g, {}, 1.0, 0.3));
+    ln.bias().copy_(randn({24}, g, {}, 0.0, 0.5));
+    ln.to(d);
+    fc.to(d);
+    Generator gx(7);
+    const Tensor x = randn({5, 9, 24}, gx, {}, 0.0, 2.0).to(d);
+    NoGradGuard ng;
+    const Tensor y0 = fc(ln(x));
+    const Tensor lw0 = ln.weight().clone(), lb0 = ln.bias().clone(), w0 = fc.weight().clone();
+    // Powers of two in [1/8, 8]: every division and product is exact.
+    std::vector<float> s2(24);
+    for (std::size_t j = 0; j < 24; ++j) s2[j] = std::ldexp(1.0f, static_cast<int>(j % 7) - 3);
+    nn::smoothquant_fold(ln, fc, Tensor::from_vector(s2, {24}).to(d));
+    CHECK(bit_equal(fc(ln(x)), y0));
+    const auto lw = values(ln.weight()), lwv0 = values(lw0), w = values(fc.weight()), wv0 = values(w0);
+    for (std::size_t j = 0; j < 24; ++j) CHECK(lw[j] == lwv0[j] / s2[j]);
+    for (std::size_t n = 0; n < 40; ++n)
+      for (std::size_t j = 0; j < 24; ++j) CHECK(w[n * 24 + j] == wv0[n * 24 + j] * s2[j]);
+    // General factors in [0.2, 5]: the same function to f32 rounding.
+    Generator gs(8);
+    std::vector<float> sv;
+    for (double u : values(rand({24}, gs, {}, -1.6, 1.6))) sv.push_back(static_cast<float>(std::exp(u)));
+    const Tensor s = Tensor::from_vector(sv, {24}).to(d);
+    nn::smoothquant_fold(ln, fc, s);
+    const Tensor y1 = fc(ln(x));
+    CHECK(!bit_equal(y1, y0));
+    CHECK(max_abs_diff(y1, y0) < 1e-5 * (1.0 + max_abs_diff(y0, zeros_like(y0))));
+    // Bad input: wrong length, a factor <= 0, a LayerNorm without weight, a mismatched Linear.
+    check_error([&] { nn::smoothquant_fold(ln, fc, ones({23}).to(d)); }, "smoothquant_fold", "ln");
+    check_error([&] { nn::smoothquant_fold(ln, fc, zeros({24}).to(d)); }, "smoothquant_fold", "s");
+    check_error([&] { nn::smoothquant_fold(ln, fc, ones({24, 1}).to(d)); }, "smoothquant_fold", "s");
+    nn::LayerNorm bare(Shape{24}, 1e-5, false);
+    check_error([&] { nn::smoothquant_fold(bare, fc, ones({24})); }, "smoothquant_fold", "ln");
+    nn::Linear other(16, 4, g);
+    check_error([&] { nn::smoothquant_fold(ln, other, ones({24})); }, "smoothquant_fold", "next");
+  }
+}
+
+TEST_CASE("vit: smoothquant_encoder_blocks calibrates and folds every block, the float model unchanged to rounding") {
+  for (const Device d : test_devices()) {
+    Generator g(10);
+    auto m = nn::make_vit(small_vit(), g);
+    m->to(d);
+    const Tensor x = images(16, 11, d);
+    Tensor y0;
+    {
+      NoGradGuard ng;
+      m->eval();
+      y0 = (*m)(x);
+    }
+    m->train();
+    const Tensor ln1_before = dynamic_cast<nn::EncoderBlock&>(*(*m)[1]).ln1().weight().clone();
+    const std::vector<Tensor> s = nn::smoothquant_encoder_blocks(*m, {images(8, 12, d), images(8, 13, d)}, 0.5);
+    CHECK(m->is_training());  // mode restored
+    REQUIRE(s.size() == 4);
+    for (const Tensor& f : s) {
+      CHECK(f.shape() == Shape{32});
+      for (double v : values(f)) CHECK((std::isfinite(v) && v > 0));
+    }
+    // ln1's weight is divided by the first factors.
+    const auto lw = values(dynamic_cast<nn::EncoderBlock&>(*(*m)[1]).ln1().weight()), lw0 = values(ln1_before),
+               s0 = values(s[0]);
+    for (std::size_t j = 0; j < 32; ++j) CHECK(lw[j] == doctest::Approx(lw0[j] / s0[j]).epsilon(1e-6));
+    NoGradGuard ng;
+    m->eval();
+    const Tensor y1 = (*m)(x);
+    CHECK(max_abs_diff(y1, y0) < 1e-4);
+    // Prepared models and empty calibration sets are refused.
+    check_error([&] { nn::smoothquant_encoder_blocks(*m, {}, 0.5); }, "smoothquant_encoder_blocks", "batches");
+    check_error([&] { nn::smoothquant_encoder_blocks(*m, {x}, 1.0); }, "smoothquant_encoder_blocks", "alpha");
+    nn::prepare_qat(*m, nn::Recipe::w8da8);
+    check_error([&] { nn::smoothquant_encoder_blocks(*m, {x}, 0.5); }, "smoothquant_encoder_blocks", "model");
+    nn::Sequential plain;
+    plain.emplace_back<nn::Linear>(784, 10, g);
+    check_error([&] { nn::smoothquant_encoder_blocks(plain, {x}, 0.5); }, "smoothquant_encoder_blocks", "model");
+  }
+}
+
+TEST_CASE("vit: 8da8w on the whole ViT: every Linear prepared, the W8A8 model agrees with the fake-quant model") {
+  for (const Device d : test_devices()) {
+    Generator g(14);
+    auto m = nn::make_vit(small_vit(), g);
+    m->to(d);
+    nn::prepare_qat(*m, nn::Recipe::w8da8);
+    std::size_t qat = 0, linear = 0;
+    const std::function<void(const nn::Module&)> count = [&](const nn::Module& mod) {
+      for (const auto& [n, c] : mod.named_children()) {
+        qat += c->type_name() == "Int8DynActInt8WeightQATLinear";
+        linear += c->type_name() == "Linear";
+        count(*c);
+      }
+    };
+    count(*m);
+    CHECK(qat == 1 + 2 * 4 + 1);  // proj, (in_proj, out_proj, fc1, fc2) per block, head
+    CHECK(linear == 0);
+    // One training step reaches every weight through the straight-through estimators.
+    const Tensor x = images(32, 15, d);
+    m->train();
+    Tensor labels = Tensor::from_vector<std::int64_t>(std::vector<std::int64_t>(32, 3), {32}).to(d);
+    cross_entropy((*m)(x), labels).backward();
+    for (const auto& [n, t] : m->named_parameters()) CHECK_MESSAGE(t.grad().defined(), n);
+    auto c = nn::convert(*m, nn::Recipe::w8da8);
+    qat = linear = 0;
+    std::size_t w8a8 = 0;
+    const std::function<void(const nn::Module&)> count_c = [&](const nn::Module& mod) {
+      for (const auto& [n, ch] : mod.named_children()) {
+        w8a8 += ch->type_name() == "Int8DynActInt8WeightLinear";
+        qat += ch->type_name() == "Int8DynActInt8WeightQATLinear";
+        count_c(*ch);
+      }
+    };
+    count_c(*c);
+    CHECK(w8a8 == 10);
+    CHECK(qat == 0);
+    NoGradGuard ng;
+    m->eval();
+    const Tensor lq = (*m)(x), lc = (*c)(x);
+    // The accumulation differs (exact int32 sums against f32 sums of the same
+    // products), so an activation lying within an ulp of a rounding boundary
+    // may land one grid step apart in a later layer: most logits agree to
+    // 1e-4, the rest within a few grid steps.
+    const auto vq = values(lq), vc = values(lc);
+    std::size_t close = 0;
+    for (std::size_t i = 0; i < vq.size(); ++i) close += std::fabs(vq[i] - vc[i]) < 1e-4;
+    CHECK(close >= vq.size() * 9 / 10);
+    CHECK(max_abs_diff(lq, lc) < 2e-2);
+    const auto pq = values(argmax(lq, 1)), pc = values(argmax(lc, 1));
+    std::size_t agree = 0;
+    for (std::size_t i = 0; i < pq.size(); ++i) agree += pq[i] == pc[i];
+    CHECK(agree >= 31);
+  }
+}

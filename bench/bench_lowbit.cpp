@@ -5,6 +5,7 @@
 //
 //   case w4a16_<M>x<N>x<K>   impl qgrad (linear_w4a16, bf16 x/out, s4 groups of 128),
 //                            impl qgrad_g32 (groups of 32), impl qgrad_u4 (u4 + zero points, groups of 128),
+//                            impl qgrad_f16 (f16 x/out, s4 groups of 128),
 //                            impl qgrad_kernel_back_to_back (the s4 g128 kernel alone, 24 launches
 //                            back to back into a preallocated output: kernel time without the op's host
 //                            work, which the per-call rows include when it is the longer),
@@ -96,8 +97,10 @@ void bench_w4a16(cublasHandle_t h, std::int64_t M, std::int64_t N, std::int64_t 
              ",\"gbs\":" + std::to_string(gbs) + ",\"copy_fraction\":" + std::to_string(gbs / copy_gbs));
     return t.median_ms;
   }();
+  const Tensor x16 = x.to(DType::f16);
   for (auto [impl, G, qt] : {std::tuple{"qgrad", 128, DType::s4}, std::tuple{"qgrad_g32", 32, DType::s4},
-                             std::tuple{"qgrad_u4", 128, DType::u4}}) {
+                             std::tuple{"qgrad_u4", 128, DType::u4}, std::tuple{"qgrad_f16", 128, DType::s4}}) {
+    const bool f16 = std::string(impl) == "qgrad_f16";
     std::vector<Tensor> wq, ws, wz;
     for (int i = 0; i < kInt4Copies; ++i) {
       wq.push_back(int4_weight(N, K, g, qt));
@@ -107,7 +110,7 @@ void bench_w4a16(cublasHandle_t h, std::int64_t M, std::int64_t N, std::int64_t 
     Timing t = time_cuda(
         [&](int rep) {
           const auto i = static_cast<std::size_t>(rep % kInt4Copies);
-          (void)linear_w4a16(x, wq[i], ws[i], wz[i], G);
+          (void)linear_w4a16(f16 ? x16 : x, wq[i], ws[i], wz[i], G);
         },
         100, 10);
     const double bytes = static_cast<double>(N * K / 2 + N * (K / G) * (qt == DType::u4 ? 8 : 4));
@@ -115,7 +118,7 @@ void bench_w4a16(cublasHandle_t h, std::int64_t M, std::int64_t N, std::int64_t 
     emit_row("w4a16", impl, M, N, K, t,
              ",\"gbs\":" + std::to_string(gbs) + ",\"copy_fraction\":" + std::to_string(gbs / copy_gbs) +
                  ",\"speedup_vs_cublas_bf16\":" + std::to_string(bf16_ms / t.median_ms));
-     if (G != 128 || qt != DType::s4) continue;
+    if (G != 128 || qt != DType::s4 || f16) continue;
     // The kernel alone: kBack launches of kernels::w4a16_linear back to back
     // into a preallocated output (no op-level validation, allocation or
     // host gap between calls), time / kBack. The per-call rows above time one
@@ -182,7 +185,9 @@ void bench_w4a8(cublasHandle_t h, std::int64_t M, std::int64_t N, std::int64_t K
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  // An argument "w4a16" runs the W4A16 cases alone.
+  const bool only_w4a16 = argc > 1 && std::string(argv[1]) == "w4a16";
 #if QGRAD_WITH_CUDA
   if (!cuda_available()) {
     std::printf("{\"bench\":\"lowbit\",\"skipped\":\"no CUDA device\"}\n");
@@ -191,12 +196,15 @@ int main() {
   const double copy_gbs = copy_bandwidth_gbs(std::size_t(1) << 30);
   cublasHandle_t h = nullptr;
   if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) return 1;
-  for (std::int64_t M : {1, 16, 128}) bench_w4a16(h, M, 4096, 4096, copy_gbs);
-  bench_w4a8(h, 4096, 4096, 4096, true);
-  bench_w4a8(h, 8192, 8192, 8192, false);
-  bench_w4a8(h, 16, 4096, 4096, true);
+  for (std::int64_t M : {1, 16, 32, 64, 128}) bench_w4a16(h, M, 4096, 4096, copy_gbs);
+  if (!only_w4a16) {
+    bench_w4a8(h, 4096, 4096, 4096, true);
+    bench_w4a8(h, 8192, 8192, 8192, false);
+    bench_w4a8(h, 16, 4096, 4096, true);
+  }
   cublasDestroy(h);
 #else
+  (void)only_w4a16;
   std::printf("{\"bench\":\"lowbit\",\"skipped\":\"built without CUDA\"}\n");
 #endif
   return 0;

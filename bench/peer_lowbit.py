@@ -72,7 +72,7 @@ def main():
     n = k = 4096
     group = 128
     int4pack_ok = available["_weight_int4pack_mm"] and available["_convert_weight_to_int4pack"]
-    for m in (1, 16, 128):
+    for m in (1, 16, 32, 64, 128):
         case = f"w4a16_{m}x{n}x{k}"
         ops = 2.0 * m * n * k
         x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)

@@ -358,7 +358,11 @@ TEST_CASE("CUDA linear_w4a16 matches the reference: GEMV (M <= 64), cuBLAS (M > 
   QGRAD_REQUIRE_GPU();
   for (auto [M, N, K, G] : {std::tuple{1, 8, 64, 32}, std::tuple{1, 40, 256, 128}, std::tuple{16, 33, 128, 32},
                             std::tuple{17, 16, 96, 32}, std::tuple{33, 24, 128, 128}, std::tuple{64, 24, 128, 64},
-                            std::tuple{65, 24, 128, 64}, std::tuple{128, 16, 256, 64}, std::tuple{130, 48, 256, 256}, std::tuple{3, 7, 34, 2}, std::tuple{5, 9, 48, 16}}) {
+                            std::tuple{65, 24, 128, 64}, std::tuple{128, 16, 256, 64}, std::tuple{130, 48, 256, 256}, std::tuple{3, 7, 34, 2}, std::tuple{5, 9, 48, 16},
+                            // Long K: the GEMV's ring of weight stages refills its slots (and ends
+                            // on a partial stage: 9248 and 5152 are not multiples of 1024).
+                            std::tuple{1, 40, 12288, 128}, std::tuple{20, 24, 9248, 32},
+                            std::tuple{40, 36, 5152, 32}, std::tuple{9, 72, 4096, 256}}) {
     CAPTURE(M);
     CAPTURE(N);
     CAPTURE(K);

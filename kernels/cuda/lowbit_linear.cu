@@ -1,20 +1,27 @@
 // CUDA kernels of the int4 linear layers (kernels/lowbit_linear.h).
 //
-// W4A16, decode sizes (M <= kW4A16GemvMaxM, bf16/f16 x): a tensor-core GEMV.
-// A block of 8 warps owns 16 output channels and MC chunks of 16 rows of x
-// (MC = 1, 2, 4 for M up to 16, 32, more; blockIdx.y picks the rows); its
-// warps split K. Per 128 columns of K each lane (g = lane / 4, t = lane % 4)
-// loads 16 bytes = 32 packed weights of channels n0 + g and n0 + 8 + g at
-// k = 128 it + 32 t (one group, as G is a multiple of 32; the loads of 4
-// such iterations are issued before their math), dequantizes them
-// (formulas::w4a16_weight: T((q - zp) * s) through the 2^23 float trick, no
-// int-to-float conversions) and feeds 8 mma.sync.m16n8k16 (bf16/f16 in, f32
-// accumulate) per channel tile and row chunk. The mma's k index is permuted
-// the same way in A (x) and B (W), which a dot product allows, so a lane's
-// B fragments come from its one 16-byte load and its A fragments from 8-byte
-// loads. Every weight byte is read once per 16 MC rows of x: at M = 1 the
-// packed weight (N K / 2 bytes) once, 4x fewer bytes than a bf16 GEMM. The
-// 8 warps' partial tiles are added in warp order in shared memory
+// W4A16, decode sizes (M <= kW4A16GemvMaxM, bf16/f16 x): a tensor-core GEMV
+// fed by bulk copies. A block of 9 warps owns 32 output channels and 8 NC
+// rows of x (NC = 1, 2, 4, 8 for M up to 8, 16, 32, 64) over the whole of K.
+// Its producer warp streams the block's 32 packed weight rows through a ring
+// of 4 shared-memory stages of 1024 columns (cp.async.bulk, one row per lane,
+// completing on an mbarrier; a slot is refilled once the 8 consumer warps
+// have read it), so at K = 4096 the whole 64 KiB slab is requested at the
+// kernel's start. Consumer warp w takes columns [128 w, 128 w + 128) of each
+// stage: lane (g = lane / 4, t = lane % 4) reads 16 bytes = 32 packed weights
+// at k0 = 128 w + 32 t of channels g, g + 8, g + 16, g + 24 of the tile (rows
+// padded by 64 bytes: no bank conflicts), dequantizes them
+// (formulas::w4a16_weight: T((q - zp) * s); per value one LOP3 that puts the
+// nibble into the mantissa of a power of two, one FADD, one FMUL, half a
+// pack; no int-to-float conversions) and feeds mma.sync.m16n8k16 (bf16/f16
+// in, f32 accumulate) with the weight as A (16 channels) and x as B (8 rows),
+// so M <= 8 runs one mma per 16 channels and k-step and a lane's B fragment
+// is one 8-byte load of its row (x and the scales of the next stage are
+// loaded while this one is awaited). The mma's k index is permuted the same
+// way in A and B, which a dot product allows. Every weight byte is read once
+// per 64 rows of x: at M = 1 the packed weight (N K / 2 bytes) once, 4x fewer
+// bytes than a bf16 GEMM. Each warp accumulates its columns in stage order;
+// the 8 warps' partial tiles are added in warp order in shared memory
 // (deterministic).
 // W4A16, larger M: W dequantized to T into a scratch [N, K] (one pass, 8
 // values per thread) and cuBLAS (CUBLAS_COMPUTE_32F; 16-bit x: an f32
@@ -35,6 +42,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <mutex>
 
 #include "qgrad/kernels/cuda/blas.cuh"
 #include "qgrad/kernels/cuda/entries.h"
@@ -72,11 +80,6 @@ void dispatch_linear_dtype(DType t, const char* op, F&& f) {
 
 // ---------------------------------------------------------------- W4A16 mma
 
-constexpr int kMmaWarps = 8;   // warps per block, splitting K
-constexpr int kMmaNTile = 16;  // output channels per block (two n8 tiles)
-constexpr int kMmaRows = 16;   // rows of x per block (the mma's M)
-constexpr int kMmaBatch = 4;   // iterations per warp whose weight loads are in flight together
-
 template <class T> struct Mma;
 template <> struct Mma<bfloat16> {
   // Two floats as a bf16x2 register, low half first (round to nearest even).
@@ -110,145 +113,308 @@ __device__ __forceinline__ std::uint32_t word_of(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
-// (nibble - off) * s exactly as formulas::w4a16_weight before its rounding:
-// 2^23 + u is exact in f32, so (2^23 + u) - (2^23 + off) = u - off exactly
-// (off = 8 after the sign flip for s4, the zero point for u4).
-__device__ __forceinline__ float dq(std::uint32_t word, int e, float bias_off, float s) {
-  const float f = __uint_as_float(0x4B000000u | ((word >> (4 * e)) & 0xfu)) - bias_off;
-  return f * s;
+// ------------------------------------------------------ W4A16 bulk-copy GEMV
+
+// Decode sizes (M <= kW4A16GemvMaxM). A block owns NSUB n8 tiles (8 NSUB
+// output channels) and MC chunks of 16 rows of x over the whole of K: one
+// producer warp streams the block's packed weight rows through kGemvSlots
+// shared-memory stages with bulk copies (cp.async.bulk, one row of one stage
+// per lane, completing on an mbarrier), and kGemvWarps consumer warps split
+// each stage by 128-column iterations.
+constexpr int kGemvWarps = 8;                        // consumer warps
+constexpr int kGemvThreads = (kGemvWarps + 1) * 32;  // + the producer warp
+constexpr int kGemvSlots = 4;                        // shared-memory stages in the ring
+constexpr int kStageCols = kGemvWarps * 128;         // columns of K per stage (one iteration per consumer warp)
+constexpr int kStageRowBytes = kStageCols / 2;       // packed bytes of one row in one stage
+// Row pitch in a stage: a quarter-warp's 16-byte reads cover rows g and g + 1
+// at the same 64 columns, which the extra 64 bytes put on disjoint banks.
+constexpr int kStagePitch = kStageRowBytes + 64;
+
+__device__ __forceinline__ std::uint32_t smem_u32(const void* p) {
+  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void mbar_init(std::uint64_t* bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(std::uint64_t* bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(std::uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(std::uint64_t* bar, unsigned parity) {
+  const std::uint32_t a = smem_u32(bar);
+  std::uint32_t done = 0;
+  while (!done) {
+    asm volatile(
+        "{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\tselp.u32 %0, 1, 0, p;\n\t}"
+        : "=r"(done)
+        : "r"(a), "r"(parity)
+        : "memory");
+  }
+}
+// bytes (a multiple of 16) from global src (16-byte aligned) to shared dst
+// (16-byte aligned), counted on bar's transaction count.
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned bytes, std::uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                   smem_u32(dst)),
+               "l"(src), "r"(bytes), "r"(smem_u32(bar))
+               : "memory");
 }
 
-// MC chunks of 16 rows per block share every dequantized weight fragment
-// (MC = 1, 2, 4: M up to 16, 32, 64 rows per block; larger M takes more
-// blocks along y, which re-read the packed weight from L2).
-template <class T, bool kSigned, int MC>
-__global__ void __launch_bounds__(kMmaWarps * 32)
-    w4a16_mma_kernel(const T* __restrict__ x, const std::uint8_t* __restrict__ w, const float* __restrict__ scale,
-                     const std::int32_t* __restrict__ zp, const T* __restrict__ bias, T* __restrict__ out, int M,
-                     int N, int K, int G) {
-  __shared__ float part[kMmaWarps][MC * 8][32];
+// Nibble E (0..4) of word as (u - off) in f32 with one LOP3 and one FADD:
+// the bits (2^(23 - 4E) as an f32) | (u << 4E) are the float 2^(23 - 4E) + u
+// exactly (u lands in the mantissa's units place), and off = 2^(23 - 4E) + zp
+// (8 for s4, whose sign bit the same LOP3 flips: (u ^ 8) - 8 is the value).
+// Nibbles 5..7 are nibbles 2..4 of word >> 12. Inline PTX keeps the LOP3
+// whole ((word & mask) ^ bits, one instruction; the compiler otherwise splits it).
+template <bool kSigned, int E>
+__device__ __forceinline__ float nibble_minus(std::uint32_t word, float off) {
+  constexpr std::uint32_t kMask = 0xfu << (4 * E);
+  constexpr std::uint32_t kBits = ((150u - 4u * E) << 23) | (kSigned ? (0x8u << (4 * E)) : 0u);
+  std::uint32_t r;
+  asm("lop3.b32 %0, %1, %2, %3, 0x6a;" : "=r"(r) : "r"(word), "n"(kMask), "n"(kBits));
+  return __uint_as_float(r) - off;
+}
+
+// The mma computes out^T: A (16 x 16) is a 16-channel tile of the dequantized
+// weight, B (16 x 8) holds 8 rows of x, so M <= 8 wastes no tensor-core rows
+// on absent rows of x and a lane's B fragment is one 8-byte load of its row.
+// NSUB n8 channel halves = NSUB / 2 m16 tiles; NC chunks of 8 rows of x.
+// A lane's operands of one iteration besides the weight: x's B fragments
+// (row g of each chunk, 4 columns per mma step j) when kX, and the scale and
+// zero point of its 32 columns in each channel half.
+template <int NC, int NSUB, bool kX>
+struct GemvFrag {
+  uint2 xb[kX ? NC : 1][8];
+  float s[NSUB], z[NSUB];
+};
+
+template <class T, int NC>
+__device__ __forceinline__ uint2 x_frag(int nc, int j, int k0, bool kin, const T* const (&xr)[NC]) {
+  return kin ? __ldg(reinterpret_cast<const uint2*>(xr[nc] + k0 + 4 * j)) : make_uint2(0, 0);
+}
+
+template <class T, bool kSigned, int NC, int NSUB, bool kX>
+__device__ __forceinline__ void gemv_load(GemvFrag<NC, NSUB, kX>& f, int k0, int K, int G, int groups,
+                                          const T* const (&xr)[NC], const int (&nrow)[NSUB],
+                                          const float* __restrict__ scale, const std::int32_t* __restrict__ zp) {
+  const bool kin = k0 < K;  // K % 32 == 0: a lane's 32 columns are all in or all out
+  if constexpr (kX) {
+#pragma unroll
+    for (int nc = 0; nc < NC; ++nc)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) f.xb[nc][j] = x_frag<T, NC>(nc, j, k0, kin, xr);
+  }
+  const int gk = kin ? k0 / G : 0;
+#pragma unroll
+  for (int sub = 0; sub < NSUB; ++sub) {
+    // nrow is clamped into [0, N): a channel past N computes an output nobody writes. An
+    // absent column block multiplies by a zero scale and a zero x: its products are zeros.
+    const I64 gi = static_cast<I64>(nrow[sub]) * groups + gk;
+    const float s = __ldg(scale + gi);
+    f.s[sub] = kin ? s : 0.0f;
+    f.z[sub] = kSigned ? 8.0f : static_cast<float>(__ldg(zp + gi));
+  }
+}
+
+template <class T, bool kSigned, int NC, int NSUB, bool kX>
+__device__ __forceinline__ void gemv_math(const GemvFrag<NC, NSUB, kX>& f, const uint4 (&wv)[NSUB],
+                                          float (&acc)[NC][NSUB / 2][4], int k0, bool kin,
+                                          const T* const (&xr)[NC]) {
+  float off[NSUB][5];
+#pragma unroll
+  for (int sub = 0; sub < NSUB; ++sub)
+#pragma unroll
+    for (int e = 0; e < 5; ++e) off[sub][e] = static_cast<float>(1 << (23 - 4 * e)) + f.z[sub];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    // Step j: physical columns k0 + 4j + {0, 1} are the mma's k {2t, 2t + 1},
+    // k0 + 4j + {2, 3} its k {2t + 8, 2t + 9}, in A and in B alike.
+    std::uint32_t lo[NSUB], hi[NSUB];
+#pragma unroll
+    for (int sub = 0; sub < NSUB; ++sub) {
+      const std::uint32_t word = word_of(wv[sub], j >> 1);
+      const float s = f.s[sub];
+      float v0, v1, v2, v3;
+      if ((j & 1) == 0) {  // nibbles 0..3
+        v0 = nibble_minus<kSigned, 0>(word, off[sub][0]);
+        v1 = nibble_minus<kSigned, 1>(word, off[sub][1]);
+        v2 = nibble_minus<kSigned, 2>(word, off[sub][2]);
+        v3 = nibble_minus<kSigned, 3>(word, off[sub][3]);
+      } else {  // nibbles 4..7
+        const std::uint32_t w12 = word >> 12;
+        v0 = nibble_minus<kSigned, 4>(word, off[sub][4]);
+        v1 = nibble_minus<kSigned, 2>(w12, off[sub][2]);
+        v2 = nibble_minus<kSigned, 3>(w12, off[sub][3]);
+        v3 = nibble_minus<kSigned, 4>(w12, off[sub][4]);
+      }
+      // formulas::w4a16_weight: the f32 product (u - zp) * s, rounded once to T.
+      lo[sub] = Mma<T>::pack(v0 * s, v1 * s);
+      hi[sub] = Mma<T>::pack(v2 * s, v3 * s);
+    }
+#pragma unroll
+    for (int nc = 0; nc < NC; ++nc) {
+      const uint2 xb = kX ? f.xb[kX ? nc : 0][j] : x_frag<T, NC>(nc, j, k0, kin, xr);
+#pragma unroll
+      for (int tile = 0; tile < NSUB / 2; ++tile)
+        Mma<T>::run(acc[nc][tile], lo[2 * tile], lo[2 * tile + 1], hi[2 * tile], hi[2 * tile + 1], xb.x, xb.y);
+    }
+  }
+}
+
+template <int NC, int NSUB>
+constexpr int gemv_smem_bytes() {
+  constexpr int slots = kGemvSlots * NSUB * 8 * kStagePitch;
+  constexpr int part = kGemvWarps * NC * (NSUB / 2) * 4 * 32 * 4;
+  return 128 + (slots > part ? slots : part);
+}
+
+// NC <= 2 prefetches the next iteration's x fragments and scales into
+// registers while this one's weight stage is awaited and used; NC = 4, 8
+// (64, 128 fragment registers per set) prefetch the scales and load x per
+// mma step.
+template <class T, bool kSigned, int NC, int NSUB>
+__global__ void __launch_bounds__(kGemvThreads, 1)
+    w4a16_gemv_kernel(const T* __restrict__ x, const std::uint8_t* __restrict__ w, const float* __restrict__ scale,
+                      const std::int32_t* __restrict__ zp, const T* __restrict__ bias, T* __restrict__ out, int M,
+                      int N, int K, int G) {
+  constexpr int NT = NSUB * 8;
+  constexpr int kSlotBytes = NT * kStagePitch;
+  constexpr bool kX = NC <= 2;
+  extern __shared__ __align__(128) unsigned char gemv_smem[];
+  std::uint64_t* full = reinterpret_cast<std::uint64_t*>(gemv_smem);
+  std::uint64_t* empty = full + kGemvSlots;
+  unsigned char* slots = gemv_smem + 128;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int g = lane >> 2, t = lane & 3;
-  const int n0 = blockIdx.x * kMmaNTile, m0 = blockIdx.y * (kMmaRows * MC);
-  const int groups = K / G;
-  // Rows g and g + 8 of each 16-row chunk (A fragment rows); a missing row reads zeros.
-  const T* xr[MC][2];
-  bool has_r[MC][2];
+  const int n0 = blockIdx.x * NT, m0 = blockIdx.y * (8 * NC);
+  const int stages = (K + kStageCols - 1) / kStageCols;
+  if (threadIdx.x == 0) {
 #pragma unroll
-  for (int mc = 0; mc < MC; ++mc)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = m0 + mc * kMmaRows + g + 8 * h;
-      has_r[mc][h] = r < M;
-      xr[mc][h] = x + static_cast<I64>(has_r[mc][h] ? r : 0) * K;
+    for (int i = 0; i < kGemvSlots; ++i) {
+      mbar_init(full + i, 1);
+      mbar_init(empty + i, kGemvWarps);
     }
-  int nrow[2];
-  bool has_n[2];
-#pragma unroll
-  for (int sub = 0; sub < 2; ++sub) {
-    nrow[sub] = n0 + sub * 8 + g;
-    has_n[sub] = nrow[sub] < N;
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
-  float acc[MC][2][4];
-#pragma unroll
-  for (int mc = 0; mc < MC; ++mc)
-#pragma unroll
-    for (int sub = 0; sub < 2; ++sub)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) acc[mc][sub][r] = 0.0f;
-  const int iters = (K + 127) / 128;
-  const uint4 zero4 = make_uint4(0, 0, 0, 0);
-  const uint2 zero2 = make_uint2(0, 0);
-  // Batches of kMmaBatch iterations: every weight load of a batch is issued
-  // before any of its math, so a lane keeps kMmaBatch x 32 bytes in flight
-  // (one HBM round trip per batch instead of one per iteration).
-  for (int it0 = warp; it0 < iters; it0 += kMmaWarps * kMmaBatch) {
-    uint4 wv[kMmaBatch][2];
-    float s[kMmaBatch][2], off[kMmaBatch][2];
-#pragma unroll
-    for (int u = 0; u < kMmaBatch; ++u) {
-      const int k0 = (it0 + u * kMmaWarps) * 128 + t * 32;
-      const bool kin = k0 < K;  // K % 32 == 0: a lane's 32 columns are all in or all out
-#pragma unroll
-      for (int sub = 0; sub < 2; ++sub) {
-        if (kin && has_n[sub]) {
-          const I64 n = nrow[sub];
-          wv[u][sub] = __ldg(reinterpret_cast<const uint4*>(w + n * (K / 2) + k0 / 2));
-          const I64 gi = n * groups + k0 / G;
-          s[u][sub] = __ldg(scale + gi);
-          off[u][sub] = kSigned ? 8388616.0f : 8388608.0f + static_cast<float>(__ldg(zp + gi));
-        } else {
-          wv[u][sub] = zero4;
-          s[u][sub] = 0.0f;
-          off[u][sub] = 8388608.0f;
-        }
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kMmaBatch; ++u) {
-      if (it0 + u * kMmaWarps >= iters) break;  // warp-uniform
-      const int k0 = (it0 + u * kMmaWarps) * 128 + t * 32;
-      const bool kin = k0 < K;
-      if (kSigned) {  // s4: (u ^ 8) - 8 is the value; flip the sign bits of all 32 nibbles at once
-#pragma unroll
-        for (int sub = 0; sub < 2; ++sub) {
-          wv[u][sub].x ^= 0x88888888u;
-          wv[u][sub].y ^= 0x88888888u;
-          wv[u][sub].z ^= 0x88888888u;
-          wv[u][sub].w ^= 0x88888888u;
-        }
-      }
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        // Step j: physical columns k0 + 4j + {0, 1} are the mma's k {2t, 2t + 1},
-        // k0 + 4j + {2, 3} its k {2t + 8, 2t + 9}, in A and in B alike.
-        std::uint32_t b0[2], b1[2];
-#pragma unroll
-        for (int sub = 0; sub < 2; ++sub) {
-          const std::uint32_t word = word_of(wv[u][sub], j >> 1);
-          const int e = (j & 1) * 4;
-          const float so = s[u][sub], oo = off[u][sub];
-          b0[sub] = Mma<T>::pack(dq(word, e, oo, so), dq(word, e + 1, oo, so));
-          b1[sub] = Mma<T>::pack(dq(word, e + 2, oo, so), dq(word, e + 3, oo, so));
-        }
-#pragma unroll
-        for (int mc = 0; mc < MC; ++mc) {
-          // 4 values of row g (a0: k 2t, 2t + 1; a2: 2t + 8, 2t + 9) and of row g + 8 (a1, a3).
-          const uint2 va = (kin && has_r[mc][0]) ? __ldg(reinterpret_cast<const uint2*>(xr[mc][0] + k0 + 4 * j)) : zero2;
-          const uint2 vb = (kin && has_r[mc][1]) ? __ldg(reinterpret_cast<const uint2*>(xr[mc][1] + k0 + 4 * j)) : zero2;
-#pragma unroll
-          for (int sub = 0; sub < 2; ++sub) Mma<T>::run(acc[mc][sub], va.x, vb.x, va.y, vb.y, b0[sub], b1[sub]);
-        }
-      }
-    }
-  }
-#pragma unroll
-  for (int mc = 0; mc < MC; ++mc)
-#pragma unroll
-    for (int sub = 0; sub < 2; ++sub)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) part[warp][(mc * 2 + sub) * 4 + r][lane] = acc[mc][sub][r];
   __syncthreads();
-  // One output per thread and pass: (mc, sub, r) x 32 lanes = the (16 MC) x 16 tile, the
-  // 8 warps' partials added in warp order.
+  if (warp == kGemvWarps) {
+    // Producer: lane r copies row n0 + r of each stage; a slot is refilled
+    // once all consumer warps have read it (the empty barrier).
+    const int rows = min(NT, N - n0);
+    const std::uint8_t* wrow = w + (static_cast<I64>(n0) + lane) * (K / 2);
+    for (int s = 0; s < stages; ++s) {
+      const int slot = s % kGemvSlots;
+      if (s >= kGemvSlots) mbar_wait(empty + slot, static_cast<unsigned>((s / kGemvSlots - 1) & 1));
+      const int bytes = min(kStageCols, K - s * kStageCols) / 2;
+      if (lane == 0) mbar_expect_tx(full + slot, static_cast<unsigned>(bytes * rows));
+      __syncwarp();
+      if (lane < rows)
+        bulk_copy(slots + slot * kSlotBytes + lane * kStagePitch, wrow + static_cast<I64>(s) * kStageRowBytes,
+                  static_cast<unsigned>(bytes), full + slot);
+    }
+  }
+  float acc[NC][NSUB / 2][4];
 #pragma unroll
-  for (int pass = 0; pass < MC; ++pass) {
-    const int idx = pass * 8 + (threadIdx.x >> 5), ln = threadIdx.x & 31;
-    const int mc = idx >> 3, sub = (idx >> 2) & 1, r = idx & 3;
-    const int m = m0 + mc * kMmaRows + (ln >> 2) + (r >> 1) * 8, n = n0 + sub * 8 + 2 * (ln & 3) + (r & 1);
+  for (int nc = 0; nc < NC; ++nc)
+#pragma unroll
+    for (int tile = 0; tile < NSUB / 2; ++tile)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) acc[nc][tile][r] = 0.0f;
+  if (warp < kGemvWarps) {
+    const int g = lane >> 2, t = lane & 3;
+    const int groups = K / G;
+    // Row g of each 8-row chunk of x, clamped into [0, M): a row past M computes
+    // an output column nobody writes (and NaN in x stays in its own row's outputs).
+    const T* xr[NC];
+#pragma unroll
+    for (int nc = 0; nc < NC; ++nc) xr[nc] = x + static_cast<I64>(min(m0 + nc * 8 + g, M - 1)) * K;
+    int nrow[NSUB];
+#pragma unroll
+    for (int sub = 0; sub < NSUB; ++sub) nrow[sub] = min(n0 + sub * 8 + g, N - 1);
+    const uint4 zero4 = make_uint4(0, 0, 0, 0);
+    // One stage: this warp's iteration of it (128 columns from k0 - 32 t).
+    auto step = [&](int s, GemvFrag<NC, NSUB, kX>& cur, GemvFrag<NC, NSUB, kX>& nxt) {
+      const int k0 = (s * kGemvWarps + warp) * 128 + t * 32;
+      if (s + 1 < stages)
+        gemv_load<T, kSigned, NC, NSUB, kX>(nxt, k0 + kStageCols, K, G, groups, xr, nrow, scale, zp);
+      const int slot = s % kGemvSlots;
+      mbar_wait(full + slot, static_cast<unsigned>((s / kGemvSlots) & 1));
+      __syncwarp();
+      uint4 wv[NSUB];
+      const unsigned char* base = slots + slot * kSlotBytes + warp * 64 + t * 16 + g * kStagePitch;
+      const bool kin = k0 < K;
+#pragma unroll
+      for (int sub = 0; sub < NSUB; ++sub)
+        wv[sub] = kin ? *reinterpret_cast<const uint4*>(base + sub * 8 * kStagePitch) : zero4;
+      __syncwarp();
+      if (lane == 0) mbar_arrive(empty + slot);
+      gemv_math<T, kSigned, NC, NSUB, kX>(cur, wv, acc, k0, kin, xr);
+    };
+    GemvFrag<NC, NSUB, kX> fa, fb;
+    gemv_load<T, kSigned, NC, NSUB, kX>(fa, warp * 128 + t * 32, K, G, groups, xr, nrow, scale, zp);
+    for (int s = 0; s < stages; s += 2) {
+      step(s, fa, fb);
+      if (s + 1 < stages) step(s + 1, fb, fa);
+    }
+  }
+  __syncthreads();  // every stage consumed: the slots hold the partial tiles now
+  constexpr int kTile = NC * (NSUB / 2) * 4;  // accumulators per lane
+  float* part = reinterpret_cast<float*>(slots);
+  if (warp < kGemvWarps) {
+#pragma unroll
+    for (int nc = 0; nc < NC; ++nc)
+#pragma unroll
+      for (int tile = 0; tile < NSUB / 2; ++tile)
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+          part[(warp * kTile + (nc * (NSUB / 2) + tile) * 4 + r) * 32 + lane] = acc[nc][tile][r];
+  }
+  __syncthreads();
+  // One output per (idx, lane): the consumer warps' partials added in warp order.
+  // C's element r of lane (g, t): channel g + 8 (r >> 1) of the tile, row 2t + (r & 1) of the chunk.
+  for (int o = threadIdx.x; o < kTile * 32; o += kGemvThreads) {
+    const int idx = o >> 5, ln = o & 31;
+    const int nc = idx / ((NSUB / 2) * 4), tile = (idx >> 2) % (NSUB / 2), r = idx & 3;
+    const int m = m0 + nc * 8 + 2 * (ln & 3) + (r & 1), n = n0 + tile * 16 + (ln >> 2) + (r >> 1) * 8;
     if (m < M && n < N) {
-      float v = part[0][idx][ln];
+      float v = part[idx * 32 + ln];
 #pragma unroll
-      for (int wq = 1; wq < kMmaWarps; ++wq) v += part[wq][idx][ln];
+      for (int wq = 1; wq < kGemvWarps; ++wq) v += part[(wq * kTile + idx) * 32 + ln];
       if (bias) v += static_cast<float>(bias[n]);
       out[static_cast<I64>(m) * N + n] = T(v);
     }
   }
 }
 
+template <class T, bool kSigned, int NC, int NSUB>
+void launch_w4a16_gemv(const Tensor& x, const Tensor& w, const Tensor& scale, const Tensor& zp, I64 G,
+                       const Tensor& bias, const Tensor& out) {
+  const I64 M = out.shape()[0], N = out.shape()[1], K = w.shape()[1];
+  constexpr int kSmem = gemv_smem_bytes<NC, NSUB>();
+  auto kernel = w4a16_gemv_kernel<T, kSigned, NC, NSUB>;
+  const int dev = out.device().index;
+  // Past 48 KiB a kernel's dynamic shared memory must be allowed, once per device.
+  static std::once_flag once[64];
+  auto allow = [&] {
+    QGRAD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+  };
+  if (dev >= 0 && dev < 64) std::call_once(once[dev], allow);
+  else allow();
+  const dim3 grid(static_cast<unsigned>((N + NSUB * 8 - 1) / (NSUB * 8)),
+                  static_cast<unsigned>((M + 8 * NC - 1) / (8 * NC)));
+  kernel<<<grid, kGemvThreads, kSmem, ::qgrad::cuda::stream(dev)>>>(
+      static_cast<const T*>(x.data_ptr()), static_cast<const std::uint8_t*>(w.data_ptr()),
+      static_cast<const float*>(scale.data_ptr()),
+      zp.defined() ? static_cast<const std::int32_t*>(zp.data_ptr()) : nullptr,
+      bias.defined() ? static_cast<const T*>(bias.data_ptr()) : nullptr, static_cast<T*>(out.data_ptr()),
+      static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), static_cast<int>(G));
+  QGRAD_LAUNCH_CHECK();
+}
+
 template <class T>
-bool w4a16_mma(const Tensor& x, const Tensor& w, const Tensor& scale, const Tensor& zp, I64 G, const Tensor& bias,
-               const Tensor& out) {
+bool w4a16_gemv(const Tensor& x, const Tensor& w, const Tensor& scale, const Tensor& zp, I64 G, const Tensor& bias,
+                const Tensor& out) {
   if constexpr (std::is_same_v<T, float>) {
     return false;
   } else {
@@ -256,23 +422,17 @@ bool w4a16_mma(const Tensor& x, const Tensor& w, const Tensor& scale, const Tens
     if (M > kW4A16GemvMaxM || K % 32 != 0 || G % 32 != 0 || !aligned16(x.data_ptr()) || !aligned16(w.data_ptr()) ||
         K > (I64(1) << 30) || N > (I64(1) << 30))
       return false;
-    // Rows per block: 16 up to M = 16, 32 up to 32, else 64.
-    const int mc = M <= 16 ? 1 : M <= 32 ? 2 : 4;
-    const dim3 grid(static_cast<unsigned>((N + kMmaNTile - 1) / kMmaNTile),
-                    static_cast<unsigned>((M + kMmaRows * mc - 1) / (kMmaRows * mc)));
-    const T* bp = bias.defined() ? static_cast<const T*>(bias.data_ptr()) : nullptr;
-    const std::int32_t* zpp = zp.defined() ? static_cast<const std::int32_t*>(zp.data_ptr()) : nullptr;
-    auto launch = [&](auto kernel) {
-      kernel<<<grid, kMmaWarps * 32, 0, ::qgrad::cuda::stream(out.device().index)>>>(
-          static_cast<const T*>(x.data_ptr()), static_cast<const std::uint8_t*>(w.data_ptr()),
-          static_cast<const float*>(scale.data_ptr()), zpp, bp, static_cast<T*>(out.data_ptr()),
-          static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), static_cast<int>(G));
-    };
     const bool sg = w.dtype() == DType::s4;
-    if (mc == 1) sg ? launch(w4a16_mma_kernel<T, true, 1>) : launch(w4a16_mma_kernel<T, false, 1>);
-    else if (mc == 2) sg ? launch(w4a16_mma_kernel<T, true, 2>) : launch(w4a16_mma_kernel<T, false, 2>);
-    else sg ? launch(w4a16_mma_kernel<T, true, 4>) : launch(w4a16_mma_kernel<T, false, 4>);
-    QGRAD_LAUNCH_CHECK();
+    // 8 NC rows of x per block: 8, 16, 32 or 64; 32 channels (NSUB = 4) per block.
+    auto go = [&](auto nc) {
+      constexpr int kNC = decltype(nc)::value;
+      sg ? launch_w4a16_gemv<T, true, kNC, 4>(x, w, scale, zp, G, bias, out)
+         : launch_w4a16_gemv<T, false, kNC, 4>(x, w, scale, zp, G, bias, out);
+    };
+    if (M <= 8) go(std::integral_constant<int, 1>{});
+    else if (M <= 16) go(std::integral_constant<int, 2>{});
+    else if (M <= 32) go(std::integral_constant<int, 4>{});
+    else go(std::integral_constant<int, 8>{});
     return true;
   }
 }
@@ -339,7 +499,7 @@ template <class T>
 void w4a16_impl(const Tensor& x, const Tensor& w, const Tensor& scale, const Tensor& zp, I64 G, const Tensor& bias,
                 const Tensor& out) {
   const I64 M = out.shape()[0], N = out.shape()[1], K = w.shape()[1];
-  if (w4a16_mma<T>(x, w, scale, zp, G, bias, out)) return;
+  if (w4a16_gemv<T>(x, w, scale, zp, G, bias, out)) return;
   const Device dev = out.device();
   if (M <= kW4A16GemvMaxM) {
     constexpr unsigned threads = 256;

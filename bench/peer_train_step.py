@@ -46,6 +46,7 @@ Besides one record per configuration, each CUDA shape gets a record with
 impl "torch" and case "<case>_graph": the fastest configuration of that
 shape ("config" names it), the peer of qgrad's captured step.
 --quick: the torch.ao and CPU cases only (no torch.compile).
+--net mlp|cnn|vit: that model's cases only.
 """
 import json
 import sys
@@ -335,13 +336,17 @@ CONFIGS = [  # impl, kind, compiled, graph
 
 
 def main():
-    quick = "--quick" in sys.argv[1:]
+    args = sys.argv[1:]
+    quick = "--quick" in args
+    only = args[args.index("--net") + 1] if "--net" in args[:-1] else None
     cases = []  # device, net, batch, hidden size (MLP) or width (CNN), reps
     if torch.cuda.is_available():
         cases += [("cuda", "mlp", 256, 256, 200), ("cuda", "mlp", 4096, 1024, 200), ("cuda", "cnn", 256, 32, 200),
                   ("cuda", "vit", 256, 128, 100)]
     cases += [("cpu", "mlp", 256, 256, 50), ("cpu", "cnn", 64, 32, 10)]
     for device, net, batch, size, reps in cases:
+        if only is not None and net != only:
+            continue
         if device == "cpu":
             torch.set_num_threads(2)
         case = {"mlp": f"qat_step_{device}_b{batch}_h{size}", "cnn": f"qat_cnn_step_{device}_b{batch}_w{size}",

@@ -44,6 +44,10 @@ struct TrainOptions {
   // "sgd" (momentum, nesterov, weight_decay as L2) or "adamw" (beta1 = 0.9,
   // beta2 = 0.999, eps 1e-8, decoupled weight_decay): qgrad-qat-vit's.
   std::string optimizer = "sgd";
+  // Training-batch augmentation (qgrad-qat-vit's random shift and flip):
+  // applied to each global batch before it is sharded across ranks; draws
+  // from the generator the Trainer checkpoints, so runs and resumes repeat.
+  std::function<Tensor(const Tensor&)> augment = nullptr;
 };
 
 // The training state of --checkpoint-every / --resume.
@@ -269,6 +273,7 @@ class Trainer {
       std::int64_t i = resuming ? resume_batch : 0;
       resume_batch = -1;
       while (loader_.next(b)) {
+        if (f_.augment) b.images = f_.augment(b.images);
         Batch global = b;
         if (pg_) b.images = qgrad::dist::shard_rows(b.images, *pg_), b.labels = qgrad::dist::shard_rows(b.labels, *pg_);
         Tensor logits = ddp ? (*ddp)(b.images) : model(b.images);

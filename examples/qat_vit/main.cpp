@@ -64,6 +64,7 @@ struct Flags : QatFlags {
   bool smoothquant = false;          // --smoothquant
   double smoothquant_alpha = 0.5;    // --smoothquant-alpha
   std::int64_t calib_batches = 8;    // --calib-batches
+  std::int64_t augment_shift = 2;    // --augment-shift (0: no augmentation)
 };
 
 // The first n batches of the training set in order (no shuffling), on dev.
@@ -77,6 +78,32 @@ std::vector<Tensor> calibration_batches(const Dataset& train, std::int64_t batch
 
 // The loss and accuracy curves, and output channel 0 of block 0's fc1 against
 // its per-channel int8 grid (scale = amax / 127.5, zero point 0).
+// Random translation by up to `max_shift` pixels in each direction and a
+// horizontal flip with probability 1/2, drawn per image from `gen`: one
+// gather (embedding over the batch's pixels as a one-column table) with the
+// source indices clamped to the image, so uncovered border pixels repeat the
+// edge (Fashion-MNIST's background). images: [B, 28 * 28], normalized.
+Tensor random_shift_flip(const Tensor& images, std::int64_t max_shift, Generator& gen) {
+  constexpr std::int64_t kSide = 28, kPixels = kSide * kSide;
+  const std::int64_t B = images.size(0);
+  const std::vector<std::int64_t> draws =  // per image: dy, dx, flip (low bit)
+      randint(0, 2 * max_shift + 1, {B, 3}, gen, TensorOptions{}.with_dtype(DType::s64)).to_vector<std::int64_t>();
+  std::vector<std::int64_t> index(static_cast<std::size_t>(B * kPixels));
+  for (std::int64_t b = 0; b < B; ++b) {
+    const std::int64_t dy = draws[static_cast<std::size_t>(3 * b)] - max_shift;
+    const std::int64_t dx = draws[static_cast<std::size_t>(3 * b + 1)] - max_shift;
+    const bool flip = (draws[static_cast<std::size_t>(3 * b + 2)] & 1) != 0;
+    for (std::int64_t r = 0; r < kSide; ++r)
+      for (std::int64_t c = 0; c < kSide; ++c) {
+        const std::int64_t sr = std::clamp<std::int64_t>(r + dy, 0, kSide - 1);
+        const std::int64_t sc = std::clamp<std::int64_t>((flip ? kSide - 1 - c : c) + dx, 0, kSide - 1);
+        index[static_cast<std::size_t>(b * kPixels + r * kSide + c)] = b * kPixels + sr * kSide + sc;
+      }
+  }
+  const Tensor idx = Tensor::from_vector(index, {B, kPixels}, images.device());
+  return embedding(images.reshape({B * kPixels, 1}), idx).reshape({B, kPixels});
+}
+
 std::vector<std::string> write_plots(const std::vector<EpochRecord>& records, const Sequential& model,
                                      const std::string& out, PlotFormat format) {
   std::vector<std::string> files = write_curves(records, out, format);
@@ -115,6 +142,8 @@ int run(const Flags& f, const std::string& flags_text) {
   if (f.precision == "bf16") model->set_compute_dtype(DType::bf16);  // f32 master weights; prepare_qat keeps it
   TrainOptions to = train_options(f, "qgrad-qat-vit");
   to.optimizer = "adamw";
+  if (f.augment_shift > 0)
+    to.augment = [&f, &gen](const Tensor& x) { return random_shift_flip(x, f.augment_shift, gen); };
   Trainer trainer(to, dev, train, test, gen, nlohmann::json::parse(flags_text), setup.pg);
   FlowOptions fo = flow_options(f, "qgrad-8da8w-vit");
   fo.recipe = recipe_name(Recipe::w8da8);
@@ -160,6 +189,11 @@ int main(int argc, char** argv) {
   app.add_option("--calib-batches", f.calib_batches, "SmoothQuant: training batches to calibrate on")
       ->capture_default_str()
       ->check(integer_in(1, 1000));
+  app.add_option("--augment-shift", f.augment_shift,
+                 "training augmentation: random shift by up to this many pixels and a random horizontal flip "
+                 "per image (0: none)")
+      ->capture_default_str()
+      ->check(integer_in(0, 8));
   CLI11_PARSE(app, argc, argv);
   if (f.probe_cuda) return cuda_device_count() > 0 ? 0 : 77;
   if (f.dim % f.heads != 0) {
@@ -177,6 +211,7 @@ int main(int argc, char** argv) {
   flags["heads"] = f.heads;
   flags["mlp_ratio"] = f.mlp_ratio;
   flags["smoothquant"] = f.smoothquant;
+  flags["augment_shift"] = f.augment_shift;
   if (f.smoothquant) flags["smoothquant_alpha"] = f.smoothquant_alpha, flags["calib_batches"] = f.calib_batches;
   return run_or_report([&](const std::string& text) { return run(f, text); }, flags);
 }

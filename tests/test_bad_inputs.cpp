@@ -82,8 +82,6 @@ Tensor s32(const std::vector<std::int32_t>& v) {
   return Tensor::from_vector(v, {static_cast<std::int64_t>(v.size())});
 }
 
-const DType kNonFloat[] = {DType::s8, DType::u8, DType::s32, DType::s64, DType::boolean};
-
 // A copy of a tensor's bytes, to check a destination is untouched.
 struct Snapshot {
   std::vector<Tensor> copies, originals;

@@ -199,7 +199,9 @@ TEST_CASE("safetensors: Python round trip (safetensors package)") {
   SafetensorsFile f = load_safetensors(out);
   CHECK(f.metadata.at("written_by") == "python");
   std::map<std::string, Tensor> got(f.tensors.begin(), f.tensors.end());
-  for (const auto& [n, t] : sample()) {
+  for (const auto& row : sample()) {
+    const auto& n = std::get<0>(row);
+    const auto& t = std::get<1>(row);
     if (n == "bf16") {
       CHECK(got.count(n) == 0);
       continue;

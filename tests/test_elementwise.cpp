@@ -74,7 +74,9 @@ TEST_CASE("broadcast binary ops (CPU row form, collapsed dims) match an independ
   const ShapePair shapes[] = {{{4, 6, 5, 7}, {1, 6, 1, 1}}, {{6, 1, 1}, {4, 6, 5, 7}},   {{9, 33}, {33}},
                               {{3, 1, 16}, {1, 5, 1}},      {{2, 1, 3, 1, 10}, {4, 1, 1, 10}}, {{8, 1}, {1, 9}},
                               {{2, 3, 4, 9}, {2, 3, 4, 9}}, {{5, 12}, {}},                  {{1, 1, 12}, {3, 1, 1}}};
-  for (auto [sa, sb] : shapes) {
+  for (const ShapePair& row : shapes) {
+    const Shape& sa = row.a;
+    const Shape& sb = row.b;
     CAPTURE(shape_str(sa));
     CAPTURE(shape_str(sb));
     const Tensor a = randn(sa, g, TensorOptions{}.with_dtype(DType::f64));
@@ -149,7 +151,9 @@ TEST_CASE("sum_to_shape_by_axes equals the one-loop sum for every pattern of red
       {{4, 3, 5, 6}, {1, 3, 1, 1}}, {{4, 3, 5, 6}, {3, 1, 1}}, {{4, 3, 5, 6}, {1, 1, 1, 6}},
       {{4, 3, 5, 6}, {4, 1, 5, 1}}, {{4, 3, 5, 6}, {1}},       {{2, 1, 7, 3}, {1, 1, 7, 1}},
       {{4, 3, 5, 6}, {5, 6}},       {{3, 4}, {4}},             {{4, 3, 5, 6}, {1, 3, 5, 1}}};
-  for (const auto& [in_shape, out_shape] : cases) {
+  for (const auto& row : cases) {
+    const auto& in_shape = std::get<0>(row);
+    const auto& out_shape = std::get<1>(row);
     CAPTURE(shape_str(in_shape));
     CAPTURE(shape_str(out_shape));
     const Tensor x = randn(in_shape, g, TensorOptions{}.with_dtype(DType::f64));

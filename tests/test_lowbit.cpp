@@ -67,8 +67,11 @@ TEST_CASE("fp8 conversions: bit for bit with PyTorch 2.11 (golden table) on ever
   CHECK(inputs.size() > 2000);
   for (const Device dev : test_devices()) {
     CAPTURE(dev.str());
-    for (const auto& [dt, key, to_key] : {std::tuple{DType::f8e4m3, "e4m3_to_f32", "f32_to_e4m3"},
+    for (const auto& row : {std::tuple{DType::f8e4m3, "e4m3_to_f32", "f32_to_e4m3"},
                                           std::tuple{DType::f8e5m2, "e5m2_to_f32", "f32_to_e5m2"}}) {
+      const auto& dt = std::get<0>(row);
+      const auto& key = std::get<1>(row);
+      const auto& to_key = std::get<2>(row);
       CAPTURE(dtype_name(dt));
       // All 256 patterns -> f32.
       const auto out = Tensor(from_bytes(codes, {256}, dt, dev)).to(DType::f32).cpu().to_vector<float>();
@@ -305,9 +308,11 @@ TEST_CASE("fake_quantize_fp8: torchao's formulas per tensor, token and 1x128 blo
   for (std::size_t i = 256; i < 384; ++i) xv[i] = 0.0f;  // an all-zero block: amax floored at 1e-12
   for (const Device dev : test_devices())
     for (const DType fp8 : {DType::f8e4m3, DType::f8e5m2})
-      for (const auto& [scope, block] : {std::pair{QuantScope::per_tensor(), std::int64_t{1024}},
+      for (const auto& row : {std::pair{QuantScope::per_tensor(), std::int64_t{1024}},
                                          std::pair{QuantScope::per_token(), std::int64_t{256}},
                                          std::pair{QuantScope::per_group(-1, 128), std::int64_t{128}}}) {
+        const auto& scope = std::get<0>(row);
+        const auto& block = std::get<1>(row);
         CAPTURE(dev.str());
         CAPTURE(dtype_name(fp8));
         CAPTURE(block);

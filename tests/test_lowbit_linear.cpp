@@ -129,8 +129,12 @@ const DType kAct[] = {DType::f32, DType::f16, DType::bf16};
 // ---- W4A16 ----
 
 TEST_CASE("linear_w4a16 matches dequantize_int4 + f64 sums: s4 and u4, group sizes, bias, dtypes") {
-  for (auto [M, N, K, G] : {std::tuple{1, 8, 64, 32}, std::tuple{3, 17, 128, 64}, std::tuple{5, 9, 256, 256},
+  for (auto row : {std::tuple{1, 8, 64, 32}, std::tuple{3, 17, 128, 64}, std::tuple{5, 9, 256, 256},
                             std::tuple{2, 5, 34, 2}, std::tuple{1, 3, 6, 6}, std::tuple{7, 12, 96, 32}}) {
+    const auto& M = std::get<0>(row);
+    const auto& N = std::get<1>(row);
+    const auto& K = std::get<2>(row);
+    const auto& G = std::get<3>(row);
     CAPTURE(M);
     CAPTURE(N);
     CAPTURE(K);
@@ -192,8 +196,12 @@ TEST_CASE("linear_w4a16: zero weights give the bias, NaN in x reaches its row on
 // ---- W4A8 ----
 
 TEST_CASE("linear_w4a8 matches the documented sequence bit for bit: modes, groups, bias, out dtypes") {
-  for (auto [M, N, K, G] : {std::tuple{1, 8, 64, 32}, std::tuple{5, 17, 128, 32}, std::tuple{3, 9, 256, 64},
+  for (auto row : {std::tuple{1, 8, 64, 32}, std::tuple{5, 17, 128, 32}, std::tuple{3, 9, 256, 64},
                             std::tuple{4, 7, 30, 6}, std::tuple{2, 5, 34, 34}, std::tuple{9, 16, 64, 64}}) {
+    const auto& M = std::get<0>(row);
+    const auto& N = std::get<1>(row);
+    const auto& K = std::get<2>(row);
+    const auto& G = std::get<3>(row);
     CAPTURE(M);
     CAPTURE(N);
     CAPTURE(K);
@@ -329,9 +337,13 @@ TEST_CASE("bad inputs name the op and the argument") {
 
 TEST_CASE("CUDA linear_w4a8 matches the CPU bit for bit") {
   QGRAD_REQUIRE_GPU();
-  for (auto [M, N, K, G] : {std::tuple{1, 8, 64, 32}, std::tuple{5, 17, 128, 32}, std::tuple{3, 9, 256, 64},
+  for (auto row : {std::tuple{1, 8, 64, 32}, std::tuple{5, 17, 128, 32}, std::tuple{3, 9, 256, 64},
                             std::tuple{4, 7, 30, 6}, std::tuple{2, 5, 34, 34}, std::tuple{37, 40, 128, 128},
                             std::tuple{130, 64, 512, 512}, std::tuple{130, 64, 512, 128}}) {
+    const auto& M = std::get<0>(row);
+    const auto& N = std::get<1>(row);
+    const auto& K = std::get<2>(row);
+    const auto& G = std::get<3>(row);
     CAPTURE(M);
     CAPTURE(N);
     CAPTURE(K);
@@ -356,13 +368,17 @@ TEST_CASE("CUDA linear_w4a8 matches the CPU bit for bit") {
 
 TEST_CASE("CUDA linear_w4a16 matches the reference: GEMV (M <= 64), cuBLAS (M > 64), other shapes") {
   QGRAD_REQUIRE_GPU();
-  for (auto [M, N, K, G] : {std::tuple{1, 8, 64, 32}, std::tuple{1, 40, 256, 128}, std::tuple{16, 33, 128, 32},
+  for (auto row : {std::tuple{1, 8, 64, 32}, std::tuple{1, 40, 256, 128}, std::tuple{16, 33, 128, 32},
                             std::tuple{17, 16, 96, 32}, std::tuple{33, 24, 128, 128}, std::tuple{64, 24, 128, 64},
                             std::tuple{65, 24, 128, 64}, std::tuple{128, 16, 256, 64}, std::tuple{130, 48, 256, 256}, std::tuple{3, 7, 34, 2}, std::tuple{5, 9, 48, 16},
                             // Long K: the GEMV's ring of weight stages refills its slots (and ends
                             // on a partial stage: 9248 and 5152 are not multiples of 1024).
                             std::tuple{1, 40, 12288, 128}, std::tuple{20, 24, 9248, 32},
                             std::tuple{40, 36, 5152, 32}, std::tuple{9, 72, 4096, 256}}) {
+    const auto& M = std::get<0>(row);
+    const auto& N = std::get<1>(row);
+    const auto& K = std::get<2>(row);
+    const auto& G = std::get<3>(row);
     CAPTURE(M);
     CAPTURE(N);
     CAPTURE(K);

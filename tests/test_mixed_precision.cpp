@@ -80,13 +80,17 @@ Run train(Device dev, std::optional<DType> compute, int steps = 40) {
 }
 
 void check_master_state(const Run& r) {
-  for (const auto& [n, p] : r.model->named_parameters()) {
+  for (const auto& row : r.model->named_parameters()) {
+    const auto& n = std::get<0>(row);
+    const auto& p = std::get<1>(row);
     INFO(n);
     CHECK(p.dtype() == DType::f32);
     REQUIRE(p.grad().defined());
     CHECK(p.grad().dtype() == DType::f32);
   }
-  for (const auto& [n, t] : r.opt->state_dict()) {
+  for (const auto& row : r.opt->state_dict()) {
+    const auto& n = std::get<0>(row);
+    const auto& t = std::get<1>(row);
     INFO(n);
     if (n.find("exp_avg") != std::string::npos) CHECK(t.dtype() == DType::f32);
   }
@@ -146,7 +150,9 @@ TEST_CASE("set_compute_dtype: the casts are differentiable, off by default, carr
   Tensor out = m->forward(x);
   CHECK(out.dtype() == DType::bf16);
   cross_entropy(out.to(DType::f32), zeros({2}, TensorOptions{}.with_dtype(DType::s64))).backward();
-  for (const auto& [n, p] : m->named_parameters()) {
+  for (const auto& row : m->named_parameters()) {
+    const auto& n = std::get<0>(row);
+    const auto& p = std::get<1>(row);
     INFO(n);
     CHECK(p.dtype() == DType::f32);
     if (p.grad().defined()) CHECK(p.grad().dtype() == DType::f32);

@@ -210,7 +210,7 @@ TEST_CASE("MovingAveragePerChannelMinMaxObserver and f64 / bf16 inputs") {
 }
 
 TEST_CASE("Observer errors") {
-  CHECK_THROWS_AS(MinMaxObserver(DType::f32), qgrad::Error);
+  CHECK_THROWS_AS((MinMaxObserver(DType::f32)), qgrad::Error);  // parenthesized: an expression, not a declaration
   CHECK_THROWS_AS(MinMaxObserver(DType::u8, QScheme::per_channel_affine), qgrad::Error);
   CHECK_THROWS_AS(PerChannelMinMaxObserver(0), qgrad::Error);
   CHECK_THROWS_AS(MovingAverageMinMaxObserver(1.5), qgrad::Error);

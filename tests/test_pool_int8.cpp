@@ -84,9 +84,14 @@ TEST_CASE("int8 max_pool2d: exact maxima and first-index ties, every geometry") 
 TEST_CASE("int8 avg_pool2d: PyTorch's quantized rounding, within half a step of the exact mean") {
   for (DType dt : {DType::s8, DType::u8}) {
     const Tensor x = ints({2, 3, 11, 9}, dt, 3);
-    for (auto [k, s, p, ceil, cip] : {std::tuple<Size2, Size2, Size2, bool, bool>{3, 2, 1, true, true},
+    for (auto row : {std::tuple<Size2, Size2, Size2, bool, bool>{3, 2, 1, true, true},
                                       {3, 2, 1, true, false}, {2, 2, 0, false, true}, {{2, 3}, {1, 2}, {1, 0}, false, false},
                                       {{3, 2}, {2, 1}, {1, 1}, true, false}, {5, 3, 2, true, true}}) {
+      const auto& k = std::get<0>(row);
+      const auto& s = std::get<1>(row);
+      const auto& p = std::get<2>(row);
+      const auto& ceil = std::get<3>(row);
+      const auto& cip = std::get<4>(row);
       INFO(dtype_name(dt), " k ", k.h, "x", k.w, " s ", s.h, "x", s.w, " p ", p.h, "x", p.w, " ceil ", ceil, " cip ", cip);
       const Tensor y = avg_pool2d(x, k, s, p, ceil, cip);
       CHECK(y.dtype() == dt);

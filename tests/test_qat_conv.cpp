@@ -208,7 +208,9 @@ TEST_CASE("prepare_qat fuses Conv2d -> BatchNorm2d (-> ReLU) and Conv2d (-> ReLU
   Tensor x = randn({8, 36}, g);
   Tensor loss = cross_entropy((*m)(x), Tensor::from_vector<std::int64_t>({0, 1, 2, 3, 4, 0, 1, 2}, {8}));
   loss.backward();
-  for (const auto& [n, p] : m->named_parameters()) {
+  for (const auto& row : m->named_parameters()) {
+    const auto& n = std::get<0>(row);
+    const auto& p = std::get<1>(row);
     CAPTURE(n);
     CHECK(p.grad().defined());
   }

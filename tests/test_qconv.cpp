@@ -151,9 +151,13 @@ TEST_CASE("quantized_conv2d matches the host reference: strides, padding, dilati
   for (const Case& c : kCases) {
     const Weights wt = make_weights(c.w, seed++);
     const Tensor x = make_x(c.x, DType::f32, seed++);
-    for (auto [sa, za, qmin, qmax] : {std::tuple<float, int, int, int>{0.02f, 0, -127, 127},
+    for (auto row : {std::tuple<float, int, int, int>{0.02f, 0, -127, 127},
                                       std::tuple<float, int, int, int>{0.03f, 37, 0, 127},
                                       std::tuple<float, int, int, int>{0.05f, 128, 0, 255}}) {
+      const auto& sa = std::get<0>(row);
+      const auto& za = std::get<1>(row);
+      const auto& qmin = std::get<2>(row);
+      const auto& qmax = std::get<3>(row);
       const Ref r = ref_acc(x, wt.w_q, sa, za, qmin, qmax, c);
       for (DType out : {DType::f32, DType::f64, DType::f16, DType::bf16}) {
         INFO("x ", shape_str(c.x), " w ", shape_str(c.w), " groups ", c.groups, " zp ", za, " out ", dtype_name(out));

@@ -143,7 +143,10 @@ TEST_CASE("dynamic per-token: every input dtype matches the reference exactly") 
 }
 
 TEST_CASE("odd shapes: K and N not multiples of 4, M = 1, no bias") {
-  for (auto [M, N, K] : {std::tuple{1, 5, 7}, std::tuple{3, 1, 13}, std::tuple{1, 1, 1}, std::tuple{7, 9, 33}}) {
+  for (auto row : {std::tuple{1, 5, 7}, std::tuple{3, 1, 13}, std::tuple{1, 1, 1}, std::tuple{7, 9, 33}}) {
+    const auto& M = std::get<0>(row);
+    const auto& N = std::get<1>(row);
+    const auto& K = std::get<2>(row);
     CAPTURE(M);
     CAPTURE(N);
     CAPTURE(K);
@@ -281,8 +284,11 @@ TEST_CASE("bad arguments: activation quantization") {
 
 TEST_CASE("CUDA matches the CPU bit for bit: shapes, out dtypes, bias") {
   QGRAD_REQUIRE_GPU();
-  for (auto [M, N, K] : {std::tuple{1, 5, 7}, std::tuple{1, 64, 64}, std::tuple{16, 96, 128}, std::tuple{37, 33, 65},
+  for (auto row : {std::tuple{1, 5, 7}, std::tuple{1, 64, 64}, std::tuple{16, 96, 128}, std::tuple{37, 33, 65},
                          std::tuple{128, 256, 512}, std::tuple{300, 8, 16}}) {
+    const auto& M = std::get<0>(row);
+    const auto& N = std::get<1>(row);
+    const auto& K = std::get<2>(row);
     CAPTURE(M);
     CAPTURE(N);
     CAPTURE(K);
@@ -355,7 +361,10 @@ std::vector<double> ref_asymmetric(const Tensor& x, const Layer& l, std::int64_t
 }  // namespace
 
 TEST_CASE("dynamic per-token asymmetric: the zero-point correction matches the reference exactly") {
-  for (auto [M, N, K] : {std::tuple{6, 24, 40}, std::tuple{1, 5, 7}, std::tuple{33, 17, 129}}) {
+  for (auto row : {std::tuple{6, 24, 40}, std::tuple{1, 5, 7}, std::tuple{33, 17, 129}}) {
+    const auto& M = std::get<0>(row);
+    const auto& N = std::get<1>(row);
+    const auto& K = std::get<2>(row);
     CAPTURE(M);
     CAPTURE(N);
     CAPTURE(K);
@@ -405,7 +414,10 @@ TEST_CASE("dynamic per-token asymmetric: bad arguments") {
 
 TEST_CASE("CUDA dynamic per-token asymmetric matches the CPU bit for bit") {
   QGRAD_REQUIRE_GPU();
-  for (auto [M, N, K] : {std::tuple{1, 5, 7}, std::tuple{16, 96, 128}, std::tuple{37, 33, 65}, std::tuple{128, 256, 512}}) {
+  for (auto row : {std::tuple{1, 5, 7}, std::tuple{16, 96, 128}, std::tuple{37, 33, 65}, std::tuple{128, 256, 512}}) {
+    const auto& M = std::get<0>(row);
+    const auto& N = std::get<1>(row);
+    const auto& K = std::get<2>(row);
     CAPTURE(M);
     CAPTURE(N);
     CAPTURE(K);

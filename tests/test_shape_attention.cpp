@@ -452,7 +452,9 @@ TEST_CASE("MultiheadAttention: a host reference, parameter names, head-count err
   check_near(values(y), want, 1e-12);
   // Gradients reach every parameter.
   sum(y).backward();
-  for (const auto& [name, t] : mha.named_parameters()) {
+  for (const auto& row : mha.named_parameters()) {
+    const auto& name = std::get<0>(row);
+    const auto& t = std::get<1>(row);
     CAPTURE(name);
     CHECK(t.grad().defined());
   }

@@ -265,7 +265,7 @@ TEST_CASE("vit: 8da8w on the whole ViT: every Linear prepared, the W8A8 model ag
     m->train();
     Tensor labels = Tensor::from_vector<std::int64_t>(std::vector<std::int64_t>(32, 3), {32}).to(d);
     cross_entropy((*m)(x), labels).backward();
-    for (const auto& [n, t] : m->named_parameters()) CHECK_MESSAGE(t.grad().defined(), n);
+    for (const auto& np : m->named_parameters()) CHECK_MESSAGE(np.second.grad().defined(), np.first);
     auto c = nn::convert(*m, nn::Recipe::w8da8);
     qat = linear = 0;
     std::size_t w8a8 = 0;

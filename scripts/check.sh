@@ -19,8 +19,11 @@ stamp "configure + build ($QGRAD_BUILD, $QGRAD_JOBS jobs)"
 configure_main
 ninja -C "$QGRAD_BUILD" -j"$QGRAD_JOBS"
 
+FUZZ_BUILD=${QGRAD_FUZZ_BUILD:-}
 if [ "${QGRAD_SKIP_SANITIZE:-0}" != 1 ]; then
-  stamp "sanitizer build ($ASAN_BUILD: ASan + UBSan, CPU only, tests only)"
+  # One clang build for the sanitizer tests and the fuzz harnesses (preset
+  # "sanitizer"): the library is compiled once for both.
+  stamp "sanitizer build ($ASAN_BUILD: ASan + UBSan, clang, CPU only: tests and fuzz harnesses)"
   (cd "$QGRAD_ROOT" && cmake --preset sanitizer -B "$ASAN_BUILD" >/dev/null)
   ninja -C "$ASAN_BUILD" -j"$QGRAD_JOBS"
   stamp "sanitizer test run"
@@ -32,9 +35,11 @@ if [ "${QGRAD_SKIP_SANITIZE:-0}" != 1 ]; then
      ctest -j"$QGRAD_JOBS" --output-on-failure --timeout 900 --no-label-summary -LE install \
        -E "SIGKILL during checkpoint saves") \
     || { stamp "sanitizer suite FAILED"; exit 1; }
+  FUZZ_BUILD=${FUZZ_BUILD:-$ASAN_BUILD}
 fi
 
-stamp "fuzzing (scripts/fuzz.sh: 60 s per harness)"; bash "$QGRAD_ROOT/scripts/fuzz.sh" 60
+stamp "fuzzing (scripts/fuzz.sh: 60 s per harness)"
+QGRAD_FUZZ_BUILD=${FUZZ_BUILD:-$QGRAD_ROOT/build-fuzz} bash "$QGRAD_ROOT/scripts/fuzz.sh" 60
 stamp "full test suite"
 log=$QGRAD_BUILD/ctest.log
 set +e

@@ -5,7 +5,7 @@
 # New corpus entries go to a scratch copy; fuzz/corpus/ is not modified.
 #
 #   bash scripts/fuzz.sh [SECONDS] [HARNESS...]     # HARNESS: idx safetensors ops
-#   QGRAD_FUZZ_BUILD=dir  (default build-fuzz)   QGRAD_FUZZ_OUT=dir (artifacts, logs)
+#   QGRAD_FUZZ_BUILD=dir  (default build-fuzz; a build configured with QGRAD_FUZZ=ON is kept as it is)   QGRAD_FUZZ_OUT=dir (artifacts, logs)
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 SECONDS_EACH=${1:-60}
@@ -18,7 +18,10 @@ say() { printf 'fuzz: %s\n' "$*"; }
 
 if ! command -v clang++ >/dev/null; then say "clang++ not found (scripts/setup.sh installs clang)"; exit 1; fi
 say "building harnesses in $BUILD"
-(cd "$QGRAD_ROOT" && cmake --preset fuzz -B "$BUILD" >/dev/null)
+# A build configured with QGRAD_FUZZ=ON already (check.sh's sanitizer build,
+# clang with the tests too) is used as it is; anything else gets the preset.
+grep -q '^QGRAD_FUZZ:BOOL=ON$' "$BUILD/CMakeCache.txt" 2>/dev/null \
+  || (cd "$QGRAD_ROOT" && cmake --preset fuzz -B "$BUILD" >/dev/null)
 ninja -C "$BUILD" -j"$QGRAD_JOBS" "${HARNESSES[@]/#/fuzz_}"
 
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:allocator_may_return_null=1}

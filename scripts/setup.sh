@@ -16,8 +16,8 @@ REQUIRED=(build-essential cmake ninja-build pkg-config libeigen3-dev doctest-dev
           nlohmann-json3-dev libcli11-dev python3 python3-venv dataset-fashion-mnist
           libonnx-dev libprotobuf-dev  # ONNX export (export/; optional in the build)
           libgloo-dev  # CPU collectives of dist/ (Gloo; optional in the build)
-          clang libclang-rt-14-dev)  # the last two: libFuzzer + sanitizers for scripts/fuzz.sh
-OPTIONAL=(graphviz gnuplot-nox clang iproute2)  # iproute2: the dist test in two network namespaces
+          clang libclang-rt-14-dev)  # the sanitizer build of check.sh and scripts/fuzz.sh (libFuzzer, ASan, UBSan)
+OPTIONAL=(graphviz gnuplot-nox iproute2)  # iproute2: the dist test in two network namespaces
 
 installed() { [ "$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null)" = "install ok installed" ]; }
 

@@ -85,13 +85,24 @@ Tensor fake_quantize_fp8_tensor(const Tensor& x) {
   return fake_quantize_fp8(x, QuantScope::per_tensor(), DType::f8e4m3);
 }
 
+namespace {
+
+// The 8da8w weight's qparams, shared by the fake quant and convert (so the
+// converted W_q * scale is the fake-quantized weight bit for bit): torchao's
+// IntxFakeQuantizeConfig(torch.int8, PerAxis(0), is_symmetric=True), eps =
+// finfo(f32).eps.
+AffineQparams weight_8da8w_qparams(const Tensor& w) {
+  return choose_qparams_affine(w.detach(), QuantScope::per_channel(0), QuantMode::symmetric, -128, 127,
+                               std::numeric_limits<float>::epsilon());
+}
+
+}  // namespace
+
 Tensor fake_quantize_8da8w_weight(const Tensor& w) {
   constexpr const char* op = "fake_quantize_8da8w_weight";
   check::floating(w, op, "w");
   check::rank_is(w, 2, op, "w");
-  // torchao's IntxFakeQuantizeConfig(torch.int8, PerAxis(0), is_symmetric=True): eps = finfo(f32).eps.
-  const AffineQparams q = choose_qparams_affine(w.detach(), QuantScope::per_channel(0), QuantMode::symmetric, -128,
-                                                127, std::numeric_limits<float>::epsilon());
+  const AffineQparams q = weight_8da8w_qparams(w);
   return ::qgrad::fake_quantize(w, q.scale, q.zero_point, QuantScope::per_channel(0), -128, 127);
 }
 
@@ -342,8 +353,7 @@ std::shared_ptr<Sequential> convert_8da8w(const Sequential& model) {
       const auto* q = dynamic_cast<const Int8DynActInt8WeightQATLinear*>(children[i].second.get());
       if (!q) continue;
       const Tensor w = q->weight().detach();
-      const AffineQparams qp = choose_qparams_affine(w, QuantScope::per_channel(0), QuantMode::symmetric, -128, 127,
-                                                     std::numeric_limits<float>::epsilon());
+      const AffineQparams qp = weight_8da8w_qparams(w);
       Tensor wq = quantize(w, qp.scale, qp.zero_point, QuantScope::per_channel(0), DType::s8);
       Tensor bias = q->bias().defined() ? q->bias().detach().to(DType::f32).clone() : Tensor();
       auto lin = std::make_shared<Int8DynActInt8WeightLinear>(wq, qp.scale, bias);

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "qgrad/qgrad.h"
@@ -13,6 +14,18 @@
 #include "qgrad/ops/check.h"
 
 namespace qgrad::testing {
+
+// f() throws a qgrad::Error whose op and argument contain `op` and `arg`.
+template <class F>
+void check_error(F&& f, const std::string& op, const std::string& arg) {
+  try {
+    f();
+    FAIL("expected qgrad::Error from ", op, " naming ", arg);
+  } catch (const Error& e) {
+    CHECK_MESSAGE(e.op().find(op) != std::string::npos, e.what());
+    CHECK_MESSAGE(e.arg().find(arg) != std::string::npos, e.what());
+  }
+}
 
 // True when a CUDA device is present; otherwise prints the skip message
 // ctest looks for (SKIPPED:) once per call site.

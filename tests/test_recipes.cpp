@@ -82,18 +82,6 @@ Tensor randn_leaf(const Shape& s, std::uint64_t seed, Device d, double stddev = 
   return t;
 }
 
-// Error with the op and the argument named.
-template <class F>
-void check_error(F&& f, const std::string& op, const std::string& arg) {
-  try {
-    f();
-    FAIL("expected qgrad::Error from ", op, " naming ", arg);
-  } catch (const Error& e) {
-    CHECK_MESSAGE(e.op().find(op) != std::string::npos, e.what());
-    CHECK_MESSAGE(e.arg().find(arg) != std::string::npos, e.what());
-  }
-}
-
 std::shared_ptr<nn::Sequential> mlp(std::int64_t in, std::int64_t hidden, std::int64_t out, std::uint64_t seed) {
   Generator g(seed);
   auto m = std::make_shared<nn::Sequential>();

@@ -13,17 +13,6 @@ using namespace qgrad::testing;
 
 namespace {
 
-template <class F>
-void check_error(F&& f, const std::string& op, const std::string& arg) {
-  try {
-    f();
-    FAIL("expected qgrad::Error from ", op, " naming ", arg);
-  } catch (const Error& e) {
-    CHECK_MESSAGE(e.op().find(op) != std::string::npos, e.what());
-    CHECK_MESSAGE(e.arg().find(arg) != std::string::npos, e.what());
-  }
-}
-
 nn::ViTOptions small_vit() {
   nn::ViTOptions o;
   o.patch = 7;

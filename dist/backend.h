@@ -17,6 +17,13 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual void all_reduce(const Tensor& t, ReduceOp op) = 0;
+  // An all-reduce that may overlap the ops that follow it; the returned
+  // Work's wait() orders it before the ops issued after wait(). By default
+  // the blocking all_reduce (nullptr: nothing to wait for).
+  virtual std::shared_ptr<Work> all_reduce_async(const Tensor& t, ReduceOp op) {
+    all_reduce(t, op);
+    return nullptr;
+  }
   virtual void broadcast(const Tensor& t, int root) = 0;
   virtual void all_gather(const Tensor& out, const Tensor& t) = 0;
   virtual void barrier() = 0;

@@ -14,9 +14,12 @@ namespace qgrad::dist {
 namespace {
 const char* kOp = "DistributedDataParallel";
 
-void for_each_module(nn::Module& m, const std::function<void(nn::Module&)>& f) {
+// Calls f on m and every module under it, but for the subtrees of QAT
+// modules' weight fake quants ("weight_fake_quant", nn/qat.h, nn/qat_conv.h).
+void for_each_module_but_weight_quant(nn::Module& m, const std::function<void(nn::Module&)>& f) {
   f(m);
-  for (auto& [n, c] : m.named_children()) for_each_module(*c, f);
+  for (auto& [n, c] : m.named_children())
+    if (n != "weight_fake_quant") for_each_module_but_weight_quant(*c, f);
 }
 
 char* bytes_at(const Tensor& t, std::int64_t element) {
@@ -43,7 +46,11 @@ void broadcast_state(nn::Module& module, ProcessGroup& group, int root) {
 }
 
 void sync_observer_ranges(nn::Module& module, const std::shared_ptr<ProcessGroup>& group) {
-  for_each_module(module, [&](nn::Module& m) {
+  // A weight's observer sees the same tensor on every rank (DDP keeps the
+  // weights bit-identical), so its range is already the same everywhere:
+  // syncing it would be two collectives per layer and step for nothing, and
+  // would unfuse its observe-and-fake-quantize.
+  for_each_module_but_weight_quant(module, [&](nn::Module& m) {
     auto* obs = dynamic_cast<nn::Observer*>(&m);
     if (!obs) return;
     if (!group) {

@@ -8,14 +8,16 @@
 //     them): each bucket's all-reduce starts from a post-accumulate grad hook
 //     (autograd/node.h) as soon as the bucket's last gradient is final, so it
 //     overlaps with the rest of backward (CPU: on the group's worker thread;
-//     CUDA: NCCL on qgrad's stream). When the last bucket has started, the
+//     CUDA: NCCL on the group's side stream, ProcessGroup::all_reduce_async).
+//     When the last bucket has started, the
 //     hook waits for all of them and writes the averages into the
 //     parameters' .grad, still inside backward(): after loss.backward() the
 //     optimizer step may run at once, as in PyTorch;
-//   - every observer under the module gets a range sync (Observer::
-//     set_range_sync): its running min/max are all-reduced (min, max) after
-//     each update and before the qparams are computed, so every rank
-//     fake-quantizes with the same scale and zero point;
+//   - every activation observer under the module gets a range sync
+//     (Observer::set_range_sync): its running min/max are all-reduced (min,
+//     max) after each update and before the qparams are computed, so every
+//     rank fake-quantizes with the same scale and zero point (weight
+//     observers see the same weights on every rank and need none);
 //   - the result: identical inputs to identical optimizer steps, so every
 //     rank's weights stay bit-identical (tests/test_dist.cpp checks it).
 // Every parameter that requires grad must receive a gradient in every
@@ -75,7 +77,9 @@ class DistributedDataParallel : public nn::Module {
 void broadcast_state(nn::Module& module, ProcessGroup& group, int root = 0);
 
 // Installs (or with group == nullptr removes) the min/max range sync on
-// every observer under `module`.
+// every observer under `module` but those of QAT weight fake quants
+// (modules named "weight_fake_quant"), whose ranges the same weights keep
+// equal on every rank.
 void sync_observer_ranges(nn::Module& module, const std::shared_ptr<ProcessGroup>& group);
 
 // This rank's share of a global batch: rows [rank * n / world, (rank + 1) *

@@ -3,7 +3,12 @@
 // ncclUniqueId passed from rank 0 through the group's store. Collectives are
 // queued on qgrad's stream of the device (qgrad::cuda::stream), so they
 // order with the ops around them without a host wait and can be captured in
-// a CudaGraph.
+// a CudaGraph. all_reduce_async forks to a side stream of the highest
+// priority instead (an event on qgrad's stream, waited for there), so the
+// collective overlaps the ops issued after it (DDP's bucket all-reduces and
+// the rest of backward); its Work joins back (qgrad's stream waits for an
+// event recorded after the collective), without a host wait, and the fork and
+// join are captured like any cross-stream dependency.
 //
 // Deadlines: a non-blocking call may return ncclInProgress; it is polled
 // with ncclCommGetAsyncError until done or the timeout (then
@@ -45,6 +50,37 @@ ncclDataType_t nccl_type(DType t) {
   return ncclFloat32;
 }
 
+// A collective on the side stream: wait() (or the destructor, if wait() was
+// never called) makes qgrad's stream wait for it. Holds the tensor until
+// then, so its memory cannot go back to the allocator (whose reuse is
+// ordered on qgrad's stream only) while the side stream still uses it.
+class SideStreamWork : public Work {
+ public:
+  SideStreamWork(Tensor t, cudaEvent_t done, cudaStream_t stream, int device)
+      : tensor_(std::move(t)), done_(done), stream_(stream), device_(device) {}
+  ~SideStreamWork() override {
+    if (!joined_) {
+      cuda::DeviceGuard guard(device_);
+      cudaStreamWaitEvent(stream_, done_, 0);
+    }
+    cudaEventDestroy(done_);
+  }
+  void wait() override {
+    if (joined_) return;
+    cuda::DeviceGuard guard(device_);
+    QGRAD_CUDA_CHECK(cudaStreamWaitEvent(stream_, done_, 0));
+    joined_ = true;
+    tensor_ = Tensor();
+  }
+
+ private:
+  Tensor tensor_;
+  cudaEvent_t done_;
+  cudaStream_t stream_;
+  int device_;
+  bool joined_ = false;
+};
+
 ncclRedOp_t nccl_op(ReduceOp op) {
   switch (op) {
     case ReduceOp::sum: return ncclSum;
@@ -79,6 +115,11 @@ class NcclBackend : public Backend {
     ncclResult_t r = ncclCommInitRankConfig(&comm_, a.world_size, id, a.rank, &config);
     if (r != ncclSuccess && r != ncclInProgress) check(r, "ncclCommInitRankConfig");
     wait_ready("ncclCommInitRankConfig");
+    // Highest priority: the collective's blocks are scheduled ahead of the
+    // compute kernels it overlaps, so they do not wait behind a long GEMM.
+    int least = 0, greatest = 0;
+    QGRAD_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    QGRAD_CUDA_CHECK(cudaStreamCreateWithPriority(&side_stream_, cudaStreamNonBlocking, greatest));
     watchdog_ = std::thread([this] { watch(); });
   }
 
@@ -92,7 +133,10 @@ class NcclBackend : public Backend {
     cuda::DeviceGuard guard(device_);
     for (auto& p : pending_) cudaEventDestroy(p.event);
     for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
-    if (!comm_) return;
+    if (!comm_) {
+      cudaStreamDestroy(side_stream_);
+      return;
+    }
     // Finish queued work, then free; abort when a peer never finishes.
     ncclResult_t r = ncclCommFinalize(comm_);
     bool ok = r == ncclSuccess || r == ncclInProgress;
@@ -106,19 +150,37 @@ class NcclBackend : public Backend {
     }
     if (ok) ncclCommDestroy(comm_);
     else ncclCommAbort(comm_);
+    cudaStreamDestroy(side_stream_);
   }
 
   void all_reduce(const Tensor& t, ReduceOp op) override {
     if (t.numel() == 0) return;  // nothing to send (and no data pointer)
-    enqueue("all_reduce", [&] {
+    enqueue("all_reduce", stream_, [&] {
       return ncclAllReduce(t.data_ptr(), t.data_ptr(), static_cast<std::size_t>(t.numel()), nccl_type(t.dtype()),
                            nccl_op(op), comm_, stream_);
     });
   }
 
+  std::shared_ptr<Work> all_reduce_async(const Tensor& t, ReduceOp op) override {
+    if (t.numel() == 0) return nullptr;
+    cuda::DeviceGuard guard(device_);
+    cudaEvent_t ready = nullptr, done = nullptr;
+    QGRAD_CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+    QGRAD_CUDA_CHECK(cudaEventRecord(ready, stream_));
+    QGRAD_CUDA_CHECK(cudaStreamWaitEvent(side_stream_, ready, 0));
+    cudaEventDestroy(ready);  // released once recorded; the wait above is already issued
+    enqueue("all_reduce", side_stream_, [&] {
+      return ncclAllReduce(t.data_ptr(), t.data_ptr(), static_cast<std::size_t>(t.numel()), nccl_type(t.dtype()),
+                           nccl_op(op), comm_, side_stream_);
+    });
+    QGRAD_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    QGRAD_CUDA_CHECK(cudaEventRecord(done, side_stream_));
+    return std::make_shared<SideStreamWork>(t, done, stream_, device_);
+  }
+
   void broadcast(const Tensor& t, int root) override {
     if (t.numel() == 0) return;
-    enqueue("broadcast", [&] {
+    enqueue("broadcast", stream_, [&] {
       return ncclBroadcast(t.data_ptr(), t.data_ptr(), static_cast<std::size_t>(t.numel()), nccl_type(t.dtype()),
                            root, comm_, stream_);
     });
@@ -126,7 +188,7 @@ class NcclBackend : public Backend {
 
   void all_gather(const Tensor& out, const Tensor& t) override {
     if (t.numel() == 0) return;
-    enqueue("all_gather", [&] {
+    enqueue("all_gather", stream_, [&] {
       return ncclAllGather(t.data_ptr(), out.data_ptr(), static_cast<std::size_t>(t.numel()), nccl_type(t.dtype()),
                            comm_, stream_);
     });
@@ -204,7 +266,7 @@ class NcclBackend : public Backend {
   }
 
   template <class F>
-  void enqueue(const char* op, F&& call) {
+  void enqueue(const char* op, cudaStream_t stream, F&& call) {
     cuda::DeviceGuard guard(device_);
     {
       std::lock_guard<std::mutex> lock(comm_mutex_);
@@ -214,7 +276,7 @@ class NcclBackend : public Backend {
     if (r != ncclSuccess && r != ncclInProgress) fail(op, std::string("NCCL error: ") + ncclGetErrorString(r));
     wait_ready(op);
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-    QGRAD_CUDA_CHECK(cudaStreamIsCapturing(stream_, &status));
+    QGRAD_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
     if (status != cudaStreamCaptureStatusNone) return;  // replays are not watched
     std::lock_guard<std::mutex> lock(mutex_);
     cudaEvent_t e = nullptr;
@@ -224,7 +286,7 @@ class NcclBackend : public Backend {
     } else {
       QGRAD_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     }
-    QGRAD_CUDA_CHECK(cudaEventRecord(e, stream_));
+    QGRAD_CUDA_CHECK(cudaEventRecord(e, stream));
     pending_.push_back({e, Clock::now() + timeout_, op});
     cv_.notify_one();
   }
@@ -271,7 +333,8 @@ class NcclBackend : public Backend {
   };
   int device_;
   std::chrono::milliseconds timeout_;
-  cudaStream_t stream_ = nullptr;
+  cudaStream_t stream_ = nullptr;       // qgrad's stream of the device
+  cudaStream_t side_stream_ = nullptr;  // all_reduce_async's
   ncclComm_t comm_ = nullptr;
   std::mutex comm_mutex_;
   std::string error_;

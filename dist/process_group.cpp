@@ -58,7 +58,7 @@ class FutureWork : public Work {
   std::shared_future<void> f_;
 };
 
-// A CUDA collective: already ordered on qgrad's stream when returned.
+// A collective already ordered on qgrad's stream when returned.
 class DoneWork : public Work {
  public:
   void wait() override {}
@@ -135,6 +135,14 @@ struct ProcessGroup::Impl {
     QGRAD_CHECK(dev == nccl_device, op, "tensor", "the group's NCCL communicator is on cuda:", nccl_device,
                 ", the tensor on ", t.device().str(), " (one device per rank)");
     return *nccl;
+  }
+
+  void check_all_reduce(const Tensor& t, ReduceOp op) {
+    const char* name = "all_reduce";
+    check_tensor(name, "tensor", t);
+    QGRAD_CHECK(op != ReduceOp::avg || is_floating(t.dtype()), name, "op",
+                "avg needs a floating tensor, got ", dtype_name(t.dtype()));
+    check_usable(name);
   }
 
   void check_tensor(const char* op, const char* name, const Tensor& t) {
@@ -239,22 +247,30 @@ std::chrono::milliseconds ProcessGroup::timeout() const { return impl_->options.
 TcpStore& ProcessGroup::store() { return *impl_->store; }
 
 std::shared_ptr<Work> ProcessGroup::all_reduce_async(const Tensor& t, ReduceOp op) {
-  const char* name = "all_reduce";
   Impl& m = *impl_;
-  m.check_tensor(name, "tensor", t);
-  QGRAD_CHECK(op != ReduceOp::avg || is_floating(t.dtype()), name, "op",
-              "avg needs a floating tensor, got ", dtype_name(t.dtype()));
-  m.check_usable(name);
+  m.check_all_reduce(t, op);
   if (t.device().is_cpu()) {
     detail::Backend* b = m.gloo.get();
     return std::make_shared<FutureWork>(m.submit_cpu([b, t, op] { b->all_reduce(t, op); }));
   }
-  detail::Backend& b = m.cuda_backend(name, t);
-  m.guarded([&] { b.all_reduce(t, op); });
-  return std::make_shared<DoneWork>();
+  detail::Backend& b = m.cuda_backend("all_reduce", t);
+  std::shared_ptr<Work> work;
+  m.guarded([&] { work = b.all_reduce_async(t, op); });
+  if (!work) return std::make_shared<DoneWork>();
+  return work;
 }
 
-void ProcessGroup::all_reduce(const Tensor& t, ReduceOp op) { all_reduce_async(t, op)->wait(); }
+void ProcessGroup::all_reduce(const Tensor& t, ReduceOp op) {
+  Impl& m = *impl_;
+  if (t.device().is_cpu()) {
+    all_reduce_async(t, op)->wait();
+    return;
+  }
+  // CUDA: on qgrad's stream itself (no side stream to fork and join).
+  m.check_all_reduce(t, op);
+  detail::Backend& b = m.cuda_backend("all_reduce", t);
+  m.guarded([&] { b.all_reduce(t, op); });
+}
 
 void ProcessGroup::broadcast(const Tensor& t, int root) {
   const char* name = "broadcast";

@@ -27,7 +27,9 @@
 // CUDA collectives are queued on qgrad's stream of the tensor's device
 // (core/cuda: the stream every op runs on), so they order with the ops
 // around them without a host wait, and can be captured in a CudaGraph
-// (the watchdog skips captured work).
+// (the watchdog skips captured work); all_reduce_async alone runs on a side
+// stream of the group, forked from and joined back to qgrad's stream by
+// events (captured too), so that it overlaps compute.
 #pragma once
 
 #include <chrono>
@@ -48,9 +50,11 @@ struct ProcessGroupOptions {
 };
 
 // An asynchronous collective. wait() returns once the result may be read
-// by the ops that follow: for a CPU tensor when the collective is done, for
-// a CUDA tensor at once (the collective is ordered on qgrad's stream); it
-// rethrows the collective's error.
+// by the ops that follow: for a CPU tensor when the collective is done; for
+// a CUDA tensor at once, without a host wait: the collective runs on a side
+// stream (overlapping the ops issued between the call and wait()), and
+// wait() makes qgrad's stream wait for it. Until wait(), no op may read or
+// write the tensor. A CPU wait() rethrows the collective's error.
 class Work {
  public:
   virtual ~Work() = default;

@@ -144,6 +144,37 @@ void check_collectives(ProcessGroup& pg, Device dev) {
     EXPECT(a[1] == -INFINITY && b[3] == INFINITY && a[2] == 0.0f && b[2] == static_cast<float>(w - 1),
            "inf and ranks: %g %g %g %g", a[1], b[3], a[2], b[2]);
   }
+  // all_reduce_async (on CUDA: a side stream forked from qgrad's stream and
+  // joined at wait()): each input is written by an op queued just before the
+  // call, so the fork must order the collective after it; three are in
+  // flight at once while an unrelated op runs on qgrad's stream; after
+  // wait() an op reads each result.
+  {
+    const std::int64_t n = 1 << 20;
+    std::vector<Tensor> outs;
+    std::vector<std::shared_ptr<dist::Work>> works;
+    for (int k = 0; k < 3; ++k) {
+      std::vector<double> mine(static_cast<std::size_t>(n));
+      for (std::int64_t i = 0; i < n; ++i) mine[i] = value(DType::f32, r, i + k);
+      Tensor x = make(DType::f32, mine) * 2.0;
+      works.push_back(pg.all_reduce_async(x, ReduceOp::sum));
+      outs.push_back(x);
+    }
+    Tensor busy = make(DType::f32, std::vector<double>(static_cast<std::size_t>(n), 1.0)) * 3.0;
+    for (int k = 0; k < 3; ++k) {
+      works[static_cast<std::size_t>(k)]->wait();
+      const std::vector<double> got = read(outs[static_cast<std::size_t>(k)] + 1.0);
+      std::int64_t bad = 0;
+      for (std::int64_t i = 0; i < n; ++i) {
+        double want = 1;
+        for (int q = 0; q < w; ++q) want += 2 * value(DType::f32, q, i + k);
+        bad += got[i] != want;
+      }
+      EXPECT(bad == 0, "all_reduce_async #%d: %lld of %lld wrong", k, static_cast<long long>(bad),
+             static_cast<long long>(n));
+    }
+    EXPECT(read(busy)[0] == 3.0, "the op between the calls and wait()");
+  }
   pg.barrier(dev);
   // Bad arguments throw before anything is sent (so every rank stays in step).
   auto throws = [](const std::function<void()>& f, const char* what) {

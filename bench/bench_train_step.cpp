@@ -226,10 +226,11 @@ void bench_cpu(const Net& net, std::int64_t batch, int reps, int threads) {
 }  // namespace
 
 // bench_train_step [--cpu-only] [--cpu-reps N] [--cpu-threads N (default 2)]
-//                  [--profile [REPLAYS]]
+//                  [--profile [REPLAYS]] [--profile-nets mlp,cnn,vit]
 int main(int argc, char** argv) {
   bool cpu_only = false;
   int profile_replays = 0;
+  std::string profile_nets = "mlp";  // comma-separated: mlp (b256 and b4096/h1024), cnn, vit
   int cpu_reps = 50, cpu_threads = 2;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -237,12 +238,20 @@ int main(int argc, char** argv) {
     else if (a == "--cpu-reps" && i + 1 < argc) cpu_reps = std::stoi(argv[++i]);
     else if (a == "--cpu-threads" && i + 1 < argc) cpu_threads = std::stoi(argv[++i]);
     else if (a == "--profile") profile_replays = i + 1 < argc && argv[i + 1][0] != '-' ? std::stoi(argv[++i]) : 3;
+    else if (a == "--profile-nets" && i + 1 < argc) profile_nets = argv[++i];
   }
 #if QGRAD_WITH_CUDA
   if (profile_replays > 0) {
     if (!cuda_available()) return 1;
-    profile_graph(mlp(256), 256, profile_replays);
-    profile_graph(mlp(1024), 4096, profile_replays);
+    const auto wanted = [&](const std::string& n) {
+      return ("," + profile_nets + ",").find("," + n + ",") != std::string::npos;
+    };
+    if (wanted("mlp")) {
+      profile_graph(mlp(256), 256, profile_replays);
+      profile_graph(mlp(1024), 4096, profile_replays);
+    }
+    if (wanted("cnn")) profile_graph(cnn(32), 256, profile_replays);
+    if (wanted("vit")) profile_graph(vit(), 256, profile_replays);
     return 0;
   }
   if (!cpu_only && cuda_available()) {

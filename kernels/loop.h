@@ -27,7 +27,9 @@
 #include "qgrad/core/macros.h"
 #include "qgrad/kernels/cpu/parallel.h"
 #include "qgrad/kernels/dispatch.h"
+#include "qgrad/kernels/formulas/transformer.h"
 #if defined(__CUDACC__)
+#include "qgrad/kernels/cuda/column_sum.cuh"
 #include "qgrad/kernels/cuda/launch.cuh"
 #endif
 
@@ -55,6 +57,34 @@ void for_each_index(Device dev, std::int64_t n, F f, const char* where = "kernel
 #endif
   }
   cpu::parallel_for(n, f, cpu_grain);
+}
+
+// Column sums in formulas::lane_sum's order, for reductions over rows:
+// for each i in [0, cols), f.write(i, lane_sum<F::Acc>(f.count(i), r ->
+// f.term(r, i))). f is a functor with `using Acc = ...` and QGRAD_HD
+// count(i), term(r, i) and write(i, sum). CPU: one index per column; CUDA:
+// kernels/cuda/column_sum.cuh (32 columns x 32 lanes per block, coalesced
+// rows), the same bits. `cpu_grain` as for for_each_index, in columns.
+template <class F>
+void for_each_column_sum(Device dev, std::int64_t cols, F f, const char* where = "kernel",
+                         std::int64_t cpu_grain = cpu::kParallelGrain / 64) {
+  if (dev.is_cuda()) {
+#if defined(__CUDACC__)
+    (void)where;
+    cuda::launch_column_sum(dev.index, cols, f);
+    return;
+#elif QGRAD_WITH_CUDA
+    static_assert(kAlwaysFalse<F>, "a kernel that uses for_each_column_sum must be compiled by nvcc in a CUDA build");
+#else
+    no_cuda_build(where);
+#endif
+  }
+  cpu::parallel_for(
+      cols,
+      [&](std::int64_t i) {
+        f.write(i, formulas::lane_sum<typename F::Acc>(f.count(i), [&](std::int64_t r) { return f.term(r, i); }));
+      },
+      cpu_grain);
 }
 
 }  // namespace qgrad::kernels

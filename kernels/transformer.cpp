@@ -122,40 +122,54 @@ struct NormBackwardRow {
                                               rstd[r]);
   }
 };
-// Stage 1 of the weight and bias gradients: index i = (chunk c, column j)
-// sums rows [c * kNormChunkRows, ...) of dy * xhat (pw) and dy (pb).
+// Stage 1 of the weight and bias gradients (for_each_column_sum): column
+// i = (chunk c, feature j) sums rows [c * kNormChunkRows, ...) of dy * xhat
+// (NormWeightPartial) or dy (NormBiasPartial).
 template <class T>
-struct NormColumnPartial {
+struct NormChunkColumns {
+  using Acc = op_math_t<T>;
+  std::int64_t rows, d;
+  QGRAD_HD std::int64_t row0(std::int64_t i) const { return i / d * kNormChunkRows; }
+  QGRAD_HD std::int64_t count(std::int64_t i) const {
+    const std::int64_t r0 = row0(i);
+    return rows - r0 < kNormChunkRows ? rows - r0 : kNormChunkRows;
+  }
+};
+template <class T>
+struct NormWeightPartial : NormChunkColumns<T> {
   using M = op_math_t<T>;
   const T* x;
   const T* dy;
   const M* mean;  // null for rms_norm
   const M* rstd;
-  M* pw;  // null: no weight gradient
-  M* pb;  // null: no bias gradient
-  std::int64_t rows, d;
-  QGRAD_HD void operator()(std::int64_t i) const {
-    const std::int64_t c = i / d, j = i - c * d, r0 = c * kNormChunkRows;
-    const std::int64_t n = rows - r0 < kNormChunkRows ? rows - r0 : kNormChunkRows;
-    if (pw != nullptr)
-      pw[i] = formulas::lane_sum<M>(n, [&](std::int64_t k) {
-        const std::int64_t r = r0 + k;
-        const M centered = mean != nullptr ? M(x[r * d + j]) - mean[r] : M(x[r * d + j]);
-        return M(dy[r * d + j]) * (centered * rstd[r]);
-      });
-    if (pb != nullptr) pb[i] = formulas::lane_sum<M>(n, [&](std::int64_t k) { return M(dy[(r0 + k) * d + j]); });
+  M* pw;
+  QGRAD_HD M term(std::int64_t k, std::int64_t i) const {
+    const std::int64_t r = this->row0(i) + k, j = i % this->d;
+    const M centered = mean != nullptr ? M(x[r * this->d + j]) - mean[r] : M(x[r * this->d + j]);
+    return M(dy[r * this->d + j]) * (centered * rstd[r]);
   }
+  QGRAD_HD void write(std::int64_t i, M v) const { pw[i] = v; }
+};
+template <class T>
+struct NormBiasPartial : NormChunkColumns<T> {
+  using M = op_math_t<T>;
+  const T* dy;
+  M* pb;
+  QGRAD_HD M term(std::int64_t k, std::int64_t i) const {
+    return M(dy[(this->row0(i) + k) * this->d + i % this->d]);
+  }
+  QGRAD_HD void write(std::int64_t i, M v) const { pb[i] = v; }
 };
 // Stage 2: column j sums its chunks in order.
 template <class T>
 struct ColumnFinish {
-  const op_math_t<T>* part;
+  using Acc = op_math_t<T>;
+  const Acc* part;
   T* out;
   std::int64_t chunks, d;
-  QGRAD_HD void operator()(std::int64_t j) const {
-    using M = op_math_t<T>;
-    out[j] = T(formulas::lane_sum<M>(chunks, [&](std::int64_t c) { return part[c * d + j]; }));
-  }
+  QGRAD_HD std::int64_t count(std::int64_t) const { return chunks; }
+  QGRAD_HD Acc term(std::int64_t c, std::int64_t j) const { return part[c * d + j]; }
+  QGRAD_HD void write(std::int64_t j, Acc v) const { out[j] = T(v); }
 };
 
 // ---- embedding ----
@@ -360,12 +374,17 @@ void norm_backward(const Tensor& x, const Tensor& w, const Tensor& mean, const T
     const DType mt = dtype_of<M>;
     Tensor pw = dw.defined() ? Tensor::empty({chunks, d}, opts(mt, dev)) : Tensor();
     Tensor pb = db.defined() ? Tensor::empty({chunks, d}, opts(mt, dev)) : Tensor();
-    for_each_index(dev, chunks * d,
-                   NormColumnPartial<T>{cdata<T>(x), cdata<T>(dy), pm, cdata<M>(rstd), mdata<M>(pw), mdata<M>(pb),
-                                        rows, d},
-                   "norm_backward");
-    if (dw.defined()) for_each_index(dev, d, ColumnFinish<T>{cdata<M>(pw), mdata<T>(dw), chunks, d}, "norm_backward");
-    if (db.defined()) for_each_index(dev, d, ColumnFinish<T>{cdata<M>(pb), mdata<T>(db), chunks, d}, "norm_backward");
+    const NormChunkColumns<T> cols{rows, d};
+    if (dw.defined()) {
+      for_each_column_sum(dev, chunks * d,
+                          NormWeightPartial<T>{cols, cdata<T>(x), cdata<T>(dy), pm, cdata<M>(rstd), mdata<M>(pw)},
+                          "norm_backward");
+      for_each_column_sum(dev, d, ColumnFinish<T>{cdata<M>(pw), mdata<T>(dw), chunks, d}, "norm_backward");
+    }
+    if (db.defined()) {
+      for_each_column_sum(dev, chunks * d, NormBiasPartial<T>{cols, cdata<T>(dy), mdata<M>(pb)}, "norm_backward");
+      for_each_column_sum(dev, d, ColumnFinish<T>{cdata<M>(pb), mdata<T>(db), chunks, d}, "norm_backward");
+    }
   });
 }
 

@@ -305,12 +305,16 @@ TEST_CASE("layer_norm and rms_norm: f16/bf16 accumulate in f32, and CUDA is bit-
 
 TEST_CASE("layer_norm, rms_norm, softmax: warp-per-row CUDA rows (d >= 32, with tails) against the CPU") {
   QGRAD_REQUIRE_GPU();
+  // 200 rows: the weight and bias gradients sum 4 chunks of kNormChunkRows
+  // rows, the last one short (the CUDA column-sum kernel's tails).
+  for (const std::int64_t rows : {17LL, 200LL})
   for (const std::int64_t d : {31LL, 32LL, 300LL, 1027LL}) {
+    CAPTURE(rows);
     CAPTURE(d);
-    const Tensor x = rnd({17, d}, 65, DType::f64, 2.0), w = rnd({d}, 66), b = rnd({d}, 67);
+    const Tensor x = rnd({rows, d}, 65, DType::f64, 2.0), w = rnd({d}, 66), b = rnd({d}, 67);
     for (const DType dt : {DType::f64, DType::f32, DType::bf16}) {
       CAPTURE(dtype_name(dt));
-      const Tensor dy = rnd({17, d}, 68, dt);
+      const Tensor dy = rnd({rows, d}, 68, dt);
       auto run = [&](Device dev) {
         Tensor xl = fresh(x, dt, dev), wl = fresh(w, dt, dev), bl = fresh(b, dt, dev);
         Tensor y = layer_norm(xl, {d}, wl, bl);

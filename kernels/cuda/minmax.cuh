@@ -57,12 +57,13 @@ __device__ inline void strided_minmax(std::int64_t first, std::int64_t count, st
   }
 }
 
-// This thread's min/max over part `part` of `parts` of channel ch of x
-// viewed as [outer, channels, inner] (count = outer * inner elements per
-// channel): elements k = part * blockDim + t, then strides of parts * blockDim.
+// This thread's min/max over its share of channel ch of x viewed as
+// [outer, channels, inner] (count = outer * inner elements per channel):
+// elements (or, for f32 in one aligned slice, float4 vectors) first, first +
+// stride, ...: `stride` threads together cover the channel.
 template <class T>
 __device__ inline void slice_minmax(const T* x, std::int64_t channels, std::int64_t inner, std::int64_t count,
-                                    std::int64_t ch, std::int64_t part, std::int64_t parts, float& lo, float& hi) {
+                                    std::int64_t ch, std::int64_t first, std::int64_t stride, float& lo, float& hi) {
   // One outer slice (per tensor, or channels on axis 0) needs no division.
   const bool one_slice = count == inner;
   if constexpr (sizeof(T) == 4) {
@@ -71,7 +72,7 @@ __device__ inline void slice_minmax(const T* x, std::int64_t channels, std::int6
     // rate, limited by load instructions); then the tail of < 4 elements.
     const T* base = x + ch * inner;
     if (one_slice && (reinterpret_cast<std::uintptr_t>(base) & 15u) == 0) {
-      const std::int64_t nv = count / 4, first = part * blockDim.x + threadIdx.x, stride = parts * blockDim.x;
+      const std::int64_t nv = count / 4;
       const float4* v = reinterpret_cast<const float4*>(base);
       constexpr int kUnroll = 4;
       lo = INFINITY;
@@ -99,7 +100,7 @@ __device__ inline void slice_minmax(const T* x, std::int64_t channels, std::int6
     }
   }
   strided_minmax(
-      part * blockDim.x + threadIdx.x, count, parts * blockDim.x,
+      first, count, stride,
       [&](std::int64_t k) {
         const std::int64_t o = one_slice ? 0 : k / inner, i = k - o * inner;
         return formulas::cast_value<float>(x[(o * channels + ch) * inner + i]);

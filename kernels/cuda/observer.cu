@@ -1,5 +1,6 @@
-// Observer kernels on CUDA. The min/max reduction is one launch: grid
-// (G, C) blocks write per-block partial min/max of channel c to a scratch
+// Observer kernels on CUDA. The min/max reduction is one launch. Channels
+// of at most one block's worth of elements: a warp per channel. Longer ones:
+// grid (G, C) blocks write per-block partial min/max of channel c to a scratch
 // [C, G], and the last of channel c's G blocks to finish (a per-channel
 // counter, core/cuda/common.cuh's block_counters) combines them and applies
 // the running update. More channels than counters: a second launch, one
@@ -22,12 +23,9 @@ __global__ void partial_minmax_kernel(const T* x, std::int64_t channels, std::in
                                       float c, bool moving, QparamsArgs q) {
   const std::int64_t ch = blockIdx.y;
   float lo, hi;
-  slice_minmax(x, channels, inner, count, ch, blockIdx.x, gridDim.x, lo, hi);
+  slice_minmax(x, channels, inner, count, ch, std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x,
+               std::int64_t{gridDim.x} * blockDim.x, lo, hi);
   block_minmax(lo, hi);
-  if (counters && gridDim.x == 1) {  // the block saw the whole channel: no partials
-    if (threadIdx.x == 0) update_channel(ch, lo, hi, run_min, run_max, c, moving, q);
-    return;
-  }
   __shared__ bool last;
   if (threadIdx.x == 0) {
     const std::int64_t slot = ch * gridDim.x + blockIdx.x;
@@ -46,6 +44,24 @@ __global__ void partial_minmax_kernel(const T* x, std::int64_t channels, std::in
   if (threadIdx.x == 0) counters[ch] = 0;  // ready for the next launch
 }
 
+// Channels short enough for one block each (minmax_parts == 1; per-token
+// ranges, weight rows): one warp per channel, no shared memory or barrier.
+// A block per channel left most of its 256 threads idle on rows of 128-256
+// elements and paid a block reduction each (43 us per call in the ViT step).
+inline constexpr unsigned kWarpMinmaxThreads = 256;
+
+template <class T>
+__global__ void warp_minmax_kernel(const T* x, std::int64_t channels, std::int64_t inner, std::int64_t count,
+                                   float* run_min, float* run_max, float c, bool moving, QparamsArgs q) {
+  const std::int64_t ch = std::int64_t{blockIdx.x} * (kWarpMinmaxThreads / 32) + threadIdx.x / 32;
+  if (ch >= channels) return;  // whole warps leave together
+  const unsigned lane = threadIdx.x % 32;
+  float lo, hi;
+  slice_minmax(x, channels, inner, count, ch, lane, 32, lo, hi);
+  warp_minmax(lo, hi);
+  if (lane == 0) update_channel(ch, lo, hi, run_min, run_max, c, moving, q);
+}
+
 __global__ void finish_minmax_kernel(const float* partial, unsigned parts, float* run_min, float* run_max, float c,
                                      bool moving, QparamsArgs q) {
   finish_channel(partial, parts, blockIdx.x, run_min, run_max, c, moving, q);
@@ -58,9 +74,17 @@ void minmax_impl(const Tensor& x, const Tensor& run_min, const Tensor& run_max, 
   const int dev = x.device().index;
   const std::int64_t count = v.outer * v.inner;
   const unsigned parts = minmax_parts(dev, v.channels, count);
+  cudaStream_t s = ::qgrad::cuda::stream(dev);
+  if (parts == 1) {
+    const std::int64_t blocks = (v.channels + kWarpMinmaxThreads / 32 - 1) / (kWarpMinmaxThreads / 32);
+    warp_minmax_kernel<T><<<static_cast<unsigned>(blocks), kWarpMinmaxThreads, 0, s>>>(
+        static_cast<const T*>(x.data_ptr()), v.channels, v.inner, count, run_min.data<float>(),
+        run_max.data<float>(), static_cast<float>(c), c >= 0.0, q);
+    QGRAD_LAUNCH_CHECK();
+    return;
+  }
   Tensor partial = Tensor::empty({v.channels, static_cast<std::int64_t>(parts), 2},
                                  TensorOptions{}.with_device(x.device()));
-  cudaStream_t s = ::qgrad::cuda::stream(dev);
   const bool one_launch = static_cast<std::size_t>(v.channels) <= ::qgrad::cuda::kBlockCounters;
   std::uint32_t* counters = one_launch ? ::qgrad::cuda::block_counters(dev) : nullptr;
   partial_minmax_kernel<T><<<dim3(parts, static_cast<unsigned>(v.channels)), kMinmaxThreads, 0, s>>>(

@@ -23,7 +23,8 @@
 // --resume as there. --bf16 (= --precision bf16): bf16 matmuls and
 // activations, f32 master weights and optimizer state.
 //
-//   qgrad-qat-vit [--epochs 25] [--qat-epochs 2] [--device auto|cpu|cuda] [--smoothquant] [--bf16] ...
+//   qgrad-qat-vit [--epochs 40] [--qat-epochs 2] [--augment-shift 1] [--device auto|cpu|cuda]
+//                 [--smoothquant] [--bf16] ...
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -51,7 +52,7 @@ struct Flags : QatFlags {
   // cosine to 0) for the float phase, then a short fine-tune with fake quant
   // at a tenth of that; gradients clipped to global norm 1 (on the device).
   Flags() {
-    epochs = 25;
+    epochs = 40;
     qat_epochs = 2;
     batch = 256;
     lr = 1e-3;
@@ -64,7 +65,7 @@ struct Flags : QatFlags {
   bool smoothquant = false;          // --smoothquant
   double smoothquant_alpha = 0.5;    // --smoothquant-alpha
   std::int64_t calib_batches = 8;    // --calib-batches
-  std::int64_t augment_shift = 2;    // --augment-shift (0: no augmentation)
+  std::int64_t augment_shift = 1;    // --augment-shift (0: no augmentation)
 };
 
 // The first n batches of the training set in order (no shuffling), on dev.

@@ -190,6 +190,28 @@ TEST_CASE("cuda sum over many long rows (one block per row) matches the CPU") {
   check_near(values(m), values(mean(x.to(DType::f64), 1)), 1e-5);
 }
 
+TEST_CASE("cuda column sums (a long strided axis: chunks of rows, then the chunks) match the CPU") {
+  QGRAD_REQUIRE_GPU();
+  Generator g(28);
+  // [rows, features] over axis 0 (a bias gradient; 12800 rows = 200 chunks,
+  // 1000 = 15 chunks + 40, 129 = one chunk + 1; 37 and 300 features: column
+  // tiles with tails), and a middle axis of a 3-D tensor.
+  for (const std::int64_t rows : {129LL, 1000LL, 12800LL})
+  for (const std::int64_t cols : {37LL, 300LL}) {
+    CAPTURE(rows);
+    CAPTURE(cols);
+    Tensor x = rand({rows, cols}, g, opts(DType::f32), -1.0, 1.5);
+    Tensor xc = x.cuda();
+    prepoison({cols}, DType::f32);
+    Tensor got = sum(xc, 0), want = sum(x.to(DType::f64), 0);
+    check_near(values(got), values(want), 1e-5);
+    check_near(values(mean(xc, 0)), values(mean(x.to(DType::f64), 0)), 1e-5);
+    CHECK(bit_equal(sum(xc, 0), got));  // deterministic
+  }
+  Tensor y = rand({3, 700, 5}, g, opts(DType::f32), -1.0, 1.5);
+  check_near(values(sum(y.cuda(), 1)), values(sum(y.to(DType::f64), 1)), 1e-5);
+}
+
 TEST_CASE("cuda sum in f64, f16 and bf16 matches the CPU") {
   QGRAD_REQUIRE_GPU();
   for (DType d : {DType::f64, DType::f16, DType::bf16}) {

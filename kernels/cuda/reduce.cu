@@ -3,8 +3,14 @@
 // thread per output summing in the CPU's order (bit-identical to the CPU);
 // long rows use one block per output (or per fixed chunk of a row,
 // then a second pass over the chunk sums), each thread summing a fixed
-// strided subset, then a fixed shared-memory tree. No float atomics.
+// strided subset, then a fixed shared-memory tree. Long strided lines
+// (inner > 1: column sums such as a bias gradient over [rows, features])
+// instead sum fixed chunks of kColumnChunkRows rows per output, then the
+// chunks, both in lane_sum's order by the column-sum kernel
+// (kernels/cuda/column_sum.cuh), whose warps read adjacent outputs of one row
+// (a block per output read one element per 32-byte sector). No float atomics.
 #include "qgrad/core/cuda/common.cuh"
+#include "qgrad/kernels/cuda/column_sum.cuh"
 #include "qgrad/kernels/cuda/entries.h"
 
 namespace qgrad::kernels::cuda {
@@ -54,6 +60,38 @@ void launch_sum_blocks(int dev, const In* x, Out* out, const AxisLayout& v, std:
   QGRAD_LAUNCH_CHECK();
 }
 
+constexpr std::int64_t kColumnChunkRows = 64;
+
+// Stage 1: column i = (chunk c, output j) sums elements [c * kColumnChunkRows,
+// ...) of line j into part[i].
+template <class T>
+struct ColumnChunkSum {
+  using Acc = op_math_t<T>;
+  const T* x;
+  Acc* part;
+  AxisLayout v;
+  __device__ std::int64_t count(std::int64_t i) const {
+    const std::int64_t r0 = i / (v.outer * v.inner) * kColumnChunkRows;
+    return v.channels - r0 < kColumnChunkRows ? v.channels - r0 : kColumnChunkRows;
+  }
+  __device__ Acc term(std::int64_t k, std::int64_t i) const {
+    const std::int64_t lines = v.outer * v.inner, j = i % lines, r = i / lines * kColumnChunkRows + k;
+    return Acc(x[v.base(j) + r * v.inner]);
+  }
+  __device__ void write(std::int64_t i, Acc s) const { part[i] = s; }
+};
+// Stage 2: output j sums its chunks in order (divided by mean_n if > 0).
+template <class T>
+struct ColumnChunkFinish {
+  using Acc = op_math_t<T>;
+  const Acc* part;
+  T* out;
+  std::int64_t chunks, lines, mean_n;
+  __device__ std::int64_t count(std::int64_t) const { return chunks; }
+  __device__ Acc term(std::int64_t c, std::int64_t j) const { return part[c * lines + j]; }
+  __device__ void write(std::int64_t j, Acc s) const { out[j] = T(mean_n > 0 ? s / Acc(mean_n) : s); }
+};
+
 template <class T>
 void sum_axis_blocks_impl(const Tensor& in, const Tensor& out, const AxisLayout& v, bool mean) {
   using M = op_math_t<T>;
@@ -63,6 +101,15 @@ void sum_axis_blocks_impl(const Tensor& in, const Tensor& out, const AxisLayout&
   const std::int64_t outputs = v.outer * v.inner;
   const std::int64_t mean_n = mean ? v.channels : 0;
   if (outputs == 0) return;
+  if (v.inner > 1) {
+    const std::int64_t chunks = (v.channels + kColumnChunkRows - 1) / kColumnChunkRows;
+    Tensor partial =
+        Tensor::empty({chunks, outputs}, TensorOptions{}.with_dtype(dtype_of<M>).with_device(out.device()));
+    M* p = static_cast<M*>(partial.data_ptr());
+    launch_column_sum(dev, chunks * outputs, ColumnChunkSum<T>{x, p, v});
+    launch_column_sum(dev, outputs, ColumnChunkFinish<T>{p, o, chunks, outputs, mean_n});
+    return;
+  }
   if (v.channels <= kChunk || outputs >= kChunkedMaxOutputs) {
     launch_sum_blocks(dev, x, o, v, v.channels, 1, mean_n);
     return;

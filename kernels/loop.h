@@ -24,6 +24,7 @@
 #include <cstdint>
 
 #include "qgrad/core/device.h"
+#include "qgrad/core/half.h"
 #include "qgrad/core/macros.h"
 #include "qgrad/kernels/cpu/parallel.h"
 #include "qgrad/kernels/dispatch.h"
@@ -65,6 +66,20 @@ void for_each_index(Device dev, std::int64_t n, F f, const char* where = "kernel
 // count(i), term(r, i) and write(i, sum). CPU: one index per column; CUDA:
 // kernels/cuda/column_sum.cuh (32 columns x 32 lanes per block, coalesced
 // rows), the same bits. `cpu_grain` as for for_each_index, in columns.
+// The second stage of a chunked column sum: column j of `cols` adds its
+// `chunks` partial sums part[c * cols + j] in lane_sum's order, then divides
+// by mean_n when it is > 0.
+template <class T>
+struct ChunkSumsFinish {
+  using Acc = op_math_t<T>;
+  const Acc* part;
+  T* out;
+  std::int64_t chunks, cols, mean_n = 0;
+  QGRAD_HD std::int64_t count(std::int64_t) const { return chunks; }
+  QGRAD_HD Acc term(std::int64_t c, std::int64_t j) const { return part[c * cols + j]; }
+  QGRAD_HD void write(std::int64_t j, Acc s) const { out[j] = T(mean_n > 0 ? s / Acc(mean_n) : s); }
+};
+
 template <class F>
 void for_each_column_sum(Device dev, std::int64_t cols, F f, const char* where = "kernel",
                          std::int64_t cpu_grain = cpu::kParallelGrain / 64) {

@@ -122,7 +122,8 @@ struct NormBackwardRow {
                                               rstd[r]);
   }
 };
-// Stage 1 of the weight and bias gradients (for_each_column_sum): column
+// Stage 1 of the weight and bias gradients (for_each_column_sum; stage 2 is
+// ChunkSumsFinish, kernels/loop.h): column
 // i = (chunk c, feature j) sums rows [c * kNormChunkRows, ...) of dy * xhat
 // (NormWeightPartial) or dy (NormBiasPartial).
 template <class T>
@@ -160,18 +161,6 @@ struct NormBiasPartial : NormChunkColumns<T> {
   }
   QGRAD_HD void write(std::int64_t i, M v) const { pb[i] = v; }
 };
-// Stage 2: column j sums its chunks in order.
-template <class T>
-struct ColumnFinish {
-  using Acc = op_math_t<T>;
-  const Acc* part;
-  T* out;
-  std::int64_t chunks, d;
-  QGRAD_HD std::int64_t count(std::int64_t) const { return chunks; }
-  QGRAD_HD Acc term(std::int64_t c, std::int64_t j) const { return part[c * d + j]; }
-  QGRAD_HD void write(std::int64_t j, Acc v) const { out[j] = T(v); }
-};
-
 // ---- embedding ----
 template <class T, class L>
 struct EmbeddingGather {
@@ -379,11 +368,11 @@ void norm_backward(const Tensor& x, const Tensor& w, const Tensor& mean, const T
       for_each_column_sum(dev, chunks * d,
                           NormWeightPartial<T>{cols, cdata<T>(x), cdata<T>(dy), pm, cdata<M>(rstd), mdata<M>(pw)},
                           "norm_backward");
-      for_each_column_sum(dev, d, ColumnFinish<T>{cdata<M>(pw), mdata<T>(dw), chunks, d}, "norm_backward");
+      for_each_column_sum(dev, d, ChunkSumsFinish<T>{cdata<M>(pw), mdata<T>(dw), chunks, d}, "norm_backward");
     }
     if (db.defined()) {
       for_each_column_sum(dev, chunks * d, NormBiasPartial<T>{cols, cdata<T>(dy), mdata<M>(pb)}, "norm_backward");
-      for_each_column_sum(dev, d, ColumnFinish<T>{cdata<M>(pb), mdata<T>(db), chunks, d}, "norm_backward");
+      for_each_column_sum(dev, d, ChunkSumsFinish<T>{cdata<M>(pb), mdata<T>(db), chunks, d}, "norm_backward");
     }
   });
 }

@@ -12,6 +12,7 @@
 #include "qgrad/core/cuda/common.cuh"
 #include "qgrad/kernels/cuda/column_sum.cuh"
 #include "qgrad/kernels/cuda/entries.h"
+#include "qgrad/kernels/loop.h"
 
 namespace qgrad::kernels::cuda {
 
@@ -63,7 +64,7 @@ void launch_sum_blocks(int dev, const In* x, Out* out, const AxisLayout& v, std:
 constexpr std::int64_t kColumnChunkRows = 64;
 
 // Stage 1: column i = (chunk c, output j) sums elements [c * kColumnChunkRows,
-// ...) of line j into part[i].
+// ...) of line j into part[i]; stage 2 is ChunkSumsFinish.
 template <class T>
 struct ColumnChunkSum {
   using Acc = op_math_t<T>;
@@ -80,18 +81,6 @@ struct ColumnChunkSum {
   }
   __device__ void write(std::int64_t i, Acc s) const { part[i] = s; }
 };
-// Stage 2: output j sums its chunks in order (divided by mean_n if > 0).
-template <class T>
-struct ColumnChunkFinish {
-  using Acc = op_math_t<T>;
-  const Acc* part;
-  T* out;
-  std::int64_t chunks, lines, mean_n;
-  __device__ std::int64_t count(std::int64_t) const { return chunks; }
-  __device__ Acc term(std::int64_t c, std::int64_t j) const { return part[c * lines + j]; }
-  __device__ void write(std::int64_t j, Acc s) const { out[j] = T(mean_n > 0 ? s / Acc(mean_n) : s); }
-};
-
 template <class T>
 void sum_axis_blocks_impl(const Tensor& in, const Tensor& out, const AxisLayout& v, bool mean) {
   using M = op_math_t<T>;
@@ -107,7 +96,7 @@ void sum_axis_blocks_impl(const Tensor& in, const Tensor& out, const AxisLayout&
         Tensor::empty({chunks, outputs}, TensorOptions{}.with_dtype(dtype_of<M>).with_device(out.device()));
     M* p = static_cast<M*>(partial.data_ptr());
     launch_column_sum(dev, chunks * outputs, ColumnChunkSum<T>{x, p, v});
-    launch_column_sum(dev, outputs, ColumnChunkFinish<T>{p, o, chunks, outputs, mean_n});
+    launch_column_sum(dev, outputs, ChunkSumsFinish<T>{p, o, chunks, outputs, mean_n});  // kernels/loop.h
     return;
   }
   if (v.channels <= kChunk || outputs >= kChunkedMaxOutputs) {

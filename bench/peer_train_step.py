@@ -47,6 +47,11 @@ impl "torch" and case "<case>_graph": the fastest configuration of that
 shape ("config" names it), the peer of qgrad's captured step.
 --quick: the torch.ao and CPU cases only (no torch.compile).
 --net mlp|cnn|vit: that model's cases only.
+--profile-kernels: instead of timing, run the CUDA cases' compiled + graph
+configuration under torch.profiler for 10 replays and print, per case, the
+GPU time per step by kernel (JSON lines "train_step_peer_kernels"), the
+cuBLAS/CUTLASS GEMMs summed apart: the peer's side of qgrad's
+scripts/profile_step.sh.
 """
 import json
 import sys
@@ -266,7 +271,30 @@ def timed(device, reps, run):
     return times[len(times) // 2], torch.cuda.max_memory_allocated()
 
 
-def bench(device, net, batch, size, reps, warmup, kind, compiled=False, graph=False):
+def kernel_times(run, steps):
+    """GPU time per step by kernel name (us) over `steps` calls of run(i)."""
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for i in range(steps):
+            run(i)
+        torch.cuda.synchronize()
+    out = {}
+    for e in prof.key_averages():
+        t = getattr(e, "self_device_time_total", None)
+        if t is None:
+            t = getattr(e, "self_cuda_time_total", 0.0)
+        if t > 0:
+            out[e.key] = (e.count / steps, t / steps)
+    return out
+
+
+def is_gemm(name):
+    n = name.lower()
+    return any(k in n for k in ("gemm", "xmma", "cutlass", "sm80_", "sm90_", "splitk"))
+
+
+def bench(device, net, batch, size, reps, warmup, kind, compiled=False, graph=False, profile_kernels=False):
     torch.manual_seed(0)
     make_ao, make_tensorop, example = NETS[net]
     model = (make_ao(size) if kind == "ao" else make_tensorop(size)).to(device)
@@ -323,6 +351,8 @@ def bench(device, net, batch, size, reps, warmup, kind, compiled=False, graph=Fa
 
     for i in range(5):
         replay(i)
+    if profile_kernels:
+        return kernel_times(replay, 10)
     return timed(device, reps, replay)
 
 
@@ -338,6 +368,8 @@ CONFIGS = [  # impl, kind, compiled, graph
 def main():
     args = sys.argv[1:]
     quick = "--quick" in args
+    if "--profile-kernels" in args:
+        return profile_main(args[args.index("--net") + 1] if "--net" in args[:-1] else None)
     only = args[args.index("--net") + 1] if "--net" in args[:-1] else None
     cases = []  # device, net, batch, hidden size (MLP) or width (CNN), reps
     if torch.cuda.is_available():
@@ -374,6 +406,26 @@ def main():
             print(json.dumps({"bench": "train_step", "impl": "torch", "case": case + "_graph", "ms": ms,
                               "peak_bytes": peak, "config": impl, "note": f"strongest PyTorch: {impl}",
                               "torch": torch.__version__, "device": dev_name}), flush=True)
+    return 0
+
+
+def profile_main(only):
+    cases = [("mlp", 256, 256), ("mlp", 4096, 1024), ("cnn", 256, 32), ("vit", 256, 128)]
+    for net, batch, size in cases:
+        if only is not None and net != only:
+            continue
+        k = bench("cuda", net, batch, size, 0, 20, "tensorop", True, True, profile_kernels=True)
+        total = sum(t for _, t in k.values())
+        gemm = sum(t for n, (_, t) in k.items() if is_gemm(n))
+        launches = sum(c for c, _ in k.values())
+        print(json.dumps({"bench": "train_step_peer_kernels", "case": f"{net}_b{batch}_{size}",
+                          "config": "torch_tensorop_compiled_graph", "kernel_us_per_step": round(total, 1),
+                          "gemm_us_per_step": round(gemm, 1), "launches_per_step": round(launches, 1),
+                          "device": torch.cuda.get_device_name()}), flush=True)
+        for name, (c, t) in sorted(k.items(), key=lambda kv: -kv[1][1])[:25]:
+            print(json.dumps({"bench": "train_step_peer_kernels", "case": f"{net}_b{batch}_{size}",
+                              "kernel": name[:160], "launches": round(c, 1), "us": round(t, 1)}), flush=True)
+        torch._dynamo.reset()
     return 0
 
 

@@ -42,6 +42,11 @@ def short_name(name):
     return n
 
 
+def is_gemm(name):
+    n = name.lower()
+    return any(k in n for k in ("gemm", "xmma", "cutlass", "splitk"))
+
+
 def main():
     events = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
     nodes = ncu_rows(sys.argv[2])
@@ -59,6 +64,8 @@ def main():
                    f"kernel nodes: {k}, so {ev['replay_ms'] * 1e3 / max(k, 1):.2f} us per node")
         out.append(f"- the kernels profiled one at a time (ncu, caches flushed before each): {len(mine)} kernels, "
                    f"{total:.1f} us in all, {total / max(len(mine), 1):.2f} us each on average")
+        gemm = sum(duration_us(r) for r in mine if is_gemm(r["Kernel Name"]))
+        out.append(f"- of which cuBLAS/CUTLASS GEMM kernels: {gemm:.1f} us ({100 * gemm / max(total, 1e-9):.0f}%)")
         out.append(f"- the whole graph as one ncu workload: {graph_us:.1f} us (profiler instrumentation "
                    f"included: an upper bound, not a timing)\n")
         groups = {}

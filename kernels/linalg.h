@@ -31,11 +31,15 @@ struct PermuteIndex {
   int ndim = 0;
   std::int64_t sizes[kMaxTransposeDims] = {};
   std::int64_t strides[kMaxTransposeDims] = {};
-  QGRAD_HD std::int64_t offset(std::int64_t i) const {
-    std::int64_t off = 0;
+  // In index type I: std::uint32_t where every index and offset fits (a
+  // 64-bit division is a long instruction sequence on CUDA).
+  template <class I = std::int64_t>
+  QGRAD_HD I offset(I i) const {
+    I off = 0;
     for (int d = ndim - 1; d >= 0; --d) {
-      off += (i % sizes[d]) * strides[d];
-      i /= sizes[d];
+      const auto size = static_cast<I>(sizes[d]);
+      off += (i % size) * static_cast<I>(strides[d]);
+      i /= size;
     }
     return off;
   }
@@ -45,14 +49,21 @@ PermuteIndex make_transpose_index(const Shape& shape, std::int64_t dim0, std::in
 // out = in with dims dim0 and dim1 swapped (any dtype; copies elements).
 void transpose(const Tensor& in, const Tensor& out, std::int64_t dim0, std::int64_t dim1);
 
+// 16 bytes copied as one (a 128-bit load and store on CUDA when aligned).
+struct alignas(16) Bytes16 {
+  std::uint32_t w[4];
+};
+
 // Calls f(TypeTag<U>{}) with U an unsigned integer of `size` bytes (1, 2, 4
-// or 8): element copies only need the element size.
+// or 8) or Bytes16 (16, for copies that group elements): element copies
+// only need the element size.
 template <class F>
 void dispatch_size(std::size_t size, F&& f) {
   switch (size) {
     case 1: f(TypeTag<std::uint8_t>{}); break;
     case 2: f(TypeTag<std::uint16_t>{}); break;
     case 4: f(TypeTag<std::uint32_t>{}); break;
+    case 16: f(TypeTag<Bytes16>{}); break;
     default: f(TypeTag<std::uint64_t>{}); break;
   }
 }

@@ -1,7 +1,14 @@
 // permute, slice and cat's copies, one source for both devices
-// (kernels/loop.h): one index per output element, copied by element size.
+// (kernels/loop.h): one index per output unit, a unit being one element or,
+// where the innermost run allows and the pointers are aligned, up to 16
+// bytes of consecutive elements; 32-bit index arithmetic where it fits.
 #include "qgrad/kernels/shape.h"
 
+#include <algorithm>
+#include <cstdint>
+#include <initializer_list>
+
+#include "qgrad/kernels/linalg.h"
 #include "qgrad/kernels/loop.h"
 
 namespace qgrad::kernels {
@@ -25,67 +32,140 @@ PermuteIndex make_permute_index(const Shape& shape, const std::vector<std::int64
 
 namespace {
 
-template <class U>
+// The copies below take an index type I: std::uint32_t when every index
+// and offset of the copy is below 2^32 (index_fits), else std::int64_t.
+template <class U, class I>
 struct PermuteCopy {
   const U* x;
   U* y;
   PermuteIndex p;
-  QGRAD_HD void operator()(std::int64_t i) const { y[i] = x[p.offset(i)]; }
+  QGRAD_HD void operator()(std::int64_t i) const { y[i] = x[p.offset<I>(static_cast<I>(i))]; }
 };
 
 // Index i of the [outer, count, inner] part -> offset in the full tensor.
-QGRAD_HD std::int64_t full_offset(const SliceLayout& s, std::int64_t i) {
-  const std::int64_t in = i % s.inner, rest = i / s.inner;
-  const std::int64_t j = rest % s.count, o = rest / s.count;
-  return (o * s.n + s.start + j * s.step) * s.inner + in;
+template <class I>
+QGRAD_HD I full_offset(const SliceLayout& s, I i) {
+  const auto inner = static_cast<I>(s.inner), count = static_cast<I>(s.count);
+  const I in = i % inner, rest = i / inner;
+  const I j = rest % count, o = rest / count;
+  return (o * static_cast<I>(s.n) + static_cast<I>(s.start) + j * static_cast<I>(s.step)) * inner + in;
 }
 
-template <class U>
+template <class U, class I>
 struct SliceGather {
   const U* full;
   U* part;
   SliceLayout s;
-  QGRAD_HD void operator()(std::int64_t i) const { part[i] = full[full_offset(s, i)]; }
+  QGRAD_HD void operator()(std::int64_t i) const { part[i] = full[full_offset(s, static_cast<I>(i))]; }
 };
 
-template <class U>
+template <class U, class I>
 struct SlicePut {
   const U* part;
   U* full;
   SliceLayout s;
-  QGRAD_HD void operator()(std::int64_t i) const { full[full_offset(s, i)] = part[i]; }
+  QGRAD_HD void operator()(std::int64_t i) const { full[full_offset(s, static_cast<I>(i))] = part[i]; }
 };
 
 // Every element of full: its part element when selected, else zero bits.
-template <class U>
+// (start, the offset d and its quotient stay signed: d < 0 is "before".)
+template <class U, class I>
 struct SliceBackward {
   const U* part;
   U* full;
   SliceLayout s;
   QGRAD_HD void operator()(std::int64_t f) const {
-    const std::int64_t in = f % s.inner, rest = f / s.inner;
-    const std::int64_t k = rest % s.n, o = rest / s.n;
-    const std::int64_t d = k - s.start;
-    U v = U(0);
-    if (d >= 0 && d % s.step == 0 && d / s.step < s.count) v = part[(o * s.count + d / s.step) * s.inner + in];
+    const auto fi = static_cast<I>(f), inner = static_cast<I>(s.inner), n = static_cast<I>(s.n);
+    const I in = fi % inner, rest = fi / inner;
+    const I k = rest % n, o = rest / n;
+    const std::int64_t d = static_cast<std::int64_t>(k) - s.start;
+    U v{};
+    if (d >= 0 && d % s.step == 0 && d / s.step < s.count)
+      v = part[(static_cast<std::int64_t>(o) * s.count + d / s.step) * s.inner + static_cast<std::int64_t>(in)];
     full[f] = v;
   }
 };
 
+bool index_fits(std::int64_t n) { return n < (std::int64_t{1} << 32); }
+
+// The widest copy unit (up to 16 bytes) of whole elements that `inner`
+// consecutive elements split into, with every pointer aligned to it; the
+// element size when none is wider.
+std::size_t copy_unit(std::size_t elem, std::int64_t inner, std::initializer_list<const void*> ptrs) {
+  for (std::size_t w = 16; w > elem; w /= 2) {
+    if (w % elem != 0) continue;
+    const auto k = static_cast<std::int64_t>(w / elem);
+    if (inner % k != 0) continue;
+    bool aligned = true;
+    for (const void* p : ptrs) aligned = aligned && reinterpret_cast<std::uintptr_t>(p) % w == 0;
+    if (aligned) return w;
+  }
+  return elem;
+}
+
+// Runs f(TypeTag<U>, TypeTag<I>) for copy unit `unit` and an index type
+// that holds `extent`.
 template <class F>
-void by_size(const Tensor& t, F&& f) {
-  dispatch_size(dtype_size(t.dtype()), std::forward<F>(f));
+void by_unit(std::size_t unit, std::int64_t extent, F&& f) {
+  dispatch_size(unit, [&](auto u) {
+    if (index_fits(extent)) f(u, TypeTag<std::uint32_t>{});
+    else f(u, TypeTag<std::int64_t>{});
+  });
+}
+
+// A slice layout in copy units of k elements (k divides inner).
+SliceLayout in_units(SliceLayout s, std::int64_t k) {
+  s.inner /= k;
+  return s;
+}
+
+// The permutation without its size-1 dims, with output dims that are also
+// adjacent in the input merged (same copy, fewer divisions per element).
+PermuteIndex simplified(const PermuteIndex& p) {
+  PermuteIndex q;
+  for (int d = 0; d < p.ndim; ++d) {
+    if (p.sizes[d] == 1) continue;
+    if (q.ndim > 0 && q.strides[q.ndim - 1] == p.strides[d] * p.sizes[d]) {
+      q.sizes[q.ndim - 1] *= p.sizes[d];
+      q.strides[q.ndim - 1] = p.strides[d];
+      continue;
+    }
+    q.sizes[q.ndim] = p.sizes[d];
+    q.strides[q.ndim] = p.strides[d];
+    ++q.ndim;
+  }
+  return q;
+}
+
+// Copies out[i] = in[p.offset(i)], k elements at a time where the innermost
+// dim is contiguous in the input and k divides every size and stride.
+void permute_copy(const Tensor& in, const Tensor& out, const PermuteIndex& index, const char* where) {
+  PermuteIndex p = simplified(index);
+  const std::size_t elem = dtype_size(in.dtype());
+  std::size_t unit = elem;
+  if (p.ndim > 0 && p.strides[p.ndim - 1] == 1) {
+    unit = copy_unit(elem, p.sizes[p.ndim - 1], {in.data_ptr(), out.data_ptr()});
+    for (int d = 0; d + 1 < p.ndim; ++d)
+      if (p.strides[d] % static_cast<std::int64_t>(unit / elem) != 0) unit = elem;
+  }
+  const auto k = static_cast<std::int64_t>(unit / elem);
+  if (k > 1) {
+    p.sizes[p.ndim - 1] /= k;
+    for (int d = 0; d + 1 < p.ndim; ++d) p.strides[d] /= k;
+  }
+  by_unit(unit, std::max(in.numel(), out.numel()), [&](auto u, auto ix) {
+    using U = typename decltype(u)::type;
+    using I = typename decltype(ix)::type;
+    for_each_index(out.device(), out.numel() / k,
+                   PermuteCopy<U, I>{static_cast<const U*>(in.data_ptr()), static_cast<U*>(out.data_ptr()), p}, where);
+  });
 }
 
 }  // namespace
 
 void permute(const Tensor& in, const Tensor& out, const std::vector<std::int64_t>& perm) {
-  const PermuteIndex p = make_permute_index(in.shape(), perm);
-  by_size(in, [&](auto tag) {
-    using U = typename decltype(tag)::type;
-    for_each_index(out.device(), out.numel(),
-                   PermuteCopy<U>{static_cast<const U*>(in.data_ptr()), static_cast<U*>(out.data_ptr()), p}, "permute");
-  });
+  if (out.numel() == 0) return;
+  permute_copy(in, out, make_permute_index(in.shape(), perm), "permute");
 }
 
 void expand(const Tensor& in, const Tensor& out) {
@@ -103,38 +183,53 @@ void expand(const Tensor& in, const Tensor& out) {
     stride *= size;
   }
   if (out.numel() == 0) return;
-  by_size(in, [&](auto tag) {
-    using U = typename decltype(tag)::type;
-    for_each_index(out.device(), out.numel(),
-                   PermuteCopy<U>{static_cast<const U*>(in.data_ptr()), static_cast<U*>(out.data_ptr()), p}, "expand");
-  });
+  permute_copy(in, out, p, "expand");
 }
+
+// The slice copies move whole runs of `inner` elements: copy units of up to
+// 16 bytes where inner splits into them.
 
 void slice_gather(const Tensor& in, const Tensor& out, const SliceLayout& s) {
   if (out.numel() == 0) return;
-  by_size(in, [&](auto tag) {
-    using U = typename decltype(tag)::type;
-    for_each_index(out.device(), out.numel(),
-                   SliceGather<U>{static_cast<const U*>(in.data_ptr()), static_cast<U*>(out.data_ptr()), s}, "slice");
+  const std::size_t elem = dtype_size(in.dtype()), unit = copy_unit(elem, s.inner, {in.data_ptr(), out.data_ptr()});
+  const auto k = static_cast<std::int64_t>(unit / elem);
+  by_unit(unit, in.numel(), [&](auto u, auto ix) {
+    using U = typename decltype(u)::type;
+    using I = typename decltype(ix)::type;
+    for_each_index(out.device(), out.numel() / k,
+                   SliceGather<U, I>{static_cast<const U*>(in.data_ptr()), static_cast<U*>(out.data_ptr()),
+                                     in_units(s, k)},
+                   "slice");
   });
 }
 
 void slice_backward(const Tensor& part, const Tensor& full, const SliceLayout& s) {
   if (full.numel() == 0) return;
-  by_size(full, [&](auto tag) {
-    using U = typename decltype(tag)::type;
-    for_each_index(full.device(), full.numel(),
-                   SliceBackward<U>{static_cast<const U*>(part.data_ptr()), static_cast<U*>(full.data_ptr()), s},
+  const std::size_t elem = dtype_size(full.dtype()),
+                    unit = copy_unit(elem, s.inner, {part.data_ptr(), full.data_ptr()});
+  const auto k = static_cast<std::int64_t>(unit / elem);
+  by_unit(unit, full.numel(), [&](auto u, auto ix) {
+    using U = typename decltype(u)::type;
+    using I = typename decltype(ix)::type;
+    for_each_index(full.device(), full.numel() / k,
+                   SliceBackward<U, I>{static_cast<const U*>(part.data_ptr()), static_cast<U*>(full.data_ptr()),
+                                       in_units(s, k)},
                    "slice_backward");
   });
 }
 
 void slice_put(const Tensor& part, const Tensor& full, const SliceLayout& s) {
   if (part.numel() == 0) return;
-  by_size(full, [&](auto tag) {
-    using U = typename decltype(tag)::type;
-    for_each_index(full.device(), part.numel(),
-                   SlicePut<U>{static_cast<const U*>(part.data_ptr()), static_cast<U*>(full.data_ptr()), s}, "cat");
+  const std::size_t elem = dtype_size(full.dtype()),
+                    unit = copy_unit(elem, s.inner, {part.data_ptr(), full.data_ptr()});
+  const auto k = static_cast<std::int64_t>(unit / elem);
+  by_unit(unit, full.numel(), [&](auto u, auto ix) {
+    using U = typename decltype(u)::type;
+    using I = typename decltype(ix)::type;
+    for_each_index(full.device(), part.numel() / k,
+                   SlicePut<U, I>{static_cast<const U*>(part.data_ptr()), static_cast<U*>(full.data_ptr()),
+                                  in_units(s, k)},
+                   "cat");
   });
 }
 

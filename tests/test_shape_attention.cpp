@@ -108,6 +108,87 @@ TEST_CASE("permute: a host reference, f64 and s32, forward and backward") {
   CHECK(permute(xi, {1, 0}).to_vector<std::int32_t>() == std::vector<std::int32_t>{0, 3, 1, 4, 2, 5});
 }
 
+TEST_CASE("copies in units (up to 16 bytes of a contiguous run) and merged dims: every element size, CPU and CUDA") {
+  // The shape kernels group the elements of a contiguous innermost run into
+  // copy units of up to 16 bytes and merge dims that stay adjacent; these
+  // shapes take those paths (inner runs of 8 and 16 elements) and the
+  // element-wise ones (odd runs), checked against index arithmetic here.
+  const std::vector<DType> dtypes{DType::f64, DType::f32, DType::bf16, DType::s8};
+  struct PermuteCase {
+    Shape shape;
+    std::vector<std::int64_t> perm;
+  };
+  const std::vector<PermuteCase> permutes{{{2, 3, 5, 2, 8}, {2, 0, 3, 1, 4}},  // the attention head split
+                                          {{3, 4, 16}, {1, 0, 2}},
+                                          {{2, 3, 4, 6}, {0, 1, 3, 2}},  // innermost dim moves: elements
+                                          {{4, 1, 5, 7}, {2, 1, 0, 3}}};
+  std::vector<Device> devices{Device::cpu()};
+  if (cuda_available()) devices.push_back(Device::cuda(0));
+  for (const DType dt : dtypes) {
+    CAPTURE(dtype_name(dt));
+    for (const auto& pc : permutes) {
+      const Tensor x = (rnd(pc.shape, 81, DType::f64, 50.0)).to(dt);
+      const auto xv = values(x.to(DType::f64));
+      Shape os;
+      for (std::int64_t d : pc.perm) os.push_back(pc.shape[static_cast<std::size_t>(d)]);
+      const auto st = strides_of(pc.shape);
+      std::vector<double> want(xv.size());
+      for (std::int64_t i = 0; i < x.numel(); ++i) {
+        const auto idx = unravel(i, os);
+        std::int64_t off = 0;
+        for (std::size_t d = 0; d < idx.size(); ++d) off += idx[d] * st[static_cast<std::size_t>(pc.perm[d])];
+        want[static_cast<std::size_t>(i)] = xv[static_cast<std::size_t>(off)];
+      }
+      for (const Device dev : devices) {
+        CAPTURE(dev.str());
+        const Tensor y = permute(x.to(dev), pc.perm);
+        CHECK(y.shape() == os);
+        CHECK(values(y.cpu().to(DType::f64)) == want);
+      }
+    }
+    // chunk along dim 0 (contiguous blocks), a slice of a middle dim with
+    // step 1 and 2 (runs of 16 elements), and cat putting the pieces back.
+    const Tensor x = (rnd({3, 6, 16}, 82, DType::f64, 50.0)).to(dt);
+    const auto xv = values(x.to(DType::f64));
+    for (const Device dev : devices) {
+      CAPTURE(dev.str());
+      const Tensor xd = x.to(dev);
+      const std::vector<Tensor> parts = chunk(xd, 3, 0);
+      REQUIRE(parts.size() == 3);
+      for (std::size_t c = 0; c < 3; ++c) {
+        const auto pv = values(parts[c].cpu().to(DType::f64));
+        CHECK(std::equal(pv.begin(), pv.end(), xv.begin() + static_cast<std::ptrdiff_t>(c * 96)));
+      }
+      CHECK(values(cat(parts, 0).cpu().to(DType::f64)) == xv);
+      for (const std::int64_t step : {1LL, 2LL}) {
+        CAPTURE(step);
+        const Tensor y = slice(xd, 1, 1, 6, step);
+        const std::int64_t n = step == 1 ? 5 : 3;
+        REQUIRE(y.shape() == Shape{3, n, 16});
+        const auto yv = values(y.cpu().to(DType::f64));
+        std::int64_t bad = 0;
+        for (std::int64_t o = 0; o < 3; ++o)
+          for (std::int64_t j = 0; j < n; ++j)
+            for (std::int64_t i = 0; i < 16; ++i)
+              bad += yv[static_cast<std::size_t>((o * n + j) * 16 + i)] !=
+                     xv[static_cast<std::size_t>((o * 6 + 1 + step * j) * 16 + i)];
+        CHECK(bad == 0);
+      }
+    }
+  }
+  // The gradient of chunk's pieces (slice backward: the piece in place,
+  // zero elsewhere) in f32 units of 16 bytes, on every device.
+  for (const Device dev : devices) {
+    CAPTURE(dev.str());
+    Tensor w = param(rnd({3, 4, 8}, 83, DType::f32).to(dev));
+    const std::vector<Tensor> parts = chunk(w, 3, 0);
+    Tensor dy = rnd({1, 4, 8}, 84, DType::f32);
+    parts[1].backward(dy.to(dev));
+    const auto g = values(w.grad().cpu().to(DType::f64)), dv = values(dy.to(DType::f64));
+    for (std::size_t i = 0; i < g.size(); ++i) CHECK(g[i] == (i >= 32 && i < 64 ? dv[i - 32] : 0.0));
+  }
+}
+
 TEST_CASE("slice and narrow: a host reference; the gradient is zero outside the selection") {
   Tensor x = param(rnd({3, 7, 2}, 3));
   Tensor y = slice(x, 1, 1, 7, 2);  // columns 1, 3, 5

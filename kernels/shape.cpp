@@ -51,6 +51,8 @@ QGRAD_HD I full_offset(const SliceLayout& s, I i) {
   return (o * static_cast<I>(s.n) + static_cast<I>(s.start) + j * static_cast<I>(s.step)) * inner + in;
 }
 
+// The slice copies, each made as {src, dst, layout} by slice_copy (gather:
+// full -> part; put and backward: part -> full).
 template <class U, class I>
 struct SliceGather {
   const U* full;
@@ -187,50 +189,32 @@ void expand(const Tensor& in, const Tensor& out) {
 }
 
 // The slice copies move whole runs of `inner` elements: copy units of up to
-// 16 bytes where inner splits into them.
-
-void slice_gather(const Tensor& in, const Tensor& out, const SliceLayout& s) {
-  if (out.numel() == 0) return;
-  const std::size_t elem = dtype_size(in.dtype()), unit = copy_unit(elem, s.inner, {in.data_ptr(), out.data_ptr()});
+// 16 bytes where inner splits into them. `indices`: the elements the copy
+// walks (of dst, or of the part for cat); `extent`: the largest tensor.
+template <template <class, class> class Copy>
+void slice_copy(const Tensor& src, const Tensor& dst, const SliceLayout& s, std::int64_t indices,
+                std::int64_t extent, const char* where) {
+  const std::size_t elem = dtype_size(dst.dtype()), unit = copy_unit(elem, s.inner, {src.data_ptr(), dst.data_ptr()});
   const auto k = static_cast<std::int64_t>(unit / elem);
-  by_unit(unit, in.numel(), [&](auto u, auto ix) {
+  by_unit(unit, extent, [&](auto u, auto ix) {
     using U = typename decltype(u)::type;
     using I = typename decltype(ix)::type;
-    for_each_index(out.device(), out.numel() / k,
-                   SliceGather<U, I>{static_cast<const U*>(in.data_ptr()), static_cast<U*>(out.data_ptr()),
-                                     in_units(s, k)},
-                   "slice");
+    for_each_index(dst.device(), indices / k,
+                   Copy<U, I>{static_cast<const U*>(src.data_ptr()), static_cast<U*>(dst.data_ptr()), in_units(s, k)},
+                   where);
   });
+}
+
+void slice_gather(const Tensor& in, const Tensor& out, const SliceLayout& s) {
+  if (out.numel() > 0) slice_copy<SliceGather>(in, out, s, out.numel(), in.numel(), "slice");
 }
 
 void slice_backward(const Tensor& part, const Tensor& full, const SliceLayout& s) {
-  if (full.numel() == 0) return;
-  const std::size_t elem = dtype_size(full.dtype()),
-                    unit = copy_unit(elem, s.inner, {part.data_ptr(), full.data_ptr()});
-  const auto k = static_cast<std::int64_t>(unit / elem);
-  by_unit(unit, full.numel(), [&](auto u, auto ix) {
-    using U = typename decltype(u)::type;
-    using I = typename decltype(ix)::type;
-    for_each_index(full.device(), full.numel() / k,
-                   SliceBackward<U, I>{static_cast<const U*>(part.data_ptr()), static_cast<U*>(full.data_ptr()),
-                                       in_units(s, k)},
-                   "slice_backward");
-  });
+  if (full.numel() > 0) slice_copy<SliceBackward>(part, full, s, full.numel(), full.numel(), "slice_backward");
 }
 
 void slice_put(const Tensor& part, const Tensor& full, const SliceLayout& s) {
-  if (part.numel() == 0) return;
-  const std::size_t elem = dtype_size(full.dtype()),
-                    unit = copy_unit(elem, s.inner, {part.data_ptr(), full.data_ptr()});
-  const auto k = static_cast<std::int64_t>(unit / elem);
-  by_unit(unit, full.numel(), [&](auto u, auto ix) {
-    using U = typename decltype(u)::type;
-    using I = typename decltype(ix)::type;
-    for_each_index(full.device(), part.numel() / k,
-                   SlicePut<U, I>{static_cast<const U*>(part.data_ptr()), static_cast<U*>(full.data_ptr()),
-                                  in_units(s, k)},
-                   "cat");
-  });
+  if (part.numel() > 0) slice_copy<SlicePut>(part, full, s, part.numel(), full.numel(), "cat");
 }
 
 }  // namespace qgrad::kernels

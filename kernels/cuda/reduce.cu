@@ -5,8 +5,9 @@
 // then a second pass over the chunk sums), each thread summing a fixed
 // strided subset, then a fixed shared-memory tree. Long strided lines
 // (inner > 1: column sums such as a bias gradient over [rows, features])
-// instead sum fixed chunks of kColumnChunkRows rows per output, then the
-// chunks, both in lane_sum's order by the column-sum kernel
+// go to the column-sum kernel in lane_sum's order: whole when at most
+// kColumnOnePassMax long, else fixed chunks of kColumnChunkRows rows per
+// output, then the chunks
 // (kernels/cuda/column_sum.cuh), whose warps read adjacent outputs of one row
 // (a block per output read one element per 32-byte sector). No float atomics.
 #include "qgrad/core/cuda/common.cuh"
@@ -62,24 +63,30 @@ void launch_sum_blocks(int dev, const In* x, Out* out, const AxisLayout& v, std:
 }
 
 constexpr std::int64_t kColumnChunkRows = 64;
+// Lines at most this long are summed whole by the column-sum kernel (32
+// lanes of at most 64 elements each: one launch); longer ones in chunks of
+// kColumnChunkRows, then the chunks.
+constexpr std::int64_t kColumnOnePassMax = 32 * kColumnChunkRows;
 
-// Stage 1: column i = (chunk c, output j) sums elements [c * kColumnChunkRows,
-// ...) of line j into part[i]; stage 2 is ChunkSumsFinish.
-template <class T>
+// Column i = (chunk c, output j) sums elements [c * rows, (c + 1) * rows)
+// of line j into dst[i] (divided by mean_n if > 0: the one-pass case).
+// Chunked, stage 2 is ChunkSumsFinish.
+template <class T, class Out>
 struct ColumnChunkSum {
   using Acc = op_math_t<T>;
   const T* x;
-  Acc* part;
+  Out* dst;
   AxisLayout v;
+  std::int64_t rows, mean_n;
   __device__ std::int64_t count(std::int64_t i) const {
-    const std::int64_t r0 = i / (v.outer * v.inner) * kColumnChunkRows;
-    return v.channels - r0 < kColumnChunkRows ? v.channels - r0 : kColumnChunkRows;
+    const std::int64_t r0 = i / (v.outer * v.inner) * rows;
+    return v.channels - r0 < rows ? v.channels - r0 : rows;
   }
   __device__ Acc term(std::int64_t k, std::int64_t i) const {
-    const std::int64_t lines = v.outer * v.inner, j = i % lines, r = i / lines * kColumnChunkRows + k;
+    const std::int64_t lines = v.outer * v.inner, j = i % lines, r = i / lines * rows + k;
     return Acc(x[v.base(j) + r * v.inner]);
   }
-  __device__ void write(std::int64_t i, Acc s) const { part[i] = s; }
+  __device__ void write(std::int64_t i, Acc s) const { dst[i] = Out(mean_n > 0 ? s / Acc(mean_n) : s); }
 };
 template <class T>
 void sum_axis_blocks_impl(const Tensor& in, const Tensor& out, const AxisLayout& v, bool mean) {
@@ -90,12 +97,16 @@ void sum_axis_blocks_impl(const Tensor& in, const Tensor& out, const AxisLayout&
   const std::int64_t outputs = v.outer * v.inner;
   const std::int64_t mean_n = mean ? v.channels : 0;
   if (outputs == 0) return;
+  if (v.inner > 1 && v.channels <= kColumnOnePassMax) {
+    launch_column_sum(dev, outputs, ColumnChunkSum<T, T>{x, o, v, v.channels, mean_n});
+    return;
+  }
   if (v.inner > 1) {
     const std::int64_t chunks = (v.channels + kColumnChunkRows - 1) / kColumnChunkRows;
     Tensor partial =
         Tensor::empty({chunks, outputs}, TensorOptions{}.with_dtype(dtype_of<M>).with_device(out.device()));
     M* p = static_cast<M*>(partial.data_ptr());
-    launch_column_sum(dev, chunks * outputs, ColumnChunkSum<T>{x, p, v});
+    launch_column_sum(dev, chunks * outputs, ColumnChunkSum<T, M>{x, p, v, kColumnChunkRows, 0});
     launch_column_sum(dev, outputs, ChunkSumsFinish<T>{p, o, chunks, outputs, mean_n});  // kernels/loop.h
     return;
   }

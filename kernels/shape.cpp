@@ -163,6 +163,23 @@ void permute_copy(const Tensor& in, const Tensor& out, const PermuteIndex& index
   });
 }
 
+// The slice copies move whole runs of `inner` elements: copy units of up to
+// 16 bytes where inner splits into them. `indices`: the elements the copy
+// walks (of dst, or of the part for cat); `extent`: the largest tensor.
+template <template <class, class> class Copy>
+void slice_copy(const Tensor& src, const Tensor& dst, const SliceLayout& s, std::int64_t indices,
+                std::int64_t extent, const char* where) {
+  const std::size_t elem = dtype_size(dst.dtype()), unit = copy_unit(elem, s.inner, {src.data_ptr(), dst.data_ptr()});
+  const auto k = static_cast<std::int64_t>(unit / elem);
+  by_unit(unit, extent, [&](auto u, auto ix) {
+    using U = typename decltype(u)::type;
+    using I = typename decltype(ix)::type;
+    for_each_index(dst.device(), indices / k,
+                   Copy<U, I>{static_cast<const U*>(src.data_ptr()), static_cast<U*>(dst.data_ptr()), in_units(s, k)},
+                   where);
+  });
+}
+
 }  // namespace
 
 void permute(const Tensor& in, const Tensor& out, const std::vector<std::int64_t>& perm) {
@@ -186,23 +203,6 @@ void expand(const Tensor& in, const Tensor& out) {
   }
   if (out.numel() == 0) return;
   permute_copy(in, out, p, "expand");
-}
-
-// The slice copies move whole runs of `inner` elements: copy units of up to
-// 16 bytes where inner splits into them. `indices`: the elements the copy
-// walks (of dst, or of the part for cat); `extent`: the largest tensor.
-template <template <class, class> class Copy>
-void slice_copy(const Tensor& src, const Tensor& dst, const SliceLayout& s, std::int64_t indices,
-                std::int64_t extent, const char* where) {
-  const std::size_t elem = dtype_size(dst.dtype()), unit = copy_unit(elem, s.inner, {src.data_ptr(), dst.data_ptr()});
-  const auto k = static_cast<std::int64_t>(unit / elem);
-  by_unit(unit, extent, [&](auto u, auto ix) {
-    using U = typename decltype(u)::type;
-    using I = typename decltype(ix)::type;
-    for_each_index(dst.device(), indices / k,
-                   Copy<U, I>{static_cast<const U*>(src.data_ptr()), static_cast<U*>(dst.data_ptr()), in_units(s, k)},
-                   where);
-  });
 }
 
 void slice_gather(const Tensor& in, const Tensor& out, const SliceLayout& s) {

@@ -4,6 +4,8 @@
 // copies, the fold's exactness (power-of-two factors) and tolerance, and the
 // W8A8 model against the fake-quant model.
 #include <cmath>
+#include <map>
+#include <string>
 
 #include "helpers.h"
 #include "qgrad/nn/nn.h"
@@ -26,6 +28,23 @@ nn::ViTOptions small_vit() {
 Tensor images(std::int64_t n, std::uint64_t seed, Device d) {
   Generator g(seed);
   return randn({n, 784}, g).to(d);
+}
+
+// How many modules of each type_name() sit below `root` (its descendants).
+void add_type_counts(const nn::Module& root, std::map<std::string, std::size_t>& counts) {
+  for (const auto& [n, c] : root.named_children()) {
+    ++counts[c->type_name()];
+    add_type_counts(*c, counts);
+  }
+}
+std::map<std::string, std::size_t> type_counts(const nn::Module& root) {
+  std::map<std::string, std::size_t> counts;
+  add_type_counts(root, counts);
+  return counts;
+}
+std::size_t count_of(const std::map<std::string, std::size_t>& counts, const std::string& type) {
+  const auto it = counts.find(type);
+  return it == counts.end() ? 0 : it->second;
 }
 
 }  // namespace
@@ -238,17 +257,10 @@ TEST_CASE("vit: 8da8w on the whole ViT: every Linear prepared, the W8A8 model ag
     auto m = nn::make_vit(small_vit(), g);
     m->to(d);
     nn::prepare_qat(*m, nn::Recipe::w8da8);
-    std::size_t qat = 0, linear = 0;
-    const std::function<void(const nn::Module&)> count = [&](const nn::Module& mod) {
-      for (const auto& [n, c] : mod.named_children()) {
-        qat += c->type_name() == "Int8DynActInt8WeightQATLinear";
-        linear += c->type_name() == "Linear";
-        count(*c);
-      }
-    };
-    count(*m);
-    CHECK(qat == 1 + 2 * 4 + 1);  // proj, (in_proj, out_proj, fc1, fc2) per block, head
-    CHECK(linear == 0);
+    const auto prepared = type_counts(*m);
+    // proj, (in_proj, out_proj, fc1, fc2) per block, head
+    CHECK(count_of(prepared, "Int8DynActInt8WeightQATLinear") == 1 + 2 * 4 + 1);
+    CHECK(count_of(prepared, "Linear") == 0);
     // One training step reaches every weight through the straight-through estimators.
     const Tensor x = images(32, 15, d);
     m->train();
@@ -256,18 +268,9 @@ TEST_CASE("vit: 8da8w on the whole ViT: every Linear prepared, the W8A8 model ag
     cross_entropy((*m)(x), labels).backward();
     for (const auto& np : m->named_parameters()) CHECK_MESSAGE(np.second.grad().defined(), np.first);
     auto c = nn::convert(*m, nn::Recipe::w8da8);
-    qat = linear = 0;
-    std::size_t w8a8 = 0;
-    const std::function<void(const nn::Module&)> count_c = [&](const nn::Module& mod) {
-      for (const auto& [n, ch] : mod.named_children()) {
-        w8a8 += ch->type_name() == "Int8DynActInt8WeightLinear";
-        qat += ch->type_name() == "Int8DynActInt8WeightQATLinear";
-        count_c(*ch);
-      }
-    };
-    count_c(*c);
-    CHECK(w8a8 == 10);
-    CHECK(qat == 0);
+    const auto converted = type_counts(*c);
+    CHECK(count_of(converted, "Int8DynActInt8WeightLinear") == 10);
+    CHECK(count_of(converted, "Int8DynActInt8WeightQATLinear") == 0);
     NoGradGuard ng;
     m->eval();
     const Tensor lq = (*m)(x), lc = (*c)(x);

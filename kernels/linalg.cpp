@@ -72,6 +72,16 @@ void fill_rows(const Tensor& row, const Tensor& out) {
   });
 }
 
+void linear_bias(const GemmShape& s, const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out) {
+  if (out.is_cuda()) {
+    bool done = false;
+    QGRAD_ON_CUDA(done = cuda::linear_bias_lt(s, x, w, bias, out));
+    if (done) return;
+  }
+  fill_rows(bias, out);
+  gemm(s, x, w, out, /*accumulate=*/true);
+}
+
 void transpose(const Tensor& in, const Tensor& out, std::int64_t dim0, std::int64_t dim1) {
   const PermuteIndex p = make_transpose_index(in.shape(), dim0, dim1);
   dispatch_size(dtype_size(in.dtype()), [&](auto tag) {

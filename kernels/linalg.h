@@ -22,6 +22,14 @@ struct GemmShape {
 void gemm(const GemmShape& s, const Tensor& a, const Tensor& b, const Tensor& c, bool accumulate = false);
 // out[r, :] = row for every row r of out ([rows, row.numel()]); same dtype.
 void fill_rows(const Tensor& row, const Tensor& out);
+// The linear's forward GEMM with its bias: out [m, n] = x [m, k] · w [n, k]ᵀ
+// + bias [n] on every row (s: batch 1, trans_b, not trans_a; one floating
+// dtype). Each element is the f32 (f64 for f64) dot product plus the bias,
+// rounded once. CUDA f32/bf16/f16 GEMMs of at least 2^27 multiply-adds:
+// cuBLASLt with the bias in its epilogue (no fill pass) where it has an
+// algorithm for the shape; otherwise, and on the CPU, fill_rows then the
+// GEMM accumulating onto it.
+void linear_bias(const GemmShape& s, const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out);
 
 // A permutation of dims as index arithmetic: out element i reads input
 // offset offset(i). sizes are out's sizes, strides the input's strides of

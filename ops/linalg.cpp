@@ -157,8 +157,8 @@ Tensor linear_forward(const char* op, const Tensor& x, const Tensor& w, const Te
   fits_int(s.k, op, "x");
   fits_int(s.n, op, "w");
   Tensor out = Tensor::empty(out_shape, like(x));
-  if (bias.defined()) kernels::fill_rows(bias, out);
-  kernels::gemm(s, x, w, out, bias.defined());
+  if (bias.defined()) kernels::linear_bias(s, x, w, bias, out);
+  else kernels::gemm(s, x, w, out);
   if (fuse_relu) {
     if (any_requires_grad({x, w, bias}))
       mask = Tensor::empty({bitmask_words(out.numel())}, TensorOptions{}.with_dtype(DType::s32).with_device(x.device()));

@@ -305,6 +305,41 @@ TEST_CASE("cuda linear with bias matches the CPU (f32, f16, bf16)") {
   }
 }
 
+// From 2^27 multiply-adds the bias rides in cuBLASLt's epilogue where it has
+// an algorithm (odd rows of 16-bit types may have none), below that fill +
+// GEMM runs: every shape class against the CPU, the output poisoned
+// beforehand by a NaN-filled block the caching allocator hands back.
+TEST_CASE("cuda linear with bias over shapes the epilogue path does and does not take") {
+  QGRAD_REQUIRE_GPU();
+  struct Case {
+    Shape x;
+    std::int64_t n;
+  };
+  const Case cases[] = {{{1, 64}, 32},     {{256, 784}, 256},    {{256, 256}, 10},    {{7, 17}, 9},
+                        {{3, 5, 33}, 40},  {{2048, 256}, 256},   {{3, 1000, 520}, 260}, {{4099, 129}, 255},
+                        {{12544, 128}, 384}};
+  std::uint64_t seed = 700;
+  for (const Case& c : cases) {
+    CAPTURE(shape_str(c.x));
+    CAPTURE(c.n);
+    Tensor x = rnd(c.x, seed++, DType::f32), w = rnd({c.n, c.x.back()}, seed++, DType::f32),
+           b = rnd({c.n}, seed++, DType::f32);
+    for (DType d : {DType::f32, DType::bf16, DType::f16}) {
+      CAPTURE(dtype_name(d));
+      Shape out_shape = c.x;
+      out_shape.back() = c.n;
+      {
+        // Poison: the next allocation of this size reuses the NaN block.
+        Tensor poison = full(out_shape, std::nan(""), opts(d, Device::cuda()));
+      }
+      Tensor y = linear(x.to(d).cuda(), w.to(d).cuda(), b.to(d).cuda()).cpu().to(DType::f32);
+      Tensor ref = linear(x.to(d).to(DType::f32), w.to(d).to(DType::f32), b.to(d).to(DType::f32));
+      const double tol = d == DType::f32 ? 1e-5 : d == DType::f16 ? 1e-2 : 6e-2;
+      CHECK(max_abs_diff(y, ref) <= tol * std::max(1.0, max_abs(ref)));
+    }
+  }
+}
+
 TEST_CASE("cuda matmul with an empty inner dimension gives zeros") {
   QGRAD_REQUIRE_GPU();
   Tensor c = matmul(Tensor::empty({3, 0}, opts(DType::f32, Device::cuda())),

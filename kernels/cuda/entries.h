@@ -23,6 +23,12 @@ namespace qgrad::kernels::cuda {
 // The GEMM through cuBLAS.
 void gemm(const GemmShape& s, const Tensor& a, const Tensor& b, const Tensor& c, bool accumulate);
 
+// linear's GEMM with the bias in cuBLASLt's epilogue (kernels/linalg.h
+// linear_bias; kernels/cuda/lt_gemm.cuh). Returns false, launching nothing,
+// for f64, an empty shape, a GEMM under 2^27 multiply-adds (faster through
+// fill + cublasGemmEx, measured) or a shape cuBLASLt has no algorithm for.
+bool linear_bias_lt(const GemmShape& s, const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out);
+
 // conv2d and its input and weight gradients through cuDNN (kernels/cuda/conv.cu:
 // a library, not hand-written kernels; deterministic algorithms only).
 void conv2d_forward(const Conv2dShape& s, const Tensor& x, const Tensor& weight, const Tensor& y, bool accumulate);

@@ -166,15 +166,6 @@ struct Fp8Plan {
 using Fp8Key = std::tuple<int, std::int64_t, std::int64_t, std::int64_t, int, bool, unsigned, unsigned, unsigned, unsigned>;
 std::map<Fp8Key, Fp8Plan> g_fp8_plans;
 
-// The largest power of two (<= 256) dividing the address: cuBLASLt's
-// heuristic assumes 256-byte operands unless told otherwise.
-unsigned alignment_of(const void* p) {
-  const auto u = reinterpret_cast<std::uintptr_t>(p);
-  unsigned a = 256;
-  while (a > 1 && (u % a) != 0) a /= 2;
-  return a;
-}
-
 bool ok(cublasStatus_t s) { return s == CUBLAS_STATUS_SUCCESS; }
 
 // Pointers (set again on every call) are set before the heuristic too.
@@ -213,21 +204,8 @@ Fp8Plan make_plan(cublasLtHandle_t h, std::int64_t M, std::int64_t Np, std::int6
   good = good && ok(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_8F_E4M3, u64(Kp), u64(Np), Kp));
   good = good && ok(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_8F_E4M3, u64(Kp), u64(M), Kp));
   good = good && ok(cublasLtMatrixLayoutCreate(&p.d, out_type, u64(Np), u64(M), Np));
-  cublasLtMatmulPreference_t pref = nullptr;
-  good = good && ok(cublasLtMatmulPreferenceCreate(&pref));
-  const std::size_t ws = kLtWorkspaceBytes;
-  good = good && ok(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
-  const std::uint32_t aw = al_w, aq = al_q, ad = al_d;
-  good = good && ok(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aw, sizeof aw));
-  good = good && ok(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &aq, sizeof aq));
-  good = good && ok(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ad, sizeof ad));
-  good = good && ok(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ad, sizeof ad));
-  cublasLtMatmulHeuristicResult_t result{};
-  int count = 0;
-  good = good && ok(cublasLtMatmulAlgoGetHeuristic(h, p.desc, p.a, p.b, p.d, p.d, pref, 1, &result, &count));
-  if (pref) cublasLtMatmulPreferenceDestroy(pref);
-  p.ok = good && count > 0;
-  if (p.ok) p.algo = result.algo;
+  p.ok = good && lt_heuristic_algo(h, p.desc, p.a, p.b, p.d, kLtWorkspaceBytes, al_w, al_q, al_d,
+                                   CUBLASLT_REDUCTION_SCHEME_MASK, p.algo);
   return p;
 }
 
@@ -285,10 +263,10 @@ void fp8_gemm(const Tensor& q, std::int64_t ld, std::int64_t K, const Tensor& w,
                      Kp,
                      static_cast<int>(out_type),
                      bias_ptr != nullptr,
-                     alignment_of(wp.data_ptr()),
-                     alignment_of(q.data_ptr()),
-                     alignment_of(dout.data_ptr()),
-                     bias_ptr ? alignment_of(bias_ptr) : 256u};
+                     lt_alignment(wp.data_ptr()),
+                     lt_alignment(q.data_ptr()),
+                     lt_alignment(dout.data_ptr()),
+                     bias_ptr ? lt_alignment(bias_ptr) : 256u};
     auto it = g_fp8_plans.find(key);
     if (it == g_fp8_plans.end())
       it = g_fp8_plans

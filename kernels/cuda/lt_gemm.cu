@@ -24,34 +24,86 @@ using PlanKey = std::tuple<int, std::int64_t, std::int64_t, std::int64_t, std::i
 std::map<int, cublasLtHandle_t> g_handles;  // per device, for the life of the process
 std::map<PlanKey, LtPlan> g_plans;
 
+bool ok(cublasStatus_t s) { return s == CUBLAS_STATUS_SUCCESS; }
+
 LtPlan make_plan(cublasLtHandle_t h, std::int64_t lda, std::int64_t ldw, std::int64_t ldc, std::int64_t M,
                  std::int64_t N, std::int64_t K, std::size_t ws) {
   LtPlan p;
-  bool ok = cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32I, CUDA_R_32I) == CUBLAS_STATUS_SUCCESS;
+  bool good = cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32I, CUDA_R_32I) == CUBLAS_STATUS_SUCCESS;
   const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-  ok = ok && cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta) == CUBLAS_STATUS_SUCCESS;
-  ok = ok && cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb) == CUBLAS_STATUS_SUCCESS;
-  ok = ok && cublasLtMatrixLayoutCreate(&p.a, CUDA_R_8I, static_cast<std::uint64_t>(K), static_cast<std::uint64_t>(N),
+  good = good && cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta) == CUBLAS_STATUS_SUCCESS;
+  good = good && cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb) == CUBLAS_STATUS_SUCCESS;
+  good = good && cublasLtMatrixLayoutCreate(&p.a, CUDA_R_8I, static_cast<std::uint64_t>(K), static_cast<std::uint64_t>(N),
                                         ldw) == CUBLAS_STATUS_SUCCESS;
-  ok = ok && cublasLtMatrixLayoutCreate(&p.b, CUDA_R_8I, static_cast<std::uint64_t>(K), static_cast<std::uint64_t>(M),
+  good = good && cublasLtMatrixLayoutCreate(&p.b, CUDA_R_8I, static_cast<std::uint64_t>(K), static_cast<std::uint64_t>(M),
                                         lda) == CUBLAS_STATUS_SUCCESS;
-  ok = ok && cublasLtMatrixLayoutCreate(&p.c, CUDA_R_32I, static_cast<std::uint64_t>(N), static_cast<std::uint64_t>(M),
+  good = good && cublasLtMatrixLayoutCreate(&p.c, CUDA_R_32I, static_cast<std::uint64_t>(N), static_cast<std::uint64_t>(M),
                                         ldc) == CUBLAS_STATUS_SUCCESS;
-  cublasLtMatmulPreference_t pref = nullptr;
-  ok = ok && cublasLtMatmulPreferenceCreate(&pref) == CUBLAS_STATUS_SUCCESS;
-  ok = ok && cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws) ==
-                 CUBLAS_STATUS_SUCCESS;
-  cublasLtMatmulHeuristicResult_t result{};
-  int count = 0;
-  ok = ok && cublasLtMatmulAlgoGetHeuristic(h, p.desc, p.a, p.b, p.c, p.c, pref, 1, &result, &count) ==
-                 CUBLAS_STATUS_SUCCESS;
-  if (pref) cublasLtMatmulPreferenceDestroy(pref);
-  p.ok = ok && count > 0;
-  if (p.ok) p.algo = result.algo;
+  // Alignment preferences left at the default (256 bytes) as before the shared helper.
+  p.ok = good && lt_heuristic_algo(h, p.desc, p.a, p.b, p.c, ws, 256, 256, 256, CUBLASLT_REDUCTION_SCHEME_MASK, p.algo);
+  return p;
+}
+
+// device, type, M, N, K, alignments of x, w, bias, out.
+using LinearKey = std::tuple<int, int, std::int64_t, std::int64_t, std::int64_t, unsigned, unsigned, unsigned, unsigned>;
+std::map<LinearKey, LtPlan> g_linear_plans;
+
+// Layouts in cuBLASLt's column-major terms: D (N x M, ld N) = op(W) (W is
+// K x N, ld K, transposed) x X^T (K x M, ld K); the bias runs along D's N rows.
+LtPlan make_linear_plan(cublasLtHandle_t h, const LinearKey& key, const void* bias) {
+  const auto [device, type_int, M, N, K, al_x, al_w, al_b, al_d] = key;
+  (void)device;
+  const auto type = static_cast<cudaDataType_t>(type_int);
+  const auto u64 = [](std::int64_t v) { return static_cast<std::uint64_t>(v); };
+  LtPlan p;
+  bool good = ok(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+  const auto bias_type = static_cast<std::int32_t>(type);
+  good = good && ok(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+  good = good && ok(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+  good = good && ok(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+  good = good && ok(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
+                                                   sizeof bias_type));
+  good = good && ok(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+  good = good && ok(cublasLtMatrixLayoutCreate(&p.a, type, u64(K), u64(N), K));
+  good = good && ok(cublasLtMatrixLayoutCreate(&p.b, type, u64(K), u64(M), K));
+  good = good && ok(cublasLtMatrixLayoutCreate(&p.c, type, u64(N), u64(M), N));
+  // 16-bit outputs: partial sums of split-K meet in f32, never in the output type.
+  const std::uint32_t schemes =
+      type == CUDA_R_32F ? CUBLASLT_REDUCTION_SCHEME_MASK
+                         : (CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE);
+  // The bias alignment has no preference attribute; it keys the plan all the same.
+  (void)al_b;
+  p.ok = good && lt_heuristic_algo(h, p.desc, p.a, p.b, p.c, kLtLinearWorkspaceBytes, al_w, al_x, al_d, schemes,
+                                   p.algo);
   return p;
 }
 
 }  // namespace
+
+bool lt_heuristic_algo(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t a,
+                       cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t d, std::size_t workspace, unsigned align_a,
+                       unsigned align_b, unsigned align_d, std::uint32_t reduction_schemes, cublasLtMatmulAlgo_t& algo) {
+  cublasLtMatmulPreference_t pref = nullptr;
+  if (!ok(cublasLtMatmulPreferenceCreate(&pref))) return false;
+  const std::uint32_t aa = align_a, ab = align_b, ad = align_d;
+  bool good = ok(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
+                                                      sizeof workspace));
+  good = good && ok(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                                                         &reduction_schemes, sizeof reduction_schemes));
+  good = good && ok(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aa, sizeof aa));
+  good = good && ok(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ab, sizeof ab));
+  good = good && ok(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ad, sizeof ad));
+  good = good && ok(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ad, sizeof ad));
+  cublasLtMatmulHeuristicResult_t result{};
+  int count = 0;
+  good = good && ok(cublasLtMatmulAlgoGetHeuristic(h, desc, a, b, d, d, pref, 1, &result, &count));
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (!good || count == 0) return false;
+  algo = result.algo;
+  return true;
+}
 
 std::mutex& lt_mutex() {
   static std::mutex m;
@@ -86,6 +138,25 @@ bool lt_int8_gemm(int device, const std::int8_t* a, std::int64_t lda, const std:
   const cublasStatus_t st = cublasLtMatmul(h, plan.desc, &alpha, w, plan.a, a, plan.b, &beta, c, plan.c, c, plan.c,
                                            &plan.algo, workspace, workspace_bytes, s);
   return st == CUBLAS_STATUS_SUCCESS;
+}
+
+bool lt_linear_bias(int device, cudaDataType_t type, const void* x, const void* w, const void* bias, void* out,
+                    std::int64_t M, std::int64_t N, std::int64_t K, void* workspace, std::size_t workspace_bytes) {
+  const LinearKey key{device,          static_cast<int>(type), M, N, K, lt_alignment(x), lt_alignment(w),
+                      lt_alignment(bias), lt_alignment(out)};
+  // The plan's descriptor is shared and the bias pointer is the caller's
+  // each time: set and launched (asynchronously) under the lock.
+  std::lock_guard<std::mutex> lock(lt_mutex());
+  cublasLtHandle_t h = lt_handle(device, "linear");
+  auto it = g_linear_plans.find(key);
+  if (it == g_linear_plans.end()) it = g_linear_plans.emplace(key, make_linear_plan(h, key, bias)).first;
+  const LtPlan& plan = it->second;
+  if (!plan.ok) return false;
+  if (!ok(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias)))
+    return false;
+  const float alpha = 1.0f, beta = 0.0f;
+  return ok(cublasLtMatmul(h, plan.desc, &alpha, w, plan.a, x, plan.b, &beta, out, plan.c, out, plan.c, &plan.algo,
+                           workspace, workspace_bytes, ::qgrad::cuda::stream(device)));
 }
 
 }  // namespace qgrad::kernels::cuda

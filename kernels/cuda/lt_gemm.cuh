@@ -23,6 +23,19 @@
 namespace qgrad::kernels::cuda {
 
 inline constexpr std::size_t kLtWorkspaceBytes = std::size_t(32) << 20;
+// The float linear's workspace: enough for the split-K reductions of the
+// shapes it serves, small beside the activations (it is allocated per call
+// from the caching allocator and shows in the step's peak memory).
+inline constexpr std::size_t kLtLinearWorkspaceBytes = std::size_t(4) << 20;
+
+// The largest power of two (<= 256) dividing the address: cuBLASLt's
+// heuristic assumes 256-byte aligned operands unless told otherwise.
+inline unsigned lt_alignment(const void* p) {
+  const auto u = reinterpret_cast<std::uintptr_t>(p);
+  unsigned a = 256;
+  while (a > 1 && (u % a) != 0) a /= 2;
+  return a;
+}
 
 // The shared cuBLASLt state of the library's Lt GEMMs (this one and the FP8
 // GEMM of kernels/cuda/fp8_gemm.cu): one handle per device for the life of
@@ -35,5 +48,26 @@ cublasLtHandle_t lt_handle(int device, const char* op);
 bool lt_int8_gemm(int device, const std::int8_t* a, std::int64_t lda, const std::int8_t* w, std::int64_t ldw,
                   std::int32_t* c, std::int64_t ldc, std::int64_t M, std::int64_t N, std::int64_t K, void* workspace,
                   std::size_t workspace_bytes);
+
+// The heuristic's first algorithm for desc over layouts a, b and d (C = D)
+// within `workspace` bytes, told the operands' alignments (bytes) and the
+// allowed split-K reduction schemes. False when cuBLASLt has none.
+bool lt_heuristic_algo(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t a,
+                       cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t d, std::size_t workspace, unsigned align_a,
+                       unsigned align_b, unsigned align_d, std::uint32_t reduction_schemes, cublasLtMatmulAlgo_t& algo);
+
+// The float linear with its bias in cuBLASLt's epilogue (CUBLASLT_EPILOGUE_BIAS):
+//   out[M, N] (row-major) = x[M, K] (row-major) x w[N, K]^T + bias[N]
+// in `type` (CUDA_R_32F, CUDA_R_16BF or CUDA_R_16F for all four operands),
+// CUBLAS_COMPUTE_32F (f32 FMAs, never TF32), alpha 1: each output is the f32
+// dot product plus the bias in f32, rounded once to `type` -- what the GEMM
+// with beta 1 over a bias-filled output computes, without the fill pass and
+// the read of it. For 16-bit types split-K partial sums are reduced in f32
+// (no reduction in the output type). Plans (heuristic algorithm and
+// descriptors) are cached per (device, type, shape, operand alignments).
+// Returns false, launching nothing, when cuBLASLt has no algorithm for the
+// shape; the caller then fills and runs the plain GEMM.
+bool lt_linear_bias(int device, cudaDataType_t type, const void* x, const void* w, const void* bias, void* out,
+                    std::int64_t M, std::int64_t N, std::int64_t K, void* workspace, std::size_t workspace_bytes);
 
 }  // namespace qgrad::kernels::cuda

@@ -1,6 +1,10 @@
 // Fake quantize, quantize and dequantize on the CPU: forward against a host
 // reference of PyTorch's CPU formulas, straight-through backward against
 // the mask formula, saved bytes, scopes, and every argument check.
+#include <cstring>
+#include <random>
+#include <vector>
+
 #include "qgrad/kernels/bitmask.h"
 #include "qgrad/kernels/formulas/quantize.h"
 #include "qgrad/kernels/quantize.h"
@@ -589,4 +593,53 @@ TEST_CASE("per-channel quantize then dequantize gives exactly the values and gra
     y2.backward(dy);
     CHECK(bit_equal(x1.grad(), x2.grad()));
   }
+}
+
+// QuantizeOp / DequantizeOp take a float form where every integer involved
+// is an exact float; it must give the int64 form's value and bit for every
+// input: specials, halves, huge values, zero points at the edge of the form.
+TEST_CASE("quantize and dequantize formulas: the float form equals the int64 form") {
+  namespace f = formulas;
+  std::mt19937 rng(20261123);
+  std::uniform_real_distribution<float> unit(-3.0f, 3.0f);
+  std::vector<float> xs = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 1e30f, -1e30f, 3.4e38f, 0.5f, -0.5f, 1.5f, 2.5f,
+                           -2.5f, 126.5f, 127.5f, -128.5f, 8388607.5f, 16777216.0f, -16777216.0f};
+  for (int i = 0; i < 2000; ++i) xs.push_back(unit(rng) * std::pow(10.0f, static_cast<float>(i % 9) - 2.0f));
+  const std::int32_t zps[] = {0, 3, -128, 255, (1 << 24) - 1, -(1 << 24) + 1, 1 << 24, -(1 << 24), 1 << 30};
+  const float scales[] = {0.02f, 1.0f, 3.0e-5f, 1.0f / 3.0f, 7.0f};
+  const std::pair<std::int64_t, std::int64_t> ranges[] = {{-128, 127}, {0, 255}, {-(1 << 23), (1 << 23) - 1}};
+  std::int64_t checked = 0;
+  for (float scale : scales)
+    for (std::int32_t zp : zps)
+      for (auto [qmin, qmax] : ranges) {
+        f::ChannelParams p;
+        p.scale = scale;
+        p.zp = zp;
+        p.inv_scale = f::inv_scale_of(scale);
+        const f::QuantizeOp<float, std::int32_t> op{qmin, qmax};
+        for (float x : xs) {
+          std::int64_t qc = 0;
+          bool want_bit = false, got_bit = true;
+          const std::int64_t want = f::clamped_quant(x, p, qmin, qmax, qc, want_bit) ? qc : qmin;
+          const std::int32_t got = op(x, p, false, got_bit);
+          CAPTURE(x);
+          CAPTURE(zp);
+          CAPTURE(scale);
+          REQUIRE(got == want);
+          REQUIRE(got_bit == want_bit);
+          ++checked;
+        }
+        for (int q = -128; q <= 255; ++q) {
+          bool unused = false;
+          const float want = f::dequant_value<float, false>(q, zp, scale);
+          const float got = f::DequantizeOp<std::int16_t, float, false>{qmin, qmax}(static_cast<std::int16_t>(q), p,
+                                                                                     false, unused);
+          REQUIRE(std::memcmp(&want, &got, sizeof want) == 0);
+          const bfloat16 wb = f::dequant_value<bfloat16, true>(q, zp, scale);
+          const bfloat16 gb = f::DequantizeOp<std::int16_t, bfloat16, true>{qmin, qmax}(static_cast<std::int16_t>(q), p,
+                                                                                         false, unused);
+          REQUIRE(wb.bits == gb.bits);
+        }
+      }
+  CHECK(checked == 5 * 9 * 3 * static_cast<std::int64_t>(xs.size()));
 }

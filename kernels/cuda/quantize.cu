@@ -68,13 +68,23 @@ __device__ __forceinline__ void engine_finish(const Op& op, const typename Op::I
   }
   Out o[4];
   bool bit[4] = {false, false, false, false};
+  if (full) {  // no per-element bound checks on all but the last block
 #pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    if (i0 + k < n) {
+    for (int k = 0; k < 4; ++k) {
       if constexpr (Op::kParams) {
         if (!same4) p = ps.get(map.channel(i0 + k));
       }
       o[k] = op(v[k], p, bit_in[k], bit[k]);
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      if (i0 + k < n) {
+        if constexpr (Op::kParams) {
+          if (!same4) p = ps.get(map.channel(i0 + k));
+        }
+        o[k] = op(v[k], p, bit_in[k], bit[k]);
+      }
     }
   }
   if (kVec && full) {
@@ -88,12 +98,13 @@ __device__ __forceinline__ void engine_finish(const Op& op, const typename Op::I
       if (i0 + k < n) out[i0 + k] = o[k];
   }
   if constexpr (Op::kWritesMask) {
+    if (!mask_out) return;  // uniform across the warp: no mask wanted, no ballots
     uint4 words;
     words.x = __ballot_sync(0xffffffffu, bit[0]);
     words.y = __ballot_sync(0xffffffffu, bit[1]);
     words.z = __ballot_sync(0xffffffffu, bit[2]);
     words.w = __ballot_sync(0xffffffffu, bit[3]);
-    if (mask_out && lane == 0) *reinterpret_cast<uint4*>(mask_out + b * kBitmaskWordsPerBlock) = words;
+    if (lane == 0) *reinterpret_cast<uint4*>(mask_out + b * kBitmaskWordsPerBlock) = words;
   }
 }
 

@@ -1,5 +1,5 @@
 // Observer kernels on CUDA. The min/max reduction is one launch. Channels
-// of at most one block's worth of elements: a warp per channel. Longer ones:
+// of at most kWarpChannelMax elements: a warp per channel. Longer ones:
 // grid (G, C) blocks write per-block partial min/max of channel c to a scratch
 // [C, G], and the last of channel c's G blocks to finish (a per-channel
 // counter, core/cuda/common.cuh's block_counters) combines them and applies
@@ -44,11 +44,14 @@ __global__ void partial_minmax_kernel(const T* x, std::int64_t channels, std::in
   if (threadIdx.x == 0) counters[ch] = 0;  // ready for the next launch
 }
 
-// Channels short enough for one block each (minmax_parts == 1; per-token
-// ranges, weight rows): one warp per channel, no shared memory or barrier.
-// A block per channel left most of its 256 threads idle on rows of 128-256
-// elements and paid a block reduction each (43 us per call in the ViT step).
+// Short channels (per-token ranges, weight rows: at most kWarpChannelMax
+// elements), or more channels than a grid's y dimension holds: one warp per
+// channel, no shared memory or barrier. A block per channel left most of its
+// 256 threads idle on rows of 128-256 elements and paid a block reduction
+// each (43 us per call in the ViT step); on long channels a warp each kept
+// too few bytes in flight (4096 channels of 16384: 80% of copy).
 inline constexpr unsigned kWarpMinmaxThreads = 256;
+inline constexpr std::int64_t kWarpChannelMax = 2048;
 
 template <class T>
 __global__ void warp_minmax_kernel(const T* x, std::int64_t channels, std::int64_t inner, std::int64_t count,
@@ -73,9 +76,8 @@ void minmax_impl(const Tensor& x, const Tensor& run_min, const Tensor& run_max, 
   const AxisLayout v = AxisLayout::of(x.shape(), axis);
   const int dev = x.device().index;
   const std::int64_t count = v.outer * v.inner;
-  const unsigned parts = minmax_parts(dev, v.channels, count);
   cudaStream_t s = ::qgrad::cuda::stream(dev);
-  if (parts == 1) {
+  if (count <= kWarpChannelMax || v.channels > 65535) {
     const std::int64_t blocks = (v.channels + kWarpMinmaxThreads / 32 - 1) / (kWarpMinmaxThreads / 32);
     warp_minmax_kernel<T><<<static_cast<unsigned>(blocks), kWarpMinmaxThreads, 0, s>>>(
         static_cast<const T*>(x.data_ptr()), v.channels, v.inner, count, run_min.data<float>(),
@@ -83,6 +85,7 @@ void minmax_impl(const Tensor& x, const Tensor& run_min, const Tensor& run_max, 
     QGRAD_LAUNCH_CHECK();
     return;
   }
+  const unsigned parts = minmax_parts(dev, v.channels, count);
   Tensor partial = Tensor::empty({v.channels, static_cast<std::int64_t>(parts), 2},
                                  TensorOptions{}.with_device(x.device()));
   const bool one_launch = static_cast<std::size_t>(v.channels) <= ::qgrad::cuda::kBlockCounters;
@@ -100,9 +103,20 @@ void minmax_impl(const Tensor& x, const Tensor& run_min, const Tensor& run_max, 
 }  // namespace
 
 unsigned minmax_parts(int device, std::int64_t channels, std::int64_t count) {
-  // At least 16 elements per thread (fewer, fuller blocks for small inputs),
-  // enough blocks to fill the device across all channels, at most 1024 per channel.
-  const std::int64_t target = std::max<std::int64_t>(1, ::qgrad::cuda::fill_blocks(device, kMinmaxThreads) * 2LL / channels);
+  // One wave: as many blocks in all as the device holds resident at once
+  // (a second, partial wave left most SMs idle at the end: 1024 blocks per
+  // tensor were 1.3 waves, 77% of copy), at least 16 elements per thread,
+  // at most 1024 blocks per channel.
+  static int per_sm[16] = {};
+  const int d = std::min(device, 15);
+  if (per_sm[d] == 0) {
+    int n = 0;
+    QGRAD_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, partial_minmax_kernel<float>, kMinmaxThreads, 0));
+    per_sm[d] = std::max(n, 1);
+  }
+  const std::int64_t wave = std::int64_t{::qgrad::cuda::fill_blocks(device, kMinmaxThreads)} /
+                            (2048 / kMinmaxThreads) * per_sm[d];
+  const std::int64_t target = std::max<std::int64_t>(1, wave / channels);
   const std::int64_t per_block = kMinmaxThreads * 16LL;
   return static_cast<unsigned>(
       std::clamp<std::int64_t>((count + per_block - 1) / per_block, 1, std::min<std::int64_t>(target, 1024)));

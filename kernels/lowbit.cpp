@@ -3,6 +3,7 @@
 #include "qgrad/kernels/lowbit.h"
 
 #include "qgrad/kernels/bitmask.h"
+#include "qgrad/kernels/cuda/entries.h"
 #include "qgrad/kernels/formulas/lowbit.h"
 #include "qgrad/kernels/loop.h"
 
@@ -140,6 +141,13 @@ void int4_qparams(const Tensor& min, const Tensor& max, const Tensor& scale, con
                  Int4Qparams{f32(min), f32(max), static_cast<float*>(scale.data_ptr()),
                              static_cast<std::int32_t*>(zp.data_ptr()), qmin, qmax, symmetric, eps},
                  "int4_qparams");
+}
+
+bool fake_quantize_dynamic_rows(const Tensor& x, const Tensor& y, std::uint32_t* mask, std::int64_t row_len, int qmin,
+                                int qmax, bool symmetric, float eps) {
+  bool done = false;
+  if (x.is_cuda()) QGRAD_ON_CUDA(done = cuda::fake_quantize_dynamic_rows(x, y, mask, row_len, qmin, qmax, symmetric, eps));
+  return done;
 }
 
 void int4_quantize(const Tensor& x, const Tensor& q, const Tensor& scale, const Tensor& zp, std::int64_t group,

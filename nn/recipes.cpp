@@ -71,9 +71,9 @@ const char* recipe_name(Recipe recipe) {
 
 Tensor fake_quantize_8da4w_activation(const Tensor& x) {
   // torchao's _get_8da4w_activation_config: int8 per token, asymmetric, dynamic, eps = finfo(f32).eps.
-  const AffineQparams q = choose_qparams_affine(x.detach(), QuantScope::per_token(), QuantMode::asymmetric, -128, 127,
-                                                std::numeric_limits<float>::epsilon());
-  return ::qgrad::fake_quantize(x, q.scale, q.zero_point, QuantScope::per_token(), -128, 127);
+  // choose_qparams_affine + fake_quantize in one op (one kernel per call on CUDA).
+  return fake_quantize_dynamic(x, QuantScope::per_token(), QuantMode::asymmetric, -128, 127,
+                               std::numeric_limits<float>::epsilon());
 }
 
 Tensor fake_quantize_8da4w_weight(const Tensor& w, std::int64_t group_size) {
@@ -102,8 +102,9 @@ Tensor fake_quantize_8da8w_weight(const Tensor& w) {
   constexpr const char* op = "fake_quantize_8da8w_weight";
   check::floating(w, op, "w");
   check::rank_is(w, 2, op, "w");
-  const AffineQparams q = weight_8da8w_qparams(w);
-  return ::qgrad::fake_quantize(w, q.scale, q.zero_point, QuantScope::per_channel(0), -128, 127);
+  // weight_8da8w_qparams + fake_quantize in one op (one kernel per call on CUDA).
+  return fake_quantize_dynamic(w, QuantScope::per_channel(0), QuantMode::symmetric, -128, 127,
+                               std::numeric_limits<float>::epsilon());
 }
 
 // ---- QAT modules ----

@@ -198,6 +198,18 @@ std::uint32_t* mask_words(const Tensor& mask) {
   return mask.defined() ? static_cast<std::uint32_t*>(mask.data_ptr()) : nullptr;
 }
 
+// Records op's straight-through backward: dx = dy * mask (saves the mask).
+void record_masked_backward(const char* op, Tensor& out, const Tensor& x, const Tensor& mask) {
+  record(
+      op, out, {x},
+      [mask](const Tensor& g) {
+        Tensor dx = Tensor::empty(g.shape(), like(g, g.dtype()));
+        kernels::fake_quantize_backward(g, dx, mask_words(mask));
+        return std::vector<Tensor>{dx};
+      },
+      mask.nbytes());
+}
+
 // Fake quantize with validated qparams: the int8 ops' kernel (formulas::
 // FakeQuantOp, f32 product), straight-through backward over the saved mask.
 Tensor int4_fake_quant(const char* op, const Tensor& x, const Blocks& b, const Tensor& scale, const Tensor& zp,
@@ -206,15 +218,7 @@ Tensor int4_fake_quant(const char* op, const Tensor& x, const Blocks& b, const T
   const bool need = any_requires_grad({x});
   Tensor mask = need ? new_mask(x) : Tensor();
   if (x.numel() > 0) kernels::fake_quantize(x, out, int4_params(b, scale, zp, r), mask_words(mask));
-  if (need)
-    record(
-        op, out, {x},
-        [mask](const Tensor& g) {
-          Tensor dx = Tensor::empty(g.shape(), like(g, g.dtype()));
-          kernels::fake_quantize_backward(g, dx, mask_words(mask));
-          return std::vector<Tensor>{dx};
-        },
-        mask.nbytes());
+  if (need) record_masked_backward(op, out, x, mask);
   return out;
 }
 
@@ -441,9 +445,10 @@ Tensor dequantize_fp8(const Tensor& q, const Tensor& scale, QuantScope scope, DT
 
 // ---- affine qparams ----
 
-AffineQparams choose_qparams_affine(const Tensor& x, QuantScope scope, QuantMode mode, std::int64_t qmin,
-                                    std::int64_t qmax, double eps) {
-  const char* op = "choose_qparams_affine";
+namespace {
+// choose_qparams_affine's arguments; returns eps as the f32 the formulas use.
+float check_affine_args(const Tensor& x, QuantMode mode, std::int64_t qmin, std::int64_t qmax, double eps,
+                        const char* op) {
   check::floating(x, op, "x");
   check_mode(mode, op);
   constexpr std::int64_t lim = std::int64_t{1} << 24;  // integers exact in f32: (qmax - qmin) is an f32 divisor
@@ -453,6 +458,14 @@ AffineQparams choose_qparams_affine(const Tensor& x, QuantScope scope, QuantMode
   const auto e = static_cast<float>(eps);
   QGRAD_CHECK(std::isfinite(eps) && eps > 0 && std::isfinite(e) && e > 0 && std::isfinite(1.0f / e), op, "eps",
               "must be a finite positive f32 with a finite reciprocal, got ", eps);
+  return e;
+}
+}  // namespace
+
+AffineQparams choose_qparams_affine(const Tensor& x, QuantScope scope, QuantMode mode, std::int64_t qmin,
+                                    std::int64_t qmax, double eps) {
+  const char* op = "choose_qparams_affine";
+  const float e = check_affine_args(x, mode, qmin, qmax, eps, op);
   const Blocks b = scope_blocks(x.shape(), scope, op);
   Tensor mn, mx;
   block_minmax(x, b, mn, mx);
@@ -461,6 +474,28 @@ AffineQparams choose_qparams_affine(const Tensor& x, QuantScope scope, QuantMode
   kernels::int4_qparams(mn, mx, q.scale, q.zero_point, static_cast<int>(qmin), static_cast<int>(qmax),
                         mode == QuantMode::symmetric, e);
   return q;
+}
+
+Tensor fake_quantize_dynamic(const Tensor& x, QuantScope scope, QuantMode mode, std::int64_t qmin, std::int64_t qmax,
+                             double eps) {
+  const char* op = "fake_quantize_dynamic";
+  const float e = check_affine_args(x, mode, qmin, qmax, eps, op);
+  const Blocks b = scope_blocks(x.shape(), scope, op);
+  // The fused kernel: rows of per-token scope, or of channels on axis 0.
+  const bool rows = scope.kind == QuantScope::token || (scope.kind == QuantScope::channel && b.axis == 0);
+  if (x.is_cuda() && rows && x.numel() > 0 && x.dtype() != DType::f64) {
+    const I64 row_len = scope.kind == QuantScope::token ? x.shape().back() : x.numel() / x.shape().front();
+    Tensor out = Tensor::empty(x.shape(), like(x, x.dtype()));
+    const bool need = any_requires_grad({x});
+    Tensor mask = need ? new_mask(x) : Tensor();
+    if (kernels::fake_quantize_dynamic_rows(x, out, mask_words(mask), row_len, static_cast<int>(qmin),
+                                            static_cast<int>(qmax), mode == QuantMode::symmetric, e)) {
+      if (need) record_masked_backward(op, out, x, mask);
+      return out;
+    }
+  }
+  const AffineQparams q = choose_qparams_affine(x.detach(), scope, mode, qmin, qmax, eps);
+  return fake_quantize(x, q.scale, q.zero_point, scope, qmin, qmax);
 }
 
 }  // namespace qgrad

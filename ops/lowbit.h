@@ -75,4 +75,16 @@ struct AffineQparams {
 AffineQparams choose_qparams_affine(const Tensor& x, QuantScope scope, QuantMode mode, std::int64_t qmin,
                                     std::int64_t qmax, double eps);
 
+// Dynamic affine fake quantize: choose_qparams_affine(x.detach(), scope, mode,
+// qmin, qmax, eps) then fake_quantize(x, scale, zero_point, scope, qmin, qmax)
+// (ops/quantize.h), the same values bit for bit; the qparams are not returned
+// and take no gradient; dx = dy · 1[qmin <= q <= qmax] (a saved bit mask).
+// The 8da4w / 8da8w activations are (per_token(), asymmetric, -128, 127,
+// FLT_EPSILON), the 8da8w weights (per_channel(0), symmetric, ...). On CUDA,
+// per-token rows and axis-0 channels of 128, 256, 384, 512, 768 or 1024
+// elements (f32, bf16, f16) run as one kernel, a warp per row; everything
+// else runs the two ops. Errors: those of the two ops.
+Tensor fake_quantize_dynamic(const Tensor& x, QuantScope scope, QuantMode mode, std::int64_t qmin, std::int64_t qmax,
+                             double eps);
+
 }  // namespace qgrad

@@ -6,6 +6,7 @@
 
 #include "qgrad/kernels/bitmask.h"
 #include "qgrad/kernels/cuda/entries.h"
+#include "qgrad/kernels/cuda/launch.cuh"
 #include "qgrad/core/cuda/common.cuh"
 #include "qgrad/kernels/formulas/activation.h"
 
@@ -70,14 +71,7 @@ __global__ void relu_mask_kernel(const T* __restrict__ x, T* __restrict__ y, std
         for (int k = 0; k < 4; ++k)
           if (i0 + k < n) y[i0 + k] = o.v[k];
       }
-      if (words) {  // uniform: no mask wanted (no grad) skips the ballots
-        uint4 w;
-        w.x = __ballot_sync(0xffffffffu, bit[0]);
-        w.y = __ballot_sync(0xffffffffu, bit[1]);
-        w.z = __ballot_sync(0xffffffffu, bit[2]);
-        w.w = __ballot_sync(0xffffffffu, bit[3]);
-        if (lane == 0) *reinterpret_cast<uint4*>(words + b * kBitmaskWordsPerBlock) = w;
-      }
+      if (words) store_mask_block(words, b, bit, lane);  // uniform: no mask wanted (no grad) skips the ballots
     }
   }
 }

@@ -43,6 +43,14 @@ void conv2d_backward_weight(const Conv2dShape& s, const Tensor& x, const Tensor&
 void int8_gemm(int device, const std::int8_t* a, std::int64_t lda, const std::int8_t* w, std::int64_t ldw,
                std::int32_t* c, std::int64_t ldc, std::int64_t M, std::int64_t N, std::int64_t K);
 
+// fake_quantize_dynamic over contiguous rows of row_len elements (ops/lowbit.h):
+// per row, choose_qparams_affine's qparams (formulas::int4_qparams) from the
+// row's min/max, then the per-token fake quant and its mask (mask may be
+// null), in one launch with a warp per row. Row lengths 128, 256, 384, 512,
+// 768 and 1024; f32, bf16, f16. Returns false, launching nothing, otherwise.
+bool fake_quantize_dynamic_rows(const Tensor& x, const Tensor& y, std::uint32_t* mask, std::int64_t row_len, int qmin,
+                                int qmax, bool symmetric, float eps);
+
 // relu with its x > 0 mask in one pass, one warp ballot per mask word
 // (train_ops relu_fw; the generic loop would pack each word in one thread).
 void relu_masked(const Tensor& in, const Tensor& out, const Tensor& mask);

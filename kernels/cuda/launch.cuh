@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "qgrad/core/cuda/common.cuh"
+#include "qgrad/kernels/bitmask.h"
 
 namespace qgrad::kernels::cuda {
 
@@ -22,6 +23,19 @@ void launch_elementwise(int device, std::int64_t n, F f) {
   const unsigned blocks = ::qgrad::cuda::blocks_for(n, threads, ::qgrad::cuda::fill_blocks(device, threads) * 4LL);
   elementwise_kernel<<<blocks, threads, 0, s>>>(n, f);
   QGRAD_LAUNCH_CHECK();
+}
+
+// The four words of 128-element mask block b when lane l holds the block's
+// elements 4l .. 4l + 3 with their bits: word k is the ballot of the lanes'
+// k-th bits. Every lane of the warp calls it; lane 0 stores.
+__device__ __forceinline__ void store_mask_block(std::uint32_t* mask, std::int64_t b, const bool (&bit)[4],
+                                                 unsigned lane) {
+  uint4 words;
+  words.x = __ballot_sync(0xffffffffu, bit[0]);
+  words.y = __ballot_sync(0xffffffffu, bit[1]);
+  words.z = __ballot_sync(0xffffffffu, bit[2]);
+  words.w = __ballot_sync(0xffffffffu, bit[3]);
+  if (lane == 0) *reinterpret_cast<uint4*>(mask + b * kBitmaskWordsPerBlock) = words;
 }
 
 }  // namespace qgrad::kernels::cuda

@@ -14,7 +14,9 @@
 
 #include "qgrad/kernels/bitmask.h"
 #include "qgrad/kernels/cuda/launch.cuh"
+#include "qgrad/kernels/cuda/entries.h"
 #include "qgrad/kernels/cuda/minmax.cuh"
+#include "qgrad/kernels/formulas/lowbit.h"
 #include "qgrad/kernels/observer.h"
 #include "qgrad/kernels/quantize.h"
 
@@ -98,13 +100,7 @@ __device__ __forceinline__ void engine_finish(const Op& op, const typename Op::I
       if (i0 + k < n) out[i0 + k] = o[k];
   }
   if constexpr (Op::kWritesMask) {
-    if (!mask_out) return;  // uniform across the warp: no mask wanted, no ballots
-    uint4 words;
-    words.x = __ballot_sync(0xffffffffu, bit[0]);
-    words.y = __ballot_sync(0xffffffffu, bit[1]);
-    words.z = __ballot_sync(0xffffffffu, bit[2]);
-    words.w = __ballot_sync(0xffffffffu, bit[3]);
-    if (lane == 0) *reinterpret_cast<uint4*>(mask_out + b * kBitmaskWordsPerBlock) = words;
+    if (mask_out) store_mask_block(mask_out, b, bit, lane);  // uniform: no mask wanted, no ballots
   }
 }
 
@@ -390,6 +386,96 @@ void lsq_backward_impl(const LsqArgs& a) {
   QGRAD_LAUNCH_CHECK();
 }
 
+// ---- fake_quantize_dynamic over rows (ops/lowbit.h) ----
+// A warp per row of D = 128 * kChunks elements (per-token activations,
+// per-channel weight rows): the row is loaded once into registers (each lane
+// four consecutive elements of each 128-element mask block, as the engine),
+// its min/max reduced by shuffles (the observer's order-free combine), the
+// qparams formed by formulas::int4_qparams (choose_qparams_affine's) in
+// every lane, then fake quantized with formulas::FakeQuantOp (the per-token
+// op, f64 product form) and its mask words built by ballots. One launch for
+// what the composition does in five (two fills, min/max, qparams, fake quant).
+constexpr int kDynamicRowsThreads = 256;
+
+template <class T, int kChunks, bool kVec>
+__global__ void __launch_bounds__(kDynamicRowsThreads)
+    fake_quantize_dynamic_rows_kernel(const T* __restrict__ x, T* __restrict__ y, std::uint32_t* __restrict__ mask,
+                                      std::int64_t rows, int qmin, int qmax, bool symmetric, float eps) {
+  const std::int64_t row = (std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x) >> 5;
+  if (row >= rows) return;  // whole warps leave together
+  const unsigned lane = threadIdx.x & 31u;
+  const std::int64_t n = rows * kChunks * kBitmaskBlock;
+  T v[kChunks][4];
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) engine_load<T, kVec>(x, row * kChunks + c, lane, n, v[c]);
+  float lo = INFINITY, hi = -INFINITY;
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c)
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float f = formulas::cast_value<float>(v[c][k]);
+      lo = formulas::min_combine(lo, f);
+      hi = formulas::max_combine(hi, f);
+    }
+  warp_minmax(lo, hi);
+  formulas::ChannelParams p;
+  formulas::int4_qparams(lo, hi, qmin, qmax, symmetric, eps, p.scale, p.zp);
+  p.inv_scale = formulas::inv_scale_of(p.scale);
+  const formulas::FakeQuantOp<T, true> op{qmin, qmax};
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    const std::int64_t b = row * kChunks + c, i0 = b * kBitmaskBlock + 4 * static_cast<std::int64_t>(lane);
+    T o[4];
+    bool bit[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) o[k] = op(v[c][k], p, false, bit[k]);
+    if (kVec) {
+      Vec4<T> w;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) w.v[k] = o[k];
+      *reinterpret_cast<Vec4<T>*>(y + i0) = w;
+    } else {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) y[i0 + k] = o[k];
+    }
+    if (mask) store_mask_block(mask, b, bit, lane);  // uniform across the warp
+  }
+}
+
+template <class T, int kChunks>
+void fake_quantize_dynamic_rows_launch(const Tensor& x, const Tensor& y, std::uint32_t* mask, std::int64_t rows,
+                                       int qmin, int qmax, bool symmetric, float eps) {
+  const T* in = static_cast<const T*>(x.data_ptr());
+  T* out = static_cast<T*>(y.data_ptr());
+  const bool vec = reinterpret_cast<std::uintptr_t>(in) % sizeof(Vec4<T>) == 0 &&
+                   reinterpret_cast<std::uintptr_t>(out) % sizeof(Vec4<T>) == 0;
+  constexpr int rows_per_block = kDynamicRowsThreads / 32;
+  const auto blocks = static_cast<unsigned>((rows + rows_per_block - 1) / rows_per_block);
+  cudaStream_t s = ::qgrad::cuda::stream(y.device().index);
+  if (vec)
+    fake_quantize_dynamic_rows_kernel<T, kChunks, true>
+        <<<blocks, kDynamicRowsThreads, 0, s>>>(in, out, mask, rows, qmin, qmax, symmetric, eps);
+  else
+    fake_quantize_dynamic_rows_kernel<T, kChunks, false>
+        <<<blocks, kDynamicRowsThreads, 0, s>>>(in, out, mask, rows, qmin, qmax, symmetric, eps);
+  QGRAD_LAUNCH_CHECK();
+}
+
+template <class T>
+bool fake_quantize_dynamic_rows_impl(const Tensor& x, const Tensor& y, std::uint32_t* mask, std::int64_t row_len,
+                                     int qmin, int qmax, bool symmetric, float eps) {
+  const std::int64_t rows = x.numel() / row_len;
+  switch (row_len) {
+    case 128: fake_quantize_dynamic_rows_launch<T, 1>(x, y, mask, rows, qmin, qmax, symmetric, eps); return true;
+    case 256: fake_quantize_dynamic_rows_launch<T, 2>(x, y, mask, rows, qmin, qmax, symmetric, eps); return true;
+    case 384: fake_quantize_dynamic_rows_launch<T, 3>(x, y, mask, rows, qmin, qmax, symmetric, eps); return true;
+    case 512: fake_quantize_dynamic_rows_launch<T, 4>(x, y, mask, rows, qmin, qmax, symmetric, eps); return true;
+    case 768: fake_quantize_dynamic_rows_launch<T, 6>(x, y, mask, rows, qmin, qmax, symmetric, eps); return true;
+    case 1024: fake_quantize_dynamic_rows_launch<T, 8>(x, y, mask, rows, qmin, qmax, symmetric, eps); return true;
+    default: return false;
+  }
+}
+
 template <class Z>
 void round_zero_point_impl(const Tensor& zp, const Tensor& out, std::int64_t qmin, std::int64_t qmax) {
   const Z* z = static_cast<const Z*>(zp.data_ptr());
@@ -422,6 +508,17 @@ void lsq_backward(const LsqArgs& args) {
 void lsq_round_zero_point(const Tensor& zp, const Tensor& out, std::int64_t qmin, std::int64_t qmax) {
   dispatch_floating(zp.dtype(), "lsq_round_zero_point",
                     [&](auto tag) { round_zero_point_impl<typename decltype(tag)::type>(zp, out, qmin, qmax); });
+}
+
+bool fake_quantize_dynamic_rows(const Tensor& x, const Tensor& y, std::uint32_t* mask, std::int64_t row_len, int qmin,
+                                int qmax, bool symmetric, float eps) {
+  if (x.numel() == 0 || row_len <= 0 || x.numel() % row_len != 0) return false;
+  switch (x.dtype()) {
+    case DType::f32: return fake_quantize_dynamic_rows_impl<float>(x, y, mask, row_len, qmin, qmax, symmetric, eps);
+    case DType::bf16: return fake_quantize_dynamic_rows_impl<bfloat16>(x, y, mask, row_len, qmin, qmax, symmetric, eps);
+    case DType::f16: return fake_quantize_dynamic_rows_impl<half>(x, y, mask, row_len, qmin, qmax, symmetric, eps);
+    default: return false;
+  }
 }
 
 }  // namespace qgrad::kernels::cuda

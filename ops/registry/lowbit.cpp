@@ -59,6 +59,24 @@ void int4_ref_qparams(const std::vector<double>& xs, std::int64_t group, bool sy
   }
 }
 
+// [6, cols] random rows, and rows that test the qparams: row 0 all zero,
+// row 1 tiny (range < 255 * FLT_EPSILON: the eps floor binds), row 2 all
+// positive, row 3 all negative; -0 at (0, 3) and (4, 4).
+Tensor qparams_rows(Device d, DType dt, Generator& g, std::int64_t cols) {
+  Tensor x = randn({6, cols}, g, on(Device::cpu(), DType::f64), 0.0, 2.0);
+  std::vector<double> v = x.to_vector<double>();
+  const auto c = static_cast<std::size_t>(cols);
+  for (std::size_t i = 0; i < c; ++i) {
+    v[i] = 0.0;
+    v[c + i] = 1e-6 * static_cast<double>(i % 7);
+    v[2 * c + i] = std::fabs(v[2 * c + i]) + 0.25;
+    v[3 * c + i] = -std::fabs(v[3 * c + i]) - 0.25;
+  }
+  v[3] = -0.0;
+  v[4 * c + 4] = -0.0;
+  return Tensor::from_vector(v, {6, cols}).to(dt).to(d);
+}
+
 float eps_of(DType dt) { return dt == DType::f16 ? 6.103515625e-05f : 1.17549435e-38f; }
 
 }  // namespace
@@ -372,19 +390,7 @@ std::vector<OpEntry> lowbit_entries() {
   // FLT_EPSILON: the 8da4w activation qparams). Rows: all zero (scale = eps),
   // tiny (the eps floor binds), all positive, all negative, +-0, random.
   e.push_back({"choose_qparams_affine", {"choose_qparams_affine"}, kFloat,
-               [](Device d, DType dt, Generator& g) {
-                 Tensor x = randn({6, 64}, g, on(Device::cpu(), DType::f64), 0.0, 2.0);
-                 std::vector<double> v = x.to_vector<double>();
-                 for (std::size_t i = 0; i < 64; ++i) {
-                   v[i] = 0.0;                                        // row 0: all zero
-                   v[64 + i] = 1e-6 * static_cast<double>(i % 7);     // row 1: range < 255 * eps
-                   v[128 + i] = std::fabs(v[128 + i]) + 0.25;         // row 2: all positive
-                   v[192 + i] = -std::fabs(v[192 + i]) - 0.25;        // row 3: all negative
-                 }
-                 v[3] = -0.0;
-                 v[260] = -0.0;
-                 return Tensors{Tensor::from_vector(v, {6, 64}).to(dt).to(d)};
-               },
+               [](Device d, DType dt, Generator& g) { return Tensors{qparams_rows(d, dt, g, 64)}; },
                [](const Tensors& v) {
                  Tensors out;
                  const float eps = std::numeric_limits<float>::epsilon();
@@ -423,6 +429,49 @@ std::vector<OpEntry> lowbit_entries() {
                      {op, "group_size", [=] { choose_qparams_affine(x, QuantScope::per_group(-1, 48), asym, -8, 7, 1e-6); }},
                      {op, "scope", [=] { choose_qparams_affine(x, QuantScope::per_group(0, 2), asym, -8, 7, 1e-6); }},
                      {op, "axis", [=] { choose_qparams_affine(x, QuantScope::per_channel(2), asym, -8, 7, 1e-6); }}};
+               }});
+  // fake_quantize_dynamic: choose_qparams_affine + fake_quantize in one op.
+  // Rows the CUDA kernel takes (per token over 2-D and 3-D x, axis-0
+  // channels of 128 and 768, asymmetric and symmetric) and rows it leaves to
+  // the composition (64 long, per group), all against the CPU's composition;
+  // rows: all zero, tiny (the eps floor), all positive, all negative, +-0.
+  e.push_back({"fake_quantize_dynamic", {"fake_quantize_dynamic"}, kFloat,
+               [](Device d, DType dt, Generator& g) { return Tensors{leaf(qparams_rows(d, dt, g, 256))}; },
+               [](const Tensors& v) {
+                 const float eps = std::numeric_limits<float>::epsilon();
+                 const Tensor xd = v[0].detach();
+                 const auto tok = QuantScope::per_token(), ch0 = QuantScope::per_channel(0);
+                 const auto asym = QuantMode::asymmetric, sym = QuantMode::symmetric;
+                 return Tensors{fake_quantize_dynamic(v[0], tok, asym, -128, 127, eps),
+                                fake_quantize_dynamic(xd.reshape({3, 2, 256}), tok, sym, -128, 127, 1e-5),
+                                fake_quantize_dynamic(xd.reshape({12, 128}), ch0, sym, -128, 127, eps),
+                                fake_quantize_dynamic(xd.reshape({2, 768}), ch0, asym, 0, 255, eps),
+                                fake_quantize_dynamic(xd.reshape({24, 64}), tok, asym, -128, 127, eps),
+                                fake_quantize_dynamic(xd, QuantScope::per_group(-1, 32), sym, -8, 7, 1e-6)};
+               },
+               Promise::bit_identical(), GradMethod::host_reference,
+               [](const Tensors& v, const Tensor& dy) {
+                 std::vector<double> s, z;
+                 int4_ref_qparams(host(v[0]), 256, false, -128, 127, std::numeric_limits<float>::epsilon(), s, z);
+                 return int4_straight_through(v[0], dy, s, z, 256, -128, 127);
+               },
+               {},
+               [](Device d) {
+                 const char* op = "fake_quantize_dynamic";
+                 const Tensor x = some({4, 128}, d);
+                 const auto tok = QuantScope::per_token();
+                 const auto asym = QuantMode::asymmetric;
+                 return std::vector<BadInput>{
+                     {op, "x", [=] { fake_quantize_dynamic(Tensor(), tok, asym, -128, 127, 1e-7); }},
+                     {op, "x", [=] { fake_quantize_dynamic(some({4, 128}, d, DType::s8), tok, asym, -128, 127, 1e-7); }},
+                     {op, "x", [=] { fake_quantize_dynamic(Tensor::scalar(1.0f, d), tok, asym, -128, 127, 1e-7); }},
+                     {op, "mode", [=] { fake_quantize_dynamic(x, tok, static_cast<QuantMode>(5), -128, 127, 1e-7); }},
+                     {op, "qmax", [=] { fake_quantize_dynamic(x, tok, asym, 127, -128, 1e-7); }},
+                     {op, "qmin", [=] { fake_quantize_dynamic(x, tok, asym, -(std::int64_t{1} << 40), 127, 1e-7); }},
+                     {op, "eps", [=] { fake_quantize_dynamic(x, tok, asym, -128, 127, 0.0); }},
+                     {op, "eps", [=] { fake_quantize_dynamic(x, tok, asym, -128, 127, NAN); }},
+                     {op, "group_size", [=] { fake_quantize_dynamic(x, QuantScope::per_group(-1, 48), asym, -8, 7, 1e-6); }},
+                     {op, "axis", [=] { fake_quantize_dynamic(x, QuantScope::per_channel(2), asym, -8, 7, 1e-6); }}};
                }});
   return e;
 }

@@ -119,6 +119,15 @@ Int8DynActInt4WeightQATLinear::Int8DynActInt4WeightQATLinear(const Linear& linea
   if (linear.bias().defined()) bias_ = register_parameter("bias", linear.bias());
 }
 
+std::shared_ptr<Module> Int8DynActInt4WeightQATLinear::clone() const {
+  Generator unused(0);  // the values are overwritten by the copy
+  const Linear shape(weight_.size(1), weight_.size(0), unused, bias_.defined(),
+                     TensorOptions{}.with_dtype(weight_.dtype()));
+  auto copy = std::make_shared<Int8DynActInt4WeightQATLinear>(shape, group_size_);
+  copy->fake_quant_ = fake_quant_;
+  return clone_into(copy);
+}
+
 Tensor Int8DynActInt4WeightQATLinear::forward(const Tensor& x) {
   if (!fake_quant_) return ::qgrad::linear(x, weight_, bias_);
   return ::qgrad::linear(fake_quantize_8da4w_activation(x), fake_quantize_8da4w_weight(weight_, group_size_), bias_);
@@ -127,6 +136,15 @@ Tensor Int8DynActInt4WeightQATLinear::forward(const Tensor& x) {
 Float8QATLinear::Float8QATLinear(const Linear& linear) {
   weight_ = register_parameter("weight", linear.weight());
   if (linear.bias().defined()) bias_ = register_parameter("bias", linear.bias());
+}
+
+std::shared_ptr<Module> Float8QATLinear::clone() const {
+  Generator unused(0);  // the values are overwritten by the copy
+  const Linear shape(weight_.size(1), weight_.size(0), unused, bias_.defined(),
+                     TensorOptions{}.with_dtype(weight_.dtype()));
+  auto copy = std::make_shared<Float8QATLinear>(shape);
+  copy->fake_quant_ = fake_quant_;
+  return clone_into(copy);
 }
 
 Tensor Float8QATLinear::forward(const Tensor& x) {
@@ -168,75 +186,64 @@ void enable_recipe_fake_quant(Module& root, bool on) {
 
 namespace {
 
-// 8da8w: every Linear at any depth -> Int8DynActInt8WeightQATLinear.
-void prepare_8da8w(Module& model) {
+// 8da4w, fp8, 8da8w: every Linear at any depth -> the recipe's QAT linear
+// (MultiheadAttention's in_proj / out_proj, an MLP block's fc1 / fc2, ...).
+// 8da4w: a Linear whose in_features the group size does not divide stays
+// float with options.skip_indivisible, else an error naming "group_size".
+// The whole tree is validated before anything changes.
+void prepare_tree(Module& model, Recipe recipe, const RecipeOptions& options) {
   const char* op = "prepare_qat";
+  const bool int4 = recipe == Recipe::w8da4;
+  if (int4) QGRAD_CHECK(options.group_size > 0, op, "group_size", "must be > 0, got ", options.group_size);
   QGRAD_CHECK(!is_quant_module(model), op, "model", "model is already prepared (a ", model.type_name(), ")");
-  std::size_t linears = 0;
+  const auto keeps_float = [&](const Linear& lin) { return int4 && lin.in_features() % options.group_size != 0; };
+  std::size_t eligible = 0;
   walk_children(model, "", [&](const std::string& path, const Module& parent, std::size_t i) {
     const Module& c = *parent.named_children()[i].second;
     QGRAD_CHECK(!is_quant_module(c), op, "model", "model is already prepared: '", path, "' is a ", c.type_name());
-    linears += c.type_name() == "Linear" ? 1 : 0;
+    const auto* lin = dynamic_cast<const Linear*>(&c);
+    if (!lin) return;
+    if (keeps_float(*lin)) {
+      QGRAD_CHECK(options.skip_indivisible, op, "group_size", "layer '", path, "': in_features ", lin->in_features(),
+                  " is not a multiple of the group size ", options.group_size,
+                  " (RecipeOptions::skip_indivisible keeps such layers in float)");
+      return;
+    }
+    ++eligible;
   });
-  QGRAD_CHECK(linears > 0, op, "model", "no Linear layer to prepare for recipe 8da8w");
+  QGRAD_CHECK(eligible > 0, op, "model", "no Linear layer to prepare for recipe ", recipe_name(recipe));
   // Parents first: a replaced child is a leaf (its own children are not visited again).
   walk(model, [&](Module& m) {
     const auto& children = m.named_children();
-    for (std::size_t i = 0; i < children.size(); ++i)
-      if (children[i].second->type_name() == "Linear")
-        m.replace_child(i, std::make_shared<Int8DynActInt8WeightQATLinear>(
-                               dynamic_cast<const Linear&>(*children[i].second)));
+    for (std::size_t i = 0; i < children.size(); ++i) {
+      const auto* lin = dynamic_cast<const Linear*>(children[i].second.get());
+      if (!lin || keeps_float(*lin)) continue;
+      std::shared_ptr<Module> q;
+      if (recipe == Recipe::w8da8) q = std::make_shared<Int8DynActInt8WeightQATLinear>(*lin);
+      else if (recipe == Recipe::fp8) q = std::make_shared<Float8QATLinear>(*lin);
+      else q = std::make_shared<Int8DynActInt4WeightQATLinear>(*lin, options.group_size);
+      m.replace_child(i, q);
+    }
   });
 }
 
 }  // namespace
 
 void prepare_qat(Sequential& model, Recipe recipe, const RecipeOptions& options) {
-  const char* op = "prepare_qat";
   if (recipe == Recipe::int8) return prepare_qat(model, options.int8);
-  if (recipe == Recipe::w8da8) return prepare_8da8w(model);
-  QGRAD_CHECK(recipe == Recipe::w8da4 || recipe == Recipe::fp8, op, "recipe", "unknown recipe ",
-              static_cast<int>(recipe));
-  QGRAD_CHECK(model.size() > 0, op, "model", "empty model");
-  for (std::size_t i = 0; i < model.size(); ++i) {
-    const Module& m = *model[i];
-    QGRAD_CHECK(model.name_at(i) != "quant" && m.type_name() != "QATLinear" && !is_recipe_qat(m), op, "model",
-                "model is already prepared");
-  }
-  if (recipe == Recipe::w8da4)
-    QGRAD_CHECK(options.group_size > 0, op, "group_size", "must be > 0, got ", options.group_size);
-  // Validate the whole model before changing it.
-  std::size_t eligible = 0;
-  for (std::size_t i = 0; i < model.size(); ++i) {
-    const auto* lin = dynamic_cast<const Linear*>(model[i].get());
-    if (!lin) continue;
-    if (recipe == Recipe::w8da4 && lin->in_features() % options.group_size != 0) {
-      QGRAD_CHECK(options.skip_indivisible, op, "group_size", "layer '", model.name_at(i), "': in_features ",
-                  lin->in_features(), " is not a multiple of the group size ", options.group_size,
-                  " (RecipeOptions::skip_indivisible keeps such layers in float)");
-      continue;
-    }
-    ++eligible;
-  }
-  QGRAD_CHECK(eligible > 0, op, "model", "no Linear layer to prepare for recipe ", recipe_name(recipe));
-  for (std::size_t i = 0; i < model.size(); ++i) {
-    const auto* lin = dynamic_cast<const Linear*>(model[i].get());
-    if (!lin) continue;
-    if (recipe == Recipe::fp8) {
-      model.set(i, std::make_shared<Float8QATLinear>(*lin));
-    } else if (lin->in_features() % options.group_size == 0) {
-      model.set(i, std::make_shared<Int8DynActInt4WeightQATLinear>(*lin, options.group_size));
-    }
-  }
+  QGRAD_CHECK(recipe == Recipe::w8da4 || recipe == Recipe::fp8 || recipe == Recipe::w8da8, "prepare_qat", "recipe",
+              "unknown recipe ", static_cast<int>(recipe));
+  prepare_tree(model, recipe, options);
 }
 
 std::vector<std::string> float_layers(const Sequential& model) {
   std::vector<std::string> names;
   bool prepared = false;
-  for (std::size_t i = 0; i < model.size(); ++i) {
-    if (is_recipe_qat(*model[i]) || model[i]->type_name() == "QATLinear") prepared = true;
-    if (model[i]->type_name() == "Linear") names.push_back(model.name_at(i));
-  }
+  walk_children(model, "", [&](const std::string& path, const Module& parent, std::size_t i) {
+    const Module& c = *parent.named_children()[i].second;
+    if (is_recipe_qat(c) || c.type_name() == "QATLinear") prepared = true;
+    if (c.type_name() == "Linear") names.push_back(path);
+  });
   return prepared ? names : std::vector<std::string>{};
 }
 
@@ -269,6 +276,12 @@ Int8DynActInt4WeightLinear::Int8DynActInt4WeightLinear(Tensor weight_q, Tensor w
   if (bias.defined()) bias_ = register_buffer("bias", bias);
 }
 
+std::shared_ptr<Module> Int8DynActInt4WeightLinear::clone() const {
+  NoGradGuard no_grad;
+  return clone_into(std::make_shared<Int8DynActInt4WeightLinear>(
+      weight_.clone(), weight_scale_.clone(), bias_.defined() ? bias_.clone() : Tensor(), group_size_));
+}
+
 Tensor Int8DynActInt4WeightLinear::forward(const Tensor& x) {
   return linear_w4a8(x, weight_, weight_scale_, group_size_, bias_, QuantMode::asymmetric, DType::f32);
 }
@@ -283,6 +296,12 @@ Float8Linear::Float8Linear(Tensor weight_q, Tensor weight_scale, Tensor bias) {
   weight_ = register_buffer("weight", weight_q);
   weight_scale_ = register_buffer("weight_scale", weight_scale);
   if (bias.defined()) bias_ = register_buffer("bias", bias);
+}
+
+std::shared_ptr<Module> Float8Linear::clone() const {
+  NoGradGuard no_grad;
+  return clone_into(std::make_shared<Float8Linear>(weight_.clone(), weight_scale_.clone(),
+                                                   bias_.defined() ? bias_.clone() : Tensor()));
 }
 
 Tensor Float8Linear::forward(const Tensor& x) { return fp8_linear(x, weight_, weight_scale_, bias_, DType::f32); }
@@ -333,34 +352,72 @@ std::shared_ptr<Module> Int8DynActInt8WeightLinear::clone() const {
 
 namespace {
 
-std::shared_ptr<Sequential> convert_8da8w(const Sequential& model) {
+// The inference layer of one recipe QAT linear, with its weight quantized by
+// the qparams its fake quantizer uses (so the dequantized weight equals the
+// fake-quantized one).
+std::shared_ptr<Module> converted_layer(const Module& qat) {
+  if (const auto* q = dynamic_cast<const Int8DynActInt8WeightQATLinear*>(&qat)) {
+    const Tensor w = q->weight().detach();
+    const AffineQparams qp = weight_8da8w_qparams(w);
+    Tensor wq = quantize(w, qp.scale, qp.zero_point, QuantScope::per_channel(0), DType::s8);
+    Tensor bias = q->bias().defined() ? q->bias().detach().to(DType::f32).clone() : Tensor();
+    auto lin = std::make_shared<Int8DynActInt8WeightLinear>(wq, qp.scale, bias);
+    lin->set_compute_dtype(q->compute_dtype());
+    return lin;
+  }
+  if (const auto* q = dynamic_cast<const Int8DynActInt4WeightQATLinear*>(&qat)) {
+    const Tensor w = q->weight().detach();
+    const Int4Qparams qp = choose_qparams_int4(w, q->group_size(), QuantMode::symmetric, DType::s4);
+    Tensor wq = quantize_int4(w, qp.scale, qp.zero_point, q->group_size(), DType::s4);
+    Tensor bias = q->bias().defined() ? q->bias().detach().clone() : Tensor();
+    return std::make_shared<Int8DynActInt4WeightLinear>(wq, qp.scale, bias, q->group_size());
+  }
+  const auto& f = dynamic_cast<const Float8QATLinear&>(qat);
+  const Tensor w = f.weight().detach();
+  const Tensor scale = fp8_scale(w, QuantScope::per_tensor(), DType::f8e4m3).reshape({1});
+  Tensor wq = quantize_fp8(w, scale, QuantScope::per_tensor(), DType::f8e4m3);
+  Tensor bias = f.bias().defined() ? f.bias().detach().clone() : Tensor();
+  return std::make_shared<Float8Linear>(wq, scale, bias);
+}
+
+bool is_qat_of(const Module& m, Recipe recipe) {
+  switch (recipe) {
+    case Recipe::w8da4: return dynamic_cast<const Int8DynActInt4WeightQATLinear*>(&m) != nullptr;
+    case Recipe::fp8: return dynamic_cast<const Float8QATLinear*>(&m) != nullptr;
+    case Recipe::w8da8: return dynamic_cast<const Int8DynActInt8WeightQATLinear*>(&m) != nullptr;
+    default: return false;
+  }
+}
+
+const char* qat_type_of(Recipe recipe) {
+  return recipe == Recipe::w8da4 ? "Int8DynActInt4WeightQATLinear"
+         : recipe == Recipe::fp8 ? "Float8QATLinear"
+                                 : "Int8DynActInt8WeightQATLinear";
+}
+
+// 8da4w, fp8, 8da8w: a deep copy of the tree with each of the recipe's QAT
+// linears, at any depth, replaced by its inference layer.
+std::shared_ptr<Sequential> convert_tree(const Sequential& model, Recipe recipe) {
   const char* op = "convert";
   // Validate before building anything.
   std::size_t qat = 0;
   walk_children(model, "", [&](const std::string& path, const Module& parent, std::size_t i) {
     const Module& c = *parent.named_children()[i].second;
-    if (dynamic_cast<const Int8DynActInt8WeightQATLinear*>(&c)) {
+    if (is_qat_of(c, recipe)) {
       ++qat;
       return;
     }
-    QGRAD_CHECK(!is_quant_module(c), op, path, "cannot convert a ", c.type_name(), " with recipe 8da8w");
+    QGRAD_CHECK(!is_quant_module(c), op, path, "cannot convert a ", c.type_name(), " with recipe ",
+                recipe_name(recipe));
   });
-  QGRAD_CHECK(qat > 0, op, "model", "not prepared for recipe 8da8w (no Int8DynActInt8WeightQATLinear)");
+  QGRAD_CHECK(qat > 0, op, "model", "not prepared for recipe ", recipe_name(recipe), " (no ", qat_type_of(recipe),
+              ")");
   NoGradGuard no_grad;
   auto out = std::dynamic_pointer_cast<Sequential>(model.clone());
   walk(*out, [&](Module& m) {
     const auto& children = m.named_children();
-    for (std::size_t i = 0; i < children.size(); ++i) {
-      const auto* q = dynamic_cast<const Int8DynActInt8WeightQATLinear*>(children[i].second.get());
-      if (!q) continue;
-      const Tensor w = q->weight().detach();
-      const AffineQparams qp = weight_8da8w_qparams(w);
-      Tensor wq = quantize(w, qp.scale, qp.zero_point, QuantScope::per_channel(0), DType::s8);
-      Tensor bias = q->bias().defined() ? q->bias().detach().to(DType::f32).clone() : Tensor();
-      auto lin = std::make_shared<Int8DynActInt8WeightLinear>(wq, qp.scale, bias);
-      lin->set_compute_dtype(q->compute_dtype());
-      m.replace_child(i, lin);
-    }
+    for (std::size_t i = 0; i < children.size(); ++i)
+      if (is_qat_of(*children[i].second, recipe)) m.replace_child(i, converted_layer(*children[i].second));
   });
   out->eval();
   return out;
@@ -369,52 +426,10 @@ std::shared_ptr<Sequential> convert_8da8w(const Sequential& model) {
 }  // namespace
 
 std::shared_ptr<Sequential> convert(const Sequential& model, Recipe recipe) {
-  const char* op = "convert";
   if (recipe == Recipe::int8) return convert(model);
-  if (recipe == Recipe::w8da8) return convert_8da8w(model);
-  QGRAD_CHECK(recipe == Recipe::w8da4 || recipe == Recipe::fp8, op, "recipe", "unknown recipe ",
-              static_cast<int>(recipe));
-  const std::string qat = recipe == Recipe::w8da4 ? "Int8DynActInt4WeightQATLinear" : "Float8QATLinear";
-  // Validate before building anything.
-  bool any = false;
-  for (std::size_t i = 0; i < model.size(); ++i) {
-    const std::string t = model[i]->type_name();
-    QGRAD_CHECK(t == qat || t == "ReLU" || t == "Linear", op, model.name_at(i), "cannot convert a ", t,
-                " with recipe ", recipe_name(recipe), " (supported: ", qat, ", Linear, ReLU)");
-    any = any || t == qat;
-  }
-  QGRAD_CHECK(any, op, "model", "not prepared for recipe ", recipe_name(recipe), " (no ", qat, ")");
-  NoGradGuard no_grad;
-  auto out = std::make_shared<Sequential>();
-  for (std::size_t i = 0; i < model.size(); ++i) {
-    const std::string& name = model.name_at(i);
-    if (const auto* q = dynamic_cast<const Int8DynActInt4WeightQATLinear*>(model[i].get())) {
-      const Tensor w = q->weight().detach();
-      const Int4Qparams qp = choose_qparams_int4(w, q->group_size(), QuantMode::symmetric, DType::s4);
-      Tensor wq = quantize_int4(w, qp.scale, qp.zero_point, q->group_size(), DType::s4);
-      Tensor bias = q->bias().defined() ? q->bias().detach().clone() : Tensor();
-      out->push_back(name, std::make_shared<Int8DynActInt4WeightLinear>(wq, qp.scale, bias, q->group_size()));
-    } else if (const auto* f = dynamic_cast<const Float8QATLinear*>(model[i].get())) {
-      const Tensor w = f->weight().detach();
-      const Tensor scale = fp8_scale(w, QuantScope::per_tensor(), DType::f8e4m3).reshape({1});
-      Tensor wq = quantize_fp8(w, scale, QuantScope::per_tensor(), DType::f8e4m3);
-      Tensor bias = f->bias().defined() ? f->bias().detach().clone() : Tensor();
-      out->push_back(name, std::make_shared<Float8Linear>(wq, scale, bias));
-    } else if (const auto* l = dynamic_cast<const Linear*>(model[i].get())) {
-      Generator unused(0);
-      const Tensor w = l->weight().detach();
-      auto copy = std::make_shared<Linear>(l->in_features(), l->out_features(), unused, l->bias().defined(),
-                                           TensorOptions{}.with_dtype(w.dtype()).with_device(w.device()));
-      NamedTensors state{{"weight", w.clone()}};
-      if (l->bias().defined()) state.emplace_back("bias", l->bias().detach().clone());
-      copy->load_state_dict(state);
-      out->push_back(name, copy);
-    } else {
-      out->push_back(name, std::make_shared<ReLU>());
-    }
-  }
-  out->eval();
-  return out;
+  QGRAD_CHECK(recipe == Recipe::w8da4 || recipe == Recipe::fp8 || recipe == Recipe::w8da8, "convert", "recipe",
+              "unknown recipe ", static_cast<int>(recipe));
+  return convert_tree(model, recipe);
 }
 
 }  // namespace qgrad::nn

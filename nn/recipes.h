@@ -82,6 +82,7 @@ class Int8DynActInt4WeightQATLinear : public Module {
   Int8DynActInt4WeightQATLinear(const Linear& linear, std::int64_t group_size = 32);
   Tensor forward(const Tensor& x) override;
   std::string type_name() const override { return "Int8DynActInt4WeightQATLinear"; }
+  std::shared_ptr<Module> clone() const override;
   Tensor weight() const { return weight_; }
   Tensor bias() const { return bias_; }
   std::int64_t group_size() const { return group_size_; }
@@ -102,6 +103,7 @@ class Float8QATLinear : public Module {
   explicit Float8QATLinear(const Linear& linear);
   Tensor forward(const Tensor& x) override;
   std::string type_name() const override { return "Float8QATLinear"; }
+  std::shared_ptr<Module> clone() const override;
   Tensor weight() const { return weight_; }
   Tensor bias() const { return bias_; }
   void enable_fake_quant(bool on) { fake_quant_ = on; }
@@ -139,19 +141,19 @@ class Int8DynActInt8WeightQATLinear : public Module {
 // LearnableFakeQuantize under root (nn::enable_fake_quant for the latter).
 void enable_recipe_fake_quant(Module& root, bool on);
 
-// In place. int8: prepare_qat(model, options.int8). 8da4w / fp8: every
-// Linear child becomes the recipe's QAT linear under the same name
-// (parameter names unchanged); the whole model is validated first. Throws
-// if the model is already prepared, has no Linear, or (8da4w, without
+// In place. int8: prepare_qat(model, options.int8) (top-level Linear
+// children). 8da4w, fp8, 8da8w: every Linear at any depth (children of
+// children, through Module::replace_child: MultiheadAttention's in_proj /
+// out_proj, an MLP block's fc1 / fc2, ...) becomes the recipe's QAT linear
+// under the same name (parameter names unchanged); the whole tree is
+// validated first. Throws if any module of the tree is already a QAT or
+// quantized layer, there is no Linear to prepare, or (8da4w, without
 // skip_indivisible) a Linear's in_features is not a multiple of group_size.
-// 8da8w: every Linear at any depth (children of children, through
-// Module::replace_child) becomes an Int8DynActInt8WeightQATLinear; throws
-// if any module of the tree is already a QAT or quantized layer, or there is
-// no Linear at all.
 void prepare_qat(Sequential& model, Recipe recipe, const RecipeOptions& options = {});
 
-// The names of the Linear children prepare_qat left in float (8da4w with
-// skip_indivisible); empty for a fully prepared model.
+// The paths ("blocks.0.attn.in_proj", "0", ...) of the Linears prepare_qat
+// left in float (8da4w with skip_indivisible), at any depth; empty for a
+// fully prepared model, or one not prepared.
 std::vector<std::string> float_layers(const Sequential& model);
 
 // ---- inference modules (convert) ----
@@ -189,6 +191,7 @@ class Int8DynActInt4WeightLinear : public Module {
   Int8DynActInt4WeightLinear(Tensor weight_q, Tensor weight_scale, Tensor bias, std::int64_t group_size);
   Tensor forward(const Tensor& x) override;
   std::string type_name() const override { return "Int8DynActInt4WeightLinear"; }
+  std::shared_ptr<Module> clone() const override;
   Tensor weight() const { return weight_; }
   Tensor weight_scale() const { return weight_scale_; }
   Tensor bias() const { return bias_; }
@@ -208,6 +211,7 @@ class Float8Linear : public Module {
   Float8Linear(Tensor weight_q, Tensor weight_scale, Tensor bias);
   Tensor forward(const Tensor& x) override;
   std::string type_name() const override { return "Float8Linear"; }
+  std::shared_ptr<Module> clone() const override;
   Tensor weight() const { return weight_; }
   Tensor weight_scale() const { return weight_scale_; }
   Tensor bias() const { return bias_; }
@@ -217,21 +221,18 @@ class Float8Linear : public Module {
 };
 
 // A new inference Sequential from a model prepared with `recipe` (and
-// trained). int8: convert(model) (nn/qat.h). 8da4w: each
-// Int8DynActInt4WeightQATLinear -> Int8DynActInt4WeightLinear with the
-// weight quantized by quantize_int4 with the qparams its fake quantizer uses
-// (choose_qparams_int4, symmetric s4); fp8: each Float8QATLinear ->
-// Float8Linear with quantize_fp8 and fp8_scale of the weight. ReLU is kept; a
-// Linear left in float by prepare_qat is copied. Everything is copied, so
-// further training of `model` does not change the result. Any other child
-// type, or a QAT linear of another recipe, is an error naming the child.
-// 8da8w: a deep copy of the whole tree (Module::clone: every module of it
-// must implement clone) in which each Int8DynActInt8WeightQATLinear, at any
-// depth, becomes an Int8DynActInt8WeightLinear whose weight is
-// quantize(w, scale, 0, per_channel(0), s8) with the qparams its fake
-// quantizer uses (so w_q * scale equals the fake-quantized weight exactly).
-// An observer or QAT layer of another recipe anywhere in the tree is an
-// error naming its path.
+// trained). int8: convert(model) (nn/qat.h). 8da4w, fp8, 8da8w: a deep copy
+// of the whole tree (Module::clone: every module of it must implement clone)
+// in which each of the recipe's QAT linears, at any depth, becomes its
+// inference layer with the weight quantized by the qparams its fake
+// quantizer uses: 8da4w Int8DynActInt4WeightLinear (quantize_int4 with
+// choose_qparams_int4, symmetric s4), fp8 Float8Linear (quantize_fp8 and
+// fp8_scale), 8da8w Int8DynActInt8WeightLinear (quantize(w, scale, 0,
+// per_channel(0), s8), so w_q * scale equals the fake-quantized weight
+// exactly). A Linear left in float, norms, attention and activations are
+// copied; further training of `model` does not change the result. An
+// observer or QAT layer of another recipe anywhere in the tree is an error
+// naming its path.
 std::shared_ptr<Sequential> convert(const Sequential& model, Recipe recipe);
 
 }  // namespace qgrad::nn

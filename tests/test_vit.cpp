@@ -47,6 +47,25 @@ std::size_t count_of(const std::map<std::string, std::size_t>& counts, const std
   return it == counts.end() ? 0 : it->second;
 }
 
+// The first module named `name` below root (depth first), or null.
+nn::Module* first_named(nn::Module& root, const std::string& name) {
+  for (const auto& [n, c] : root.named_children()) {
+    if (n == name) return c.get();
+    if (nn::Module* found = first_named(*c, name)) return found;
+  }
+  return nullptr;
+}
+
+// The dotted path of the first module of type `type` below root (depth first), or "".
+std::string first_path_of(const nn::Module& root, const std::string& type, const std::string& prefix = "") {
+  for (const auto& [n, c] : root.named_children()) {
+    if (c->type_name() == type) return prefix + n;
+    const std::string p = first_path_of(*c, type, prefix + n + ".");
+    if (!p.empty()) return p;
+  }
+  return "";
+}
+
 }  // namespace
 
 TEST_CASE("vit: patch embedding takes row-major P x P patches, tokens row-major over the patch grid") {
@@ -287,5 +306,71 @@ TEST_CASE("vit: 8da8w on the whole ViT: every Linear prepared, the W8A8 model ag
     std::size_t agree = 0;
     for (std::size_t i = 0; i < pq.size(); ++i) agree += pq[i] == pc[i];
     CHECK(agree >= 31);
+  }
+}
+
+// 8da4w and fp8 reach every Linear of the tree as 8da8w does; 8da4w leaves
+// the patch projection (49 inputs, no group of 32 divides them) in float
+// with skip_indivisible and refuses the model without it, changing nothing.
+TEST_CASE("vit: 8da4w and fp8 on the whole ViT: nested Linears prepared, converted, agreeing with fake quant") {
+  for (const Device d : test_devices()) {
+    for (const nn::Recipe r : {nn::Recipe::w8da4, nn::Recipe::fp8}) {
+      const std::string recipe = nn::recipe_name(r);
+      CAPTURE(recipe);
+      Generator g(24);
+      auto m = nn::make_vit(small_vit(), g);
+      m->to(d);
+      const bool int4 = r == nn::Recipe::w8da4;
+      if (int4) {
+        check_error([&] { nn::prepare_qat(*m, r); }, "prepare_qat", "group_size");
+        CHECK(count_of(type_counts(*m), "Linear") == 10);  // validated before any change
+      }
+      nn::RecipeOptions o;
+      o.skip_indivisible = true;
+      nn::prepare_qat(*m, r, o);
+      const char* qat = int4 ? "Int8DynActInt4WeightQATLinear" : "Float8QATLinear";
+      const auto prepared = type_counts(*m);
+      // proj (float for 8da4w), (in_proj, out_proj, fc1, fc2) per block, head
+      CHECK(count_of(prepared, qat) == (int4 ? 9u : 10u));
+      CHECK(count_of(prepared, "Linear") == (int4 ? 1u : 0u));
+      const std::vector<std::string> floats = nn::float_layers(*m);
+      CHECK(floats.size() == (int4 ? 1u : 0u));
+      check_error([&] { nn::prepare_qat(*m, r, o); }, "prepare_qat", "model");  // already prepared
+      // A nested layer computes the recipe's composition: block 0's fc1 on a
+      // random input equals linear(fake act, fake weight, bias).
+      nn::Module* fc1 = first_named(*m, "fc1");
+      REQUIRE(fc1 != nullptr);
+      const Tensor w = fc1->named_parameters()[0].second, b = fc1->named_parameters()[1].second;
+      Generator gx(25);
+      const Tensor xin = randn({3, 5, 32}, gx).to(d);
+      const Tensor want = int4 ? linear(nn::fake_quantize_8da4w_activation(xin), nn::fake_quantize_8da4w_weight(w, 32), b)
+                               : linear(nn::fake_quantize_fp8_tensor(xin), nn::fake_quantize_fp8_tensor(w), b);
+      CHECK(bit_equal(fc1->forward(xin), want));
+      // One training step reaches every weight through the straight-through estimators.
+      const Tensor x = images(32, 26, d);
+      m->train();
+      Tensor labels = Tensor::from_vector<std::int64_t>(std::vector<std::int64_t>(32, 3), {32}).to(d);
+      cross_entropy((*m)(x), labels).backward();
+      for (const auto& np : m->named_parameters()) CHECK_MESSAGE(np.second.grad().defined(), np.first);
+      auto c = nn::convert(*m, r);
+      const auto converted = type_counts(*c);
+      CHECK(count_of(converted, int4 ? "Int8DynActInt4WeightLinear" : "Float8Linear") == (int4 ? 9u : 10u));
+      CHECK(count_of(converted, qat) == 0);
+      CHECK(count_of(converted, "Linear") == (int4 ? 1u : 0u));
+      // Converting with the other recipe names the first layer of this one.
+      check_error([&] { nn::convert(*m, int4 ? nn::Recipe::fp8 : nn::Recipe::w8da4); }, "convert",
+                  first_path_of(*m, qat));
+      NoGradGuard ng;
+      m->eval();
+      const Tensor lq = (*m)(x), lc = (*c)(x);
+      // The inference layers sum exact products in another order (8da4w:
+      // int32 group sums; fp8: the FP8 GEMM) than the fake-quant f32 GEMM, so
+      // the logits agree to rounding carried through the blocks.
+      CHECK(max_abs_diff(lq, lc) < 5e-2);
+      const auto pq = values(argmax(lq, 1)), pc = values(argmax(lc, 1));
+      std::size_t agree = 0;
+      for (std::size_t i = 0; i < pq.size(); ++i) agree += pq[i] == pc[i];
+      CHECK(agree >= 31);
+    }
   }
 }

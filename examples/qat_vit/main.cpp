@@ -10,26 +10,33 @@
 //   2. optionally (--smoothquant) calibrate SmoothQuant factors on a few
 //      training batches and fold them into ln1 -> attention in_proj and
 //      ln2 -> fc1 (the same function, float);
-//   3. prepare_qat with the transformer recipe 8da8w (nn/recipes.h): every
-//      Linear, nested ones included, takes dynamic per-token asymmetric int8
-//      activations and per-channel symmetric int8 weights, straight-through;
+//   3. prepare_qat with --recipe (nn/recipes.h; every Linear, nested ones
+//      included): 8da8w (default; dynamic per-token asymmetric int8
+//      activations, per-channel symmetric int8 weights), 8da4w (the same
+//      activations, int4 weights in groups of --group-size along in_features;
+//      a Linear the group does not divide, the 16-input patch projection at
+//      group 32, stays float as torchao's quantizer leaves it) or fp8 (e4m3
+//      weights and activations, dynamic per-tensor scales); straight-through;
 //      fine-tune;
-//   4. convert to W8A8 (quantized_linear on int8 tensor cores; the attention
+//   4. convert (8da8w: W8A8 quantized_linear on int8 tensor cores; 8da4w:
+//      linear_w4a8; fp8: fp8_linear on FP8 tensor cores; the attention
 //      matmuls, norms and GELU stay floating point) and evaluate all three.
 // Writes what qgrad-qat-mlp writes (examples/common/qat_train.h): metrics.csv,
 // report.json (the converted model under the recipe's name: "8da8w_acc",
-// "8da8w_vs_qat_agreement"), plots, the graph of one QAT training step (DOT)
-// and safetensors checkpoints (float, qat, 8da8w); --checkpoint-every /
-// --resume as there. --bf16 (= --precision bf16): bf16 matmuls and
-// activations, f32 master weights and optimizer state.
+// "8da8w_vs_qat_agreement", ...; 8da4w adds "group_size" and "float_layers"),
+// plots, the graph of one QAT training step (DOT) and safetensors checkpoints
+// (float, qat, <recipe>); --checkpoint-every / --resume as there. --bf16 (=
+// --precision bf16, 8da8w only): bf16 matmuls and activations, f32 master
+// weights and optimizer state.
 //
 //   qgrad-qat-vit [--epochs 40] [--qat-epochs 2] [--augment-shift 1] [--device auto|cpu|cuda]
-//                 [--smoothquant] [--bf16] ...
+//                 [--recipe 8da8w|8da4w|fp8] [--group-size 32] [--smoothquant] [--bf16] ...
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -66,7 +73,24 @@ struct Flags : QatFlags {
   double smoothquant_alpha = 0.5;    // --smoothquant-alpha
   std::int64_t calib_batches = 8;    // --calib-batches
   std::int64_t augment_shift = 1;    // --augment-shift (0: no augmentation)
+  std::string recipe = "8da8w";      // --recipe 8da8w|8da4w|fp8 (nn/recipes.h)
+  std::int64_t group_size = 32;      // --group-size: 8da4w int4 weight groups
 };
+
+// The converted checkpoint's metadata: its format ("qgrad-8da8w-vit",
+// "qgrad-8da4w-vit", "qgrad-fp8-vit") and the group size of each int4 weight.
+Metadata converted_metadata(const Module& m, const std::string& recipe) {
+  Metadata md{{"format", "qgrad-" + recipe + "-vit"}};
+  const std::function<void(const Module&, const std::string&)> visit = [&](const Module& mod, const std::string& prefix) {
+    for (const auto& [name, child] : mod.named_children()) {
+      if (const auto* l = dynamic_cast<const Int8DynActInt4WeightLinear*>(child.get()))
+        md[prefix + name + ".weight.group_size"] = std::to_string(l->group_size());
+      visit(*child, prefix + name + ".");
+    }
+  };
+  visit(m, "");
+  return md;
+}
 
 // The first n batches of the training set in order (no shuffling), on dev.
 std::vector<Tensor> calibration_batches(const Dataset& train, std::int64_t batch, std::int64_t n, Device dev) {
@@ -146,10 +170,16 @@ int run(const Flags& f, const std::string& flags_text) {
   if (f.augment_shift > 0)
     to.augment = [&f, &gen](const Tensor& x) { return random_shift_flip(x, f.augment_shift, gen); };
   Trainer trainer(to, dev, train, test, gen, nlohmann::json::parse(flags_text), setup.pg);
-  FlowOptions fo = flow_options(f, "qgrad-8da8w-vit");
-  fo.recipe = recipe_name(Recipe::w8da8);
-  fo.convert = [](Sequential& m) { return convert(m, Recipe::w8da8); };
+  const Recipe recipe = parse_recipe(f.recipe);
+  FlowOptions fo = flow_options(f, "qgrad-" + f.recipe + "-vit");
+  fo.recipe = recipe_name(recipe);
+  fo.convert = [recipe](Sequential& m) { return convert(m, recipe); };
   fo.enable_fake_quant = [](Sequential& m, bool on) { enable_recipe_fake_quant(m, on); };
+  fo.converted_metadata = [&](const Sequential& m) { return converted_metadata(m, fo.recipe); };
+  RecipeOptions recipe_options;
+  recipe_options.group_size = f.group_size;
+  recipe_options.skip_indivisible = true;  // torchao's quantizer: a layer G does not divide stays float
+  std::vector<std::string> float_layer_names;
   nlohmann::ordered_json extra = nlohmann::ordered_json::object();
   const FlowResult res = run_flow(trainer, *model, fo, test, dev, [&](Sequential& m) {
     if (f.smoothquant) {
@@ -162,9 +192,11 @@ int run(const Flags& f, const std::string& flags_text) {
         std::printf("SmoothQuant folded (alpha %.2f, %zu batches): float test accuracy %.2f%% after the fold\n",
                     f.smoothquant_alpha, calib.size(), 100 * accuracy(predict(m, test, dev), test));
     }
-    prepare_qat(m, Recipe::w8da8);
+    prepare_qat(m, recipe, recipe_options);
+    float_layer_names = float_layers(m);
   });
   if (!res.int8) return 0;  // a rank other than 0: evaluation and files are rank 0's
+  if (recipe == Recipe::w8da4) extra["group_size"] = f.group_size, extra["float_layers"] = float_layer_names;
 
   auto plots = write_plots(trainer.records, *model, f.out, format);
   return finish_run(f, setup, res, trainer, plots, flags_text, {}, extra);
@@ -173,7 +205,8 @@ int run(const Flags& f, const std::string& flags_text) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"Quantization-aware training of a tiny Vision Transformer on Fashion-MNIST with qgrad (8da8w, W8A8)"};
+  CLI::App app{"Quantization-aware training of a tiny Vision Transformer on Fashion-MNIST with qgrad (8da8w, 8da4w "
+               "or fp8)"};
   Flags f;
   add_qat_options(app, f);
   app.add_flag_callback("--bf16", [&f] { f.precision = "bf16"; }, "bf16 mixed precision (= --precision bf16)");
@@ -195,8 +228,21 @@ int main(int argc, char** argv) {
                  "per image (0: none)")
       ->capture_default_str()
       ->check(integer_in(0, 8));
+  app.add_option("--recipe", f.recipe, "QAT recipe: 8da8w (dynamic int8 activations, int8 weights per channel), "
+                 "8da4w (dynamic int8 activations, int4 weights per group) or fp8 (e4m3, dynamic per-tensor scales)")
+      ->capture_default_str()
+      ->check(one_of({"8da8w", "8da4w", "fp8"}));
+  app.add_option("--group-size", f.group_size, "8da4w: int4 weight group size along in_features (a layer it does "
+                 "not divide stays float, as in torchao)")
+      ->capture_default_str()
+      ->check(integer_in(2, 4096));
   CLI11_PARSE(app, argc, argv);
   if (f.probe_cuda) return cuda_device_count() > 0 ? 0 : 77;
+  if (f.precision == "bf16" && f.recipe != "8da8w") {
+    // The 8da4w and fp8 QAT linears fake-quantize in the weights' dtype only.
+    std::fprintf(stderr, "--bf16: must go with --recipe 8da8w, got '--recipe %s'\n", f.recipe.c_str());
+    return 2;
+  }
   if (f.dim % f.heads != 0) {
     std::fprintf(stderr, "--heads: must be a divisor of --dim %lld, got '%lld'\n", static_cast<long long>(f.dim),
                  static_cast<long long>(f.heads));
@@ -205,7 +251,8 @@ int main(int argc, char** argv) {
 
   nlohmann::ordered_json flags = qat_flags_json(f);
   flags["optimizer"] = "adamw";
-  flags["recipe"] = recipe_name(Recipe::w8da8);
+  flags["recipe"] = f.recipe;
+  if (f.recipe == "8da4w") flags["group_size"] = f.group_size;
   flags["patch"] = f.patch;
   flags["dim"] = f.dim;
   flags["depth"] = f.depth;

@@ -1,5 +1,5 @@
 // Observer kernels on CUDA. The min/max reduction is one launch. Channels
-// of at most kWarpChannelMax elements: a warp per channel. Longer ones:
+// that need no splitting to fill the device: a warp per channel. Otherwise:
 // grid (G, C) blocks write per-block partial min/max of channel c to a scratch
 // [C, G], and the last of channel c's G blocks to finish (a per-channel
 // counter, core/cuda/common.cuh's block_counters) combines them and applies
@@ -44,14 +44,13 @@ __global__ void partial_minmax_kernel(const T* x, std::int64_t channels, std::in
   if (threadIdx.x == 0) counters[ch] = 0;  // ready for the next launch
 }
 
-// Short channels (per-token ranges, weight rows: at most kWarpChannelMax
-// elements), or more channels than a grid's y dimension holds: one warp per
-// channel, no shared memory or barrier. A block per channel left most of its
-// 256 threads idle on rows of 128-256 elements and paid a block reduction
-// each (43 us per call in the ViT step); on long channels a warp each kept
-// too few bytes in flight (4096 channels of 16384: 80% of copy).
+// One part per channel (minmax_parts == 1: per-token ranges, weight rows,
+// any channels that fill the device without splitting): one warp per channel,
+// no shared memory or barrier. A block per channel left most of its 256
+// threads idle on rows of 128-256 elements and paid a block reduction each
+// (43 us per call in the ViT step), and measured slower on long channels too
+// (4096 channels of 16384: 0.147 ms against a warp each, 0.113 ms).
 inline constexpr unsigned kWarpMinmaxThreads = 256;
-inline constexpr std::int64_t kWarpChannelMax = 2048;
 
 template <class T>
 __global__ void warp_minmax_kernel(const T* x, std::int64_t channels, std::int64_t inner, std::int64_t count,
@@ -77,7 +76,8 @@ void minmax_impl(const Tensor& x, const Tensor& run_min, const Tensor& run_max, 
   const int dev = x.device().index;
   const std::int64_t count = v.outer * v.inner;
   cudaStream_t s = ::qgrad::cuda::stream(dev);
-  if (count <= kWarpChannelMax || v.channels > 65535) {
+  const unsigned parts = minmax_parts(dev, v.channels, count);
+  if (parts == 1 || v.channels > 65535) {
     const std::int64_t blocks = (v.channels + kWarpMinmaxThreads / 32 - 1) / (kWarpMinmaxThreads / 32);
     warp_minmax_kernel<T><<<static_cast<unsigned>(blocks), kWarpMinmaxThreads, 0, s>>>(
         static_cast<const T*>(x.data_ptr()), v.channels, v.inner, count, run_min.data<float>(),
@@ -85,7 +85,6 @@ void minmax_impl(const Tensor& x, const Tensor& run_min, const Tensor& run_max, 
     QGRAD_LAUNCH_CHECK();
     return;
   }
-  const unsigned parts = minmax_parts(dev, v.channels, count);
   Tensor partial = Tensor::empty({v.channels, static_cast<std::int64_t>(parts), 2},
                                  TensorOptions{}.with_device(x.device()));
   const bool one_launch = static_cast<std::size_t>(v.channels) <= ::qgrad::cuda::kBlockCounters;

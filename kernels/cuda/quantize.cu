@@ -161,71 +161,12 @@ unsigned engine_blocks(int dev, std::int64_t n) {
   return ::qgrad::cuda::blocks_for(warps_needed * 32, 256, ::qgrad::cuda::fill_blocks(dev, 256) * 8LL);
 }
 
-// Ops without mask traffic (dequantize, its gradient) over a narrow input:
-// each thread kN = 16 / sizeof(In) consecutive elements per iteration, read
-// in one 16-byte load (the engine's four-element lanes read an s8 input 4
-// bytes at a time and kept too few bytes in flight: dequantize_per_tensor
-// at 84% of copy). Same formula per element, so the same bits.
-template <class Op, int kN>
-__global__ void __launch_bounds__(256)
-    plain_kernel(Op op, const typename Op::In* __restrict__ in, typename Op::Out* __restrict__ out, std::int64_t n,
-                 ChannelIndexer map, formulas::ParamSource ps, bool same_n) {
-  using In = typename Op::In;
-  using Out = typename Op::Out;
-  static_assert(kN * sizeof(In) == 16, "one 16-byte load per thread and iteration");
-  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-  for (std::int64_t v = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; v * kN < n; v += stride) {
-    const std::int64_t i0 = v * kN;
-    formulas::ChannelParams p;
-    bool unused = false;
-    if (i0 + kN <= n) {
-      const uint4 raw = *reinterpret_cast<const uint4*>(in + i0);
-      In x[kN];
-      memcpy(x, &raw, sizeof raw);
-      if (same_n) p = ps.get(map.channel(i0));
-      Out o[kN];
-#pragma unroll
-      for (int k = 0; k < kN; ++k) {
-        if (!same_n) p = ps.get(map.channel(i0 + k));
-        o[k] = op(x[k], p, false, unused);
-      }
-      if constexpr (kN * sizeof(Out) % 16 == 0) {
-#pragma unroll
-        for (int j = 0; j < static_cast<int>(kN * sizeof(Out) / 16); ++j) {
-          uint4 w;
-          memcpy(&w, reinterpret_cast<const unsigned char*>(o) + 16 * j, sizeof w);
-          reinterpret_cast<uint4*>(out + i0)[j] = w;
-        }
-      } else {
-#pragma unroll
-        for (int k = 0; k < kN; ++k) out[i0 + k] = o[k];
-      }
-    } else {
-      for (std::int64_t i = i0; i < n; ++i) out[i] = op(in[i], ps.get(map.channel(i)), false, unused);
-    }
-  }
-}
-
 template <class Op>
 void engine(const QuantLaunch& a) {
   using In = typename Op::In;
   using Out = typename Op::Out;
   const std::int64_t n = a.in.numel();
   if (n == 0) return;
-  if constexpr (!Op::kReadsMask && !Op::kWritesMask && sizeof(In) <= 2) {
-    constexpr int kN = static_cast<int>(16 / sizeof(In));
-    if (reinterpret_cast<std::uintptr_t>(a.in.data_ptr()) % 16 == 0 &&
-        reinterpret_cast<std::uintptr_t>(a.out.data_ptr()) % 16 == 0) {
-      const int dev = a.out.device().index;
-      const AxisLayout& lay = a.params.layout;
-      const unsigned blocks = ::qgrad::cuda::blocks_for((n + kN - 1) / kN, 256, ::qgrad::cuda::fill_blocks(dev, 256) * 8LL);
-      plain_kernel<Op, kN><<<blocks, 256, 0, ::qgrad::cuda::stream(dev)>>>(
-          Op{a.params.qmin, a.params.qmax}, static_cast<const In*>(a.in.data_ptr()), static_cast<Out*>(a.out.data_ptr()),
-          n, ChannelIndexer(lay), a.params.source, lay.channels == 1 || lay.inner % kN == 0);
-      QGRAD_LAUNCH_CHECK();
-      return;
-    }
-  }
   const int dev = a.out.device().index;
   const In* in = static_cast<const In*>(a.in.data_ptr());
   Out* out = static_cast<Out*>(a.out.data_ptr());

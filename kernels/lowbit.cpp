@@ -143,11 +143,15 @@ void int4_qparams(const Tensor& min, const Tensor& max, const Tensor& scale, con
                  "int4_qparams");
 }
 
-bool fake_quantize_dynamic_rows(const Tensor& x, const Tensor& y, std::uint32_t* mask, std::int64_t row_len, int qmin,
-                                int qmax, bool symmetric, float eps) {
-  bool done = false;
-  if (x.is_cuda()) QGRAD_ON_CUDA(done = cuda::fake_quantize_dynamic_rows(x, y, mask, row_len, qmin, qmax, symmetric, eps));
-  return done;
+bool fake_quantize_dynamic_rows([[maybe_unused]] const Tensor& x, [[maybe_unused]] const Tensor& y,
+                                [[maybe_unused]] std::uint32_t* mask, [[maybe_unused]] std::int64_t row_len,
+                                [[maybe_unused]] int qmin, [[maybe_unused]] int qmax, [[maybe_unused]] bool symmetric,
+                                [[maybe_unused]] float eps) {
+  // Only a CUDA kernel: in a build without CUDA no tensor is on a GPU.
+#if QGRAD_WITH_CUDA
+  if (x.is_cuda()) return cuda::fake_quantize_dynamic_rows(x, y, mask, row_len, qmin, qmax, symmetric, eps);
+#endif
+  return false;
 }
 
 void int4_quantize(const Tensor& x, const Tensor& q, const Tensor& scale, const Tensor& zp, std::int64_t group,

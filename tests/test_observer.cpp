@@ -1,5 +1,6 @@
 // Observers and qparams against PyTorch's observer.py formulas.
 #include <cmath>
+#include <cstring>
 #include <functional>
 
 #include "helpers.h"
@@ -340,6 +341,76 @@ TEST_CASE("CUDA observers match CPU bit for bit") {
       CHECK(bit_equal(z1, z2));
     }
   }
+}
+
+TEST_CASE("CUDA observers match CPU bit for bit on signed zeros, infinities and NaN payloads") {
+  QGRAD_REQUIRE_GPU();
+  // The f32 reductions run on min.NaN / max.NaN and redo a share that saw a
+  // NaN with the exact combines: a NaN of a non-canonical payload must come
+  // back with its payload, as on the CPU, and -0 must stay below +0.
+  const auto bits = [](std::uint32_t u) {
+    float f;
+    std::memcpy(&f, &u, sizeof f);
+    return f;
+  };
+  const float payload_nan = bits(0xffc00123u);
+  Generator gen(11);
+  const std::int64_t rows = 6, len = 4100;  // rows of whole float4 vectors (16-byte aligned)
+  std::vector<float> v = randn({rows, len}, gen).to_vector<float>();
+  for (std::int64_t i = 0; i < len; ++i) {
+    v[static_cast<std::size_t>(1 * len + i)] = i % 3 == 0 ? -0.0f : 0.0f;  // row 1: zeros of both signs
+    v[static_cast<std::size_t>(2 * len + i)] = -0.0f;                      // row 2: only -0
+  }
+  v[static_cast<std::size_t>(3 * len + 1234)] = payload_nan;  // row 3: one NaN
+  v[static_cast<std::size_t>(4 * len + 7)] = INFINITY;        // row 4: both infinities
+  v[static_cast<std::size_t>(4 * len + 2048)] = -INFINITY;
+  v[static_cast<std::size_t>(5 * len + len - 2)] = payload_nan;  // row 5: a NaN, in the tail of the prefix below
+  const Tensor x = Tensor::from_vector(v, {rows, len});
+  // Per tensor: the rows without NaN (zeros and infinities decide the
+  // range), all rows (the NaN decides it), a prefix of 4k + 3 elements whose
+  // only NaN is in the scalar tail; then per channel.
+  const Tensor flat = x.reshape({rows * len});
+  const std::vector<std::pair<Tensor, bool>> cases = {
+      {slice(x, 0, 0, 3), false}, {x, false}, {slice(flat, 0, 0, rows * len - 1), false}, {x, true}};
+  for (const auto& [in, per_channel] : cases) {
+    ObserverOptions o;
+    o.averaging_constant = -1.0;
+    if (per_channel) {
+      o.qscheme = QScheme::per_channel_symmetric;
+      o.dtype = DType::s8;
+      o.ch_axis = 0;
+      o.channels = rows;
+    }
+    Observer oc(o), og(o);
+    og.to(Device::cuda(0));
+    oc.forward(in);
+    og.forward(in.cuda());
+    CHECK(bit_equal(oc.min_val(), og.min_val()));
+    CHECK(bit_equal(oc.max_val(), og.max_val()));
+  }
+  // The CPU's values are the ones meant: row 2's range is (-0, -0), row 1's
+  // (-0, +0), row 3's min the NaN with its payload.
+  ObserverOptions o;
+  o.averaging_constant = -1.0;
+  o.qscheme = QScheme::per_channel_symmetric;
+  o.dtype = DType::s8;
+  o.ch_axis = 0;
+  o.channels = rows;
+  Observer og(o);
+  og.to(Device::cuda(0));
+  og.forward(x.cuda());
+  const std::vector<float> mn = og.min_val().cpu().to_vector<float>(), mx = og.max_val().cpu().to_vector<float>();
+  CHECK(std::signbit(mn[1]));
+  CHECK(!std::signbit(mx[1]));
+  CHECK(std::signbit(mn[2]));
+  CHECK(std::signbit(mx[2]));
+  std::uint32_t u = 0;
+  std::memcpy(&u, &mn[3], sizeof u);
+  CHECK(u == 0xffc00123u);
+  std::memcpy(&u, &mx[5], sizeof u);
+  CHECK(u == 0xffc00123u);
+  CHECK(mn[4] == -INFINITY);
+  CHECK(mx[4] == INFINITY);
 }
 
 namespace {

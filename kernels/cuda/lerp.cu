@@ -28,39 +28,25 @@ bool aligned16(const void* p, std::size_t elem) {
   return p == nullptr || reinterpret_cast<std::uintptr_t>(p) % (4 * elem) == 0;
 }
 
-unsigned vec_blocks(int dev, std::int64_t n) {
-  return ::qgrad::cuda::blocks_for((n + 3) / 4, 256, ::qgrad::cuda::fill_blocks(dev, 256) * 8LL);
-}
+// One vector of four per thread on a grid that covers the tensor once (at
+// most blocks_for's cap, then grid-stride): an H100 sweep (2026-11-24,
+// docs/benchmarks.md) put this shape at the copy rate, 1.0526 ms for 256M
+// f32, where two vectors per thread on 8 waves of resident blocks took 1.096.
+unsigned vec_blocks(std::int64_t n) { return ::qgrad::cuda::blocks_for((n + 3) / 4, 256); }
 
-// Two vectors per thread per iteration (v and v + stride, both coalesced),
-// loaded before either is computed: twice the bytes in flight of a plain
-// grid-stride loop.
 template <class T>
 __global__ void __launch_bounds__(256) lerp_fw_vec(LerpElems<T> e, T* __restrict__ out, std::int64_t n) {
   using M = op_math_t<T>;
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   const std::int64_t full = n / 4;  // whole vectors
-  for (std::int64_t v = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; v < full; v += 2 * stride) {
-    const std::int64_t v2 = v + stride;
-    const bool two = v2 < full;
-    Vec4<T> a[2], b[2], w[2];
-    a[0] = load4(e.a + 4 * v);
-    b[0] = load4(e.b + 4 * v);
-    if (e.w) w[0] = load4(e.w + 4 * v);
-    if (two) {
-      a[1] = load4(e.a + 4 * v2);
-      b[1] = load4(e.b + 4 * v2);
-      if (e.w) w[1] = load4(e.w + 4 * v2);
-    }
+  for (std::int64_t v = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; v < full; v += stride) {
+    const Vec4<T> a = load4(e.a + 4 * v), b = load4(e.b + 4 * v);
+    Vec4<T> w;
+    if (e.w) w = load4(e.w + 4 * v);
+    Vec4<T> o;
 #pragma unroll
-    for (int u = 0; u < 2; ++u) {
-      if (u == 1 && !two) break;
-      Vec4<T> o;
-#pragma unroll
-      for (int k = 0; k < 4; ++k)
-        o.v[k] = T(formulas::lerp_value<M>(M(a[u].v[k]), M(b[u].v[k]), e.w ? M(w[u].v[k]) : e.wm));
-      store4(out + 4 * (u == 0 ? v : v2), o);
-    }
+    for (int k = 0; k < 4; ++k) o.v[k] = T(formulas::lerp_value<M>(M(a.v[k]), M(b.v[k]), e.w ? M(w.v[k]) : e.wm));
+    store4(out + 4 * v, o);
   }
   // The last n % 4 elements.
   const std::int64_t tail = 4 * full + static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -119,7 +105,7 @@ bool lerp_forward_vec_impl(const LerpArgs& args, const Tensor& out) {
   if (!(li.same && aligned16(e.a, sizeof(T)) && aligned16(e.b, sizeof(T)) && aligned16(e.w, sizeof(T)) &&
         aligned16(o, sizeof(T))))
     return false;
-  lerp_fw_vec<T><<<vec_blocks(dev, n), 256, 0, ::qgrad::cuda::stream(dev)>>>(e, o, n);
+  lerp_fw_vec<T><<<vec_blocks(n), 256, 0, ::qgrad::cuda::stream(dev)>>>(e, o, n);
   QGRAD_LAUNCH_CHECK();
   return true;
 }
@@ -137,7 +123,7 @@ bool lerp_backward_vec_impl(const LerpArgs& args, const Tensor& dy, const Tensor
   if (!(li.same && aligned16(e.a, sz) && aligned16(e.b, sz) && aligned16(e.w, sz) && aligned16(go.g, sz) &&
         aligned16(go.da, sz) && aligned16(go.db, sz) && aligned16(go.dw, sz)))
     return false;
-  lerp_bw_vec<T><<<vec_blocks(dev, n), 256, 0, ::qgrad::cuda::stream(dev)>>>(e, go, n);
+  lerp_bw_vec<T><<<vec_blocks(n), 256, 0, ::qgrad::cuda::stream(dev)>>>(e, go, n);
   QGRAD_LAUNCH_CHECK();
   return true;
 }

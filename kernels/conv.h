@@ -51,6 +51,9 @@ void conv2d_backward_weight(const Conv2dShape& s, const Tensor& x, const Tensor&
 // y[o, c, j] = bias[c] for y viewed as [outer, channels, inner] (the bias
 // the convolution then accumulates onto).
 void fill_channel_bias(const Tensor& y, const Tensor& bias, std::int64_t channels, std::int64_t inner);
+// y[n, c, ...] += bias[c], rounded once to y's dtype (f32/f64: the same
+// number as a convolution accumulated onto the filled bias).
+void add_channel_bias(const Tensor& y, const Tensor& bias, std::int64_t channels, std::int64_t inner);
 // dbias[c] = the sum of dy[:, c, :] for dy viewed as [outer, channels,
 // inner], in op_math_t and in a fixed order: partial sums over fixed chunks
 // of kBiasChunk elements of each (outer, channel) row, then, per channel,

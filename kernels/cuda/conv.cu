@@ -12,19 +12,20 @@
 // tensor cores with f32 accumulation (the convolution's compute type is f32).
 //
 // Engines: chosen once per (device, dtype, shape, direction, pointer
-// alignment) and cached. The backward passes first try cuDNN's graph
-// (backend) API, as PyTorch 2.11 calls it: an operation graph of the one
-// convolution, the engine configurations of its instant heuristic in order,
-// the first whose plan builds and whose numerical notes allow it: never
-// NONDETERMINISTIC, for f32 never TENSOR_CORE (TF32) or DOWN_CONVERT_INPUTS,
-// for f16/bf16 never REDUCED_PRECISION_REDUCTION (the accumulation stays
-// f32), never an engine that compiles at run time. The legacy API lacks the
-// newer engines: the bf16 backward-data pass at 256x32x14x14 took 0.068 ms
-// there against the graph engine's 0.034 (H100, 2026-11-24). The forward
-// pass, and a backward pass no graph engine takes, use the legacy API:
-// cudnnGet*Algorithm_v7 (no benchmarking, no host sync), the first result
-// that succeeds, is CUDNN_DETERMINISTIC and has the math type above; failing
-// that a fixed deterministic algorithm (IMPLICIT_GEMM, BWD_DATA_ALGO_1,
+// alignment, accumulation) and cached. Every pass except a forward
+// accumulated onto y (beta = 1) first tries cuDNN's graph (backend) API, as
+// PyTorch 2.11 calls it: an operation graph of the one convolution, the
+// engine configurations of its instant heuristic in order, the first whose
+// plan builds and whose numerical notes allow it: never NONDETERMINISTIC, for
+// f32 never TENSOR_CORE (TF32) or DOWN_CONVERT_INPUTS, for f16/bf16 never
+// REDUCED_PRECISION_REDUCTION (the accumulation stays f32), never an engine
+// that compiles at run time. The legacy API lacks the newer engines: the
+// bf16 backward-data pass at 256x32x14x14 took 0.068 ms there against the
+// graph engine's 0.034 (H100, 2026-11-24). The beta = 1 forward, and a pass
+// no graph engine takes, use the legacy API: cudnnGet*Algorithm_v7 (no
+// benchmarking, no host sync), the first result that succeeds, is
+// CUDNN_DETERMINISTIC and has the math type above; failing that a fixed
+// deterministic algorithm (IMPLICIT_GEMM, BWD_DATA_ALGO_1,
 // BWD_FILTER_ALGO_1). Either way no benchmarking: the same inputs give the
 // same bits on every run on one GPU model and cuDNN version.
 #include <cudnn.h>
@@ -439,11 +440,11 @@ Choice cached_choice(cudnnHandle_t h, const Descriptors& d, const Conv2dShape& s
     }
   }
   Choice c;
-  // The forward stays on the legacy API: with beta = 1 (the bias, filled
-  // first, so that 16-bit outputs round once) the graph API's engines measured
-  // slower at every bench_conv shape (64x64x56x56 f32 0.450 ms against 0.402,
+  // A forward with beta = 1 (a 16-bit output accumulated onto its filled
+  // bias, so that it rounds once) stays on the legacy API: the graph API's
+  // engines measured slower there (64x64x56x56 f32 0.450 ms against 0.402,
   // bf16 0.216 against 0.182; H100, 2026-11-24).
-  if (dir != Direction::forward) {
+  if (dir != Direction::forward || !accumulate) {
     try {
       c.plan = backend_plan(h, s, dt, dir, accumulate, alignment);
     } catch (const Error&) {  // the graph API rejects this convolution: the legacy API

@@ -5,7 +5,8 @@
 //
 //   case w4a16_<M>x<N>x<K>   impl qgrad (linear_w4a16, bf16 x/out, s4 groups of 128),
 //                            impl qgrad_g32 (groups of 32), impl qgrad_u4 (u4 + zero points, groups of 128),
-//                            impl qgrad_f16 (f16 x/out, s4 groups of 128),
+//                            impl qgrad_f16 (f16 x/out, s4 groups of 128); impl qgrad_tscale* the same with
+//                            scales of x's dtype (bf16 / f16, as torchao and GPTQ keep them: the packed GEMV),
 //                            impl qgrad_kernel_back_to_back (the s4 g128 kernel alone, 24 launches
 //                            back to back into a preallocated output: kernel time without the op's host
 //                            work, which the per-call rows include when it is the longer),
@@ -98,13 +99,18 @@ void bench_w4a16(cublasHandle_t h, std::int64_t M, std::int64_t N, std::int64_t 
     return t.median_ms;
   }();
   const Tensor x16 = x.to(DType::f16);
-  for (auto [impl, G, qt] : {std::tuple{"qgrad", 128, DType::s4}, std::tuple{"qgrad_g32", 32, DType::s4},
-                             std::tuple{"qgrad_u4", 128, DType::u4}, std::tuple{"qgrad_f16", 128, DType::s4}}) {
-    const bool f16 = std::string(impl) == "qgrad_f16";
+  // Scales f32, or (t_scale) x's dtype as torchao's and GPTQ's int4 weights keep them.
+  for (auto [impl, G, qt, t_scale] :
+       {std::tuple{"qgrad", 128, DType::s4, false}, std::tuple{"qgrad_g32", 32, DType::s4, false},
+        std::tuple{"qgrad_u4", 128, DType::u4, false}, std::tuple{"qgrad_f16", 128, DType::s4, false},
+        std::tuple{"qgrad_tscale", 128, DType::s4, true}, std::tuple{"qgrad_tscale_g32", 32, DType::s4, true},
+        std::tuple{"qgrad_tscale_u4", 128, DType::u4, true}, std::tuple{"qgrad_tscale_f16", 128, DType::s4, true}}) {
+    const bool f16 = std::string(impl) == "qgrad_f16" || std::string(impl) == "qgrad_tscale_f16";
     std::vector<Tensor> wq, ws, wz;
     for (int i = 0; i < kInt4Copies; ++i) {
       wq.push_back(int4_weight(N, K, g, qt));
-      ws.push_back(rand({N, K / G}, g, cuda_opts(DType::f32), 0.01, 0.02));
+      ws.push_back(rand({N, K / G}, g, cuda_opts(DType::f32), 0.01, 0.02)
+                       .to(t_scale ? (f16 ? DType::f16 : DType::bf16) : DType::f32));
       wz.push_back(qt == DType::u4 ? randint(0, 16, {N, K / G}, g, cuda_opts(DType::s32)) : Tensor());
     }
     Timing t = time_cuda(
@@ -113,12 +119,13 @@ void bench_w4a16(cublasHandle_t h, std::int64_t M, std::int64_t N, std::int64_t 
           (void)linear_w4a16(f16 ? x16 : x, wq[i], ws[i], wz[i], G);
         },
         100, 10);
-    const double bytes = static_cast<double>(N * K / 2 + N * (K / G) * (qt == DType::u4 ? 8 : 4));
+    const double bytes = static_cast<double>(N * K / 2 + N * (K / G) * ((t_scale ? 2 : 4) + (qt == DType::u4 ? 4 : 0)));
     const double gbs = bytes / (t.median_ms * 1e-3) / 1e9;
     emit_row("w4a16", impl, M, N, K, t,
              ",\"gbs\":" + std::to_string(gbs) + ",\"copy_fraction\":" + std::to_string(gbs / copy_gbs) +
                  ",\"speedup_vs_cublas_bf16\":" + std::to_string(bf16_ms / t.median_ms));
     if (G != 128 || qt != DType::s4 || f16) continue;
+    const std::string back_impl = t_scale ? "qgrad_tscale_kernel_back_to_back" : "qgrad_kernel_back_to_back";
     // The kernel alone: kBack launches of kernels::w4a16_linear back to back
     // into a preallocated output (no op-level validation, allocation or
     // host gap between calls), time / kBack. The per-call rows above time one
@@ -136,7 +143,7 @@ void bench_w4a16(cublasHandle_t h, std::int64_t M, std::int64_t N, std::int64_t 
     tk.median_ms /= kBack;
     tk.min_ms /= kBack;
     const double gbs_k = bytes / (tk.median_ms * 1e-3) / 1e9;
-    emit_row("w4a16", "qgrad_kernel_back_to_back", M, N, K, tk,
+    emit_row("w4a16", back_impl.c_str(), M, N, K, tk,
              ",\"gbs\":" + std::to_string(gbs_k) + ",\"copy_fraction\":" + std::to_string(gbs_k / copy_gbs) +
                  ",\"speedup_vs_cublas_bf16\":" + std::to_string(bf16_ms / tk.median_ms));
   }
@@ -186,8 +193,9 @@ void bench_w4a8(cublasHandle_t h, std::int64_t M, std::int64_t N, std::int64_t K
 }  // namespace
 
 int main(int argc, char** argv) {
-  // An argument "w4a16" runs the W4A16 cases alone.
+  // An argument "w4a16" runs the W4A16 cases alone; a second one, M, only that M (for a profiler).
   const bool only_w4a16 = argc > 1 && std::string(argv[1]) == "w4a16";
+  const std::int64_t only_m = only_w4a16 && argc > 2 ? std::stoll(argv[2]) : 0;
 #if QGRAD_WITH_CUDA
   if (!cuda_available()) {
     std::printf("{\"bench\":\"lowbit\",\"skipped\":\"no CUDA device\"}\n");
@@ -196,7 +204,8 @@ int main(int argc, char** argv) {
   const double copy_gbs = copy_bandwidth_gbs(std::size_t(1) << 30);
   cublasHandle_t h = nullptr;
   if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) return 1;
-  for (std::int64_t M : {1, 16, 32, 64, 128}) bench_w4a16(h, M, 4096, 4096, copy_gbs);
+  for (std::int64_t M : {1, 16, 32, 64, 128})
+    if (only_m == 0 || M == only_m) bench_w4a16(h, M, 4096, 4096, copy_gbs);
   if (!only_w4a16) {
     bench_w4a8(h, 4096, 4096, 4096, true);
     bench_w4a8(h, 8192, 8192, 8192, false);
@@ -205,6 +214,7 @@ int main(int argc, char** argv) {
   cublasDestroy(h);
 #else
   (void)only_w4a16;
+  (void)only_m;
   std::printf("{\"bench\":\"lowbit\",\"skipped\":\"built without CUDA\"}\n");
 #endif
   return 0;

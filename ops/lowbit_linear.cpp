@@ -37,14 +37,22 @@ I64 check_weight(const Tensor& x, const Tensor& w_q, I64 group_size, const char*
   return N;
 }
 
-void check_scale(const Tensor& x, const Tensor& w_scale, I64 N, I64 groups, const char* op) {
-  check::dtype_is(w_scale, DType::f32, op, "w_scale");
+// w_scale [N, groups] on x's device, finite and > 0 (checked on the host);
+// f32, or (allow_x_dtype, W4A16) x's 16-bit dtype.
+void check_scale(const Tensor& x, const Tensor& w_scale, I64 N, I64 groups, const char* op, bool allow_x_dtype) {
+  check::defined(w_scale, op, "w_scale");
+  const bool x_dtype = allow_x_dtype && x.dtype() != DType::f32 && w_scale.dtype() == x.dtype();
+  QGRAD_CHECK(w_scale.dtype() == DType::f32 || x_dtype, op, "w_scale", "expected f32",
+              allow_x_dtype && x.dtype() != DType::f32 ? std::string(" or ") + dtype_name(x.dtype()) + " (x's dtype)"
+                                                       : std::string(),
+              ", got ", dtype_name(w_scale.dtype()));
   check::same_device(w_scale, x, op, "w_scale");
   QGRAD_CHECK(w_scale.shape() == (Shape{N, groups}), op, "w_scale", "expected shape [", N, ", ", groups, "], got ",
               shape_str(w_scale.shape()));
   if (w_scale.device().is_cpu()) {
-    const float* s = w_scale.data<float>();
-    for (I64 i = 0; i < N * groups; ++i) check::finite_positive(s[i], op, "w_scale");
+    const Tensor s = w_scale.to(DType::f64);  // exact for f32, f16 and bf16
+    const double* v = s.data<double>();
+    for (I64 i = 0; i < N * groups; ++i) check::finite_positive(v[i], op, "w_scale");
   }
 }
 
@@ -72,7 +80,7 @@ Tensor linear_w4a16(const Tensor& x, const Tensor& w_q, const Tensor& w_scale, c
   QGRAD_CHECK(is_packed_int4(w_q.dtype()), kOp, "w_q", "expected dtype s4 or u4, got ", dtype_name(w_q.dtype()));
   const I64 N = check_weight(x, w_q, group_size, kOp);
   const I64 K = x.size(-1), groups = K / group_size;
-  check_scale(x, w_scale, N, groups, kOp);
+  check_scale(x, w_scale, N, groups, kOp, /*allow_x_dtype=*/true);
   if (w_q.dtype() == DType::s4) {
     QGRAD_CHECK(!w_zero_point.defined(), kOp, "w_zero_point",
                 "s4 weights are symmetric: the zero point must be undefined (use u4 weights for a zero point)");
@@ -108,7 +116,7 @@ Tensor linear_w4a8(const Tensor& x, const Tensor& w_q, const Tensor& w_scale, st
               dtype_name(w_q.dtype()));
   const I64 N = check_weight(x, w_q, group_size, kOp);
   const I64 K = x.size(-1), groups = K / group_size;
-  check_scale(x, w_scale, N, groups, kOp);
+  check_scale(x, w_scale, N, groups, kOp, /*allow_x_dtype=*/false);
   check_bias(x, bias, N, kOp);
   QGRAD_CHECK(act_mode == QuantMode::symmetric || act_mode == QuantMode::asymmetric, kOp, "act_mode",
               "unknown activation quantization mode");

@@ -24,7 +24,11 @@ namespace qgrad {
 // added in f32 before that rounding.
 // x f32 / bf16 / f16 [..., K] (M = numel / K >= 0); w_q s4 (symmetric: the
 // zero point must be undefined) or u4 (w_zero_point s32 [N, K / G], values in
-// [0, 15]) packed [N, K], K even; w_scale f32 [N, K / G] (finite, > 0); G > 0
+// [0, 15]) packed [N, K], K even; w_scale [N, K / G] (finite, > 0), f32 or
+// x's 16-bit dtype T (as torchao's and GPTQ's int4 weights keep them: the
+// same formula with s = float(scale); on CUDA the decode-size kernel then
+// dequantizes with packed T arithmetic, which gives the same bits because
+// (q - zp) * s is exact in f32 for a T scale); G > 0
 // divides K (32, 64, 128, 256 in practice); bias undefined or floating [N]
 // (rounded to T). Out: x's dtype, [..., N].
 Tensor linear_w4a16(const Tensor& x, const Tensor& w_q, const Tensor& w_scale, const Tensor& w_zero_point,

@@ -156,6 +156,23 @@ TEST_CASE("linear_w4a16 matches dequantize_int4 + f64 sums: s4 and u4, group siz
   }
 }
 
+// A scale of x's dtype T is the same formula with s = float(scale): the
+// bits of an f32 scale holding the same values.
+TEST_CASE("linear_w4a16 with scales of x's dtype equals f32 scales of the same values") {
+  for (const auto& [M, N, K, G] : {std::tuple{1, 8, 64, 32}, std::tuple{3, 17, 128, 64}, std::tuple{7, 12, 96, 32}}) {
+    INFO("M=", M, " N=", N, " K=", K, " G=", G);
+    for (DType qt : {DType::s4, DType::u4}) {
+      const W4 w = make_w4(N, K, G, qt, 34);
+      for (DType dt : {DType::f16, DType::bf16}) {
+        CAPTURE(dt);
+        const Tensor x = make_x({M, K}, dt, 35);
+        const Tensor st = w.scale.to(dt);
+        CHECK(bit_equal(linear_w4a16(x, w.q, st, w.zp, G), linear_w4a16(x, w.q, st.to(DType::f32), w.zp, G)));
+      }
+    }
+  }
+}
+
 TEST_CASE("linear_w4a16: batch dims, M = 0, a lone row, an f32 bias for 16-bit x") {
   const W4 w = make_w4(6, 64, 32, DType::s4, 41);
   const Tensor x = make_x({2, 3, 64}, DType::bf16, 42);
@@ -312,6 +329,11 @@ TEST_CASE("bad inputs name the op and the argument") {
   expect_error([&] { linear_w4a16(x, s.q.to(DType::s8), s.scale, none, 32); }, a16, "w_q");
   expect_error([&] { linear_w4a8(x, u.q, u.scale, 32); }, a8, "w_q");
   expect_error([&] { linear_w4a16(x, s.q, s.scale.to(DType::f16), none, 32); }, a16, "w_scale");
+  // 16-bit scales: x's dtype only, checked for values on the host; not for W4A8
+  const Tensor xb = x.to(DType::bf16);
+  expect_error([&] { linear_w4a16(xb, s.q, s.scale.to(DType::f16), none, 32); }, a16, "w_scale");
+  expect_error([&] { linear_w4a16(xb, s.q, full({4, 2}, -0.1).to(DType::bf16), none, 32); }, a16, "w_scale");
+  expect_error([&] { linear_w4a8(xb, s.q, s.scale.to(DType::bf16), 32); }, a8, "w_scale");
   expect_error([&] { linear_w4a8(x, s.q, s.scale.to(DType::f64), 32); }, a8, "w_scale");
   expect_error([&] { linear_w4a8(x, s.q, s.scale, 32, none, QuantMode::symmetric, DType::f64); }, a8, "out_dtype");
   expect_error([&] { linear_w4a8(x, s.q, s.scale, 32, none, QuantMode::symmetric, DType::s32); }, a8, "out_dtype");
@@ -394,6 +416,49 @@ TEST_CASE("CUDA linear_w4a16 matches the reference: GEMV (M <= 64), cuBLAS (M > 
         const Tensor y = linear_w4a16(x.cuda(), wc.q, wc.scale, wc.zp, G, bias.cuda());
         check_w4a16(x, w, bias, y.cpu());
         check_w4a16(x, w, Tensor(), linear_w4a16(x.cuda(), wc.q, wc.scale, wc.zp, G).cpu());
+        if (dt == DType::f32) continue;
+        // Scales of x's dtype (the packed GEMV at M <= 64): the reference takes their values.
+        W4 wt = w;
+        wt.scale = w.scale.to(dt).to(DType::f32);
+        const Tensor st = wc.scale.to(dt);
+        check_w4a16(x, wt, bias, linear_w4a16(x.cuda(), wc.q, st, wc.zp, G, bias.cuda()).cpu());
+        check_w4a16(x, wt, Tensor(), linear_w4a16(x.cuda(), wc.q, st, wc.zp, G).cpu());
+      }
+    }
+  }
+}
+
+// x rows that are one-hot columns read the dequantized weight out of the
+// GEMV exactly (one product 1 * W, the rest exact zeros): every column, every
+// nibble position, bit for bit against dequantize_int4, for both scale dtypes
+// and every x-chunk count of the kernels (M = 8, 16, 32, 64).
+TEST_CASE("CUDA linear_w4a16 GEMV reads out dequantize_int4 bit for bit (one-hot x)") {
+  QGRAD_REQUIRE_GPU();
+  constexpr I64 N = 40, K = 256;
+  for (I64 G : {32, 64, 256}) {
+    CAPTURE(G);
+    for (DType qt : {DType::s4, DType::u4}) {
+      const W4 w = make_w4(N, K, G, qt, 131);
+      const W4 wc = on_cuda(w);
+      for (DType dt : {DType::f16, DType::bf16}) {
+        CAPTURE(dt);
+        for (bool t_scale : {false, true}) {
+          CAPTURE(t_scale);
+          const Tensor scale = t_scale ? w.scale.to(dt).to(DType::f32) : w.scale;
+          const Tensor zp = w.zp.defined() ? w.zp : zeros({N, K / G}, TensorOptions{}.with_dtype(DType::s32));
+          const Tensor ref = dequantize_int4(w.q, scale, zp, G, dt);  // [N, K]
+          const Tensor sc = t_scale ? wc.scale.to(dt) : wc.scale;
+          for (I64 M : {8, 16, 32, 64}) {
+            CAPTURE(M);
+            for (I64 k0 = 0; k0 < K; k0 += M) {
+              std::vector<float> xv(static_cast<std::size_t>(M * K), 0.0f);
+              for (I64 m = 0; m < M; ++m) xv[static_cast<std::size_t>(m * K + k0 + m)] = 1.0f;
+              const Tensor x = Tensor::from_vector(xv, {M, K}).to(dt).cuda();
+              const Tensor y = linear_w4a16(x, wc.q, sc, wc.zp, G).cpu();  // [M, N] = W[:, k0 .. k0 + M)^T
+              CHECK(bit_equal(y, transpose(slice(ref, 1, k0, k0 + M), 0, 1)));
+            }
+          }
+        }
       }
     }
   }

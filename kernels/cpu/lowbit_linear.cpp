@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "qgrad/kernels/basic.h"
 #include "qgrad/kernels/cpu/gemm.h"
 #include "qgrad/kernels/cpu/parallel.h"
 #include "qgrad/kernels/formulas/lowbit_linear.h"
@@ -37,7 +38,13 @@ void w4a16_impl(const Tensor& x, const Tensor& w, const Tensor& scale, const Ten
   const I64 groups = K / G;
   const bool is_signed = w.dtype() == DType::s4;
   const auto* wp = static_cast<const std::uint8_t*>(w.data_ptr());
-  const float* sp = static_cast<const float*>(scale.data_ptr());
+  // f32 scales, or x's dtype T (widened exactly).
+  Tensor scale32 = scale;
+  if (scale.dtype() != DType::f32) {
+    scale32 = Tensor::empty(scale.shape(), TensorOptions{}.with_dtype(DType::f32));
+    ::qgrad::kernels::cast(scale, scale32);
+  }
+  const float* sp = static_cast<const float*>(scale32.data_ptr());
   const std::int32_t* zpp = zp.defined() ? static_cast<const std::int32_t*>(zp.data_ptr()) : nullptr;
   std::vector<float> wf(static_cast<std::size_t>(N * K)), xf(static_cast<std::size_t>(M * K)),
       c(static_cast<std::size_t>(M * N));

@@ -23,6 +23,13 @@
 // bytes than a bf16 GEMM. Each warp accumulates its columns in stage order;
 // the 8 warps' partial tiles are added in warp order in shared memory
 // (deterministic).
+// With scales of x's dtype T (not f32) the dequantization is packed T x 2
+// arithmetic (dequant_word: per value half a LOP3, half a subtract, half a
+// multiply, plus the shifts: the same bits, since (q - zp) * s is exact in f32
+// for a T scale), in the kernel above for 8 < M <= 64 and, for M <= 8, in a
+// split-K GEMV without a producer (w4a16_packed_kernel: a block per 16
+// channels, 8 warps splitting K, each issuing its 16-byte weight loads of 4
+// iterations at once, two blocks per SM).
 // W4A16, larger M: W dequantized to T into a scratch [N, K] (one pass, 8
 // values per thread) and cuBLAS (CUBLAS_COMPUTE_32F; 16-bit x: an f32
 // product, then bias and one rounding in one pass; f32 x: bias filled first
@@ -44,6 +51,7 @@
 #include <algorithm>
 #include <mutex>
 
+#include "qgrad/kernels/basic.h"
 #include "qgrad/kernels/cuda/blas.cuh"
 #include "qgrad/kernels/cuda/entries.h"
 #include "qgrad/kernels/cuda/launch.cuh"
@@ -195,10 +203,12 @@ __device__ __forceinline__ uint2 x_frag(int nc, int j, int k0, bool kin, const T
   return kin ? __ldg(reinterpret_cast<const uint2*>(xr[nc] + k0 + 4 * j)) : make_uint2(0, 0);
 }
 
-template <class T, bool kSigned, int NC, int NSUB, bool kX>
+template <class T> struct Packed;
+
+template <class T, bool kSigned, int NC, int NSUB, bool kX, class S>
 __device__ __forceinline__ void gemv_load(GemvFrag<NC, NSUB, kX>& f, int k0, int K, int G, int groups,
                                           const T* const (&xr)[NC], const int (&nrow)[NSUB],
-                                          const float* __restrict__ scale, const std::int32_t* __restrict__ zp) {
+                                          const S* __restrict__ scale, const std::int32_t* __restrict__ zp) {
   const bool kin = k0 < K;  // K % 32 == 0: a lane's 32 columns are all in or all out
   if constexpr (kX) {
 #pragma unroll
@@ -212,9 +222,16 @@ __device__ __forceinline__ void gemv_load(GemvFrag<NC, NSUB, kX>& f, int k0, int
     // nrow is clamped into [0, N): a channel past N computes an output nobody writes. An
     // absent column block multiplies by a zero scale and a zero x: its products are zeros.
     const I64 gi = static_cast<I64>(nrow[sub]) * groups + gk;
-    const float s = __ldg(scale + gi);
-    f.s[sub] = kin ? s : 0.0f;
-    f.z[sub] = kSigned ? 8.0f : static_cast<float>(__ldg(zp + gi));
+    if constexpr (std::is_same_v<S, float>) {
+      const float s = __ldg(scale + gi);
+      f.s[sub] = kin ? s : 0.0f;
+      f.z[sub] = kSigned ? 8.0f : static_cast<float>(__ldg(zp + gi));
+    } else {  // T scales: the packed pairs (s, s) and (magic + zp) x 2 of gemv_math_packed, as bits
+      const std::uint32_t s2 = __ldg(reinterpret_cast<const std::uint16_t*>(scale) + gi) * 0x10001u;
+      f.s[sub] = __uint_as_float(kin ? s2 : 0u);
+      const std::uint32_t z = kSigned ? 8u : static_cast<std::uint32_t>(__ldg(zp + gi));
+      f.z[sub] = __uint_as_float((Packed<T>::kMagic + z) * 0x10001u);
+    }
   }
 }
 
@@ -263,6 +280,73 @@ __device__ __forceinline__ void gemv_math(const GemvFrag<NC, NSUB, kX>& f, const
   }
 }
 
+// Packed T x 2 arithmetic for scales of x's dtype T. With a T scale s,
+// (q - zp) * s is exact in f32 (at most 4 + 11 significant bits), so the
+// formula's T(f32 product) is the correctly rounded T product, which is what
+// one packed T multiply (mul.rn.{bf16x2,f16x2}) returns: the same bits as
+// formulas::w4a16_weight at about half the instructions per value of the
+// f32 path.
+template <> struct Packed<bfloat16> {
+  using V = __nv_bfloat162;
+  static constexpr std::uint32_t kMagic = 0x4300u;  // 128: the units place is the mantissa's lowest bit
+};
+template <> struct Packed<half> {
+  using V = __half2;
+  static constexpr std::uint32_t kMagic = 0x6400u;  // 1024
+};
+template <class T>
+__device__ __forceinline__ std::uint32_t packed_sub_mul(std::uint32_t v, std::uint32_t off, std::uint32_t s) {
+  using V = typename Packed<T>::V;
+  const V r = __hmul2(__hsub2(*reinterpret_cast<const V*>(&v), *reinterpret_cast<const V*>(&off)),
+                      *reinterpret_cast<const V*>(&s));
+  return *reinterpret_cast<const std::uint32_t*>(&r);
+}
+
+// The 8 values of one packed word (columns c .. c + 7, low nibble first) of
+// one channel as 4 T pairs (c, c + 4), (c + 1, c + 5), (c + 2, c + 6),
+// (c + 3, c + 7): per pair one LOP3 puts nibbles i and i + 4 into the
+// mantissas of two copies of the magic power of two (flipping an s4 sign bit,
+// (u ^ 8) - 8 being the value), one packed subtract of (magic + zp) gives
+// q - zp exactly, one packed multiply by the scale rounds once.
+template <class T, bool kSigned>
+__device__ __forceinline__ void dequant_word(std::uint32_t word, std::uint32_t off2, std::uint32_t s2,
+                                             std::uint32_t (&o)[4]) {
+  constexpr std::uint32_t kBits = Packed<T>::kMagic * 0x10001u | (kSigned ? 0x00080008u : 0u);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    std::uint32_t r;
+    asm("lop3.b32 %0, %1, %2, %3, 0x6a;" : "=r"(r) : "r"(word >> (4 * i)), "n"(0x000f000fu), "n"(kBits));
+    o[i] = packed_sub_mul<T>(r, off2, s2);
+  }
+}
+
+// gemv_math for T scales (f.s / f.z hold the packed (s, s) and (magic + zp)
+// pairs): per 16-byte word of packed weight, dequant_word's (c, c + 4) column
+// pairs as A, and x's 16-byte load regrouped by PRMT into the same pairs as B.
+template <class T, bool kSigned, int NC, int NSUB, bool kX>
+__device__ __forceinline__ void gemv_math_packed(const GemvFrag<NC, NSUB, kX>& f, const uint4 (&wv)[NSUB],
+                                                 float (&acc)[NC][NSUB / 2][4], int k0, bool kin,
+                                                 const T* const (&xr)[NC]) {
+#pragma unroll
+  for (int word = 0; word < 4; ++word) {
+    std::uint32_t d[NSUB][4];
+#pragma unroll
+    for (int sub = 0; sub < NSUB; ++sub)
+      dequant_word<T, kSigned>(word_of(wv[sub], word), __float_as_uint(f.z[sub]), __float_as_uint(f.s[sub]), d[sub]);
+#pragma unroll
+    for (int nc = 0; nc < NC; ++nc) {
+      const uint4 xv = kin ? __ldg(reinterpret_cast<const uint4*>(xr[nc] + k0 + word * 8)) : make_uint4(0, 0, 0, 0);
+      const std::uint32_t b0 = __byte_perm(xv.x, xv.z, 0x5410), b1 = __byte_perm(xv.x, xv.z, 0x7632);
+      const std::uint32_t b2 = __byte_perm(xv.y, xv.w, 0x5410), b3 = __byte_perm(xv.y, xv.w, 0x7632);
+#pragma unroll
+      for (int tile = 0; tile < NSUB / 2; ++tile) {
+        Mma<T>::run(acc[nc][tile], d[2 * tile][0], d[2 * tile + 1][0], d[2 * tile][1], d[2 * tile + 1][1], b0, b1);
+        Mma<T>::run(acc[nc][tile], d[2 * tile][2], d[2 * tile + 1][2], d[2 * tile][3], d[2 * tile + 1][3], b2, b3);
+      }
+    }
+  }
+}
+
 template <int NC, int NSUB>
 constexpr int gemv_smem_bytes() {
   constexpr int slots = kGemvSlots * NSUB * 8 * kStagePitch;
@@ -274,14 +358,15 @@ constexpr int gemv_smem_bytes() {
 // registers while this one's weight stage is awaited and used; NC = 4, 8
 // (64, 128 fragment registers per set) prefetch the scales and load x per
 // mma step.
-template <class T, bool kSigned, int NC, int NSUB>
+template <class T, bool kSigned, int NC, int NSUB, class S>
 __global__ void __launch_bounds__(kGemvThreads, 1)
-    w4a16_gemv_kernel(const T* __restrict__ x, const std::uint8_t* __restrict__ w, const float* __restrict__ scale,
+    w4a16_gemv_kernel(const T* __restrict__ x, const std::uint8_t* __restrict__ w, const S* __restrict__ scale,
                       const std::int32_t* __restrict__ zp, const T* __restrict__ bias, T* __restrict__ out, int M,
                       int N, int K, int G) {
   constexpr int NT = NSUB * 8;
   constexpr int kSlotBytes = NT * kStagePitch;
-  constexpr bool kX = NC <= 2;
+  constexpr bool kPacked = !std::is_same_v<S, float>;
+  constexpr bool kX = NC <= 2 && !kPacked;
   extern __shared__ __align__(128) unsigned char gemv_smem[];
   std::uint64_t* full = reinterpret_cast<std::uint64_t*>(gemv_smem);
   std::uint64_t* empty = full + kGemvSlots;
@@ -337,7 +422,7 @@ __global__ void __launch_bounds__(kGemvThreads, 1)
     auto step = [&](int s, GemvFrag<NC, NSUB, kX>& cur, GemvFrag<NC, NSUB, kX>& nxt) {
       const int k0 = (s * kGemvWarps + warp) * 128 + t * 32;
       if (s + 1 < stages)
-        gemv_load<T, kSigned, NC, NSUB, kX>(nxt, k0 + kStageCols, K, G, groups, xr, nrow, scale, zp);
+        gemv_load<T, kSigned, NC, NSUB, kX, S>(nxt, k0 + kStageCols, K, G, groups, xr, nrow, scale, zp);
       const int slot = s % kGemvSlots;
       mbar_wait(full + slot, static_cast<unsigned>((s / kGemvSlots) & 1));
       __syncwarp();
@@ -349,10 +434,11 @@ __global__ void __launch_bounds__(kGemvThreads, 1)
         wv[sub] = kin ? *reinterpret_cast<const uint4*>(base + sub * 8 * kStagePitch) : zero4;
       __syncwarp();
       if (lane == 0) mbar_arrive(empty + slot);
-      gemv_math<T, kSigned, NC, NSUB, kX>(cur, wv, acc, k0, kin, xr);
+      if constexpr (kPacked) gemv_math_packed<T, kSigned, NC, NSUB, kX>(cur, wv, acc, k0, kin, xr);
+      else gemv_math<T, kSigned, NC, NSUB, kX>(cur, wv, acc, k0, kin, xr);
     };
     GemvFrag<NC, NSUB, kX> fa, fb;
-    gemv_load<T, kSigned, NC, NSUB, kX>(fa, warp * 128 + t * 32, K, G, groups, xr, nrow, scale, zp);
+    gemv_load<T, kSigned, NC, NSUB, kX, S>(fa, warp * 128 + t * 32, K, G, groups, xr, nrow, scale, zp);
     for (int s = 0; s < stages; s += 2) {
       step(s, fa, fb);
       if (s + 1 < stages) step(s + 1, fb, fa);
@@ -387,12 +473,12 @@ __global__ void __launch_bounds__(kGemvThreads, 1)
   }
 }
 
-template <class T, bool kSigned, int NC, int NSUB>
+template <class T, bool kSigned, int NC, int NSUB, class S>
 void launch_w4a16_gemv(const Tensor& x, const Tensor& w, const Tensor& scale, const Tensor& zp, I64 G,
                        const Tensor& bias, const Tensor& out) {
   const I64 M = out.shape()[0], N = out.shape()[1], K = w.shape()[1];
   constexpr int kSmem = gemv_smem_bytes<NC, NSUB>();
-  auto kernel = w4a16_gemv_kernel<T, kSigned, NC, NSUB>;
+  auto kernel = w4a16_gemv_kernel<T, kSigned, NC, NSUB, S>;
   const int dev = out.device().index;
   // Past 48 KiB a kernel's dynamic shared memory must be allowed, once per device.
   static std::once_flag once[64];
@@ -405,10 +491,143 @@ void launch_w4a16_gemv(const Tensor& x, const Tensor& w, const Tensor& scale, co
                   static_cast<unsigned>((M + 8 * NC - 1) / (8 * NC)));
   kernel<<<grid, kGemvThreads, kSmem, ::qgrad::cuda::stream(dev)>>>(
       static_cast<const T*>(x.data_ptr()), static_cast<const std::uint8_t*>(w.data_ptr()),
-      static_cast<const float*>(scale.data_ptr()),
+      static_cast<const S*>(scale.data_ptr()),
       zp.defined() ? static_cast<const std::int32_t*>(zp.data_ptr()) : nullptr,
       bias.defined() ? static_cast<const T*>(bias.data_ptr()) : nullptr, static_cast<T*>(out.data_ptr()),
       static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), static_cast<int>(G));
+  QGRAD_LAUNCH_CHECK();
+}
+
+// ------------------------------------------- W4A16 GEMV, 16-bit scales
+
+// 16 bytes of a weight stream read once: not kept in L1 (no other warp of the
+// SM reads them).
+__device__ __forceinline__ uint4 ld_stream16(const void* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
+
+// Decode sizes with T scales. A block owns one m16 tile of 16 output channels
+// and NC chunks of 8 rows of x; its WARPS warps split K by 128-column
+// iterations (warp w takes w, w + WARPS, ...). Lane (g, t) reads 16 bytes =
+// 32 columns at k0 = 128 it + 32 t of channels g and g + 8 of the tile. A
+// warp issues the weight loads of U iterations at once (U KiB in flight per
+// warp; two blocks per SM), then per iteration dequantizes (dequant_word) and
+// runs 8 mma.m16n8k16 per chunk of x with the weight as A; x's B fragments
+// are its 16-byte loads regrouped by PRMT into the same (c, c + 4) column
+// pairs (a dot product allows any k order that A and B share). The warps'
+// partial tiles are added in warp order (deterministic).
+template <class T, bool kSigned, int NC, int WARPS, int U>
+__global__ void __launch_bounds__(WARPS * 32, 2)
+    w4a16_packed_kernel(const T* __restrict__ x, const std::uint8_t* __restrict__ w, const T* __restrict__ scale,
+                        const std::int32_t* __restrict__ zp, const T* __restrict__ bias, T* __restrict__ out, int M,
+                        int N, int K, int G, int g_shift) {
+  constexpr int kTile = NC * 4;  // accumulators per lane
+  __shared__ float part[WARPS][kTile][32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int n0 = blockIdx.x * 16, m0 = blockIdx.y * (8 * NC);
+  const int groups = K / G;
+  // Rows of x and channels past the end are clamped in range: they compute
+  // outputs nobody writes (and NaN in x stays in its own row's outputs).
+  const T* xr[NC];
+#pragma unroll
+  for (int nc = 0; nc < NC; ++nc) xr[nc] = x + static_cast<I64>(min(m0 + nc * 8 + g, M - 1)) * K + t * 32;
+  const int n_lo = min(n0 + g, N - 1), n_hi = min(n0 + 8 + g, N - 1);
+  const std::uint8_t* w_lo = w + static_cast<I64>(n_lo) * (K / 2) + t * 16;
+  const std::uint8_t* w_hi = w + static_cast<I64>(n_hi) * (K / 2) + t * 16;
+  const std::uint16_t* sc = reinterpret_cast<const std::uint16_t*>(scale);
+  float acc[NC][4];
+#pragma unroll
+  for (int nc = 0; nc < NC; ++nc)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) acc[nc][r] = 0.0f;
+  const int iters = (K + 127) / 128;
+  const uint4 zero4 = make_uint4(0, 0, 0, 0);
+  constexpr std::uint32_t kOffSigned = (Packed<T>::kMagic + 8u) * 0x10001u;
+  for (int base = warp; base < iters; base += U * WARPS) {
+    uint4 wl[U], wh[U];
+    std::uint32_t s_lo[U], s_hi[U], o_lo[U], o_hi[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int k0 = (base + u * WARPS) * 128 + t * 32;  // K % 32 == 0: a lane's 32 columns are all in or all out
+      const bool kin = k0 < K;
+      wl[u] = kin ? ld_stream16(w_lo + static_cast<I64>(base + u * WARPS) * 64) : zero4;
+      wh[u] = kin ? ld_stream16(w_hi + static_cast<I64>(base + u * WARPS) * 64) : zero4;
+      const int gk = kin ? (g_shift >= 0 ? k0 >> g_shift : k0 / G) : 0;
+      const I64 i_lo = static_cast<I64>(n_lo) * groups + gk, i_hi = static_cast<I64>(n_hi) * groups + gk;
+      // An absent column block multiplies zero weights (zero4 with a zero scale) by zero x.
+      s_lo[u] = kin ? __ldg(sc + i_lo) * 0x10001u : 0u;
+      s_hi[u] = kin ? __ldg(sc + i_hi) * 0x10001u : 0u;
+      if constexpr (kSigned) {
+        o_lo[u] = o_hi[u] = kOffSigned;
+      } else {
+        o_lo[u] = (Packed<T>::kMagic + static_cast<std::uint32_t>(__ldg(zp + i_lo))) * 0x10001u;
+        o_hi[u] = (Packed<T>::kMagic + static_cast<std::uint32_t>(__ldg(zp + i_hi))) * 0x10001u;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int it = base + u * WARPS;
+      if (it >= iters) break;  // uniform in the warp
+      const int k0 = it * 128 + t * 32;
+      const bool kin = k0 < K;
+#pragma unroll
+      for (int word = 0; word < 4; ++word) {
+        std::uint32_t lo[4], hi[4];
+        dequant_word<T, kSigned>(word_of(wl[u], word), o_lo[u], s_lo[u], lo);
+        dequant_word<T, kSigned>(word_of(wh[u], word), o_hi[u], s_hi[u], hi);
+#pragma unroll
+        for (int nc = 0; nc < NC; ++nc) {
+          const uint4 xv = kin ? __ldg(reinterpret_cast<const uint4*>(xr[nc] + it * 128 + word * 8)) : zero4;
+          // Columns (c, c + 4) and (c + 1, c + 5), then (c + 2, c + 6) and (c + 3, c + 7).
+          Mma<T>::run(acc[nc], lo[0], hi[0], lo[1], hi[1], __byte_perm(xv.x, xv.z, 0x5410),
+                      __byte_perm(xv.x, xv.z, 0x7632));
+          Mma<T>::run(acc[nc], lo[2], hi[2], lo[3], hi[3], __byte_perm(xv.y, xv.w, 0x5410),
+                      __byte_perm(xv.y, xv.w, 0x7632));
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int nc = 0; nc < NC; ++nc)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) part[warp][nc * 4 + r][lane] = acc[nc][r];
+  __syncthreads();
+  // C's element r of lane (g, t): channel g + 8 (r >> 1), row 2t + (r & 1) of the chunk.
+  for (int o = threadIdx.x; o < kTile * 32; o += WARPS * 32) {
+    const int idx = o >> 5, ln = o & 31, nc = idx >> 2, r = idx & 3;
+    const int m = m0 + nc * 8 + 2 * (ln & 3) + (r & 1), n = n0 + (ln >> 2) + (r >> 1) * 8;
+    if (m < M && n < N) {
+      float v = part[0][idx][ln];
+#pragma unroll
+      for (int wq = 1; wq < WARPS; ++wq) v += part[wq][idx][ln];
+      if (bias) v += static_cast<float>(bias[n]);
+      out[static_cast<I64>(m) * N + n] = T(v);
+    }
+  }
+}
+
+template <class T, bool kSigned, int NC>
+void launch_w4a16_packed(const Tensor& x, const Tensor& w, const Tensor& scale, const Tensor& zp, I64 G,
+                         const Tensor& bias, const Tensor& out) {
+  constexpr int kWarps = 8, kU = NC <= 2 ? 4 : 8 / NC;  // U iterations in flight within 128 registers
+  const I64 M = out.shape()[0], N = out.shape()[1], K = w.shape()[1];
+  int g_shift = -1;
+  if ((G & (G - 1)) == 0) {
+    g_shift = 0;
+    while ((I64(1) << g_shift) < G) ++g_shift;
+  }
+  const dim3 grid(static_cast<unsigned>((N + 15) / 16), static_cast<unsigned>((M + 8 * NC - 1) / (8 * NC)));
+  w4a16_packed_kernel<T, kSigned, NC, kWarps, kU><<<grid, kWarps * 32, 0, ::qgrad::cuda::stream(out.device().index)>>>(
+      static_cast<const T*>(x.data_ptr()), static_cast<const std::uint8_t*>(w.data_ptr()),
+      static_cast<const T*>(scale.data_ptr()),
+      zp.defined() ? static_cast<const std::int32_t*>(zp.data_ptr()) : nullptr,
+      bias.defined() ? static_cast<const T*>(bias.data_ptr()) : nullptr, static_cast<T*>(out.data_ptr()),
+      static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), static_cast<int>(G), g_shift);
   QGRAD_LAUNCH_CHECK();
 }
 
@@ -423,11 +642,27 @@ bool w4a16_gemv(const Tensor& x, const Tensor& w, const Tensor& scale, const Ten
         K > (I64(1) << 30) || N > (I64(1) << 30))
       return false;
     const bool sg = w.dtype() == DType::s4;
-    // 8 NC rows of x per block: 8, 16, 32 or 64; 32 channels (NSUB = 4) per block.
+    const bool packed = scale.dtype() != DType::f32;  // T scales (the op allows f32 or x's dtype)
+    // 8 NC rows of x per block: 8, 16, 32 or 64; f32 scales: 32 channels (NSUB = 4) per block.
     auto go = [&](auto nc) {
       constexpr int kNC = decltype(nc)::value;
-      sg ? launch_w4a16_gemv<T, true, kNC, 4>(x, w, scale, zp, G, bias, out)
-         : launch_w4a16_gemv<T, false, kNC, 4>(x, w, scale, zp, G, bias, out);
+      // T scales at M <= 8: the split-K GEMV (measured faster there: more warps
+      // in flight, no producer); at 8 < M <= 64 the bulk-copy GEMV (x fragments
+      // and mma issue shared by 32 channels).
+      if constexpr (kNC == 1) {
+        if (packed) {
+          sg ? launch_w4a16_packed<T, true, 1>(x, w, scale, zp, G, bias, out)
+             : launch_w4a16_packed<T, false, 1>(x, w, scale, zp, G, bias, out);
+          return;
+        }
+      }
+      if (packed) {
+        sg ? launch_w4a16_gemv<T, true, kNC, 4, T>(x, w, scale, zp, G, bias, out)
+           : launch_w4a16_gemv<T, false, kNC, 4, T>(x, w, scale, zp, G, bias, out);
+        return;
+      }
+      sg ? launch_w4a16_gemv<T, true, kNC, 4, float>(x, w, scale, zp, G, bias, out)
+         : launch_w4a16_gemv<T, false, kNC, 4, float>(x, w, scale, zp, G, bias, out);
     };
     if (M <= 8) go(std::integral_constant<int, 1>{});
     else if (M <= 16) go(std::integral_constant<int, 2>{});
@@ -496,10 +731,16 @@ void dequantize_weight(const Tensor& w, const Tensor& scale, const Tensor& zp, I
 }
 
 template <class T>
-void w4a16_impl(const Tensor& x, const Tensor& w, const Tensor& scale, const Tensor& zp, I64 G, const Tensor& bias,
+void w4a16_impl(const Tensor& x, const Tensor& w, const Tensor& scale16, const Tensor& zp, I64 G, const Tensor& bias,
                 const Tensor& out) {
   const I64 M = out.shape()[0], N = out.shape()[1], K = w.shape()[1];
-  if (w4a16_gemv<T>(x, w, scale, zp, G, bias, out)) return;
+  if (w4a16_gemv<T>(x, w, scale16, zp, G, bias, out)) return;
+  // The other paths read f32 scales: a T scale widened exactly (same formula).
+  Tensor scale = scale16;
+  if (scale16.dtype() != DType::f32) {
+    scale = Tensor::empty(scale16.shape(), TensorOptions{}.with_dtype(DType::f32).with_device(out.device()));
+    ::qgrad::kernels::cast(scale16, scale);
+  }
   const Device dev = out.device();
   if (M <= kW4A16GemvMaxM) {
     constexpr unsigned threads = 256;

@@ -159,7 +159,11 @@ TEST_CASE("linear_w4a16 matches dequantize_int4 + f64 sums: s4 and u4, group siz
 // A scale of x's dtype T is the same formula with s = float(scale): the
 // bits of an f32 scale holding the same values.
 TEST_CASE("linear_w4a16 with scales of x's dtype equals f32 scales of the same values") {
-  for (const auto& [M, N, K, G] : {std::tuple{1, 8, 64, 32}, std::tuple{3, 17, 128, 64}, std::tuple{7, 12, 96, 32}}) {
+  struct Row {
+    I64 M, N, K, G;
+  };
+  for (const Row r : {Row{1, 8, 64, 32}, Row{3, 17, 128, 64}, Row{7, 12, 96, 32}}) {
+    const I64 M = r.M, N = r.N, K = r.K, G = r.G;  // plain locals: clang 14 cannot capture bindings
     INFO("M=", M, " N=", N, " K=", K, " G=", G);
     for (DType qt : {DType::s4, DType::u4}) {
       const W4 w = make_w4(N, K, G, qt, 34);

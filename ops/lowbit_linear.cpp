@@ -50,8 +50,8 @@ void check_scale(const Tensor& x, const Tensor& w_scale, I64 N, I64 groups, cons
   QGRAD_CHECK(w_scale.shape() == (Shape{N, groups}), op, "w_scale", "expected shape [", N, ", ", groups, "], got ",
               shape_str(w_scale.shape()));
   if (w_scale.device().is_cpu()) {
-    const Tensor s = w_scale.to(DType::f64);  // exact for f32, f16 and bf16
-    const double* v = s.data<double>();
+    const Tensor s = w_scale.dtype() == DType::f32 ? w_scale : w_scale.to(DType::f32);  // exact widening
+    const float* v = s.data<float>();
     for (I64 i = 0; i < N * groups; ++i) check::finite_positive(v[i], op, "w_scale");
   }
 }

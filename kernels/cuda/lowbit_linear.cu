@@ -216,7 +216,9 @@ __device__ __forceinline__ void gemv_load(GemvFrag<NC, NSUB, kX>& f, int k0, int
 #pragma unroll
       for (int j = 0; j < 8; ++j) f.xb[nc][j] = x_frag<T, NC>(nc, j, k0, kin, xr);
   }
-  const int gk = kin ? k0 / G : 0;
+  // Group sizes are powers of two in practice: a shift (G is loop-invariant, so
+  // the test and __ffs are hoisted) instead of an integer division per call.
+  const int gk = kin ? ((G & (G - 1)) == 0 ? k0 >> (__ffs(G) - 1) : k0 / G) : 0;
 #pragma unroll
   for (int sub = 0; sub < NSUB; ++sub) {
     // nrow is clamped into [0, N): a channel past N computes an output nobody writes. An
@@ -510,124 +512,82 @@ __device__ __forceinline__ uint4 ld_stream16(const void* p) {
   return v;
 }
 
-// Decode sizes with T scales. A block owns one m16 tile of 16 output channels
-// and NC chunks of 8 rows of x; its WARPS warps split K by 128-column
-// iterations (warp w takes w, w + WARPS, ...). Lane (g, t) reads 16 bytes =
-// 32 columns at k0 = 128 it + 32 t of channels g and g + 8 of the tile. A
-// warp issues the weight loads of U iterations at once (U KiB in flight per
-// warp; two blocks per SM), then per iteration dequantizes (dequant_word) and
-// runs 8 mma.m16n8k16 per chunk of x with the weight as A; x's B fragments
-// are its 16-byte loads regrouped by PRMT into the same (c, c + 4) column
-// pairs (a dot product allows any k order that A and B share). The warps'
-// partial tiles are added in warp order (deterministic).
-template <class T, bool kSigned, int NC, int WARPS, int U>
+// Decode sizes (M <= 8) with T scales. A block owns one m16 tile of 16 output
+// channels (NSUB = 2 of gemv_math_packed) and 8 rows of x; its WARPS warps
+// split K by 128-column iterations (warp w takes w, w + WARPS, ...). Lane
+// (g, t) reads 16 bytes = 32 columns at k0 = 128 it + 32 t of channels g and
+// g + 8 of the tile. A warp issues the weight loads of U iterations at once
+// (U KiB in flight per warp; two blocks per SM, no producer warp), then runs
+// gemv_math_packed on each. The warps' partial tiles are added in warp order
+// (deterministic).
+template <class T, bool kSigned, int WARPS, int U>
 __global__ void __launch_bounds__(WARPS * 32, 2)
     w4a16_packed_kernel(const T* __restrict__ x, const std::uint8_t* __restrict__ w, const T* __restrict__ scale,
                         const std::int32_t* __restrict__ zp, const T* __restrict__ bias, T* __restrict__ out, int M,
-                        int N, int K, int G, int g_shift) {
-  constexpr int kTile = NC * 4;  // accumulators per lane
-  __shared__ float part[WARPS][kTile][32];
+                        int N, int K, int G) {
+  __shared__ float part[WARPS][4][32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
-  const int n0 = blockIdx.x * 16, m0 = blockIdx.y * (8 * NC);
+  const int n0 = blockIdx.x * 16;
   const int groups = K / G;
   // Rows of x and channels past the end are clamped in range: they compute
   // outputs nobody writes (and NaN in x stays in its own row's outputs).
-  const T* xr[NC];
-#pragma unroll
-  for (int nc = 0; nc < NC; ++nc) xr[nc] = x + static_cast<I64>(min(m0 + nc * 8 + g, M - 1)) * K + t * 32;
-  const int n_lo = min(n0 + g, N - 1), n_hi = min(n0 + 8 + g, N - 1);
-  const std::uint8_t* w_lo = w + static_cast<I64>(n_lo) * (K / 2) + t * 16;
-  const std::uint8_t* w_hi = w + static_cast<I64>(n_hi) * (K / 2) + t * 16;
-  const std::uint16_t* sc = reinterpret_cast<const std::uint16_t*>(scale);
-  float acc[NC][4];
-#pragma unroll
-  for (int nc = 0; nc < NC; ++nc)
-#pragma unroll
-    for (int r = 0; r < 4; ++r) acc[nc][r] = 0.0f;
+  const T* const xr[1] = {x + static_cast<I64>(min(g, M - 1)) * K};
+  const int nrow[2] = {min(n0 + g, N - 1), min(n0 + 8 + g, N - 1)};
+  const std::uint8_t* w_lo = w + static_cast<I64>(nrow[0]) * (K / 2) + t * 16;
+  const std::uint8_t* w_hi = w + static_cast<I64>(nrow[1]) * (K / 2) + t * 16;
+  float acc[1][1][4] = {{{0.0f, 0.0f, 0.0f, 0.0f}}};
   const int iters = (K + 127) / 128;
   const uint4 zero4 = make_uint4(0, 0, 0, 0);
-  constexpr std::uint32_t kOffSigned = (Packed<T>::kMagic + 8u) * 0x10001u;
   for (int base = warp; base < iters; base += U * WARPS) {
-    uint4 wl[U], wh[U];
-    std::uint32_t s_lo[U], s_hi[U], o_lo[U], o_hi[U];
+    uint4 wv[U][2];
+    GemvFrag<1, 2, false> f[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int k0 = (base + u * WARPS) * 128 + t * 32;  // K % 32 == 0: a lane's 32 columns are all in or all out
+      const int it = base + u * WARPS;
+      const int k0 = it * 128 + t * 32;  // K % 32 == 0: a lane's 32 columns are all in or all out
       const bool kin = k0 < K;
-      wl[u] = kin ? ld_stream16(w_lo + static_cast<I64>(base + u * WARPS) * 64) : zero4;
-      wh[u] = kin ? ld_stream16(w_hi + static_cast<I64>(base + u * WARPS) * 64) : zero4;
-      const int gk = kin ? (g_shift >= 0 ? k0 >> g_shift : k0 / G) : 0;
-      const I64 i_lo = static_cast<I64>(n_lo) * groups + gk, i_hi = static_cast<I64>(n_hi) * groups + gk;
-      // An absent column block multiplies zero weights (zero4 with a zero scale) by zero x.
-      s_lo[u] = kin ? __ldg(sc + i_lo) * 0x10001u : 0u;
-      s_hi[u] = kin ? __ldg(sc + i_hi) * 0x10001u : 0u;
-      if constexpr (kSigned) {
-        o_lo[u] = o_hi[u] = kOffSigned;
-      } else {
-        o_lo[u] = (Packed<T>::kMagic + static_cast<std::uint32_t>(__ldg(zp + i_lo))) * 0x10001u;
-        o_hi[u] = (Packed<T>::kMagic + static_cast<std::uint32_t>(__ldg(zp + i_hi))) * 0x10001u;
-      }
+      wv[u][0] = kin ? ld_stream16(w_lo + static_cast<I64>(it) * 64) : zero4;
+      wv[u][1] = kin ? ld_stream16(w_hi + static_cast<I64>(it) * 64) : zero4;
+      gemv_load<T, kSigned, 1, 2, false, T>(f[u], k0, K, G, groups, xr, nrow, scale, zp);
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int it = base + u * WARPS;
       if (it >= iters) break;  // uniform in the warp
       const int k0 = it * 128 + t * 32;
-      const bool kin = k0 < K;
-#pragma unroll
-      for (int word = 0; word < 4; ++word) {
-        std::uint32_t lo[4], hi[4];
-        dequant_word<T, kSigned>(word_of(wl[u], word), o_lo[u], s_lo[u], lo);
-        dequant_word<T, kSigned>(word_of(wh[u], word), o_hi[u], s_hi[u], hi);
-#pragma unroll
-        for (int nc = 0; nc < NC; ++nc) {
-          const uint4 xv = kin ? __ldg(reinterpret_cast<const uint4*>(xr[nc] + it * 128 + word * 8)) : zero4;
-          // Columns (c, c + 4) and (c + 1, c + 5), then (c + 2, c + 6) and (c + 3, c + 7).
-          Mma<T>::run(acc[nc], lo[0], hi[0], lo[1], hi[1], __byte_perm(xv.x, xv.z, 0x5410),
-                      __byte_perm(xv.x, xv.z, 0x7632));
-          Mma<T>::run(acc[nc], lo[2], hi[2], lo[3], hi[3], __byte_perm(xv.y, xv.w, 0x5410),
-                      __byte_perm(xv.y, xv.w, 0x7632));
-        }
-      }
+      gemv_math_packed<T, kSigned, 1, 2, false>(f[u], wv[u], acc, k0, k0 < K, xr);
     }
   }
 #pragma unroll
-  for (int nc = 0; nc < NC; ++nc)
-#pragma unroll
-    for (int r = 0; r < 4; ++r) part[warp][nc * 4 + r][lane] = acc[nc][r];
+  for (int r = 0; r < 4; ++r) part[warp][r][lane] = acc[0][0][r];
   __syncthreads();
-  // C's element r of lane (g, t): channel g + 8 (r >> 1), row 2t + (r & 1) of the chunk.
-  for (int o = threadIdx.x; o < kTile * 32; o += WARPS * 32) {
-    const int idx = o >> 5, ln = o & 31, nc = idx >> 2, r = idx & 3;
-    const int m = m0 + nc * 8 + 2 * (ln & 3) + (r & 1), n = n0 + (ln >> 2) + (r >> 1) * 8;
+  // C's element r of lane (g, t): channel g + 8 (r >> 1), row 2t + (r & 1).
+  for (int o = threadIdx.x; o < 4 * 32; o += WARPS * 32) {
+    const int r = o >> 5, ln = o & 31;
+    const int m = 2 * (ln & 3) + (r & 1), n = n0 + (ln >> 2) + (r >> 1) * 8;
     if (m < M && n < N) {
-      float v = part[0][idx][ln];
+      float v = part[0][r][ln];
 #pragma unroll
-      for (int wq = 1; wq < WARPS; ++wq) v += part[wq][idx][ln];
+      for (int wq = 1; wq < WARPS; ++wq) v += part[wq][r][ln];
       if (bias) v += static_cast<float>(bias[n]);
       out[static_cast<I64>(m) * N + n] = T(v);
     }
   }
 }
 
-template <class T, bool kSigned, int NC>
+template <class T, bool kSigned>
 void launch_w4a16_packed(const Tensor& x, const Tensor& w, const Tensor& scale, const Tensor& zp, I64 G,
                          const Tensor& bias, const Tensor& out) {
-  constexpr int kWarps = 8, kU = NC <= 2 ? 4 : 8 / NC;  // U iterations in flight within 128 registers
+  constexpr int kWarps = 8, kU = 4;
   const I64 M = out.shape()[0], N = out.shape()[1], K = w.shape()[1];
-  int g_shift = -1;
-  if ((G & (G - 1)) == 0) {
-    g_shift = 0;
-    while ((I64(1) << g_shift) < G) ++g_shift;
-  }
-  const dim3 grid(static_cast<unsigned>((N + 15) / 16), static_cast<unsigned>((M + 8 * NC - 1) / (8 * NC)));
-  w4a16_packed_kernel<T, kSigned, NC, kWarps, kU><<<grid, kWarps * 32, 0, ::qgrad::cuda::stream(out.device().index)>>>(
-      static_cast<const T*>(x.data_ptr()), static_cast<const std::uint8_t*>(w.data_ptr()),
-      static_cast<const T*>(scale.data_ptr()),
-      zp.defined() ? static_cast<const std::int32_t*>(zp.data_ptr()) : nullptr,
-      bias.defined() ? static_cast<const T*>(bias.data_ptr()) : nullptr, static_cast<T*>(out.data_ptr()),
-      static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), static_cast<int>(G), g_shift);
+  w4a16_packed_kernel<T, kSigned, kWarps, kU>
+      <<<static_cast<unsigned>((N + 15) / 16), kWarps * 32, 0, ::qgrad::cuda::stream(out.device().index)>>>(
+          static_cast<const T*>(x.data_ptr()), static_cast<const std::uint8_t*>(w.data_ptr()),
+          static_cast<const T*>(scale.data_ptr()),
+          zp.defined() ? static_cast<const std::int32_t*>(zp.data_ptr()) : nullptr,
+          bias.defined() ? static_cast<const T*>(bias.data_ptr()) : nullptr, static_cast<T*>(out.data_ptr()),
+          static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), static_cast<int>(G));
   QGRAD_LAUNCH_CHECK();
 }
 
@@ -651,8 +611,8 @@ bool w4a16_gemv(const Tensor& x, const Tensor& w, const Tensor& scale, const Ten
       // and mma issue shared by 32 channels).
       if constexpr (kNC == 1) {
         if (packed) {
-          sg ? launch_w4a16_packed<T, true, 1>(x, w, scale, zp, G, bias, out)
-             : launch_w4a16_packed<T, false, 1>(x, w, scale, zp, G, bias, out);
+          sg ? launch_w4a16_packed<T, true>(x, w, scale, zp, G, bias, out)
+             : launch_w4a16_packed<T, false>(x, w, scale, zp, G, bias, out);
           return;
         }
       }

@@ -56,6 +56,15 @@ QGRAD_HD ChunkOf chunk_of(std::int64_t p, const AxisLayout& v, std::int64_t chun
   return {(n * v.channels + c) * v.inner, lo + lane, hi, c};
 }
 
+template <class M>
+struct SquaredDeviation {
+  M center;
+  QGRAD_HD M operator()(M v) const {
+    const M d = v - center;
+    return d * d;
+  }
+};
+
 // Level 1: part[p] = sum of x over its elements, or of (x - center[c])^2
 // when center is given.
 template <class T>
@@ -68,18 +77,10 @@ struct PartialSum {
   QGRAD_HD void operator()(std::int64_t p) const {
     using M = op_math_t<T>;
     const ChunkOf ch = chunk_of(p, v, chunks, lanes);
-    const T* row = x + ch.offset;
-    M acc = M(0);
-    if (center) {
-      const M m = center[ch.c];
-      for (std::int64_t j = ch.lo; j < ch.hi; j += lanes) {
-        const M d = M(row[j]) - m;
-        acc += d * d;
-      }
-    } else {
-      for (std::int64_t j = ch.lo; j < ch.hi; j += lanes) acc += M(row[j]);
-    }
-    part[p] = acc;
+    const T* first = x + ch.offset + ch.lo;
+    const std::int64_t count = ch.hi > ch.lo ? (ch.hi - ch.lo + lanes - 1) / lanes : 0;
+    part[p] = center ? sum_strided_map(first, count, lanes, SquaredDeviation<M>{center[ch.c]})
+                     : sum_strided(first, count, lanes);
   }
 };
 
@@ -174,11 +175,28 @@ struct PartialGrad {
     using M = op_math_t<T>;
     const ChunkOf ch = chunk_of(p, v, chunks, lanes);
     const M m = mean[ch.c];
+    const T* g = dy + ch.offset;
+    const T* xs = x + ch.offset;
     M s = M(0), d = M(0);
-    for (std::int64_t j = ch.lo; j < ch.hi; j += lanes) {
-      const M g = M(dy[ch.offset + j]);
-      s += g;
-      d += g * (M(x[ch.offset + j]) - m);
+    std::int64_t j = ch.lo;
+    // kSumLoadBatch elements' loads issued before their adds (reduce.h), in order.
+    for (; j + (kSumLoadBatch - 1) * lanes < ch.hi; j += kSumLoadBatch * lanes) {
+      T gv[kSumLoadBatch], xv[kSumLoadBatch];
+      QGRAD_UNROLL
+      for (int k = 0; k < kSumLoadBatch; ++k) {
+        gv[k] = g[j + k * lanes];
+        xv[k] = xs[j + k * lanes];
+      }
+      QGRAD_UNROLL
+      for (int k = 0; k < kSumLoadBatch; ++k) {
+        s += M(gv[k]);
+        d += M(gv[k]) * (M(xv[k]) - m);
+      }
+    }
+    for (; j < ch.hi; j += lanes) {
+      const M gj = M(g[j]);
+      s += gj;
+      d += gj * (M(xs[j]) - m);
     }
     pd[p] = s;
     px[p] = d;

@@ -80,9 +80,17 @@ struct SumToShape {
   ReduceIndex ri;
   QGRAD_HD void operator()(std::int64_t j) const {
     using M = op_math_t<T>;
-    const std::int64_t base = ri.base(j);
+    const T* in = x + ri.base(j);
     M acc = M(0);
-    for (std::int64_t r = 0; r < ri.red_count; ++r) acc += M(x[base + ri.reduced(r)]);
+    std::int64_t r = 0;
+    for (; r + kSumLoadBatch <= ri.red_count; r += kSumLoadBatch) {  // loads first, adds in order
+      T v[kSumLoadBatch];
+      QGRAD_UNROLL
+      for (int k = 0; k < kSumLoadBatch; ++k) v[k] = in[ri.reduced(r + k)];
+      QGRAD_UNROLL
+      for (int k = 0; k < kSumLoadBatch; ++k) acc += M(v[k]);
+    }
+    for (; r < ri.red_count; ++r) acc += M(in[ri.reduced(r)]);
     o[j] = T(acc);
   }
 };

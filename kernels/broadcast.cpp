@@ -47,6 +47,13 @@ BroadcastIndex make_broadcast_index(const Shape& a, const Shape& b, const Shape&
   }
   for (int d = n; d < bi.ndim; ++d) bi.sizes[d] = bi.stride_a[d] = bi.stride_b[d] = 0;
   bi.ndim = n;
+  // Offsets stay below the output's size (a broadcast operand is never
+  // larger than the output), so 32 bits hold every quantity when it does.
+  std::int64_t numel = 1;
+  for (int d = 0; d < n; ++d) numel *= bi.sizes[d];
+  bi.small = numel < (std::int64_t(1) << 31);
+  if (bi.small)
+    for (int d = 0; d < n; ++d) bi.div[d] = FastDiv(static_cast<std::uint32_t>(bi.sizes[d]));
   return bi;
 }
 
@@ -54,17 +61,25 @@ ReduceIndex make_reduce_index(const Shape& in, const Shape& out) {
   ReduceIndex ri;
   QGRAD_CHECK(in.size() <= static_cast<std::size_t>(kMaxDims), "sum_to_shape", "shape", "rank too large");
   const Shape st = contiguous_strides(in);
+  bool last_kept = false;
   for (std::size_t d = 0; d < in.size(); ++d) {
+    if (in[d] == 1) continue;  // neither kept nor reduced: no coordinate
     const std::size_t from_right = in.size() - d;
     const bool kept = from_right <= out.size() && out[out.size() - from_right] == in[d];
-    if (kept) {
-      ri.kept_sizes[ri.kept_ndim] = in[d];
-      ri.kept_strides[ri.kept_ndim++] = st[d];
+    int& ndim = kept ? ri.kept_ndim : ri.red_ndim;
+    std::int64_t* sizes = kept ? ri.kept_sizes : ri.red_sizes;
+    std::int64_t* strides = kept ? ri.kept_strides : ri.red_strides;
+    // `in` is contiguous: a dim next to one of its own kind continues that
+    // run (stride[d - 1] = stride[d] * size[d]), so the two become one.
+    if (ndim > 0 && last_kept == kept) {
+      sizes[ndim - 1] *= in[d];
+      strides[ndim - 1] = st[d];
     } else {
-      ri.red_sizes[ri.red_ndim] = in[d];
-      ri.red_strides[ri.red_ndim++] = st[d];
-      ri.red_count *= in[d];
+      sizes[ndim] = in[d];
+      strides[ndim++] = st[d];
     }
+    if (!kept) ri.red_count *= in[d];
+    last_kept = kept;
   }
   return ri;
 }

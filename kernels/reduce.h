@@ -11,13 +11,42 @@
 
 namespace qgrad::kernels {
 
+// Loads per step of the in-order sums below: all of them are issued before
+// the first add, so a CUDA thread waits for one memory round trip per eight
+// elements instead of one per element (a lone thread summing the 256
+// partials of a batch-norm channel was latency-bound at ~110 ns an element).
+// The additions keep their order: the same bits as the plain loop.
+inline constexpr int kSumLoadBatch = 8;
+
+// Sum of f(x[r * stride]) over r = 0, 1, ..., n - 1, in order, in op math
+// (f takes and gives op math).
+template <class T, class F>
+QGRAD_HD op_math_t<T> sum_strided_map(const T* x, std::int64_t n, std::int64_t stride, F f) {
+  using M = op_math_t<T>;
+  M acc = M(0);
+  std::int64_t r = 0;
+  for (; r + kSumLoadBatch <= n; r += kSumLoadBatch) {
+    T v[kSumLoadBatch];
+    QGRAD_UNROLL
+    for (int k = 0; k < kSumLoadBatch; ++k) v[k] = x[(r + k) * stride];
+    QGRAD_UNROLL
+    for (int k = 0; k < kSumLoadBatch; ++k) acc += f(M(v[k]));
+  }
+  for (; r < n; ++r) acc += f(M(x[r * stride]));
+  return acc;
+}
+
+struct PlainTerm {
+  template <class M>
+  QGRAD_HD M operator()(M v) const {
+    return v;
+  }
+};
+
 // Sum of n elements `stride` apart, in order, in op math.
 template <class T>
 QGRAD_HD op_math_t<T> sum_strided(const T* x, std::int64_t n, std::int64_t stride) {
-  using M = op_math_t<T>;
-  M acc = M(0);
-  for (std::int64_t r = 0; r < n; ++r) acc += M(x[r * stride]);
-  return acc;
+  return sum_strided_map(x, n, stride, PlainTerm{});
 }
 
 // First index of the largest of n >= 1 elements `stride` apart; NaN wins.

@@ -16,6 +16,9 @@
 //     same for the CNN of bench/qat_cnn.h (two Conv-BN-ReLU-MaxPool blocks
 //     of 32 and 64 channels, fused into ConvBnReLU2d by prepare_qat, and a
 //     linear head) on [B, 1, 28, 28] inputs;
+//   qat_cnn_step_cuda_b256_w32_tf32 (+ _graph): the same CNN with TF32
+//     convolutions allowed (set_conv_allow_tf32), PyTorch's default math for
+//     them (the peer runs so);
 //   qat_vit_step_cuda_b256 (+ _graph): the ViT of bench/qat_vit.h (the
 //     qgrad-qat-vit model: 6 blocks of width 128, 49 tokens) prepared with
 //     the 8da8w recipe, AdamW with the global gradient norm clipped to 1
@@ -63,10 +66,20 @@ Net mlp(std::int64_t hidden) {
   return {"qat_step", "_h" + std::to_string(hidden),
           [hidden](Device d, Generator& g) { return std::make_unique<QatMlp>(d, hidden, g); }, {784}};
 }
-Net cnn(std::int64_t width) {
-  return {"qat_cnn_step", "_w" + std::to_string(width),
+Net cnn(std::int64_t width, const std::string& suffix = "") {
+  return {"qat_cnn_step", "_w" + std::to_string(width) + suffix,
           [width](Device d, Generator& g) { return std::make_unique<QatCnn>(d, width, g); }, {1, 28, 28}};
 }
+#if QGRAD_WITH_CUDA
+// The CNN with TF32 convolutions allowed (set_conv_allow_tf32), as PyTorch
+// runs them by default: case ..._w32_tf32.
+template <class F>
+void with_conv_tf32(F&& f) {
+  set_conv_allow_tf32(true);
+  f(cnn(32, "_tf32"));
+  set_conv_allow_tf32(false);
+}
+#endif
 [[maybe_unused]] Net vit() {  // CUDA only
   return {"qat_vit_step", "", [](Device d, Generator& g) { return std::make_unique<QatVit>(d, g); }, {784}};
 }
@@ -226,7 +239,7 @@ void bench_cpu(const Net& net, std::int64_t batch, int reps, int threads) {
 }  // namespace
 
 // bench_train_step [--cpu-only] [--cpu-reps N] [--cpu-threads N (default 2)]
-//                  [--profile [REPLAYS]] [--profile-nets mlp,cnn,vit]
+//                  [--profile [REPLAYS]] [--profile-nets mlp,cnn,cnn_tf32,vit]
 int main(int argc, char** argv) {
   bool cpu_only = false;
   int profile_replays = 0;
@@ -251,6 +264,7 @@ int main(int argc, char** argv) {
       profile_graph(mlp(1024), 4096, profile_replays);
     }
     if (wanted("cnn")) profile_graph(cnn(32), 256, profile_replays);
+    if (wanted("cnn_tf32")) with_conv_tf32([&](const Net& net) { profile_graph(net, 256, profile_replays); });
     if (wanted("vit")) profile_graph(vit(), 256, profile_replays);
     return 0;
   }
@@ -258,6 +272,7 @@ int main(int argc, char** argv) {
     bench_cuda(mlp(256), 256, 300);
     bench_cuda(mlp(1024), 4096, 200);
     bench_cuda(cnn(32), 256, 200);
+    with_conv_tf32([](const Net& net) { bench_cuda(net, 256, 200); });
     bench_cuda(vit(), 256, 100);
   }
 #else

@@ -19,6 +19,9 @@ struct Conv2dShape {
   std::int64_t o = 0, kh = 0, kw = 0;       // weight (its channels: c / groups)
   std::int64_t oh = 0, ow = 0;              // output
   std::int64_t sh = 1, sw = 1, ph = 0, pw = 0, dh = 1, dw = 1, groups = 1;
+  // f32 on CUDA may take TF32 tensor-core engines (qgrad::set_conv_allow_tf32);
+  // ignored by every other dtype and by the CPU.
+  bool allow_tf32 = false;
 
   std::int64_t c_per_group() const { return c / groups; }
   std::int64_t o_per_group() const { return o / groups; }

@@ -1,6 +1,8 @@
 // conv2d: validation, forward, saved state and backward.
 #include "qgrad/ops/conv.h"
 
+#include <atomic>
+
 #include "qgrad/autograd/node.h"
 #include "qgrad/kernels/conv.h"
 #include "qgrad/ops/check.h"
@@ -8,6 +10,8 @@
 namespace qgrad {
 
 namespace {
+
+std::atomic<bool> g_conv_allow_tf32{false};
 
 TensorOptions like(const Tensor& t) { return TensorOptions{}.with_dtype(t.dtype()).with_device(t.device()); }
 
@@ -36,6 +40,9 @@ kernels::Conv2dShape conv2d_shape(const Tensor& x, const Tensor& weight, const T
 
 }  // namespace
 
+void set_conv_allow_tf32(bool allow) { g_conv_allow_tf32.store(allow, std::memory_order_relaxed); }
+bool conv_allow_tf32() { return g_conv_allow_tf32.load(std::memory_order_relaxed); }
+
 // Backward: dx = conv2d's transpose applied to dy (cuDNN backward data / the
 // GEMM W_gᵀ · dy then col2im), dW = Σ_n dy[n] ⋆ x[n] (cuDNN backward filter /
 // col · dyᵀ per image), db[o] = Σ_{n, oh, ow} dy[n, o, oh, ow]. Saves the
@@ -43,7 +50,8 @@ kernels::Conv2dShape conv2d_shape(const Tensor& x, const Tensor& weight, const T
 // nothing for the bias.
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, std::array<std::int64_t, 2> stride,
               std::array<std::int64_t, 2> padding, std::array<std::int64_t, 2> dilation, std::int64_t groups) {
-  const kernels::Conv2dShape s = conv2d_shape(x, weight, bias, stride, padding, dilation, groups);
+  kernels::Conv2dShape s = conv2d_shape(x, weight, bias, stride, padding, dilation, groups);
+  s.allow_tf32 = conv_allow_tf32();  // saved in the backward's copy of s
   Tensor out = Tensor::empty({s.n, s.o, s.oh, s.ow}, like(x));
   // The bias. f32/f64 on CUDA: added after the convolution (one rounding of
   // conv + bias either way; cuDNN's graph engines run beta = 0, and measured

@@ -308,3 +308,82 @@ TEST_CASE("cuda conv2d agrees with the CPU in every dtype and repeats bit for bi
       if (c.bias) CHECK(bit_equal(cuda.back(), cpu.back()));  // the bias gradient: one kernel, one order
     }
 }
+
+TEST_CASE("conv2d with TF32 allowed: f32 on CUDA within the TF32 bound, deterministic; the CPU and other dtypes unchanged") {
+  // The switch is process-wide: restored whatever happens below.
+  struct Restore {
+    bool was = conv_allow_tf32();
+    ~Restore() { set_conv_allow_tf32(was); }
+  } restore;
+  set_conv_allow_tf32(false);
+  CHECK_FALSE(conv_allow_tf32());
+  set_conv_allow_tf32(true);
+  CHECK(conv_allow_tf32());
+
+  // The CPU ignores it: the same bits as with it off.
+  {
+    const Config& c = configs()[0];
+    std::vector<Tensor> on, off;
+    for (bool tf32 : {true, false}) {
+      set_conv_allow_tf32(tf32);
+      Tensor x = seeded(c.x, 31, DType::f32, Device::cpu(), true), w = seeded(c.w, 32, DType::f32, Device::cpu(), true);
+      Tensor y = conv2d(x, w, Tensor(), c.stride, c.padding, c.dilation, c.groups);
+      y.backward(seeded(y.shape(), 33, DType::f32, Device::cpu(), false));
+      (tf32 ? on : off) = {y, x.grad(), w.grad()};
+    }
+    for (std::size_t i = 0; i < on.size(); ++i) CHECK(bit_equal(on[i], off[i]));
+  }
+  set_conv_allow_tf32(true);
+  if (!cuda_available()) {
+    MESSAGE("skipping the CUDA part: no GPU");
+    return;
+  }
+  const Device gpu = Device::cuda(0);
+  auto abs_values = [](const Tensor& t) {
+    std::vector<double> v = values(t);
+    for (double& e : v) e = std::fabs(e);
+    return v;
+  };
+  for (const Config& c : configs()) {
+    INFO("config ", c.name);
+    std::vector<Tensor> run, again;
+    Tensor x, w, b, dy;
+    for (auto* out : {&run, &again}) {
+      x = seeded(c.x, 41, DType::f32, gpu, true), w = seeded(c.w, 42, DType::f32, gpu, true);
+      b = c.bias ? seeded({c.w[0]}, 43, DType::f32, gpu, true) : Tensor();
+      Tensor y = conv2d(x, w, b, c.stride, c.padding, c.dilation, c.groups);
+      dy = seeded(y.shape(), 44, DType::f32, gpu, false);
+      y.backward(dy);
+      *out = {y, x.grad(), w.grad()};
+    }
+    for (std::size_t i = 0; i < run.size(); ++i) CHECK(bit_equal(run[i], again[i]));
+    const std::int64_t oh = run[0].size(2), ow = run[0].size(3);
+    const Reference r = reference(c, values(x), values(w), c.bias ? values(b) : std::vector<double>{}, values(dy), oh, ow);
+    // Each product's operands rounded (or truncated) to TF32's 10 mantissa
+    // bits: error <= 2^-9 of |w| |x| per term, f32 accumulation besides; a
+    // transform engine (Winograd, FFT) rounds its transformed operands, so
+    // the test allows 8x that against the sum of the terms' magnitudes.
+    const Reference bound = reference(c, abs_values(x), abs_values(w), c.bias ? abs_values(b) : std::vector<double>{},
+                                      abs_values(dy), oh, ow);
+    const std::vector<double>* want[] = {&r.y, &r.dx, &r.dw};
+    const std::vector<double>* mag[] = {&bound.y, &bound.dx, &bound.dw};
+    for (std::size_t i = 0; i < run.size(); ++i) {
+      const std::vector<double> got = values(run[i]);
+      REQUIRE(got.size() == want[i]->size());
+      double worst = 0;
+      for (std::size_t k = 0; k < got.size(); ++k)
+        worst = std::max(worst, std::fabs(got[k] - (*want[i])[k]) / ((*mag[i])[k] * 0x1p-9 + 1e-6));
+      INFO("output ", i, ": worst error in units of 2^-9 of the terms' magnitude ", worst);
+      CHECK(worst <= 8.0);
+    }
+  }
+  // f64 ignores it: the same bits as with it off.
+  const Config& c = configs()[12];
+  std::vector<Tensor> on, off;
+  for (bool tf32 : {true, false}) {
+    set_conv_allow_tf32(tf32);
+    Tensor x = seeded(c.x, 51, DType::f64, gpu, false), w = seeded(c.w, 52, DType::f64, gpu, false);
+    (tf32 ? on : off) = {conv2d(x, w, Tensor(), c.stride, c.padding, c.dilation, c.groups)};
+  }
+  CHECK(bit_equal(on[0], off[0]));
+}

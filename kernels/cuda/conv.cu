@@ -8,8 +8,12 @@
 // queued (the next user of the block is queued after it on the same stream).
 //
 // Math: f32 with CUDNN_FMA_MATH (no TF32: the CPU computes in f32, and the
-// promise across devices is 1e-5), f64 with the default math, f16 and bf16 on
-// tensor cores with f32 accumulation (the convolution's compute type is f32).
+// promise across devices is 1e-5) unless the shape allows TF32
+// (Conv2dShape::allow_tf32, from qgrad::set_conv_allow_tf32: PyTorch's
+// torch.backends.cudnn.allow_tf32, on by default there): then cuDNN's
+// default math, TENSOR_CORE engines allowed; f64 with the default math, f16
+// and bf16 on tensor cores with f32 accumulation (the convolution's compute
+// type is f32).
 //
 // Engines: chosen once per (device, dtype, shape, direction, pointer
 // alignment, accumulation) and cached. Every pass except a forward
@@ -17,7 +21,7 @@
 // PyTorch 2.11 calls it: an operation graph of the one convolution, the
 // engine configurations of its instant heuristic in order, the first whose
 // plan builds and whose numerical notes allow it: never NONDETERMINISTIC, for
-// f32 never TENSOR_CORE (TF32) or DOWN_CONVERT_INPUTS, for f16/bf16 never
+// f32 never DOWN_CONVERT_INPUTS, nor TENSOR_CORE (TF32) unless allowed, for f16/bf16 never
 // REDUCED_PRECISION_REDUCTION (the accumulation stays f32), never an engine
 // that compiles at run time. The legacy API lacks the newer engines: the
 // bf16 backward-data pass at 256x32x14x14 took 0.068 ms there against the
@@ -85,18 +89,18 @@ cudnnDataType_t data_type(DType dt) {
     default: return CUDNN_DATA_FLOAT;
   }
 }
-cudnnMathType_t math_type(DType dt) {
+cudnnMathType_t math_type(DType dt, bool tf32) {
   switch (dt) {
-    case DType::f32: return CUDNN_FMA_MATH;
+    case DType::f32: return tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
     case DType::f16:
     case DType::bf16: return CUDNN_TENSOR_OP_MATH;
     default: return CUDNN_DEFAULT_MATH;
   }
 }
 // A heuristic result's math type is acceptable: for f32 only FMA (TF32 would
-// round the operands to 10 mantissa bits).
-bool math_ok(DType dt, cudnnMathType_t m) {
-  if (dt == DType::f32) return m == CUDNN_FMA_MATH;
+// round the operands to 10 mantissa bits) unless TF32 is allowed.
+bool math_ok(DType dt, bool tf32, cudnnMathType_t m) {
+  if (dt == DType::f32) return m == CUDNN_FMA_MATH || (tf32 && m != CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION);
   return m != CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
 }
 
@@ -133,7 +137,7 @@ struct Descriptors {
                                                       CUDNN_CROSS_CORRELATION,
                                                       dt == DType::f64 ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT));
     QGRAD_CUDNN_CHECK(cudnnSetConvolutionGroupCount(conv, i(s.groups)));
-    QGRAD_CUDNN_CHECK(cudnnSetConvolutionMathType(conv, math_type(dt)));
+    QGRAD_CUDNN_CHECK(cudnnSetConvolutionMathType(conv, math_type(dt, s.allow_tf32)));
   }
   void destroy() {
     if (conv) cudnnDestroyConvolutionDescriptor(conv);
@@ -161,15 +165,15 @@ using Key = std::tuple<int, int, int, std::vector<std::int64_t>>;  // device, dt
 Key key_of(const Conv2dShape& s, DType dt, Direction dir, int device, bool accumulate, std::int64_t alignment) {
   return Key{device, static_cast<int>(dt), static_cast<int>(dir),
              std::vector<std::int64_t>{s.n, s.c, s.h, s.w, s.o, s.kh, s.kw, s.oh, s.ow, s.sh, s.sw, s.ph, s.pw, s.dh,
-                                       s.dw, s.groups, accumulate ? 1 : 0, alignment}};
+                                       s.dw, s.groups, accumulate ? 1 : 0, alignment, s.allow_tf32 ? 1 : 0}};
 }
 
 // The first deterministic heuristic result with an acceptable math type.
 template <class Perf>
-bool pick(const std::vector<Perf>& perf, int returned, DType dt, Choice& c) {
+bool pick(const std::vector<Perf>& perf, int returned, DType dt, bool tf32, Choice& c) {
   for (int i = 0; i < returned; ++i) {
     const Perf& p = perf[static_cast<std::size_t>(i)];
-    if (p.status == CUDNN_STATUS_SUCCESS && p.determinism == CUDNN_DETERMINISTIC && math_ok(dt, p.mathType)) {
+    if (p.status == CUDNN_STATUS_SUCCESS && p.determinism == CUDNN_DETERMINISTIC && math_ok(dt, tf32, p.mathType)) {
       c.algo = static_cast<int>(p.algo);
       c.math = p.mathType;
       return true;
@@ -178,27 +182,28 @@ bool pick(const std::vector<Perf>& perf, int returned, DType dt, Choice& c) {
   return false;
 }
 
-Choice choose(cudnnHandle_t h, const Descriptors& d, DType dt, Direction dir) {
+Choice choose(cudnnHandle_t h, const Descriptors& d, const Conv2dShape& s, DType dt, Direction dir) {
   Choice c;
-  c.math = math_type(dt);
+  const bool tf32 = s.allow_tf32;
+  c.math = math_type(dt, tf32);
   int count = 0, returned = 0;
   if (dir == Direction::forward) {
     QGRAD_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithmMaxCount(h, &count));
     std::vector<cudnnConvolutionFwdAlgoPerf_t> perf(static_cast<std::size_t>(count));
     QGRAD_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, d.x, d.w, d.conv, d.y, count, &returned, perf.data()));
-    if (!pick(perf, returned, dt, c)) c.algo = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
+    if (!pick(perf, returned, dt, tf32, c)) c.algo = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
   } else if (dir == Direction::backward_data) {
     QGRAD_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(h, &count));
     std::vector<cudnnConvolutionBwdDataAlgoPerf_t> perf(static_cast<std::size_t>(count));
     QGRAD_CUDNN_CHECK(
         cudnnGetConvolutionBackwardDataAlgorithm_v7(h, d.w, d.y, d.conv, d.x, count, &returned, perf.data()));
-    if (!pick(perf, returned, dt, c)) c.algo = CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
+    if (!pick(perf, returned, dt, tf32, c)) c.algo = CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
   } else {
     QGRAD_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(h, &count));
     std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> perf(static_cast<std::size_t>(count));
     QGRAD_CUDNN_CHECK(
         cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, d.x, d.y, d.conv, d.w, count, &returned, perf.data()));
-    if (!pick(perf, returned, dt, c)) c.algo = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1;
+    if (!pick(perf, returned, dt, tf32, c)) c.algo = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1;
   }
   QGRAD_CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv, c.math));
   if (dir == Direction::forward)
@@ -267,7 +272,7 @@ std::unique_ptr<BackendDescriptor> backend_tensor(std::int64_t uid, const std::a
 
 // An engine configuration the numerical promise above allows; its engine's
 // global index in `index`.
-bool engine_allowed(const BackendDescriptor& config, DType dt, std::int64_t& index) {
+bool engine_allowed(const BackendDescriptor& config, DType dt, bool tf32, std::int64_t& index) {
   BackendDescriptor engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
   std::int64_t count = 0;
   if (cudnnBackendGetAttribute(config.d, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &count,
@@ -283,7 +288,7 @@ bool engine_allowed(const BackendDescriptor& config, DType dt, std::int64_t& ind
   for (std::int64_t i = 0; i < count; ++i) {
     const cudnnBackendNumericalNote_t n = notes[static_cast<std::size_t>(i)];
     if (n == CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC) return false;
-    if (dt == DType::f32 && (n == CUDNN_NUMERICAL_NOTE_TENSOR_CORE || n == CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS))
+    if (dt == DType::f32 && (n == CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS || (!tf32 && n == CUDNN_NUMERICAL_NOTE_TENSOR_CORE)))
       return false;
     if ((dt == DType::f16 || dt == DType::bf16) && n == CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION) return false;
   }
@@ -382,7 +387,7 @@ std::shared_ptr<BackendPlan> backend_plan(cudnnHandle_t h, const Conv2dShape& s,
   for (std::int64_t i = 0; i < returned && i < count; ++i) {
     const BackendDescriptor& config = *bp->configs[static_cast<std::size_t>(i)];
     std::int64_t index = -1;
-    if (!engine_allowed(config, dt, index)) continue;
+    if (!engine_allowed(config, dt, s.allow_tf32, index)) continue;
     auto plan = std::make_unique<BackendDescriptor>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
     plan->set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, h);
     plan->set(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, config.d);
@@ -452,7 +457,7 @@ Choice cached_choice(cudnnHandle_t h, const Descriptors& d, const Conv2dShape& s
     }
   }
   if (c.plan) c.workspace = c.plan->workspace;
-  else c = choose(h, d, dt, dir);
+  else c = choose(h, d, s, dt, dir);
   if (std::getenv("QGRAD_CUDNN_LOG"))  // which engine each shape got (benchmark diagnosis)
     std::fprintf(stderr, "qgrad conv2d %s %s n%lld c%lld %lldx%lld o%lld k%lldx%lld g%lld: %s %lld, workspace %zu\n",
                  dir == Direction::forward ? "fwd" : dir == Direction::backward_data ? "dx" : "dw", dtype_name(dt),

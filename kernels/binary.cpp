@@ -83,12 +83,13 @@ struct SumToShape {
     const T* in = x + ri.base(j);
     M acc = M(0);
     std::int64_t r = 0;
-    for (; r + kSumLoadBatch <= ri.red_count; r += kSumLoadBatch) {  // loads first, adds in order
-      T v[kSumLoadBatch];
+    constexpr int kBatch = kSumLoadBatchLong;  // few outputs, each a long sum
+    for (; r + kBatch <= ri.red_count; r += kBatch) {  // loads first, adds in order
+      T v[kBatch];
       QGRAD_UNROLL
-      for (int k = 0; k < kSumLoadBatch; ++k) v[k] = in[ri.reduced(r + k)];
+      for (int k = 0; k < kBatch; ++k) v[k] = in[ri.reduced(r + k)];
       QGRAD_UNROLL
-      for (int k = 0; k < kSumLoadBatch; ++k) acc += M(v[k]);
+      for (int k = 0; k < kBatch; ++k) acc += M(v[k]);
     }
     for (; r < ri.red_count; ++r) acc += M(in[ri.reduced(r)]);
     o[j] = T(acc);

@@ -12,25 +12,28 @@
 namespace qgrad::kernels {
 
 // Loads per step of the in-order sums below: all of them are issued before
-// the first add, so a CUDA thread waits for one memory round trip per eight
-// elements instead of one per element (a lone thread summing the 256
-// partials of a batch-norm channel was latency-bound at ~110 ns an element).
-// The additions keep their order: the same bits as the plain loop.
+// the first add, so a CUDA thread waits for one memory round trip per batch
+// instead of one per element (a lone thread summing the 256 partials of a
+// batch-norm channel was latency-bound at ~110 ns an element, H100). The
+// additions keep their order: the same bits as the plain loop. Sums run by
+// many threads at once (bandwidth-bound) take 8; the few long sums of a
+// reduction's last levels take kSumLoadBatchLong.
 inline constexpr int kSumLoadBatch = 8;
+inline constexpr int kSumLoadBatchLong = 32;
 
 // Sum of f(x[r * stride]) over r = 0, 1, ..., n - 1, in order, in op math
 // (f takes and gives op math).
-template <class T, class F>
+template <int Batch = kSumLoadBatch, class T, class F>
 QGRAD_HD op_math_t<T> sum_strided_map(const T* x, std::int64_t n, std::int64_t stride, F f) {
   using M = op_math_t<T>;
   M acc = M(0);
   std::int64_t r = 0;
-  for (; r + kSumLoadBatch <= n; r += kSumLoadBatch) {
-    T v[kSumLoadBatch];
+  for (; r + Batch <= n; r += Batch) {
+    T v[Batch];
     QGRAD_UNROLL
-    for (int k = 0; k < kSumLoadBatch; ++k) v[k] = x[(r + k) * stride];
+    for (int k = 0; k < Batch; ++k) v[k] = x[(r + k) * stride];
     QGRAD_UNROLL
-    for (int k = 0; k < kSumLoadBatch; ++k) acc += f(M(v[k]));
+    for (int k = 0; k < Batch; ++k) acc += f(M(v[k]));
   }
   for (; r < n; ++r) acc += f(M(x[r * stride]));
   return acc;
@@ -44,9 +47,9 @@ struct PlainTerm {
 };
 
 // Sum of n elements `stride` apart, in order, in op math.
-template <class T>
+template <int Batch = kSumLoadBatch, class T>
 QGRAD_HD op_math_t<T> sum_strided(const T* x, std::int64_t n, std::int64_t stride) {
-  return sum_strided_map(x, n, stride, PlainTerm{});
+  return sum_strided_map<Batch>(x, n, stride, PlainTerm{});
 }
 
 // First index of the largest of n >= 1 elements `stride` apart; NaN wins.

@@ -92,7 +92,7 @@ struct LaneSum {
   std::int64_t q, lanes;
   QGRAD_HD void operator()(std::int64_t i) const {
     const std::int64_t c = i / lanes, lane = i - c * lanes;
-    out[i] = sum_strided(part + c * q * lanes + lane, q, lanes);
+    out[i] = sum_strided<kSumLoadBatchLong>(part + c * q * lanes + lane, q, lanes);
   }
 };
 
@@ -103,7 +103,7 @@ struct ChannelMean {
   std::int64_t q, n;
   QGRAD_HD void operator()(std::int64_t c) const {
     using M = op_math_t<T>;
-    mean[c] = sum_strided(part + c * q, q, 1) / M(n);
+    mean[c] = sum_strided<kSumLoadBatchLong>(part + c * q, q, 1) / M(n);
   }
 };
 
@@ -118,7 +118,7 @@ struct ChannelVar {
   op_math_t<T> momentum, eps;
   QGRAD_HD void operator()(std::int64_t c) const {
     using M = op_math_t<T>;
-    const M sq = sum_strided(part + c * q, q, 1);
+    const M sq = sum_strided<kSumLoadBatchLong>(part + c * q, q, 1);
     invstd[c] = M(1) / sqrt_m(sq / M(n) + eps);
     if (running_mean) {
       running_mean[c] = T(momentum * mean[c] + (M(1) - momentum) * M(running_mean[c]));
@@ -217,7 +217,8 @@ struct ChannelGrad {
   std::int64_t q, n;
   QGRAD_HD void operator()(std::int64_t c) const {
     using M = op_math_t<T>;
-    const M s = sum_strided(pd + c * q, q, 1), p = sum_strided(px + c * q, q, 1);
+    const M s = sum_strided<kSumLoadBatchLong>(pd + c * q, q, 1);
+    const M p = sum_strided<kSumLoadBatchLong>(px + c * q, q, 1);
     const M is = invstd[c];
     if (dbias) dbias[c] = T(s);
     if (dweight) dweight[c] = T(p * is);
@@ -255,6 +256,92 @@ struct InputGrad {
       dx[i] = T((M(dy[i]) - coef[3 * c + 1] - proj) * coef[3 * c]);
     } else {
       dx[i] = T(M(dy[i]) * coef[3 * c]);
+    }
+  }
+};
+
+// channel_div_add: the quotient rounded to T, then the bias added (the two
+// ops it replaces, each rounded).
+template <class T>
+struct DivAdd {
+  const T* x;
+  const T* divisor;
+  const T* bias;  // null: none
+  T* y;
+  ChannelIndexer ch;
+  QGRAD_HD void operator()(std::int64_t i) const {
+    using M = op_math_t<T>;
+    const std::int64_t c = ch.channel(i);
+    const T q = T(M(x[i]) / M(divisor[c]));
+    y[i] = bias ? T(M(q) + M(bias[c])) : q;
+  }
+};
+
+// Level 1 of channel_div_add's backward, one pass over the partial's
+// elements: dx = dy / divisor (when wanted), ps[p] = sum of dy, px[p] = sum
+// of dy * x (each when wanted).
+template <class T>
+struct DivAddPartialGrad {
+  const T* dy;
+  const T* x;
+  const T* divisor;
+  T* dx;
+  op_math_t<T>* ps;
+  op_math_t<T>* px;
+  AxisLayout v;
+  std::int64_t chunks, lanes;
+  QGRAD_HD void operator()(std::int64_t p) const {
+    using M = op_math_t<T>;
+    const ChunkOf ch = chunk_of(p, v, chunks, lanes);
+    const M d = M(divisor[ch.c]);
+    const T* g = dy + ch.offset;
+    const T* xs = x + ch.offset;
+    T* o = dx ? dx + ch.offset : nullptr;
+    M s = M(0), t = M(0);
+    std::int64_t j = ch.lo;
+    // kSumLoadBatch elements' loads issued before their adds (reduce.h), in order.
+    for (; j + (kSumLoadBatch - 1) * lanes < ch.hi; j += kSumLoadBatch * lanes) {
+      T gv[kSumLoadBatch];
+      M xv[kSumLoadBatch];
+      QGRAD_UNROLL
+      for (int k = 0; k < kSumLoadBatch; ++k) {
+        gv[k] = g[j + k * lanes];
+        xv[k] = px ? M(xs[j + k * lanes]) : M(0);
+      }
+      QGRAD_UNROLL
+      for (int k = 0; k < kSumLoadBatch; ++k) {
+        s += M(gv[k]);
+        t += M(gv[k]) * xv[k];
+        if (o) o[j + k * lanes] = T(M(gv[k]) / d);
+      }
+    }
+    for (; j < ch.hi; j += lanes) {
+      const M gj = M(g[j]);
+      s += gj;
+      if (px) t += gj * M(xs[j]);
+      if (o) o[j] = T(gj / d);
+    }
+    if (ps) ps[p] = s;
+    if (px) px[p] = t;
+  }
+};
+
+// Level 3: per channel, its lane sums in order; dbias = s, ddivisor =
+// -(p / (d * d)).
+template <class T>
+struct DivAddChannelGrad {
+  const op_math_t<T>* ls;
+  const op_math_t<T>* lx;
+  const T* divisor;
+  T* ddivisor;
+  T* dbias;
+  std::int64_t lanes;
+  QGRAD_HD void operator()(std::int64_t c) const {
+    using M = op_math_t<T>;
+    if (dbias) dbias[c] = T(sum_strided(ls + c * lanes, lanes, 1));
+    if (ddivisor) {
+      const M d = M(divisor[c]);
+      ddivisor[c] = T(-(sum_strided(lx + c * lanes, lanes, 1) / (d * d)));
     }
   }
 };
@@ -367,6 +454,50 @@ void batch_norm_backward(const Tensor& dy, const Tensor& x, const AxisLayout& v,
       for_each_index(dev, dx.numel(),
                      InputGrad<T>{dyp, xp, mp, cp, static_cast<T*>(dx.data_ptr()), ChannelIndexer(v), training},
                      "batch_norm_backward");
+  });
+}
+
+void channel_div_add(const Tensor& x, const AxisLayout& v, const Tensor& divisor, const Tensor& bias,
+                     const Tensor& y) {
+  dispatch_floating(x.dtype(), "channel_div_add", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    for_each_index(y.device(), y.numel(),
+                   DivAdd<T>{static_cast<const T*>(x.data_ptr()), static_cast<const T*>(divisor.data_ptr()),
+                             ptr_or_null<const T>(bias), static_cast<T*>(y.data_ptr()), ChannelIndexer(v)},
+                   "channel_div_add");
+  });
+}
+
+void channel_div_add_backward(const Tensor& dy, const Tensor& x, const AxisLayout& v, const Tensor& divisor,
+                              const Tensor& dx, const Tensor& ddivisor, const Tensor& dbias) {
+  dispatch_floating(dy.dtype(), "channel_div_add_backward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using M = op_math_t<T>;
+    const Device dev = dy.device();
+    const Partials pt = Partials::of(v);
+    const std::int64_t lane_sums = v.channels * pt.lanes;
+    const bool sums = ddivisor.defined() || dbias.defined();
+    Tensor part = sums ? Tensor::empty({2 * (pt.count() + lane_sums)}, math_options(dy, dtype_of<M>)) : Tensor();
+    M* ps = sums && dbias.defined() ? static_cast<M*>(part.data_ptr()) : nullptr;
+    M* px = sums && ddivisor.defined() ? static_cast<M*>(part.data_ptr()) + pt.count() : nullptr;
+    const T* dp = static_cast<const T*>(divisor.data_ptr());
+    for_each_index(dev, pt.count(),
+                   DivAddPartialGrad<T>{static_cast<const T*>(dy.data_ptr()),
+                                        ddivisor.defined() ? static_cast<const T*>(x.data_ptr()) : nullptr, dp,
+                                        ptr_or_null<T>(dx), ps, px, v, pt.chunks, pt.lanes},
+                   "channel_div_add_backward", kPartialGrain);
+    if (!sums) return;
+    M* ls = static_cast<M*>(part.data_ptr()) + 2 * pt.count();
+    M* lx = ls + lane_sums;
+    if (ps)
+      for_each_index(dev, lane_sums, LaneSum<M>{ps, ls, pt.per_channel(), pt.lanes}, "channel_div_add_backward",
+                     kPartialGrain);
+    if (px)
+      for_each_index(dev, lane_sums, LaneSum<M>{px, lx, pt.per_channel(), pt.lanes}, "channel_div_add_backward",
+                     kPartialGrain);
+    for_each_index(dev, v.channels,
+                   DivAddChannelGrad<T>{ls, lx, dp, ptr_or_null<T>(ddivisor), ptr_or_null<T>(dbias), pt.lanes},
+                   "channel_div_add_backward");
   });
 }
 

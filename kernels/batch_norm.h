@@ -43,4 +43,17 @@ void batch_norm_backward(const Tensor& dy, const Tensor& x, const AxisLayout& v,
                          const Tensor& invstd, const Tensor& weight, bool training, const Tensor& dx,
                          const Tensor& dweight, const Tensor& dbias);
 
+// channel_div_add (the unscaling of a folded Conv-BN, ops/pool_norm.h):
+// y = T(T(x / divisor[c]) + bias[c]) (bias optional: y = T(x / divisor[c])),
+// x viewed as v (channels on axis 1), divisor and bias x's dtype.
+void channel_div_add(const Tensor& x, const AxisLayout& v, const Tensor& divisor, const Tensor& bias,
+                     const Tensor& y);
+// Its backward for upstream dy: dx = dy / divisor[c]; dbias[c] = s and
+// ddivisor[c] = -(p / (divisor[c] * divisor[c])) with s = sum dy and
+// p = sum dy * x per channel, summed in the three-level order above (one
+// pass over dy and x writes dx and the partials). dx, ddivisor, dbias may
+// each be undefined (not computed); x is read only for ddivisor.
+void channel_div_add_backward(const Tensor& dy, const Tensor& x, const AxisLayout& v, const Tensor& divisor,
+                              const Tensor& dx, const Tensor& ddivisor, const Tensor& dbias);
+
 }  // namespace qgrad::kernels

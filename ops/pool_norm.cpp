@@ -151,8 +151,7 @@ namespace {
 
 // An optional per-channel tensor of batch_norm: undefined, or [C] of x's
 // dtype and device.
-void check_channel_tensor(const Tensor& t, const Tensor& x, const char* arg) {
-  constexpr const char* op = "batch_norm";
+void check_channel_tensor(const Tensor& t, const Tensor& x, const char* arg, const char* op = "batch_norm") {
   if (!t.defined()) return;
   check::floating(t, op, arg);
   check::same_dtype(t, x, op, arg);
@@ -162,6 +161,36 @@ void check_channel_tensor(const Tensor& t, const Tensor& x, const char* arg) {
 }
 
 }  // namespace
+
+// Saves the divisor, and x (detached) when the divisor needs grad.
+Tensor channel_div_add(const Tensor& x, const Tensor& divisor, const Tensor& bias) {
+  constexpr const char* op = "channel_div_add";
+  check::floating(x, op, "x");
+  QGRAD_CHECK(x.dim() >= 2, op, "x", "expected rank >= 2 [N, C, ...], got shape ", shape_str(x.shape()));
+  check::non_empty(x, op, "x");
+  QGRAD_CHECK(divisor.defined(), op, "divisor", "is required");
+  check_channel_tensor(divisor, x, "divisor", op);
+  check_channel_tensor(bias, x, "bias", op);
+  const AxisLayout v = AxisLayout::of(x.shape(), 1);
+  Tensor out = Tensor::empty(x.shape(), like(x, x.dtype()));
+  kernels::channel_div_add(x, v, divisor, bias, out);
+  if (any_requires_grad({x, divisor, bias})) {
+    const bool need_x = x.requires_grad(), need_d = divisor.requires_grad(),
+               need_b = bias.defined() && bias.requires_grad();
+    Tensor sx = need_d ? x.detach() : Tensor();
+    record(op, out, {x, divisor, bias},
+           [sx, sd = divisor.detach(), v, need_x, need_d, need_b](const Tensor& dy) {
+             const TensorOptions o = like(dy, dy.dtype());
+             Tensor dx = need_x ? Tensor::empty(dy.shape(), o) : Tensor();
+             Tensor dd = need_d ? Tensor::empty({v.channels}, o) : Tensor();
+             Tensor db = need_b ? Tensor::empty({v.channels}, o) : Tensor();
+             kernels::channel_div_add_backward(dy, sx, v, sd, dx, dd, db);
+             return std::vector<Tensor>{dx, dd, db};
+           },
+           divisor.nbytes() + (need_d ? x.nbytes() : 0));
+  }
+  return out;
+}
 
 // Saves x (detached), weight, and the per-channel mean and invstd in op
 // math (batch statistics in training, running ones in evaluation).

@@ -64,6 +64,14 @@ Tensor adaptive_avg_pool2d(const Tensor& x, Size2 output_size);
 Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
                   const Tensor& running_var, bool training, double momentum = 0.1, double eps = 1e-5);
 
+// x [N, C, ...] (rank >= 2) divided per channel (axis 1) by divisor [C], then
+// bias [C] added (optional): y = x / divisor[c] + bias[c], rounded as the two
+// broadcast ops it replaces (x / divisor.reshape(1, -1, 1, 1) + bias.reshape(
+// 1, -1, 1, 1) in PyTorch: the unscaling of torch.ao's ConvBn2d after its
+// folded, fake-quantized convolution). Its backward is one pass over dy and
+// x (dx, and the per-channel sums of dy and dy * x for bias and divisor).
+Tensor channel_div_add(const Tensor& x, const Tensor& divisor, const Tensor& bias = Tensor());
+
 // x with dims start_dim..end_dim merged into one (a reshape; negative dims
 // count from the end).
 Tensor flatten(const Tensor& x, std::int64_t start_dim = 1, std::int64_t end_dim = -1);

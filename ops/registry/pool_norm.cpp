@@ -293,6 +293,52 @@ std::vector<OpEntry> pool_norm_entries() {
                },
                Promise::bit_identical(), GradMethod::none, {}, {}, nullptr});
 
+  // channel_div_add: [N, C, H, W] with bias (plane of 33 elements: two
+  // chunk lanes partly filled), and [N, C] without; divisors away from 0.
+  const auto div_add_errors = [](Device d) {
+    constexpr const char* op = "channel_div_add";
+    const Tensor x = some({2, 3, 4, 5}, d), c3 = full({3}, 1.5, on(d));
+    std::vector<BadInput> c{
+        {op, "x", [=] { channel_div_add(Tensor(), c3); }},
+        {op, "x", [=] { channel_div_add(some({2, 3}, d, DType::s32), c3); }},
+        {op, "x", [=] { channel_div_add(some({3}, d), c3); }},           // rank 1
+        {op, "x", [=] { channel_div_add(some({0, 3, 2}, d), c3); }},     // empty
+        {op, "divisor", [=] { channel_div_add(x, Tensor()); }},
+        {op, "divisor", [=] { channel_div_add(x, full({4}, 1.5, on(d))); }},
+        {op, "divisor", [=] { channel_div_add(x, full({3, 1}, 1.5, on(d))); }},
+        {op, "divisor", [=] { channel_div_add(x, full({3}, 1.5, on(d, DType::f64))); }},
+        {op, "bias", [=] { channel_div_add(x, c3, full({2}, 1.0, on(d))); }},
+        {op, "bias", [=] { channel_div_add(x, c3, some({3}, d, DType::s32)); }},
+    };
+    if (has_other(d)) {
+      c.push_back({op, "divisor", [=] { channel_div_add(x, full({3}, 1.5, on(other(d)))); }});
+      c.push_back({op, "bias", [=] { channel_div_add(x, c3, full({3}, 1.0, on(other(d)))); }});
+    }
+    return c;
+  };
+  e.push_back({"channel_div_add", {"channel_div_add"}, kFloat,
+               [](Device d, DType dt, Generator& g) {
+                 return Tensors{normal({3, 4, 3, 11}, g, d, dt), plain({4}, g, d, dt, 0.5, 2),
+                                normal({4}, g, d, dt)};
+               },
+               [](const Tensors& v) {
+                 return Tensors{channel_div_add(v[0], v[1], v[2]), channel_div_add(v[0], neg(v[1]))};
+               },
+               Promise::bit_identical(), GradMethod::finite_differences, {}, {}, div_add_errors});
+  e.push_back({"channel_div_add ([N, C])", {"channel_div_add"}, kFloat,
+               [](Device d, DType dt, Generator& g) {
+                 return Tensors{normal({7, 5}, g, d, dt), plain({5}, g, d, dt, 0.5, 2), normal({5}, g, d, dt)};
+               },
+               [](const Tensors& v) { return Tensors{channel_div_add(v[0], v[1], v[2])}; },
+               Promise::bit_identical(), GradMethod::finite_differences, {}, {}, nullptr});
+  // Planes longer than one chunk of the three-level sums (kBatchNormChunk).
+  e.push_back({"channel_div_add (two chunks per plane)", {"channel_div_add"}, kFloat,
+               [](Device d, DType dt, Generator& g) {
+                 return Tensors{normal({1, 2, 2080}, g, d, dt), plain({2}, g, d, dt, 0.5, 2), normal({2}, g, d, dt)};
+               },
+               [](const Tensors& v) { return Tensors{channel_div_add(v[0], v[1], v[2])}; },
+               Promise::bit_identical(), GradMethod::finite_differences, {}, {}, nullptr});
+
   e.push_back({"flatten", {"flatten"}, kFloat,
                [](Device d, DType dt, Generator& g) { return Tensors{normal({2, 3, 4, 5}, g, d, dt)}; },
                [](const Tensors& v) { return Tensors{flatten(v[0], 1, 2), flatten(v[0]), flatten(v[0], 0, -1)}; },

@@ -329,7 +329,8 @@ TEST_CASE("conv2d with TF32 allowed: f32 on CUDA within the TF32 bound, determin
       Tensor x = seeded(c.x, 31, DType::f32, Device::cpu(), true), w = seeded(c.w, 32, DType::f32, Device::cpu(), true);
       Tensor y = conv2d(x, w, Tensor(), c.stride, c.padding, c.dilation, c.groups);
       y.backward(seeded(y.shape(), 33, DType::f32, Device::cpu(), false));
-      (tf32 ? on : off) = {y, x.grad(), w.grad()};
+      std::vector<Tensor>& out = tf32 ? on : off;
+      out = std::vector<Tensor>{y, x.grad(), w.grad()};
     }
     for (std::size_t i = 0; i < on.size(); ++i) CHECK(bit_equal(on[i], off[i]));
   }
@@ -354,7 +355,7 @@ TEST_CASE("conv2d with TF32 allowed: f32 on CUDA within the TF32 bound, determin
       Tensor y = conv2d(x, w, b, c.stride, c.padding, c.dilation, c.groups);
       dy = seeded(y.shape(), 44, DType::f32, gpu, false);
       y.backward(dy);
-      *out = {y, x.grad(), w.grad()};
+      *out = std::vector<Tensor>{y, x.grad(), w.grad()};
     }
     for (std::size_t i = 0; i < run.size(); ++i) CHECK(bit_equal(run[i], again[i]));
     const std::int64_t oh = run[0].size(2), ow = run[0].size(3);
@@ -383,7 +384,7 @@ TEST_CASE("conv2d with TF32 allowed: f32 on CUDA within the TF32 bound, determin
   for (bool tf32 : {true, false}) {
     set_conv_allow_tf32(tf32);
     Tensor x = seeded(c.x, 51, DType::f64, gpu, false), w = seeded(c.w, 52, DType::f64, gpu, false);
-    (tf32 ? on : off) = {conv2d(x, w, Tensor(), c.stride, c.padding, c.dilation, c.groups)};
+    (tf32 ? on : off).push_back(conv2d(x, w, Tensor(), c.stride, c.padding, c.dilation, c.groups));
   }
   CHECK(bit_equal(on[0], off[0]));
 }

@@ -533,7 +533,11 @@ TEST_CASE("CUDA observe + fake quantize (rows kernel and observer + engine) matc
         ObserveCase{{300, 70}, -1, DType::bf16, 0.01}, ObserveCase{{70, 300}, 0, DType::f16, 0.01},
         // rows per block: 128 (inner 7), 16 (inner 1000); too much for one block: two launches
         ObserveCase{{300, 7}, 0, DType::f32, 0.01}, ObserveCase{{300, 1000}, 0, DType::f32, -1.0},
-        ObserveCase{{4, 70000}, 0, DType::f32, 0.01}}) {
+        ObserveCase{{4, 70000}, 0, DType::f32, 0.01},
+        // fewer channels than SMs: the fewest rows per block, warps sharing a row
+        // (a linear head's weight; 3 rows of 96: 2 warps a row, 2 warps idle)
+        ObserveCase{{10, 3136}, 0, DType::f32, 0.01}, ObserveCase{{64, 288}, 0, DType::f32, -1.0},
+        ObserveCase{{3, 96}, 0, DType::bf16, 0.01}}) {
     CAPTURE(shape_str(k.shape));
     CAPTURE(k.axis);
     CAPTURE(dtype_name(k.dtype));

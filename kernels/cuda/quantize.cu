@@ -245,12 +245,35 @@ __global__ void __launch_bounds__(kMinmaxThreads)
   const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
   const std::int64_t r0 = static_cast<std::int64_t>(blockIdx.x) * rows;
   const std::int64_t r1 = r0 + rows < channels ? r0 + rows : channels;
-  for (std::int64_t r = r0 + warp; r < r1; r += nwarps) {
-    const In* row = in + r * inner;
-    float lo, hi;
-    strided_minmax(lane, inner, 32, [&](std::int64_t k) { return formulas::cast_value<float>(row[k]); }, lo, hi);
-    warp_minmax(lo, hi);
-    if (lane == 0) update_channel(r, lo, hi, run_min, run_max, c, moving, q);
+  const auto nrows = static_cast<unsigned>(r1 - r0);
+  if (nrows * 2 > nwarps) {  // a warp per row
+    for (std::int64_t r = r0 + warp; r < r1; r += nwarps) {
+      const In* row = in + r * inner;
+      float lo, hi;
+      strided_minmax(lane, inner, 32, [&](std::int64_t k) { return formulas::cast_value<float>(row[k]); }, lo, hi);
+      warp_minmax(lo, hi);
+      if (lane == 0) update_channel(r, lo, hi, run_min, run_max, c, moving, q);
+    }
+  } else {  // few long rows (a linear head's weight): wpr warps share each row, then combine (exact, order-free)
+    __shared__ float s_lo[kMinmaxThreads / 32], s_hi[kMinmaxThreads / 32];
+    const unsigned wpr = nwarps / nrows, k = warp / wpr, part = warp % wpr;
+    if (k < nrows) {
+      const In* row = in + (r0 + k) * inner;
+      float lo, hi;
+      strided_minmax(lane + 32 * part, inner, 32 * wpr,
+                     [&](std::int64_t e) { return formulas::cast_value<float>(row[e]); }, lo, hi);
+      warp_minmax(lo, hi);
+      if (lane == 0) s_lo[warp] = lo, s_hi[warp] = hi;
+    }
+    __syncthreads();
+    if (threadIdx.x < nrows) {
+      float lo = s_lo[threadIdx.x * wpr], hi = s_hi[threadIdx.x * wpr];
+      for (unsigned w = 1; w < wpr; ++w) {
+        lo = formulas::min_combine(lo, s_lo[threadIdx.x * wpr + w]);
+        hi = formulas::max_combine(hi, s_hi[threadIdx.x * wpr + w]);
+      }
+      update_channel(r0 + threadIdx.x, lo, hi, run_min, run_max, c, moving, q);
+    }
   }
   __syncthreads();  // the block's qparams (global, written by lanes 0) are visible to the block
   const formulas::ParamSource ps{q.scale, q.zero_point, 1.0f, 0};
@@ -263,11 +286,15 @@ __global__ void __launch_bounds__(kMinmaxThreads)
 // whole rows that end on a mask-block boundary, one row per warp when that
 // fits; 0 when even the fewest are more work than one block should take
 // (then the observer and the engine run as two launches).
-std::int64_t rows_per_block(std::int64_t inner) {
+// Fewer channels than SMs keep the fewest rows per block, so that more
+// blocks share the work (their warps then split each row): a [10, 3136]
+// head weight took 2 blocks of a warp per row, ~48 us (H100).
+std::int64_t rows_per_block(std::int64_t inner, std::int64_t channels, unsigned sms) {
   constexpr std::int64_t kMaxElements = std::int64_t(1) << 16, kWarps = kMinmaxThreads / 32;
   const std::int64_t fewest = kBitmaskBlock / std::gcd(inner, std::int64_t(kBitmaskBlock));
   if (fewest * inner > kMaxElements) return 0;
   std::int64_t rows = fewest;
+  if (channels < static_cast<std::int64_t>(sms)) return rows;
   while (rows < kWarps && 2 * rows * inner <= kMaxElements) rows *= 2;
   return rows;
 }
@@ -279,7 +306,9 @@ void observe_fake_quantize_impl(const QuantLaunch& a, const ObserveArgs& o) {
   const std::int64_t n = a.in.numel();
   const int dev = a.out.device().index;
   const AxisLayout v = AxisLayout::of(a.in.shape(), o.axis);
-  const std::int64_t rows = o.axis >= 0 && v.outer == 1 ? rows_per_block(v.inner) : 0;
+  const std::int64_t rows =
+      o.axis >= 0 && v.outer == 1 ? rows_per_block(v.inner, v.channels, ::qgrad::cuda::fill_blocks(dev, 2048))
+                                  : 0;  // fill_blocks(dev, 2048): one block per SM
   const ObserverQparams qparams{o.scale, o.zero_point, a.params.qmin, a.params.qmax, o.symmetric,
                                 o.symmetric_zero_point};
   if (rows == 0) {  // the observer (one launch), then the engine

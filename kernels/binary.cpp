@@ -70,30 +70,19 @@ struct BinaryScalar {
   }
 };
 
-// One output element per index, summing in one fixed order, so CPU and
-// CUDA agree bit for bit (and the result is deterministic); taken for
-// reductions shorter than kAxisPassesMinReduction.
+// sum_to_shape's short reductions (for_each_row_sum): output j sums its
+// red_count inputs, enumerated row-major over the reduced dims, in
+// formulas::lane_sum's order, so CPU and CUDA agree bit for bit (and the
+// result is deterministic); a warp per output on CUDA.
 template <class T>
-struct SumToShape {
+struct SumToShapeRows {
+  using Acc = op_math_t<T>;
   const T* x;
   T* o;
   ReduceIndex ri;
-  QGRAD_HD void operator()(std::int64_t j) const {
-    using M = op_math_t<T>;
-    const T* in = x + ri.base(j);
-    M acc = M(0);
-    std::int64_t r = 0;
-    constexpr int kBatch = kSumLoadBatchLong;  // few outputs, each a long sum
-    for (; r + kBatch <= ri.red_count; r += kBatch) {  // loads first, adds in order
-      T v[kBatch];
-      QGRAD_UNROLL
-      for (int k = 0; k < kBatch; ++k) v[k] = in[ri.reduced(r + k)];
-      QGRAD_UNROLL
-      for (int k = 0; k < kBatch; ++k) acc += M(v[k]);
-    }
-    for (; r < ri.red_count; ++r) acc += M(in[ri.reduced(r)]);
-    o[j] = T(acc);
-  }
+  QGRAD_HD std::int64_t count(std::int64_t) const { return ri.red_count; }
+  QGRAD_HD Acc term(std::int64_t r, std::int64_t j) const { return Acc(x[ri.base(j) + ri.reduced(r)]); }
+  QGRAD_HD void write(std::int64_t j, Acc s) const { o[j] = T(s); }
 };
 
 }  // namespace
@@ -130,10 +119,11 @@ void binary_scalar(formulas::BinaryOp op, const Tensor& a, double b, const Tenso
   });
 }
 
-// SumToShape is one thread per output looping over every reduced element
-// (with an index decomposition per element): a gradient [N, C, H, W] summed
-// to [1, C, 1, 1] (a per-channel factor's backward) is then C CUDA threads
-// reading N H W elements each, hundreds of milliseconds on a large batch.
+// SumToShapeRows is one warp per output on CUDA, looping over every reduced
+// element (with an index decomposition per element): a gradient [N, C, H, W]
+// summed to [1, C, 1, 1] (a per-channel factor's backward) is then C warps
+// reading N H W elements each (with a thread per output, as before, it cost
+// hundreds of milliseconds on a large batch).
 // Reductions at least this long per output run instead as passes of sum_axis
 // (block reductions for long rows on CUDA, contiguous row sums on the CPU).
 constexpr std::int64_t kAxisPassesMinReduction = 4096;
@@ -141,7 +131,7 @@ constexpr std::int64_t kAxisPassesMinReduction = 4096;
 // Out = in summed to out's shape as a sequence of sum_axis passes over runs
 // of adjacent reduced dims, innermost run first. 16-bit inputs are summed in
 // f32 and rounded once at the end. The order of the additions differs from
-// SumToShape: the usual f32 summation error, not bit identity, across devices
+// SumToShapeRows: the usual f32 summation error, not bit identity, across devices
 // for such long reductions (sum_axis's CUDA block trees differ from the CPU's
 // in-order row sums); each device stays deterministic.
 void sum_to_shape_by_axes(const Tensor& in, const Tensor& out) {
@@ -193,9 +183,9 @@ void sum_to_shape(const Tensor& in, const Tensor& out) {
   dispatch_floating(out.dtype(), "sum_to_shape", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const ReduceIndex ri = make_reduce_index(in.shape(), out.shape());
-    for_each_index(out.device(), out.numel(),
-                   SumToShape<T>{static_cast<const T*>(in.data_ptr()), static_cast<T*>(out.data_ptr()), ri},
-                   "sum_to_shape");
+    for_each_row_sum(out.device(), out.numel(),
+                     SumToShapeRows<T>{static_cast<const T*>(in.data_ptr()), static_cast<T*>(out.data_ptr()), ri},
+                     "sum_to_shape");
   });
 }
 

@@ -32,6 +32,7 @@
 #if defined(__CUDACC__)
 #include "qgrad/kernels/cuda/column_sum.cuh"
 #include "qgrad/kernels/cuda/launch.cuh"
+#include "qgrad/kernels/cuda/warp_rows.cuh"
 #endif
 
 namespace qgrad::kernels {
@@ -96,6 +97,35 @@ void for_each_column_sum(Device dev, std::int64_t cols, F f, const char* where =
   }
   cpu::parallel_for(
       cols,
+      [&](std::int64_t i) {
+        f.write(i, formulas::lane_sum<typename F::Acc>(f.count(i), [&](std::int64_t r) { return f.term(r, i); }));
+      },
+      cpu_grain);
+}
+
+// Row sums in formulas::lane_sum's order: the same functor contract as
+// for_each_column_sum, f.write(i, lane_sum<F::Acc>(f.count(i), r ->
+// f.term(r, i))) for i in [0, rows), where term(r, i) reads the r-th term of
+// output i (consecutive r, ideally consecutive addresses). CPU: one index
+// per row; CUDA: a warp per row (lane l sums r = l, l + 32, ... in order,
+// then the shuffle tree of warp_lane_sum), the same bits. For few, long
+// sums, where a thread per output would wait on one load at a time.
+template <class F>
+void for_each_row_sum(Device dev, std::int64_t rows, F f, const char* where = "kernel",
+                      std::int64_t cpu_grain = cpu::kParallelGrain / 64) {
+  if (dev.is_cuda()) {
+#if defined(__CUDACC__)
+    (void)where;
+    cuda::launch_warp_rows(dev.index, rows, cuda::RowLaneSum<F>{f});
+    return;
+#elif QGRAD_WITH_CUDA
+    static_assert(kAlwaysFalse<F>, "a kernel that uses for_each_row_sum must be compiled by nvcc in a CUDA build");
+#else
+    no_cuda_build(where);
+#endif
+  }
+  cpu::parallel_for(
+      rows,
       [&](std::int64_t i) {
         f.write(i, formulas::lane_sum<typename F::Acc>(f.count(i), [&](std::int64_t r) { return f.term(r, i); }));
       },

@@ -1,5 +1,5 @@
 // One warp per row: the launch and the warp reductions shared by the
-// warp-per-row kernels (softmax.cu, attention.cu).
+// warp-per-row kernels (softmax.cu, attention.cu, loop.h's for_each_row_sum).
 #pragma once
 
 #include <cstdint>
@@ -45,6 +45,22 @@ __device__ __forceinline__ M warp_lane_sum(M v) {
   for (int h = 16; h > 0; h >>= 1) v += __shfl_down_sync(0xffffffffu, v, h);
   return __shfl_sync(0xffffffffu, v, 0);
 }
+
+// for_each_row_sum's warp body (kernels/loop.h): lane l sums f.term(r, row)
+// for r = l, l + 32, ... in order, then warp_lane_sum's tree: the order of
+// formulas::lane_sum.
+template <class F>
+struct RowLaneSum {
+  F f;
+  __device__ void operator()(std::int64_t row, int lane) const {
+    using M = typename F::Acc;
+    const std::int64_t n = f.count(row);
+    M acc = M(0);
+    for (std::int64_t r = lane; r < n; r += 32) acc += f.term(r, row);
+    acc = warp_lane_sum(acc);
+    if (lane == 0) f.write(row, acc);
+  }
+};
 
 template <class M>
 __device__ __forceinline__ M warp_max(M v) {

@@ -355,6 +355,13 @@ T* ptr_or_null(const Tensor& t) {
 // N * chunks: an OpenMP team pays off from a few hundred of them.
 constexpr std::int64_t kPartialGrain = 256;
 
+// Level 2 over the partials `part` of pt: out[c * lanes + lane].
+template <class M>
+void sum_lanes(Device dev, const Partials& pt, const M* part, M* out, const char* where) {
+  for_each_index(dev, pt.v.channels * pt.lanes, LaneSum<M>{part, out, pt.per_channel(), pt.lanes}, where,
+                 kPartialGrain);
+}
+
 TensorOptions math_options(const Tensor& like, DType math) {
   return TensorOptions{}.with_dtype(math).with_device(like.device());
 }
@@ -374,14 +381,13 @@ void batch_norm_stats(const Tensor& x, const AxisLayout& v, double momentum, dou
     M* lp = pp + pt.count();
     M* mp = static_cast<M*>(mean.data_ptr());
     const Device dev = x.device();
-    const LaneSum<M> lanes{pp, lp, pt.per_channel(), pt.lanes};
     for_each_index(dev, pt.count(), PartialSum<T>{xp, nullptr, pp, v, pt.chunks, pt.lanes}, "batch_norm",
                    kPartialGrain);
-    for_each_index(dev, lane_sums, lanes, "batch_norm", kPartialGrain);
+    sum_lanes(dev, pt, pp, lp, "batch_norm");
     for_each_index(dev, v.channels, ChannelMean<T>{lp, mp, pt.lanes, n}, "batch_norm");
     for_each_index(dev, pt.count(), PartialSum<T>{xp, mp, pp, v, pt.chunks, pt.lanes}, "batch_norm",
                    kPartialGrain);
-    for_each_index(dev, lane_sums, lanes, "batch_norm", kPartialGrain);
+    sum_lanes(dev, pt, pp, lp, "batch_norm");
     for_each_index(dev, v.channels,
                    ChannelVar<T>{lp, mp, static_cast<M*>(invstd.data_ptr()), ptr_or_null<T>(running_mean),
                                  ptr_or_null<T>(running_var), pt.lanes, n, M(momentum), M(eps)},
@@ -439,10 +445,8 @@ void batch_norm_backward(const Tensor& dy, const Tensor& x, const AxisLayout& v,
       M* lx = ld + lane_sums;
       for_each_index(dev, pt.count(), PartialGrad<T>{dyp, xp, mp, pd, px, v, pt.chunks, pt.lanes},
                      "batch_norm_backward", kPartialGrain);
-      for_each_index(dev, lane_sums, LaneSum<M>{pd, ld, pt.per_channel(), pt.lanes}, "batch_norm_backward",
-                     kPartialGrain);
-      for_each_index(dev, lane_sums, LaneSum<M>{px, lx, pt.per_channel(), pt.lanes}, "batch_norm_backward",
-                     kPartialGrain);
+      sum_lanes(dev, pt, pd, ld, "batch_norm_backward");
+      sum_lanes(dev, pt, px, lx, "batch_norm_backward");
       for_each_index(dev, v.channels,
                      ChannelGrad<T>{ld, lx, ip, wp, ptr_or_null<T>(dweight), ptr_or_null<T>(dbias), cp, pt.lanes,
                                     v.outer * v.inner},
@@ -489,12 +493,8 @@ void channel_div_add_backward(const Tensor& dy, const Tensor& x, const AxisLayou
     if (!sums) return;
     M* ls = static_cast<M*>(part.data_ptr()) + 2 * pt.count();
     M* lx = ls + lane_sums;
-    if (ps)
-      for_each_index(dev, lane_sums, LaneSum<M>{ps, ls, pt.per_channel(), pt.lanes}, "channel_div_add_backward",
-                     kPartialGrain);
-    if (px)
-      for_each_index(dev, lane_sums, LaneSum<M>{px, lx, pt.per_channel(), pt.lanes}, "channel_div_add_backward",
-                     kPartialGrain);
+    if (ps) sum_lanes(dev, pt, ps, ls, "channel_div_add_backward");
+    if (px) sum_lanes(dev, pt, px, lx, "channel_div_add_backward");
     for_each_index(dev, v.channels,
                    DivAddChannelGrad<T>{ls, lx, dp, ptr_or_null<T>(ddivisor), ptr_or_null<T>(dbias), pt.lanes},
                    "channel_div_add_backward");

@@ -7,6 +7,7 @@
 //   case conv2d_fwd_<shape>_<dtype>   impl qgrad: conv2d(x, w, b) (f32: FMA math, no TF32; bf16: tensor cores)
 //   case conv2d_dx_<shape>_<dtype>    impl qgrad: the input gradient alone (cuDNN backward data)
 //   case conv2d_dw_<shape>_<dtype>    impl qgrad: the weight gradient alone (cuDNN backward filter)
+//                                     (f32 also impl qgrad_tf32: the three with set_conv_allow_tf32)
 //   case qconv2d_<shape>              impl qgrad: quantized_conv2d, f32 x in, f32 out (static qparams on
 //                                     the host), impl qgrad_conv2d_f32 / qgrad_conv2d_bf16: the float
 //                                     forward of the same shape, for comparison in one place
@@ -64,6 +65,18 @@ void bench_shape(const Shape4& sh) {
              time_cuda([&](int) { kernels::conv2d_backward_input(s, dy, w, dx); }, reps, 5), sh.flops(), false);
     emit_row("conv2d_dw_" + sh.tag() + "_" + d, "qgrad",
              time_cuda([&](int) { kernels::conv2d_backward_weight(s, x, dy, dw); }, reps, 5), sh.flops(), false);
+    if (dt == DType::f32) {  // TF32 allowed (set_conv_allow_tf32), as the peer's torch_tf32 rows
+      set_conv_allow_tf32(true);
+      kernels::Conv2dShape t = s;
+      t.allow_tf32 = true;
+      emit_row("conv2d_fwd_" + sh.tag() + "_" + d, "qgrad_tf32",
+               time_cuda([&](int) { (void)conv2d(x, w, b, {1, 1}, {1, 1}); }, reps, 5), sh.flops(), false);
+      emit_row("conv2d_dx_" + sh.tag() + "_" + d, "qgrad_tf32",
+               time_cuda([&](int) { kernels::conv2d_backward_input(t, dy, w, dx); }, reps, 5), sh.flops(), false);
+      emit_row("conv2d_dw_" + sh.tag() + "_" + d, "qgrad_tf32",
+               time_cuda([&](int) { kernels::conv2d_backward_weight(t, x, dy, dw); }, reps, 5), sh.flops(), false);
+      set_conv_allow_tf32(false);
+    }
   }
   Tensor x = randn({sh.n, sh.c, sh.h, sh.w}, g, on);
   Tensor wq = randint(-127, 128, {sh.o, sh.c, 3, 3}, g, TensorOptions(on).with_dtype(DType::s8));

@@ -295,7 +295,7 @@ struct DivAddPartialGrad {
     const ChunkOf ch = chunk_of(p, v, chunks, lanes);
     const M d = M(divisor[ch.c]);
     const T* g = dy + ch.offset;
-    const T* xs = x + ch.offset;
+    const T* xs = px ? x + ch.offset : nullptr;  // x is null when ddivisor is not wanted
     T* o = dx ? dx + ch.offset : nullptr;
     M s = M(0), t = M(0);
     std::int64_t j = ch.lo;

@@ -51,7 +51,8 @@ BroadcastIndex make_broadcast_index(const Shape& a, const Shape& b, const Shape&
   // larger than the output), so 32 bits hold every quantity when it does.
   std::int64_t numel = 1;
   for (int d = 0; d < n; ++d) numel *= bi.sizes[d];
-  bi.small = numel < (std::int64_t(1) << 31);
+  // An empty output decomposes no index (and FastDiv(0) would divide by 0).
+  bi.small = numel > 0 && numel < (std::int64_t(1) << 31);
   if (bi.small)
     for (int d = 0; d < n; ++d) bi.div[d] = FastDiv(static_cast<std::uint32_t>(bi.sizes[d]));
   return bi;

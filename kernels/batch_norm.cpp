@@ -160,46 +160,55 @@ struct Apply {
   }
 };
 
-// Level 1 of the backward: pd[p] = sum of dy over the partial's elements,
-// px[p] = sum of dy * (x - mean[c]).
+// Level 1 of the backwards (batch_norm, channel_div_add), one pass over the
+// partial's elements: ps[p] = sum of dy; px[p] = sum of dy * (x - center[c])
+// (center null: of dy * x, the same bits as x - 0) when px is given (x may
+// be null otherwise); dx = dy / divisor[c] when dx is given.
 template <class T>
 struct PartialGrad {
   const T* dy;
   const T* x;
-  const op_math_t<T>* mean;
-  op_math_t<T>* pd;
+  const op_math_t<T>* center;
+  const T* divisor;  // with dx
+  T* dx;
+  op_math_t<T>* ps;
   op_math_t<T>* px;
   AxisLayout v;
   std::int64_t chunks, lanes;
   QGRAD_HD void operator()(std::int64_t p) const {
     using M = op_math_t<T>;
     const ChunkOf ch = chunk_of(p, v, chunks, lanes);
-    const M m = mean[ch.c];
+    const M m = center ? center[ch.c] : M(0);
+    const M d = dx ? M(divisor[ch.c]) : M(1);
     const T* g = dy + ch.offset;
-    const T* xs = x + ch.offset;
-    M s = M(0), d = M(0);
+    const T* xs = px ? x + ch.offset : nullptr;
+    T* o = dx ? dx + ch.offset : nullptr;
+    M s = M(0), t = M(0);
     std::int64_t j = ch.lo;
     // kSumLoadBatch elements' loads issued before their adds (reduce.h), in order.
     for (; j + (kSumLoadBatch - 1) * lanes < ch.hi; j += kSumLoadBatch * lanes) {
-      T gv[kSumLoadBatch], xv[kSumLoadBatch];
+      T gv[kSumLoadBatch];
+      M xv[kSumLoadBatch];
       QGRAD_UNROLL
       for (int k = 0; k < kSumLoadBatch; ++k) {
         gv[k] = g[j + k * lanes];
-        xv[k] = xs[j + k * lanes];
+        xv[k] = xs ? M(xs[j + k * lanes]) : M(0);
       }
       QGRAD_UNROLL
       for (int k = 0; k < kSumLoadBatch; ++k) {
         s += M(gv[k]);
-        d += M(gv[k]) * (M(xv[k]) - m);
+        t += M(gv[k]) * (xv[k] - m);
+        if (o) o[j + k * lanes] = T(M(gv[k]) / d);
       }
     }
     for (; j < ch.hi; j += lanes) {
       const M gj = M(g[j]);
       s += gj;
-      d += gj * (M(xs[j]) - m);
+      if (xs) t += gj * (M(xs[j]) - m);
+      if (o) o[j] = T(gj / d);
     }
-    pd[p] = s;
-    px[p] = d;
+    if (ps) ps[p] = s;
+    if (px) px[p] = t;
   }
 };
 
@@ -274,55 +283,6 @@ struct DivAdd {
     const std::int64_t c = ch.channel(i);
     const T q = T(M(x[i]) / M(divisor[c]));
     y[i] = bias ? T(M(q) + M(bias[c])) : q;
-  }
-};
-
-// Level 1 of channel_div_add's backward, one pass over the partial's
-// elements: dx = dy / divisor (when wanted), ps[p] = sum of dy, px[p] = sum
-// of dy * x (each when wanted).
-template <class T>
-struct DivAddPartialGrad {
-  const T* dy;
-  const T* x;
-  const T* divisor;
-  T* dx;
-  op_math_t<T>* ps;
-  op_math_t<T>* px;
-  AxisLayout v;
-  std::int64_t chunks, lanes;
-  QGRAD_HD void operator()(std::int64_t p) const {
-    using M = op_math_t<T>;
-    const ChunkOf ch = chunk_of(p, v, chunks, lanes);
-    const M d = M(divisor[ch.c]);
-    const T* g = dy + ch.offset;
-    const T* xs = px ? x + ch.offset : nullptr;  // x is null when ddivisor is not wanted
-    T* o = dx ? dx + ch.offset : nullptr;
-    M s = M(0), t = M(0);
-    std::int64_t j = ch.lo;
-    // kSumLoadBatch elements' loads issued before their adds (reduce.h), in order.
-    for (; j + (kSumLoadBatch - 1) * lanes < ch.hi; j += kSumLoadBatch * lanes) {
-      T gv[kSumLoadBatch];
-      M xv[kSumLoadBatch];
-      QGRAD_UNROLL
-      for (int k = 0; k < kSumLoadBatch; ++k) {
-        gv[k] = g[j + k * lanes];
-        xv[k] = px ? M(xs[j + k * lanes]) : M(0);
-      }
-      QGRAD_UNROLL
-      for (int k = 0; k < kSumLoadBatch; ++k) {
-        s += M(gv[k]);
-        t += M(gv[k]) * xv[k];
-        if (o) o[j + k * lanes] = T(M(gv[k]) / d);
-      }
-    }
-    for (; j < ch.hi; j += lanes) {
-      const M gj = M(g[j]);
-      s += gj;
-      if (px) t += gj * M(xs[j]);
-      if (o) o[j] = T(gj / d);
-    }
-    if (ps) ps[p] = s;
-    if (px) px[p] = t;
   }
 };
 
@@ -443,7 +403,7 @@ void batch_norm_backward(const Tensor& dy, const Tensor& x, const AxisLayout& v,
       M* px = pd + pt.count();
       M* ld = px + pt.count();
       M* lx = ld + lane_sums;
-      for_each_index(dev, pt.count(), PartialGrad<T>{dyp, xp, mp, pd, px, v, pt.chunks, pt.lanes},
+      for_each_index(dev, pt.count(), PartialGrad<T>{dyp, xp, mp, nullptr, nullptr, pd, px, v, pt.chunks, pt.lanes},
                      "batch_norm_backward", kPartialGrain);
       sum_lanes(dev, pt, pd, ld, "batch_norm_backward");
       sum_lanes(dev, pt, px, lx, "batch_norm_backward");
@@ -482,13 +442,13 @@ void channel_div_add_backward(const Tensor& dy, const Tensor& x, const AxisLayou
     const std::int64_t lane_sums = v.channels * pt.lanes;
     const bool sums = ddivisor.defined() || dbias.defined();
     Tensor part = sums ? Tensor::empty({2 * (pt.count() + lane_sums)}, math_options(dy, dtype_of<M>)) : Tensor();
-    M* ps = sums && dbias.defined() ? static_cast<M*>(part.data_ptr()) : nullptr;
-    M* px = sums && ddivisor.defined() ? static_cast<M*>(part.data_ptr()) + pt.count() : nullptr;
+    M* ps = dbias.defined() ? static_cast<M*>(part.data_ptr()) : nullptr;
+    M* px = ddivisor.defined() ? static_cast<M*>(part.data_ptr()) + pt.count() : nullptr;
     const T* dp = static_cast<const T*>(divisor.data_ptr());
+    const T* xp = px ? static_cast<const T*>(x.data_ptr()) : nullptr;  // x is read for ddivisor only
     for_each_index(dev, pt.count(),
-                   DivAddPartialGrad<T>{static_cast<const T*>(dy.data_ptr()),
-                                        ddivisor.defined() ? static_cast<const T*>(x.data_ptr()) : nullptr, dp,
-                                        ptr_or_null<T>(dx), ps, px, v, pt.chunks, pt.lanes},
+                   PartialGrad<T>{static_cast<const T*>(dy.data_ptr()), xp, nullptr, dp, ptr_or_null<T>(dx), ps, px,
+                                  v, pt.chunks, pt.lanes},
                    "channel_div_add_backward", kPartialGrain);
     if (!sums) return;
     M* ls = static_cast<M*>(part.data_ptr()) + 2 * pt.count();

@@ -81,6 +81,19 @@ struct ChunkSumsFinish {
   QGRAD_HD void write(std::int64_t j, Acc s) const { out[j] = T(mean_n > 0 ? s / Acc(mean_n) : s); }
 };
 
+namespace detail {
+// The CPU side of for_each_column_sum / for_each_row_sum: one index per sum.
+template <class F>
+void lane_sums_on_cpu(std::int64_t n, const F& f, std::int64_t cpu_grain) {
+  cpu::parallel_for(
+      n,
+      [&](std::int64_t i) {
+        f.write(i, formulas::lane_sum<typename F::Acc>(f.count(i), [&](std::int64_t r) { return f.term(r, i); }));
+      },
+      cpu_grain);
+}
+}  // namespace detail
+
 template <class F>
 void for_each_column_sum(Device dev, std::int64_t cols, F f, const char* where = "kernel",
                          std::int64_t cpu_grain = cpu::kParallelGrain / 64) {
@@ -95,12 +108,7 @@ void for_each_column_sum(Device dev, std::int64_t cols, F f, const char* where =
     no_cuda_build(where);
 #endif
   }
-  cpu::parallel_for(
-      cols,
-      [&](std::int64_t i) {
-        f.write(i, formulas::lane_sum<typename F::Acc>(f.count(i), [&](std::int64_t r) { return f.term(r, i); }));
-      },
-      cpu_grain);
+  detail::lane_sums_on_cpu(cols, f, cpu_grain);
 }
 
 // Row sums in formulas::lane_sum's order: the same functor contract as
@@ -124,12 +132,7 @@ void for_each_row_sum(Device dev, std::int64_t rows, F f, const char* where = "k
     no_cuda_build(where);
 #endif
   }
-  cpu::parallel_for(
-      rows,
-      [&](std::int64_t i) {
-        f.write(i, formulas::lane_sum<typename F::Acc>(f.count(i), [&](std::int64_t r) { return f.term(r, i); }));
-      },
-      cpu_grain);
+  detail::lane_sums_on_cpu(rows, f, cpu_grain);
 }
 
 }  // namespace qgrad::kernels

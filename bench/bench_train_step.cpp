@@ -11,6 +11,9 @@
 //   ..._graph: the same step captured once in a CudaGraph (after the eager
 //     warm-up) and replayed; each timed step copies the next batch into the
 //     static inputs the graph reads, then replays;
+//   ..._graph_in_order: the same, captured with programmatic dependent
+//     launch off (cuda_set_programmatic_launch(false)), its replays
+//     alternating with those of ..._graph;
 //   qat_step_cpu_b256_h256: 2 OpenMP threads, wall-clock median;
 //   qat_cnn_step_cuda_b256_w32 (+ _graph), qat_cnn_step_cpu_b64_w32: the
 //     same for the CNN of bench/qat_cnn.h (two Conv-BN-ReLU-MaxPool blocks
@@ -183,14 +186,27 @@ void bench_cuda(const Net& net, std::int64_t batch, int reps) {
     CudaGraph graph;
     graph.capture([&] { train_step(s, x_static, y_static); });
     const AllocatorStats cap = cuda_allocator_stats();
-    const auto t = time_steps_cuda(reps, [&](int i) {
-      x_static.copy_(s.xs[i % 4]);
-      y_static.copy_(s.ys[i % 4]);
-      graph.replay();
+    // The same step captured with programmatic dependent launch off (plain
+    // stream order between kernel nodes), replayed alternately with the
+    // first: case ..._graph_in_order, the A/B of that launch mode.
+    const bool programmatic = cuda_programmatic_launch();
+    cuda_set_programmatic_launch(false);
+    CudaGraph in_order;
+    in_order.capture([&] { train_step(s, x_static, y_static); });
+    cuda_set_programmatic_launch(programmatic);
+    const auto t = time_steps_cuda(2 * reps, [&](int i) {
+      x_static.copy_(s.xs[(i / 2) % 4]);
+      y_static.copy_(s.ys[(i / 2) % 4]);
+      (i % 2 == 0 ? graph : in_order).replay();
     });
-    char extra[160];
-    std::snprintf(extra, sizeof extra, ",\"graph_pool_bytes\":%lld,\"reps\":%d", cap.bytes_reserved - reserved0, reps);
-    emit_case(name + "_graph", median(t), cap.peak_bytes_in_use, dev_name, extra);
+    std::vector<double> t_graph, t_in_order;
+    for (std::size_t i = 0; i < t.size(); ++i) (i % 2 == 0 ? t_graph : t_in_order).push_back(t[i]);
+    char extra[200];
+    std::snprintf(extra, sizeof extra, ",\"graph_pool_bytes\":%lld,\"reps\":%d,\"programmatic_launch\":%s",
+                  cap.bytes_reserved - reserved0, reps, programmatic ? "true" : "false");
+    emit_case(name + "_graph", median(t_graph), cap.peak_bytes_in_use, dev_name, extra);
+    std::snprintf(extra, sizeof extra, ",\"reps\":%d,\"programmatic_launch\":false", reps);
+    emit_case(name + "_graph_in_order", median(t_in_order), cap.peak_bytes_in_use, dev_name, extra);
   }
   cuda_empty_cache();
 }

@@ -21,6 +21,8 @@ int cuda_device_count() { return 0; }
 std::string cuda_device_name(int) { no_cuda("cuda_device_name"); }
 int cuda_compute_capability(int) { no_cuda("cuda_compute_capability"); }
 void cuda_synchronize(int) { no_cuda("cuda_synchronize"); }
+void cuda_set_programmatic_launch(bool) {}
+bool cuda_programmatic_launch() { return false; }
 AllocatorStats cuda_allocator_stats(int) { no_cuda("cuda_allocator_stats"); }
 void cuda_reset_peak_stats(int) { no_cuda("cuda_reset_peak_stats"); }
 void cuda_empty_cache(int) { no_cuda("cuda_empty_cache"); }

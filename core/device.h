@@ -33,6 +33,14 @@ int cuda_compute_capability(int index = 0);
 // Waits for all work queued on the device's stream (a host sync: never
 // called inside qgrad's ops, only by users, tests and benchmarks).
 void cuda_synchronize(int index = 0);
+// Programmatic dependent launch (compute capability 9.0 or more): each qgrad
+// kernel may be dispatched while the one before it on the stream finishes,
+// and waits for it before touching memory; results are the same bits either
+// way. On by default; the environment variable QGRAD_PROGRAMMATIC_LAUNCH=0
+// turns it off at start-up. Applies to launches made (or captured) after the
+// call; a no-op in a build without CUDA.
+void cuda_set_programmatic_launch(bool enabled);
+bool cuda_programmatic_launch();
 
 struct AllocatorStats {
   long long bytes_in_use = 0;     // handed out to live tensors

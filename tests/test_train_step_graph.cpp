@@ -79,12 +79,24 @@ TEST_CASE("the QAT step changes the model (CPU)") {
 
 namespace {
 
+// Sets cuda_set_programmatic_launch for the scope.
+struct ProgrammaticLaunch {
+  bool before = cuda_programmatic_launch();
+  explicit ProgrammaticLaunch(bool on) { cuda_set_programmatic_launch(on); }
+  ProgrammaticLaunch(const ProgrammaticLaunch&) = delete;
+  ProgrammaticLaunch& operator=(const ProgrammaticLaunch&) = delete;
+  ~ProgrammaticLaunch() { cuda_set_programmatic_launch(before); }
+};
+
 // Eager steps against the same steps captured once and replayed: the
 // parameters, buffers (observer ranges, qparams, batch-norm running
-// statistics) and momentum buffers end bit for bit equal.
+// statistics) and momentum buffers end bit for bit equal. With
+// eager_in_order, the eager steps launch without programmatic dependent
+// launch (plain stream order) and the graph is captured with it.
 template <class Make>
-void check_capture_matches_eager(Make make, std::int64_t batch, const Shape& example) {
+void check_capture_matches_eager(Make make, std::int64_t batch, const Shape& example, bool eager_in_order = false) {
   const Device dev = Device::cuda();
+  const auto eager_launch = [&] { return ProgrammaticLaunch(eager_in_order ? false : cuda_programmatic_launch()); };
   constexpr int kWarmup = 3, kSteps = 6;
   Batches b(kWarmup + kSteps, batch, dev, example);
   auto eager = make(dev), graphed = make(dev);
@@ -92,7 +104,10 @@ void check_capture_matches_eager(Make make, std::int64_t batch, const Shape& exa
   // Warm-up, eagerly, on both: momentum buffers exist and the observers
   // have seen data, so no host-side branch changes after this point.
   for (int i = 0; i < kWarmup; ++i) {
-    eager.step(b.xs[static_cast<std::size_t>(i)], b.ys[static_cast<std::size_t>(i)]);
+    {
+      const ProgrammaticLaunch in_order = eager_launch();
+      eager.step(b.xs[static_cast<std::size_t>(i)], b.ys[static_cast<std::size_t>(i)]);
+    }
     x_static.copy_(b.xs[static_cast<std::size_t>(i)]);
     y_static.copy_(b.ys[static_cast<std::size_t>(i)]);
     graphed.step(x_static, y_static);
@@ -102,7 +117,10 @@ void check_capture_matches_eager(Make make, std::int64_t batch, const Shape& exa
   REQUIRE(graph.captured());
   for (int i = kWarmup; i < kWarmup + kSteps; ++i) {
     const auto k = static_cast<std::size_t>(i);
-    eager.step(b.xs[k], b.ys[k]);
+    {
+      const ProgrammaticLaunch in_order = eager_launch();
+      eager.step(b.xs[k], b.ys[k]);
+    }
     x_static.copy_(b.xs[k]);
     y_static.copy_(b.ys[k]);
     graph.replay();
@@ -151,6 +169,23 @@ TEST_CASE("CUDA: the QAT step with gradient clipping captures with no host sync 
         return t;
       },
       64, {784});
+}
+
+TEST_CASE("CUDA: steps captured with programmatic dependent launch equal eager steps in plain stream order") {
+  // Every kernel may be dispatched while the one before it finishes and
+  // waits for it before touching memory (core/cuda/common.cuh): the same
+  // bits as launches in plain stream order, across the allocator's reuse of
+  // blocks, the last-block counters of the reductions and the optimizer.
+  QGRAD_REQUIRE_GPU();
+  const ProgrammaticLaunch on(true);
+  check_capture_matches_eager([](Device d) { return make_cnn_trainer(d); }, 16, {1, 28, 28}, true);
+  check_capture_matches_eager(
+      [](Device d) {
+        bench::QatMlp t = make_trainer(d, 64);
+        t.clip_grad_norm = 0.5;
+        return t;
+      },
+      64, {784}, true);
 }
 
 TEST_CASE("CUDA: replaying the captured QAT step allocates no device memory") {

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "qgrad/core/error.h"
 
@@ -50,6 +51,11 @@ unsigned fill_blocks(int device, unsigned threads);
 inline constexpr std::size_t kBlockCounters = 65536;
 std::uint32_t* block_counters(int device);
 
+// Whether qgrad's kernels on `device` launch as programmatic dependents of the
+// kernel before them (Hopper or newer, and cuda_set_programmatic_launch(true),
+// the default).
+bool programmatic_launch(int device);
+
 }  // namespace qgrad::cuda
 
 #define QGRAD_CUDA_CHECK(expr)                                                         \
@@ -60,3 +66,43 @@ std::uint32_t* block_counters(int device);
 
 // After every kernel launch.
 #define QGRAD_LAUNCH_CHECK() QGRAD_CUDA_CHECK(cudaGetLastError())
+
+namespace qgrad::cuda {
+
+// Programmatic dependent launch. Every qgrad kernel starts with this call and
+// every launch goes through launch_kernel() below, which lets the kernel's
+// blocks become resident while the kernel before it on the stream still runs
+// (its launch, block dispatch and parameter loads overlap that kernel's tail;
+// a captured step's gaps between kernel nodes shrink). `wait` returns once
+// every earlier grid of the stream has finished and its writes are visible,
+// and comes before any memory access of the kernel, so stream order still
+// holds for reads and writes alike (including blocks the allocator reuses).
+// `launch_dependents` then lets the next kernel's launch begin; placed after
+// the wait, at most one kernel waits ahead of the running one.
+// tests/test_kernel_sources.cpp checks that every kernel starts with it.
+__device__ __forceinline__ void wait_for_prior_kernels() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Launches kernel<<<grid, block, smem, stream(device)>>>(args...) (with the
+// programmatic-dependent-launch attribute where programmatic_launch(device))
+// and checks the launch.
+template <class... Params, class... Args>
+void launch_kernel(int device, void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t smem, Args&&... args) {
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream(device);
+  config.attrs = attribute;
+  config.numAttrs = programmatic_launch(device) ? 1 : 0;
+  QGRAD_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+}
+
+}  // namespace qgrad::cuda

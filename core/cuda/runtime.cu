@@ -8,8 +8,9 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdlib>
+#include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -135,7 +136,31 @@ unsigned fill_blocks(int device, unsigned threads) {
   return static_cast<unsigned>(std::max(1, sms[static_cast<std::size_t>(std::min(device, 15))] * per_sm));
 }
 
+namespace {
+std::atomic<bool>& programmatic_launch_enabled() {
+  static std::atomic<bool> enabled = [] {
+    const char* env = std::getenv("QGRAD_PROGRAMMATIC_LAUNCH");
+    return !(env && std::strcmp(env, "0") == 0);
+  }();
+  return enabled;
+}
+}  // namespace
+
+bool programmatic_launch(int device) {
+  // Looked up on every launch: no lock after the first call.
+  static const std::vector<bool> hopper = [] {
+    std::vector<bool> v;
+    for (int d = 0; d < cuda_device_count(); ++d) v.push_back(cuda_compute_capability(d) >= 90);
+    return v;
+  }();
+  return programmatic_launch_enabled().load(std::memory_order_relaxed) && device >= 0 &&
+         device < static_cast<int>(hopper.size()) && hopper[static_cast<std::size_t>(device)];
+}
+
 }  // namespace cuda
+
+void cuda_set_programmatic_launch(bool enabled) { cuda::programmatic_launch_enabled().store(enabled); }
+bool cuda_programmatic_launch() { return cuda::programmatic_launch_enabled().load(); }
 
 bool cuda_available() { return cuda_device_count() > 0; }
 
@@ -294,22 +319,24 @@ namespace {
 // a graph wrote when a memcpy node reads it).
 template <class T>
 __global__ void copy_kernel(T* __restrict__ dst, const T* __restrict__ src, std::size_t n) {
+  cuda::wait_for_prior_kernels();
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
     dst[i] = src[i];
 }
 
-void copy_on_device(void* dst, const void* src, std::size_t bytes, cudaStream_t s) {
+void copy_on_device(void* dst, const void* src, std::size_t bytes, int device) {
   constexpr unsigned threads = 256;
   const bool wide = bytes % 16 == 0 && reinterpret_cast<std::uintptr_t>(dst) % 16 == 0 &&
                     reinterpret_cast<std::uintptr_t>(src) % 16 == 0;
   const std::size_t n = wide ? bytes / 16 : bytes;
   const unsigned blocks = static_cast<unsigned>(std::min<std::size_t>((n + threads - 1) / threads, 132 * 16));
   if (wide)
-    copy_kernel<<<blocks, threads, 0, s>>>(static_cast<uint4*>(dst), static_cast<const uint4*>(src), n);
+    cuda::launch_kernel(device, copy_kernel<uint4>, blocks, threads, 0, static_cast<uint4*>(dst),
+                        static_cast<const uint4*>(src), n);
   else
-    copy_kernel<<<blocks, threads, 0, s>>>(static_cast<unsigned char*>(dst), static_cast<const unsigned char*>(src), n);
-  QGRAD_LAUNCH_CHECK();
+    cuda::launch_kernel(device, copy_kernel<unsigned char>, blocks, threads, 0, static_cast<unsigned char*>(dst),
+                        static_cast<const unsigned char*>(src), n);
 }
 
 void* cuda_allocate(std::size_t bytes, int device) {
@@ -393,7 +420,7 @@ void copy(void* dst, Device dst_device, const void* src, Device src_device, std:
   }
   if (dst_device.is_cuda() && src_device.is_cuda()) {
     if (dst_device.index == src_device.index) {
-      copy_on_device(dst, src, bytes, cuda::stream(dst_device.index));
+      copy_on_device(dst, src, bytes, dst_device.index);
     } else {
       // Order after the source's queued work, then copy peer to peer.
       QGRAD_CUDA_CHECK(cudaStreamSynchronize(cuda::stream(src_device.index)));

@@ -33,6 +33,7 @@ struct alignas(4 * sizeof(T)) Vec4 {
 template <class T, bool kVec>
 __global__ void relu_mask_kernel(const T* __restrict__ x, T* __restrict__ y, std::uint32_t* __restrict__ words,
                                  std::int64_t n) {
+  ::qgrad::cuda::wait_for_prior_kernels();
   using M = op_math_t<T>;
   const unsigned lane = threadIdx.x & 31u;
   const std::int64_t warp = (static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
@@ -88,10 +89,10 @@ void relu_masked_impl(const Tensor& in, const Tensor& out, const Tensor& mask) {
   const std::int64_t warps = (bitmask_blocks(n) + kUnroll - 1) / kUnroll;
   const unsigned blocks = ::qgrad::cuda::blocks_for(warps * 32, kThreads);
   const auto aligned = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % (4 * sizeof(T)) == 0; };
-  cudaStream_t s = ::qgrad::cuda::stream(dev);
-  if (aligned(x) && aligned(y)) relu_mask_kernel<T, true><<<blocks, kThreads, 0, s>>>(x, y, words, n);
-  else relu_mask_kernel<T, false><<<blocks, kThreads, 0, s>>>(x, y, words, n);
-  QGRAD_LAUNCH_CHECK();
+  if (aligned(x) && aligned(y))
+    ::qgrad::cuda::launch_kernel(dev, relu_mask_kernel<T, true>, blocks, kThreads, 0, x, y, words, n);
+  else
+    ::qgrad::cuda::launch_kernel(dev, relu_mask_kernel<T, false>, blocks, kThreads, 0, x, y, words, n);
 }
 
 }  // namespace

@@ -16,6 +16,7 @@ namespace qgrad::kernels::cuda {
 
 template <class F>
 __global__ void column_sum_kernel(std::int64_t cols, F f) {
+  ::qgrad::cuda::wait_for_prior_kernels();
   using M = typename F::Acc;
   __shared__ M s[32][33];  // [lane][column], padded against bank conflicts
   const unsigned c = threadIdx.x, l = threadIdx.y;
@@ -39,8 +40,7 @@ void launch_column_sum(int device, std::int64_t cols, F f) {
   if (cols <= 0) return;
   const std::int64_t blocks = (cols + 31) / 32;
   QGRAD_CHECK(blocks <= 0x7fffffff, "column_sum", "cols", "too many columns: ", cols);
-  column_sum_kernel<<<static_cast<unsigned>(blocks), dim3(32, 32), 0, ::qgrad::cuda::stream(device)>>>(cols, f);
-  QGRAD_LAUNCH_CHECK();
+  ::qgrad::cuda::launch_kernel(device, column_sum_kernel<F>, static_cast<unsigned>(blocks), dim3(32, 32), 0, cols, f);
 }
 
 }  // namespace qgrad::kernels::cuda

@@ -34,20 +34,19 @@ template <class X, class Q, int VEC>
 void rows_launch(const X* xp, std::int64_t nrows, std::int64_t D, Q* qp, std::int64_t ldq, quant_math_t<X>* sp,
                  std::int32_t* zp, const QuantSpec& spec, int dev) {
   const std::int64_t nvec = D / VEC;
-  cudaStream_t s = ::qgrad::cuda::stream(dev);
   if (nvec <= 512 * kRowItems) {
     const rows::RowGroupShape g = rows::row_group_shape(nvec, kRowItems);
     const std::int64_t blocks = std::min<std::int64_t>((nrows + g.rb - 1) / g.rb, INT_MAX);
-    rows::rows_reg_kernel<X, Q, VEC, kRowItems><<<static_cast<unsigned>(blocks), dim3(g.G, g.rb), 0, s>>>(
-        xp, nrows, D, qp, ldq, sp, zp, spec.symmetric, spec.qmin, spec.qmax);
+    ::qgrad::cuda::launch_kernel(dev, rows::rows_reg_kernel<X, Q, VEC, kRowItems>, static_cast<unsigned>(blocks),
+                                 dim3(g.G, g.rb), 0, xp, nrows, D, qp, ldq, sp, zp, spec.symmetric, spec.qmin,
+                                 spec.qmax);
   } else {
     unsigned threads = 32;
     while (threads < 256 && static_cast<std::int64_t>(threads) * rows::kItems < nvec) threads <<= 1;
     const unsigned blocks = static_cast<unsigned>(std::min<std::int64_t>(nrows, INT_MAX));
-    rows::rows_kernel<X, Q, VEC><<<blocks, threads, 0, s>>>(xp, nrows, D, qp, ldq, sp, zp, spec.symmetric, spec.qmin,
-                                                            spec.qmax);
+    ::qgrad::cuda::launch_kernel(dev, rows::rows_kernel<X, Q, VEC>, blocks, threads, 0, xp, nrows, D, qp, ldq, sp, zp,
+                                 spec.symmetric, spec.qmin, spec.qmax);
   }
-  QGRAD_LAUNCH_CHECK();
 }
 
 template <class X, class Q>
@@ -91,6 +90,7 @@ template <> struct KeyOf<double> {
 template <class X>
 __global__ void slice_reduce_kernel(const X* __restrict__ x, AxisLayout lay,
                                     typename KeyOf<quant_math_t<X>>::type* keys) {
+  ::qgrad::cuda::wait_for_prior_kernels();
   using M = quant_math_t<X>;
   using K = KeyOf<M>;
   __shared__ Range<M> sh[32];
@@ -132,9 +132,8 @@ void slice_impl(const Tensor& x, const AxisLayout& lay, const QuantSpec& spec, c
   const std::int64_t gy = std::min<std::int64_t>(nseg, 65535);
   const std::int64_t gx = std::max<std::int64_t>(
       1, std::min<std::int64_t>((per_slice + threads - 1) / threads, std::max<std::int64_t>(1, 4 * fill / gy)));
-  slice_reduce_kernel<X><<<dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy)), threads, 0,
-                           ::qgrad::cuda::stream(dev)>>>(static_cast<const X*>(x.data_ptr()), lay, keys);
-  QGRAD_LAUNCH_CHECK();
+  ::qgrad::cuda::launch_kernel(dev, slice_reduce_kernel<X>, dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy)),
+                               threads, 0, static_cast<const X*>(x.data_ptr()), lay, keys);
   M* sp = static_cast<M*>(scale.data_ptr());
   std::int32_t* zp = static_cast<std::int32_t*>(zero_point.data_ptr());
   const QuantSpec sp_spec = spec;

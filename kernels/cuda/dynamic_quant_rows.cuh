@@ -23,6 +23,7 @@
 
 #include <cstdint>
 
+#include "qgrad/core/cuda/common.cuh"
 #include "qgrad/kernels/formulas/qlinear.h"
 
 namespace qgrad::kernels::cuda::rows {
@@ -68,6 +69,7 @@ __global__ void __launch_bounds__(256)
     rows_kernel(const X* __restrict__ x, std::int64_t rows, std::int64_t D, Q* __restrict__ q, std::int64_t ldq,
                 quant_math_t<X>* __restrict__ scale, std::int32_t* __restrict__ zp, bool symmetric, int qmin,
                 int qmax) {
+  ::qgrad::cuda::wait_for_prior_kernels();
   using M = quant_math_t<X>;
   using XP = Pack<X, VEC>;
   using QP = Pack<Q, VEC>;
@@ -233,6 +235,7 @@ __global__ void __launch_bounds__(512)
     rows_reg_kernel(const X* __restrict__ x, std::int64_t rows, std::int64_t D, Q* __restrict__ q, std::int64_t ldq,
                     quant_math_t<X>* __restrict__ scale, std::int32_t* __restrict__ zp, bool symmetric, int qmin,
                     int qmax) {
+  ::qgrad::cuda::wait_for_prior_kernels();
   using M = quant_math_t<X>;
   using XP = Pack<X, VEC>;
   __shared__ Range<M> sh[2][16];  // [row parity][warp of the block]

@@ -14,6 +14,7 @@ namespace {
 constexpr unsigned kThreads = 256;
 
 __global__ void iota_kernel(std::int64_t* out, std::int64_t n) {
+  ::qgrad::cuda::wait_for_prior_kernels();
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) out[i] = i;
 }
@@ -28,8 +29,7 @@ void sort_keys_with_positions(const Tensor& keys, const Tensor& sorted, const Te
   const TensorOptions o = TensorOptions{}.with_dtype(DType::s64).with_device(keys.device());
   Tensor positions = Tensor::empty({n}, o);
   auto* pos = static_cast<std::int64_t*>(positions.data_ptr());
-  iota_kernel<<<::qgrad::cuda::blocks_for(n, kThreads), kThreads, 0, s>>>(pos, n);
-  QGRAD_LAUNCH_CHECK();
+  ::qgrad::cuda::launch_kernel(dev, iota_kernel, ::qgrad::cuda::blocks_for(n, kThreads), kThreads, 0, pos, n);
   const auto* k_in = static_cast<const std::int64_t*>(keys.data_ptr());
   auto* k_out = static_cast<std::int64_t*>(sorted.data_ptr());
   auto* v_out = static_cast<std::int64_t*>(order.data_ptr());

@@ -57,6 +57,7 @@ __device__ std::uint32_t warp_max_u32(std::uint32_t m) {
 template <class T>
 __global__ void amax_scale_kernel(const T* __restrict__ x, std::int64_t n, bool vec, std::uint32_t* counters,
                                   float* __restrict__ scale) {
+  ::qgrad::cuda::wait_for_prior_kernels();
   constexpr int V = 16 / sizeof(T);
   using P = Pack<T, V>;
   std::uint32_t m = 0;
@@ -97,6 +98,7 @@ __global__ void amax_scale_kernel(const T* __restrict__ x, std::int64_t n, bool 
 template <class T>
 __global__ void quantize16_kernel(const T* __restrict__ x, std::int64_t chunks, const float* __restrict__ scale,
                                   uint4* __restrict__ q) {
+  ::qgrad::cuda::wait_for_prior_kernels();
   constexpr int V = 16 / sizeof(T);  // elements per 16-byte load
   using P = Pack<T, V>;
   const float s = scale[0];
@@ -118,6 +120,7 @@ __global__ void quantize16_kernel(const T* __restrict__ x, std::int64_t chunks, 
 template <class T>
 __global__ void quantize_rows_kernel(const T* __restrict__ x, std::int64_t M, std::int64_t K, std::int64_t ld,
                                      const float* __restrict__ scale, std::uint8_t* __restrict__ q) {
+  ::qgrad::cuda::wait_for_prior_kernels();
   const float s = scale[0];
   const std::int64_t total = M * ld;
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
@@ -131,7 +134,6 @@ template <class T>
 void quantize_impl(const Tensor& x, std::int64_t K, const Tensor& scale, bool dynamic, const Tensor& q,
                    std::int64_t ld) {
   const int d = x.device().index;
-  cudaStream_t st = ::qgrad::cuda::stream(d);
   const T* xp = static_cast<const T*>(x.data_ptr());
   const std::int64_t n = x.numel(), M = n / K;
   float* sp = static_cast<float*>(scale.data_ptr());
@@ -139,18 +141,17 @@ void quantize_impl(const Tensor& x, std::int64_t K, const Tensor& scale, bool dy
   if (dynamic) {
     constexpr std::int64_t V = 16 / sizeof(T);
     const unsigned blocks = ::qgrad::cuda::blocks_for((n + V - 1) / V, kThreads, fill);
-    amax_scale_kernel<T><<<blocks, kThreads, 0, st>>>(xp, n, aligned16(xp), ::qgrad::cuda::block_counters(d), sp);
-    QGRAD_LAUNCH_CHECK();
+    ::qgrad::cuda::launch_kernel(d, amax_scale_kernel<T>, blocks, kThreads, 0, xp, n, aligned16(xp),
+                                 ::qgrad::cuda::block_counters(d), sp);
   }
   if (ld == K && n % 16 == 0 && aligned16(xp) && aligned16(q.data_ptr())) {
     const std::int64_t chunks = n / 16;
-    quantize16_kernel<T><<<::qgrad::cuda::blocks_for(chunks, kThreads, fill * 4LL), kThreads, 0, st>>>(
-        xp, chunks, sp, static_cast<uint4*>(q.data_ptr()));
+    ::qgrad::cuda::launch_kernel(d, quantize16_kernel<T>, ::qgrad::cuda::blocks_for(chunks, kThreads, fill * 4LL),
+                                 kThreads, 0, xp, chunks, sp, static_cast<uint4*>(q.data_ptr()));
   } else {
-    quantize_rows_kernel<T><<<::qgrad::cuda::blocks_for(M * ld, kThreads, fill * 4LL), kThreads, 0, st>>>(
-        xp, M, K, ld, sp, static_cast<std::uint8_t*>(q.data_ptr()));
+    ::qgrad::cuda::launch_kernel(d, quantize_rows_kernel<T>, ::qgrad::cuda::blocks_for(M * ld, kThreads, fill * 4LL),
+                                 kThreads, 0, xp, M, K, ld, sp, static_cast<std::uint8_t*>(q.data_ptr()));
   }
-  QGRAD_LAUNCH_CHECK();
 }
 
 // ---- 3. the cuBLASLt FP8 GEMM ----

@@ -36,6 +36,7 @@ unsigned vec_blocks(std::int64_t n) { return ::qgrad::cuda::blocks_for((n + 3) /
 
 template <class T>
 __global__ void __launch_bounds__(256) lerp_fw_vec(LerpElems<T> e, T* __restrict__ out, std::int64_t n) {
+  ::qgrad::cuda::wait_for_prior_kernels();
   using M = op_math_t<T>;
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   const std::int64_t full = n / 4;  // whole vectors
@@ -55,6 +56,7 @@ __global__ void __launch_bounds__(256) lerp_fw_vec(LerpElems<T> e, T* __restrict
 
 template <class T>
 __global__ void lerp_bw_vec(LerpElems<T> e, LerpGradOut<T> go, std::int64_t n) {
+  ::qgrad::cuda::wait_for_prior_kernels();
   const T* __restrict__ dy = go.g;
   T* __restrict__ da = go.da;
   T* __restrict__ db = go.db;
@@ -105,8 +107,7 @@ bool lerp_forward_vec_impl(const LerpArgs& args, const Tensor& out) {
   if (!(li.same && aligned16(e.a, sizeof(T)) && aligned16(e.b, sizeof(T)) && aligned16(e.w, sizeof(T)) &&
         aligned16(o, sizeof(T))))
     return false;
-  lerp_fw_vec<T><<<vec_blocks(n), 256, 0, ::qgrad::cuda::stream(dev)>>>(e, o, n);
-  QGRAD_LAUNCH_CHECK();
+  ::qgrad::cuda::launch_kernel(dev, lerp_fw_vec<T>, vec_blocks(n), 256, 0, e, o, n);
   return true;
 }
 
@@ -123,8 +124,7 @@ bool lerp_backward_vec_impl(const LerpArgs& args, const Tensor& dy, const Tensor
   if (!(li.same && aligned16(e.a, sz) && aligned16(e.b, sz) && aligned16(e.w, sz) && aligned16(go.g, sz) &&
         aligned16(go.da, sz) && aligned16(go.db, sz) && aligned16(go.dw, sz)))
     return false;
-  lerp_bw_vec<T><<<vec_blocks(n), 256, 0, ::qgrad::cuda::stream(dev)>>>(e, go, n);
-  QGRAD_LAUNCH_CHECK();
+  ::qgrad::cuda::launch_kernel(dev, lerp_bw_vec<T>, vec_blocks(n), 256, 0, e, go, n);
   return true;
 }
 

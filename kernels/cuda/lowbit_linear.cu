@@ -365,6 +365,7 @@ __global__ void __launch_bounds__(kGemvThreads, 1)
     w4a16_gemv_kernel(const T* __restrict__ x, const std::uint8_t* __restrict__ w, const S* __restrict__ scale,
                       const std::int32_t* __restrict__ zp, const T* __restrict__ bias, T* __restrict__ out, int M,
                       int N, int K, int G) {
+  ::qgrad::cuda::wait_for_prior_kernels();
   constexpr int NT = NSUB * 8;
   constexpr int kSlotBytes = NT * kStagePitch;
   constexpr bool kPacked = !std::is_same_v<S, float>;
@@ -491,13 +492,12 @@ void launch_w4a16_gemv(const Tensor& x, const Tensor& w, const Tensor& scale, co
   else allow();
   const dim3 grid(static_cast<unsigned>((N + NSUB * 8 - 1) / (NSUB * 8)),
                   static_cast<unsigned>((M + 8 * NC - 1) / (8 * NC)));
-  kernel<<<grid, kGemvThreads, kSmem, ::qgrad::cuda::stream(dev)>>>(
-      static_cast<const T*>(x.data_ptr()), static_cast<const std::uint8_t*>(w.data_ptr()),
-      static_cast<const S*>(scale.data_ptr()),
-      zp.defined() ? static_cast<const std::int32_t*>(zp.data_ptr()) : nullptr,
-      bias.defined() ? static_cast<const T*>(bias.data_ptr()) : nullptr, static_cast<T*>(out.data_ptr()),
-      static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), static_cast<int>(G));
-  QGRAD_LAUNCH_CHECK();
+  ::qgrad::cuda::launch_kernel(dev, kernel, grid, kGemvThreads, kSmem, static_cast<const T*>(x.data_ptr()),
+                               static_cast<const std::uint8_t*>(w.data_ptr()), static_cast<const S*>(scale.data_ptr()),
+                               zp.defined() ? static_cast<const std::int32_t*>(zp.data_ptr()) : nullptr,
+                               bias.defined() ? static_cast<const T*>(bias.data_ptr()) : nullptr,
+                               static_cast<T*>(out.data_ptr()), static_cast<int>(M), static_cast<int>(N),
+                               static_cast<int>(K), static_cast<int>(G));
 }
 
 // ------------------------------------------- W4A16 GEMV, 16-bit scales
@@ -525,6 +525,7 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
     w4a16_packed_kernel(const T* __restrict__ x, const std::uint8_t* __restrict__ w, const T* __restrict__ scale,
                         const std::int32_t* __restrict__ zp, const T* __restrict__ bias, T* __restrict__ out, int M,
                         int N, int K, int G) {
+  ::qgrad::cuda::wait_for_prior_kernels();
   __shared__ float part[WARPS][4][32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -581,14 +582,12 @@ void launch_w4a16_packed(const Tensor& x, const Tensor& w, const Tensor& scale, 
                          const Tensor& bias, const Tensor& out) {
   constexpr int kWarps = 8, kU = 4;
   const I64 M = out.shape()[0], N = out.shape()[1], K = w.shape()[1];
-  w4a16_packed_kernel<T, kSigned, kWarps, kU>
-      <<<static_cast<unsigned>((N + 15) / 16), kWarps * 32, 0, ::qgrad::cuda::stream(out.device().index)>>>(
-          static_cast<const T*>(x.data_ptr()), static_cast<const std::uint8_t*>(w.data_ptr()),
-          static_cast<const T*>(scale.data_ptr()),
-          zp.defined() ? static_cast<const std::int32_t*>(zp.data_ptr()) : nullptr,
-          bias.defined() ? static_cast<const T*>(bias.data_ptr()) : nullptr, static_cast<T*>(out.data_ptr()),
-          static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), static_cast<int>(G));
-  QGRAD_LAUNCH_CHECK();
+  ::qgrad::cuda::launch_kernel(
+      out.device().index, w4a16_packed_kernel<T, kSigned, kWarps, kU>, static_cast<unsigned>((N + 15) / 16),
+      kWarps * 32, 0, static_cast<const T*>(x.data_ptr()), static_cast<const std::uint8_t*>(w.data_ptr()),
+      static_cast<const T*>(scale.data_ptr()), zp.defined() ? static_cast<const std::int32_t*>(zp.data_ptr()) : nullptr,
+      bias.defined() ? static_cast<const T*>(bias.data_ptr()) : nullptr, static_cast<T*>(out.data_ptr()),
+      static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), static_cast<int>(G));
 }
 
 template <class T>
@@ -640,6 +639,7 @@ __global__ void w4a16_warp_kernel(const T* __restrict__ x, const std::uint8_t* _
                                   const float* __restrict__ scale, const std::int32_t* __restrict__ zp,
                                   const T* __restrict__ bias, T* __restrict__ out, I64 M, I64 N, I64 K, I64 G,
                                   bool is_signed) {
+  ::qgrad::cuda::wait_for_prior_kernels();
   const int lane = threadIdx.x & 31;
   const I64 warps = static_cast<I64>(gridDim.x) * (blockDim.x / 32);
   const I64 groups = K / G;
@@ -705,13 +705,12 @@ void w4a16_impl(const Tensor& x, const Tensor& w, const Tensor& scale16, const T
   if (M <= kW4A16GemvMaxM) {
     constexpr unsigned threads = 256;
     const unsigned blocks = ::qgrad::cuda::blocks_for(M * N * 32, threads);
-    w4a16_warp_kernel<T><<<blocks, threads, 0, ::qgrad::cuda::stream(dev.index)>>>(
-        static_cast<const T*>(x.data_ptr()), static_cast<const std::uint8_t*>(w.data_ptr()),
-        static_cast<const float*>(scale.data_ptr()),
-        zp.defined() ? static_cast<const std::int32_t*>(zp.data_ptr()) : nullptr,
-        bias.defined() ? static_cast<const T*>(bias.data_ptr()) : nullptr, static_cast<T*>(out.data_ptr()), M, N, K,
-        G, w.dtype() == DType::s4);
-    QGRAD_LAUNCH_CHECK();
+    ::qgrad::cuda::launch_kernel(dev.index, w4a16_warp_kernel<T>, blocks, threads, 0,
+                                 static_cast<const T*>(x.data_ptr()), static_cast<const std::uint8_t*>(w.data_ptr()),
+                                 static_cast<const float*>(scale.data_ptr()),
+                                 zp.defined() ? static_cast<const std::int32_t*>(zp.data_ptr()) : nullptr,
+                                 bias.defined() ? static_cast<const T*>(bias.data_ptr()) : nullptr,
+                                 static_cast<T*>(out.data_ptr()), M, N, K, G, w.dtype() == DType::s4);
     return;
   }
   Tensor wd = Tensor::empty({N, K}, TensorOptions{}.with_dtype(out.dtype()).with_device(dev));
@@ -759,6 +758,7 @@ __global__ void w4a8_group_kernel(const std::int8_t* __restrict__ a, I64 lda, co
                                   const std::int32_t* __restrict__ za, const std::uint8_t* __restrict__ w,
                                   const float* __restrict__ sw, const float* __restrict__ bias, T* __restrict__ out,
                                   I64 M, I64 N, I64 K, I64 G) {
+  ::qgrad::cuda::wait_for_prior_kernels();
   const int lane = threadIdx.x & 31;
   const I64 warps = static_cast<I64>(gridDim.x) * (blockDim.x / 32);
   const I64 groups = K / G;
@@ -824,6 +824,7 @@ __global__ void __launch_bounds__(kW4A8Tile * kW4A8Tile)
                      const std::int32_t* __restrict__ za, const std::uint8_t* __restrict__ w,
                      const float* __restrict__ sw, const float* __restrict__ bias, T* __restrict__ out, int M, int N,
                      int K, int G) {
+  ::qgrad::cuda::wait_for_prior_kernels();
   constexpr int kWords = kW4A8Kt / 4;  // s8 words per staged row
   __shared__ std::uint32_t as[kW4A8Tile][kWords + 1];
   __shared__ std::uint32_t ws[kW4A8Tile][kWords + 1];
@@ -891,13 +892,13 @@ void w4a8_impl(const Tensor& a, I64 lda, I64 K, const Tensor& sa, const Tensor& 
       (M + kW4A8Tile - 1) / kW4A8Tile <= 65535) {
     const dim3 grid(static_cast<unsigned>((N + kW4A8Tile - 1) / kW4A8Tile),
                     static_cast<unsigned>((M + kW4A8Tile - 1) / kW4A8Tile));
-    w4a8_tile_kernel<T><<<grid, kW4A8Tile * kW4A8Tile, 0, ::qgrad::cuda::stream(out.device().index)>>>(
+    ::qgrad::cuda::launch_kernel(
+        out.device().index, w4a8_tile_kernel<T>, grid, kW4A8Tile * kW4A8Tile, 0,
         static_cast<const std::int8_t*>(a.data_ptr()), lda, static_cast<const float*>(sa.data_ptr()),
         za.defined() ? static_cast<const std::int32_t*>(za.data_ptr()) : nullptr,
         static_cast<const std::uint8_t*>(w.data_ptr()), static_cast<const float*>(sw.data_ptr()),
         bias.defined() ? static_cast<const float*>(bias.data_ptr()) : nullptr, static_cast<T*>(out.data_ptr()),
         static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), static_cast<int>(G));
-    QGRAD_LAUNCH_CHECK();
     return;
   }
   constexpr unsigned threads = 256;
@@ -905,16 +906,17 @@ void w4a8_impl(const Tensor& a, I64 lda, I64 K, const Tensor& sa, const Tensor& 
   const bool vec = G % 8 == 0 && lda % 4 == 0 && (reinterpret_cast<std::uintptr_t>(a.data_ptr()) & 3u) == 0 &&
                    (reinterpret_cast<std::uintptr_t>(w.data_ptr()) & 3u) == 0;
   auto launch = [&](auto kernel) {
-    kernel<<<blocks, threads, 0, ::qgrad::cuda::stream(out.device().index)>>>(
-        static_cast<const std::int8_t*>(a.data_ptr()), lda, static_cast<const float*>(sa.data_ptr()),
+    ::qgrad::cuda::launch_kernel(
+        out.device().index, kernel, blocks, threads, 0, static_cast<const std::int8_t*>(a.data_ptr()), lda,
+        static_cast<const float*>(sa.data_ptr()),
         za.defined() ? static_cast<const std::int32_t*>(za.data_ptr()) : nullptr,
         static_cast<const std::uint8_t*>(w.data_ptr()), static_cast<const float*>(sw.data_ptr()),
-        bias.defined() ? static_cast<const float*>(bias.data_ptr()) : nullptr, static_cast<T*>(out.data_ptr()), M, N,
-        K, G);
+        bias.defined() ? static_cast<const float*>(bias.data_ptr()) : nullptr, static_cast<T*>(out.data_ptr()), M, N, K,
+        G);
   };
   if (vec) launch(w4a8_group_kernel<T, true>);
-  else launch(w4a8_group_kernel<T, false>);
-  QGRAD_LAUNCH_CHECK();
+  else
+    launch(w4a8_group_kernel<T, false>);
 }
 
 }  // namespace

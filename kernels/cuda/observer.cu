@@ -21,6 +21,7 @@ template <class T>
 __global__ void partial_minmax_kernel(const T* x, std::int64_t channels, std::int64_t inner, std::int64_t count,
                                       float* partial, std::uint32_t* counters, float* run_min, float* run_max,
                                       float c, bool moving, QparamsArgs q) {
+  ::qgrad::cuda::wait_for_prior_kernels();
   const std::int64_t ch = blockIdx.y;
   float lo, hi;
   slice_minmax(x, channels, inner, count, ch, std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x,
@@ -55,6 +56,7 @@ inline constexpr unsigned kWarpMinmaxThreads = 256;
 template <class T>
 __global__ void warp_minmax_kernel(const T* x, std::int64_t channels, std::int64_t inner, std::int64_t count,
                                    float* run_min, float* run_max, float c, bool moving, QparamsArgs q) {
+  ::qgrad::cuda::wait_for_prior_kernels();
   const std::int64_t ch = std::int64_t{blockIdx.x} * (kWarpMinmaxThreads / 32) + threadIdx.x / 32;
   if (ch >= channels) return;  // whole warps leave together
   const unsigned lane = threadIdx.x % 32;
@@ -66,6 +68,7 @@ __global__ void warp_minmax_kernel(const T* x, std::int64_t channels, std::int64
 
 __global__ void finish_minmax_kernel(const float* partial, unsigned parts, float* run_min, float* run_max, float c,
                                      bool moving, QparamsArgs q) {
+  ::qgrad::cuda::wait_for_prior_kernels();
   finish_channel(partial, parts, blockIdx.x, run_min, run_max, c, moving, q);
 }
 
@@ -75,28 +78,26 @@ void minmax_impl(const Tensor& x, const Tensor& run_min, const Tensor& run_max, 
   const AxisLayout v = AxisLayout::of(x.shape(), axis);
   const int dev = x.device().index;
   const std::int64_t count = v.outer * v.inner;
-  cudaStream_t s = ::qgrad::cuda::stream(dev);
   const unsigned parts = minmax_parts(dev, v.channels, count);
   if (parts == 1 || v.channels > 65535) {
     const std::int64_t blocks = (v.channels + kWarpMinmaxThreads / 32 - 1) / (kWarpMinmaxThreads / 32);
-    warp_minmax_kernel<T><<<static_cast<unsigned>(blocks), kWarpMinmaxThreads, 0, s>>>(
-        static_cast<const T*>(x.data_ptr()), v.channels, v.inner, count, run_min.data<float>(),
-        run_max.data<float>(), static_cast<float>(c), c >= 0.0, q);
-    QGRAD_LAUNCH_CHECK();
+    ::qgrad::cuda::launch_kernel(dev, warp_minmax_kernel<T>, static_cast<unsigned>(blocks), kWarpMinmaxThreads, 0,
+                                 static_cast<const T*>(x.data_ptr()), v.channels, v.inner, count, run_min.data<float>(),
+                                 run_max.data<float>(), static_cast<float>(c), c >= 0.0, q);
     return;
   }
   Tensor partial = Tensor::empty({v.channels, static_cast<std::int64_t>(parts), 2},
                                  TensorOptions{}.with_device(x.device()));
   const bool one_launch = static_cast<std::size_t>(v.channels) <= ::qgrad::cuda::kBlockCounters;
   std::uint32_t* counters = one_launch ? ::qgrad::cuda::block_counters(dev) : nullptr;
-  partial_minmax_kernel<T><<<dim3(parts, static_cast<unsigned>(v.channels)), kMinmaxThreads, 0, s>>>(
-      static_cast<const T*>(x.data_ptr()), v.channels, v.inner, count, partial.data<float>(), counters,
-      run_min.data<float>(), run_max.data<float>(), static_cast<float>(c), c >= 0.0, q);
-  QGRAD_LAUNCH_CHECK();
+  ::qgrad::cuda::launch_kernel(dev, partial_minmax_kernel<T>, dim3(parts, static_cast<unsigned>(v.channels)),
+                               kMinmaxThreads, 0, static_cast<const T*>(x.data_ptr()), v.channels, v.inner, count,
+                               partial.data<float>(), counters, run_min.data<float>(), run_max.data<float>(),
+                               static_cast<float>(c), c >= 0.0, q);
   if (one_launch) return;
-  finish_minmax_kernel<<<static_cast<unsigned>(v.channels), kMinmaxThreads, 0, s>>>(
-      partial.data<float>(), parts, run_min.data<float>(), run_max.data<float>(), static_cast<float>(c), c >= 0.0, q);
-  QGRAD_LAUNCH_CHECK();
+  ::qgrad::cuda::launch_kernel(dev, finish_minmax_kernel, static_cast<unsigned>(v.channels), kMinmaxThreads, 0,
+                               partial.data<float>(), parts, run_min.data<float>(), run_max.data<float>(),
+                               static_cast<float>(c), c >= 0.0, q);
 }
 
 }  // namespace

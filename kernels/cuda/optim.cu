@@ -25,6 +25,7 @@ struct OptimTable {
 template <class T>
 __global__ void optim_kernel(OptimTable<T> table, formulas::OptimScalars<op_math_t<T>> s, const T* grad_scale,
                              const std::int32_t* skip) {
+  ::qgrad::cuda::wait_for_prior_kernels();
   using M = op_math_t<T>;
   if (skip && *skip != 0) return;
   const bool scaled = grad_scale != nullptr;
@@ -46,7 +47,6 @@ void optim_impl(const OptimizerHyper& hyper, const std::vector<OptimizerSlot>& s
   const formulas::OptimScalars<M> s = optim_scalars<M>(hyper);
   const int dev = slots.front().param.device().index;
   constexpr unsigned threads = 256;
-  cudaStream_t stream = ::qgrad::cuda::stream(dev);
   const std::int64_t max_x = ::qgrad::cuda::fill_blocks(dev, threads) * 2LL;
   for (std::size_t first = 0; first < slots.size(); first += kOptimChunk) {
     OptimTable<T> table{};
@@ -60,8 +60,7 @@ void optim_impl(const OptimizerHyper& hyper, const std::vector<OptimizerSlot>& s
     }
     if (largest == 0) continue;
     const dim3 grid(::qgrad::cuda::blocks_for(largest, threads, max_x), static_cast<unsigned>(count));
-    optim_kernel<T><<<grid, threads, 0, stream>>>(table, s, gs, sk);
-    QGRAD_LAUNCH_CHECK();
+    ::qgrad::cuda::launch_kernel(dev, optim_kernel<T>, grid, threads, 0, table, s, gs, sk);
   }
 }
 
@@ -94,6 +93,7 @@ __global__ void __launch_bounds__(formulas::kNormLanes)
     grad_norm_kernel(NormTable<T> table, formulas::NormKind k, op_math_t<T>* partial, op_math_t<T>* acc,
                      std::uint32_t* counter, bool final_launch, std::int64_t tensors, op_math_t<T> max_norm, T* total,
                      T* coef, std::int32_t* nonfinite) {
+  ::qgrad::cuda::wait_for_prior_kernels();
   using M = op_math_t<T>;
   using namespace formulas;
   __shared__ M groups[kNormLanes / kNormGroup];
@@ -145,7 +145,6 @@ void grad_norm_impl(const std::vector<Tensor>& tensors, formulas::NormKind kind,
   using M = op_math_t<T>;
   using formulas::kNormChunk;
   const int dev = total.device().index;
-  cudaStream_t stream = ::qgrad::cuda::stream(dev);
   const auto n = static_cast<std::int64_t>(tensors.size());  // >= 1 (the op checks)
   const std::int64_t launches = (n + kNormTensors - 1) / kNormTensors;
   std::int64_t chunks = 0;
@@ -172,11 +171,11 @@ void grad_norm_impl(const std::vector<Tensor>& tensors, formulas::NormKind kind,
     std::int64_t blocks = table.chunk_start[table.count];
     if (blocks == 0) table.chunk_start[table.count] = blocks = 1;
     const bool final_launch = first + kNormTensors >= n;
-    grad_norm_kernel<T><<<static_cast<unsigned>(blocks), formulas::kNormLanes, 0, stream>>>(
-        table, kind, partial, acc, ::qgrad::cuda::block_counters(dev), final_launch, n, static_cast<M>(max_norm),
-        static_cast<T*>(total.data_ptr()), static_cast<T*>(coef.data_ptr()),
-        nonfinite.defined() ? static_cast<std::int32_t*>(nonfinite.data_ptr()) : nullptr);
-    QGRAD_LAUNCH_CHECK();
+    ::qgrad::cuda::launch_kernel(dev, grad_norm_kernel<T>, static_cast<unsigned>(blocks), formulas::kNormLanes, 0,
+                                 table, kind, partial, acc, ::qgrad::cuda::block_counters(dev), final_launch, n,
+                                 static_cast<M>(max_norm), static_cast<T*>(total.data_ptr()),
+                                 static_cast<T*>(coef.data_ptr()),
+                                 nonfinite.defined() ? static_cast<std::int32_t*>(nonfinite.data_ptr()) : nullptr);
     partial_base += blocks;
   }
 }
@@ -193,6 +192,7 @@ struct ScaleTable {
 
 template <class T>
 __global__ void grad_scale_kernel(ScaleTable<T> table, const T* scale) {
+  ::qgrad::cuda::wait_for_prior_kernels();
   using M = op_math_t<T>;
   const M s = M(*scale);
   const int t = static_cast<int>(blockIdx.y);
@@ -207,7 +207,6 @@ template <class T>
 void grad_scale_impl(const std::vector<Tensor>& tensors, const Tensor& scale) {
   const int dev = scale.device().index;
   constexpr unsigned threads = 256;
-  cudaStream_t stream = ::qgrad::cuda::stream(dev);
   const std::int64_t max_x = ::qgrad::cuda::fill_blocks(dev, threads) * 2LL;
   for (std::size_t first = 0; first < tensors.size(); first += kScaleTensors) {
     ScaleTable<T> table{};
@@ -220,8 +219,8 @@ void grad_scale_impl(const std::vector<Tensor>& tensors, const Tensor& scale) {
     }
     if (largest == 0) continue;
     const dim3 grid(::qgrad::cuda::blocks_for(largest, threads, max_x), count);
-    grad_scale_kernel<T><<<grid, threads, 0, stream>>>(table, static_cast<const T*>(scale.data_ptr()));
-    QGRAD_LAUNCH_CHECK();
+    ::qgrad::cuda::launch_kernel(dev, grad_scale_kernel<T>, grid, threads, 0, table,
+                                 static_cast<const T*>(scale.data_ptr()));
   }
 }
 

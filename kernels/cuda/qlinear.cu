@@ -34,6 +34,7 @@ struct alignas(sizeof(T) * N) Pack {
 __global__ void fallback_gemm_kernel(const std::int8_t* __restrict__ a, std::int64_t lda,
                                      const std::int8_t* __restrict__ w, std::int64_t ldw, std::int32_t* __restrict__ c,
                                      std::int64_t ldc, std::int64_t M, std::int64_t N, std::int64_t K) {
+  ::qgrad::cuda::wait_for_prior_kernels();
   const std::int64_t total = M * N;
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
@@ -70,6 +71,7 @@ __global__ void epilogue_kernel(const std::int32_t* __restrict__ c, std::int64_t
                                 std::int64_t M, std::int64_t N, ScaleArg sa_arg, const float* __restrict__ sw,
                                 const op_math_t<T>* __restrict__ bias, const std::int32_t* __restrict__ za,
                                 const std::int32_t* __restrict__ wsum) {
+  ::qgrad::cuda::wait_for_prior_kernels();
   using Mt = op_math_t<T>;
   using CP = Pack<std::int32_t, V>;
   using OP = Pack<T, V>;
@@ -120,10 +122,12 @@ void epilogue_impl(const Tensor& c, std::int64_t ldc, const QLinearEpilogue& ep,
   constexpr unsigned threads = 256;
   const unsigned gx = static_cast<unsigned>(std::min<std::int64_t>((nvec + threads - 1) / threads, 1024));
   const unsigned gy = static_cast<unsigned>(std::min<std::int64_t>(M, 65535));
-  cudaStream_t s = ::qgrad::cuda::stream(out.device().index);
-  if (vec) epilogue_kernel<T, 4><<<dim3(gx, gy), threads, 0, s>>>(cp, ldc, o, M, N, sa, sw, bias, za, wsum);
-  else epilogue_kernel<T, 1><<<dim3(gx, gy), threads, 0, s>>>(cp, ldc, o, M, N, sa, sw, bias, za, wsum);
-  QGRAD_LAUNCH_CHECK();
+  if (vec)
+    ::qgrad::cuda::launch_kernel(out.device().index, epilogue_kernel<T, 4>, dim3(gx, gy), threads, 0, cp, ldc, o, M, N,
+                                 sa, sw, bias, za, wsum);
+  else
+    ::qgrad::cuda::launch_kernel(out.device().index, epilogue_kernel<T, 1>, dim3(gx, gy), threads, 0, cp, ldc, o, M, N,
+                                 sa, sw, bias, za, wsum);
 }
 
 }  // namespace
@@ -135,9 +139,8 @@ void int8_gemm(int device, const std::int8_t* a, std::int64_t lda, const std::in
                             TensorOptions{}.with_device(Device::cuda(device)).with_dtype(DType::u8));
   if (!lt_int8_gemm(device, a, lda, w, ldw, c, ldc, M, N, K, ws.data_ptr(), kLtWorkspaceBytes)) {
     constexpr unsigned threads = 256;
-    fallback_gemm_kernel<<<::qgrad::cuda::blocks_for(M * N, threads), threads, 0, ::qgrad::cuda::stream(device)>>>(
-        a, lda, w, ldw, c, ldc, M, N, K);
-    QGRAD_LAUNCH_CHECK();
+    ::qgrad::cuda::launch_kernel(device, fallback_gemm_kernel, ::qgrad::cuda::blocks_for(M * N, threads), threads, 0, a,
+                                 lda, w, ldw, c, ldc, M, N, K);
   }
 }
 

@@ -148,6 +148,7 @@ __global__ void __launch_bounds__(256)
     engine_kernel(Op op, const typename Op::In* __restrict__ in, typename Op::Out* __restrict__ out,
                   const std::uint32_t* __restrict__ mask_in, std::uint32_t* __restrict__ mask_out, std::int64_t n,
                   ChannelIndexer map, formulas::ParamSource ps, bool same4) {
+  ::qgrad::cuda::wait_for_prior_kernels();
   const std::int64_t warp = (static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   const std::int64_t nwarps = (static_cast<std::int64_t>(gridDim.x) * blockDim.x) >> 5;
   engine_range<Op, kVec, engine_unroll<Op>()>(op, in, out, mask_in, mask_out, n, map, ps, same4, 0,
@@ -175,6 +176,7 @@ template <class Op>
 __global__ void __launch_bounds__(256)
     per_tensor_kernel(Op op, const typename Op::In* __restrict__ in, typename Op::Out* __restrict__ out,
                       std::int64_t n, formulas::ParamSource ps) {
+  ::qgrad::cuda::wait_for_prior_kernels();
   using In = typename Op::In;
   using Out = typename Op::Out;
   formulas::ChannelParams p;
@@ -209,21 +211,21 @@ void engine(const QuantLaunch& a) {
   const ChannelIndexer map(lay);
   constexpr unsigned threads = 256;
   const unsigned blocks = engine_blocks<Op>(dev, n);
-  cudaStream_t s = ::qgrad::cuda::stream(dev);
   const Op op{a.params.qmin, a.params.qmax};
   const formulas::ParamSource ps = a.params.source;
   if constexpr (engine_unroll<Op>() == 1 && !Op::kReadsMask) {
     if (vec && lay.channels == 1 && a.mask_out == nullptr) {
-      per_tensor_kernel<Op><<<::qgrad::cuda::blocks_for((n + 3) / 4, threads), threads, 0, s>>>(op, in, out, n, ps);
-      QGRAD_LAUNCH_CHECK();
+      ::qgrad::cuda::launch_kernel(dev, per_tensor_kernel<Op>, ::qgrad::cuda::blocks_for((n + 3) / 4, threads), threads,
+                                   0, op, in, out, n, ps);
       return;
     }
   }
   if (vec)
-    engine_kernel<Op, true><<<blocks, threads, 0, s>>>(op, in, out, a.mask_in, a.mask_out, n, map, ps, same4);
+    ::qgrad::cuda::launch_kernel(dev, engine_kernel<Op, true>, blocks, threads, 0, op, in, out, a.mask_in, a.mask_out,
+                                 n, map, ps, same4);
   else
-    engine_kernel<Op, false><<<blocks, threads, 0, s>>>(op, in, out, a.mask_in, a.mask_out, n, map, ps, same4);
-  QGRAD_LAUNCH_CHECK();
+    ::qgrad::cuda::launch_kernel(dev, engine_kernel<Op, false>, blocks, threads, 0, op, in, out, a.mask_in, a.mask_out,
+                                 n, map, ps, same4);
 }
 
 // ---- observe + fake quantize of rows (per-channel weights) ----
@@ -241,6 +243,7 @@ __global__ void __launch_bounds__(kMinmaxThreads)
                         std::uint32_t* __restrict__ mask_out, std::int64_t n, std::int64_t channels,
                         std::int64_t inner, std::int64_t rows, ChannelIndexer map, float* run_min,
                         float* run_max, float c, bool moving, QparamsArgs q, bool same4) {
+  ::qgrad::cuda::wait_for_prior_kernels();
   using In = typename Op::In;
   const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
   const std::int64_t r0 = static_cast<std::int64_t>(blockIdx.x) * rows;
@@ -325,18 +328,16 @@ void observe_fake_quantize_impl(const QuantLaunch& a, const ObserveArgs& o) {
   const ChannelIndexer map(v);
   const Op op{a.params.qmin, a.params.qmax};
   const unsigned blocks = static_cast<unsigned>((v.channels + rows - 1) / rows);
-  cudaStream_t s = ::qgrad::cuda::stream(dev);
   const float c = static_cast<float>(o.averaging_constant);
   const bool moving = o.averaging_constant >= 0.0;
   float* mn = o.run_min.data<float>();
   float* mx = o.run_max.data<float>();
   if (vec)
-    observe_rows_kernel<Op, true><<<blocks, kMinmaxThreads, 0, s>>>(op, in, out, a.mask_out, n, v.channels, v.inner,
-                                                                     rows, map, mn, mx, c, moving, q, same4);
+    ::qgrad::cuda::launch_kernel(dev, observe_rows_kernel<Op, true>, blocks, kMinmaxThreads, 0, op, in, out, a.mask_out,
+                                 n, v.channels, v.inner, rows, map, mn, mx, c, moving, q, same4);
   else
-    observe_rows_kernel<Op, false><<<blocks, kMinmaxThreads, 0, s>>>(op, in, out, a.mask_out, n, v.channels, v.inner,
-                                                                      rows, map, mn, mx, c, moving, q, same4);
-  QGRAD_LAUNCH_CHECK();
+    ::qgrad::cuda::launch_kernel(dev, observe_rows_kernel<Op, false>, blocks, kMinmaxThreads, 0, op, in, out,
+                                 a.mask_out, n, v.channels, v.inner, rows, map, mn, mx, c, moving, q, same4);
 }
 
 // The tree p[t] += p[t + s], s = 128, ..., 1, over the block's partials;
@@ -366,6 +367,7 @@ __global__ void __launch_bounds__(formulas::kLsqThreads)
                        op_math_t<T>* __restrict__ part_s, op_math_t<T>* __restrict__ part_z,
                        formulas::ParamSource ps, AxisLayout lay, std::int64_t chunks, std::int64_t qmin,
                        std::int64_t qmax, op_math_t<T> g) {
+  ::qgrad::cuda::wait_for_prior_kernels();
   using M = op_math_t<T>;
   constexpr int kT = formulas::kLsqThreads, kU = 4;
   __shared__ M sh_s[kT];
@@ -412,6 +414,7 @@ template <class M>
 __global__ void __launch_bounds__(formulas::kLsqThreads)
     lsq_finish_kernel(const M* __restrict__ part_s, const M* __restrict__ part_z, std::int64_t chunks,
                       M* __restrict__ ds, M* __restrict__ dz) {
+  ::qgrad::cuda::wait_for_prior_kernels();
   __shared__ M sh_s[formulas::kLsqThreads];
   __shared__ M sh_z[formulas::kLsqThreads];
   const std::int64_t c = blockIdx.x;
@@ -439,19 +442,17 @@ void lsq_backward_impl(const LsqArgs& a) {
   M* part_s = static_cast<M*>(part.data_ptr());
   M* part_z = part_s + total;
   const formulas::ParamSource ps{a.scale.data<float>(), a.zp.data<std::int32_t>(), 1.0f, 0};
-  cudaStream_t s = ::qgrad::cuda::stream(dev);
   if (total > 0) {
     const unsigned blocks = static_cast<unsigned>(total < 65535LL * 32 ? total : 65535LL * 32);
-    lsq_partial_kernel<T><<<blocks, formulas::kLsqThreads, 0, s>>>(
-        static_cast<const T*>(a.x.data_ptr()), static_cast<const T*>(a.dy.data_ptr()),
-        static_cast<T*>(a.dx.data_ptr()), part_s, part_z, ps, a.layout, chunks, a.qmin, a.qmax,
-        static_cast<M>(a.grad_factor));
-    QGRAD_LAUNCH_CHECK();
+    ::qgrad::cuda::launch_kernel(dev, lsq_partial_kernel<T>, blocks, formulas::kLsqThreads, 0,
+                                 static_cast<const T*>(a.x.data_ptr()), static_cast<const T*>(a.dy.data_ptr()),
+                                 static_cast<T*>(a.dx.data_ptr()), part_s, part_z, ps, a.layout, chunks, a.qmin, a.qmax,
+                                 static_cast<M>(a.grad_factor));
   }
   // One block per channel (grid x allows 2^31 - 1 blocks).
-  lsq_finish_kernel<M><<<static_cast<unsigned>(a.layout.channels), formulas::kLsqThreads, 0, s>>>(
-      part_s, part_z, chunks, static_cast<M*>(a.ds.data_ptr()), static_cast<M*>(a.dz.data_ptr()));
-  QGRAD_LAUNCH_CHECK();
+  ::qgrad::cuda::launch_kernel(dev, lsq_finish_kernel<M>, static_cast<unsigned>(a.layout.channels),
+                               formulas::kLsqThreads, 0, part_s, part_z, chunks, static_cast<M*>(a.ds.data_ptr()),
+                               static_cast<M*>(a.dz.data_ptr()));
 }
 
 // ---- fake_quantize_dynamic over rows (ops/lowbit.h) ----
@@ -469,6 +470,7 @@ template <class T, int kChunks, bool kVec>
 __global__ void __launch_bounds__(kDynamicRowsThreads)
     fake_quantize_dynamic_rows_kernel(const T* __restrict__ x, T* __restrict__ y, std::uint32_t* __restrict__ mask,
                                       std::int64_t rows, int qmin, int qmax, bool symmetric, float eps) {
+  ::qgrad::cuda::wait_for_prior_kernels();
   const std::int64_t row = (std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x) >> 5;
   if (row >= rows) return;  // whole warps leave together
   const unsigned lane = threadIdx.x & 31u;
@@ -519,14 +521,12 @@ void fake_quantize_dynamic_rows_launch(const Tensor& x, const Tensor& y, std::ui
                    reinterpret_cast<std::uintptr_t>(out) % sizeof(Vec4<T>) == 0;
   constexpr int rows_per_block = kDynamicRowsThreads / 32;
   const auto blocks = static_cast<unsigned>((rows + rows_per_block - 1) / rows_per_block);
-  cudaStream_t s = ::qgrad::cuda::stream(y.device().index);
   if (vec)
-    fake_quantize_dynamic_rows_kernel<T, kChunks, true>
-        <<<blocks, kDynamicRowsThreads, 0, s>>>(in, out, mask, rows, qmin, qmax, symmetric, eps);
+    ::qgrad::cuda::launch_kernel(y.device().index, fake_quantize_dynamic_rows_kernel<T, kChunks, true>, blocks,
+                                 kDynamicRowsThreads, 0, in, out, mask, rows, qmin, qmax, symmetric, eps);
   else
-    fake_quantize_dynamic_rows_kernel<T, kChunks, false>
-        <<<blocks, kDynamicRowsThreads, 0, s>>>(in, out, mask, rows, qmin, qmax, symmetric, eps);
-  QGRAD_LAUNCH_CHECK();
+    ::qgrad::cuda::launch_kernel(y.device().index, fake_quantize_dynamic_rows_kernel<T, kChunks, false>, blocks,
+                                 kDynamicRowsThreads, 0, in, out, mask, rows, qmin, qmax, symmetric, eps);
 }
 
 template <class T>

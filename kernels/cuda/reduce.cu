@@ -33,6 +33,7 @@ constexpr std::int64_t kChunkedMaxOutputs = 1024;
 template <class In, class Out>
 __global__ void sum_block_kernel(const In* x, Out* out, AxisLayout v, std::int64_t chunk, std::int64_t chunks,
                                  std::int64_t mean_n) {
+  ::qgrad::cuda::wait_for_prior_kernels();
   using M = op_math_t<In>;
   __shared__ M buf[kReduceThreads];
   const std::int64_t tasks = v.outer * v.inner * chunks;
@@ -58,8 +59,8 @@ void launch_sum_blocks(int dev, const In* x, Out* out, const AxisLayout& v, std:
                        std::int64_t mean_n) {
   const std::int64_t tasks = v.outer * v.inner * chunks;
   const unsigned blocks = ::qgrad::cuda::blocks_for(tasks, 1, ::qgrad::cuda::fill_blocks(dev, kReduceThreads) * 8LL);
-  sum_block_kernel<In, Out><<<blocks, kReduceThreads, 0, ::qgrad::cuda::stream(dev)>>>(x, out, v, chunk, chunks, mean_n);
-  QGRAD_LAUNCH_CHECK();
+  ::qgrad::cuda::launch_kernel(dev, sum_block_kernel<In, Out>, blocks, kReduceThreads, 0, x, out, v, chunk, chunks,
+                               mean_n);
 }
 
 constexpr std::int64_t kColumnChunkRows = 64;

@@ -12,6 +12,7 @@ namespace qgrad::kernels::cuda {
 
 template <class F>
 __global__ void warp_rows_kernel(std::int64_t rows, F f) {
+  ::qgrad::cuda::wait_for_prior_kernels();
   const std::int64_t warps = (static_cast<std::int64_t>(gridDim.x) * blockDim.x) >> 5;
   const int lane = static_cast<int>(threadIdx.x & 31u);
   for (std::int64_t row = (static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5; row < rows;
@@ -26,8 +27,7 @@ void launch_warp_rows(int device, std::int64_t rows, F f) {
   constexpr unsigned threads = 256;
   const unsigned blocks =
       ::qgrad::cuda::blocks_for(rows * 32, threads, ::qgrad::cuda::fill_blocks(device, threads) * 4LL);
-  warp_rows_kernel<<<blocks, threads, 0, ::qgrad::cuda::stream(device)>>>(rows, f);
-  QGRAD_LAUNCH_CHECK();
+  ::qgrad::cuda::launch_kernel(device, warp_rows_kernel<F>, blocks, threads, 0, rows, f);
 }
 
 // Butterfly sum: every lane gets the same total.

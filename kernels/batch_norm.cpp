@@ -84,15 +84,19 @@ struct PartialSum {
   }
 };
 
-// Level 2: out[c * lanes + lane] = sum over q of part[(c * Q + q) * lanes + lane].
+// Level 2: out[c * lanes + lane] = sum over q of part[(c * Q + q) * lanes + lane],
+// for one or more arrays of partials (array a at part + a * part_stride, its
+// lane sums at out + a * channels * lanes): the backwards' two sums in one
+// launch.
 template <class M>
 struct LaneSum {
   const M* part;
   M* out;
-  std::int64_t q, lanes;
+  std::int64_t q, lanes, per_array, part_stride;
   QGRAD_HD void operator()(std::int64_t i) const {
-    const std::int64_t c = i / lanes, lane = i - c * lanes;
-    out[i] = sum_strided<kSumLoadBatchLong>(part + c * q * lanes + lane, q, lanes);
+    const std::int64_t a = i / per_array, j = i - a * per_array;
+    const std::int64_t c = j / lanes, lane = j - c * lanes;
+    out[i] = sum_strided<kSumLoadBatchLong>(part + a * part_stride + c * q * lanes + lane, q, lanes);
   }
 };
 
@@ -315,11 +319,13 @@ T* ptr_or_null(const Tensor& t) {
 // N * chunks: an OpenMP team pays off from a few hundred of them.
 constexpr std::int64_t kPartialGrain = 256;
 
-// Level 2 over the partials `part` of pt: out[c * lanes + lane].
+// Level 2 over `arrays` arrays of pt's partials, at part, part + pt.count(),
+// ...: their lane sums at out, out + channels * lanes, ...
 template <class M>
-void sum_lanes(Device dev, const Partials& pt, const M* part, M* out, const char* where) {
-  for_each_index(dev, pt.v.channels * pt.lanes, LaneSum<M>{part, out, pt.per_channel(), pt.lanes}, where,
-                 kPartialGrain);
+void sum_lanes(Device dev, const Partials& pt, const M* part, M* out, const char* where, std::int64_t arrays = 1) {
+  const std::int64_t per_array = pt.v.channels * pt.lanes;
+  for_each_index(dev, arrays * per_array, LaneSum<M>{part, out, pt.per_channel(), pt.lanes, per_array, pt.count()},
+                 where, kPartialGrain);
 }
 
 TensorOptions math_options(const Tensor& like, DType math) {
@@ -405,8 +411,7 @@ void batch_norm_backward(const Tensor& dy, const Tensor& x, const AxisLayout& v,
       M* lx = ld + lane_sums;
       for_each_index(dev, pt.count(), PartialGrad<T>{dyp, xp, mp, nullptr, nullptr, pd, px, v, pt.chunks, pt.lanes},
                      "batch_norm_backward", kPartialGrain);
-      sum_lanes(dev, pt, pd, ld, "batch_norm_backward");
-      sum_lanes(dev, pt, px, lx, "batch_norm_backward");
+      sum_lanes(dev, pt, pd, ld, "batch_norm_backward", 2);  // px and lx follow pd and ld
       for_each_index(dev, v.channels,
                      ChannelGrad<T>{ld, lx, ip, wp, ptr_or_null<T>(dweight), ptr_or_null<T>(dbias), cp, pt.lanes,
                                     v.outer * v.inner},
@@ -453,8 +458,9 @@ void channel_div_add_backward(const Tensor& dy, const Tensor& x, const AxisLayou
     if (!sums) return;
     M* ls = static_cast<M*>(part.data_ptr()) + 2 * pt.count();
     M* lx = ls + lane_sums;
-    if (ps) sum_lanes(dev, pt, ps, ls, "channel_div_add_backward");
-    if (px) sum_lanes(dev, pt, px, lx, "channel_div_add_backward");
+    if (ps && px) sum_lanes(dev, pt, ps, ls, "channel_div_add_backward", 2);  // px and lx follow ps and ls
+    else if (ps) sum_lanes(dev, pt, ps, ls, "channel_div_add_backward");
+    else sum_lanes(dev, pt, px, lx, "channel_div_add_backward");
     for_each_index(dev, v.channels,
                    DivAddChannelGrad<T>{ls, lx, dp, ptr_or_null<T>(ddivisor), ptr_or_null<T>(dbias), pt.lanes},
                    "channel_div_add_backward");

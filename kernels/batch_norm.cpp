@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "qgrad/kernels/formulas/activation.h"
 #include "qgrad/kernels/loop.h"
 #include "qgrad/kernels/reduce.h"
 
@@ -145,22 +146,47 @@ struct EvalStats {
   }
 };
 
+// The normalised value of x in channel c, rounded to T: batch_norm's output.
 template <class T>
-struct Apply {
-  const T* x;
+struct Normalize {
   const op_math_t<T>* mean;
   const op_math_t<T>* invstd;
   const T* weight;  // null: 1
   const T* bias;    // null: 0
-  T* y;
-  ChannelIndexer ch;
-  QGRAD_HD void operator()(std::int64_t i) const {
+  QGRAD_HD T operator()(op_math_t<T> x, std::int64_t c) const {
     using M = op_math_t<T>;
-    const std::int64_t c = ch.channel(i);
-    M r = (M(x[i]) - mean[c]) * invstd[c];
+    M r = (x - mean[c]) * invstd[c];
     if (weight) r = r * M(weight[c]);
     if (bias) r = r + M(bias[c]);
-    y[i] = T(r);
+    return T(r);
+  }
+};
+
+template <class T>
+struct Apply {
+  const T* x;
+  Normalize<T> norm;
+  T* y;
+  ChannelIndexer ch;
+  bool relu;  // then relu, as the relu op computes it
+  QGRAD_HD void operator()(std::int64_t i) const {
+    using M = op_math_t<T>;
+    const T r = norm(M(x[i]), ch.channel(i));
+    y[i] = relu ? T(formulas::relu(M(r))) : r;
+  }
+};
+
+// batch_norm_relu's backward of the relu, dy where y = batch_norm(x) > 0 else
+// 0 (the relu op's backward, its mask recomputed from x); active == false:
+// dy unchanged.
+template <class T>
+struct ReluGate {
+  Normalize<T> norm;
+  bool active;
+  QGRAD_HD T operator()(T dy, op_math_t<T> x, std::int64_t c) const {
+    using M = op_math_t<T>;
+    if (!active || formulas::relu_mask(M(norm(x, c)))) return dy;
+    return T(M(0));
   }
 };
 
@@ -179,6 +205,7 @@ struct PartialGrad {
   op_math_t<T>* px;
   AxisLayout v;
   std::int64_t chunks, lanes;
+  ReluGate<T> gate = {};  // batch_norm_relu: dy through relu's backward (px given, so x is read)
   QGRAD_HD void operator()(std::int64_t p) const {
     using M = op_math_t<T>;
     const ChunkOf ch = chunk_of(p, v, chunks, lanes);
@@ -198,6 +225,10 @@ struct PartialGrad {
         gv[k] = g[j + k * lanes];
         xv[k] = xs ? M(xs[j + k * lanes]) : M(0);
       }
+      if (gate.active) {
+        QGRAD_UNROLL
+        for (int k = 0; k < kSumLoadBatch; ++k) gv[k] = gate(gv[k], xv[k], ch.c);
+      }
       QGRAD_UNROLL
       for (int k = 0; k < kSumLoadBatch; ++k) {
         s += M(gv[k]);
@@ -206,9 +237,10 @@ struct PartialGrad {
       }
     }
     for (; j < ch.hi; j += lanes) {
-      const M gj = M(g[j]);
+      const M xj = xs ? M(xs[j]) : M(0);
+      const M gj = M(gate(g[j], xj, ch.c));
       s += gj;
-      if (xs) t += gj * (M(xs[j]) - m);
+      if (xs) t += gj * (xj - m);
       if (o) o[j] = T(gj / d);
     }
     if (ps) ps[p] = s;
@@ -261,14 +293,16 @@ struct InputGrad {
   T* dx;
   ChannelIndexer ch;
   bool training;
+  ReluGate<T> gate;
   QGRAD_HD void operator()(std::int64_t i) const {
     using M = op_math_t<T>;
     const std::int64_t c = ch.channel(i);
+    const M g = M(gate(dy[i], M(x[i]), c));
     if (training) {
       const M proj = (M(x[i]) - mean[c]) * coef[3 * c + 2];
-      dx[i] = T((M(dy[i]) - coef[3 * c + 1] - proj) * coef[3 * c]);
+      dx[i] = T((g - coef[3 * c + 1] - proj) * coef[3 * c]);
     } else {
-      dx[i] = T(M(dy[i]) * coef[3 * c]);
+      dx[i] = T(g * coef[3 * c]);
     }
   }
 };
@@ -375,21 +409,22 @@ void batch_norm_eval_stats(const Tensor& running_mean, const Tensor& running_var
 }
 
 void batch_norm_apply(const Tensor& x, const AxisLayout& v, const Tensor& mean, const Tensor& invstd,
-                      const Tensor& weight, const Tensor& bias, const Tensor& y) {
+                      const Tensor& weight, const Tensor& bias, const Tensor& y, bool relu) {
   dispatch_floating(x.dtype(), "batch_norm", [&](auto tag) {
     using T = typename decltype(tag)::type;
     using M = op_math_t<T>;
-    for_each_index(y.device(), y.numel(),
-                   Apply<T>{static_cast<const T*>(x.data_ptr()), static_cast<const M*>(mean.data_ptr()),
-                            static_cast<const M*>(invstd.data_ptr()), ptr_or_null<const T>(weight),
-                            ptr_or_null<const T>(bias), static_cast<T*>(y.data_ptr()), ChannelIndexer(v)},
-                   "batch_norm");
+    const Normalize<T> norm{static_cast<const M*>(mean.data_ptr()), static_cast<const M*>(invstd.data_ptr()),
+                            ptr_or_null<const T>(weight), ptr_or_null<const T>(bias)};
+    for_each_index(
+        y.device(), y.numel(),
+        Apply<T>{static_cast<const T*>(x.data_ptr()), norm, static_cast<T*>(y.data_ptr()), ChannelIndexer(v), relu},
+        "batch_norm");
   });
 }
 
 void batch_norm_backward(const Tensor& dy, const Tensor& x, const AxisLayout& v, const Tensor& mean,
                          const Tensor& invstd, const Tensor& weight, bool training, const Tensor& dx,
-                         const Tensor& dweight, const Tensor& dbias) {
+                         const Tensor& dweight, const Tensor& dbias, bool relu, const Tensor& bias) {
   dispatch_floating(x.dtype(), "batch_norm_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
     using M = op_math_t<T>;
@@ -399,6 +434,7 @@ void batch_norm_backward(const Tensor& dy, const Tensor& x, const AxisLayout& v,
     const M* mp = static_cast<const M*>(mean.data_ptr());
     const M* ip = static_cast<const M*>(invstd.data_ptr());
     const T* wp = ptr_or_null<const T>(weight);
+    const ReluGate<T> gate{{mp, ip, wp, ptr_or_null<const T>(bias)}, relu};
     Tensor coef = Tensor::empty({3 * v.channels}, math_options(x, dtype_of<M>));
     M* cp = static_cast<M*>(coef.data_ptr());
     if (training || dweight.defined() || dbias.defined()) {
@@ -409,7 +445,8 @@ void batch_norm_backward(const Tensor& dy, const Tensor& x, const AxisLayout& v,
       M* px = pd + pt.count();
       M* ld = px + pt.count();
       M* lx = ld + lane_sums;
-      for_each_index(dev, pt.count(), PartialGrad<T>{dyp, xp, mp, nullptr, nullptr, pd, px, v, pt.chunks, pt.lanes},
+      for_each_index(dev, pt.count(),
+                     PartialGrad<T>{dyp, xp, mp, nullptr, nullptr, pd, px, v, pt.chunks, pt.lanes, gate},
                      "batch_norm_backward", kPartialGrain);
       sum_lanes(dev, pt, pd, ld, "batch_norm_backward", 2);  // px and lx follow pd and ld
       for_each_index(dev, v.channels,
@@ -421,7 +458,7 @@ void batch_norm_backward(const Tensor& dy, const Tensor& x, const AxisLayout& v,
     }
     if (dx.defined())
       for_each_index(dev, dx.numel(),
-                     InputGrad<T>{dyp, xp, mp, cp, static_cast<T*>(dx.data_ptr()), ChannelIndexer(v), training},
+                     InputGrad<T>{dyp, xp, mp, cp, static_cast<T*>(dx.data_ptr()), ChannelIndexer(v), training, gate},
                      "batch_norm_backward");
   });
 }

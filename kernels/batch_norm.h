@@ -31,17 +31,21 @@ void batch_norm_stats(const Tensor& x, const AxisLayout& v, double momentum, dou
 // Evaluation statistics: mean = running_mean, invstd = 1 / sqrt(running_var + eps).
 void batch_norm_eval_stats(const Tensor& running_mean, const Tensor& running_var, double eps, const Tensor& mean,
                            const Tensor& invstd);
-// y = (x - mean[c]) * invstd[c] * weight[c] + bias[c] (weight, bias optional).
+// y = (x - mean[c]) * invstd[c] * weight[c] + bias[c] (weight, bias optional),
+// rounded to x's dtype; relu: then relu of that (batch_norm_relu).
 void batch_norm_apply(const Tensor& x, const AxisLayout& v, const Tensor& mean, const Tensor& invstd,
-                      const Tensor& weight, const Tensor& bias, const Tensor& y);
+                      const Tensor& weight, const Tensor& bias, const Tensor& y, bool relu = false);
 // PyTorch's batch_norm backward: with s = sum dy and p = sum dy * (x - mean)
 // per channel, dbias = s, dweight = p * invstd, and
 //   training: dx = (dy - s / n - (x - mean) * invstd^2 * p / n) * invstd * w
 //   eval:     dx = dy * invstd * w.
-// dx, dweight, dbias may each be undefined (not computed).
+// dx, dweight, dbias may each be undefined (not computed). relu: dy is the
+// gradient of relu(y) (batch_norm_relu); relu's backward, dy where y > 0 else
+// 0, is applied to it on the fly, y recomputed from x exactly as
+// batch_norm_apply computes it (so `bias` is needed then).
 void batch_norm_backward(const Tensor& dy, const Tensor& x, const AxisLayout& v, const Tensor& mean,
                          const Tensor& invstd, const Tensor& weight, bool training, const Tensor& dx,
-                         const Tensor& dweight, const Tensor& dbias);
+                         const Tensor& dweight, const Tensor& dbias, bool relu = false, const Tensor& bias = Tensor());
 
 // channel_div_add (the unscaling of a folded Conv-BN, ops/pool_norm.h):
 // y = T(T(x / divisor[c]) + bias[c]) (bias optional: y = T(x / divisor[c])),

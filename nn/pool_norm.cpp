@@ -31,7 +31,10 @@ BatchNorm2d::BatchNorm2d(std::int64_t num_features, double eps, std::optional<do
   }
 }
 
-Tensor BatchNorm2d::forward(const Tensor& x) {
+Tensor BatchNorm2d::forward(const Tensor& x) { return run(x, false); }
+Tensor BatchNorm2d::forward_relu(const Tensor& x) { return run(x, true); }
+
+Tensor BatchNorm2d::run(const Tensor& x, bool relu) {
   QGRAD_CHECK(x.defined() && x.dim() == 4, "BatchNorm2d", "x", "expected [N, C, H, W], got shape ",
               x.defined() ? shape_str(x.shape()) : std::string("undefined"));
   const bool tracking = running_mean_.defined();
@@ -41,7 +44,8 @@ Tensor BatchNorm2d::forward(const Tensor& x) {
   const double momentum = momentum_ ? *momentum_ : count ? 1.0 / (num_batches_tracked_.item() + 1.0) : 0.0;
   // Training, or no running statistics: batch statistics (the running ones
   // updated when tracked). Evaluation with tracking: the running ones.
-  Tensor y = batch_norm(x, weight_, bias_, running_mean_, running_var_, is_training() || !tracking, momentum, eps_);
+  Tensor y = (relu ? batch_norm_relu : batch_norm)(x, weight_, bias_, running_mean_, running_var_,
+                                                   is_training() || !tracking, momentum, eps_);
   if (count) {
     // num_batches_tracked += 1 on its device, without a host sync (exact to
     // 2^53), after batch_norm has validated its arguments, not on the tape.

@@ -26,6 +26,9 @@ class BatchNorm2d : public Module {
   explicit BatchNorm2d(std::int64_t num_features, double eps = 1e-5, std::optional<double> momentum = 0.1,
                        bool affine = true, bool track_running_stats = true, TensorOptions options = {});
   Tensor forward(const Tensor& x) override;
+  // relu(forward(x)) as one op (batch_norm_relu), for the fused
+  // Conv-BN-ReLU modules: the same values and gradients.
+  Tensor forward_relu(const Tensor& x);
   std::string type_name() const override { return "BatchNorm2d"; }
   std::int64_t num_features() const { return num_features_; }
   double eps() const { return eps_; }
@@ -37,6 +40,8 @@ class BatchNorm2d : public Module {
   Tensor num_batches_tracked() const { return num_batches_tracked_; }
 
  private:
+  Tensor run(const Tensor& x, bool relu);
+
   std::int64_t num_features_;
   double eps_;
   std::optional<double> momentum_;

@@ -88,10 +88,14 @@ Tensor ConvBn2d::forward(const Tensor& x) {
   // Frozen: the running statistics normalise and stay (PyTorch sets
   // bn.training = False and keeps it there); otherwise the BatchNorm2d
   // module follows the model's train/eval mode.
-  y = freeze_bn_ && bn_->is_training() ? batch_norm(y, bn_->weight(), bn_->bias(), bn_->running_mean(),
-                                                    bn_->running_var(), /*training=*/false, 0.0, bn_->eps())
-                                       : bn_->forward(y);
-  return act_fq_->forward(relu_ ? ::qgrad::relu(y) : y);
+  // With relu: relu(batch_norm(y)) as one op (batch_norm_relu, the same bits).
+  if (freeze_bn_ && bn_->is_training()) {
+    y = (relu_ ? batch_norm_relu : batch_norm)(y, bn_->weight(), bn_->bias(), bn_->running_mean(), bn_->running_var(),
+                                               /*training=*/false, 0.0, bn_->eps());
+  } else {
+    y = relu_ ? bn_->forward_relu(y) : bn_->forward(y);
+  }
+  return act_fq_->forward(y);
 }
 
 std::pair<Tensor, Tensor> ConvBn2d::folded_weight_bias() const {

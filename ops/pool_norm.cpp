@@ -192,18 +192,22 @@ Tensor channel_div_add(const Tensor& x, const Tensor& divisor, const Tensor& bia
   return out;
 }
 
-// Saves x (detached), weight, and the per-channel mean and invstd in op
-// math (batch statistics in training, running ones in evaluation).
-Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
-                  const Tensor& running_var, bool training, double momentum, double eps) {
-  constexpr const char* op = "batch_norm";
+namespace {
+
+// batch_norm, and with relu batch_norm_relu. Saves x (detached), weight, the
+// per-channel mean and invstd in op math (batch statistics in training,
+// running ones in evaluation), and with relu the bias (to recompute relu's
+// mask from x).
+Tensor batch_norm_impl(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                       const Tensor& running_mean, const Tensor& running_var, bool training, double momentum,
+                       double eps, bool relu) {
   check::floating(x, op, "x");
   QGRAD_CHECK(x.dim() >= 2, op, "x", "expected rank >= 2 [N, C, ...], got shape ", shape_str(x.shape()));
   check::non_empty(x, op, "x");
-  check_channel_tensor(weight, x, "weight");
-  check_channel_tensor(bias, x, "bias");
-  check_channel_tensor(running_mean, x, "running_mean");
-  check_channel_tensor(running_var, x, "running_var");
+  check_channel_tensor(weight, x, "weight", op);
+  check_channel_tensor(bias, x, "bias", op);
+  check_channel_tensor(running_mean, x, "running_mean", op);
+  check_channel_tensor(running_var, x, "running_var", op);
   QGRAD_CHECK(running_mean.defined() == running_var.defined(), op,
               running_mean.defined() ? "running_var" : "running_mean",
               "running_mean and running_var must be given together");
@@ -226,22 +230,37 @@ Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, con
   if (training) kernels::batch_norm_stats(x, v, momentum, eps, running_mean, running_var, mean, invstd);
   else kernels::batch_norm_eval_stats(running_mean, running_var, eps, mean, invstd);
   Tensor out = Tensor::empty(x.shape(), like(x, x.dtype()));
-  kernels::batch_norm_apply(x, v, mean, invstd, weight, bias, out);
+  kernels::batch_norm_apply(x, v, mean, invstd, weight, bias, out, relu);
   if (any_requires_grad({x, weight, bias})) {
     const bool need_x = x.requires_grad(), need_w = weight.defined() && weight.requires_grad(),
                need_b = bias.defined() && bias.requires_grad();
     Tensor sw = weight.defined() ? weight.detach() : Tensor();
-    record(op, out, {x, weight, bias},
-           [sx = x.detach(), sw, mean, invstd, v, training, need_x, need_w, need_b](const Tensor& dy) {
-             Tensor dx = need_x ? Tensor::empty(sx.shape(), like(sx, sx.dtype())) : Tensor();
-             Tensor dw = need_w ? Tensor::empty({v.channels}, like(sx, sx.dtype())) : Tensor();
-             Tensor db = need_b ? Tensor::empty({v.channels}, like(sx, sx.dtype())) : Tensor();
-             kernels::batch_norm_backward(dy, sx, v, mean, invstd, sw, training, dx, dw, db);
-             return std::vector<Tensor>{dx, dw, db};
-           },
-           x.nbytes() + mean.nbytes() + invstd.nbytes() + (weight.defined() ? weight.nbytes() : 0));
+    Tensor sb = relu && bias.defined() ? bias.detach() : Tensor();
+    record(
+        op, out, {x, weight, bias},
+        [sx = x.detach(), sw, sb, mean, invstd, v, training, relu, need_x, need_w, need_b](const Tensor& dy) {
+          Tensor dx = need_x ? Tensor::empty(sx.shape(), like(sx, sx.dtype())) : Tensor();
+          Tensor dw = need_w ? Tensor::empty({v.channels}, like(sx, sx.dtype())) : Tensor();
+          Tensor db = need_b ? Tensor::empty({v.channels}, like(sx, sx.dtype())) : Tensor();
+          kernels::batch_norm_backward(dy, sx, v, mean, invstd, sw, training, dx, dw, db, relu, sb);
+          return std::vector<Tensor>{dx, dw, db};
+        },
+        x.nbytes() + mean.nbytes() + invstd.nbytes() + (weight.defined() ? weight.nbytes() : 0) +
+            (sb.defined() ? sb.nbytes() : 0));
   }
   return out;
+}
+
+}  // namespace
+
+Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
+                  const Tensor& running_var, bool training, double momentum, double eps) {
+  return batch_norm_impl("batch_norm", x, weight, bias, running_mean, running_var, training, momentum, eps, false);
+}
+
+Tensor batch_norm_relu(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
+                       const Tensor& running_var, bool training, double momentum, double eps) {
+  return batch_norm_impl("batch_norm_relu", x, weight, bias, running_mean, running_var, training, momentum, eps, true);
 }
 
 Tensor flatten(const Tensor& x, std::int64_t start_dim, std::int64_t end_dim) {

@@ -64,6 +64,13 @@ Tensor adaptive_avg_pool2d(const Tensor& x, Size2 output_size);
 Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
                   const Tensor& running_var, bool training, double momentum = 0.1, double eps = 1e-5);
 
+// relu(batch_norm(...)) as one op (the fused Conv-BN-ReLU's normalisation and
+// activation): the same values and gradients, bit for bit, as the two ops,
+// without relu's pass over the output, its mask or its backward pass (the
+// mask is recomputed from x in batch_norm's backward passes).
+Tensor batch_norm_relu(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
+                       const Tensor& running_var, bool training, double momentum = 0.1, double eps = 1e-5);
+
 // x [N, C, ...] (rank >= 2) divided per channel (axis 1) by divisor [C], then
 // bias [C] added (optional): y = x / divisor[c] + bias[c], rounded as the two
 // broadcast ops it replaces (x / divisor.reshape(1, -1, 1, 1) + bias.reshape(

@@ -1,4 +1,5 @@
-// max_pool2d, avg_pool2d, adaptive_avg_pool2d, batch_norm, flatten: host
+// max_pool2d, avg_pool2d, adaptive_avg_pool2d, batch_norm (and
+// batch_norm_relu against relu(batch_norm)), flatten: host
 // references in double (values, indices, gradients, running statistics),
 // PyTorch's edge semantics (NaN, ties, ceil_mode, count_include_pad),
 // gradcheck, errors that write nothing, CUDA against the CPU.
@@ -464,6 +465,58 @@ TEST_CASE("batch_norm records nothing for the running statistics and only what i
   CHECK(x.grad().defined());
   NoGradGuard no_grad;
   CHECK(!batch_norm(x, Tensor(), Tensor(), rm, rv, true).requires_grad());
+}
+
+TEST_CASE("batch_norm_relu equals relu(batch_norm) bit for bit: output, running statistics, every gradient") {
+  // Planes of 30 elements (one chunk, the partial sums' tail loop) and of
+  // 2500 (two chunks, the batched loop); training and evaluation; the bias
+  // near 0 so that about half the outputs are cut; dy of both signs (a cut
+  // element's gradient is +0 either way).
+  for (const Device dev : test_devices()) {
+    for (DType dt : {DType::f32, DType::f64, DType::bf16}) {
+      for (const Shape& shape : {Shape{4, 3, 5, 6}, Shape{2, 3, 50, 50}}) {
+        for (bool training : {true, false}) {
+          INFO(dev.str(), " ", dtype_name(dt), " ", shape_str(shape), training ? " training" : " eval");
+          Generator g(0xb4e1);
+          const TensorOptions o = TensorOptions{}.with_device(dev).with_dtype(dt);
+          const Tensor x0 = add(mul(randn(shape, g, o), 2.0), 0.25), w0 = randn({3}, g, o);
+          const Tensor b0 = mul(randn({3}, g, o), 0.2), dy = randn(shape, g, o);
+          const Tensor rm0 = mul(randn({3}, g, o), 0.1), rv0 = add(mul(rand({3}, g, o), 0.5), 0.75);
+          // y, the running statistics, dx, dweight, dbias.
+          const auto run = [&](bool fused) {
+            Tensor x = x0.clone(), w = w0.clone(), b = b0.clone(), rm = rm0.clone(), rv = rv0.clone();
+            for (Tensor* t : {&x, &w, &b}) t->set_requires_grad(true);
+            Tensor y = fused ? batch_norm_relu(x, w, b, rm, rv, training, 0.1, 1e-5)
+                             : relu(batch_norm(x, w, b, rm, rv, training, 0.1, 1e-5));
+            y.backward(dy);
+            return std::vector<Tensor>{y, rm, rv, x.grad(), w.grad(), b.grad()};
+          };
+          const std::vector<Tensor> want = run(false), got = run(true);
+          const char* names[] = {"y", "running_mean", "running_var", "dx", "dweight", "dbias"};
+          for (std::size_t k = 0; k < want.size(); ++k) {
+            INFO(names[k]);
+            CHECK(bit_equal(got[k], want[k]));
+          }
+          // The relu cut a real share of the outputs (the test would pass
+          // vacuously without).
+          const std::vector<double> y = values(want[0]);
+          const auto cut = std::count(y.begin(), y.end(), 0.0);
+          CHECK(cut > static_cast<std::ptrdiff_t>(y.size() / 5));
+          CHECK(cut < static_cast<std::ptrdiff_t>(y.size() * 4 / 5));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("batch_norm_relu: errors name batch_norm_relu and write nothing") {
+  Tensor x = rnd({4, 3, 2, 2}, 41);
+  Tensor rm = rnd({3}, 42), rv = ones({3}, opts());
+  const auto rm0 = values(rm), rv0 = values(rv);
+  check_error([&] { batch_norm_relu(x, Tensor(), Tensor(), rm, rv, true, 0.1, 0.0); }, "batch_norm_relu", "eps");
+  check_error([&] { batch_norm_relu(x, ones({4}, opts()), Tensor(), rm, rv, true); }, "batch_norm_relu", "weight");
+  CHECK(values(rm) == rm0);
+  CHECK(values(rv) == rv0);
 }
 
 // ---------------------------------------------------------------- flatten

@@ -1,5 +1,5 @@
-// Registry entries: pooling (max, average, adaptive average), batch_norm and
-// flatten (ops/pool_norm.h).
+// Registry entries: pooling (max, average, adaptive average), batch_norm,
+// batch_norm_relu, channel_div_add and flatten (ops/pool_norm.h).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -72,48 +72,59 @@ std::vector<BadInput> pool_errors(const char* op, Device d, PoolFn f, bool dilat
   return c;
 }
 
-std::vector<BadInput> batch_norm_errors(Device d) {
-  constexpr const char* op = "batch_norm";
+using BatchNormFn = Tensor (*)(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, bool, double,
+                               double);
+
+// The bad inputs of batch_norm and batch_norm_relu (`fn`, named `op`).
+std::vector<BadInput> norm_errors(Device d, const char* op, BatchNormFn fn) {
+  // fn with batch_norm's defaults for momentum and eps.
+  const auto bn = [](BatchNormFn f, const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& rm,
+                     const Tensor& rv, bool training, double momentum = 0.1, double eps = 1e-5) {
+    return f(x, w, b, rm, rv, training, momentum, eps);
+  };
   const Tensor x = some({4, 3, 2, 2}, d), w = some({3}, d), b = some({3}, d);
   const Tensor rm = some({3}, d), rv = full({3}, 1.0, on(d)), u;
   constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
   std::vector<BadInput> c{
-      {op, "x", [=] { batch_norm(u, w, b, rm, rv, true); }},
-      {op, "x", [=] { batch_norm(some({4, 3}, d, DType::s32), u, u, u, u, true); }},
-      {op, "x", [=] { batch_norm(some({3}, d), u, u, u, u, true); }},          // rank 1
-      {op, "x", [=] { batch_norm(some({0, 3, 2}, d), u, u, u, u, true); }},    // empty
-      {op, "x", [=] { batch_norm(some({1, 3}, d), w, b, rm, rv, true); }},     // one value per channel
-      {op, "weight", [=] { batch_norm(x, some({4}, d), b, rm, rv, true); }},
-      {op, "weight", [=] { batch_norm(x, some({3, 1}, d), b, rm, rv, true); }},
-      {op, "weight", [=] { batch_norm(x, some({3}, d, DType::f64), b, rm, rv, true); }},
-      {op, "weight", [=] { batch_norm(x, some({3}, d, DType::s32), b, rm, rv, true); }},
-      {op, "bias", [=] { batch_norm(x, w, some({2}, d), rm, rv, true); }},
-      {op, "bias", [=] { batch_norm(x, w, some({3}, d, DType::f16), rm, rv, false); }},
-      {op, "running_mean", [=] { batch_norm(x, w, b, some({4}, d), rv, true); }},
-      {op, "running_mean", [=] { batch_norm(x, w, b, some({3}, d, DType::s32), rv, true); }},
-      {op, "running_var", [=] { batch_norm(x, w, b, rm, some({2}, d), true); }},
-      {op, "running_var", [=] { batch_norm(x, w, b, rm, some({3}, d, DType::f64), false); }},
-      {op, "running_var", [=] { batch_norm(x, w, b, rm, u, true); }},
-      {op, "running_mean", [=] { batch_norm(x, w, b, u, rv, true); }},
-      {op, "running_mean", [=] { batch_norm(x, w, b, u, u, false); }},  // evaluation needs them
-      {op, "running_mean", [=] { batch_norm(x, w, b, leaf(some({3}, d)), rv, true); }},
-      {op, "running_var", [=] { batch_norm(x, w, b, rm, leaf(full({3}, 1.0, on(d))), true); }},
-      {op, "momentum", [=] { batch_norm(x, w, b, rm, rv, true, -0.1); }},
-      {op, "momentum", [=] { batch_norm(x, w, b, rm, rv, true, 1.5); }},
-      {op, "momentum", [=] { batch_norm(x, w, b, rm, rv, true, kNaN); }},
-      {op, "eps", [=] { batch_norm(x, w, b, rm, rv, true, 0.1, 0.0); }},
-      {op, "eps", [=] { batch_norm(x, w, b, rm, rv, false, 0.1, -1e-5); }},
-      {op, "eps", [=] { batch_norm(x, w, b, rm, rv, true, 0.1, kNaN); }},
+      {op, "x", [=] { bn(fn, u, w, b, rm, rv, true); }},
+      {op, "x", [=] { bn(fn, some({4, 3}, d, DType::s32), u, u, u, u, true); }},
+      {op, "x", [=] { bn(fn, some({3}, d), u, u, u, u, true); }},  // rank 1
+      {op, "x", [=] { bn(fn, some({0, 3, 2}, d), u, u, u, u, true); }},  // empty
+      {op, "x", [=] { bn(fn, some({1, 3}, d), w, b, rm, rv, true); }},  // one value per channel
+      {op, "weight", [=] { bn(fn, x, some({4}, d), b, rm, rv, true); }},
+      {op, "weight", [=] { bn(fn, x, some({3, 1}, d), b, rm, rv, true); }},
+      {op, "weight", [=] { bn(fn, x, some({3}, d, DType::f64), b, rm, rv, true); }},
+      {op, "weight", [=] { bn(fn, x, some({3}, d, DType::s32), b, rm, rv, true); }},
+      {op, "bias", [=] { bn(fn, x, w, some({2}, d), rm, rv, true); }},
+      {op, "bias", [=] { bn(fn, x, w, some({3}, d, DType::f16), rm, rv, false); }},
+      {op, "running_mean", [=] { bn(fn, x, w, b, some({4}, d), rv, true); }},
+      {op, "running_mean", [=] { bn(fn, x, w, b, some({3}, d, DType::s32), rv, true); }},
+      {op, "running_var", [=] { bn(fn, x, w, b, rm, some({2}, d), true); }},
+      {op, "running_var", [=] { bn(fn, x, w, b, rm, some({3}, d, DType::f64), false); }},
+      {op, "running_var", [=] { bn(fn, x, w, b, rm, u, true); }},
+      {op, "running_mean", [=] { bn(fn, x, w, b, u, rv, true); }},
+      {op, "running_mean", [=] { bn(fn, x, w, b, u, u, false); }},  // evaluation needs them
+      {op, "running_mean", [=] { bn(fn, x, w, b, leaf(some({3}, d)), rv, true); }},
+      {op, "running_var", [=] { bn(fn, x, w, b, rm, leaf(full({3}, 1.0, on(d))), true); }},
+      {op, "momentum", [=] { bn(fn, x, w, b, rm, rv, true, -0.1); }},
+      {op, "momentum", [=] { bn(fn, x, w, b, rm, rv, true, 1.5); }},
+      {op, "momentum", [=] { bn(fn, x, w, b, rm, rv, true, kNaN); }},
+      {op, "eps", [=] { bn(fn, x, w, b, rm, rv, true, 0.1, 0.0); }},
+      {op, "eps", [=] { bn(fn, x, w, b, rm, rv, false, 0.1, -1e-5); }},
+      {op, "eps", [=] { bn(fn, x, w, b, rm, rv, true, 0.1, kNaN); }},
   };
   if (has_other(d)) {
     const Device o = other(d);
-    c.push_back({op, "weight", [=] { batch_norm(x, some({3}, o), b, rm, rv, true); }});
-    c.push_back({op, "bias", [=] { batch_norm(x, w, some({3}, o), rm, rv, true); }});
-    c.push_back({op, "running_mean", [=] { batch_norm(x, w, b, some({3}, o), rv, true); }});
-    c.push_back({op, "running_var", [=] { batch_norm(x, w, b, rm, full({3}, 1.0, on(o)), false); }});
+    c.push_back({op, "weight", [=] { bn(fn, x, some({3}, o), b, rm, rv, true); }});
+    c.push_back({op, "bias", [=] { bn(fn, x, w, some({3}, o), rm, rv, true); }});
+    c.push_back({op, "running_mean", [=] { bn(fn, x, w, b, some({3}, o), rv, true); }});
+    c.push_back({op, "running_var", [=] { bn(fn, x, w, b, rm, full({3}, 1.0, on(o)), false); }});
   }
   return c;
 }
+
+std::vector<BadInput> batch_norm_errors(Device d) { return norm_errors(d, "batch_norm", batch_norm); }
+std::vector<BadInput> batch_norm_relu_errors(Device d) { return norm_errors(d, "batch_norm_relu", batch_norm_relu); }
 
 }  // namespace
 
@@ -276,6 +287,39 @@ std::vector<OpEntry> pool_norm_entries() {
                },
                [](const Tensors& v) { return Tensors{batch_norm(v[0], v[1], v[2], v[3], v[4], false, 0.1, 1e-3)}; },
                Promise::bit_identical(), GradMethod::finite_differences, {}, {}, nullptr});
+  // batch_norm_relu: about half the outputs cut by the relu (bias near 0), the
+  // gradients through the relu's recomputed mask; training and evaluation.
+  e.push_back({"batch_norm_relu (training)",
+               {"batch_norm_relu"},
+               kFloat,
+               [](Device d, DType dt, Generator& g) {
+                 Tensor x = leaf(add(mul(randn({4, 3, 5, 6}, g, on(d, dt)), 2.0), 0.5).detach());
+                 return Tensors{x, normal({3}, g, d, dt), plain({3}, g, d, dt, -0.5, 0.5), plain({3}, g, d, dt, -1, 1),
+                                plain({3}, g, d, dt, 0.5, 2)};
+               },
+               [](const Tensors& v) {
+                 Tensor y = batch_norm_relu(v[0], v[1], v[2], v[3], v[4], true, 0.1, 1e-5);
+                 return Tensors{y, v[3], v[4]};
+               },
+               Promise::bit_identical(),
+               GradMethod::finite_differences,
+               {},
+               {},
+               batch_norm_relu_errors});
+  e.push_back(
+      {"batch_norm_relu (eval)",
+       {"batch_norm_relu"},
+       kFloat,
+       [](Device d, DType dt, Generator& g) {
+         return Tensors{normal({3, 4, 2, 5}, g, d, dt), normal({4}, g, d, dt), plain({4}, g, d, dt, -0.5, 0.5),
+                        plain({4}, g, d, dt, -1, 1), plain({4}, g, d, dt, 0.5, 2)};
+       },
+       [](const Tensors& v) { return Tensors{batch_norm_relu(v[0], v[1], v[2], v[3], v[4], false, 0.1, 1e-3)}; },
+       Promise::bit_identical(),
+       GradMethod::finite_differences,
+       {},
+       {},
+       nullptr});
   // A constant channel (variance 0: invstd = 1 / sqrt(eps)), momentum 1 then 0.
   e.push_back({"batch_norm (constant channel, momentum 0 and 1)", {"batch_norm"}, kFloat,
                [](Device d, DType dt, Generator& g) {

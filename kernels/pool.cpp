@@ -2,7 +2,8 @@
 // one index per output, scanning its window in row-major order. Backward:
 // one index per input element, gathering from the outputs whose window holds
 // it in increasing (oh, ow) order, in op math; no atomics, so CPU and CUDA
-// give the same bits.
+// give the same bits. (Max pooling over windows that tile the input: one
+// index per window, writing the values the gather would.)
 #include "qgrad/kernels/pool.h"
 
 #include <limits>
@@ -138,6 +139,33 @@ struct MaxPoolBackward {
         if (idx[o] == r) acc += M(dy[o]);
       }
     dx[i] = T(acc);
+  }
+};
+
+// MaxPoolBackward when the windows tile the input (no padding, window span
+// = stride, the input exactly oh x ow windows): one index per output, which
+// writes its whole window, each element once. The gather's values: an
+// element gets T(0 + dy[o]) where it is the window's argmax, else T(0).
+// A warp writes whole row segments (coalesced) and reads each idx / dy once.
+template <class T>
+struct MaxPoolBackwardTiled {
+  const T* dy;
+  const std::int64_t* idx;
+  T* dx;
+  Pool2dGeometry g;
+  PlaneDivs out;
+  QGRAD_HD void operator()(std::int64_t o) const {
+    using M = op_math_t<T>;
+    const PlaneDivs::At a = out.at(o);
+    const std::int64_t arg = idx[o];
+    const T hit = T(M(0) + M(dy[o])), miss = T(M(0));
+    T* plane = dx + a.plane * g.ih * g.iw;
+    const std::int64_t h0 = a.row * g.sh, w0 = a.col * g.sw;
+    for (std::int64_t h = h0; h < h0 + g.sh; ++h)
+      for (std::int64_t w = w0; w < w0 + g.sw; ++w) {
+        const std::int64_t r = h * g.iw + w;
+        plane[r] = r == arg ? hit : miss;
+      }
   }
 };
 
@@ -313,9 +341,22 @@ void max_pool2d(const Tensor& x, const Tensor& y, const Tensor& indices, const P
   });
 }
 
+bool windows_tile_input(const Pool2dGeometry& g) {
+  return g.ph == 0 && g.pw == 0 && (g.kh - 1) * g.dh + 1 == g.sh && (g.kw - 1) * g.dw + 1 == g.sw &&
+         g.oh * g.sh == g.ih && g.ow * g.sw == g.iw;
+}
+
 void max_pool2d_backward(const Tensor& dy, const Tensor& indices, const Tensor& dx, const Pool2dGeometry& g) {
   dispatch_floating(dx.dtype(), "max_pool2d_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
+    if (windows_tile_input(g)) {
+      for_each_index(dy.device(), dy.numel(),
+                     MaxPoolBackwardTiled<T>{static_cast<const T*>(dy.data_ptr()),
+                                             static_cast<const std::int64_t*>(indices.data_ptr()),
+                                             static_cast<T*>(dx.data_ptr()), g, PoolDivs::of(g).out},
+                     "max_pool2d_backward");
+      return;
+    }
     for_each_index(dx.device(), dx.numel(),
                    MaxPoolBackward<T>{static_cast<const T*>(dy.data_ptr()),
                                       static_cast<const std::int64_t*>(indices.data_ptr()),

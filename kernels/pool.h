@@ -21,7 +21,12 @@ using formulas::Pool2dGeometry;
 // of that element within its plane.
 void max_pool2d(const Tensor& x, const Tensor& y, const Tensor& indices, const Pool2dGeometry& g);
 // dx[i] = sum of dy[o] over the outputs o whose index names input i.
+// Windows that tile the input (windows_tile_input) take one index per
+// window, writing the gather's values (0 + dy[o] at its index, 0 elsewhere).
 void max_pool2d_backward(const Tensor& dy, const Tensor& indices, const Tensor& dx, const Pool2dGeometry& g);
+// No padding, each window's span (kernel - 1) * dilation + 1 equal to its
+// stride, and the input exactly oh x ow windows: every element in one window.
+bool windows_tile_input(const Pool2dGeometry& g);
 
 // y = sum of the window / its divisor (formulas::avg_pool_window).
 void avg_pool2d(const Tensor& x, const Tensor& y, const Pool2dGeometry& g, bool count_include_pad);

@@ -7,6 +7,7 @@
 #include <limits>
 #include <numeric>
 
+#include "qgrad/kernels/pool.h"
 #include "train_ops_helpers.h"
 
 using namespace qgrad;
@@ -212,6 +213,52 @@ TEST_CASE("max_pool2d: backward scatters through the indices (overlapping window
              {param(distinct({2, 2, 7, 6}, 7))});
   check_grad([](const std::vector<Tensor>& v) { return max_pool2d(v[0], 2, Size2{1}, 1, 2); },
              {param(distinct({1, 2, 6, 6}, 8))});
+}
+
+TEST_CASE("max_pool2d backward: windows that tile the input (one index per window) give the gather's bits") {
+  // Tiled: 2x2 stride 2 on even planes; kernel 2 dilation 2 stride 3 (taps
+  // 3 apart, the rows between them in no window); kernel 1. Not tiled (the
+  // gather): an odd width. dy holds -0.0 (the gradient reaching an argmax
+  // is 0 + dy: +0) and dx is poisoned first; f32, every device, CUDA = CPU.
+  struct Case {
+    Geo g;
+    bool tiled;
+  };
+  const Case cases[] = {{{2, 3, 8, 6, 2, 2, 2, 2, 0, 0}, true},
+                        {{1, 2, 9, 6, 2, 2, 3, 3, 0, 0, 2, 2}, true},
+                        {{1, 2, 4, 3, 1, 1, 1, 1, 0, 0}, true},
+                        {{2, 2, 6, 5, 2, 2, 2, 2, 0, 0}, false}};
+  for (const Case& c : cases) {
+    const Geo& g = c.g;
+    INFO(g.h, "x", g.w, " kernel ", g.kh, " stride ", g.sh, " dilation ", g.dh);
+    const Tensor x0 = rnd({g.n, g.c, g.h, g.w}, static_cast<std::uint64_t>(g.h * 7 + g.w), DType::f32);
+    const MaxRef want = ref_max_pool(values(x0), g);
+    std::vector<float> dy = rnd({g.n, g.c, want.oh, want.ow}, 77, DType::f32).to_vector<float>();
+    for (std::size_t o = 0; o < dy.size(); o += 3) dy[o] = -0.0f;
+    std::vector<float> dx(static_cast<std::size_t>(x0.numel()), 0.0f);
+    const std::int64_t per_out = want.oh * want.ow, per_in = g.h * g.w;
+    for (std::size_t o = 0; o < want.idx.size(); ++o)
+      dx[static_cast<std::size_t>(static_cast<std::int64_t>(o) / per_out * per_in + want.idx[o])] = 0.0f + dy[o];
+    const Tensor expected = Tensor::from_vector(dx, x0.shape());
+    CHECK(std::count(dy.begin(), dy.end(), -0.0f) > 0);
+    for (const Device dev : test_devices()) {
+      INFO(dev.str());
+      Tensor x = x0.to(dev);
+      x.set_requires_grad(true);
+      const MaxPool2dResult r = max_pool2d_with_indices(x, {g.kh, g.kw}, Size2{g.sh, g.sw}, {g.ph, g.pw}, {g.dh, g.dw});
+      REQUIRE(r.output.shape() == Shape{g.n, g.c, want.oh, want.ow});
+      const Tensor dyt = Tensor::from_vector(dy, r.output.shape()).to(dev);
+      r.output.backward(dyt);
+      CHECK(bit_equal(x.grad(), expected));
+      // The kernel alone into a poisoned output: every element written.
+      const formulas::Pool2dGeometry geo{g.n * g.c, g.h, g.w, want.oh, want.ow, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, g.dh, g.dw};
+      CHECK(kernels::windows_tile_input(geo) == c.tiled);
+      Tensor dx_k = Tensor::empty(x.shape(), TensorOptions{}.with_device(dev));
+      poison(dx_k);
+      kernels::max_pool2d_backward(dyt, r.indices, dx_k, geo);
+      CHECK(bit_equal(dx_k, expected));
+    }
+  }
 }
 
 TEST_CASE("max_pool2d saves the indices, not the input") {

@@ -251,7 +251,8 @@ TEST_CASE("max_pool2d backward: windows that tile the input (one index per windo
       r.output.backward(dyt);
       CHECK(bit_equal(x.grad(), expected));
       // The kernel alone into a poisoned output: every element written.
-      const formulas::Pool2dGeometry geo{g.n * g.c, g.h, g.w, want.oh, want.ow, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, g.dh, g.dw};
+      const formulas::Pool2dGeometry geo{g.n * g.c, g.h,  g.w,  want.oh, want.ow, g.kh, g.kw,
+                                         g.sh,      g.sw, g.ph, g.pw,    g.dh,    g.dw};
       CHECK(kernels::windows_tile_input(geo) == c.tiled);
       Tensor dx_k = Tensor::empty(x.shape(), TensorOptions{}.with_device(dev));
       poison(dx_k);

@@ -243,7 +243,7 @@ TEST_CASE("max_pool2d backward: windows that tile the input (one index per windo
     CHECK(std::count(dy.begin(), dy.end(), -0.0f) > 0);
     for (const Device dev : test_devices()) {
       INFO(dev.str());
-      Tensor x = x0.to(dev);
+      Tensor x = x0.to(dev).detach();
       x.set_requires_grad(true);
       const MaxPool2dResult r = max_pool2d_with_indices(x, {g.kh, g.kw}, Size2{g.sh, g.sw}, {g.ph, g.pw}, {g.dh, g.dw});
       REQUIRE(r.output.shape() == Shape{g.n, g.c, want.oh, want.ow});

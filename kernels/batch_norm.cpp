@@ -85,13 +85,6 @@ struct PartialSum {
   }
 };
 
-// Loads issued before their adds in level 2 (reduce.h's sum_strided): its
-// 1-2 thousand threads each sum N * chunks partials in order, so each batch
-// is an L2 round trip with little else to hide it (32 took 8 of them for the
-// CNN's 256 partials, ~10 us a launch under ncu, H100).
-template <class M>
-inline constexpr int kLaneSumBatch = sizeof(M) == 4 ? 128 : 64;
-
 // Level 2: out[c * lanes + lane] = sum over q of part[(c * Q + q) * lanes + lane],
 // for one or more arrays of partials (array a at part + a * part_stride, its
 // lane sums at out + a * channels * lanes): the backwards' two sums in one
@@ -104,7 +97,7 @@ struct LaneSum {
   QGRAD_HD void operator()(std::int64_t i) const {
     const std::int64_t a = i / per_array, j = i - a * per_array;
     const std::int64_t c = j / lanes, lane = j - c * lanes;
-    out[i] = sum_strided<kLaneSumBatch<M>>(part + a * part_stride + c * q * lanes + lane, q, lanes);
+    out[i] = sum_strided<kSumLoadBatchLong>(part + a * part_stride + c * q * lanes + lane, q, lanes);
   }
 };
 

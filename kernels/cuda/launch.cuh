@@ -21,17 +21,10 @@ __global__ void elementwise_kernel(std::int64_t n, F f) {
 // 0.370 ms that way against 0.258 on this grid (H100, 2026-11-24); the
 // vectorised kernels (four elements per thread) are the ones that gain from
 // a single pass.
-//
-// Fewer indices than 256 per SM take smaller blocks (down to a warp), so that
-// the grid still spreads over the SMs: a latency-bound body (batch norm's
-// level-2 sums, 1024-4096 threads each reading hundreds of partials) then
-// draws on the load bandwidth of many SMs instead of four.
 template <class F>
 void launch_elementwise(int device, std::int64_t n, F f) {
   if (n <= 0) return;
-  const std::int64_t sms = ::qgrad::cuda::fill_blocks(device, 2048);  // one block of 2048 per SM: the SM count
-  unsigned threads = 256;
-  while (threads > 32 && static_cast<std::int64_t>(threads) * sms > 2 * n) threads /= 2;
+  constexpr unsigned threads = 256;
   const unsigned blocks = ::qgrad::cuda::blocks_for(n, threads, ::qgrad::cuda::fill_blocks(device, threads) * 4LL);
   ::qgrad::cuda::launch_kernel(device, elementwise_kernel<F>, blocks, threads, 0, n, f);
 }

@@ -537,7 +537,9 @@ TEST_CASE("CUDA observe + fake quantize (rows kernel and observer + engine) matc
         // fewer channels than SMs: the fewest rows per block, warps sharing a row
         // (a linear head's weight; 3 rows of 96: 2 warps a row, 2 warps idle)
         ObserveCase{{10, 3136}, 0, DType::f32, 0.01}, ObserveCase{{64, 288}, 0, DType::f32, -1.0},
-        ObserveCase{{3, 96}, 0, DType::bf16, 0.01}}) {
+        ObserveCase{{3, 96}, 0, DType::bf16, 0.01},
+        // short rows (3x3 conv weights, a thread per row): [32, 1, 3, 3], [100, 1, 5, 5]
+        ObserveCase{{32, 1, 3, 3}, 0, DType::f32, 0.01}, ObserveCase{{100, 1, 5, 5}, 0, DType::f16, -1.0}}) {
     CAPTURE(shape_str(k.shape));
     CAPTURE(k.axis);
     CAPTURE(dtype_name(k.dtype));

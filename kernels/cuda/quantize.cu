@@ -256,7 +256,8 @@ __global__ void __launch_bounds__(kMinmaxThreads)
     for (std::int64_t r = r0 + threadIdx.x; r < r1; r += blockDim.x) {
       const In* row = in + r * inner;
       float lo, hi;
-      strided_minmax(0, inner, 1, [&](std::int64_t k) { return formulas::cast_value<float>(row[k]); }, lo, hi);
+      strided_minmax(
+          0, inner, 1, [&](std::int64_t k) { return formulas::cast_value<float>(row[k]); }, lo, hi);
       update_channel(r, lo, hi, run_min, run_max, c, moving, q);
     }
   } else if (nrows * 2 > nwarps) {  // a warp per row

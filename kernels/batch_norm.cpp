@@ -121,6 +121,7 @@ struct ChannelVar {
   T* running_var;
   std::int64_t q, n;
   op_math_t<T> momentum, eps;
+  std::int64_t* batches;  // null: no counter
   QGRAD_HD void operator()(std::int64_t c) const {
     using M = op_math_t<T>;
     const M sq = sum_strided<kSumLoadBatchLong>(part + c * q, q, 1);
@@ -129,6 +130,7 @@ struct ChannelVar {
       running_mean[c] = T(momentum * mean[c] + (M(1) - momentum) * M(running_mean[c]));
       running_var[c] = T(momentum * (sq / M(n - 1)) + (M(1) - momentum) * M(running_var[c]));
     }
+    if (batches && c == 0) *batches += 1;
   }
 };
 
@@ -369,7 +371,8 @@ TensorOptions math_options(const Tensor& like, DType math) {
 }  // namespace
 
 void batch_norm_stats(const Tensor& x, const AxisLayout& v, double momentum, double eps, const Tensor& running_mean,
-                      const Tensor& running_var, const Tensor& mean, const Tensor& invstd) {
+                      const Tensor& running_var, const Tensor& mean, const Tensor& invstd,
+                      const Tensor& num_batches_tracked) {
   dispatch_floating(x.dtype(), "batch_norm", [&](auto tag) {
     using T = typename decltype(tag)::type;
     using M = op_math_t<T>;
@@ -390,7 +393,8 @@ void batch_norm_stats(const Tensor& x, const AxisLayout& v, double momentum, dou
     sum_lanes(dev, pt, pp, lp, "batch_norm");
     for_each_index(dev, v.channels,
                    ChannelVar<T>{lp, mp, static_cast<M*>(invstd.data_ptr()), ptr_or_null<T>(running_mean),
-                                 ptr_or_null<T>(running_var), pt.lanes, n, M(momentum), M(eps)},
+                                 ptr_or_null<T>(running_var), pt.lanes, n, M(momentum), M(eps),
+                                 ptr_or_null<std::int64_t>(num_batches_tracked)},
                    "batch_norm");
   });
 }

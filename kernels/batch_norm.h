@@ -25,9 +25,11 @@ inline constexpr std::int64_t kBatchNormChunk = 2048;
 // (biased), invstd[c] = 1 / sqrt(var + eps), n = N * inner >= 2. When the
 // running statistics are defined (x's dtype, [C]) they move in place:
 // r = (1 - momentum) * r + momentum * batch, with the unbiased variance
-// sum (x - mean)^2 / (n - 1) for running_var.
+// sum (x - mean)^2 / (n - 1) for running_var; num_batches_tracked (s64, one
+// element), when defined, is incremented by one in the same kernel.
 void batch_norm_stats(const Tensor& x, const AxisLayout& v, double momentum, double eps, const Tensor& running_mean,
-                      const Tensor& running_var, const Tensor& mean, const Tensor& invstd);
+                      const Tensor& running_var, const Tensor& mean, const Tensor& invstd,
+                      const Tensor& num_batches_tracked = Tensor());
 // Evaluation statistics: mean = running_mean, invstd = 1 / sqrt(running_var + eps).
 void batch_norm_eval_stats(const Tensor& running_mean, const Tensor& running_var, double eps, const Tensor& mean,
                            const Tensor& invstd);

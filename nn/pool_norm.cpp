@@ -44,15 +44,11 @@ Tensor BatchNorm2d::run(const Tensor& x, bool relu) {
   const double momentum = momentum_ ? *momentum_ : count ? 1.0 / (num_batches_tracked_.item() + 1.0) : 0.0;
   // Training, or no running statistics: batch statistics (the running ones
   // updated when tracked). Evaluation with tracking: the running ones.
-  Tensor y = (relu ? batch_norm_relu : batch_norm)(x, weight_, bias_, running_mean_, running_var_,
-                                                   is_training() || !tracking, momentum, eps_);
-  if (count) {
-    // num_batches_tracked += 1 on its device, without a host sync (exact to
-    // 2^53), after batch_norm has validated its arguments, not on the tape.
-    NoGradGuard no_grad;
-    num_batches_tracked_.copy_(add(num_batches_tracked_.to(DType::f64), 1.0).to(DType::s64));
-  }
-  return y;
+  // When counting, batch_norm increments num_batches_tracked on its device
+  // (after validating its arguments; no host sync, not on the tape).
+  return (relu ? batch_norm_relu : batch_norm)(x, weight_, bias_, running_mean_, running_var_,
+                                               is_training() || !tracking, momentum, eps_,
+                                               count ? num_batches_tracked_ : Tensor());
 }
 
 MaxPool2d::MaxPool2d(Size2 kernel_size, std::optional<Size2> stride, Size2 padding, Size2 dilation, bool ceil_mode)

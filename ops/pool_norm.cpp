@@ -200,7 +200,7 @@ namespace {
 // mask from x).
 Tensor batch_norm_impl(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias,
                        const Tensor& running_mean, const Tensor& running_var, bool training, double momentum,
-                       double eps, bool relu) {
+                       double eps, const Tensor& num_batches_tracked, bool relu) {
   check::floating(x, op, "x");
   QGRAD_CHECK(x.dim() >= 2, op, "x", "expected rank >= 2 [N, C, ...], got shape ", shape_str(x.shape()));
   check::non_empty(x, op, "x");
@@ -217,6 +217,14 @@ Tensor batch_norm_impl(const char* op, const Tensor& x, const Tensor& weight, co
               "a running statistic is updated in place and must not require grad");
   QGRAD_CHECK(training || running_mean.defined(), op, "running_mean",
               "evaluation (training = false) needs the running statistics");
+  if (num_batches_tracked.defined()) {
+    constexpr const char* arg = "num_batches_tracked";
+    QGRAD_CHECK(num_batches_tracked.dtype() == DType::s64 && num_batches_tracked.numel() == 1, op, arg,
+                "expected an s64 tensor of one element, got ", dtype_name(num_batches_tracked.dtype()), " ",
+                shape_str(num_batches_tracked.shape()));
+    check::same_device(num_batches_tracked, x, op, arg);
+    QGRAD_CHECK(running_mean.defined(), op, arg, "counts batches only with the running statistics");
+  }
   QGRAD_CHECK(std::isfinite(momentum) && momentum >= 0 && momentum <= 1, op, "momentum", "must be in [0, 1], got ",
               momentum);
   check::finite_positive(eps, op, "eps");
@@ -227,7 +235,8 @@ Tensor batch_norm_impl(const char* op, const Tensor& x, const Tensor& weight, co
 
   const DType math = x.dtype() == DType::f64 ? DType::f64 : DType::f32;
   Tensor mean = Tensor::empty({v.channels}, like(x, math)), invstd = Tensor::empty({v.channels}, like(x, math));
-  if (training) kernels::batch_norm_stats(x, v, momentum, eps, running_mean, running_var, mean, invstd);
+  if (training)
+    kernels::batch_norm_stats(x, v, momentum, eps, running_mean, running_var, mean, invstd, num_batches_tracked);
   else kernels::batch_norm_eval_stats(running_mean, running_var, eps, mean, invstd);
   Tensor out = Tensor::empty(x.shape(), like(x, x.dtype()));
   kernels::batch_norm_apply(x, v, mean, invstd, weight, bias, out, relu);
@@ -254,13 +263,17 @@ Tensor batch_norm_impl(const char* op, const Tensor& x, const Tensor& weight, co
 }  // namespace
 
 Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
-                  const Tensor& running_var, bool training, double momentum, double eps) {
-  return batch_norm_impl("batch_norm", x, weight, bias, running_mean, running_var, training, momentum, eps, false);
+                  const Tensor& running_var, bool training, double momentum, double eps,
+                  const Tensor& num_batches_tracked) {
+  return batch_norm_impl("batch_norm", x, weight, bias, running_mean, running_var, training, momentum, eps,
+                         num_batches_tracked, false);
 }
 
 Tensor batch_norm_relu(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
-                       const Tensor& running_var, bool training, double momentum, double eps) {
-  return batch_norm_impl("batch_norm_relu", x, weight, bias, running_mean, running_var, training, momentum, eps, true);
+                       const Tensor& running_var, bool training, double momentum, double eps,
+                       const Tensor& num_batches_tracked) {
+  return batch_norm_impl("batch_norm_relu", x, weight, bias, running_mean, running_var, training, momentum, eps,
+                         num_batches_tracked, true);
 }
 
 Tensor flatten(const Tensor& x, std::int64_t start_dim, std::int64_t end_dim) {

@@ -61,15 +61,20 @@ Tensor adaptive_avg_pool2d(const Tensor& x, Size2 output_size);
 // running_var; not recorded on the tape). Evaluation: the running
 // statistics. weight, bias, running_mean, running_var are optional
 // (undefined tensors); running statistics are required in evaluation.
+// num_batches_tracked (optional, s64 with one element, with the running
+// statistics): PyTorch's BatchNorm counter, incremented by one on its device
+// in training (no host sync, no extra launch).
 Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
-                  const Tensor& running_var, bool training, double momentum = 0.1, double eps = 1e-5);
+                  const Tensor& running_var, bool training, double momentum = 0.1, double eps = 1e-5,
+                  const Tensor& num_batches_tracked = Tensor());
 
 // relu(batch_norm(...)) as one op (the fused Conv-BN-ReLU's normalisation and
 // activation): the same values and gradients, bit for bit, as the two ops,
 // without relu's pass over the output, its mask or its backward pass (the
 // mask is recomputed from x in batch_norm's backward passes).
 Tensor batch_norm_relu(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
-                       const Tensor& running_var, bool training, double momentum = 0.1, double eps = 1e-5);
+                       const Tensor& running_var, bool training, double momentum = 0.1, double eps = 1e-5,
+                       const Tensor& num_batches_tracked = Tensor());
 
 // x [N, C, ...] (rank >= 2) divided per channel (axis 1) by divisor [C], then
 // bias [C] added (optional): y = x / divisor[c] + bias[c], rounded as the two

@@ -557,6 +557,27 @@ TEST_CASE("batch_norm_relu equals relu(batch_norm) bit for bit: output, running 
   }
 }
 
+TEST_CASE("batch_norm counts batches in training only, on the device, for batch_norm and batch_norm_relu") {
+  for (const Device dev : test_devices()) {
+    INFO(dev.str());
+    const TensorOptions o = TensorOptions{}.with_device(dev).with_dtype(DType::f32);
+    Generator g(0xc0);
+    Tensor x = randn({4, 3, 2, 2}, g, o), rm = zeros({3}, o), rv = ones({3}, o);
+    Tensor count = full({}, 41.0, TensorOptions{}.with_device(dev).with_dtype(DType::s64));
+    batch_norm(x, Tensor(), Tensor(), rm, rv, true, 0.1, 1e-5, count);
+    batch_norm_relu(x, Tensor(), Tensor(), rm, rv, true, 0.1, 1e-5, count);
+    CHECK(count.item() == 43.0);
+    batch_norm(x, Tensor(), Tensor(), rm, rv, false, 0.1, 1e-5, count);  // evaluation: not counted
+    CHECK(count.item() == 43.0);
+    // A bad counter writes nothing (the running statistics included).
+    const std::vector<double> rm0 = values(rm);
+    check_error([&] { batch_norm(x, Tensor(), Tensor(), rm, rv, true, 0.1, 1e-5, count.to(DType::f64)); },
+                "batch_norm", "num_batches_tracked");
+    CHECK(values(rm) == rm0);
+    CHECK(count.item() == 43.0);
+  }
+}
+
 TEST_CASE("batch_norm_relu: errors name batch_norm_relu and write nothing") {
   Tensor x = rnd({4, 3, 2, 2}, 41);
   Tensor rm = rnd({3}, 42), rv = ones({3}, opts());

@@ -73,14 +73,16 @@ std::vector<BadInput> pool_errors(const char* op, Device d, PoolFn f, bool dilat
 }
 
 using BatchNormFn = Tensor (*)(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, bool, double,
-                               double);
+                               double, const Tensor&);
 
 // The bad inputs of batch_norm and batch_norm_relu (`fn`, named `op`).
 std::vector<BadInput> norm_errors(Device d, const char* op, BatchNormFn fn) {
   // fn with batch_norm's defaults for momentum and eps.
   const auto bn = [](BatchNormFn f, const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& rm,
-                     const Tensor& rv, bool training, double momentum = 0.1, double eps = 1e-5) {
-    return f(x, w, b, rm, rv, training, momentum, eps);
+                     const Tensor& rv, bool training, double momentum = 0.1, double eps = 1e-5,
+                     const Tensor& count = Tensor()) { return f(x, w, b, rm, rv, training, momentum, eps, count); };
+  const auto counter = [](Device dev, DType dt, std::int64_t n) {
+    return zeros({n}, TensorOptions{}.with_dtype(dt).with_device(dev));
   };
   const Tensor x = some({4, 3, 2, 2}, d), w = some({3}, d), b = some({3}, d);
   const Tensor rm = some({3}, d), rv = full({3}, 1.0, on(d)), u;
@@ -112,6 +114,9 @@ std::vector<BadInput> norm_errors(Device d, const char* op, BatchNormFn fn) {
       {op, "eps", [=] { bn(fn, x, w, b, rm, rv, true, 0.1, 0.0); }},
       {op, "eps", [=] { bn(fn, x, w, b, rm, rv, false, 0.1, -1e-5); }},
       {op, "eps", [=] { bn(fn, x, w, b, rm, rv, true, 0.1, kNaN); }},
+      {op, "num_batches_tracked", [=] { bn(fn, x, w, b, rm, rv, true, 0.1, 1e-5, counter(d, DType::s32, 1)); }},
+      {op, "num_batches_tracked", [=] { bn(fn, x, w, b, rm, rv, true, 0.1, 1e-5, counter(d, DType::s64, 2)); }},
+      {op, "num_batches_tracked", [=] { bn(fn, x, w, b, u, u, true, 0.1, 1e-5, counter(d, DType::s64, 1)); }},
   };
   if (has_other(d)) {
     const Device o = other(d);
@@ -119,6 +124,8 @@ std::vector<BadInput> norm_errors(Device d, const char* op, BatchNormFn fn) {
     c.push_back({op, "bias", [=] { bn(fn, x, w, some({3}, o), rm, rv, true); }});
     c.push_back({op, "running_mean", [=] { bn(fn, x, w, b, some({3}, o), rv, true); }});
     c.push_back({op, "running_var", [=] { bn(fn, x, w, b, rm, full({3}, 1.0, on(o)), false); }});
+    c.push_back(
+        {op, "num_batches_tracked", [=] { bn(fn, x, w, b, rm, rv, true, 0.1, 1e-5, counter(o, DType::s64, 1)); }});
   }
   return c;
 }
@@ -270,8 +277,10 @@ std::vector<OpEntry> pool_norm_entries() {
                                 plain({3}, g, d, dt, 0.5, 2)};
                },
                [](const Tensors& v) {
-                 Tensor y = batch_norm(v[0], v[1], v[2], v[3], v[4], true, 0.1, 1e-5);
-                 return Tensors{y, v[3], v[4]};
+                 // The batch counter too (7 -> 8), compared across devices.
+                 Tensor count = full({}, 7.0, TensorOptions{}.with_dtype(DType::s64).with_device(v[0].device()));
+                 Tensor y = batch_norm(v[0], v[1], v[2], v[3], v[4], true, 0.1, 1e-5, count);
+                 return Tensors{y, v[3], v[4], count};
                },
                Promise::bit_identical(), GradMethod::finite_differences, {}, {}, batch_norm_errors});
   // [N, C] without affine parameters or running statistics.

@@ -91,7 +91,7 @@ Tensor ConvBn2d::forward(const Tensor& x) {
   // With relu: relu(batch_norm(y)) as one op (batch_norm_relu, the same bits).
   if (freeze_bn_ && bn_->is_training()) {
     y = (relu_ ? batch_norm_relu : batch_norm)(y, bn_->weight(), bn_->bias(), bn_->running_mean(), bn_->running_var(),
-                                               /*training=*/false, 0.0, bn_->eps());
+                                               /*training=*/false, 0.0, bn_->eps(), Tensor());
   } else {
     y = relu_ ? bn_->forward_relu(y) : bn_->forward(y);
   }

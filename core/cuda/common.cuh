@@ -64,9 +64,6 @@ bool programmatic_launch(int device);
     if (qgrad_err_ != cudaSuccess) ::qgrad::cuda::throw_cuda_error(qgrad_err_, #expr, __FILE__, __LINE__); \
   } while (0)
 
-// After every kernel launch.
-#define QGRAD_LAUNCH_CHECK() QGRAD_CUDA_CHECK(cudaGetLastError())
-
 namespace qgrad::cuda {
 
 // Programmatic dependent launch. Every qgrad kernel starts with this call and

@@ -61,12 +61,6 @@ void for_each_index(Device dev, std::int64_t n, F f, const char* where = "kernel
   cpu::parallel_for(n, f, cpu_grain);
 }
 
-// Column sums in formulas::lane_sum's order, for reductions over rows:
-// for each i in [0, cols), f.write(i, lane_sum<F::Acc>(f.count(i), r ->
-// f.term(r, i))). f is a functor with `using Acc = ...` and QGRAD_HD
-// count(i), term(r, i) and write(i, sum). CPU: one index per column; CUDA:
-// kernels/cuda/column_sum.cuh (32 columns x 32 lanes per block, coalesced
-// rows), the same bits. `cpu_grain` as for for_each_index, in columns.
 // The second stage of a chunked column sum: column j of `cols` adds its
 // `chunks` partial sums part[c * cols + j] in lane_sum's order, then divides
 // by mean_n when it is > 0.
@@ -94,6 +88,12 @@ void lane_sums_on_cpu(std::int64_t n, const F& f, std::int64_t cpu_grain) {
 }
 }  // namespace detail
 
+// Column sums in formulas::lane_sum's order, for reductions over rows:
+// for each i in [0, cols), f.write(i, lane_sum<F::Acc>(f.count(i), r ->
+// f.term(r, i))). f is a functor with `using Acc = ...` and QGRAD_HD
+// count(i), term(r, i) and write(i, sum). CPU: one index per column; CUDA:
+// kernels/cuda/column_sum.cuh (32 columns x 32 lanes per block, coalesced
+// rows), the same bits. `cpu_grain` as for for_each_index, in columns.
 template <class F>
 void for_each_column_sum(Device dev, std::int64_t cols, F f, const char* where = "kernel",
                          std::int64_t cpu_grain = cpu::kParallelGrain / 64) {

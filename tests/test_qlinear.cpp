@@ -305,6 +305,32 @@ TEST_CASE("CUDA matches the CPU bit for bit: shapes, out dtypes, bias") {
   }
 }
 
+TEST_CASE("CUDA decode sizes (the GEMV, M <= 16) match the CPU bit for bit") {
+  QGRAD_REQUIRE_GPU();
+  // M on both sides of one and two n-tiles; N not a multiple of 16; K padded
+  // (1000 -> 1008), one partial iteration (48), and long enough (4160) for
+  // the warps' second round of loads and a ragged last iteration.
+  for (auto row : {std::tuple{1, 200, 4160}, std::tuple{2, 17, 48}, std::tuple{7, 64, 1000}, std::tuple{8, 1, 64},
+                   std::tuple{9, 33, 4160}, std::tuple{15, 200, 512}, std::tuple{16, 4096, 256}}) {
+    const auto& M = std::get<0>(row);
+    const auto& N = std::get<1>(row);
+    const auto& K = std::get<2>(row);
+    CAPTURE(M);
+    CAPTURE(N);
+    CAPTURE(K);
+    Layer l = make_layer(N, K, 41);
+    Tensor x = make_x({M, K}, DType::bf16, 42) * 3.0 + 0.25;
+    for (QuantMode mode : {QuantMode::symmetric, QuantMode::asymmetric}) {
+      const ActivationQuant act = ActivationQuant::dynamic(mode);
+      for (DType out : {DType::bf16, DType::f32, DType::f64}) {
+        Tensor c = quantized_linear(x, l.w_q, l.w_scale, l.bias, act, out);
+        Tensor g = quantized_linear(x.cuda(), l.w_q.cuda(), l.w_scale.cuda(), l.bias.cuda(), act, out);
+        CHECK(bit_equal(c, g));
+      }
+    }
+  }
+}
+
 TEST_CASE("CUDA every input dtype and static activations (device and host qparams) match the CPU") {
   QGRAD_REQUIRE_GPU();
   Layer l = make_layer(48, 80, 24);

@@ -1,4 +1,4 @@
-// Launch helpers for elementwise CUDA kernels.
+// Launch helpers for elementwise CUDA kernels, and the loads they share.
 #pragma once
 
 #include <cstdint>
@@ -27,6 +27,16 @@ void launch_elementwise(int device, std::int64_t n, F f) {
   constexpr unsigned threads = 256;
   const unsigned blocks = ::qgrad::cuda::blocks_for(n, threads, ::qgrad::cuda::fill_blocks(device, threads) * 4LL);
   ::qgrad::cuda::launch_kernel(device, elementwise_kernel<F>, blocks, threads, 0, n, f);
+}
+
+// 16 bytes of a weight stream read once: not kept in L1 (no other warp of the
+// SM reads them).
+__device__ __forceinline__ uint4 ld_stream16(const void* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
 }
 
 // The four words of 128-element mask block b when lane l holds the block's

@@ -502,16 +502,6 @@ void launch_w4a16_gemv(const Tensor& x, const Tensor& w, const Tensor& scale, co
 
 // ------------------------------------------- W4A16 GEMV, 16-bit scales
 
-// 16 bytes of a weight stream read once: not kept in L1 (no other warp of the
-// SM reads them).
-__device__ __forceinline__ uint4 ld_stream16(const void* p) {
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
-  return v;
-}
-
 // Decode sizes (M <= 8) with T scales. A block owns one m16 tile of 16 output
 // channels (NSUB = 2 of gemv_math_packed) and 8 rows of x; its WARPS warps
 // split K by 128-column iterations (warp w takes w, w + WARPS, ...). Lane

@@ -10,7 +10,16 @@
 // the epilogue: 4 M N (int32 read) + sizeof(out) M N (write) + 4 N + 4 M.
 // Shapes cuBLASLt does not take (it has no algorithm, or the status is not
 // success) run a SIMT dp4a fallback GEMM with the same int32 result.
+//
+// Decode sizes (M <= kGemvMaxM) skip the int32 buffer: one GEMV kernel
+// (gemv_kernel) reads each weight byte once from HBM, accumulates on the int8
+// tensor cores (mma.sync m16n8k32, the weight as A: 16 channels; the
+// activation rows as B: 8 rows per n-tile) and applies the same epilogue
+// formula to its exact int32 sums. cuBLASLt's int8 GEMM at M = 1 ... 128,
+// N = K = 4096 ran at the speed of a bf16 GEMM reading twice the bytes (H100,
+// docs/benchmarks.md): its tiles leave most SMs idle at small M.
 #include <algorithm>
+#include <limits>
 
 #include "qgrad/kernels/cuda/entries.h"
 #include "qgrad/kernels/cuda/launch.cuh"
@@ -97,10 +106,93 @@ __global__ void epilogue_kernel(const std::int32_t* __restrict__ c, std::int64_t
   }
 }
 
-template <class T>
-void epilogue_impl(const Tensor& c, std::int64_t ldc, const QLinearEpilogue& ep, const Tensor& out) {
+// ------------------------------------------------- decode-sized GEMV
+
+constexpr std::int64_t kGemvMaxM = 16;
+constexpr int kGemvWarps = 8;   // split K; two blocks per SM
+constexpr int kGemvUnroll = 4;  // iterations whose loads a warp issues at once
+
+// d += a (16 x 32, row) * b (32 x 8, col), s8 in, s32 accumulate (exact).
+__device__ __forceinline__ void mma_s8(int (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
+                                       unsigned b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// A block owns 16 output channels (one m16 tile) and all M <= 8 NT rows (NT
+// n-tiles); its warps split K by 64-column iterations (warp w takes w, w +
+// kGemvWarps, ...). Lane (g = lane / 4, t = lane % 4) loads 16 bytes at
+// k = 64 it + 16 t of channels g and g + 8 and of rows g (+ 8 j) of a: words
+// 0-1 feed one mma, words 2-3 the next. The mma's k slots map to the same
+// columns in A and B (a dot product allows any order). int32 sums are exact,
+// so the warps' partial tiles may be added in any order: the result is the
+// cuBLASLt path's bit for bit. Rows and channels past the end are clamped in
+// range and their outputs not written. K (the row stride of a and w) is a
+// multiple of 16 and rows are 16-byte aligned.
+template <class T, int NT>
+__global__ void __launch_bounds__(kGemvWarps * 32, 2)
+    gemv_kernel(const std::int8_t* __restrict__ a, const std::int8_t* __restrict__ w, int M, int N, int K,
+                ScaleArg sa_arg, const float* __restrict__ sw, const op_math_t<T>* __restrict__ bias,
+                const std::int32_t* __restrict__ za, const std::int32_t* __restrict__ wsum, T* __restrict__ out) {
+  ::qgrad::cuda::wait_for_prior_kernels();
   using Mt = op_math_t<T>;
-  const std::int64_t M = out.shape()[0], N = out.shape()[1];
+  __shared__ int part[kGemvWarps][NT][4][32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int n0 = blockIdx.x * 16;
+  const std::int8_t* w_lo = w + static_cast<std::int64_t>(min(n0 + g, N - 1)) * K + t * 16;
+  const std::int8_t* w_hi = w + static_cast<std::int64_t>(min(n0 + 8 + g, N - 1)) * K + t * 16;
+  const std::int8_t* ar[NT];
+#pragma unroll
+  for (int j = 0; j < NT; ++j) ar[j] = a + static_cast<std::int64_t>(min(g + 8 * j, M - 1)) * K + t * 16;
+  int acc[NT][4] = {};
+  const int iters = (K + 63) / 64;
+  const uint4 zero4 = make_uint4(0, 0, 0, 0);
+  for (int base = warp; base < iters; base += kGemvUnroll * kGemvWarps) {
+    uint4 wv[kGemvUnroll][2], av[kGemvUnroll][NT];
+#pragma unroll
+    for (int u = 0; u < kGemvUnroll; ++u) {
+      const std::int64_t k = static_cast<std::int64_t>(base + u * kGemvWarps) * 64;
+      const bool kin = k + t * 16 < K;  // K % 16 == 0: a lane's 16 columns are all in or all out
+      wv[u][0] = kin ? ld_stream16(w_lo + k) : zero4;
+      wv[u][1] = kin ? ld_stream16(w_hi + k) : zero4;
+#pragma unroll
+      for (int j = 0; j < NT; ++j) av[u][j] = kin ? __ldg(reinterpret_cast<const uint4*>(ar[j] + k)) : zero4;
+    }
+#pragma unroll
+    for (int u = 0; u < kGemvUnroll; ++u) {
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        mma_s8(acc[j], wv[u][0].x, wv[u][1].x, wv[u][0].y, wv[u][1].y, av[u][j].x, av[u][j].y);
+        mma_s8(acc[j], wv[u][0].z, wv[u][1].z, wv[u][0].w, wv[u][1].w, av[u][j].z, av[u][j].w);
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) part[warp][j][r][lane] = acc[j][r];
+  __syncthreads();
+  // C's element r of lane (g, t) in n-tile j: channel g + 8 (r >> 1), row 8 j + 2 t + (r & 1).
+  for (int o = threadIdx.x; o < NT * 4 * 32; o += kGemvWarps * 32) {
+    const int j = o >> 7, r = (o >> 5) & 3, ln = o & 31;
+    const int m = 8 * j + 2 * (ln & 3) + (r & 1), n = n0 + (ln >> 2) + (r >> 1) * 8;
+    if (m >= M || n >= N) continue;
+    int sum = 0;
+#pragma unroll
+    for (int wq = 0; wq < kGemvWarps; ++wq) sum += part[wq][j][r][ln];
+    const Mt sa = sa_arg.at<Mt>(m);
+    const Mt b = bias ? bias[n] : Mt(0);
+    out[static_cast<std::int64_t>(m) * N + n] =
+        za ? T(formulas::qlinear_epilogue_zp<Mt>(sum, za[m], wsum[n], sa, Mt(sw[n]), b, bias != nullptr))
+           : T(formulas::qlinear_epilogue<Mt>(sum, sa, Mt(sw[n]), b, bias != nullptr));
+  }
+}
+
+ScaleArg scale_arg(const QLinearEpilogue& ep) {
   ScaleArg sa;
   if (ep.sa.is_cuda()) {
     if (ep.sa.dtype() == DType::f64) sa.f64 = static_cast<const double*>(ep.sa.data_ptr());
@@ -111,6 +203,36 @@ void epilogue_impl(const Tensor& c, std::int64_t ldc, const QLinearEpilogue& ep,
                              : static_cast<const float*>(ep.sa.data_ptr())[0];
   }
   sa.stride = ep.per_row ? 1 : 0;
+  return sa;
+}
+
+template <class T>
+void gemv_impl(const Tensor& a, std::int64_t ld, const Tensor& w, const QLinearEpilogue& ep, const Tensor& out) {
+  using Mt = op_math_t<T>;
+  const std::int64_t M = out.shape()[0], N = out.shape()[1];
+  const auto* ap = static_cast<const std::int8_t*>(a.data_ptr());
+  const auto* wp = static_cast<const std::int8_t*>(w.data_ptr());
+  const float* sw = static_cast<const float*>(ep.sw.data_ptr());
+  const Mt* bias = ep.bias.defined() ? static_cast<const Mt*>(ep.bias.data_ptr()) : nullptr;
+  const std::int32_t* za = ep.za.defined() ? static_cast<const std::int32_t*>(ep.za.data_ptr()) : nullptr;
+  const std::int32_t* wsum = za ? static_cast<const std::int32_t*>(ep.wsum.data_ptr()) : nullptr;
+  T* o = static_cast<T*>(out.data_ptr());
+  const auto blocks = static_cast<unsigned>((N + 15) / 16);
+  const int d = out.device().index;
+  const auto m = static_cast<int>(M), n = static_cast<int>(N), k = static_cast<int>(ld);
+  if (M <= 8)
+    ::qgrad::cuda::launch_kernel(d, gemv_kernel<T, 1>, blocks, kGemvWarps * 32, 0, ap, wp, m, n, k, scale_arg(ep), sw,
+                                 bias, za, wsum, o);
+  else
+    ::qgrad::cuda::launch_kernel(d, gemv_kernel<T, 2>, blocks, kGemvWarps * 32, 0, ap, wp, m, n, k, scale_arg(ep), sw,
+                                 bias, za, wsum, o);
+}
+
+template <class T>
+void epilogue_impl(const Tensor& c, std::int64_t ldc, const QLinearEpilogue& ep, const Tensor& out) {
+  using Mt = op_math_t<T>;
+  const std::int64_t M = out.shape()[0], N = out.shape()[1];
+  const ScaleArg sa = scale_arg(ep);
   const float* sw = static_cast<const float*>(ep.sw.data_ptr());
   const Mt* bias = ep.bias.defined() ? static_cast<const Mt*>(ep.bias.data_ptr()) : nullptr;
   T* o = static_cast<T*>(out.data_ptr());
@@ -162,6 +284,12 @@ void qlinear(const Tensor& a, std::int64_t lda, std::int64_t K, const Tensor& w,
       dst[i] = k < K ? src[n * K + k] : std::int8_t(0);
     });
     ldw = lda;
+  }
+  if (M <= kGemvMaxM && N <= std::numeric_limits<int>::max() / 2 && lda <= std::numeric_limits<int>::max() &&
+      aligned16(a.data_ptr())) {
+    dispatch_floating(out.dtype(), "quantized_linear",
+                      [&](auto tag) { gemv_impl<typename decltype(tag)::type>(a, lda, wpad, ep, out); });
+    return;
   }
   const std::int64_t ldc = (N + 3) / 4 * 4;  // 16-byte rows: the epilogue's int4 loads
   Tensor c = Tensor::empty({M, ldc}, TensorOptions(on).with_dtype(DType::s32));

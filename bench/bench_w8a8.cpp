@@ -9,6 +9,7 @@
 //                                     impl qgrad_int8_gemm (cuBLASLt s8 GEMM only),
 //                                     impl cublas_bf16 (cublasGemmEx bf16, f32 accumulate)
 // TOPS = 2 M N K / time; int8 fraction against 1979 TOPS (H100 SXM dense).
+// bench_w8a8 [substring]: only the cases whose name contains it.
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -114,21 +115,25 @@ void bench_w8a8(cublasHandle_t h, std::int64_t M, std::int64_t N, std::int64_t K
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  // An optional argument keeps the cases whose name contains it (for ncu).
+  const std::string only = argc > 1 ? argv[1] : "";
+  const auto wanted = [&](const std::string& name) { return name.find(only) != std::string::npos; };
 #if QGRAD_WITH_CUDA
   if (!cuda_available()) {
     std::printf("{\"bench\":\"w8a8\",\"skipped\":\"no CUDA device\"}\n");
     return 0;
   }
   const double copy_gbs = copy_bandwidth_gbs(std::size_t(1) << 30);
-  bench_dynquant(16384, 8192, copy_gbs);
+  if (wanted("dynquant_token_16384x8192")) bench_dynquant(16384, 8192, copy_gbs);
   cublasHandle_t h = nullptr;
   if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) return 1;
   for (auto [M, N, K] : {std::tuple{8192, 8192, 8192}, std::tuple{4096, 4096, 4096}, std::tuple{1, 4096, 4096},
                          std::tuple{16, 4096, 4096}, std::tuple{128, 4096, 4096}})
-    bench_w8a8(h, M, N, K);
+    if (wanted("w8a8_" + std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K))) bench_w8a8(h, M, N, K);
   cublasDestroy(h);
 #else
+  (void)wanted;
   std::printf("{\"bench\":\"w8a8\",\"skipped\":\"built without CUDA\"}\n");
 #endif
   return 0;

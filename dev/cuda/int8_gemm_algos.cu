@@ -15,22 +15,8 @@
 #include <random>
 #include <vector>
 
-#define CHECK_CUDA(x)                                                                      \
-  do {                                                                                     \
-    cudaError_t e_ = (x);                                                                  \
-    if (e_ != cudaSuccess) {                                                               \
-      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
-      std::exit(1);                                                                        \
-    }                                                                                      \
-  } while (0)
-#define CHECK_LT(x)                                                              \
-  do {                                                                           \
-    cublasStatus_t s_ = (x);                                                     \
-    if (s_ != CUBLAS_STATUS_SUCCESS) {                                           \
-      std::printf("cuBLASLt status %d at %s:%d\n", int(s_), __FILE__, __LINE__); \
-      std::exit(1);                                                              \
-    }                                                                            \
-  } while (0)
+#include "qgrad/core/cuda/common.cuh"
+#include "qgrad/kernels/cuda/blas.cuh"
 
 namespace {
 
@@ -54,40 +40,40 @@ void run_shape(cublasLtHandle_t h, int M, int N, int K) {
   std::int8_t* w[kCopies];
   std::int32_t* c = nullptr;
   void* ws = nullptr;
-  CHECK_CUDA(cudaMalloc(&a, ha.size()));
+  QGRAD_CUDA_CHECK(cudaMalloc(&a, ha.size()));
   for (auto& p : w) {
-    CHECK_CUDA(cudaMalloc(&p, hw.size()));
-    CHECK_CUDA(cudaMemcpy(p, hw.data(), hw.size(), cudaMemcpyHostToDevice));
+    QGRAD_CUDA_CHECK(cudaMalloc(&p, hw.size()));
+    QGRAD_CUDA_CHECK(cudaMemcpy(p, hw.data(), hw.size(), cudaMemcpyHostToDevice));
   }
-  CHECK_CUDA(cudaMalloc(&c, sizeof(std::int32_t) * M * N));
-  CHECK_CUDA(cudaMalloc(&ws, kWorkspace));
-  CHECK_CUDA(cudaMemcpy(a, ha.data(), ha.size(), cudaMemcpyHostToDevice));
+  QGRAD_CUDA_CHECK(cudaMalloc(&c, sizeof(std::int32_t) * M * N));
+  QGRAD_CUDA_CHECK(cudaMalloc(&ws, kWorkspace));
+  QGRAD_CUDA_CHECK(cudaMemcpy(a, ha.data(), ha.size(), cudaMemcpyHostToDevice));
 
   cublasLtMatmulDesc_t desc;
-  CHECK_LT(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32I, CUDA_R_32I));
+  QGRAD_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32I, CUDA_R_32I));
   const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-  CHECK_LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
-  CHECK_LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+  QGRAD_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+  QGRAD_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
   cublasLtMatrixLayout_t la, lb, lc;
-  CHECK_LT(cublasLtMatrixLayoutCreate(&la, CUDA_R_8I, K, N, K));
-  CHECK_LT(cublasLtMatrixLayoutCreate(&lb, CUDA_R_8I, K, M, K));
-  CHECK_LT(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32I, N, M, N));
+  QGRAD_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_8I, K, N, K));
+  QGRAD_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_8I, K, M, K));
+  QGRAD_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32I, N, M, N));
   cublasLtMatmulPreference_t pref;
-  CHECK_LT(cublasLtMatmulPreferenceCreate(&pref));
+  QGRAD_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
   const std::uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_MASK;
-  CHECK_LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &kWorkspace,
+  QGRAD_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &kWorkspace,
                                                 sizeof kWorkspace));
-  CHECK_LT(
+  QGRAD_CUBLAS_CHECK(
       cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes, sizeof schemes));
   constexpr int kMax = 32;
   cublasLtMatmulHeuristicResult_t res[kMax];
   int count = 0;
-  CHECK_LT(cublasLtMatmulAlgoGetHeuristic(h, desc, la, lb, lc, lc, pref, kMax, res, &count));
+  QGRAD_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(h, desc, la, lb, lc, lc, pref, kMax, res, &count));
   std::printf("M=%d N=%d K=%d: %d algorithms\n", M, N, K, count);
   const std::int32_t alpha = 1, beta = 0;
   cudaEvent_t e0, e1;
-  CHECK_CUDA(cudaEventCreate(&e0));
-  CHECK_CUDA(cudaEventCreate(&e1));
+  QGRAD_CUDA_CHECK(cudaEventCreate(&e0));
+  QGRAD_CUDA_CHECK(cudaEventCreate(&e1));
   std::vector<std::int32_t> out(static_cast<std::size_t>(M) * N), first(out.size());
   for (int i = 0; i < count; ++i) {
     const cublasLtMatmulAlgo_t& algo = res[i].algo;
@@ -95,23 +81,23 @@ void run_shape(cublasLtHandle_t h, int M, int N, int K) {
       return cublasLtMatmul(h, desc, &alpha, w[rep % kCopies], la, a, lb, &beta, c, lc, c, lc, &algo, ws, kWorkspace,
                             nullptr);
     };
-    CHECK_CUDA(cudaMemset(c, 0x7f, sizeof(std::int32_t) * M * N));
+    QGRAD_CUDA_CHECK(cudaMemset(c, 0x7f, sizeof(std::int32_t) * M * N));
     if (call(0) != CUBLAS_STATUS_SUCCESS) {
       std::printf("  #%d: launch failed\n", i);
       continue;
     }
-    CHECK_CUDA(cudaMemcpy(out.data(), c, sizeof(std::int32_t) * out.size(), cudaMemcpyDeviceToHost));
+    QGRAD_CUDA_CHECK(cudaMemcpy(out.data(), c, sizeof(std::int32_t) * out.size(), cudaMemcpyDeviceToHost));
     if (i == 0) first = out;
     for (int r = 0; r < 10; ++r) call(r);
     constexpr int kReps = 200;
     std::vector<float> ms;
     for (int r = 0; r < kReps; ++r) {
-      CHECK_CUDA(cudaEventRecord(e0));
+      QGRAD_CUDA_CHECK(cudaEventRecord(e0));
       call(r);
-      CHECK_CUDA(cudaEventRecord(e1));
-      CHECK_CUDA(cudaEventSynchronize(e1));
+      QGRAD_CUDA_CHECK(cudaEventRecord(e1));
+      QGRAD_CUDA_CHECK(cudaEventSynchronize(e1));
       float t = 0;
-      CHECK_CUDA(cudaEventElapsedTime(&t, e0, e1));
+      QGRAD_CUDA_CHECK(cudaEventElapsedTime(&t, e0, e1));
       ms.push_back(t);
     }
     std::sort(ms.begin(), ms.end());
@@ -141,7 +127,7 @@ int main() {
     return 0;
   }
   cublasLtHandle_t h;
-  CHECK_LT(cublasLtCreate(&h));
+  QGRAD_CUBLAS_CHECK(cublasLtCreate(&h));
   for (int M : {16, 32, 64, 128, 256}) run_shape(h, M, 4096, 4096);
   cublasLtDestroy(h);
   return 0;

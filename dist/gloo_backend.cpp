@@ -137,6 +137,14 @@ class GlooBackend : public Backend {
       ctx->setTimeout(a.timeout);
       StoreAdapter store(*a.store, "gloo/", a.timeout);
       ctx->connectFullMesh(store, dev);
+      // connectFullMesh returns once this rank's pairs are up, while a peer may
+      // still be finishing its side of the handshake; a rank that then left at
+      // once would fail that peer. The barrier returns only when every rank has
+      // joined, so a group built on one rank is whole on all.
+      ::gloo::BarrierOptions joined(ctx);
+      joined.setTimeout(a.timeout);
+      joined.setTag(next_tag());
+      ::gloo::barrier(joined);
       ctx_ = std::move(ctx);
     } catch (const qgrad::Error&) {
       throw;

@@ -36,6 +36,11 @@ const std::vector<Config>& configs() {
       {"1x1 stride 2, padding 1", {2, 4, 5, 5}, {3, 4, 1, 1}, true, {2, 2}, {1, 1}, {1, 1}, 1},
       {"non-square 2x5 kernel", {2, 3, 5, 9}, {4, 3, 2, 5}, true, {1, 1}, {0, 2}, {1, 1}, 1},
       {"kernel = padded input", {2, 2, 3, 3}, {3, 2, 5, 5}, true, {1, 1}, {1, 1}, {1, 1}, 1},
+      // CUDA's direct gradients (groups of <= 4 input channels): the weight
+      // gradient over 3 chunks of 4096 positions, and 49 taps.
+      {"first layer, 3 chunks", {12, 1, 28, 28}, {32, 1, 3, 3}, true, {1, 1}, {1, 1}, {1, 1}, 1},
+      {"depthwise 7x7", {3, 6, 12, 11}, {6, 1, 7, 7}, true, {1, 1}, {3, 3}, {1, 1}, 6},
+      {"4 channels, 4x4, stride 2, dilation 2", {2, 4, 13, 12}, {5, 4, 4, 4}, true, {2, 2}, {3, 2}, {2, 2}, 1},
       // Large enough (> 4M multiply-adds) for the CPU's parallel path.
       {"parallel path", {4, 16, 18, 16}, {32, 16, 3, 3}, true, {1, 1}, {1, 1}, {1, 1}, 1},
       {"parallel path, groups 4", {3, 16, 24, 24}, {32, 4, 3, 3}, true, {1, 1}, {1, 1}, {1, 1}, 4},

@@ -1,6 +1,7 @@
 // conv2d on CUDA through cuDNN's convolution API (cudnn_cnn.h:
 // cudnnConvolutionForward / BackwardData / BackwardFilter), NCHW, groups by
-// cudnnSetConvolutionGroupCount.
+// cudnnSetConvolutionGroupCount. The two gradients of groups of at most 4
+// input channels first try qgrad's direct kernels (conv_direct.cu).
 //
 // Handles: one per device, created on first use, bound to the device's one
 // stream (qgrad::cuda::stream), never destroyed (as the cuBLAS handles).
@@ -526,6 +527,7 @@ void conv2d_backward_input(const Conv2dShape& s, const Tensor& dy, const Tensor&
   check_dtype(dt);
   const int dev = dx.device().index;
   ::qgrad::cuda::DeviceGuard guard(dev);
+  if (conv2d_backward_input_direct(s, dy, weight, dx)) return;
   cudnnHandle_t h = dnn_handle(dev);
   Descriptors d(s, dt);
   const Choice c = cached_choice(h, d, s, dt, Direction::backward_data, dev, false,
@@ -547,6 +549,7 @@ void conv2d_backward_weight(const Conv2dShape& s, const Tensor& x, const Tensor&
     QGRAD_CUDA_CHECK(cudaMemsetAsync(dweight.data_ptr(), 0, dweight.nbytes(), ::qgrad::cuda::stream(dev)));
     return;
   }
+  if (conv2d_backward_weight_direct(s, x, dy, dweight)) return;
   cudnnHandle_t h = dnn_handle(dev);
   Descriptors d(s, dt);
   const Choice c = cached_choice(h, d, s, dt, Direction::backward_filter, dev, false,

@@ -34,6 +34,12 @@ bool linear_bias_lt(const GemmShape& s, const Tensor& x, const Tensor& w, const 
 void conv2d_forward(const Conv2dShape& s, const Tensor& x, const Tensor& weight, const Tensor& y, bool accumulate);
 void conv2d_backward_input(const Conv2dShape& s, const Tensor& dy, const Tensor& weight, const Tensor& dx);
 void conv2d_backward_weight(const Conv2dShape& s, const Tensor& x, const Tensor& dy, const Tensor& dweight);
+// The two gradients without cuDNN for groups of at most 4 input channels (a
+// first layer, a depthwise convolution; kernels/cuda/conv_direct.cu): false,
+// launching nothing, for an empty batch or a shape beyond their limits.
+// conv2d_backward_* call them first.
+bool conv2d_backward_weight_direct(const Conv2dShape& s, const Tensor& x, const Tensor& dy, const Tensor& dweight);
+bool conv2d_backward_input_direct(const Conv2dShape& s, const Tensor& dy, const Tensor& weight, const Tensor& dx);
 
 // The exact int32 GEMM of the int8 kernels (quantized_linear, quantized_conv2d):
 // C[M, ldc] (s32, row-major) = A[M, lda] (s8) x W[N, ldw]^T (s8) over K, through

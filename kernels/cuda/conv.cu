@@ -1,7 +1,8 @@
 // conv2d on CUDA through cuDNN's convolution API (cudnn_cnn.h:
 // cudnnConvolutionForward / BackwardData / BackwardFilter), NCHW, groups by
-// cudnnSetConvolutionGroupCount. The two gradients of groups of at most 4
-// input channels first try qgrad's direct kernels (conv_direct.cu).
+// cudnnSetConvolutionGroupCount. Groups of at most 4 input channels first try
+// qgrad's direct kernels (conv_direct.cu): both gradients, and the forward
+// with at least 4 output channels per group.
 //
 // Handles: one per device, created on first use, bound to the device's one
 // stream (qgrad::cuda::stream), never destroyed (as the cuBLAS handles).
@@ -509,6 +510,7 @@ void conv2d_forward(const Conv2dShape& s, const Tensor& x, const Tensor& weight,
   check_dtype(dt);
   const int dev = y.device().index;
   ::qgrad::cuda::DeviceGuard guard(dev);
+  if (conv2d_forward_direct(s, x, weight, y, accumulate)) return;
   cudnnHandle_t h = dnn_handle(dev);
   Descriptors d(s, dt);
   const Choice c = cached_choice(h, d, s, dt, Direction::forward, dev, accumulate,

@@ -35,9 +35,12 @@ void conv2d_forward(const Conv2dShape& s, const Tensor& x, const Tensor& weight,
 void conv2d_backward_input(const Conv2dShape& s, const Tensor& dy, const Tensor& weight, const Tensor& dx);
 void conv2d_backward_weight(const Conv2dShape& s, const Tensor& x, const Tensor& dy, const Tensor& dweight);
 // The two gradients without cuDNN for groups of at most 4 input channels (a
-// first layer, a depthwise convolution; kernels/cuda/conv_direct.cu): false,
-// launching nothing, for an empty batch or a shape beyond their limits.
-// conv2d_backward_* call them first.
+// first layer, a depthwise convolution), and the forward for such groups of
+// at least 4 output channels (kernels/cuda/conv_direct.cu): false, launching
+// nothing, for an empty batch or a shape beyond their limits. conv2d_forward
+// and conv2d_backward_* call them first.
+bool conv2d_forward_direct(const Conv2dShape& s, const Tensor& x, const Tensor& weight, const Tensor& y,
+                           bool accumulate);
 bool conv2d_backward_weight_direct(const Conv2dShape& s, const Tensor& x, const Tensor& dy, const Tensor& dweight);
 bool conv2d_backward_input_direct(const Conv2dShape& s, const Tensor& dy, const Tensor& weight, const Tensor& dx);
 

@@ -27,7 +27,7 @@ namespace qgrad::kernels::cuda {
 namespace {
 
 constexpr std::int64_t kDirectMaxChannels = 4;  // input channels per group
-constexpr int kMaxTaps = 64;                    // (C/groups)·kh·kw (weight gradient), kh·kw (input gradient)
+constexpr int kMaxTaps = 64;                    // taps: (C/groups)·kh·kw, or kh·kw (input gradient)
 constexpr std::int64_t kMaxInputTerms = 1024;   // (O/groups)·kh·kw summed per input-gradient element
 constexpr std::size_t kMaxSmem = 48 * 1024;     // the default dynamic shared memory limit
 constexpr unsigned kThreads = 256;
@@ -35,10 +35,11 @@ constexpr std::int64_t kPositionsPerBlock = 4096;  // weight gradient: whole ima
 constexpr int kElementsPerThread = 2;              // input gradient: a band of at most 512 elements
 constexpr std::size_t kMaxInputSmem = 32 * 1024;   // input gradient: 6 blocks of an SM's 227 KB
 
-// Both kernels read their operand from a zero-padded tile in shared memory, so
+// The kernels read their operands from zero-padded tiles in shared memory, so
 // a tap is one shared load at a fixed offset from the output's base (no bounds
 // checks, no divisions): a first attempt reading global memory with both took
-// 0.12 / 0.27 ms at the first layer above, more than cuDNN.
+// 0.12 / 0.27 ms for the two gradients at the first layer above, more than
+// cuDNN.
 
 // Runs store(i, load(i)) for i = first, first + stride, ... below count,
 // kStageLoads loads issued before their stores. A staging loop whose every
@@ -56,6 +57,17 @@ __device__ __forceinline__ void stage(int first, int stride, int count, Load loa
     QGRAD_UNROLL
     for (int k = 0; k < kStageLoads; ++k)
       if (i0 + k * stride < count) store(i0 + k * stride, v[k]);
+  }
+}
+
+// offset[r] for the patch's taps r = (c, i, j) in the weight's order: where
+// tap r of an output sits in a [Cg, rows, cols] tile, relative to the
+// output's window corner: c·rows·cols + i·dh·cols + j·dw.
+void patch_offsets(const Conv2dShape& s, int rows, int cols, int (&offset)[kMaxTaps]) {
+  const int kh = static_cast<int>(s.kh), kw = static_cast<int>(s.kw);
+  for (int r = 0; r < static_cast<int>(s.patch()); ++r) {
+    const int c = r / (kh * kw), i = r % (kh * kw) / kw, j = r % kw;
+    offset[r] = (c * rows + i * static_cast<int>(s.dh)) * cols + j * static_cast<int>(s.dw);
   }
 }
 
@@ -188,11 +200,7 @@ void forward(const Conv2dShape& s, const Tensor& x, const Tensor& weight, const 
   g.div_plane = FastDiv(static_cast<std::uint32_t>(l.tile_rows * l.tile_cols));
   g.div_cols = FastDiv(static_cast<std::uint32_t>(l.tile_cols));
   g.div_ow = FastDiv(static_cast<std::uint32_t>(s.ow));
-  const int taps = static_cast<int>(s.kh * s.kw);
-  for (int r = 0; r < g.taps; ++r) {
-    const int c = r / taps, i = r % taps / static_cast<int>(s.kw), j = r % static_cast<int>(s.kw);
-    g.tap_offset[r] = (c * l.tile_rows + i * static_cast<int>(s.dh)) * l.tile_cols + j * static_cast<int>(s.dw);
-  }
+  patch_offsets(s, l.tile_rows, l.tile_cols, g.tap_offset);
   ::qgrad::cuda::launch_kernel(
       y.device().index, forward_kernel<T, Taps, Exact>,
       dim3(static_cast<unsigned>((s.oh + l.band_rows - 1) / l.band_rows), static_cast<unsigned>(s.n * s.groups)),
@@ -316,11 +324,7 @@ void weight_grad(const Conv2dShape& s, const Tensor& x, const Tensor& dy, const 
   g.div_ow = FastDiv(static_cast<std::uint32_t>(s.ow));
   g.div_w = FastDiv(static_cast<std::uint32_t>(s.w));
   g.div_hw = FastDiv(static_cast<std::uint32_t>(s.h * s.w));
-  const int taps = static_cast<int>(s.kh * s.kw);
-  for (int r = 0; r < g.taps; ++r) {
-    const int c = r / taps, i = r % taps / static_cast<int>(s.kw), j = r % static_cast<int>(s.kw);
-    g.tap_offset[r] = (c * g.hp + i * static_cast<int>(s.dh)) * g.wp + j * static_cast<int>(s.dw);
-  }
+  patch_offsets(s, g.hp, g.wp, g.tap_offset);
   const int dev = dweight.device().index;
   const std::int64_t runs = (s.n + g.images_per_block - 1) / g.images_per_block, elements = s.o * g.taps;
   M* partial =

@@ -66,13 +66,35 @@ struct SquaredDeviation {
   }
 };
 
-// Level 1: part[p] = sum of x over its elements, or of (x - center[c])^2
-// when center is given.
+// Count, mean and sum of squared deviations (m2) of a set of values; +=
+// merges another set into this one (Chan, Golub and LeVeque), so a
+// formulas::lane_sum of Moments is a fixed-order merge tree. Counts are held
+// in op math (exact up to 2^24 in f32, then rounded: a relative error of
+// 2^-24 in a merge's weights).
+template <class M>
+struct Moments {
+  M n, mean, m2;
+  Moments() = default;                                      // trivial: a __shared__ array of column_sum.cuh
+  QGRAD_HD explicit Moments(int) : n(0), mean(0), m2(0) {}  // the empty set (lane_sum's M(0))
+  QGRAD_HD Moments(M n_, M mean_, M m2_) : n(n_), mean(mean_), m2(m2_) {}
+  QGRAD_HD Moments& operator+=(const Moments& b) {
+    if (b.n == M(0)) return *this;
+    if (n == M(0)) return *this = b;
+    const M total = n + b.n, delta = b.mean - mean;
+    mean = mean + delta * (b.n / total);
+    m2 = m2 + b.m2 + delta * delta * (n * b.n / total);
+    n = total;
+    return *this;
+  }
+};
+
+// Level 1 of the statistics, one pass over x: the partial's Moments, its
+// mean = sum / count and m2 = sum of (x - mean)^2 over its <= 64 elements
+// (the second loop re-reads what the first just loaded: cache hits).
 template <class T>
-struct PartialSum {
+struct PartialMoments {
   const T* x;
-  const op_math_t<T>* center;
-  op_math_t<T>* part;
+  Moments<op_math_t<T>>* part;
   AxisLayout v;
   std::int64_t chunks, lanes;
   QGRAD_HD void operator()(std::int64_t p) const {
@@ -80,55 +102,55 @@ struct PartialSum {
     const ChunkOf ch = chunk_of(p, v, chunks, lanes);
     const T* first = x + ch.offset + ch.lo;
     const std::int64_t count = ch.hi > ch.lo ? (ch.hi - ch.lo + lanes - 1) / lanes : 0;
-    part[p] = center ? sum_strided_map(first, count, lanes, SquaredDeviation<M>{center[ch.c]})
-                     : sum_strided(first, count, lanes);
+    if (count == 0) {
+      part[p] = Moments<M>(0);
+      return;
+    }
+    const M mean = sum_strided(first, count, lanes) / M(count);
+    part[p] = Moments<M>(M(count), mean, sum_strided_map(first, count, lanes, SquaredDeviation<M>{mean}));
   }
 };
 
-// Level 2: out[c * lanes + lane] = sum over q of part[(c * Q + q) * lanes + lane],
-// for one or more arrays of partials (array a at part + a * part_stride, its
-// lane sums at out + a * channels * lanes): the backwards' two sums in one
-// launch.
-template <class M>
-struct LaneSum {
-  const M* part;
-  M* out;
+// Level 2 as column sums (formulas::lane_sum's order over q, for_each_column_sum):
+// column i = (array a, channel c, lane) sums the partials (c, q, lane),
+// q = 0 .. Q - 1, of one or more arrays (array a at part + a * part_stride,
+// its lane sums at out + a * per_array): the backwards' two sums in one launch.
+template <class A>
+struct LaneColumns {
+  using Acc = A;
+  const A* part;
+  A* out;
   std::int64_t q, lanes, per_array, part_stride;
-  QGRAD_HD void operator()(std::int64_t i) const {
+  QGRAD_HD std::int64_t count(std::int64_t) const { return q; }
+  QGRAD_HD A term(std::int64_t r, std::int64_t i) const {
     const std::int64_t a = i / per_array, j = i - a * per_array;
     const std::int64_t c = j / lanes, lane = j - c * lanes;
-    out[i] = sum_strided<kSumLoadBatchLong>(part + a * part_stride + c * q * lanes + lane, q, lanes);
+    return part[a * part_stride + (c * q + r) * lanes + lane];
   }
+  QGRAD_HD void write(std::int64_t i, A s) const { out[i] = s; }
 };
 
+// Level 3 of the statistics: channel c merges its lane Moments in lane order;
+// var = m2 / n, invstd, the running statistics and the counter.
 template <class T>
-struct ChannelMean {
-  const op_math_t<T>* part;
+struct ChannelStats {
+  const Moments<op_math_t<T>>* lane_moments;
   op_math_t<T>* mean;
-  std::int64_t q, n;
-  QGRAD_HD void operator()(std::int64_t c) const {
-    using M = op_math_t<T>;
-    mean[c] = sum_strided<kSumLoadBatchLong>(part + c * q, q, 1) / M(n);
-  }
-};
-
-template <class T>
-struct ChannelVar {
-  const op_math_t<T>* part;
-  const op_math_t<T>* mean;
   op_math_t<T>* invstd;
   T* running_mean;  // null: not tracked
   T* running_var;
-  std::int64_t q, n;
+  std::int64_t lanes, n;
   op_math_t<T> momentum, eps;
   std::int64_t* batches;  // null: no counter
   QGRAD_HD void operator()(std::int64_t c) const {
     using M = op_math_t<T>;
-    const M sq = sum_strided<kSumLoadBatchLong>(part + c * q, q, 1);
-    invstd[c] = M(1) / sqrt_m(sq / M(n) + eps);
+    Moments<M> t(0);
+    for (std::int64_t l = 0; l < lanes; ++l) t += lane_moments[c * lanes + l];
+    mean[c] = t.mean;
+    invstd[c] = M(1) / sqrt_m(t.m2 / M(n) + eps);
     if (running_mean) {
-      running_mean[c] = T(momentum * mean[c] + (M(1) - momentum) * M(running_mean[c]));
-      running_var[c] = T(momentum * (sq / M(n - 1)) + (M(1) - momentum) * M(running_var[c]));
+      running_mean[c] = T(momentum * t.mean + (M(1) - momentum) * M(running_mean[c]));
+      running_var[c] = T(momentum * (t.m2 / M(n - 1)) + (M(1) - momentum) * M(running_var[c]));
     }
     if (batches && c == 0) *batches += 1;
   }
@@ -357,11 +379,11 @@ constexpr std::int64_t kPartialGrain = 256;
 
 // Level 2 over `arrays` arrays of pt's partials, at part, part + pt.count(),
 // ...: their lane sums at out, out + channels * lanes, ...
-template <class M>
-void sum_lanes(Device dev, const Partials& pt, const M* part, M* out, const char* where, std::int64_t arrays = 1) {
+template <class A>
+void sum_lanes(Device dev, const Partials& pt, const A* part, A* out, const char* where, std::int64_t arrays = 1) {
   const std::int64_t per_array = pt.v.channels * pt.lanes;
-  for_each_index(dev, arrays * per_array, LaneSum<M>{part, out, pt.per_channel(), pt.lanes, per_array, pt.count()},
-                 where, kPartialGrain);
+  for_each_column_sum(dev, arrays * per_array,
+                      LaneColumns<A>{part, out, pt.per_channel(), pt.lanes, per_array, pt.count()}, where);
 }
 
 TensorOptions math_options(const Tensor& like, DType math) {
@@ -378,23 +400,19 @@ void batch_norm_stats(const Tensor& x, const AxisLayout& v, double momentum, dou
     using M = op_math_t<T>;
     const Partials pt = Partials::of(v);
     const std::int64_t n = v.outer * v.inner, lane_sums = v.channels * pt.lanes;
-    Tensor part = Tensor::empty({pt.count() + lane_sums}, math_options(x, dtype_of<M>));
-    const T* xp = static_cast<const T*>(x.data_ptr());
-    M* pp = static_cast<M*>(part.data_ptr());
-    M* lp = pp + pt.count();
-    M* mp = static_cast<M*>(mean.data_ptr());
+    // One pass over x: Moments per partial, merged per (c, lane), then per c.
+    Tensor part = Tensor::empty({3 * (pt.count() + lane_sums)}, math_options(x, dtype_of<M>));
+    static_assert(sizeof(Moments<M>) == 3 * sizeof(M));
+    auto* pp = static_cast<Moments<M>*>(part.data_ptr());
+    Moments<M>* lp = pp + pt.count();
     const Device dev = x.device();
-    for_each_index(dev, pt.count(), PartialSum<T>{xp, nullptr, pp, v, pt.chunks, pt.lanes}, "batch_norm",
-                   kPartialGrain);
-    sum_lanes(dev, pt, pp, lp, "batch_norm");
-    for_each_index(dev, v.channels, ChannelMean<T>{lp, mp, pt.lanes, n}, "batch_norm");
-    for_each_index(dev, pt.count(), PartialSum<T>{xp, mp, pp, v, pt.chunks, pt.lanes}, "batch_norm",
-                   kPartialGrain);
+    for_each_index(dev, pt.count(), PartialMoments<T>{static_cast<const T*>(x.data_ptr()), pp, v, pt.chunks, pt.lanes},
+                   "batch_norm", kPartialGrain);
     sum_lanes(dev, pt, pp, lp, "batch_norm");
     for_each_index(dev, v.channels,
-                   ChannelVar<T>{lp, mp, static_cast<M*>(invstd.data_ptr()), ptr_or_null<T>(running_mean),
-                                 ptr_or_null<T>(running_var), pt.lanes, n, M(momentum), M(eps),
-                                 ptr_or_null<std::int64_t>(num_batches_tracked)},
+                   ChannelStats<T>{lp, static_cast<M*>(mean.data_ptr()), static_cast<M*>(invstd.data_ptr()),
+                                   ptr_or_null<T>(running_mean), ptr_or_null<T>(running_var), pt.lanes, n, M(momentum),
+                                   M(eps), ptr_or_null<std::int64_t>(num_batches_tracked)},
                    "batch_norm");
   });
 }

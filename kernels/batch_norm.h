@@ -7,9 +7,12 @@
 // elements of a plane (n, c) is split into lanes = min(32, inner)
 // interleaved partials (lane l sums elements l, l + lanes, ... in order, so
 // neighbouring CUDA threads read neighbouring elements); each (channel, lane)
-// sums its partials in (n, chunk) order; each channel sums its lanes in
-// order. All three are loop bodies of kernels/loop.h, so CPU and CUDA give
-// the same bits.
+// sums its partials over q = (n, chunk) in formulas::lane_sum's order (32
+// interleaved runs, then a tree: for_each_column_sum); each channel sums its
+// lanes in order. The statistics take one pass over x: each partial holds
+// (count, mean, m2) of its elements and the upper levels merge them (Chan et
+// al.) in the same order. All are loop bodies of kernels/loop.h, so CPU and
+// CUDA give the same bits.
 #pragma once
 
 #include <cstdint>
@@ -22,11 +25,10 @@ namespace qgrad::kernels {
 inline constexpr std::int64_t kBatchNormChunk = 2048;
 
 // Training statistics: mean[c] = sum / n, var = sum (x - mean)^2 / n
-// (biased), invstd[c] = 1 / sqrt(var + eps), n = N * inner >= 2. When the
-// running statistics are defined (x's dtype, [C]) they move in place:
-// r = (1 - momentum) * r + momentum * batch, with the unbiased variance
-// sum (x - mean)^2 / (n - 1) for running_var; num_batches_tracked (s64, one
-// element), when defined, is incremented by one in the same kernel.
+// (biased; merged from the partials' means and m2, above), invstd[c] = 1 / sqrt(var + eps), n = N * inner >= 2. When
+// the running statistics are defined (x's dtype, [C]) they move in place: r = (1 - momentum) * r + momentum * batch,
+// with the unbiased variance sum (x - mean)^2 / (n - 1) for running_var; num_batches_tracked (s64, one element), when
+// defined, is incremented by one in the same kernel.
 void batch_norm_stats(const Tensor& x, const AxisLayout& v, double momentum, double eps, const Tensor& running_mean,
                       const Tensor& running_var, const Tensor& mean, const Tensor& invstd,
                       const Tensor& num_batches_tracked = Tensor());

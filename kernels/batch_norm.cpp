@@ -66,6 +66,23 @@ struct SquaredDeviation {
   }
 };
 
+// The input of the normalisation: x itself, or, fused with the
+// channel_div_add before it (channel_div_add_batch_norm), channel_div_add's
+// value T(T(x / divisor[c]) + shift[c]) recomputed from its input x: the
+// same bits as the tensor channel_div_add writes.
+template <class T>
+struct Unscale {
+  const T* divisor = nullptr;  // null: identity
+  const T* shift = nullptr;    // null: none (with divisor)
+  QGRAD_HD T value(T x, std::int64_t c) const {
+    using M = op_math_t<T>;
+    if (!divisor) return x;
+    const T q = T(M(x) / M(divisor[c]));
+    return shift ? T(M(q) + M(shift[c])) : q;
+  }
+  QGRAD_HD op_math_t<T> operator()(T x, std::int64_t c) const { return op_math_t<T>(value(x, c)); }
+};
+
 // Count, mean and sum of squared deviations (m2) of a set of values; +=
 // merges another set into this one (Chan, Golub and LeVeque), so a
 // formulas::lane_sum of Moments is a fixed-order merge tree. Counts are held
@@ -77,6 +94,10 @@ struct Moments {
   Moments() = default;                                      // trivial: a __shared__ array of column_sum.cuh
   QGRAD_HD explicit Moments(int) : n(0), mean(0), m2(0) {}  // the empty set (lane_sum's M(0))
   QGRAD_HD Moments(M n_, M mean_, M m2_) : n(n_), mean(mean_), m2(m2_) {}
+  template <class S>
+  QGRAD_HD Moments fields(S s) const {  // a warp shuffle of each (warp_rows.cuh)
+    return {s(n), s(mean), s(m2)};
+  }
   QGRAD_HD Moments& operator+=(const Moments& b) {
     if (b.n == M(0)) return *this;
     if (n == M(0)) return *this = b;
@@ -97,6 +118,7 @@ struct PartialMoments {
   Moments<op_math_t<T>>* part;
   AxisLayout v;
   std::int64_t chunks, lanes;
+  Unscale<T> in;
   QGRAD_HD void operator()(std::int64_t p) const {
     using M = op_math_t<T>;
     const ChunkOf ch = chunk_of(p, v, chunks, lanes);
@@ -106,8 +128,12 @@ struct PartialMoments {
       part[p] = Moments<M>(0);
       return;
     }
-    const M mean = sum_strided(first, count, lanes) / M(count);
-    part[p] = Moments<M>(M(count), mean, sum_strided_map(first, count, lanes, SquaredDeviation<M>{mean}));
+    const Unscale<T> u = in;
+    const std::int64_t c = ch.c;
+    const M mean = sum_strided_map(first, count, lanes, [u, c](M x) { return u(T(x), c); }) / M(count);
+    const SquaredDeviation<M> dev{mean};
+    part[p] =
+        Moments<M>(M(count), mean, sum_strided_map(first, count, lanes, [u, c, dev](M x) { return dev(u(T(x), c)); }));
   }
 };
 
@@ -130,11 +156,13 @@ struct LaneColumns {
   QGRAD_HD void write(std::int64_t i, A s) const { out[i] = s; }
 };
 
-// Level 3 of the statistics: channel c merges its lane Moments in lane order;
-// var = m2 / n, invstd, the running statistics and the counter.
+// Level 3 of the statistics (for_each_row_sum): channel c merges its lane
+// Moments in formulas::lane_sum's order; var = m2 / n, invstd, the running
+// statistics and the counter.
 template <class T>
 struct ChannelStats {
-  const Moments<op_math_t<T>>* lane_moments;
+  using Acc = Moments<op_math_t<T>>;
+  const Acc* lane_moments;
   op_math_t<T>* mean;
   op_math_t<T>* invstd;
   T* running_mean;  // null: not tracked
@@ -142,10 +170,10 @@ struct ChannelStats {
   std::int64_t lanes, n;
   op_math_t<T> momentum, eps;
   std::int64_t* batches;  // null: no counter
-  QGRAD_HD void operator()(std::int64_t c) const {
+  QGRAD_HD std::int64_t count(std::int64_t) const { return lanes; }
+  QGRAD_HD Acc term(std::int64_t r, std::int64_t c) const { return lane_moments[c * lanes + r]; }
+  QGRAD_HD void write(std::int64_t c, const Acc& t) const {
     using M = op_math_t<T>;
-    Moments<M> t(0);
-    for (std::int64_t l = 0; l < lanes; ++l) t += lane_moments[c * lanes + l];
     mean[c] = t.mean;
     invstd[c] = M(1) / sqrt_m(t.m2 / M(n) + eps);
     if (running_mean) {
@@ -153,6 +181,25 @@ struct ChannelStats {
       running_var[c] = T(momentum * (t.m2 / M(n - 1)) + (M(1) - momentum) * M(running_var[c]));
     }
     if (batches && c == 0) *batches += 1;
+  }
+};
+
+// Two sums at once (the backwards' sum of dy and of dy * x): a row sum's
+// accumulator.
+template <class M>
+struct SumPair {
+  M s, p;
+  SumPair() = default;
+  QGRAD_HD explicit SumPair(int) : s(0), p(0) {}
+  QGRAD_HD SumPair(M s_, M p_) : s(s_), p(p_) {}
+  QGRAD_HD SumPair& operator+=(const SumPair& b) {
+    s += b.s;
+    p += b.p;
+    return *this;
+  }
+  template <class S>
+  QGRAD_HD SumPair fields(S f) const {
+    return {f(s), f(p)};
   }
 };
 
@@ -193,10 +240,11 @@ struct Apply {
   T* y;
   ChannelIndexer ch;
   bool relu;  // then relu, as the relu op computes it
+  Unscale<T> in;
   QGRAD_HD void operator()(std::int64_t i) const {
-    using M = op_math_t<T>;
-    const T r = norm(M(x[i]), ch.channel(i));
-    y[i] = relu ? T(formulas::relu(M(r))) : r;
+    const std::int64_t c = ch.channel(i);
+    const T r = norm(in(x[i], c), c);
+    y[i] = relu ? T(formulas::relu(op_math_t<T>(r))) : r;
   }
 };
 
@@ -230,6 +278,7 @@ struct PartialGrad {
   AxisLayout v;
   std::int64_t chunks, lanes;
   ReluGate<T> gate = {};  // batch_norm_relu: dy through relu's backward (px given, so x is read)
+  Unscale<T> in = {};     // batch norm fused after channel_div_add: x is the latter's input
   QGRAD_HD void operator()(std::int64_t p) const {
     using M = op_math_t<T>;
     const ChunkOf ch = chunk_of(p, v, chunks, lanes);
@@ -247,7 +296,7 @@ struct PartialGrad {
       QGRAD_UNROLL
       for (int k = 0; k < kSumLoadBatch; ++k) {
         gv[k] = g[j + k * lanes];
-        xv[k] = xs ? M(xs[j + k * lanes]) : M(0);
+        xv[k] = xs ? in(xs[j + k * lanes], ch.c) : M(0);
       }
       if (gate.active) {
         QGRAD_UNROLL
@@ -261,7 +310,7 @@ struct PartialGrad {
       }
     }
     for (; j < ch.hi; j += lanes) {
-      const M xj = xs ? M(xs[j]) : M(0);
+      const M xj = xs ? in(xs[j], ch.c) : M(0);
       const M gj = M(gate(g[j], xj, ch.c));
       s += gj;
       if (xs) t += gj * (xj - m);
@@ -272,28 +321,31 @@ struct PartialGrad {
   }
 };
 
-// Per channel: dbias, dweight and the coefficients of dx,
-// coef[3c] = invstd * w, coef[3c + 1] = s / n, coef[3c + 2] = p * invstd^2 / n.
+// Level 3 of the backward (for_each_row_sum): per channel, s and p from its
+// lane sums in formulas::lane_sum's order; dbias, dweight and the
+// coefficients of dx, coef[3c] = invstd * w, coef[3c + 1] = s / n,
+// coef[3c + 2] = p * invstd^2 / n.
 template <class T>
 struct ChannelGrad {
-  const op_math_t<T>* pd;
-  const op_math_t<T>* px;
+  using Acc = SumPair<op_math_t<T>>;
+  const op_math_t<T>* ls;
+  const op_math_t<T>* lx;
   const op_math_t<T>* invstd;
   const T* weight;
   T* dweight;  // null: not wanted
   T* dbias;
   op_math_t<T>* coef;
-  std::int64_t q, n;
-  QGRAD_HD void operator()(std::int64_t c) const {
+  std::int64_t lanes, n;
+  QGRAD_HD std::int64_t count(std::int64_t) const { return lanes; }
+  QGRAD_HD Acc term(std::int64_t r, std::int64_t c) const { return {ls[c * lanes + r], lx[c * lanes + r]}; }
+  QGRAD_HD void write(std::int64_t c, const Acc& t) const {
     using M = op_math_t<T>;
-    const M s = sum_strided<kSumLoadBatchLong>(pd + c * q, q, 1);
-    const M p = sum_strided<kSumLoadBatchLong>(px + c * q, q, 1);
     const M is = invstd[c];
-    if (dbias) dbias[c] = T(s);
-    if (dweight) dweight[c] = T(p * is);
+    if (dbias) dbias[c] = T(t.s);
+    if (dweight) dweight[c] = T(t.p * is);
     coef[3 * c] = weight ? is * M(weight[c]) : is;
-    coef[3 * c + 1] = s / M(n);
-    coef[3 * c + 2] = p * is * is / M(n);
+    coef[3 * c + 1] = t.s / M(n);
+    coef[3 * c + 2] = t.p * is * is / M(n);
   }
 };
 
@@ -308,26 +360,85 @@ struct EvalCoef {
   }
 };
 
+// batch_norm's dx at one element (x the normalisation's input, in op math).
+template <class T>
+struct InputGradFormula {
+  const op_math_t<T>* mean;
+  const op_math_t<T>* coef;
+  bool training;
+  ReluGate<T> gate;
+  QGRAD_HD T operator()(T dy, op_math_t<T> x, std::int64_t c) const {
+    using M = op_math_t<T>;
+    const M g = M(gate(dy, x, c));
+    if (!training) return T(g * coef[3 * c]);
+    const M proj = (x - mean[c]) * coef[3 * c + 2];
+    return T((g - coef[3 * c + 1] - proj) * coef[3 * c]);
+  }
+};
+
 template <class T>
 struct InputGrad {
   const T* dy;
   const T* x;
-  const op_math_t<T>* mean;
-  const op_math_t<T>* coef;
   T* dx;
   ChannelIndexer ch;
-  bool training;
-  ReluGate<T> gate;
+  InputGradFormula<T> f;
   QGRAD_HD void operator()(std::int64_t i) const {
-    using M = op_math_t<T>;
     const std::int64_t c = ch.channel(i);
-    const M g = M(gate(dy[i], M(x[i]), c));
-    if (training) {
-      const M proj = (M(x[i]) - mean[c]) * coef[3 * c + 2];
-      dx[i] = T((g - coef[3 * c + 1] - proj) * coef[3 * c]);
-    } else {
-      dx[i] = T(g * coef[3 * c]);
+    dx[i] = f(dy[i], op_math_t<T>(x[i]), c);
+  }
+};
+
+// The fused channel_div_add_batch_norm's last backward pass, per partial p
+// of the three-level order: the batch norm's dx (dxn, rounded to T as the
+// unfused op writes it) from dy and x through the prologue, then what
+// channel_div_add's backward does with it: dx = dxn / divisor[c] (when dx is
+// given), ps[p] = sum of dxn and px[p] = sum of dxn * x in element order
+// (when given): the same bits as the two ops.
+template <class T>
+struct FusedInputGrad {
+  const T* dy;
+  const T* x;
+  T* dx;
+  op_math_t<T>* ps;
+  op_math_t<T>* px;
+  AxisLayout v;
+  std::int64_t chunks, lanes;
+  InputGradFormula<T> f;
+  Unscale<T> in;
+  QGRAD_HD void operator()(std::int64_t p) const {
+    using M = op_math_t<T>;
+    const ChunkOf ch = chunk_of(p, v, chunks, lanes);
+    const std::int64_t c = ch.c;
+    const M d = M(in.divisor[c]);
+    const T* g = dy + ch.offset;
+    const T* xs = x + ch.offset;
+    T* o = dx ? dx + ch.offset : nullptr;
+    M s = M(0), t = M(0);
+    std::int64_t j = ch.lo;
+    for (; j + (kSumLoadBatch - 1) * lanes < ch.hi; j += kSumLoadBatch * lanes) {
+      T gv[kSumLoadBatch], xv[kSumLoadBatch];
+      QGRAD_UNROLL
+      for (int k = 0; k < kSumLoadBatch; ++k) {
+        gv[k] = g[j + k * lanes];
+        xv[k] = xs[j + k * lanes];
+      }
+      QGRAD_UNROLL
+      for (int k = 0; k < kSumLoadBatch; ++k) {
+        const M dn = M(f(gv[k], in(xv[k], c), c));
+        s += dn;
+        t += dn * M(xv[k]);
+        if (o) o[j + k * lanes] = T(dn / d);
+      }
     }
+    for (; j < ch.hi; j += lanes) {
+      const M dn = M(f(g[j], in(xs[j], c), c));
+      s += dn;
+      t += dn * M(xs[j]);
+      if (o) o[j] = T(dn / d);
+    }
+    if (ps) ps[p] = s;
+    if (px) px[p] = t;
   }
 };
 
@@ -336,34 +447,35 @@ struct InputGrad {
 template <class T>
 struct DivAdd {
   const T* x;
-  const T* divisor;
-  const T* bias;  // null: none
+  Unscale<T> in;
   T* y;
   ChannelIndexer ch;
-  QGRAD_HD void operator()(std::int64_t i) const {
-    using M = op_math_t<T>;
-    const std::int64_t c = ch.channel(i);
-    const T q = T(M(x[i]) / M(divisor[c]));
-    y[i] = bias ? T(M(q) + M(bias[c])) : q;
-  }
+  QGRAD_HD void operator()(std::int64_t i) const { y[i] = in.value(x[i], ch.channel(i)); }
 };
 
-// Level 3: per channel, its lane sums in order; dbias = s, ddivisor =
-// -(p / (d * d)).
+// Level 3 of channel_div_add's backward (for_each_row_sum): per channel, s
+// and p from its lane sums in formulas::lane_sum's order (each read only
+// when wanted); dbias = s, ddivisor = -(p / (d * d)).
 template <class T>
 struct DivAddChannelGrad {
+  using Acc = SumPair<op_math_t<T>>;
   const op_math_t<T>* ls;
   const op_math_t<T>* lx;
   const T* divisor;
   T* ddivisor;
   T* dbias;
   std::int64_t lanes;
-  QGRAD_HD void operator()(std::int64_t c) const {
+  QGRAD_HD std::int64_t count(std::int64_t) const { return lanes; }
+  QGRAD_HD Acc term(std::int64_t r, std::int64_t c) const {
     using M = op_math_t<T>;
-    if (dbias) dbias[c] = T(sum_strided(ls + c * lanes, lanes, 1));
+    return {dbias ? ls[c * lanes + r] : M(0), ddivisor ? lx[c * lanes + r] : M(0)};
+  }
+  QGRAD_HD void write(std::int64_t c, const Acc& t) const {
+    using M = op_math_t<T>;
+    if (dbias) dbias[c] = T(t.s);
     if (ddivisor) {
       const M d = M(divisor[c]);
-      ddivisor[c] = T(-(sum_strided(lx + c * lanes, lanes, 1) / (d * d)));
+      ddivisor[c] = T(-(t.p / (d * d)));
     }
   }
 };
@@ -390,11 +502,40 @@ TensorOptions math_options(const Tensor& like, DType math) {
   return TensorOptions{}.with_dtype(math).with_device(like.device());
 }
 
+template <class T>
+Unscale<T> unscale(const DivAddPrologue& pre) {
+  return {ptr_or_null<const T>(pre.divisor), ptr_or_null<const T>(pre.shift)};
+}
+
+// Levels 2 and 3 of channel_div_add's backward: `part` holds the level-1
+// partials of dy (first pt.count(), when dbias is wanted) and of dy * x
+// (next, when ddivisor is), then room for their lane sums; ddivisor and
+// dbias (each optional, not both undefined) from them.
+template <class T>
+void divadd_channel_grads(Device dev, const Partials& pt, const Tensor& part, const Tensor& divisor,
+                          const Tensor& ddivisor, const Tensor& dbias, const char* where) {
+  using M = op_math_t<T>;
+  M* ps = static_cast<M*>(part.data_ptr());
+  M* px = ps + pt.count();
+  M* ls = px + pt.count();
+  M* lx = ls + pt.v.channels * pt.lanes;
+  if (dbias.defined() && ddivisor.defined())
+    sum_lanes(dev, pt, ps, ls, where, 2);  // px and lx follow ps and ls
+  else if (dbias.defined())
+    sum_lanes(dev, pt, ps, ls, where);
+  else
+    sum_lanes(dev, pt, px, lx, where);
+  for_each_row_sum(dev, pt.v.channels,
+                   DivAddChannelGrad<T>{ls, lx, static_cast<const T*>(divisor.data_ptr()), ptr_or_null<T>(ddivisor),
+                                        ptr_or_null<T>(dbias), pt.lanes},
+                   where);
+}
+
 }  // namespace
 
 void batch_norm_stats(const Tensor& x, const AxisLayout& v, double momentum, double eps, const Tensor& running_mean,
                       const Tensor& running_var, const Tensor& mean, const Tensor& invstd,
-                      const Tensor& num_batches_tracked) {
+                      const Tensor& num_batches_tracked, const DivAddPrologue& pre) {
   dispatch_floating(x.dtype(), "batch_norm", [&](auto tag) {
     using T = typename decltype(tag)::type;
     using M = op_math_t<T>;
@@ -406,14 +547,15 @@ void batch_norm_stats(const Tensor& x, const AxisLayout& v, double momentum, dou
     auto* pp = static_cast<Moments<M>*>(part.data_ptr());
     Moments<M>* lp = pp + pt.count();
     const Device dev = x.device();
-    for_each_index(dev, pt.count(), PartialMoments<T>{static_cast<const T*>(x.data_ptr()), pp, v, pt.chunks, pt.lanes},
+    for_each_index(dev, pt.count(),
+                   PartialMoments<T>{static_cast<const T*>(x.data_ptr()), pp, v, pt.chunks, pt.lanes, unscale<T>(pre)},
                    "batch_norm", kPartialGrain);
     sum_lanes(dev, pt, pp, lp, "batch_norm");
-    for_each_index(dev, v.channels,
-                   ChannelStats<T>{lp, static_cast<M*>(mean.data_ptr()), static_cast<M*>(invstd.data_ptr()),
-                                   ptr_or_null<T>(running_mean), ptr_or_null<T>(running_var), pt.lanes, n, M(momentum),
-                                   M(eps), ptr_or_null<std::int64_t>(num_batches_tracked)},
-                   "batch_norm");
+    for_each_row_sum(dev, v.channels,
+                     ChannelStats<T>{lp, static_cast<M*>(mean.data_ptr()), static_cast<M*>(invstd.data_ptr()),
+                                     ptr_or_null<T>(running_mean), ptr_or_null<T>(running_var), pt.lanes, n,
+                                     M(momentum), M(eps), ptr_or_null<std::int64_t>(num_batches_tracked)},
+                     "batch_norm");
   });
 }
 
@@ -431,22 +573,23 @@ void batch_norm_eval_stats(const Tensor& running_mean, const Tensor& running_var
 }
 
 void batch_norm_apply(const Tensor& x, const AxisLayout& v, const Tensor& mean, const Tensor& invstd,
-                      const Tensor& weight, const Tensor& bias, const Tensor& y, bool relu) {
+                      const Tensor& weight, const Tensor& bias, const Tensor& y, bool relu, const DivAddPrologue& pre) {
   dispatch_floating(x.dtype(), "batch_norm", [&](auto tag) {
     using T = typename decltype(tag)::type;
     using M = op_math_t<T>;
     const Normalize<T> norm{static_cast<const M*>(mean.data_ptr()), static_cast<const M*>(invstd.data_ptr()),
                             ptr_or_null<const T>(weight), ptr_or_null<const T>(bias)};
-    for_each_index(
-        y.device(), y.numel(),
-        Apply<T>{static_cast<const T*>(x.data_ptr()), norm, static_cast<T*>(y.data_ptr()), ChannelIndexer(v), relu},
-        "batch_norm");
+    for_each_index(y.device(), y.numel(),
+                   Apply<T>{static_cast<const T*>(x.data_ptr()), norm, static_cast<T*>(y.data_ptr()), ChannelIndexer(v),
+                            relu, unscale<T>(pre)},
+                   "batch_norm");
   });
 }
 
 void batch_norm_backward(const Tensor& dy, const Tensor& x, const AxisLayout& v, const Tensor& mean,
                          const Tensor& invstd, const Tensor& weight, bool training, const Tensor& dx,
-                         const Tensor& dweight, const Tensor& dbias, bool relu, const Tensor& bias) {
+                         const Tensor& dweight, const Tensor& dbias, bool relu, const Tensor& bias,
+                         const DivAddPrologue& pre) {
   dispatch_floating(x.dtype(), "batch_norm_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
     using M = op_math_t<T>;
@@ -457,6 +600,7 @@ void batch_norm_backward(const Tensor& dy, const Tensor& x, const AxisLayout& v,
     const M* ip = static_cast<const M*>(invstd.data_ptr());
     const T* wp = ptr_or_null<const T>(weight);
     const ReluGate<T> gate{{mp, ip, wp, ptr_or_null<const T>(bias)}, relu};
+    const Unscale<T> in = unscale<T>(pre);
     Tensor coef = Tensor::empty({3 * v.channels}, math_options(x, dtype_of<M>));
     M* cp = static_cast<M*>(coef.data_ptr());
     if (training || dweight.defined() || dbias.defined()) {
@@ -468,20 +612,35 @@ void batch_norm_backward(const Tensor& dy, const Tensor& x, const AxisLayout& v,
       M* ld = px + pt.count();
       M* lx = ld + lane_sums;
       for_each_index(dev, pt.count(),
-                     PartialGrad<T>{dyp, xp, mp, nullptr, nullptr, pd, px, v, pt.chunks, pt.lanes, gate},
+                     PartialGrad<T>{dyp, xp, mp, nullptr, nullptr, pd, px, v, pt.chunks, pt.lanes, gate, in},
                      "batch_norm_backward", kPartialGrain);
       sum_lanes(dev, pt, pd, ld, "batch_norm_backward", 2);  // px and lx follow pd and ld
-      for_each_index(dev, v.channels,
-                     ChannelGrad<T>{ld, lx, ip, wp, ptr_or_null<T>(dweight), ptr_or_null<T>(dbias), cp, pt.lanes,
-                                    v.outer * v.inner},
-                     "batch_norm_backward");
+      for_each_row_sum(dev, v.channels,
+                       ChannelGrad<T>{ld, lx, ip, wp, ptr_or_null<T>(dweight), ptr_or_null<T>(dbias), cp, pt.lanes,
+                                      v.outer * v.inner},
+                       "batch_norm_backward");
     } else {
       for_each_index(dev, v.channels, EvalCoef<T>{ip, wp, cp}, "batch_norm_backward");
     }
-    if (dx.defined())
-      for_each_index(dev, dx.numel(),
-                     InputGrad<T>{dyp, xp, mp, cp, static_cast<T*>(dx.data_ptr()), ChannelIndexer(v), training, gate},
-                     "batch_norm_backward");
+    const InputGradFormula<T> f{mp, cp, training, gate};
+    if (!in.divisor) {
+      if (dx.defined())
+        for_each_index(dev, dx.numel(), InputGrad<T>{dyp, xp, ptr_or_null<T>(dx), ChannelIndexer(v), f},
+                       "batch_norm_backward");
+      return;
+    }
+    // Fused with channel_div_add: its backward in the same pass.
+    const bool sums = pre.ddivisor.defined() || pre.dshift.defined();
+    if (!dx.defined() && !sums) return;
+    const Partials pt = Partials::of(v);
+    const std::int64_t lane_sums = v.channels * pt.lanes;
+    Tensor part = sums ? Tensor::empty({2 * (pt.count() + lane_sums)}, math_options(x, dtype_of<M>)) : Tensor();
+    M* ps = pre.dshift.defined() ? static_cast<M*>(part.data_ptr()) : nullptr;
+    M* px = pre.ddivisor.defined() ? static_cast<M*>(part.data_ptr()) + pt.count() : nullptr;
+    for_each_index(dev, pt.count(),
+                   FusedInputGrad<T>{dyp, xp, ptr_or_null<T>(dx), ps, px, v, pt.chunks, pt.lanes, f, in},
+                   "batch_norm_backward", kPartialGrain);
+    if (sums) divadd_channel_grads<T>(dev, pt, part, pre.divisor, pre.ddivisor, pre.dshift, "batch_norm_backward");
   });
 }
 
@@ -490,8 +649,10 @@ void channel_div_add(const Tensor& x, const AxisLayout& v, const Tensor& divisor
   dispatch_floating(x.dtype(), "channel_div_add", [&](auto tag) {
     using T = typename decltype(tag)::type;
     for_each_index(y.device(), y.numel(),
-                   DivAdd<T>{static_cast<const T*>(x.data_ptr()), static_cast<const T*>(divisor.data_ptr()),
-                             ptr_or_null<const T>(bias), static_cast<T*>(y.data_ptr()), ChannelIndexer(v)},
+                   DivAdd<T>{static_cast<const T*>(x.data_ptr()),
+                             {static_cast<const T*>(divisor.data_ptr()), ptr_or_null<const T>(bias)},
+                             static_cast<T*>(y.data_ptr()),
+                             ChannelIndexer(v)},
                    "channel_div_add");
   });
 }
@@ -514,15 +675,7 @@ void channel_div_add_backward(const Tensor& dy, const Tensor& x, const AxisLayou
                    PartialGrad<T>{static_cast<const T*>(dy.data_ptr()), xp, nullptr, dp, ptr_or_null<T>(dx), ps, px,
                                   v, pt.chunks, pt.lanes},
                    "channel_div_add_backward", kPartialGrain);
-    if (!sums) return;
-    M* ls = static_cast<M*>(part.data_ptr()) + 2 * pt.count();
-    M* lx = ls + lane_sums;
-    if (ps && px) sum_lanes(dev, pt, ps, ls, "channel_div_add_backward", 2);  // px and lx follow ps and ls
-    else if (ps) sum_lanes(dev, pt, ps, ls, "channel_div_add_backward");
-    else sum_lanes(dev, pt, px, lx, "channel_div_add_backward");
-    for_each_index(dev, v.channels,
-                   DivAddChannelGrad<T>{ls, lx, dp, ptr_or_null<T>(ddivisor), ptr_or_null<T>(dbias), pt.lanes},
-                   "channel_div_add_backward");
+    if (sums) divadd_channel_grads<T>(dev, pt, part, divisor, ddivisor, dbias, "channel_div_add_backward");
   });
 }
 

@@ -24,6 +24,19 @@ namespace qgrad::kernels {
 
 inline constexpr std::int64_t kBatchNormChunk = 2048;
 
+// channel_div_add fused before the normalisation (ops'
+// channel_div_add_batch_norm): with `divisor` defined, the functions below
+// take x as channel_div_add's input and normalise its value
+// T(T(x / divisor[c]) + shift[c]) (shift optional), recomputed where read,
+// never stored. The backward then also runs channel_div_add's: dx is the
+// gradient of that input, and ddivisor / dshift (each optional) are
+// computed as channel_div_add_backward computes them: the same bits as the
+// two ops.
+struct DivAddPrologue {
+  Tensor divisor, shift;
+  Tensor ddivisor, dshift;  // backward only
+};
+
 // Training statistics: mean[c] = sum / n, var = sum (x - mean)^2 / n
 // (biased; merged from the partials' means and m2, above), invstd[c] = 1 / sqrt(var + eps), n = N * inner >= 2. When
 // the running statistics are defined (x's dtype, [C]) they move in place: r = (1 - momentum) * r + momentum * batch,
@@ -31,14 +44,15 @@ inline constexpr std::int64_t kBatchNormChunk = 2048;
 // defined, is incremented by one in the same kernel.
 void batch_norm_stats(const Tensor& x, const AxisLayout& v, double momentum, double eps, const Tensor& running_mean,
                       const Tensor& running_var, const Tensor& mean, const Tensor& invstd,
-                      const Tensor& num_batches_tracked = Tensor());
+                      const Tensor& num_batches_tracked = Tensor(), const DivAddPrologue& pre = {});
 // Evaluation statistics: mean = running_mean, invstd = 1 / sqrt(running_var + eps).
 void batch_norm_eval_stats(const Tensor& running_mean, const Tensor& running_var, double eps, const Tensor& mean,
                            const Tensor& invstd);
 // y = (x - mean[c]) * invstd[c] * weight[c] + bias[c] (weight, bias optional),
 // rounded to x's dtype; relu: then relu of that (batch_norm_relu).
 void batch_norm_apply(const Tensor& x, const AxisLayout& v, const Tensor& mean, const Tensor& invstd,
-                      const Tensor& weight, const Tensor& bias, const Tensor& y, bool relu = false);
+                      const Tensor& weight, const Tensor& bias, const Tensor& y, bool relu = false,
+                      const DivAddPrologue& pre = {});
 // PyTorch's batch_norm backward: with s = sum dy and p = sum dy * (x - mean)
 // per channel, dbias = s, dweight = p * invstd, and
 //   training: dx = (dy - s / n - (x - mean) * invstd^2 * p / n) * invstd * w
@@ -49,7 +63,8 @@ void batch_norm_apply(const Tensor& x, const AxisLayout& v, const Tensor& mean, 
 // batch_norm_apply computes it (so `bias` is needed then).
 void batch_norm_backward(const Tensor& dy, const Tensor& x, const AxisLayout& v, const Tensor& mean,
                          const Tensor& invstd, const Tensor& weight, bool training, const Tensor& dx,
-                         const Tensor& dweight, const Tensor& dbias, bool relu = false, const Tensor& bias = Tensor());
+                         const Tensor& dweight, const Tensor& dbias, bool relu = false, const Tensor& bias = Tensor(),
+                         const DivAddPrologue& pre = {});
 
 // channel_div_add (the unscaling of a folded Conv-BN, ops/pool_norm.h):
 // y = T(T(x / divisor[c]) + bias[c]) (bias optional: y = T(x / divisor[c])),

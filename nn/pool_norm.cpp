@@ -34,7 +34,12 @@ BatchNorm2d::BatchNorm2d(std::int64_t num_features, double eps, std::optional<do
 Tensor BatchNorm2d::forward(const Tensor& x) { return run(x, false); }
 Tensor BatchNorm2d::forward_relu(const Tensor& x) { return run(x, true); }
 
-Tensor BatchNorm2d::run(const Tensor& x, bool relu) {
+Tensor BatchNorm2d::forward_div_add(const Tensor& x, const Tensor& divisor, const Tensor& shift, bool relu) {
+  QGRAD_CHECK(divisor.defined(), "BatchNorm2d", "divisor", "is required");
+  return run(x, relu, divisor, shift);
+}
+
+Tensor BatchNorm2d::run(const Tensor& x, bool relu, const Tensor& divisor, const Tensor& shift) {
   QGRAD_CHECK(x.defined() && x.dim() == 4, "BatchNorm2d", "x", "expected [N, C, H, W], got shape ",
               x.defined() ? shape_str(x.shape()) : std::string("undefined"));
   const bool tracking = running_mean_.defined();
@@ -46,9 +51,13 @@ Tensor BatchNorm2d::run(const Tensor& x, bool relu) {
   // updated when tracked). Evaluation with tracking: the running ones.
   // When counting, batch_norm increments num_batches_tracked on its device
   // (after validating its arguments; no host sync, not on the tape).
-  return (relu ? batch_norm_relu : batch_norm)(x, weight_, bias_, running_mean_, running_var_,
-                                               is_training() || !tracking, momentum, eps_,
-                                               count ? num_batches_tracked_ : Tensor());
+  const bool batch_stats = is_training() || !tracking;
+  const Tensor counter = count ? num_batches_tracked_ : Tensor();
+  if (divisor.defined())
+    return channel_div_add_batch_norm(x, divisor, shift, weight_, bias_, running_mean_, running_var_, batch_stats, relu,
+                                      momentum, eps_, counter);
+  return (relu ? batch_norm_relu : batch_norm)(x, weight_, bias_, running_mean_, running_var_, batch_stats, momentum,
+                                               eps_, counter);
 }
 
 MaxPool2d::MaxPool2d(Size2 kernel_size, std::optional<Size2> stride, Size2 padding, Size2 dilation, bool ceil_mode)

@@ -29,6 +29,10 @@ class BatchNorm2d : public Module {
   // relu(forward(x)) as one op (batch_norm_relu), for the fused
   // Conv-BN-ReLU modules: the same values and gradients.
   Tensor forward_relu(const Tensor& x);
+  // forward (relu: forward_relu) of channel_div_add(x, divisor, shift) as
+  // one op (channel_div_add_batch_norm), for the fused Conv-BN modules'
+  // unscaling: the same values and gradients.
+  Tensor forward_div_add(const Tensor& x, const Tensor& divisor, const Tensor& shift, bool relu);
   std::string type_name() const override { return "BatchNorm2d"; }
   std::int64_t num_features() const { return num_features_; }
   double eps() const { return eps_; }
@@ -40,7 +44,7 @@ class BatchNorm2d : public Module {
   Tensor num_batches_tracked() const { return num_batches_tracked_; }
 
  private:
-  Tensor run(const Tensor& x, bool relu);
+  Tensor run(const Tensor& x, bool relu, const Tensor& divisor = Tensor(), const Tensor& shift = Tensor());
 
   std::int64_t num_features_;
   double eps_;

@@ -81,19 +81,19 @@ Tensor ConvBn2d::forward(const Tensor& x) {
   const Tensor f = scale_factor();
   const Tensor w_fq = weight_fq_->forward(mul(weight_, f.reshape({c, 1, 1, 1})));
   // PyTorch adds a zero bias here; conv2d without one gives the same values.
-  // Then conv / f + bias per channel as one op (the same values as the two
-  // broadcast ops; its backward one pass instead of six).
-  Tensor y = channel_div_add(
-      ::qgrad::conv2d(x, w_fq, Tensor(), conv_.stride, conv_.padding, conv_.dilation, conv_.groups), f, bias_);
-  // Frozen: the running statistics normalise and stay (PyTorch sets
-  // bn.training = False and keeps it there); otherwise the BatchNorm2d
-  // module follows the model's train/eval mode.
-  // With relu: relu(batch_norm(y)) as one op (batch_norm_relu, the same bits).
+  const Tensor z = ::qgrad::conv2d(x, w_fq, Tensor(), conv_.stride, conv_.padding, conv_.dilation, conv_.groups);
+  // Then conv / f + bias per channel and the batch norm (with relu: relu of
+  // it) as one op, channel_div_add_batch_norm: the same bits as the
+  // broadcast ops, without the unscaled tensor or its passes. Frozen: the
+  // running statistics normalise and stay (PyTorch sets bn.training = False
+  // and keeps it there); otherwise the BatchNorm2d module follows the
+  // model's train/eval mode.
+  Tensor y;
   if (freeze_bn_ && bn_->is_training()) {
-    y = (relu_ ? batch_norm_relu : batch_norm)(y, bn_->weight(), bn_->bias(), bn_->running_mean(), bn_->running_var(),
-                                               /*training=*/false, 0.0, bn_->eps(), Tensor());
+    y = channel_div_add_batch_norm(z, f, bias_, bn_->weight(), bn_->bias(), bn_->running_mean(), bn_->running_var(),
+                                   /*training=*/false, relu_, 0.0, bn_->eps(), Tensor());
   } else {
-    y = relu_ ? bn_->forward_relu(y) : bn_->forward(y);
+    y = bn_->forward_div_add(z, f, bias_, relu_);
   }
   return act_fq_->forward(y);
 }

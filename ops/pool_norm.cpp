@@ -194,16 +194,23 @@ Tensor channel_div_add(const Tensor& x, const Tensor& divisor, const Tensor& bia
 
 namespace {
 
-// batch_norm, and with relu batch_norm_relu. Saves x (detached), weight, the
-// per-channel mean and invstd in op math (batch statistics in training,
-// running ones in evaluation), and with relu the bias (to recompute relu's
-// mask from x).
-Tensor batch_norm_impl(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias,
-                       const Tensor& running_mean, const Tensor& running_var, bool training, double momentum,
-                       double eps, const Tensor& num_batches_tracked, bool relu) {
+// batch_norm, with relu batch_norm_relu, with a divisor
+// channel_div_add_batch_norm. Saves x (detached), weight, the per-channel
+// mean and invstd in op math (batch statistics in training, running ones in
+// evaluation), with relu the bias (to recompute relu's mask from x), and
+// with a divisor the divisor and shift (to recompute the normalised input).
+Tensor batch_norm_impl(const char* op, const Tensor& x, const Tensor& divisor, const Tensor& shift,
+                       const Tensor& weight, const Tensor& bias, const Tensor& running_mean, const Tensor& running_var,
+                       bool training, double momentum, double eps, const Tensor& num_batches_tracked, bool relu,
+                       bool fused) {
   check::floating(x, op, "x");
   QGRAD_CHECK(x.dim() >= 2, op, "x", "expected rank >= 2 [N, C, ...], got shape ", shape_str(x.shape()));
   check::non_empty(x, op, "x");
+  if (fused) {
+    QGRAD_CHECK(divisor.defined(), op, "divisor", "is required");
+    check_channel_tensor(divisor, x, "divisor", op);
+    check_channel_tensor(shift, x, "shift", op);
+  }
   check_channel_tensor(weight, x, "weight", op);
   check_channel_tensor(bias, x, "bias", op);
   check_channel_tensor(running_mean, x, "running_mean", op);
@@ -235,27 +242,39 @@ Tensor batch_norm_impl(const char* op, const Tensor& x, const Tensor& weight, co
 
   const DType math = x.dtype() == DType::f64 ? DType::f64 : DType::f32;
   Tensor mean = Tensor::empty({v.channels}, like(x, math)), invstd = Tensor::empty({v.channels}, like(x, math));
+  const kernels::DivAddPrologue pre{
+      fused ? divisor.detach() : Tensor(), fused && shift.defined() ? shift.detach() : Tensor(), {}, {}};
   if (training)
-    kernels::batch_norm_stats(x, v, momentum, eps, running_mean, running_var, mean, invstd, num_batches_tracked);
+    kernels::batch_norm_stats(x, v, momentum, eps, running_mean, running_var, mean, invstd, num_batches_tracked, pre);
   else kernels::batch_norm_eval_stats(running_mean, running_var, eps, mean, invstd);
   Tensor out = Tensor::empty(x.shape(), like(x, x.dtype()));
-  kernels::batch_norm_apply(x, v, mean, invstd, weight, bias, out, relu);
-  if (any_requires_grad({x, weight, bias})) {
-    const bool need_x = x.requires_grad(), need_w = weight.defined() && weight.requires_grad(),
-               need_b = bias.defined() && bias.requires_grad();
+  kernels::batch_norm_apply(x, v, mean, invstd, weight, bias, out, relu, pre);
+  const std::vector<Tensor> inputs =
+      fused ? std::vector<Tensor>{x, divisor, shift, weight, bias} : std::vector<Tensor>{x, weight, bias};
+  if (any_requires_grad(inputs)) {
+    const auto needs = [](const Tensor& t) { return t.defined() && t.requires_grad(); };
+    const bool need_x = x.requires_grad(), need_w = needs(weight), need_b = needs(bias), need_d = needs(divisor),
+               need_s = needs(shift);
     Tensor sw = weight.defined() ? weight.detach() : Tensor();
     Tensor sb = relu && bias.defined() ? bias.detach() : Tensor();
     record(
-        op, out, {x, weight, bias},
-        [sx = x.detach(), sw, sb, mean, invstd, v, training, relu, need_x, need_w, need_b](const Tensor& dy) {
-          Tensor dx = need_x ? Tensor::empty(sx.shape(), like(sx, sx.dtype())) : Tensor();
-          Tensor dw = need_w ? Tensor::empty({v.channels}, like(sx, sx.dtype())) : Tensor();
-          Tensor db = need_b ? Tensor::empty({v.channels}, like(sx, sx.dtype())) : Tensor();
-          kernels::batch_norm_backward(dy, sx, v, mean, invstd, sw, training, dx, dw, db, relu, sb);
+        op, out, inputs,
+        [sx = x.detach(), sw, sb, mean, invstd, v, training, relu, fused, pre, need_x, need_w, need_b, need_d,
+         need_s](const Tensor& dy) {
+          const TensorOptions o = like(sx, sx.dtype());
+          Tensor dx = need_x ? Tensor::empty(sx.shape(), o) : Tensor();
+          Tensor dw = need_w ? Tensor::empty({v.channels}, o) : Tensor();
+          Tensor db = need_b ? Tensor::empty({v.channels}, o) : Tensor();
+          kernels::DivAddPrologue g = pre;
+          if (need_d) g.ddivisor = Tensor::empty({v.channels}, o);
+          if (need_s) g.dshift = Tensor::empty({v.channels}, o);
+          kernels::batch_norm_backward(dy, sx, v, mean, invstd, sw, training, dx, dw, db, relu, sb, g);
+          if (fused) return std::vector<Tensor>{dx, g.ddivisor, g.dshift, dw, db};
           return std::vector<Tensor>{dx, dw, db};
         },
         x.nbytes() + mean.nbytes() + invstd.nbytes() + (weight.defined() ? weight.nbytes() : 0) +
-            (sb.defined() ? sb.nbytes() : 0));
+            (sb.defined() ? sb.nbytes() : 0) + (fused ? divisor.nbytes() : 0) +
+            (fused && shift.defined() ? shift.nbytes() : 0));
   }
   return out;
 }
@@ -265,15 +284,23 @@ Tensor batch_norm_impl(const char* op, const Tensor& x, const Tensor& weight, co
 Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
                   const Tensor& running_var, bool training, double momentum, double eps,
                   const Tensor& num_batches_tracked) {
-  return batch_norm_impl("batch_norm", x, weight, bias, running_mean, running_var, training, momentum, eps,
-                         num_batches_tracked, false);
+  return batch_norm_impl("batch_norm", x, Tensor(), Tensor(), weight, bias, running_mean, running_var, training,
+                         momentum, eps, num_batches_tracked, false, false);
 }
 
 Tensor batch_norm_relu(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
                        const Tensor& running_var, bool training, double momentum, double eps,
                        const Tensor& num_batches_tracked) {
-  return batch_norm_impl("batch_norm_relu", x, weight, bias, running_mean, running_var, training, momentum, eps,
-                         num_batches_tracked, true);
+  return batch_norm_impl("batch_norm_relu", x, Tensor(), Tensor(), weight, bias, running_mean, running_var, training,
+                         momentum, eps, num_batches_tracked, true, false);
+}
+
+Tensor channel_div_add_batch_norm(const Tensor& x, const Tensor& divisor, const Tensor& shift, const Tensor& weight,
+                                  const Tensor& bias, const Tensor& running_mean, const Tensor& running_var,
+                                  bool training, bool relu, double momentum, double eps,
+                                  const Tensor& num_batches_tracked) {
+  return batch_norm_impl("channel_div_add_batch_norm", x, divisor, shift, weight, bias, running_mean, running_var,
+                         training, momentum, eps, num_batches_tracked, relu, true);
 }
 
 Tensor flatten(const Tensor& x, std::int64_t start_dim, std::int64_t end_dim) {

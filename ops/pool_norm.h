@@ -84,6 +84,18 @@ Tensor batch_norm_relu(const Tensor& x, const Tensor& weight, const Tensor& bias
 // x (dx, and the per-channel sums of dy and dy * x for bias and divisor).
 Tensor channel_div_add(const Tensor& x, const Tensor& divisor, const Tensor& bias = Tensor());
 
+// batch_norm (relu: batch_norm_relu) of channel_div_add(x, divisor, shift)
+// as one op (the unscaling and normalisation of torch.ao's ConvBn2d /
+// ConvBnReLU2d): the same values, running statistics and gradients (for x,
+// divisor, shift, weight and bias), bit for bit, as the two ops, without
+// channel_div_add's output: its value is recomputed from x where the
+// normalisation reads it, and its backward runs in batch_norm's last
+// backward pass.
+Tensor channel_div_add_batch_norm(const Tensor& x, const Tensor& divisor, const Tensor& shift, const Tensor& weight,
+                                  const Tensor& bias, const Tensor& running_mean, const Tensor& running_var,
+                                  bool training, bool relu, double momentum = 0.1, double eps = 1e-5,
+                                  const Tensor& num_batches_tracked = Tensor());
+
 // x with dims start_dim..end_dim merged into one (a reshape; negative dims
 // count from the end).
 Tensor flatten(const Tensor& x, std::int64_t start_dim = 1, std::int64_t end_dim = -1);

@@ -557,6 +557,51 @@ TEST_CASE("batch_norm_relu equals relu(batch_norm) bit for bit: output, running 
   }
 }
 
+TEST_CASE("channel_div_add_batch_norm equals batch_norm(channel_div_add) bit for bit: output, statistics, gradients") {
+  // As above: planes of 30 (tail loops) and 2500 (two chunks, batched
+  // loops); training and evaluation; with and without relu and shift; every
+  // gradient (x, divisor, shift, weight, bias) against the two ops'.
+  for (const Device dev : test_devices()) {
+    for (DType dt : {DType::f32, DType::f64, DType::bf16}) {
+      for (const Shape& shape : {Shape{4, 3, 5, 6}, Shape{2, 3, 50, 50}}) {
+        for (int mode = 0; mode < 8; ++mode) {
+          const bool training = mode & 1, relu = mode & 2, with_shift = mode & 4;
+          INFO(dev.str(), " ", dtype_name(dt), " ", shape_str(shape), training ? " training" : " eval",
+               relu ? " relu" : "", with_shift ? " shift" : "");
+          Generator g(0xd1ad);
+          const TensorOptions o = TensorOptions{}.with_device(dev).with_dtype(dt);
+          const Tensor x0 = add(mul(randn(shape, g, o), 2.0), 0.25), d0 = add(mul(rand({3}, g, o), 1.5), 0.5);
+          const Tensor s0 = randn({3}, g, o), w0 = randn({3}, g, o), b0 = mul(randn({3}, g, o), 0.2);
+          const Tensor dy = randn(shape, g, o);
+          const Tensor rm0 = mul(randn({3}, g, o), 0.1), rv0 = add(mul(rand({3}, g, o), 0.5), 0.75);
+          const auto run = [&](bool fused) {
+            Tensor x = x0.clone(), d = d0.clone(), sh = with_shift ? s0.clone() : Tensor(), w = w0.clone(),
+                   b = b0.clone(), rm = rm0.clone(), rv = rv0.clone();
+            for (Tensor* t : {&x, &d, &w, &b}) t->set_requires_grad(true);
+            if (with_shift) sh.set_requires_grad(true);
+            Tensor y = fused ? channel_div_add_batch_norm(x, d, sh, w, b, rm, rv, training, relu, 0.1, 1e-5)
+                             : (relu ? batch_norm_relu : batch_norm)(channel_div_add(x, d, sh), w, b, rm, rv, training,
+                                                                     0.1, 1e-5, Tensor());
+            y.backward(dy);
+            return std::vector<Tensor>{y,        rm,       rv,       x.grad(),
+                                       d.grad(), w.grad(), b.grad(), with_shift ? sh.grad() : zeros({1})};
+          };
+          const std::vector<Tensor> want = run(false), got = run(true);
+          const char* names[] = {"y", "running_mean", "running_var", "dx", "ddivisor", "dweight", "dbias", "dshift"};
+          for (std::size_t k = 0; k < want.size(); ++k) {
+            INFO(names[k]);
+            CHECK(bit_equal(got[k], want[k]));
+          }
+          // Real values: the gradients are not all zero.
+          const std::vector<double> gx = values(want[3]), gd = values(want[4]);
+          CHECK(std::count(gx.begin(), gx.end(), 0.0) < static_cast<std::ptrdiff_t>(gx.size() * 4 / 5));
+          CHECK(std::count(gd.begin(), gd.end(), 0.0) == 0);
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("batch_norm counts batches in training only, on the device, for batch_norm and batch_norm_relu") {
   for (const Device dev : test_devices()) {
     INFO(dev.str());

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include "qgrad/core/cuda/common.cuh"
 #include "qgrad/kernels/formulas/softmax.h"
@@ -37,13 +38,23 @@ __device__ __forceinline__ M warp_sum(M v) {
   return v;
 }
 
+// A warp shuffle s of an accumulator: a number, or a struct of numbers
+// (batch norm's moments) whose fields(s) shuffles each field.
+template <class M, class S>
+__device__ __forceinline__ M shuffle_acc(const M& v, S s) {
+  if constexpr (std::is_arithmetic_v<M>)
+    return s(v);
+  else
+    return v.fields(s);
+}
+
 // The tree of formulas::lane_sum (s[l] += s[l + h], h = 16 .. 1) over the
 // lanes' partial sums, broadcast from lane 0: with lane l summing r = l,
 // l + 32, ... in order, the same bits as lane_sum on the CPU.
 template <class M>
 __device__ __forceinline__ M warp_lane_sum(M v) {
-  for (int h = 16; h > 0; h >>= 1) v += __shfl_down_sync(0xffffffffu, v, h);
-  return __shfl_sync(0xffffffffu, v, 0);
+  for (int h = 16; h > 0; h >>= 1) v += shuffle_acc(v, [h](auto x) { return __shfl_down_sync(0xffffffffu, x, h); });
+  return shuffle_acc(v, [](auto x) { return __shfl_sync(0xffffffffu, x, 0); });
 }
 
 // for_each_row_sum's warp body (kernels/loop.h): lane l sums f.term(r, row)

@@ -1,5 +1,6 @@
 // Registry entries: pooling (max, average, adaptive average), batch_norm,
-// batch_norm_relu, channel_div_add and flatten (ops/pool_norm.h).
+// batch_norm_relu, channel_div_add, channel_div_add_batch_norm and flatten
+// (ops/pool_norm.h).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -131,6 +132,37 @@ std::vector<BadInput> norm_errors(Device d, const char* op, BatchNormFn fn) {
 }
 
 std::vector<BadInput> batch_norm_errors(Device d) { return norm_errors(d, "batch_norm", batch_norm); }
+
+// channel_div_add_batch_norm with relu and a valid divisor of 1.5 (x's
+// channels, dtype and device where x has them): batch_norm's bad inputs.
+Tensor div_add_batch_norm_relu(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& rm, const Tensor& rv,
+                               bool training, double momentum, double eps, const Tensor& count) {
+  const bool usable = x.defined() && x.dim() >= 2 && is_floating(x.dtype());
+  const Tensor divisor = full({usable ? x.size(1) : 3}, 1.5,
+                              TensorOptions{}
+                                  .with_dtype(usable ? x.dtype() : DType::f32)
+                                  .with_device(x.defined() ? x.device() : Device::cpu()));
+  return channel_div_add_batch_norm(x, divisor, Tensor(), w, b, rm, rv, training, true, momentum, eps, count);
+}
+
+std::vector<BadInput> div_add_batch_norm_errors(Device d) {
+  constexpr const char* op = "channel_div_add_batch_norm";
+  std::vector<BadInput> c = norm_errors(d, op, div_add_batch_norm_relu);
+  const Tensor x = some({4, 3, 2, 2}, d), c3 = full({3}, 1.5, on(d)), rm = some({3}, d), rv = full({3}, 1.0, on(d));
+  const auto f = [=](const Tensor& divisor, const Tensor& shift) {
+    channel_div_add_batch_norm(x, divisor, shift, Tensor(), Tensor(), rm, rv, true, false);
+  };
+  c.push_back({op, "divisor", [=] { f(Tensor(), Tensor()); }});
+  c.push_back({op, "divisor", [=] { f(full({4}, 1.5, on(d)), Tensor()); }});
+  c.push_back({op, "divisor", [=] { f(full({3}, 1.5, on(d, DType::f64)), Tensor()); }});
+  c.push_back({op, "shift", [=] { f(c3, full({3, 1}, 1.0, on(d))); }});
+  c.push_back({op, "shift", [=] { f(c3, some({3}, d, DType::s32)); }});
+  if (has_other(d)) {
+    c.push_back({op, "divisor", [=] { f(full({3}, 1.5, on(other(d))), Tensor()); }});
+    c.push_back({op, "shift", [=] { f(c3, full({3}, 1.0, on(other(d)))); }});
+  }
+  return c;
+}
 std::vector<BadInput> batch_norm_relu_errors(Device d) { return norm_errors(d, "batch_norm_relu", batch_norm_relu); }
 
 }  // namespace
@@ -391,6 +423,53 @@ std::vector<OpEntry> pool_norm_entries() {
                },
                [](const Tensors& v) { return Tensors{channel_div_add(v[0], v[1], v[2])}; },
                Promise::bit_identical(), GradMethod::finite_differences, {}, {}, nullptr});
+
+  // channel_div_add_batch_norm: training with relu, the running statistics
+  // and the counter (about half the outputs cut), and evaluation without
+  // relu or shift; planes of 30 elements and of 2080 (two chunks).
+  // x, divisor, weight, bias, running mean and variance, and a shift last.
+  const auto div_add_bn_inputs = [](const Shape& shape, bool with_shift) {
+    return [shape, with_shift](Device d, DType dt, Generator& g) {
+      const std::int64_t c = shape[1];
+      Tensor x = leaf(add(mul(randn(shape, g, on(d, dt)), 2.0), 0.5).detach());
+      Tensors v{x,
+                plain({c}, g, d, dt, 0.5, 2),
+                normal({c}, g, d, dt),
+                plain({c}, g, d, dt, -0.5, 0.5),
+                plain({c}, g, d, dt, -1, 1),
+                plain({c}, g, d, dt, 0.5, 2)};
+      if (with_shift) v.push_back(normal({c}, g, d, dt));
+      return v;
+    };
+  };
+  e.push_back({"channel_div_add_batch_norm (training, relu)",
+               {"channel_div_add_batch_norm"},
+               kFloat,
+               div_add_bn_inputs({4, 3, 5, 6}, true),
+               [](const Tensors& v) {
+                 Tensor count = full({}, 3.0, TensorOptions{}.with_dtype(DType::s64).with_device(v[0].device()));
+                 Tensor y =
+                     channel_div_add_batch_norm(v[0], v[1], v[6], v[2], v[3], v[4], v[5], true, true, 0.1, 1e-5, count);
+                 return Tensors{y, v[4], v[5], count};
+               },
+               Promise::bit_identical(),
+               GradMethod::finite_differences,
+               {},
+               {},
+               div_add_batch_norm_errors});
+  e.push_back({"channel_div_add_batch_norm (eval, two chunks per plane)",
+               {"channel_div_add_batch_norm"},
+               kFloat,
+               div_add_bn_inputs({1, 2, 2080}, false),
+               [](const Tensors& v) {
+                 return Tensors{
+                     channel_div_add_batch_norm(v[0], v[1], Tensor(), v[2], v[3], v[4], v[5], false, false, 0.1, 1e-3)};
+               },
+               Promise::bit_identical(),
+               GradMethod::finite_differences,
+               {},
+               {},
+               nullptr});
 
   e.push_back({"flatten", {"flatten"}, kFloat,
                [](Device d, DType dt, Generator& g) { return Tensors{normal({2, 3, 4, 5}, g, d, dt)}; },

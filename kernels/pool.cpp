@@ -8,6 +8,7 @@
 
 #include <limits>
 
+#include "qgrad/kernels/formulas/quantize.h"
 #include "qgrad/kernels/loop.h"
 #include "qgrad/kernels/reduce.h"
 
@@ -80,6 +81,26 @@ struct PoolDivs {
   }
 };
 
+// The scan of a max-pooling window: the largest value(r) over the window of
+// output `a` in row-major order (NaN wins, ties keep the first), r the
+// element's flat index in its plane; returns r, the value in `best`.
+template <class M, class Value>
+QGRAD_HD std::int64_t window_argmax(const PlaneDivs::At& a, const Pool2dGeometry& g, Value value, M& best) {
+  const formulas::Span hs = formulas::max_pool_span(a.row, g.ih, g.kh, g.sh, g.ph, g.dh);
+  const formulas::Span ws = formulas::max_pool_span(a.col, g.iw, g.kw, g.sw, g.pw, g.dw);
+  best = formulas::pool_lowest<M>();
+  std::int64_t arg = hs.lo * g.iw + ws.lo;
+  for (std::int64_t h = hs.lo; h < hs.hi; h += g.dh)
+    for (std::int64_t w = ws.lo; w < ws.hi; w += g.dw) {
+      const M v = value(h * g.iw + w);
+      if (v > best || formulas::pool_is_nan(v)) {
+        best = v;
+        arg = h * g.iw + w;
+      }
+    }
+  return arg;
+}
+
 template <class T>
 struct MaxPoolForward {
   const T* x;
@@ -90,23 +111,77 @@ struct MaxPoolForward {
   QGRAD_HD void operator()(std::int64_t o) const {
     using M = op_math_t<T>;
     const PlaneDivs::At a = dv.out.at(o);
-    const formulas::Span hs = formulas::max_pool_span(a.row, g.ih, g.kh, g.sh, g.ph, g.dh);
-    const formulas::Span ws = formulas::max_pool_span(a.col, g.iw, g.kw, g.sw, g.pw, g.dw);
     const T* p = x + a.plane * g.ih * g.iw;
-    M best = formulas::pool_lowest<M>();
-    std::int64_t arg = hs.lo * g.iw + ws.lo;
-    for (std::int64_t h = hs.lo; h < hs.hi; h += g.dh)
-      for (std::int64_t w = ws.lo; w < ws.hi; w += g.dw) {
-        const M v = M(p[h * g.iw + w]);
-        if (v > best || formulas::pool_is_nan(v)) {
-          best = v;
-          arg = h * g.iw + w;
-        }
-      }
+    M best;
+    const std::int64_t arg = window_argmax(a, g, [p](std::int64_t r) { return M(p[r]); }, best);
     y[o] = T(best);
     if (idx) idx[o] = arg;
   }
 };
+
+// max_pool2d of fake_quantize_per_tensor(x): the window scan over the fake
+// quantized values (formulas::FakeQuantOp, computed where read, never
+// stored), y its max, code[o] the argmax's flat index r in the plane, or
+// -1 - r where the argmax's fake-quant mask bit is 0.
+template <class T>
+struct FakeQuantMaxPoolForward {
+  const T* x;
+  T* y;
+  std::int32_t* code;
+  Pool2dGeometry g;
+  PoolDivs dv;
+  formulas::ParamSource src;
+  std::int64_t qmin, qmax;
+  QGRAD_HD void operator()(std::int64_t o) const {
+    using M = op_math_t<T>;
+    const PlaneDivs::At a = dv.out.at(o);
+    const T* p = x + a.plane * g.ih * g.iw;
+    const formulas::ChannelParams prm = src.get(0);
+    const formulas::FakeQuantOp<T, false> fq{qmin, qmax};
+    M best;
+    const std::int64_t arg = window_argmax(
+        a, g,
+        [&](std::int64_t r) {
+          bool bit;
+          return M(fq(p[r], prm, false, bit));
+        },
+        best);
+    bool bit;
+    fq(p[arg], prm, false, bit);
+    y[o] = T(best);
+    code[o] = static_cast<std::int32_t>(bit ? arg : -1 - arg);
+  }
+};
+
+// How a max-pooling backward reads its saved indices: max_pool2d's s64
+// indices, or fake_quantize_max_pool2d's codes (the index, and the mask bit
+// that the fake quant's backward multiplies the gradient by).
+struct PlainIndices {
+  static constexpr bool kMasked = false;
+  const std::int64_t* idx;
+  QGRAD_HD std::int64_t arg(std::int64_t o) const { return idx[o]; }
+  QGRAD_HD bool bit(std::int64_t) const { return true; }
+};
+struct MaskedIndices {
+  static constexpr bool kMasked = true;
+  const std::int32_t* code;
+  QGRAD_HD std::int64_t arg(std::int64_t o) const { return code[o] >= 0 ? code[o] : -1 - std::int64_t{code[o]}; }
+  QGRAD_HD bool bit(std::int64_t o) const { return code[o] >= 0; }
+};
+
+// The gradient the gather wrote (T(sum)), through the fake quant's backward
+// when the indices are masked (formulas::FakeQuantGradOp: dy * mask, -0.0
+// kept).
+template <class T, class Ix>
+QGRAD_HD T pooled_grad(T g, bool bit) {
+  if constexpr (Ix::kMasked) {
+    bool unused = false;
+    return formulas::FakeQuantGradOp<T>{0, 0}(g, formulas::ChannelParams{}, bit, unused);
+  } else {
+    (void)bit;
+    return g;
+  }
+}
 
 // The outputs along one axis whose window may hold input row `i`: those
 // starting at most (k - 1) * d rows above it, [lo, hi] clipped to [0, out).
@@ -118,10 +193,10 @@ QGRAD_HD OutRange out_range(std::int64_t i, std::int64_t out, std::int64_t span,
   return {first <= 0 ? 0 : s.div(first + s.s - 1), min_i64(s.div(i + p), out - 1)};
 }
 
-template <class T>
+template <class T, class Ix>
 struct MaxPoolBackward {
   const T* dy;
-  const std::int64_t* idx;
+  Ix ix;
   T* dx;
   Pool2dGeometry g;
   PoolDivs dv;
@@ -133,12 +208,16 @@ struct MaxPoolBackward {
     const OutRange wr = out_range(a.col, g.ow, (g.kw - 1) * g.dw + 1, dv.sw, g.pw);
     const std::int64_t base = a.plane * g.oh * g.ow;
     M acc = M(0);
+    bool bit = true;  // element i's mask bit, from any output naming it (0 * either bit is +0)
     for (std::int64_t oh = hr.lo; oh <= hr.hi; ++oh)
       for (std::int64_t ow = wr.lo; ow <= wr.hi; ++ow) {
         const std::int64_t o = base + oh * g.ow + ow;
-        if (idx[o] == r) acc += M(dy[o]);
+        if (ix.arg(o) == r) {
+          acc += M(dy[o]);
+          bit = ix.bit(o);
+        }
       }
-    dx[i] = T(acc);
+    dx[i] = pooled_grad<T, Ix>(T(acc), bit);
   }
 };
 
@@ -147,18 +226,18 @@ struct MaxPoolBackward {
 // writes its whole window, each element once. The gather's values: an
 // element gets T(0 + dy[o]) where it is the window's argmax, else T(0).
 // A warp writes whole row segments (coalesced) and reads each idx / dy once.
-template <class T>
+template <class T, class Ix>
 struct MaxPoolBackwardTiled {
   const T* dy;
-  const std::int64_t* idx;
+  Ix ix;
   T* dx;
   Pool2dGeometry g;
   PlaneDivs out;
   QGRAD_HD void operator()(std::int64_t o) const {
     using M = op_math_t<T>;
     const PlaneDivs::At a = out.at(o);
-    const std::int64_t arg = idx[o];
-    const T hit = T(M(0) + M(dy[o])), miss = T(M(0));
+    const std::int64_t arg = ix.arg(o);
+    const T hit = pooled_grad<T, Ix>(T(M(0) + M(dy[o])), ix.bit(o)), miss = T(M(0));
     T* plane = dx + a.plane * g.ih * g.iw;
     const std::int64_t h0 = a.row * g.sh, w0 = a.col * g.sw;
     for (std::int64_t h = h0; h < h0 + g.sh; ++h)
@@ -346,22 +425,43 @@ bool windows_tile_input(const Pool2dGeometry& g) {
          g.oh * g.sh == g.ih && g.ow * g.sw == g.iw;
 }
 
+namespace {
+
+template <class T, class Ix>
+void max_pool_backward(const Tensor& dy, Ix ix, const Tensor& dx, const Pool2dGeometry& g, const char* what) {
+  const T* d = static_cast<const T*>(dy.data_ptr());
+  T* out = static_cast<T*>(dx.data_ptr());
+  if (windows_tile_input(g))
+    for_each_index(dy.device(), dy.numel(), MaxPoolBackwardTiled<T, Ix>{d, ix, out, g, PoolDivs::of(g).out}, what);
+  else for_each_index(dx.device(), dx.numel(), MaxPoolBackward<T, Ix>{d, ix, out, g, PoolDivs::of(g)}, what);
+}
+
+}  // namespace
+
 void max_pool2d_backward(const Tensor& dy, const Tensor& indices, const Tensor& dx, const Pool2dGeometry& g) {
   dispatch_floating(dx.dtype(), "max_pool2d_backward", [&](auto tag) {
+    max_pool_backward<typename decltype(tag)::type>(
+        dy, PlainIndices{static_cast<const std::int64_t*>(indices.data_ptr())}, dx, g, "max_pool2d_backward");
+  });
+}
+
+void fake_quantize_max_pool2d(const Tensor& x, const Tensor& y, const Tensor& codes, const formulas::ParamSource& p,
+                              std::int64_t qmin, std::int64_t qmax, const Pool2dGeometry& g) {
+  dispatch_floating(y.dtype(), "fake_quantize_max_pool2d", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    if (windows_tile_input(g)) {
-      for_each_index(dy.device(), dy.numel(),
-                     MaxPoolBackwardTiled<T>{static_cast<const T*>(dy.data_ptr()),
-                                             static_cast<const std::int64_t*>(indices.data_ptr()),
-                                             static_cast<T*>(dx.data_ptr()), g, PoolDivs::of(g).out},
-                     "max_pool2d_backward");
-      return;
-    }
-    for_each_index(dx.device(), dx.numel(),
-                   MaxPoolBackward<T>{static_cast<const T*>(dy.data_ptr()),
-                                      static_cast<const std::int64_t*>(indices.data_ptr()),
-                                      static_cast<T*>(dx.data_ptr()), g, PoolDivs::of(g)},
-                   "max_pool2d_backward");
+    for_each_index(y.device(), y.numel(),
+                   FakeQuantMaxPoolForward<T>{static_cast<const T*>(x.data_ptr()), static_cast<T*>(y.data_ptr()),
+                                              static_cast<std::int32_t*>(codes.data_ptr()), g, PoolDivs::of(g), p,
+                                              qmin, qmax},
+                   "fake_quantize_max_pool2d");
+  });
+}
+
+void fake_quantize_max_pool2d_backward(const Tensor& dy, const Tensor& codes, const Tensor& dx,
+                                       const Pool2dGeometry& g) {
+  dispatch_floating(dx.dtype(), "fake_quantize_max_pool2d_backward", [&](auto tag) {
+    max_pool_backward<typename decltype(tag)::type>(dy, MaskedIndices{static_cast<const std::int32_t*>(codes.data_ptr())},
+                                                    dx, g, "fake_quantize_max_pool2d_backward");
   });
 }
 

@@ -6,6 +6,7 @@
 
 #include "qgrad/core/tensor.h"
 #include "qgrad/kernels/formulas/pool.h"
+#include "qgrad/kernels/formulas/quantize.h"
 
 namespace qgrad::kernels {
 
@@ -24,6 +25,17 @@ void max_pool2d(const Tensor& x, const Tensor& y, const Tensor& indices, const P
 // Windows that tile the input (windows_tile_input) take one index per
 // window, writing the gather's values (0 + dy[o] at its index, 0 elsewhere).
 void max_pool2d_backward(const Tensor& dy, const Tensor& indices, const Tensor& dx, const Pool2dGeometry& g);
+// max_pool2d of fake_quantize_per_tensor(x, p, qmin, qmax) (p: the device or
+// host scale and zero point) without the fake-quantized tensor: each window
+// scanned over the fake-quantized values (formulas::FakeQuantOp), y the
+// max; codes (s32, y's shape) the flat index r of the argmax in its plane,
+// or -1 - r when the argmax's fake-quant mask bit is 0 (planes of < 2^31
+// elements). The backward writes what max_pool2d_backward and the fake
+// quant's backward (dy * mask) write in turn.
+void fake_quantize_max_pool2d(const Tensor& x, const Tensor& y, const Tensor& codes, const formulas::ParamSource& p,
+                              std::int64_t qmin, std::int64_t qmax, const Pool2dGeometry& g);
+void fake_quantize_max_pool2d_backward(const Tensor& dy, const Tensor& codes, const Tensor& dx,
+                                       const Pool2dGeometry& g);
 // No padding, each window's span (kernel - 1) * dilation + 1 equal to its
 // stride, and the input exactly oh x ow windows: every element in one window.
 bool windows_tile_input(const Pool2dGeometry& g);

@@ -43,7 +43,21 @@ Sequential& Sequential::push_back(const std::string& name, std::shared_ptr<Modul
 
 Tensor Sequential::forward(const Tensor& x) {
   Tensor h = x;
-  for (const auto& [n, m] : named_children()) h = m->forward(h);
+  const auto& c = named_children();
+  for (std::size_t i = 0; i < c.size(); ++i) {
+    // The next child that computes something: prepare_qat leaves Identity
+    // modules where it fused a BatchNorm2d and a ReLU into a conv.
+    std::size_t j = i + 1;
+    while (j < c.size() && c[j].second->type_name() == "Identity") ++j;
+    if (j < c.size()) {
+      if (std::optional<Tensor> fused = c[i].second->forward_with_next(h, *c[j].second)) {
+        h = std::move(*fused);
+        i = j;
+        continue;
+      }
+    }
+    h = c[i].second->forward(h);
+  }
   return h;
 }
 

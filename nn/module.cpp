@@ -49,6 +49,8 @@ Module& Module::child(std::size_t index) const {
   return *children_[index].second;
 }
 
+std::optional<Tensor> Module::forward_with_next(const Tensor&, Module&) { return std::nullopt; }
+
 std::shared_ptr<Module> Module::clone() const {
   throw Error("Module::clone", type_name(), "a " + type_name() + " cannot be copied (it does not implement clone)");
 }

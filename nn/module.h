@@ -30,6 +30,13 @@ class Module {
 
   virtual Tensor forward(const Tensor& x) = 0;
   Tensor operator()(const Tensor& x) { return forward(x); }
+  // next.forward(forward(x)) as one fused computation, the same values and
+  // gradients, when this module has one for that kind of `next` (a fused
+  // Conv-BN-ReLU followed by a MaxPool2d: its activation fake quant and the
+  // pooling as one op); std::nullopt otherwise, having run nothing.
+  // Sequential::forward asks each child about the next child that is not
+  // an Identity (the placeholders prepare_qat leaves).
+  virtual std::optional<Tensor> forward_with_next(const Tensor& x, Module& next);
   // A short type name ("Linear", "ReLU", ...), used by convert and errors.
   virtual std::string type_name() const = 0;
 

@@ -58,6 +58,11 @@ class MaxPool2d : public Module {
                      Size2 dilation = 1, bool ceil_mode = false);
   Tensor forward(const Tensor& x) override;
   std::string type_name() const override { return "MaxPool2d"; }
+  Size2 kernel_size() const { return kernel_; }
+  std::optional<Size2> stride() const { return stride_; }
+  Size2 padding() const { return padding_; }
+  Size2 dilation() const { return dilation_; }
+  bool ceil_mode() const { return ceil_mode_; }
 
  private:
   Size2 kernel_, padding_, dilation_;

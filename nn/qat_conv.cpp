@@ -76,7 +76,18 @@ Tensor ConvBn2d::scale_factor() const {
   return div(bn_->weight(), ::qgrad::sqrt(add(bn_->running_var(), bn_->eps())));
 }
 
-Tensor ConvBn2d::forward(const Tensor& x) {
+Tensor ConvBn2d::forward(const Tensor& x) { return act_fq_->forward(normalized(x)); }
+
+std::optional<Tensor> ConvBn2d::forward_with_next(const Tensor& x, Module& next) {
+  auto* pool = dynamic_cast<MaxPool2d*>(&next);
+  if (!pool) return std::nullopt;
+  // The activation fake quant and the pooling as one op
+  // (fake_quantize_max_pool2d): the same values and gradients.
+  return act_fq_->forward_max_pool(normalized(x), pool->kernel_size(), pool->stride(), pool->padding(),
+                                   pool->dilation(), pool->ceil_mode());
+}
+
+Tensor ConvBn2d::normalized(const Tensor& x) {
   const std::int64_t c = weight_.size(0);
   const Tensor f = scale_factor();
   const Tensor w_fq = weight_fq_->forward(mul(weight_, f.reshape({c, 1, 1, 1})));
@@ -88,14 +99,10 @@ Tensor ConvBn2d::forward(const Tensor& x) {
   // running statistics normalise and stay (PyTorch sets bn.training = False
   // and keeps it there); otherwise the BatchNorm2d module follows the
   // model's train/eval mode.
-  Tensor y;
-  if (freeze_bn_ && bn_->is_training()) {
-    y = channel_div_add_batch_norm(z, f, bias_, bn_->weight(), bn_->bias(), bn_->running_mean(), bn_->running_var(),
-                                   /*training=*/false, relu_, 0.0, bn_->eps(), Tensor());
-  } else {
-    y = bn_->forward_div_add(z, f, bias_, relu_);
-  }
-  return act_fq_->forward(y);
+  if (freeze_bn_ && bn_->is_training())
+    return channel_div_add_batch_norm(z, f, bias_, bn_->weight(), bn_->bias(), bn_->running_mean(),
+                                      bn_->running_var(), /*training=*/false, relu_, 0.0, bn_->eps(), Tensor());
+  return bn_->forward_div_add(z, f, bias_, relu_);
 }
 
 std::pair<Tensor, Tensor> ConvBn2d::folded_weight_bias() const {

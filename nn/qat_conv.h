@@ -30,6 +30,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <utility>
 
 #include "qgrad/nn/conv.h"
@@ -80,6 +81,9 @@ class ConvBn2d : public Module {
  public:
   ConvBn2d(const Conv2d& conv, std::shared_ptr<BatchNorm2d> bn, const QConfig& qconfig, bool relu = false);
   Tensor forward(const Tensor& x) override;
+  // Followed by a MaxPool2d: the activation fake quant and the pooling as
+  // one op (FakeQuantize::forward_max_pool).
+  std::optional<Tensor> forward_with_next(const Tensor& x, Module& next) override;
   std::string type_name() const override { return relu_ ? "ConvBnReLU2d" : "ConvBn2d"; }
   // PyTorch's freeze_bn_stats / update_bn_stats: the running statistics
   // stop (resume) moving and normalise in training too.
@@ -101,6 +105,7 @@ class ConvBn2d : public Module {
 
  private:
   Tensor scale_factor() const;  // bn.weight / sqrt(running_var + eps), [C]
+  Tensor normalized(const Tensor& x);  // the forward before the activation fake quant
   Conv2dOptions conv_;
   bool relu_;
   bool freeze_bn_ = false;

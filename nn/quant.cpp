@@ -6,6 +6,7 @@
 #include "qgrad/autograd/node.h"
 #include "qgrad/ops/factory.h"
 #include "qgrad/ops/observer.h"
+#include "qgrad/ops/pool_norm.h"
 #include "qgrad/ops/quantize.h"
 
 namespace qgrad::nn {
@@ -181,6 +182,18 @@ Tensor FakeQuantize::forward(const Tensor& x) {
   if (is_per_channel(o.qscheme))
     return ::qgrad::fake_quantize_per_channel(x, scale_, zero_point_, o.ch_axis, qmin(), qmax());
   return ::qgrad::fake_quantize_per_tensor(x, scale_, zero_point_, qmin(), qmax());
+}
+
+Tensor FakeQuantize::forward_max_pool(const Tensor& x, Size2 kernel_size, std::optional<Size2> stride, Size2 padding,
+                                      Size2 dilation, bool ceil_mode) {
+  const ObserverOptions& o = observer_->options();
+  if (!fake_quant_enabled_ || is_per_channel(o.qscheme))
+    return ::qgrad::max_pool2d(forward(x), kernel_size, stride, padding, dilation, ceil_mode);
+  // The observer update forward() runs (observe_and_fake_quantize's minmax
+  // and qparams; the same kernels and values), then the fused op.
+  if (observer_enabled_) observer_->observe_and_calculate_qparams(x.detach(), scale_, zero_point_);
+  return ::qgrad::fake_quantize_max_pool2d(x, scale_, zero_point_, qmin(), qmax(), kernel_size, stride, padding,
+                                           dilation, ceil_mode);
 }
 
 // ---- LearnableFakeQuantize ----

@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "qgrad/nn/module.h"
+#include "qgrad/ops/pool_norm.h"
 #include "qgrad/ops/quantize.h"
 
 namespace qgrad::nn {
@@ -119,6 +120,11 @@ class FakeQuantize : public Module {
  public:
   explicit FakeQuantize(const ObserverOptions& options);
   Tensor forward(const Tensor& x) override;
+  // max_pool2d(forward(x), ...), the same values, observer state and
+  // gradients: with fake quant on and per-tensor qparams, the observer
+  // update and then fake_quantize_max_pool2d (no fake-quantized tensor).
+  Tensor forward_max_pool(const Tensor& x, Size2 kernel_size, std::optional<Size2> stride, Size2 padding,
+                          Size2 dilation, bool ceil_mode);
   std::string type_name() const override { return "FakeQuantize"; }
   void enable_observer(bool on = true) { observer_enabled_ = on; }
   void enable_fake_quant(bool on = true) { fake_quant_enabled_ = on; }

@@ -55,6 +55,13 @@ inline void finite_positive(double v, const char* op, const char* arg) {
 // `op` and "act.*". Defined in ops/quantized_linear.cpp.
 void static_activation_quant(const ActivationQuant& act, Device dev, const char* op);
 
+// Per-tensor tensor qparams, as fake_quantize_per_tensor checks them: qmin <
+// qmax within int32; scale f32 and zero_point s32, one element each, on
+// ref's device; on the CPU their values (scale finite, > 0 with a finite
+// reciprocal; zero point in [qmin, qmax]). Defined in ops/quantize.cpp.
+void per_tensor_qparams(const Tensor& ref, const Tensor& scale, const Tensor& zero_point, std::int64_t qmin,
+                        std::int64_t qmax, const char* op);
+
 // FP8 tensor cores: compute capability >= 8.9 (Ada, Hopper and later); `cc`
 // as cuda_compute_capability gives it (major * 10 + minor). The FP8 ops
 // refuse an older GPU rather than give a wrong answer; the check takes the

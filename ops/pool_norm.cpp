@@ -98,6 +98,28 @@ MaxPool2dResult max_pool(const char* op, const Tensor& x, Size2 k, std::optional
 
 }  // namespace
 
+Tensor fake_quantize_max_pool2d(const Tensor& x, const Tensor& scale, const Tensor& zero_point, std::int64_t qmin,
+                                std::int64_t qmax, Size2 kernel_size, std::optional<Size2> stride, Size2 padding,
+                                Size2 dilation, bool ceil_mode) {
+  const char* op = "fake_quantize_max_pool2d";
+  check::floating(x, op, "x");
+  check::per_tensor_qparams(x, scale, zero_point, qmin, qmax, op);
+  const Pool2dGeometry g = pool_geometry(op, x, kernel_size, stride, padding, dilation, ceil_mode);
+  QGRAD_CHECK(g.ih * g.iw < (std::int64_t{1} << 31), op, "x", "planes of 2^31 or more elements are not supported, got ",
+              g.ih, " x ", g.iw);
+  Tensor out = Tensor::empty(pooled_shape(x, g), like(x, x.dtype()));
+  Tensor codes = Tensor::empty(out.shape(), like(x, DType::s32));
+  const formulas::ParamSource p{scale.data<float>(), zero_point.data<std::int32_t>()};
+  kernels::fake_quantize_max_pool2d(x, out, codes, p, qmin, qmax, g);
+  if (any_requires_grad({x}))
+    record(op, out, {x}, [codes, g, shape = x.shape()](const Tensor& dy) {
+      Tensor dx = Tensor::empty(shape, like(dy, dy.dtype()));
+      kernels::fake_quantize_max_pool2d_backward(dy, codes, dx, g);
+      return std::vector<Tensor>{dx};
+    }, codes.nbytes());
+  return out;
+}
+
 Tensor max_pool2d(const Tensor& x, Size2 kernel_size, std::optional<Size2> stride, Size2 padding, Size2 dilation,
                   bool ceil_mode) {
   return max_pool("max_pool2d", x, kernel_size, stride, padding, dilation, ceil_mode, false).output;

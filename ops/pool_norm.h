@@ -45,6 +45,19 @@ Tensor max_pool2d(const Tensor& x, Size2 kernel_size, std::optional<Size2> strid
 MaxPool2dResult max_pool2d_with_indices(const Tensor& x, Size2 kernel_size, std::optional<Size2> stride = std::nullopt,
                                         Size2 padding = 0, Size2 dilation = 1, bool ceil_mode = false);
 
+// max_pool2d(fake_quantize_per_tensor(x, scale, zero_point, qmin, qmax), ...)
+// as one op, bit for bit (values and the gradient of x), without the
+// fake-quantized tensor: each window is scanned over the fake-quantized
+// values, and the backward writes, per element, the max-pooling gradient
+// times the fake quant's mask (straight-through). Saves 4 bytes per output
+// (the argmax and its mask bit) instead of max_pool2d's 8 and the fake
+// quant's bit per input element. scale f32 and zero_point s32 tensors of
+// one element (values checked on the CPU, as fake_quantize_per_tensor does);
+// floating x only; planes of fewer than 2^31 elements.
+Tensor fake_quantize_max_pool2d(const Tensor& x, const Tensor& scale, const Tensor& zero_point, std::int64_t qmin,
+                                std::int64_t qmax, Size2 kernel_size, std::optional<Size2> stride = std::nullopt,
+                                Size2 padding = 0, Size2 dilation = 1, bool ceil_mode = false);
+
 // The mean of each window (no dilation); divisor: the window clipped to the
 // padded input with count_include_pad, else the elements inside the input.
 Tensor avg_pool2d(const Tensor& x, Size2 kernel_size, std::optional<Size2> stride = std::nullopt, Size2 padding = 0,

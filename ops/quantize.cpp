@@ -334,6 +334,12 @@ Tensor lsq_forward(const char* name, const Tensor& x, const Tensor& scale, const
 
 }  // namespace
 
+void check::per_tensor_qparams(const Tensor& ref, const Tensor& scale, const Tensor& zero_point, std::int64_t qmin,
+                               std::int64_t qmax, const char* op) {
+  check_range(qmin, qmax, op);
+  tensor_scope(ref, scale, zero_point, nullptr, qmin, qmax, op);
+}
+
 // ---- fake quantize ----
 Tensor fake_quantize_per_tensor(const Tensor& x, double scale, std::int64_t zero_point, std::int64_t qmin,
                                 std::int64_t qmax) {

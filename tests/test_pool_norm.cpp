@@ -270,6 +270,58 @@ TEST_CASE("max_pool2d saves the indices, not the input") {
   CHECK(bit_equal(max_pool2d(x, 2), y));
 }
 
+TEST_CASE("fake_quantize_max_pool2d equals max_pool2d(fake_quantize_per_tensor) bit for bit: ties, mask, NaN, -0.0") {
+  // Values on a 1/16 grid (so many round to the same multiple of the scale
+  // 1/8, ties inside windows), beyond the clamp range on both sides (a mask
+  // bit of 0 at the argmax) and NaN; upstream gradients with -0.0 and
+  // negative values; tiled windows (the backward's one index per window)
+  // and overlapping ones with padding and ceil_mode (the gather). Output,
+  // input gradient and saved bytes against the composition, every device
+  // and floating dtype (the conformance harness runs it into poisoned blocks).
+  struct Case {
+    Shape shape;
+    Size2 k;
+    std::optional<Size2> s;
+    Size2 p;
+    bool ceil;
+  };
+  const Case cases[] = {{{2, 3, 8, 6}, 2, std::nullopt, 0, false}, {{1, 4, 7, 9}, 3, Size2{2}, 1, true}};
+  for (const Case& c : cases) {
+    std::vector<double> xv = values(rnd(c.shape, 0xfa, DType::f64, 14.0));
+    for (double& v : xv) v = std::floor(v * 16) / 16;
+    xv[5] = NAN;
+    xv[xv.size() / 2] = -1e30;
+    const std::int64_t qmin = -128, qmax = 127;
+    for (const Device dev : test_devices()) {
+      for (DType dt : {DType::f32, DType::f64, DType::f16, DType::bf16}) {
+        INFO(dev.str(), " ", dtype_name(dt), " ", shape_str(c.shape));
+        const TensorOptions o = TensorOptions{}.with_device(dev);
+        const Tensor x0 = Tensor::from_vector(xv, c.shape).to(dt).to(dev);
+        const Tensor scale = full({1}, 0.125, o), zp = full({1}, 3.0, TensorOptions{}.with_device(dev).with_dtype(DType::s32));
+        const auto run = [&](bool fused) {
+          Tensor x = x0.detach();
+          x.set_requires_grad(true);
+          Tensor y = fused ? fake_quantize_max_pool2d(x, scale, zp, qmin, qmax, c.k, c.s, c.p, 1, c.ceil)
+                           : max_pool2d(fake_quantize_per_tensor(x, scale, zp, qmin, qmax), c.k, c.s, c.p, 1, c.ceil);
+          std::vector<double> dv = values(rnd(y.shape(), 0xfb));
+          for (std::size_t i = 0; i < dv.size(); i += 3) dv[i] = -0.0;
+          y.backward(Tensor::from_vector(dv, y.shape()).to(dt).to(dev));
+          return std::pair<Tensor, Tensor>{y, x.grad()};
+        };
+        const auto [want_y, want_dx] = run(false);
+        const auto [got_y, got_dx] = run(true);
+        CHECK(bit_equal(got_y, want_y));
+        CHECK(bit_equal(got_dx, want_dx));
+        // Real values: masked argmaxes (zero gradients) and passed ones.
+        const std::vector<double> g = values(want_dx);
+        CHECK(std::count_if(g.begin(), g.end(), [](double v) { return v != 0; }) > 4);
+        CHECK(std::isnan(values(want_y)[0]) == std::isnan(values(got_y)[0]));
+        CHECK(got_y.grad_fn()->saved_bytes == static_cast<std::size_t>(got_y.numel()) * sizeof(std::int32_t));
+      }
+    }
+  }
+}
+
 // ---------------------------------------------------------------- avg_pool2d
 
 TEST_CASE("avg_pool2d: PyTorch's divisors (count_include_pad, ceil_mode windows clipped at the end)") {

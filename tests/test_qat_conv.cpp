@@ -218,6 +218,83 @@ TEST_CASE("prepare_qat fuses Conv2d -> BatchNorm2d (-> ReLU) and Conv2d (-> ReLU
   CHECK(error_of([&] { prepare_qat(*m); }).find("already prepared") != std::string::npos);
 }
 
+TEST_CASE("Sequential fuses a fused conv's activation fake quant with the MaxPool2d after it: the same bits") {
+  // Two copies of a CNN (Conv-BN-ReLU-MaxPool, Conv-BN-MaxPool, a pooling
+  // with padding and ceil_mode) prepared for QAT: one run by Sequential
+  // (each fused conv and the MaxPool2d after its Identity placeholders as
+  // fake_quantize_max_pool2d), one child by child. Three training passes:
+  // outputs, every gradient and every buffer (observer ranges, qparams,
+  // running statistics, counters) bit for bit; then with the observers off
+  // and in eval mode.
+  for (const Device dev : qgrad::testing::test_devices()) {
+    CAPTURE(dev.str());
+    const auto make = [&] {
+      Generator gen(21);
+      Conv2dOptions p1;
+      p1.padding = {1, 1};
+      auto m = std::make_shared<Sequential>();
+      m->emplace_back<Unflatten>(1, Shape{1, 10, 10});
+      m->emplace_back<Conv2d>(1, 4, std::array<std::int64_t, 2>{3, 3}, gen, p1);
+      m->emplace_back<BatchNorm2d>(4);
+      m->emplace_back<ReLU>();
+      m->emplace_back<MaxPool2d>(2);
+      m->emplace_back<Conv2d>(4, 6, std::array<std::int64_t, 2>{3, 3}, gen, p1);
+      m->emplace_back<BatchNorm2d>(6);
+      m->emplace_back<MaxPool2d>(Size2{3}, Size2{2}, Size2{1}, Size2{1}, true);
+      m->emplace_back<Flatten>();
+      m->emplace_back<Linear>(6 * 3 * 3, 5, gen);
+      m->to(dev);
+      prepare_qat(*m);
+      return m;
+    };
+    auto fused = make(), plain = make();
+    const auto child_by_child = [](Sequential& m, const Tensor& x) {
+      Tensor h = x;
+      for (std::size_t i = 0; i < m.size(); ++i) h = m[i]->forward(h);
+      return h;
+    };
+    const auto same_state = [](Sequential& a, Sequential& b) {
+      const NamedTensors ta = a.state_dict(), tb = b.state_dict();
+      REQUIRE(ta.size() == tb.size());
+      for (std::size_t i = 0; i < ta.size(); ++i) {
+        CAPTURE(ta[i].first);
+        CHECK(qgrad::testing::bit_equal(ta[i].second, tb[i].second));
+      }
+    };
+    Generator data(22);
+    const TensorOptions o = TensorOptions{}.with_device(dev);
+    for (int step = 0; step < 3; ++step) {
+      CAPTURE(step);
+      const Tensor x = mul(randn({16, 100}, data, o), 1.5);
+      const Tensor dy = randn({16, 5}, data, o);
+      fused->zero_grad();
+      plain->zero_grad();
+      const Tensor yf = (*fused)(x), yp = child_by_child(*plain, x);
+      CHECK(qgrad::testing::bit_equal(yf, yp));
+      // The fused path ran (both poolings), the plain one did not.
+      const std::string gf = to_dot(yf), gp = to_dot(yp);
+      CHECK(gf.find("fake_quantize_max_pool2d") != std::string::npos);
+      CHECK(gf.find("\"max_pool2d") == std::string::npos);
+      CHECK(gp.find("fake_quantize_max_pool2d") == std::string::npos);
+      yf.backward(dy);
+      yp.backward(dy);
+      const NamedTensors pf = fused->named_parameters(), pp = plain->named_parameters();
+      for (std::size_t i = 0; i < pf.size(); ++i) {
+        CAPTURE(pf[i].first);
+        CHECK(qgrad::testing::bit_equal(pf[i].second.grad(), pp[i].second.grad()));
+      }
+      same_state(*fused, *plain);
+    }
+    enable_observer(*fused, false);
+    enable_observer(*plain, false);
+    fused->eval();
+    plain->eval();
+    NoGradGuard no_grad;
+    const Tensor x = randn({8, 100}, data, o);
+    CHECK(qgrad::testing::bit_equal((*fused)(x), child_by_child(*plain, x)));
+  }
+}
+
 TEST_CASE("prepare_qat leaves a model untouched when a fusion pattern is bad") {
   Generator gen(4);
   auto m = std::make_shared<Sequential>();

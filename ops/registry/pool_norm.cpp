@@ -163,6 +163,38 @@ std::vector<BadInput> div_add_batch_norm_errors(Device d) {
   }
   return c;
 }
+// fake_quantize_max_pool2d: the pooling's argument errors (with valid
+// qparams) and the per-tensor qparams' (with a valid pooling).
+std::vector<BadInput> fq_max_pool_errors(Device d) {
+  constexpr const char* op = "fake_quantize_max_pool2d";
+  const Tensor s1 = full({1}, 0.125, on(d)), z1 = full({1}, 3.0, on(d, DType::s32));
+  std::vector<BadInput> c = pool_errors(
+      op, d,
+      [=](const Tensor& x, Size2 k, std::optional<Size2> s, Size2 p, Size2 dl) {
+        fake_quantize_max_pool2d(x, s1, z1, -128, 127, k, s, p, dl);
+      },
+      true);
+  const Tensor x = some({2, 3, 4, 4}, d);
+  const auto f = [=](const Tensor& s, const Tensor& z, std::int64_t qmin, std::int64_t qmax) {
+    fake_quantize_max_pool2d(x, s, z, qmin, qmax, 2);
+  };
+  c.push_back({op, "scale", [=] { f(Tensor(), z1, -128, 127); }});
+  c.push_back({op, "scale", [=] { f(s1.to(DType::f64), z1, -128, 127); }});
+  c.push_back({op, "scale", [=] { f(full({2}, 0.125, on(d)), z1, -128, 127); }});
+  c.push_back({op, "zero_point", [=] { f(s1, z1.to(DType::s64), -128, 127); }});
+  c.push_back({op, "zero_point", [=] { f(s1, full({2}, 3.0, on(d, DType::s32)), -128, 127); }});
+  c.push_back({op, "qmax", [=] { f(s1, z1, 5, 5); }});
+  c.push_back({op, "qmin", [=] { f(s1, z1, -(std::int64_t{1} << 40), 127); }});
+  c.push_back({op, "scale", [=] { f(full({1}, 0.0, on(d)), z1, -128, 127); }, true});
+  c.push_back({op, "scale", [=] { f(full({1}, NAN, on(d)), z1, -128, 127); }, true});
+  c.push_back({op, "zero_point", [=] { f(s1, full({1}, 300.0, on(d, DType::s32)), -128, 127); }, true});
+  if (has_other(d)) {
+    c.push_back({op, "scale", [=] { f(full({1}, 0.125, on(other(d))), z1, -128, 127); }});
+    c.push_back({op, "zero_point", [=] { f(s1, full({1}, 3.0, on(other(d), DType::s32)), -128, 127); }});
+  }
+  return c;
+}
+
 std::vector<BadInput> batch_norm_relu_errors(Device d) { return norm_errors(d, "batch_norm_relu", batch_norm_relu); }
 
 }  // namespace
@@ -193,6 +225,37 @@ std::vector<OpEntry> pool_norm_entries() {
                  for (BadInput& b : pool_errors("max_pool2d_with_indices", d, max_idx_fn, true)) c.push_back(b);
                  return c;
                }});
+  // fake_quantize_max_pool2d: tiled 2x2 windows (one index per window in
+  // the backward), and overlapping 3x3 windows with stride 2, padding 1 and
+  // ceil_mode (the gather); values on the quantization grid and beyond it
+  // (ties after rounding, clamped ranges: the mask), scale 1/8, zero point
+  // 3. The gradient: the composition's, max_pool2d of
+  // fake_quantize_per_tensor, on the CPU in f64.
+  const auto fq_pool_entry = [](const char* name, Shape shape, Size2 k, std::optional<Size2> s, Size2 p, bool ceil) {
+    const auto call = [=](const Tensor& x, const Tensor& sc, const Tensor& zp, bool fused) {
+      return fused ? fake_quantize_max_pool2d(x, sc, zp, -128, 127, k, s, p, 1, ceil)
+                   : max_pool2d(fake_quantize_per_tensor(x, sc, zp, -128, 127), k, s, p, 1, ceil);
+    };
+    return OpEntry{name,
+                   {"fake_quantize_max_pool2d"},
+                   kFloat,
+                   [shape](Device d, DType dt, Generator& g) {
+                     return Tensors{quant_input(shape, g, d, dt, 0.125, 3, -128, 127), full({1}, 0.125, on(d)),
+                                    full({1}, 3.0, on(d, DType::s32))};
+                   },
+                   [call](const Tensors& v) { return Tensors{call(v[0], v[1], v[2], true)}; },
+                   Promise::bit_identical(),
+                   GradMethod::host_reference,
+                   [call](const Tensors& v, const Tensor& dy) {
+                     Tensor x = leaf(v[0].detach().cpu().to(DType::f64));
+                     call(x, v[1].cpu(), v[2].cpu(), false).backward(dy.detach().cpu().to(DType::f64));
+                     return std::vector<std::vector<double>>{x.grad().to_vector<double>()};
+                   },
+                   {},
+                   fq_max_pool_errors};
+  };
+  e.push_back(fq_pool_entry("fake_quantize_max_pool2d (tiled windows)", {2, 3, 6, 8}, 2, std::nullopt, 0, false));
+  e.push_back(fq_pool_entry("fake_quantize_max_pool2d (overlapping windows)", {1, 4, 7, 9}, 3, Size2{2}, 1, true));
   // Dilation 2, stride 1 x 3, padding only along the rows, no ceil_mode.
   e.push_back({"max_pool2d (dilation)", {"max_pool2d", "max_pool2d_with_indices"}, kFloat,
                [](Device d, DType dt, Generator& g) { return Tensors{distinct({1, 2, 9, 10}, g, d, dt)}; },

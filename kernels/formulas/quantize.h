@@ -158,17 +158,7 @@ QGRAD_HD bool clamped_quant(T x, const ChannelParams& p, std::int64_t qmin, std:
   return !nan;
 }
 
-// Integers strictly inside +-2^24 are exact floats, and so is every sum of
-// two of them that stays inside: the float forms below use this.
-inline constexpr std::int64_t kExactFloatInt = std::int64_t{1} << 24;
-QGRAD_HD bool float_exact_int(std::int64_t v) { return v > -kExactFloatInt && v < kExactFloatInt; }
-
 // fake quantize: y = (clamp(q) - zp) * scale; bit = qmin <= q <= qmax.
-// In float op math with qmin, qmax, zp, qmin - zp and qmax - zp inside
-// +-2^24 the integers are formed in float (QuantizeOp below says why that
-// gives the same q and bit for every input) and qc - zp is exact, so y =
-// T(float(qc - zp) * scale) is dequant_value's number in both of its forms;
-// NaN returns x. (The int64 form made the f32 kernels instruction-bound.)
 template <class T, bool kDoubleProduct>
 struct FakeQuantOp {
   using In = T;
@@ -176,20 +166,15 @@ struct FakeQuantOp {
   static constexpr bool kParams = true, kReadsMask = false, kWritesMask = true;
   std::int64_t qmin, qmax;
   QGRAD_HD Out operator()(In x, const ChannelParams& p, bool, bool& bit) const {
-    if constexpr (std::is_same_v<op_math_t<T>, float>) {
-      if (float_exact_int(qmin) && float_exact_int(qmax) && float_exact_int(p.zp) && float_exact_int(qmin - p.zp) &&
-          float_exact_int(qmax - p.zp)) {
-        const float lo = static_cast<float>(qmin), hi = static_cast<float>(qmax), z = static_cast<float>(p.zp);
-        const float r = round_half_even(static_cast<float>(x) * p.inv_scale) + z;
-        bit = r >= lo && r <= hi;
-        if (is_nan(r)) return x;
-        return T((fminf(fmaxf(r, lo), hi) - z) * p.scale);
-      }
-    }
     std::int64_t qc;
     return clamped_quant(x, p, qmin, qmax, qc, bit) ? dequant_value<T, kDoubleProduct>(qc, p.zp, p.scale) : x;
   }
 };
+
+// Integers strictly inside +-2^24 are exact floats, and so is every sum of
+// two of them that stays inside: the float forms below use this.
+inline constexpr std::int64_t kExactFloatInt = std::int64_t{1} << 24;
+QGRAD_HD bool float_exact_int(std::int64_t v) { return v > -kExactFloatInt && v < kExactFloatInt; }
 
 // quantize to integer type I: clamp(q, qmin, qmax) (qmin/qmax: I's range).
 // In float op math with qmin, qmax and zp inside +-2^24 the integer q is

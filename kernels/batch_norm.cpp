@@ -130,10 +130,10 @@ struct PartialMoments {
     }
     const Unscale<T> u = in;
     const std::int64_t c = ch.c;
-    const M mean = sum_strided_map(first, count, lanes, [u, c](M x) { return u(T(x), c); }) / M(count);
+    const M mean = sum_strided_map(first, count, lanes, [u, c](M val) { return u(T(val), c); }) / M(count);
     const SquaredDeviation<M> dev{mean};
     part[p] =
-        Moments<M>(M(count), mean, sum_strided_map(first, count, lanes, [u, c, dev](M x) { return dev(u(T(x), c)); }));
+        Moments<M>(M(count), mean, sum_strided_map(first, count, lanes, [u, c, dev](M val) { return dev(u(T(val), c)); }));
   }
 };
 

@@ -97,27 +97,37 @@ __global__ void count_mismatch(const std::uint32_t* a, const std::uint32_t* b, s
   if (i < n && a[i] != b[i]) atomicAdd(bad, 1ull);
 }
 
-template <class Op>
-float time_kernel(const float* x, float* y, std::uint32_t* mask, Params prm, Op op) {
-  const std::int64_t nv = kN / 4;
-  const unsigned blocks = static_cast<unsigned>(nv / 256);
+// Median of 20 event timings of work() after 3 warm-up runs, ms.
+template <class Work>
+float median_ms(Work work) {
   cudaEvent_t a, b;
   QGRAD_CUDA_CHECK(cudaEventCreate(&a));
   QGRAD_CUDA_CHECK(cudaEventCreate(&b));
   std::vector<float> ms;
   for (int r = 0; r < 23; ++r) {
     QGRAD_CUDA_CHECK(cudaEventRecord(a));
-    fake_quant_kernel<<<blocks, 256>>>(reinterpret_cast<const float4*>(x), reinterpret_cast<float4*>(y), mask, nv,
-                                       prm, op);
-    QGRAD_CUDA_CHECK(cudaGetLastError());
+    work();
     QGRAD_CUDA_CHECK(cudaEventRecord(b));
     QGRAD_CUDA_CHECK(cudaEventSynchronize(b));
     float t = 0;
     QGRAD_CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
     if (r >= 3) ms.push_back(t);
   }
+  QGRAD_CUDA_CHECK(cudaEventDestroy(a));
+  QGRAD_CUDA_CHECK(cudaEventDestroy(b));
   std::sort(ms.begin(), ms.end());
   return ms[ms.size() / 2];
+}
+
+template <class Op>
+float time_kernel(const float* x, float* y, std::uint32_t* mask, Params prm, Op op) {
+  const std::int64_t nv = kN / 4;
+  const unsigned blocks = static_cast<unsigned>(nv / 256);
+  return median_ms([&] {
+    fake_quant_kernel<<<blocks, 256>>>(reinterpret_cast<const float4*>(x), reinterpret_cast<float4*>(y), mask, nv,
+                                       prm, op);
+    QGRAD_CUDA_CHECK(cudaGetLastError());
+  });
 }
 
 unsigned long long mismatches(const void* a, const void* b, std::int64_t words, unsigned long long* bad) {
@@ -175,21 +185,8 @@ int main() {
   QGRAD_CUDA_CHECK(cudaMemcpy(zp, hz.data(), sizeof(std::int32_t) * kChannels, cudaMemcpyHostToDevice));
 
   // The copy: read and write the same bytes as a fake quant (the mask aside).
-  cudaEvent_t a, b;
-  QGRAD_CUDA_CHECK(cudaEventCreate(&a));
-  QGRAD_CUDA_CHECK(cudaEventCreate(&b));
-  std::vector<float> cms;
-  for (int r = 0; r < 13; ++r) {
-    QGRAD_CUDA_CHECK(cudaEventRecord(a));
-    QGRAD_CUDA_CHECK(cudaMemcpyAsync(copy, x, bytes, cudaMemcpyDeviceToDevice));
-    QGRAD_CUDA_CHECK(cudaEventRecord(b));
-    QGRAD_CUDA_CHECK(cudaEventSynchronize(b));
-    float t = 0;
-    QGRAD_CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
-    if (r >= 3) cms.push_back(t);
-  }
-  std::sort(cms.begin(), cms.end());
-  const float copy_ms = cms[cms.size() / 2];
+  const float copy_ms =
+      median_ms([&] { QGRAD_CUDA_CHECK(cudaMemcpyAsync(copy, x, bytes, cudaMemcpyDeviceToDevice)); });
   std::printf("device-to-device copy of 1 GiB: %.4f ms\n", copy_ms);
 
   int failures = 0;

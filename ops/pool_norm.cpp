@@ -216,23 +216,20 @@ Tensor channel_div_add(const Tensor& x, const Tensor& divisor, const Tensor& bia
 
 namespace {
 
-// batch_norm, with relu batch_norm_relu, with a divisor
+// batch_norm, with relu batch_norm_relu, with a divisor (defined)
 // channel_div_add_batch_norm. Saves x (detached), weight, the per-channel
 // mean and invstd in op math (batch statistics in training, running ones in
 // evaluation), with relu the bias (to recompute relu's mask from x), and
 // with a divisor the divisor and shift (to recompute the normalised input).
 Tensor batch_norm_impl(const char* op, const Tensor& x, const Tensor& divisor, const Tensor& shift,
                        const Tensor& weight, const Tensor& bias, const Tensor& running_mean, const Tensor& running_var,
-                       bool training, double momentum, double eps, const Tensor& num_batches_tracked, bool relu,
-                       bool fused) {
+                       bool training, double momentum, double eps, const Tensor& num_batches_tracked, bool relu) {
+  const bool fused = divisor.defined();
   check::floating(x, op, "x");
   QGRAD_CHECK(x.dim() >= 2, op, "x", "expected rank >= 2 [N, C, ...], got shape ", shape_str(x.shape()));
   check::non_empty(x, op, "x");
-  if (fused) {
-    QGRAD_CHECK(divisor.defined(), op, "divisor", "is required");
-    check_channel_tensor(divisor, x, "divisor", op);
-    check_channel_tensor(shift, x, "shift", op);
-  }
+  check_channel_tensor(divisor, x, "divisor", op);  // both undefined unless fused
+  check_channel_tensor(shift, x, "shift", op);
   check_channel_tensor(weight, x, "weight", op);
   check_channel_tensor(bias, x, "bias", op);
   check_channel_tensor(running_mean, x, "running_mean", op);
@@ -307,22 +304,24 @@ Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, con
                   const Tensor& running_var, bool training, double momentum, double eps,
                   const Tensor& num_batches_tracked) {
   return batch_norm_impl("batch_norm", x, Tensor(), Tensor(), weight, bias, running_mean, running_var, training,
-                         momentum, eps, num_batches_tracked, false, false);
+                         momentum, eps, num_batches_tracked, false);
 }
 
 Tensor batch_norm_relu(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
                        const Tensor& running_var, bool training, double momentum, double eps,
                        const Tensor& num_batches_tracked) {
   return batch_norm_impl("batch_norm_relu", x, Tensor(), Tensor(), weight, bias, running_mean, running_var, training,
-                         momentum, eps, num_batches_tracked, true, false);
+                         momentum, eps, num_batches_tracked, true);
 }
 
 Tensor channel_div_add_batch_norm(const Tensor& x, const Tensor& divisor, const Tensor& shift, const Tensor& weight,
                                   const Tensor& bias, const Tensor& running_mean, const Tensor& running_var,
                                   bool training, bool relu, double momentum, double eps,
                                   const Tensor& num_batches_tracked) {
-  return batch_norm_impl("channel_div_add_batch_norm", x, divisor, shift, weight, bias, running_mean, running_var,
-                         training, momentum, eps, num_batches_tracked, relu, true);
+  const char* op = "channel_div_add_batch_norm";
+  QGRAD_CHECK(divisor.defined(), op, "divisor", "is required");
+  return batch_norm_impl(op, x, divisor, shift, weight, bias, running_mean, running_var, training, momentum, eps,
+                         num_batches_tracked, relu);
 }
 
 Tensor flatten(const Tensor& x, std::int64_t start_dim, std::int64_t end_dim) {

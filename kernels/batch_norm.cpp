@@ -4,8 +4,12 @@
 #include "qgrad/kernels/batch_norm.h"
 
 #include <cmath>
+#include <type_traits>
 
 #include "qgrad/kernels/formulas/activation.h"
+#include "qgrad/kernels/formulas/batch_norm.h"
+#include "qgrad/kernels/formulas/cast.h"
+#include "qgrad/kernels/formulas/observer.h"
 #include "qgrad/kernels/loop.h"
 #include "qgrad/kernels/reduce.h"
 
@@ -66,22 +70,8 @@ struct SquaredDeviation {
   }
 };
 
-// The input of the normalisation: x itself, or, fused with the
-// channel_div_add before it (channel_div_add_batch_norm), channel_div_add's
-// value T(T(x / divisor[c]) + shift[c]) recomputed from its input x: the
-// same bits as the tensor channel_div_add writes.
-template <class T>
-struct Unscale {
-  const T* divisor = nullptr;  // null: identity
-  const T* shift = nullptr;    // null: none (with divisor)
-  QGRAD_HD T value(T x, std::int64_t c) const {
-    using M = op_math_t<T>;
-    if (!divisor) return x;
-    const T q = T(M(x) / M(divisor[c]));
-    return shift ? T(M(q) + M(shift[c])) : q;
-  }
-  QGRAD_HD op_math_t<T> operator()(T x, std::int64_t c) const { return op_math_t<T>(value(x, c)); }
-};
+using formulas::Normalize;
+using formulas::Unscale;
 
 // Count, mean and sum of squared deviations (m2) of a set of values; +=
 // merges another set into this one (Chan, Golub and LeVeque), so a
@@ -109,13 +99,43 @@ struct Moments {
   }
 };
 
+// Moments with the range [lo, hi] of the values (formulas::range_min /
+// range_max: NaN wins): batch_norm_stats' statistics when the range of its
+// relu output is wanted too. The range merges in any order to the same bits.
+template <class M>
+struct RangedMoments {
+  Moments<M> m;
+  M lo, hi;
+  RangedMoments() = default;
+  QGRAD_HD explicit RangedMoments(int) : m(0), lo(M(INFINITY)), hi(M(-INFINITY)) {}
+  QGRAD_HD RangedMoments(const Moments<M>& m_, M lo_, M hi_) : m(m_), lo(lo_), hi(hi_) {}
+  template <class S>
+  QGRAD_HD RangedMoments fields(S s) const {
+    return {m.fields(s), s(lo), s(hi)};
+  }
+  QGRAD_HD RangedMoments& operator+=(const RangedMoments& b) {
+    m += b.m;
+    lo = formulas::range_min(lo, b.lo);
+    hi = formulas::range_max(hi, b.hi);
+    return *this;
+  }
+};
+
+template <class A>
+QGRAD_HD const auto& moments_of(const A& a) {
+  if constexpr (requires { a.m; }) return a.m;
+  else return a;
+}
+
 // Level 1 of the statistics, one pass over x: the partial's Moments, its
 // mean = sum / count and m2 = sum of (x - mean)^2 over its <= 64 elements
-// (the second loop re-reads what the first just loaded: cache hits).
-template <class T>
+// (the second loop re-reads what the first just loaded: cache hits). A
+// (Moments or RangedMoments): with RangedMoments also the range of the
+// values (a third loop over the same elements).
+template <class T, class A = Moments<op_math_t<T>>>
 struct PartialMoments {
   const T* x;
-  Moments<op_math_t<T>>* part;
+  A* part;
   AxisLayout v;
   std::int64_t chunks, lanes;
   Unscale<T> in;
@@ -125,15 +145,26 @@ struct PartialMoments {
     const T* first = x + ch.offset + ch.lo;
     const std::int64_t count = ch.hi > ch.lo ? (ch.hi - ch.lo + lanes - 1) / lanes : 0;
     if (count == 0) {
-      part[p] = Moments<M>(0);
+      part[p] = A(0);
       return;
     }
     const Unscale<T> u = in;
     const std::int64_t c = ch.c;
     const M mean = sum_strided_map(first, count, lanes, [u, c](M val) { return u(T(val), c); }) / M(count);
     const SquaredDeviation<M> dev{mean};
-    part[p] =
-        Moments<M>(M(count), mean, sum_strided_map(first, count, lanes, [u, c, dev](M val) { return dev(u(T(val), c)); }));
+    const Moments<M> m(M(count), mean,
+                       sum_strided_map(first, count, lanes, [u, c, dev](M val) { return dev(u(T(val), c)); }));
+    if constexpr (std::is_same_v<A, Moments<M>>) {
+      part[p] = m;
+    } else {
+      M lo = M(INFINITY), hi = M(-INFINITY);
+      for (std::int64_t i = 0; i < count; ++i) {
+        const M val = u(first[i * lanes], c);
+        lo = formulas::range_min(lo, val);
+        hi = formulas::range_max(hi, val);
+      }
+      part[p] = A(m, lo, hi);
+    }
   }
 };
 
@@ -158,10 +189,14 @@ struct LaneColumns {
 
 // Level 3 of the statistics (for_each_row_sum): channel c merges its lane
 // Moments in formulas::lane_sum's order; var = m2 / n, invstd, the running
-// statistics and the counter.
-template <class T>
+// statistics and the counter (stats == false: none of these, mean and invstd
+// given). With RangedMoments (A), range[c] and range[C + c] (f32) are the
+// min and max of relu(batch_norm(x)) over the channel as batch_norm_apply
+// writes it (formulas::normalize_relu at the ends of the input's range:
+// every step is monotone, so the output's extremes are there).
+template <class T, class A = Moments<op_math_t<T>>>
 struct ChannelStats {
-  using Acc = Moments<op_math_t<T>>;
+  using Acc = A;
   const Acc* lane_moments;
   op_math_t<T>* mean;
   op_math_t<T>* invstd;
@@ -170,17 +205,32 @@ struct ChannelStats {
   std::int64_t lanes, n;
   op_math_t<T> momentum, eps;
   std::int64_t* batches;  // null: no counter
+  bool stats = true;
+  const T* weight = nullptr;  // the affine parameters of the range's batch norm
+  const T* bias = nullptr;
+  float* range = nullptr;  // with RangedMoments
+  std::int64_t channels = 0;
   QGRAD_HD std::int64_t count(std::int64_t) const { return lanes; }
   QGRAD_HD Acc term(std::int64_t r, std::int64_t c) const { return lane_moments[c * lanes + r]; }
-  QGRAD_HD void write(std::int64_t c, const Acc& t) const {
+  QGRAD_HD void write(std::int64_t c, const Acc& a) const {
     using M = op_math_t<T>;
-    mean[c] = t.mean;
-    invstd[c] = M(1) / sqrt_m(t.m2 / M(n) + eps);
-    if (running_mean) {
-      running_mean[c] = T(momentum * t.mean + (M(1) - momentum) * M(running_mean[c]));
-      running_var[c] = T(momentum * (t.m2 / M(n - 1)) + (M(1) - momentum) * M(running_var[c]));
+    const Moments<M>& t = moments_of(a);
+    if (stats) {
+      mean[c] = t.mean;
+      invstd[c] = M(1) / sqrt_m(t.m2 / M(n) + eps);
+      if (running_mean) {
+        running_mean[c] = T(momentum * t.mean + (M(1) - momentum) * M(running_mean[c]));
+        running_var[c] = T(momentum * (t.m2 / M(n - 1)) + (M(1) - momentum) * M(running_var[c]));
+      }
+      if (batches && c == 0) *batches += 1;
     }
-    if (batches && c == 0) *batches += 1;
+    if constexpr (!std::is_same_v<A, Moments<M>>) {
+      const Normalize<T> norm{mean, invstd, weight, bias};
+      const float lo = formulas::cast_value<float>(formulas::normalize_relu(norm, a.lo, c));
+      const float hi = formulas::cast_value<float>(formulas::normalize_relu(norm, a.hi, c));
+      range[c] = formulas::min_combine(lo, hi);
+      range[channels + c] = formulas::max_combine(lo, hi);
+    }
   }
 };
 
@@ -217,22 +267,6 @@ struct EvalStats {
   }
 };
 
-// The normalised value of x in channel c, rounded to T: batch_norm's output.
-template <class T>
-struct Normalize {
-  const op_math_t<T>* mean;
-  const op_math_t<T>* invstd;
-  const T* weight;  // null: 1
-  const T* bias;    // null: 0
-  QGRAD_HD T operator()(op_math_t<T> x, std::int64_t c) const {
-    using M = op_math_t<T>;
-    M r = (x - mean[c]) * invstd[c];
-    if (weight) r = r * M(weight[c]);
-    if (bias) r = r + M(bias[c]);
-    return T(r);
-  }
-};
-
 template <class T>
 struct Apply {
   const T* x;
@@ -243,8 +277,7 @@ struct Apply {
   Unscale<T> in;
   QGRAD_HD void operator()(std::int64_t i) const {
     const std::int64_t c = ch.channel(i);
-    const T r = norm(in(x[i], c), c);
-    y[i] = relu ? T(formulas::relu(op_math_t<T>(r))) : r;
+    y[i] = relu ? formulas::normalize_relu(norm, in(x[i], c), c) : norm(in(x[i], c), c);
   }
 };
 
@@ -533,29 +566,71 @@ void divadd_channel_grads(Device dev, const Partials& pt, const Tensor& part, co
 
 }  // namespace
 
+namespace {
+
+// The three levels of the statistics with accumulator A (Moments, or
+// RangedMoments for the relu output's range); stats as ChannelStats takes it.
+template <class T, class A>
+void run_stats(const Tensor& x, const AxisLayout& v, double momentum, double eps, const Tensor& running_mean,
+               const Tensor& running_var, const Tensor& mean, const Tensor& invstd, const Tensor& num_batches_tracked,
+               const DivAddPrologue& pre, const ReluRange* range, bool stats) {
+  using M = op_math_t<T>;
+  static_assert(sizeof(A) % sizeof(M) == 0);
+  const Partials pt = Partials::of(v);
+  const std::int64_t n = v.outer * v.inner, lane_sums = v.channels * pt.lanes;
+  // One pass over x: A per partial, merged per (c, lane), then per c.
+  const std::int64_t per = static_cast<std::int64_t>(sizeof(A) / sizeof(M));
+  Tensor part = Tensor::empty({per * (pt.count() + lane_sums)}, math_options(x, dtype_of<M>));
+  auto* pp = static_cast<A*>(part.data_ptr());
+  A* lp = pp + pt.count();
+  const Device dev = x.device();
+  for_each_index(dev, pt.count(),
+                 PartialMoments<T, A>{static_cast<const T*>(x.data_ptr()), pp, v, pt.chunks, pt.lanes, unscale<T>(pre)},
+                 "batch_norm", kPartialGrain);
+  sum_lanes(dev, pt, pp, lp, "batch_norm");
+  ChannelStats<T, A> f{lp,
+                       static_cast<M*>(mean.data_ptr()),
+                       static_cast<M*>(invstd.data_ptr()),
+                       ptr_or_null<T>(running_mean),
+                       ptr_or_null<T>(running_var),
+                       pt.lanes,
+                       n,
+                       M(momentum),
+                       M(eps),
+                       ptr_or_null<std::int64_t>(num_batches_tracked),
+                       stats};
+  if (range) {
+    f.weight = ptr_or_null<const T>(range->weight);
+    f.bias = ptr_or_null<const T>(range->bias);
+    f.range = static_cast<float*>(range->range.data_ptr());
+    f.channels = v.channels;
+  }
+  for_each_row_sum(dev, v.channels, f, "batch_norm");
+}
+
+}  // namespace
+
 void batch_norm_stats(const Tensor& x, const AxisLayout& v, double momentum, double eps, const Tensor& running_mean,
                       const Tensor& running_var, const Tensor& mean, const Tensor& invstd,
-                      const Tensor& num_batches_tracked, const DivAddPrologue& pre) {
+                      const Tensor& num_batches_tracked, const DivAddPrologue& pre, const ReluRange* range) {
   dispatch_floating(x.dtype(), "batch_norm", [&](auto tag) {
     using T = typename decltype(tag)::type;
     using M = op_math_t<T>;
-    const Partials pt = Partials::of(v);
-    const std::int64_t n = v.outer * v.inner, lane_sums = v.channels * pt.lanes;
-    // One pass over x: Moments per partial, merged per (c, lane), then per c.
-    Tensor part = Tensor::empty({3 * (pt.count() + lane_sums)}, math_options(x, dtype_of<M>));
-    static_assert(sizeof(Moments<M>) == 3 * sizeof(M));
-    auto* pp = static_cast<Moments<M>*>(part.data_ptr());
-    Moments<M>* lp = pp + pt.count();
-    const Device dev = x.device();
-    for_each_index(dev, pt.count(),
-                   PartialMoments<T>{static_cast<const T*>(x.data_ptr()), pp, v, pt.chunks, pt.lanes, unscale<T>(pre)},
-                   "batch_norm", kPartialGrain);
-    sum_lanes(dev, pt, pp, lp, "batch_norm");
-    for_each_row_sum(dev, v.channels,
-                     ChannelStats<T>{lp, static_cast<M*>(mean.data_ptr()), static_cast<M*>(invstd.data_ptr()),
-                                     ptr_or_null<T>(running_mean), ptr_or_null<T>(running_var), pt.lanes, n,
-                                     M(momentum), M(eps), ptr_or_null<std::int64_t>(num_batches_tracked)},
-                     "batch_norm");
+    if (range)
+      run_stats<T, RangedMoments<M>>(x, v, momentum, eps, running_mean, running_var, mean, invstd,
+                                     num_batches_tracked, pre, range, true);
+    else
+      run_stats<T, Moments<M>>(x, v, momentum, eps, running_mean, running_var, mean, invstd, num_batches_tracked,
+                               pre, nullptr, true);
+  });
+}
+
+void batch_norm_relu_range(const Tensor& x, const AxisLayout& v, const Tensor& mean, const Tensor& invstd,
+                           const ReluRange& range, const DivAddPrologue& pre) {
+  dispatch_floating(x.dtype(), "batch_norm", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using M = op_math_t<T>;
+    run_stats<T, RangedMoments<M>>(x, v, 0.0, 1.0, Tensor(), Tensor(), mean, invstd, Tensor(), pre, &range, false);
   });
 }
 

@@ -42,9 +42,26 @@ struct DivAddPrologue {
 // the running statistics are defined (x's dtype, [C]) they move in place: r = (1 - momentum) * r + momentum * batch,
 // with the unbiased variance sum (x - mean)^2 / (n - 1) for running_var; num_batches_tracked (s64, one element), when
 // defined, is incremented by one in the same kernel.
+//
+// With `range`, the same launches also give the range of the relu output
+// that batch_norm_apply(..., relu = true, pre) would write: range.range
+// (f32 [2C]) gets each channel's min at [c] and max at [C + c], converted to
+// float as the observers convert. They are the output's values at the ends
+// of the channel's input range, each step from that input to the output
+// being monotone: so the output's own extremes (the same bits; NaN payloads
+// aside) whenever a NaN there also shows at an end of the range, which
+// holds unless the divisor is 0 or a weight, bias or shift is infinite.
+struct ReluRange {
+  Tensor range;         // f32 [2C], written
+  Tensor weight, bias;  // batch_norm_apply's (each optional)
+};
 void batch_norm_stats(const Tensor& x, const AxisLayout& v, double momentum, double eps, const Tensor& running_mean,
                       const Tensor& running_var, const Tensor& mean, const Tensor& invstd,
-                      const Tensor& num_batches_tracked = Tensor(), const DivAddPrologue& pre = {});
+                      const Tensor& num_batches_tracked = Tensor(), const DivAddPrologue& pre = {},
+                      const ReluRange* range = nullptr);
+// The range alone, for given statistics (evaluation): one pass over x.
+void batch_norm_relu_range(const Tensor& x, const AxisLayout& v, const Tensor& mean, const Tensor& invstd,
+                           const ReluRange& range, const DivAddPrologue& pre = {});
 // Evaluation statistics: mean = running_mean, invstd = 1 / sqrt(running_var + eps).
 void batch_norm_eval_stats(const Tensor& running_mean, const Tensor& running_var, double eps, const Tensor& mean,
                            const Tensor& invstd);

@@ -8,6 +8,7 @@
 
 #include <limits>
 
+#include "qgrad/kernels/formulas/batch_norm.h"
 #include "qgrad/kernels/formulas/quantize.h"
 #include "qgrad/kernels/loop.h"
 #include "qgrad/kernels/reduce.h"
@@ -123,7 +124,29 @@ struct MaxPoolForward {
 // quantized values (formulas::FakeQuantOp, computed where read, never
 // stored), y its max, code[o] the argmax's flat index r in the plane, or
 // -1 - r where the argmax's fake-quant mask bit is 0.
+// The values a fused pooling scans: x's own (Plain), or relu(batch_norm(x))
+// recomputed where read (BatchNormRelu; the channel is plane mod C).
 template <class T>
+struct PlainRead {
+  QGRAD_HD std::int64_t channel(std::int64_t) const { return 0; }
+  QGRAD_HD T operator()(T v, std::int64_t) const { return v; }
+};
+template <class T>
+struct BatchNormReluRead {
+  formulas::Unscale<T> in;
+  formulas::Normalize<T> norm;
+  std::int64_t channels;
+  bool small;  // planes < 2^31: the magic division
+  FastDiv by_channels;
+  QGRAD_HD std::int64_t channel(std::int64_t plane) const {
+    if (!small) return plane % channels;
+    const std::uint32_t n = static_cast<std::uint32_t>(plane);
+    return static_cast<std::int64_t>(n - by_channels.div(n) * static_cast<std::uint32_t>(channels));
+  }
+  QGRAD_HD T operator()(T v, std::int64_t c) const { return formulas::normalize_relu(norm, in(v, c), c); }
+};
+
+template <class T, class Read = PlainRead<T>>
 struct FakeQuantMaxPoolForward {
   const T* x;
   T* y;
@@ -132,10 +155,12 @@ struct FakeQuantMaxPoolForward {
   PoolDivs dv;
   formulas::ParamSource src;
   std::int64_t qmin, qmax;
+  Read read = {};
   QGRAD_HD void operator()(std::int64_t o) const {
     using M = op_math_t<T>;
     const PlaneDivs::At a = dv.out.at(o);
     const T* p = x + a.plane * g.ih * g.iw;
+    const std::int64_t c = read.channel(a.plane);
     const formulas::ChannelParams prm = src.get(0);
     const formulas::FakeQuantOp<T, false> fq{qmin, qmax};
     M best;
@@ -143,11 +168,11 @@ struct FakeQuantMaxPoolForward {
         a, g,
         [&](std::int64_t r) {
           bool bit;
-          return M(fq(p[r], prm, false, bit));
+          return M(fq(read(p[r], c), prm, false, bit));
         },
         best);
     bool bit;
-    fq(p[arg], prm, false, bit);
+    fq(read(p[arg], c), prm, false, bit);
     y[o] = T(best);
     code[o] = static_cast<std::int32_t>(bit ? arg : -1 - arg);
   }
@@ -446,14 +471,29 @@ void max_pool2d_backward(const Tensor& dy, const Tensor& indices, const Tensor& 
 }
 
 void fake_quantize_max_pool2d(const Tensor& x, const Tensor& y, const Tensor& codes, const formulas::ParamSource& p,
-                              std::int64_t qmin, std::int64_t qmax, const Pool2dGeometry& g) {
+                              std::int64_t qmin, std::int64_t qmax, const Pool2dGeometry& g,
+                              const NormalizedInput* normalized) {
   dispatch_floating(y.dtype(), "fake_quantize_max_pool2d", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    for_each_index(y.device(), y.numel(),
-                   FakeQuantMaxPoolForward<T>{static_cast<const T*>(x.data_ptr()), static_cast<T*>(y.data_ptr()),
-                                              static_cast<std::int32_t*>(codes.data_ptr()), g, PoolDivs::of(g), p,
-                                              qmin, qmax},
-                   "fake_quantize_max_pool2d");
+    using M = op_math_t<T>;
+    const auto run = [&](auto read) {
+      for_each_index(y.device(), y.numel(),
+                     FakeQuantMaxPoolForward<T, decltype(read)>{
+                         static_cast<const T*>(x.data_ptr()), static_cast<T*>(y.data_ptr()),
+                         static_cast<std::int32_t*>(codes.data_ptr()), g, PoolDivs::of(g), p, qmin, qmax, read},
+                     "fake_quantize_max_pool2d");
+    };
+    if (!normalized) {
+      run(PlainRead<T>{});
+      return;
+    }
+    const NormalizedInput& n = *normalized;
+    const auto ptr = [](const Tensor& t) { return t.defined() ? static_cast<const T*>(t.data_ptr()) : nullptr; };
+    const bool small = g.planes < (std::int64_t{1} << 31);
+    run(BatchNormReluRead<T>{{ptr(n.divisor), ptr(n.shift)},
+                             {static_cast<const M*>(n.mean.data_ptr()), static_cast<const M*>(n.invstd.data_ptr()),
+                              ptr(n.weight), ptr(n.bias)},
+                             n.channels, small, small ? FastDiv(static_cast<std::uint32_t>(n.channels)) : FastDiv()});
   });
 }
 

@@ -32,8 +32,20 @@ void max_pool2d_backward(const Tensor& dy, const Tensor& indices, const Tensor& 
 // or -1 - r when the argmax's fake-quant mask bit is 0 (planes of < 2^31
 // elements). The backward writes what max_pool2d_backward and the fake
 // quant's backward (dy * mask) write in turn.
+//
+// With `normalized`, x is instead the input of a batch norm with relu, and
+// the fake quant reads relu(batch_norm(x)) computed where read, as
+// batch_norm_apply(..., relu = true) writes it (formulas::normalize_relu;
+// with the channel_div_add prologue when divisor is defined): mean and
+// invstd in op math [C], weight, bias, divisor, shift x's dtype [C] or
+// undefined.
+struct NormalizedInput {
+  Tensor mean, invstd, weight, bias, divisor, shift;
+  std::int64_t channels = 1;
+};
 void fake_quantize_max_pool2d(const Tensor& x, const Tensor& y, const Tensor& codes, const formulas::ParamSource& p,
-                              std::int64_t qmin, std::int64_t qmax, const Pool2dGeometry& g);
+                              std::int64_t qmin, std::int64_t qmax, const Pool2dGeometry& g,
+                              const NormalizedInput* normalized = nullptr);
 void fake_quantize_max_pool2d_backward(const Tensor& dy, const Tensor& codes, const Tensor& dx,
                                        const Pool2dGeometry& g);
 // No padding, each window's span (kernel - 1) * dilation + 1 equal to its

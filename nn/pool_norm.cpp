@@ -39,9 +39,7 @@ Tensor BatchNorm2d::forward_div_add(const Tensor& x, const Tensor& divisor, cons
   return run(x, relu, divisor, shift);
 }
 
-Tensor BatchNorm2d::run(const Tensor& x, bool relu, const Tensor& divisor, const Tensor& shift) {
-  QGRAD_CHECK(x.defined() && x.dim() == 4, "BatchNorm2d", "x", "expected [N, C, H, W], got shape ",
-              x.defined() ? shape_str(x.shape()) : std::string("undefined"));
+BatchNormArgs BatchNorm2d::args(const Tensor& divisor, const Tensor& shift) const {
   const bool tracking = running_mean_.defined();
   const bool count = is_training() && tracking;
   // Cumulative average: momentum 1 / (batches so far, this one included);
@@ -51,13 +49,27 @@ Tensor BatchNorm2d::run(const Tensor& x, bool relu, const Tensor& divisor, const
   // updated when tracked). Evaluation with tracking: the running ones.
   // When counting, batch_norm increments num_batches_tracked on its device
   // (after validating its arguments; no host sync, not on the tape).
-  const bool batch_stats = is_training() || !tracking;
-  const Tensor counter = count ? num_batches_tracked_ : Tensor();
+  return {.divisor = divisor,
+          .shift = shift,
+          .weight = weight_,
+          .bias = bias_,
+          .running_mean = running_mean_,
+          .running_var = running_var_,
+          .num_batches_tracked = count ? num_batches_tracked_ : Tensor(),
+          .training = is_training() || !tracking,
+          .momentum = momentum,
+          .eps = eps_};
+}
+
+Tensor BatchNorm2d::run(const Tensor& x, bool relu, const Tensor& divisor, const Tensor& shift) {
+  QGRAD_CHECK(x.defined() && x.dim() == 4, "BatchNorm2d", "x", "expected [N, C, H, W], got shape ",
+              x.defined() ? shape_str(x.shape()) : std::string("undefined"));
+  const BatchNormArgs a = args(divisor, shift);
   if (divisor.defined())
-    return channel_div_add_batch_norm(x, divisor, shift, weight_, bias_, running_mean_, running_var_, batch_stats, relu,
-                                      momentum, eps_, counter);
-  return (relu ? batch_norm_relu : batch_norm)(x, weight_, bias_, running_mean_, running_var_, batch_stats, momentum,
-                                               eps_, counter);
+    return channel_div_add_batch_norm(x, divisor, shift, a.weight, a.bias, a.running_mean, a.running_var, a.training,
+                                      relu, a.momentum, a.eps, a.num_batches_tracked);
+  return (relu ? batch_norm_relu : batch_norm)(x, a.weight, a.bias, a.running_mean, a.running_var, a.training,
+                                               a.momentum, a.eps, a.num_batches_tracked);
 }
 
 MaxPool2d::MaxPool2d(Size2 kernel_size, std::optional<Size2> stride, Size2 padding, Size2 dilation, bool ceil_mode)

@@ -33,6 +33,10 @@ class BatchNorm2d : public Module {
   // one op (channel_div_add_batch_norm), for the fused Conv-BN modules'
   // unscaling: the same values and gradients.
   Tensor forward_div_add(const Tensor& x, const Tensor& divisor, const Tensor& shift, bool relu);
+  // The arguments forward_div_add passes its op (the train / eval choice,
+  // the momentum, the counter), for the ops that fuse the normalisation with
+  // what follows it (FakeQuantize::forward_batch_norm_relu_max_pool).
+  BatchNormArgs args(const Tensor& divisor = Tensor(), const Tensor& shift = Tensor()) const;
   std::string type_name() const override { return "BatchNorm2d"; }
   std::int64_t num_features() const { return num_features_; }
   double eps() const { return eps_; }

@@ -81,28 +81,49 @@ Tensor ConvBn2d::forward(const Tensor& x) { return act_fq_->forward(normalized(x
 std::optional<Tensor> ConvBn2d::forward_with_next(const Tensor& x, Module& next) {
   auto* pool = dynamic_cast<MaxPool2d*>(&next);
   if (!pool) return std::nullopt;
+  const MaxPool2dArgs p{pool->kernel_size(), pool->stride(), pool->padding(), pool->dilation(), pool->ceil_mode()};
+  if (relu_) {
+    // The normalisation, relu, the activation fake quant and the pooling as
+    // one op (batch_norm_relu_fake_quantize_max_pool2d): the same values,
+    // statistics and gradients.
+    const auto [z, f] = folded_conv(x);
+    return act_fq_->forward_batch_norm_relu_max_pool(z, bn_args(f), p);
+  }
   // The activation fake quant and the pooling as one op
   // (fake_quantize_max_pool2d): the same values and gradients.
-  return act_fq_->forward_max_pool(normalized(x), pool->kernel_size(), pool->stride(), pool->padding(),
-                                   pool->dilation(), pool->ceil_mode());
+  return act_fq_->forward_max_pool(normalized(x), p.kernel_size, p.stride, p.padding, p.dilation, p.ceil_mode);
 }
 
-Tensor ConvBn2d::normalized(const Tensor& x) {
+std::pair<Tensor, Tensor> ConvBn2d::folded_conv(const Tensor& x) {
   const std::int64_t c = weight_.size(0);
   const Tensor f = scale_factor();
   const Tensor w_fq = weight_fq_->forward(mul(weight_, f.reshape({c, 1, 1, 1})));
   // PyTorch adds a zero bias here; conv2d without one gives the same values.
-  const Tensor z = ::qgrad::conv2d(x, w_fq, Tensor(), conv_.stride, conv_.padding, conv_.dilation, conv_.groups);
+  return {::qgrad::conv2d(x, w_fq, Tensor(), conv_.stride, conv_.padding, conv_.dilation, conv_.groups), f};
+}
+
+BatchNormArgs ConvBn2d::bn_args(const Tensor& f) const {
+  // Frozen: the running statistics normalise and stay (PyTorch sets
+  // bn.training = False and keeps it there); otherwise the BatchNorm2d
+  // module follows the model's train/eval mode.
+  if (freeze_bn_ && bn_->is_training()) {
+    BatchNormArgs a = bn_->args(f, bias_);
+    a.num_batches_tracked = Tensor();
+    a.training = false;
+    a.momentum = 0.0;
+    return a;
+  }
+  return bn_->args(f, bias_);
+}
+
+Tensor ConvBn2d::normalized(const Tensor& x) {
+  const auto [z, f] = folded_conv(x);
   // Then conv / f + bias per channel and the batch norm (with relu: relu of
   // it) as one op, channel_div_add_batch_norm: the same bits as the
-  // broadcast ops, without the unscaled tensor or its passes. Frozen: the
-  // running statistics normalise and stay (PyTorch sets bn.training = False
-  // and keeps it there); otherwise the BatchNorm2d module follows the
-  // model's train/eval mode.
-  if (freeze_bn_ && bn_->is_training())
-    return channel_div_add_batch_norm(z, f, bias_, bn_->weight(), bn_->bias(), bn_->running_mean(),
-                                      bn_->running_var(), /*training=*/false, relu_, 0.0, bn_->eps(), Tensor());
-  return bn_->forward_div_add(z, f, bias_, relu_);
+  // broadcast ops, without the unscaled tensor or its passes.
+  const BatchNormArgs a = bn_args(f);
+  return channel_div_add_batch_norm(z, a.divisor, a.shift, a.weight, a.bias, a.running_mean, a.running_var,
+                                    a.training, relu_, a.momentum, a.eps, a.num_batches_tracked);
 }
 
 std::pair<Tensor, Tensor> ConvBn2d::folded_weight_bias() const {

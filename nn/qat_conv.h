@@ -81,8 +81,10 @@ class ConvBn2d : public Module {
  public:
   ConvBn2d(const Conv2d& conv, std::shared_ptr<BatchNorm2d> bn, const QConfig& qconfig, bool relu = false);
   Tensor forward(const Tensor& x) override;
-  // Followed by a MaxPool2d: the activation fake quant and the pooling as
-  // one op (FakeQuantize::forward_max_pool).
+  // Followed by a MaxPool2d: with relu the normalisation, relu, the
+  // activation fake quant and the pooling as one op
+  // (FakeQuantize::forward_batch_norm_relu_max_pool); without, the
+  // activation fake quant and the pooling (FakeQuantize::forward_max_pool).
   std::optional<Tensor> forward_with_next(const Tensor& x, Module& next) override;
   std::string type_name() const override { return relu_ ? "ConvBnReLU2d" : "ConvBn2d"; }
   // PyTorch's freeze_bn_stats / update_bn_stats: the running statistics
@@ -106,6 +108,12 @@ class ConvBn2d : public Module {
  private:
   Tensor scale_factor() const;  // bn.weight / sqrt(running_var + eps), [C]
   Tensor normalized(const Tensor& x);  // the forward before the activation fake quant
+  // The folded, weight-fake-quantized convolution z and the fold's factor f.
+  std::pair<Tensor, Tensor> folded_conv(const Tensor& x);
+  // The normalisation's arguments: channel_div_add_batch_norm's divisor f and
+  // shift (the conv's bias), and the BatchNorm2d's (frozen: its running
+  // statistics, none moving).
+  BatchNormArgs bn_args(const Tensor& f) const;
   Conv2dOptions conv_;
   bool relu_;
   bool freeze_bn_ = false;

@@ -64,6 +64,7 @@ class Observer : public Module {
   // op: observe_fake_quantize_per_{tensor,channel} (one launch on CUDA).
   Tensor observe_and_fake_quantize(const Tensor& x, const Tensor& scale, const Tensor& zero_point);
   const ObserverOptions& options() const { return options_; }
+  ObserverUpdate update() const;  // the running range, as the observer ops take it
   std::int64_t qmin() const { return qmin_; }
   std::int64_t qmax() const { return qmax_; }
   std::int64_t channels() const { return is_per_channel(options_.qscheme) ? options_.channels : 1; }
@@ -83,7 +84,6 @@ class Observer : public Module {
 
  private:
   std::int64_t check_x(const Tensor& x) const;  // returns the channel axis (-1: per tensor)
-  ObserverUpdate update() const;                 // the running range, as the observer ops take it
   void check_qparams(const Tensor& scale, const Tensor& zero_point) const;
   ObserverOptions options_;
   std::int64_t qmin_, qmax_;
@@ -125,6 +125,12 @@ class FakeQuantize : public Module {
   // update and then fake_quantize_max_pool2d (no fake-quantized tensor).
   Tensor forward_max_pool(const Tensor& x, Size2 kernel_size, std::optional<Size2> stride, Size2 padding,
                           Size2 dilation, bool ceil_mode);
+  // forward_max_pool of relu(batch_norm(x)) (channel_div_add_batch_norm with
+  // bn.divisor, batch_norm_relu without), the same values, statistics,
+  // observer state and gradients: with fake quant on, per-tensor qparams and
+  // no range sync, one op (batch_norm_relu_fake_quantize_max_pool2d: no
+  // normalised tensor, no observer pass over it).
+  Tensor forward_batch_norm_relu_max_pool(const Tensor& x, const BatchNormArgs& bn, const MaxPool2dArgs& pool);
   std::string type_name() const override { return "FakeQuantize"; }
   void enable_observer(bool on = true) { observer_enabled_ = on; }
   void enable_fake_quant(bool on = true) { fake_quant_enabled_ = on; }

@@ -8,6 +8,7 @@
 
 namespace qgrad {
 struct ActivationQuant;  // ops/quantized_linear.h
+struct ObserverUpdate;   // ops/quantize.h
 }
 
 namespace qgrad::check {
@@ -59,8 +60,14 @@ void static_activation_quant(const ActivationQuant& act, Device dev, const char*
 // qmax within int32; scale f32 and zero_point s32, one element each, on
 // ref's device; on the CPU their values (scale finite, > 0 with a finite
 // reciprocal; zero point in [qmin, qmax]). Defined in ops/quantize.cpp.
+// check_values = false: not their values (an observer writes them first).
 void per_tensor_qparams(const Tensor& ref, const Tensor& scale, const Tensor& zero_point, std::int64_t qmin,
-                        std::int64_t qmax, const char* op);
+                        std::int64_t qmax, const char* op, bool check_values = true);
+
+// An observer's running range as observe_fake_quantize_per_tensor checks it:
+// run_min and run_max f32 of shape [channels] on ref's device, the
+// averaging constant finite and <= 1. Defined in ops/quantize.cpp.
+void observer_update(const Tensor& ref, const ObserverUpdate& u, std::int64_t channels, const char* op);
 
 // FP8 tensor cores: compute capability >= 8.9 (Ada, Hopper and later); `cc`
 // as cuda_compute_capability gives it (major * 10 + minor). The FP8 ops

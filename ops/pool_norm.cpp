@@ -3,11 +3,15 @@
 #include "qgrad/ops/pool_norm.h"
 
 #include <cmath>
+#include <tuple>
+#include <utility>
 
 #include "qgrad/autograd/node.h"
 #include "qgrad/kernels/batch_norm.h"
+#include "qgrad/kernels/observer.h"
 #include "qgrad/kernels/pool.h"
 #include "qgrad/ops/check.h"
+#include "qgrad/ops/quantize.h"
 
 namespace qgrad {
 
@@ -221,10 +225,10 @@ namespace {
 // mean and invstd in op math (batch statistics in training, running ones in
 // evaluation), with relu the bias (to recompute relu's mask from x), and
 // with a divisor the divisor and shift (to recompute the normalised input).
-Tensor batch_norm_impl(const char* op, const Tensor& x, const Tensor& divisor, const Tensor& shift,
-                       const Tensor& weight, const Tensor& bias, const Tensor& running_mean, const Tensor& running_var,
-                       bool training, double momentum, double eps, const Tensor& num_batches_tracked, bool relu) {
-  const bool fused = divisor.defined();
+AxisLayout check_batch_norm(const char* op, const Tensor& x, const Tensor& divisor, const Tensor& shift,
+                            const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
+                            const Tensor& running_var, bool training, double momentum, double eps,
+                            const Tensor& num_batches_tracked) {
   check::floating(x, op, "x");
   QGRAD_CHECK(x.dim() >= 2, op, "x", "expected rank >= 2 [N, C, ...], got shape ", shape_str(x.shape()));
   check::non_empty(x, op, "x");
@@ -255,46 +259,84 @@ Tensor batch_norm_impl(const char* op, const Tensor& x, const Tensor& divisor, c
               momentum);
   check::finite_positive(eps, op, "eps");
   const AxisLayout v = AxisLayout::of(x.shape(), 1);
-  const std::int64_t count = v.outer * v.inner;
-  QGRAD_CHECK(!training || count > 1, op, "x", "training needs more than 1 value per channel, got shape ",
+  QGRAD_CHECK(!training || v.outer * v.inner > 1, op, "x", "training needs more than 1 value per channel, got shape ",
               shape_str(x.shape()));
+  return v;
+}
 
+// The per-channel statistics in op math: mean and invstd.
+std::pair<Tensor, Tensor> new_stats(const Tensor& x, std::int64_t channels) {
   const DType math = x.dtype() == DType::f64 ? DType::f64 : DType::f32;
-  Tensor mean = Tensor::empty({v.channels}, like(x, math)), invstd = Tensor::empty({v.channels}, like(x, math));
-  const kernels::DivAddPrologue pre{
-      fused ? divisor.detach() : Tensor(), fused && shift.defined() ? shift.detach() : Tensor(), {}, {}};
+  return {Tensor::empty({channels}, like(x, math)), Tensor::empty({channels}, like(x, math))};
+}
+
+kernels::DivAddPrologue prologue(const Tensor& divisor, const Tensor& shift) {
+  const bool fused = divisor.defined();
+  return {fused ? divisor.detach() : Tensor(), fused && shift.defined() ? shift.detach() : Tensor(), {}, {}};
+}
+
+// What batch_norm's backward keeps (x detached, weight, with relu the bias
+// to recompute relu's mask, the statistics, the prologue), and that
+// backward: gradients for {x, divisor, shift, weight, bias} (fused) or
+// {x, weight, bias}.
+struct BatchNormBackward {
+  Tensor sx, sw, sb, mean, invstd;
+  AxisLayout v;
+  bool training = true, relu = false, fused = false;
+  kernels::DivAddPrologue pre;
+  bool need_x = false, need_w = false, need_b = false, need_d = false, need_s = false;
+
+  BatchNormBackward(const Tensor& x, const Tensor& divisor, const Tensor& shift, const Tensor& weight,
+                    const Tensor& bias, const Tensor& mean_, const Tensor& invstd_, const AxisLayout& v_,
+                    bool training_, bool relu_, const kernels::DivAddPrologue& pre_)
+      : sx(x.detach()), sw(weight.defined() ? weight.detach() : Tensor()),
+        sb(relu_ && bias.defined() ? bias.detach() : Tensor()), mean(mean_), invstd(invstd_), v(v_),
+        training(training_), relu(relu_), fused(divisor.defined()), pre(pre_) {
+    const auto needs = [](const Tensor& t) { return t.defined() && t.requires_grad(); };
+    need_x = x.requires_grad();
+    need_w = needs(weight);
+    need_b = needs(bias);
+    need_d = needs(divisor);
+    need_s = needs(shift);
+  }
+  std::vector<Tensor> inputs(const Tensor& x, const Tensor& divisor, const Tensor& shift, const Tensor& weight,
+                             const Tensor& bias) const {
+    return fused ? std::vector<Tensor>{x, divisor, shift, weight, bias} : std::vector<Tensor>{x, weight, bias};
+  }
+  std::int64_t saved_bytes() const {
+    const auto bytes = [](const Tensor& t) { return t.defined() ? t.nbytes() : 0; };
+    return bytes(sx) + bytes(mean) + bytes(invstd) + bytes(sw) + bytes(sb) + bytes(pre.divisor) + bytes(pre.shift);
+  }
+  std::vector<Tensor> operator()(const Tensor& dy) const {
+    const TensorOptions o = like(sx, sx.dtype());
+    Tensor dx = need_x ? Tensor::empty(sx.shape(), o) : Tensor();
+    Tensor dw = need_w ? Tensor::empty({v.channels}, o) : Tensor();
+    Tensor db = need_b ? Tensor::empty({v.channels}, o) : Tensor();
+    kernels::DivAddPrologue g = pre;
+    if (need_d) g.ddivisor = Tensor::empty({v.channels}, o);
+    if (need_s) g.dshift = Tensor::empty({v.channels}, o);
+    kernels::batch_norm_backward(dy, sx, v, mean, invstd, sw, training, dx, dw, db, relu, sb, g);
+    if (fused) return std::vector<Tensor>{dx, g.ddivisor, g.dshift, dw, db};
+    return std::vector<Tensor>{dx, dw, db};
+  }
+};
+
+Tensor batch_norm_impl(const char* op, const Tensor& x, const Tensor& divisor, const Tensor& shift,
+                       const Tensor& weight, const Tensor& bias, const Tensor& running_mean, const Tensor& running_var,
+                       bool training, double momentum, double eps, const Tensor& num_batches_tracked, bool relu) {
+  const AxisLayout v = check_batch_norm(op, x, divisor, shift, weight, bias, running_mean, running_var, training,
+                                        momentum, eps, num_batches_tracked);
+  Tensor mean, invstd;
+  std::tie(mean, invstd) = new_stats(x, v.channels);
+  const kernels::DivAddPrologue pre = prologue(divisor, shift);
   if (training)
     kernels::batch_norm_stats(x, v, momentum, eps, running_mean, running_var, mean, invstd, num_batches_tracked, pre);
   else kernels::batch_norm_eval_stats(running_mean, running_var, eps, mean, invstd);
   Tensor out = Tensor::empty(x.shape(), like(x, x.dtype()));
   kernels::batch_norm_apply(x, v, mean, invstd, weight, bias, out, relu, pre);
-  const std::vector<Tensor> inputs =
-      fused ? std::vector<Tensor>{x, divisor, shift, weight, bias} : std::vector<Tensor>{x, weight, bias};
-  if (any_requires_grad(inputs)) {
-    const auto needs = [](const Tensor& t) { return t.defined() && t.requires_grad(); };
-    const bool need_x = x.requires_grad(), need_w = needs(weight), need_b = needs(bias), need_d = needs(divisor),
-               need_s = needs(shift);
-    Tensor sw = weight.defined() ? weight.detach() : Tensor();
-    Tensor sb = relu && bias.defined() ? bias.detach() : Tensor();
-    record(
-        op, out, inputs,
-        [sx = x.detach(), sw, sb, mean, invstd, v, training, relu, fused, pre, need_x, need_w, need_b, need_d,
-         need_s](const Tensor& dy) {
-          const TensorOptions o = like(sx, sx.dtype());
-          Tensor dx = need_x ? Tensor::empty(sx.shape(), o) : Tensor();
-          Tensor dw = need_w ? Tensor::empty({v.channels}, o) : Tensor();
-          Tensor db = need_b ? Tensor::empty({v.channels}, o) : Tensor();
-          kernels::DivAddPrologue g = pre;
-          if (need_d) g.ddivisor = Tensor::empty({v.channels}, o);
-          if (need_s) g.dshift = Tensor::empty({v.channels}, o);
-          kernels::batch_norm_backward(dy, sx, v, mean, invstd, sw, training, dx, dw, db, relu, sb, g);
-          if (fused) return std::vector<Tensor>{dx, g.ddivisor, g.dshift, dw, db};
-          return std::vector<Tensor>{dx, dw, db};
-        },
-        x.nbytes() + mean.nbytes() + invstd.nbytes() + (weight.defined() ? weight.nbytes() : 0) +
-            (sb.defined() ? sb.nbytes() : 0) + (fused ? divisor.nbytes() : 0) +
-            (fused && shift.defined() ? shift.nbytes() : 0));
-  }
+  const BatchNormBackward backward(x, divisor, shift, weight, bias, mean, invstd, v, training, relu, pre);
+  const std::vector<Tensor> inputs = backward.inputs(x, divisor, shift, weight, bias);
+  if (any_requires_grad(inputs)) record(op, out, inputs, backward, backward.saved_bytes());
   return out;
 }
 
@@ -322,6 +364,60 @@ Tensor channel_div_add_batch_norm(const Tensor& x, const Tensor& divisor, const 
   QGRAD_CHECK(divisor.defined(), op, "divisor", "is required");
   return batch_norm_impl(op, x, divisor, shift, weight, bias, running_mean, running_var, training, momentum, eps,
                          num_batches_tracked, relu);
+}
+
+Tensor batch_norm_relu_fake_quantize_max_pool2d(const Tensor& x, const BatchNormArgs& bn, const Tensor& scale,
+                                                const Tensor& zero_point, std::int64_t qmin, std::int64_t qmax,
+                                                const MaxPool2dArgs& pool, const ObserverUpdate* observer) {
+  const char* op = "batch_norm_relu_fake_quantize_max_pool2d";
+  const AxisLayout v = check_batch_norm(op, x, bn.divisor, bn.shift, bn.weight, bn.bias, bn.running_mean,
+                                        bn.running_var, bn.training, bn.momentum, bn.eps, bn.num_batches_tracked);
+  const Pool2dGeometry g =
+      pool_geometry(op, x, pool.kernel_size, pool.stride, pool.padding, pool.dilation, pool.ceil_mode);
+  QGRAD_CHECK(g.ih * g.iw < (std::int64_t{1} << 31), op, "x", "planes of 2^31 or more elements are not supported, got ",
+              g.ih, " x ", g.iw);
+  // With an observer, it writes scale and zero_point before they are read.
+  check::per_tensor_qparams(x, scale, zero_point, qmin, qmax, op, observer == nullptr);
+  if (observer) check::observer_update(x, *observer, 1, op);
+
+  Tensor mean, invstd;
+  std::tie(mean, invstd) = new_stats(x, v.channels);
+  const kernels::DivAddPrologue pre = prologue(bn.divisor, bn.shift);
+  const Tensor range = observer ? Tensor::empty({2 * v.channels}, like(x, DType::f32)) : Tensor();
+  const kernels::ReluRange relu_range{range, bn.weight.defined() ? bn.weight.detach() : Tensor(),
+                                      bn.bias.defined() ? bn.bias.detach() : Tensor()};
+  if (bn.training) {
+    kernels::batch_norm_stats(x, v, bn.momentum, bn.eps, bn.running_mean, bn.running_var, mean, invstd,
+                              bn.num_batches_tracked, pre, observer ? &relu_range : nullptr);
+  } else {
+    kernels::batch_norm_eval_stats(bn.running_mean, bn.running_var, bn.eps, mean, invstd);
+    if (observer) kernels::batch_norm_relu_range(x, v, mean, invstd, relu_range, pre);
+  }
+  if (observer) {
+    // The min / max over the channels' extremes is the min / max of y.
+    const kernels::ObserverQparams q{scale, zero_point, qmin, qmax, observer->symmetric,
+                                     observer->symmetric_zero_point};
+    kernels::observer_minmax(range, observer->run_min, observer->run_max, -1, observer->averaging_constant, &q);
+  }
+  Tensor out = Tensor::empty(pooled_shape(x, g), like(x, x.dtype()));
+  Tensor codes = Tensor::empty(out.shape(), like(x, DType::s32));
+  const formulas::ParamSource p{scale.data<float>(), zero_point.data<std::int32_t>()};
+  const kernels::NormalizedInput normalized{mean,           invstd,         relu_range.weight, relu_range.bias,
+                                            pre.divisor,    pre.shift,      v.channels};
+  kernels::fake_quantize_max_pool2d(x, out, codes, p, qmin, qmax, g, &normalized);
+  const BatchNormBackward bn_backward(x, bn.divisor, bn.shift, bn.weight, bn.bias, mean, invstd, v, bn.training,
+                                      true, pre);
+  const std::vector<Tensor> inputs = bn_backward.inputs(x, bn.divisor, bn.shift, bn.weight, bn.bias);
+  if (any_requires_grad(inputs))
+    record(op, out, inputs,
+           [codes, g, bn_backward](const Tensor& dy) {
+             // The pooling's and the fake quant's backward into y's gradient, then batch norm's.
+             Tensor dnorm = Tensor::empty(bn_backward.sx.shape(), like(dy, dy.dtype()));
+             kernels::fake_quantize_max_pool2d_backward(dy, codes, dnorm, g);
+             return bn_backward(dnorm);
+           },
+           bn_backward.saved_bytes() + codes.nbytes());
+  return out;
 }
 
 Tensor flatten(const Tensor& x, std::int64_t start_dim, std::int64_t end_dim) {

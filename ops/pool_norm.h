@@ -11,6 +11,8 @@
 
 namespace qgrad {
 
+struct ObserverUpdate;  // ops/quantize.h
+
 // A pair of sizes (height, width); one value stands for both, as in PyTorch.
 struct Size2 {
   std::int64_t h = 0, w = 0;
@@ -108,6 +110,40 @@ Tensor channel_div_add_batch_norm(const Tensor& x, const Tensor& divisor, const 
                                   const Tensor& bias, const Tensor& running_mean, const Tensor& running_var,
                                   bool training, bool relu, double momentum = 0.1, double eps = 1e-5,
                                   const Tensor& num_batches_tracked = Tensor());
+
+// batch_norm's arguments (with divisor: channel_div_add_batch_norm's) and
+// max_pool2d's, gathered for the fused op below.
+struct BatchNormArgs {
+  Tensor divisor{}, shift{};  // channel_div_add's prologue (divisor undefined: none)
+  Tensor weight{}, bias{}, running_mean{}, running_var{}, num_batches_tracked{};
+  bool training = true;
+  double momentum = 0.1, eps = 1e-5;
+};
+struct MaxPool2dArgs {
+  Size2 kernel_size = 2;
+  std::optional<Size2> stride = std::nullopt;
+  Size2 padding = 0, dilation = 1;
+  bool ceil_mode = false;
+};
+
+// The tail of a fused Conv-BN-ReLU block followed by max pooling, as one op:
+//   y = channel_div_add_batch_norm(x, bn..., relu = true)  (batch_norm_relu
+//       without bn.divisor);
+//   observer given: observe_minmax_qparams_(y, *observer, -1, scale,
+//       zero_point, qmin, qmax) (the FakeQuantize's observer update);
+//   out = fake_quantize_max_pool2d(y, scale, zero_point, qmin, qmax, pool...).
+// The same values, running statistics, counter, observer range, qparams and
+// gradients (x, divisor, shift, weight, bias) as those ops, bit for bit,
+// without y: the observer's range comes from the statistics' pass (each
+// channel's input range mapped through the monotone normalisation and relu;
+// in evaluation one pass over x), and the pooling reads relu(batch_norm(x))
+// where it needs it. Saves what batch_norm_relu and fake_quantize_max_pool2d
+// save (x and 4 bytes per output). The observer's range equals the
+// composition's unless a divisor is 0 or a weight, bias or shift is
+// infinite (kernels::ReluRange); NaN payloads may differ.
+Tensor batch_norm_relu_fake_quantize_max_pool2d(const Tensor& x, const BatchNormArgs& bn, const Tensor& scale,
+                                                const Tensor& zero_point, std::int64_t qmin, std::int64_t qmax,
+                                                const MaxPool2dArgs& pool, const ObserverUpdate* observer = nullptr);
 
 // x with dims start_dim..end_dim merged into one (a reshape; negative dims
 // count from the end).

@@ -335,9 +335,20 @@ Tensor lsq_forward(const char* name, const Tensor& x, const Tensor& scale, const
 }  // namespace
 
 void check::per_tensor_qparams(const Tensor& ref, const Tensor& scale, const Tensor& zero_point, std::int64_t qmin,
-                               std::int64_t qmax, const char* op) {
+                               std::int64_t qmax, const char* op, bool check_values) {
   check_range(qmin, qmax, op);
-  tensor_scope(ref, scale, zero_point, nullptr, qmin, qmax, op);
+  tensor_scope(ref, scale, zero_point, nullptr, qmin, qmax, op, check_values);
+}
+
+void check::observer_update(const Tensor& ref, const ObserverUpdate& u, std::int64_t channels, const char* op) {
+  const Shape c{channels};
+  for (const auto& [t, arg] : {std::pair{&u.run_min, "run_min"}, std::pair{&u.run_max, "run_max"}}) {
+    check::dtype_is(*t, DType::f32, op, arg);
+    check::same_device(*t, ref, op, arg);
+    QGRAD_CHECK(t->shape() == c, op, arg, "expected shape ", shape_str(c), ", got ", shape_str(t->shape()));
+  }
+  QGRAD_CHECK(std::isfinite(u.averaging_constant) && u.averaging_constant <= 1.0, op, "averaging_constant",
+              "must be < 0 (min/max) or in [0, 1], got ", u.averaging_constant);
 }
 
 // ---- fake quantize ----
@@ -380,14 +391,7 @@ namespace {
 // The observer arguments, validated against x's channels (1 per tensor).
 kernels::ObserveArgs observe_args(const Tensor& x, const Scope& sc, std::int64_t axis, const ObserverUpdate& u,
                                   const char* op) {
-  const Shape c{std::max<std::int64_t>(sc.layout.channels, 1)};
-  for (const auto& [t, arg] : {std::pair{&u.run_min, "run_min"}, std::pair{&u.run_max, "run_max"}}) {
-    check::dtype_is(*t, DType::f32, op, arg);
-    check::same_device(*t, x, op, arg);
-    QGRAD_CHECK(t->shape() == c, op, arg, "expected shape ", shape_str(c), ", got ", shape_str(t->shape()));
-  }
-  QGRAD_CHECK(std::isfinite(u.averaging_constant) && u.averaging_constant <= 1.0, op, "averaging_constant",
-              "must be < 0 (min/max) or in [0, 1], got ", u.averaging_constant);
+  check::observer_update(x, u, std::max<std::int64_t>(sc.layout.channels, 1), op);
   kernels::ObserveArgs o;
   o.run_min = u.run_min;
   o.run_max = u.run_max;

@@ -654,6 +654,134 @@ TEST_CASE("channel_div_add_batch_norm equals batch_norm(channel_div_add) bit for
   }
 }
 
+TEST_CASE("batch_norm_relu_fake_quantize_max_pool2d equals its composition bit for bit: values, state, gradients") {
+  // The composition: channel_div_add_batch_norm (relu; batch_norm_relu
+  // without the prologue), the observer update (observe_minmax_qparams_ per
+  // tensor), fake_quantize_max_pool2d. Planes of 48 (one chunk) and 2500
+  // (two chunks); training and evaluation; with and without the prologue,
+  // the observer (never observed: a copy; moving average: c = 0.25) and
+  // overlapping windows; divisors and weights of both signs (channels whose
+  // output falls as x rises). Every output,
+  // running statistic, the counter, the observer's range and the qparams,
+  // and every gradient against the composition's.
+  struct Case {
+    Shape shape;
+    MaxPool2dArgs pool;
+  };
+  const Case cases[] = {{{4, 3, 6, 8}, {2}}, {{2, 3, 50, 50}, {3, Size2{2}, 1, 1, true}}};
+  for (const Device dev : test_devices()) {
+    for (DType dt : {DType::f32, DType::f64, DType::bf16, DType::f16}) {
+      for (const Case& cs : cases) {
+        for (int mode = 0; mode < 16; ++mode) {
+          const bool training = mode & 1, prologue = mode & 2, observe = mode & 4, moving = mode & 8;
+          INFO(dev.str(), " ", dtype_name(dt), " ", shape_str(cs.shape), training ? " training" : " eval",
+               prologue ? " prologue" : "", observe ? " observer" : "", moving ? " moving" : "");
+          Generator g(0xb0f9 + mode);
+          const TensorOptions o = TensorOptions{}.with_device(dev).with_dtype(dt);
+          const TensorOptions f32 = TensorOptions{}.with_device(dev);
+          const Tensor x0 = add(mul(randn(cs.shape, g, o), 2.0), 0.25);
+          const Tensor d0 = mul(add(mul(rand({3}, g, o), 1.5), 0.5), Tensor::from_vector(std::vector<double>{1, -1, 1}, {3}).to(dt).to(dev));
+          const Tensor s0 = randn({3}, g, o), b0 = mul(randn({3}, g, o), 0.2);
+          const Tensor w0 = mul(add(rand({3}, g, o), 0.5), Tensor::from_vector(std::vector<double>{1, 1, -1}, {3}).to(dt).to(dev));
+          const Tensor rm0 = mul(randn({3}, g, o), 0.1), rv0 = add(mul(rand({3}, g, o), 0.5), 0.75);
+          const auto run = [&](bool fused) {
+            Tensor x = x0.clone(), d = d0.clone(), sh = s0.clone(), w = w0.clone(), b = b0.clone(), rm = rm0.clone(),
+                   rv = rv0.clone();
+            for (Tensor* t : {&x, &d, &sh, &w, &b}) t->set_requires_grad(true);
+            Tensor count = full({}, 5.0, TensorOptions{}.with_device(dev).with_dtype(DType::s64));
+            Tensor scale = full({1}, 0.0625, f32), zp = full({1}, 7.0, TensorOptions{}.with_device(dev).with_dtype(DType::s32));
+            Tensor lo = full({1}, moving ? -0.5 : INFINITY, f32), hi = full({1}, moving ? 1.75 : -INFINITY, f32);
+            const ObserverUpdate u{lo, hi, moving ? 0.25 : -1.0, false, 0};
+            const BatchNormArgs a{.divisor = prologue ? d : Tensor(),
+                                  .shift = prologue ? sh : Tensor(),
+                                  .weight = w,
+                                  .bias = b,
+                                  .running_mean = rm,
+                                  .running_var = rv,
+                                  .num_batches_tracked = training ? count : Tensor(),
+                                  .training = training};
+            Tensor y;
+            if (fused) {
+              y = batch_norm_relu_fake_quantize_max_pool2d(x, a, scale, zp, 0, 255, cs.pool, observe ? &u : nullptr);
+            } else {
+              Tensor n = prologue ? channel_div_add_batch_norm(x, d, sh, w, b, rm, rv, training, true, 0.1, 1e-5,
+                                                               a.num_batches_tracked)
+                                  : batch_norm_relu(x, w, b, rm, rv, training, 0.1, 1e-5, a.num_batches_tracked);
+              if (observe) observe_minmax_qparams_(n.detach(), u, -1, scale, zp, 0, 255);
+              y = fake_quantize_max_pool2d(n, scale, zp, 0, 255, cs.pool.kernel_size, cs.pool.stride, cs.pool.padding,
+                                           cs.pool.dilation, cs.pool.ceil_mode);
+            }
+            Generator gd(0xd9);
+            std::vector<double> dv = values(randn(y.shape(), gd, o));
+            for (std::size_t i = 0; i < dv.size(); i += 5) dv[i] = -0.0;
+            y.backward(Tensor::from_vector(dv, y.shape()).to(dt).to(dev));
+            return std::vector<Tensor>{y,        rm,       rv,       count, lo,       hi,
+                                       scale,    zp,       x.grad(), w.grad(), b.grad(),
+                                       prologue ? d.grad() : zeros({1}), prologue ? sh.grad() : zeros({1})};
+          };
+          const std::vector<Tensor> want = run(false), got = run(true);
+          const char* names[] = {"y",     "running_mean", "running_var", "count",   "observer min", "observer max",
+                                 "scale", "zero_point",   "dx",          "dweight", "dbias",        "ddivisor",
+                                 "dshift"};
+          for (std::size_t k = 0; k < want.size(); ++k) {
+            INFO(names[k]);
+            CHECK(bit_equal(got[k], want[k]));
+          }
+          // Real values: a range was observed, gradients pass the masks.
+          if (observe) CHECK(values(got[5])[0] > 0.5);
+          const std::vector<double> gx = values(want[8]);
+          CHECK(std::count_if(gx.begin(), gx.end(), [](double v) { return v != 0; }) > 8);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("batch_norm_relu_fake_quantize_max_pool2d: a NaN in x reaches the observer's range") {
+  for (const Device dev : test_devices()) {
+    INFO(dev.str());
+    Generator g(0x4a);
+    const TensorOptions f32 = TensorOptions{}.with_device(dev);
+    std::vector<double> xv = values(randn({2, 3, 4, 4}, g, f32));
+    xv[21] = NAN;  // image 0, channel 1
+    const Tensor x = Tensor::from_vector(xv, {2, 3, 4, 4}).to(dev);
+    Tensor scale = full({1}, 1.0, f32), zp = full({1}, 0.0, TensorOptions{}.with_device(dev).with_dtype(DType::s32));
+    Tensor lo = full({1}, INFINITY, f32), hi = full({1}, -INFINITY, f32);
+    const ObserverUpdate u{lo, hi, -1.0, false, 0};
+    BatchNormArgs a;
+    batch_norm_relu_fake_quantize_max_pool2d(x, a, scale, zp, 0, 255, {}, &u);
+    CHECK(std::isnan(values(lo)[0]));
+    CHECK(std::isnan(values(hi)[0]));
+  }
+}
+
+TEST_CASE("batch_norm_relu_fake_quantize_max_pool2d: errors name the op and write nothing") {
+  const TensorOptions o = opts();
+  Tensor x = rnd({4, 3, 4, 4}, 43), rm = rnd({3}, 44), rv = ones({3}, o);
+  Tensor count = full({}, 2.0, TensorOptions{}.with_dtype(DType::s64));
+  const TensorOptions f32{};  // the observer's range and the scale
+  Tensor lo = full({1}, -1.0, f32), hi = full({1}, 1.0, f32);
+  const Tensor scale = full({1}, 0.1, f32), zp = full({1}, 3.0, TensorOptions{}.with_dtype(DType::s32));
+  const auto rm0 = values(rm), rv0 = values(rv);
+  const BatchNormArgs a{.running_mean = rm, .running_var = rv, .num_batches_tracked = count};
+  const ObserverUpdate u{lo, hi, 0.5, false, 0};
+  const ObserverUpdate bad_u{lo, full({2}, 1.0, f32), 0.5, false, 0};
+  const char* op = "batch_norm_relu_fake_quantize_max_pool2d";
+  // Each error comes after checks that pass: batch norm, pooling, qparams, observer.
+  check_error([&] { batch_norm_relu_fake_quantize_max_pool2d(x, a, scale, zp, 0, 255, MaxPool2dArgs{5}, &u); }, op,
+              "kernel_size");
+  check_error([&] { batch_norm_relu_fake_quantize_max_pool2d(x, a, scale, zp.to(DType::s64), 0, 255, {}, &u); }, op,
+              "zero_point");
+  check_error([&] { batch_norm_relu_fake_quantize_max_pool2d(x, a, scale, zp, 0, 255, {}, &bad_u); }, op, "run_max");
+  check_error([&] { batch_norm_relu_fake_quantize_max_pool2d(x, a, full({1}, -1.0, f32), zp, 0, 255, {}); }, op,
+              "scale");
+  CHECK(values(rm) == rm0);
+  CHECK(values(rv) == rv0);
+  CHECK(count.item() == 2.0);
+  CHECK(values(lo)[0] == -1.0);
+  CHECK(values(hi)[0] == 1.0);
+}
+
 TEST_CASE("batch_norm counts batches in training only, on the device, for batch_norm and batch_norm_relu") {
   for (const Device dev : test_devices()) {
     INFO(dev.str());

@@ -221,11 +221,12 @@ TEST_CASE("prepare_qat fuses Conv2d -> BatchNorm2d (-> ReLU) and Conv2d (-> ReLU
 TEST_CASE("Sequential fuses a fused conv's activation fake quant with the MaxPool2d after it: the same bits") {
   // Two copies of a CNN (Conv-BN-ReLU-MaxPool, Conv-BN-MaxPool, a pooling
   // with padding and ceil_mode) prepared for QAT: one run by Sequential
-  // (each fused conv and the MaxPool2d after its Identity placeholders as
-  // fake_quantize_max_pool2d), one child by child. Three training passes:
-  // outputs, every gradient and every buffer (observer ranges, qparams,
-  // running statistics, counters) bit for bit; then with the observers off
-  // and in eval mode.
+  // (the Conv-BN-ReLU block and the MaxPool2d after its Identity
+  // placeholders as batch_norm_relu_fake_quantize_max_pool2d, the Conv-BN
+  // block's fake quant and pooling as fake_quantize_max_pool2d), one child
+  // by child. Three training passes: outputs, every gradient and every
+  // buffer (observer ranges, qparams, running statistics, counters) bit for
+  // bit; then in eval mode with the observers on, and off.
   for (const Device dev : qgrad::testing::test_devices()) {
     CAPTURE(dev.str());
     const auto make = [&] {
@@ -271,9 +272,12 @@ TEST_CASE("Sequential fuses a fused conv's activation fake quant with the MaxPoo
       plain->zero_grad();
       const Tensor yf = (*fused)(x), yp = child_by_child(*plain, x);
       CHECK(qgrad::testing::bit_equal(yf, yp));
-      // The fused path ran (both poolings), the plain one did not.
+      // The fused paths ran (the Conv-BN-ReLU block's normalisation, fake
+      // quant and pooling as one op; the Conv-BN block's fake quant and
+      // pooling), the plain one did not.
       const std::string gf = to_dot(yf), gp = to_dot(yp);
-      CHECK(gf.find("fake_quantize_max_pool2d") != std::string::npos);
+      CHECK(gf.find("\"batch_norm_relu_fake_quantize_max_pool2d") != std::string::npos);
+      CHECK(gf.find("\"fake_quantize_max_pool2d") != std::string::npos);
       CHECK(gf.find("\"max_pool2d") == std::string::npos);
       CHECK(gp.find("fake_quantize_max_pool2d") == std::string::npos);
       yf.backward(dy);
@@ -285,11 +289,16 @@ TEST_CASE("Sequential fuses a fused conv's activation fake quant with the MaxPoo
       }
       same_state(*fused, *plain);
     }
-    enable_observer(*fused, false);
-    enable_observer(*plain, false);
     fused->eval();
     plain->eval();
     NoGradGuard no_grad;
+    {  // Evaluation with the observers on (the fused op's range pass over x).
+      const Tensor x = randn({8, 100}, data, o);
+      CHECK(qgrad::testing::bit_equal((*fused)(x), child_by_child(*plain, x)));
+      same_state(*fused, *plain);
+    }
+    enable_observer(*fused, false);
+    enable_observer(*plain, false);
     const Tensor x = randn({8, 100}, data, o);
     CHECK(qgrad::testing::bit_equal((*fused)(x), child_by_child(*plain, x)));
   }

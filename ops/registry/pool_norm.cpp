@@ -197,6 +197,82 @@ std::vector<BadInput> fq_max_pool_errors(Device d) {
 
 std::vector<BadInput> batch_norm_relu_errors(Device d) { return norm_errors(d, "batch_norm_relu", batch_norm_relu); }
 
+// batch_norm_relu_fake_quantize_max_pool2d with a valid divisor of 1.5,
+// qparams and 2 x 2 pooling, no observer: batch_norm's bad inputs.
+Tensor bn_fq_pool_as_bn(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& rm, const Tensor& rv,
+                        bool training, double momentum, double eps, const Tensor& count) {
+  const bool usable = x.defined() && x.dim() >= 2 && is_floating(x.dtype());
+  const Device dev = x.defined() ? x.device() : Device::cpu();
+  const BatchNormArgs a{.divisor = full({usable ? x.size(1) : 3}, 1.5, on(dev, usable ? x.dtype() : DType::f32)),
+                        .weight = w,
+                        .bias = b,
+                        .running_mean = rm,
+                        .running_var = rv,
+                        .num_batches_tracked = count,
+                        .training = training,
+                        .momentum = momentum,
+                        .eps = eps};
+  return batch_norm_relu_fake_quantize_max_pool2d(x, a, full({1}, 0.125, on(dev)), full({1}, 3.0, on(dev, DType::s32)),
+                                                  0, 255, MaxPool2dArgs{});
+}
+
+// Its bad inputs: batch_norm's, the divisor's and shift's, the pooling's,
+// the qparams' and the observer's.
+std::vector<BadInput> bn_fq_pool_errors(Device d) {
+  constexpr const char* op = "batch_norm_relu_fake_quantize_max_pool2d";
+  std::vector<BadInput> c = norm_errors(d, op, bn_fq_pool_as_bn);
+  const Tensor rm = some({3}, d), rv = full({3}, 1.0, on(d)), c3 = full({3}, 1.5, on(d));
+  const Tensor s1 = full({1}, 0.125, on(d)), z1 = full({1}, 3.0, on(d, DType::s32));
+  const auto args = [=](const Tensor& divisor, const Tensor& shift) {
+    return BatchNormArgs{.divisor = divisor, .shift = shift, .running_mean = rm, .running_var = rv};
+  };
+  const auto f = [=](const Tensor& x, const BatchNormArgs& a, const Tensor& s, const Tensor& z, std::int64_t qmin,
+                     std::int64_t qmax, const MaxPool2dArgs& p, const ObserverUpdate* obs) {
+    batch_norm_relu_fake_quantize_max_pool2d(x, a, s, z, qmin, qmax, p, obs);
+  };
+  const Tensor x = some({2, 3, 4, 4}, d);
+  const BatchNormArgs plain_args = args(c3, Tensor());
+  c.push_back({op, "divisor", [=] { f(x, args(full({4}, 1.5, on(d)), Tensor()), s1, z1, 0, 255, {}, nullptr); }});
+  c.push_back({op, "divisor", [=] { f(x, args(full({3}, 1.5, on(d, DType::f64)), Tensor()), s1, z1, 0, 255, {}, nullptr); }});
+  c.push_back({op, "shift", [=] { f(x, args(c3, full({3, 1}, 1.0, on(d))), s1, z1, 0, 255, {}, nullptr); }});
+  c.push_back({op, "shift", [=] { f(x, args(c3, some({3}, d, DType::s32)), s1, z1, 0, 255, {}, nullptr); }});
+  // The pooling (x of rank 3 passes batch_norm's checks, not the pooling's).
+  c.push_back({op, "x", [=] { f(some({2, 3, 4}, d), plain_args, s1, z1, 0, 255, {}, nullptr); }});
+  c.push_back({op, "kernel_size", [=] { f(x, plain_args, s1, z1, 0, 255, MaxPool2dArgs{0}, nullptr); }});
+  c.push_back({op, "kernel_size", [=] { f(x, plain_args, s1, z1, 0, 255, MaxPool2dArgs{5}, nullptr); }});
+  c.push_back({op, "stride", [=] { f(x, plain_args, s1, z1, 0, 255, MaxPool2dArgs{2, Size2{0}}, nullptr); }});
+  c.push_back({op, "padding", [=] { f(x, plain_args, s1, z1, 0, 255, MaxPool2dArgs{2, std::nullopt, 2}, nullptr); }});
+  c.push_back(
+      {op, "dilation", [=] { f(x, plain_args, s1, z1, 0, 255, MaxPool2dArgs{2, std::nullopt, 0, 0}, nullptr); }});
+  // The qparams.
+  c.push_back({op, "scale", [=] { f(x, plain_args, Tensor(), z1, 0, 255, {}, nullptr); }});
+  c.push_back({op, "scale", [=] { f(x, plain_args, s1.to(DType::f64), z1, 0, 255, {}, nullptr); }});
+  c.push_back({op, "scale", [=] { f(x, plain_args, full({2}, 0.125, on(d)), z1, 0, 255, {}, nullptr); }});
+  c.push_back({op, "zero_point", [=] { f(x, plain_args, s1, z1.to(DType::s64), 0, 255, {}, nullptr); }});
+  c.push_back({op, "qmax", [=] { f(x, plain_args, s1, z1, 5, 5, {}, nullptr); }});
+  c.push_back({op, "scale", [=] { f(x, plain_args, full({1}, 0.0, on(d)), z1, 0, 255, {}, nullptr); }, true});
+  c.push_back({op, "zero_point", [=] { f(x, plain_args, s1, full({1}, 300.0, on(d, DType::s32)), 0, 255, {}, nullptr); },
+               true});
+  // The observer's range.
+  const auto observer = [=](const Tensor& lo, const Tensor& hi, double c_avg) {
+    return ObserverUpdate{lo, hi, c_avg, false, 0};
+  };
+  const Tensor lo = full({1}, INFINITY, on(d)), hi = full({1}, -INFINITY, on(d));
+  const auto g = [=](const ObserverUpdate& u) { f(x, plain_args, s1, z1, 0, 255, {}, &u); };
+  c.push_back({op, "run_min", [=] { g(observer(lo.to(DType::f64), hi, 0.01)); }});
+  c.push_back({op, "run_min", [=] { g(observer(full({3}, INFINITY, on(d)), hi, 0.01)); }});
+  c.push_back({op, "run_max", [=] { g(observer(lo, Tensor(), 0.01)); }});
+  c.push_back({op, "averaging_constant", [=] { g(observer(lo, hi, 1.5)); }});
+  c.push_back({op, "averaging_constant", [=] { g(observer(lo, hi, std::numeric_limits<double>::quiet_NaN())); }});
+  if (has_other(d)) {
+    const Device o = other(d);
+    c.push_back({op, "divisor", [=] { f(x, args(full({3}, 1.5, on(o)), Tensor()), s1, z1, 0, 255, {}, nullptr); }});
+    c.push_back({op, "scale", [=] { f(x, plain_args, full({1}, 0.125, on(o)), z1, 0, 255, {}, nullptr); }});
+    c.push_back({op, "run_min", [=] { g(observer(full({1}, INFINITY, on(o)), hi, 0.01)); }});
+  }
+  return c;
+}
+
 }  // namespace
 
 std::vector<OpEntry> pool_norm_entries() {
@@ -533,6 +609,90 @@ std::vector<OpEntry> pool_norm_entries() {
                {},
                {},
                nullptr});
+
+  // batch_norm_relu_fake_quantize_max_pool2d: training with the
+  // channel_div_add prologue (a negative divisor and a negative weight:
+  // channels whose output falls as x rises), a never-observed min/max
+  // observer and tiled 2 x 2 windows; evaluation without the prologue, a
+  // moving-average observer and overlapping 3 x 3 windows (stride 2,
+  // padding 1, ceil_mode). Every output compared across devices: the pooled
+  // values, running statistics, counter, observer range and qparams. The
+  // gradients (x, divisor, weight, bias, shift) against the composition
+  // (channel_div_add_batch_norm, then fake_quantize_max_pool2d with the
+  // qparams the call wrote), on the CPU in f64.
+  const auto bn_fq_pool_entry = [](const char* name, Shape shape, bool training, bool prologue, MaxPool2dArgs pool,
+                                   double averaging) {
+    // x, divisor, weight, bias, running mean, running var, shift, scale,
+    // zero point, observer min, observer max.
+    const auto inputs = [=](Device d, DType dt, Generator& g) {
+      const std::int64_t c = shape[1];
+      std::vector<double> dv = rand({c}, g, on(Device::cpu(), DType::f64), 0.5, 2).to_vector<double>();
+      std::vector<double> wv = rand({c}, g, on(Device::cpu(), DType::f64), 0.5, 1.5).to_vector<double>();
+      dv[1] = -dv[1];
+      wv[c - 1] = -wv[c - 1];
+      const bool moving = averaging >= 0;
+      // divisor and shift are leaves only where the call uses them.
+      const auto used = [=](const Tensor& t) { return prologue ? leaf(t.detach()) : t.detach(); };
+      return Tensors{leaf(add(mul(randn(shape, g, on(d, dt)), 2.0), 0.5).detach()),
+                     used(Tensor::from_vector(dv, {c}).to(dt).to(d)),
+                     leaf(Tensor::from_vector(wv, {c}).to(dt).to(d)),
+                     leaf(plain({c}, g, d, dt, -0.5, 0.5)),
+                     plain({c}, g, d, dt, -1, 1),
+                     plain({c}, g, d, dt, 0.5, 2),
+                     used(normal({c}, g, d, dt)),
+                     full({1}, 1.0, on(d)),
+                     full({1}, 0.0, on(d, DType::s32)),
+                     full({1}, moving ? -0.25 : INFINITY, on(d)),
+                     full({1}, moving ? 1.5 : -INFINITY, on(d))};
+    };
+    const auto args = [=](const Tensors& v, const Tensor& rm, const Tensor& rv, const Tensor& count) {
+      return BatchNormArgs{.divisor = prologue ? v[1] : Tensor(),
+                           .shift = prologue ? v[6] : Tensor(),
+                           .weight = v[2],
+                           .bias = v[3],
+                           .running_mean = rm,
+                           .running_var = rv,
+                           .num_batches_tracked = count,
+                           .training = training};
+    };
+    return OpEntry{
+        name,
+        {"batch_norm_relu_fake_quantize_max_pool2d"},
+        kFloat,
+        inputs,
+        [=](const Tensors& v) {
+          Tensor count = full({}, 3.0, TensorOptions{}.with_dtype(DType::s64).with_device(v[0].device()));
+          const ObserverUpdate u{v[9], v[10], averaging, false, 0};
+          Tensor out = batch_norm_relu_fake_quantize_max_pool2d(v[0], args(v, v[4], v[5], training ? count : Tensor()),
+                                                                 v[7], v[8], 0, 255, pool, &u);
+          return Tensors{out, v[4], v[5], count, v[9], v[10], v[7], v[8]};
+        },
+        Promise::bit_identical(),
+        GradMethod::host_reference,
+        [=](const Tensors& v, const Tensor& dy) {
+          Tensors h;
+          for (const Tensor& t : v) h.push_back(t.detach().cpu());
+          for (int i : {0, 1, 2, 3, 6}) h[i] = leaf(h[i].to(DType::f64).clone());
+          for (int i : {4, 5}) h[i] = h[i].to(DType::f64).clone();  // the reference's own running statistics
+          const BatchNormArgs a = args(h, h[4], h[5], Tensor());
+          const Tensor y = prologue ? channel_div_add_batch_norm(h[0], a.divisor, a.shift, a.weight, a.bias,
+                                                                 a.running_mean, a.running_var, training, true)
+                                    : batch_norm_relu(h[0], a.weight, a.bias, a.running_mean, a.running_var, training);
+          fake_quantize_max_pool2d(y, h[7], h[8], 0, 255, pool.kernel_size, pool.stride, pool.padding, pool.dilation,
+                                   pool.ceil_mode)
+              .backward(dy.detach().cpu().to(DType::f64));
+          std::vector<std::vector<double>> grads;
+          for (int i : prologue ? std::vector<int>{0, 1, 2, 3, 6} : std::vector<int>{0, 2, 3})
+            grads.push_back(h[i].grad().to_vector<double>());
+          return grads;
+        },
+        {},
+        bn_fq_pool_errors};
+  };
+  e.push_back(bn_fq_pool_entry("batch_norm_relu_fake_quantize_max_pool2d (training, tiled)", {4, 3, 6, 8}, true, true,
+                               MaxPool2dArgs{2}, -1.0));
+  e.push_back(bn_fq_pool_entry("batch_norm_relu_fake_quantize_max_pool2d (eval, overlapping)", {2, 4, 7, 9}, false,
+                               false, MaxPool2dArgs{3, Size2{2}, 1, 1, true}, 0.5));
 
   e.push_back({"flatten", {"flatten"}, kFloat,
                [](Device d, DType dt, Generator& g) { return Tensors{normal({2, 3, 4, 5}, g, d, dt)}; },

@@ -1,0 +1,68 @@
+// Scalar formulas of batch_norm's forward, shared by its kernels
+// (kernels/batch_norm.cpp) and by the fused pooling that reads the
+// normalised tensor where it needs it (kernels/pool.cpp): one definition of
+// the value batch_norm_apply writes.
+#pragma once
+
+#include <cstdint>
+
+#include "qgrad/core/half.h"
+#include "qgrad/kernels/formulas/activation.h"
+
+namespace qgrad::formulas {
+
+// The input of the normalisation: x itself, or, fused with the
+// channel_div_add before it (channel_div_add_batch_norm), channel_div_add's
+// value T(T(x / divisor[c]) + shift[c]) recomputed from its input x: the
+// same bits as the tensor channel_div_add writes.
+template <class T>
+struct Unscale {
+  const T* divisor = nullptr;  // null: identity
+  const T* shift = nullptr;    // null: none (with divisor)
+  QGRAD_HD T value(T x, std::int64_t c) const {
+    using M = op_math_t<T>;
+    if (!divisor) return x;
+    const T q = T(M(x) / M(divisor[c]));
+    return shift ? T(M(q) + M(shift[c])) : q;
+  }
+  QGRAD_HD op_math_t<T> operator()(T x, std::int64_t c) const { return op_math_t<T>(value(x, c)); }
+};
+
+// The normalised value of x in channel c, rounded to T: batch_norm's output.
+template <class T>
+struct Normalize {
+  const op_math_t<T>* mean;
+  const op_math_t<T>* invstd;
+  const T* weight;  // null: 1
+  const T* bias;    // null: 0
+  QGRAD_HD T operator()(op_math_t<T> x, std::int64_t c) const {
+    using M = op_math_t<T>;
+    M r = (x - mean[c]) * invstd[c];
+    if (weight) r = r * M(weight[c]);
+    if (bias) r = r + M(bias[c]);
+    return T(r);
+  }
+};
+
+// batch_norm's output with relu (batch_norm_relu, and
+// channel_div_add_batch_norm with relu) at an element x of channel c:
+// relu of the normalised value as the relu op computes it, rounded to T.
+template <class T>
+QGRAD_HD T normalize_relu(const Normalize<T>& norm, op_math_t<T> x, std::int64_t c) {
+  return T(relu(op_math_t<T>(norm(x, c))));
+}
+
+// Numeric min / max with NaN winning, for the range of a channel's
+// normalisation inputs. Signed zeros need no order here: every step from
+// that input to relu's output maps -0 and +0 to equal values, and relu never
+// returns -0.
+template <class M>
+QGRAD_HD M range_min(M a, M b) {
+  return (a != a || b != b) ? (a != a ? a : b) : (b < a ? b : a);
+}
+template <class M>
+QGRAD_HD M range_max(M a, M b) {
+  return (a != a || b != b) ? (a != a ? a : b) : (b > a ? b : a);
+}
+
+}  // namespace qgrad::formulas

@@ -11,7 +11,6 @@
 #include "qgrad/kernels/formulas/cast.h"
 #include "qgrad/kernels/formulas/observer.h"
 #include "qgrad/kernels/loop.h"
-#include "qgrad/kernels/pool.h"
 #include "qgrad/kernels/reduce.h"
 
 namespace qgrad::kernels {
@@ -51,7 +50,7 @@ struct Partials {
 // The elements of partial p = (c * Q + q) * lanes + lane: plane offset, the
 // first element, the end, the channel.
 struct ChunkOf {
-  std::int64_t offset, lo, hi, c, plane;  // offset = plane * inner, plane = n * C + c
+  std::int64_t offset, lo, hi, c;
 };
 QGRAD_HD ChunkOf chunk_of(std::int64_t p, const AxisLayout& v, std::int64_t chunks, std::int64_t lanes) {
   const std::int64_t lane = p % lanes, cq = p / lanes;
@@ -59,7 +58,7 @@ QGRAD_HD ChunkOf chunk_of(std::int64_t p, const AxisLayout& v, std::int64_t chun
   const std::int64_t n = q / chunks, k = q - n * chunks;
   const std::int64_t lo = k * kBatchNormChunk;
   const std::int64_t hi = lo + kBatchNormChunk < v.inner ? lo + kBatchNormChunk : v.inner;
-  return {(n * v.channels + c) * v.inner, lo + lane, hi, c, n * v.channels + c};
+  return {(n * v.channels + c) * v.inner, lo + lane, hi, c};
 }
 
 template <class M>
@@ -132,7 +131,7 @@ QGRAD_HD const auto& moments_of(const A& a) {
 // mean = sum / count and m2 = sum of (x - mean)^2 over its <= 64 elements
 // (the second loop re-reads what the first just loaded: cache hits). A
 // (Moments or RangedMoments): with RangedMoments also the range of the
-// values (a third loop over the same elements).
+// values, taken as the first loop reads them.
 template <class T, class A = Moments<op_math_t<T>>>
 struct PartialMoments {
   const T* x;
@@ -304,9 +303,9 @@ struct ReluGate {
 // partial's elements: ps[p] = sum of dy; px[p] = sum of dy * (x - center[c])
 // (center null: of dy * x, the same bits as x - 0) when px is given (x may
 // be null otherwise); dx = dy / divisor[c] when dx is given.
-template <class T, class G = DenseGrad<T>>
+template <class T>
 struct PartialGrad {
-  G dy;  // read at (plane, element): a tensor, or a pooling's gradient computed where read (kernels/pool.h)
+  const T* dy;
   const T* x;
   const op_math_t<T>* center;
   const T* divisor;  // with dx
@@ -322,7 +321,7 @@ struct PartialGrad {
     const ChunkOf ch = chunk_of(p, v, chunks, lanes);
     const M m = center ? center[ch.c] : M(0);
     const M d = dx ? M(divisor[ch.c]) : M(1);
-    const std::int64_t plane = ch.plane;
+    const T* g = dy + ch.offset;
     const T* xs = px ? x + ch.offset : nullptr;
     T* o = dx ? dx + ch.offset : nullptr;
     M s = M(0), t = M(0);
@@ -333,7 +332,7 @@ struct PartialGrad {
       M xv[kSumLoadBatch];
       QGRAD_UNROLL
       for (int k = 0; k < kSumLoadBatch; ++k) {
-        gv[k] = dy.at(plane, j + k * lanes);
+        gv[k] = g[j + k * lanes];
         xv[k] = xs ? in(xs[j + k * lanes], ch.c) : M(0);
       }
       if (gate.active) {
@@ -349,7 +348,7 @@ struct PartialGrad {
     }
     for (; j < ch.hi; j += lanes) {
       const M xj = xs ? in(xs[j], ch.c) : M(0);
-      const M gj = M(gate(dy.at(plane, j), xj, ch.c));
+      const M gj = M(gate(g[j], xj, ch.c));
       s += gj;
       if (xs) t += gj * (xj - m);
       if (o) o[j] = T(gj / d);
@@ -414,16 +413,16 @@ struct InputGradFormula {
   }
 };
 
-template <class T, class G = DenseGrad<T>>
+template <class T>
 struct InputGrad {
-  G dy;
+  const T* dy;
   const T* x;
   T* dx;
   ChannelIndexer ch;
   InputGradFormula<T> f;
   QGRAD_HD void operator()(std::int64_t i) const {
     const std::int64_t c = ch.channel(i);
-    dx[i] = f(dy.at_flat(i), op_math_t<T>(x[i]), c);
+    dx[i] = f(dy[i], op_math_t<T>(x[i]), c);
   }
 };
 
@@ -433,9 +432,9 @@ struct InputGrad {
 // channel_div_add's backward does with it: dx = dxn / divisor[c] (when dx is
 // given), ps[p] = sum of dxn and px[p] = sum of dxn * x in element order
 // (when given): the same bits as the two ops.
-template <class T, class G = DenseGrad<T>>
+template <class T>
 struct FusedInputGrad {
-  G dy;
+  const T* dy;
   const T* x;
   T* dx;
   op_math_t<T>* ps;
@@ -449,7 +448,7 @@ struct FusedInputGrad {
     const ChunkOf ch = chunk_of(p, v, chunks, lanes);
     const std::int64_t c = ch.c;
     const M d = M(in.divisor[c]);
-    const std::int64_t plane = ch.plane;
+    const T* g = dy + ch.offset;
     const T* xs = x + ch.offset;
     T* o = dx ? dx + ch.offset : nullptr;
     M s = M(0), t = M(0);
@@ -458,7 +457,7 @@ struct FusedInputGrad {
       T gv[kSumLoadBatch], xv[kSumLoadBatch];
       QGRAD_UNROLL
       for (int k = 0; k < kSumLoadBatch; ++k) {
-        gv[k] = dy.at(plane, j + k * lanes);
+        gv[k] = g[j + k * lanes];
         xv[k] = xs[j + k * lanes];
       }
       QGRAD_UNROLL
@@ -470,7 +469,7 @@ struct FusedInputGrad {
       }
     }
     for (; j < ch.hi; j += lanes) {
-      const M dn = M(f(dy.at(plane, j), in(xs[j], c), c));
+      const M dn = M(f(g[j], in(xs[j], c), c));
       s += dn;
       t += dn * M(xs[j]);
       if (o) o[j] = T(dn / d);
@@ -666,81 +665,61 @@ void batch_norm_apply(const Tensor& x, const AxisLayout& v, const Tensor& mean, 
   });
 }
 
-namespace {
-
-// batch_norm_backward with its upstream gradient read through dyr
-// (DenseGrad or TiledPoolGrad).
-template <class T, class G>
-void backward_impl(G dyr, const Tensor& x, const AxisLayout& v, const Tensor& mean, const Tensor& invstd,
-                   const Tensor& weight, bool training, const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
-                   bool relu, const Tensor& bias, const DivAddPrologue& pre) {
-  using M = op_math_t<T>;
-  const Device dev = x.device();
-  const T* xp = static_cast<const T*>(x.data_ptr());
-  const M* mp = static_cast<const M*>(mean.data_ptr());
-  const M* ip = static_cast<const M*>(invstd.data_ptr());
-  const T* wp = ptr_or_null<const T>(weight);
-  const ReluGate<T> gate{{mp, ip, wp, ptr_or_null<const T>(bias)}, relu};
-  const Unscale<T> in = unscale<T>(pre);
-  Tensor coef = Tensor::empty({3 * v.channels}, math_options(x, dtype_of<M>));
-  M* cp = static_cast<M*>(coef.data_ptr());
-  if (training || dweight.defined() || dbias.defined()) {
-    const Partials pt = Partials::of(v);
-    const std::int64_t lane_sums = v.channels * pt.lanes;
-    Tensor part = Tensor::empty({2 * (pt.count() + lane_sums)}, math_options(x, dtype_of<M>));
-    M* pd = static_cast<M*>(part.data_ptr());
-    M* px = pd + pt.count();
-    M* ld = px + pt.count();
-    M* lx = ld + lane_sums;
-    for_each_index(dev, pt.count(),
-                   PartialGrad<T, G>{dyr, xp, mp, nullptr, nullptr, pd, px, v, pt.chunks, pt.lanes, gate, in},
-                   "batch_norm_backward", kPartialGrain);
-    sum_lanes(dev, pt, pd, ld, "batch_norm_backward", 2);  // px and lx follow pd and ld
-    for_each_row_sum(dev, v.channels,
-                     ChannelGrad<T>{ld, lx, ip, wp, ptr_or_null<T>(dweight), ptr_or_null<T>(dbias), cp, pt.lanes,
-                                    v.outer * v.inner},
-                     "batch_norm_backward");
-  } else {
-    for_each_index(dev, v.channels, EvalCoef<T>{ip, wp, cp}, "batch_norm_backward");
-  }
-  const InputGradFormula<T> f{mp, cp, training, gate};
-  if (!in.divisor) {
-    if (dx.defined())
-      for_each_index(dev, dx.numel(), InputGrad<T, G>{dyr, xp, ptr_or_null<T>(dx), ChannelIndexer(v), f},
-                     "batch_norm_backward");
-    return;
-  }
-  // Fused with channel_div_add: its backward in the same pass.
-  const bool sums = pre.ddivisor.defined() || pre.dshift.defined();
-  if (!dx.defined() && !sums) return;
-  const Partials pt = Partials::of(v);
-  const std::int64_t lane_sums = v.channels * pt.lanes;
-  Tensor part = sums ? Tensor::empty({2 * (pt.count() + lane_sums)}, math_options(x, dtype_of<M>)) : Tensor();
-  M* ps = pre.dshift.defined() ? static_cast<M*>(part.data_ptr()) : nullptr;
-  M* px = pre.ddivisor.defined() ? static_cast<M*>(part.data_ptr()) + pt.count() : nullptr;
-  for_each_index(dev, pt.count(),
-                 FusedInputGrad<T, G>{dyr, xp, ptr_or_null<T>(dx), ps, px, v, pt.chunks, pt.lanes, f, in},
-                 "batch_norm_backward", kPartialGrain);
-  if (sums) divadd_channel_grads<T>(dev, pt, part, pre.divisor, pre.ddivisor, pre.dshift, "batch_norm_backward");
-}
-
-}  // namespace
-
 void batch_norm_backward(const Tensor& dy, const Tensor& x, const AxisLayout& v, const Tensor& mean,
                          const Tensor& invstd, const Tensor& weight, bool training, const Tensor& dx,
                          const Tensor& dweight, const Tensor& dbias, bool relu, const Tensor& bias,
-                         const DivAddPrologue& pre, const PooledGrad* pooled) {
+                         const DivAddPrologue& pre) {
   dispatch_floating(x.dtype(), "batch_norm_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    if (pooled) {
-      const TiledPoolGrad<T> g = TiledPoolGrad<T>::of(static_cast<const T*>(pooled->dy.data_ptr()),
-                                                      static_cast<const std::int32_t*>(pooled->codes.data_ptr()),
-                                                      pooled->geometry);
-      backward_impl<T>(g, x, v, mean, invstd, weight, training, dx, dweight, dbias, relu, bias, pre);
+    using M = op_math_t<T>;
+    const Device dev = x.device();
+    const T* dyp = static_cast<const T*>(dy.data_ptr());
+    const T* xp = static_cast<const T*>(x.data_ptr());
+    const M* mp = static_cast<const M*>(mean.data_ptr());
+    const M* ip = static_cast<const M*>(invstd.data_ptr());
+    const T* wp = ptr_or_null<const T>(weight);
+    const ReluGate<T> gate{{mp, ip, wp, ptr_or_null<const T>(bias)}, relu};
+    const Unscale<T> in = unscale<T>(pre);
+    Tensor coef = Tensor::empty({3 * v.channels}, math_options(x, dtype_of<M>));
+    M* cp = static_cast<M*>(coef.data_ptr());
+    if (training || dweight.defined() || dbias.defined()) {
+      const Partials pt = Partials::of(v);
+      const std::int64_t lane_sums = v.channels * pt.lanes;
+      Tensor part = Tensor::empty({2 * (pt.count() + lane_sums)}, math_options(x, dtype_of<M>));
+      M* pd = static_cast<M*>(part.data_ptr());
+      M* px = pd + pt.count();
+      M* ld = px + pt.count();
+      M* lx = ld + lane_sums;
+      for_each_index(dev, pt.count(),
+                     PartialGrad<T>{dyp, xp, mp, nullptr, nullptr, pd, px, v, pt.chunks, pt.lanes, gate, in},
+                     "batch_norm_backward", kPartialGrain);
+      sum_lanes(dev, pt, pd, ld, "batch_norm_backward", 2);  // px and lx follow pd and ld
+      for_each_row_sum(dev, v.channels,
+                       ChannelGrad<T>{ld, lx, ip, wp, ptr_or_null<T>(dweight), ptr_or_null<T>(dbias), cp, pt.lanes,
+                                      v.outer * v.inner},
+                       "batch_norm_backward");
     } else {
-      backward_impl<T>(DenseGrad<T>{static_cast<const T*>(dy.data_ptr()), v.inner}, x, v, mean, invstd, weight,
-                       training, dx, dweight, dbias, relu, bias, pre);
+      for_each_index(dev, v.channels, EvalCoef<T>{ip, wp, cp}, "batch_norm_backward");
     }
+    const InputGradFormula<T> f{mp, cp, training, gate};
+    if (!in.divisor) {
+      if (dx.defined())
+        for_each_index(dev, dx.numel(), InputGrad<T>{dyp, xp, ptr_or_null<T>(dx), ChannelIndexer(v), f},
+                       "batch_norm_backward");
+      return;
+    }
+    // Fused with channel_div_add: its backward in the same pass.
+    const bool sums = pre.ddivisor.defined() || pre.dshift.defined();
+    if (!dx.defined() && !sums) return;
+    const Partials pt = Partials::of(v);
+    const std::int64_t lane_sums = v.channels * pt.lanes;
+    Tensor part = sums ? Tensor::empty({2 * (pt.count() + lane_sums)}, math_options(x, dtype_of<M>)) : Tensor();
+    M* ps = pre.dshift.defined() ? static_cast<M*>(part.data_ptr()) : nullptr;
+    M* px = pre.ddivisor.defined() ? static_cast<M*>(part.data_ptr()) + pt.count() : nullptr;
+    for_each_index(dev, pt.count(),
+                   FusedInputGrad<T>{dyp, xp, ptr_or_null<T>(dx), ps, px, v, pt.chunks, pt.lanes, f, in},
+                   "batch_norm_backward", kPartialGrain);
+    if (sums) divadd_channel_grads<T>(dev, pt, part, pre.divisor, pre.ddivisor, pre.dshift, "batch_norm_backward");
   });
 }
 
@@ -772,7 +751,7 @@ void channel_div_add_backward(const Tensor& dy, const Tensor& x, const AxisLayou
     const T* dp = static_cast<const T*>(divisor.data_ptr());
     const T* xp = px ? static_cast<const T*>(x.data_ptr()) : nullptr;  // x is read for ddivisor only
     for_each_index(dev, pt.count(),
-                   PartialGrad<T>{{static_cast<const T*>(dy.data_ptr()), v.inner}, xp, nullptr, dp, ptr_or_null<T>(dx), ps, px,
+                   PartialGrad<T>{static_cast<const T*>(dy.data_ptr()), xp, nullptr, dp, ptr_or_null<T>(dx), ps, px,
                                   v, pt.chunks, pt.lanes},
                    "channel_div_add_backward", kPartialGrain);
     if (sums) divadd_channel_grads<T>(dev, pt, part, divisor, ddivisor, dbias, "channel_div_add_backward");

@@ -18,7 +18,6 @@
 #include <cstdint>
 
 #include "qgrad/core/tensor.h"
-#include "qgrad/kernels/formulas/pool.h"
 #include "qgrad/kernels/layout.h"
 
 namespace qgrad::kernels {
@@ -79,20 +78,10 @@ void batch_norm_apply(const Tensor& x, const AxisLayout& v, const Tensor& mean, 
 // gradient of relu(y) (batch_norm_relu); relu's backward, dy where y > 0 else
 // 0, is applied to it on the fly, y recomputed from x exactly as
 // batch_norm_apply computes it (so `bias` is needed then).
-//
-// pooled (then dy is not read): the upstream gradient is the one
-// fake_quantize_max_pool2d_backward(pooled->dy, pooled->codes, ...) would
-// write for windows that tile x (kernels::windows_tile_input; planes and x
-// of fewer than 2^31 elements), computed where read (kernels::TiledPoolGrad):
-// the same bits, without that tensor or its pass.
-struct PooledGrad {
-  Tensor dy, codes;  // the pooled output's gradient and fake_quantize_max_pool2d's codes
-  formulas::Pool2dGeometry geometry;
-};
 void batch_norm_backward(const Tensor& dy, const Tensor& x, const AxisLayout& v, const Tensor& mean,
                          const Tensor& invstd, const Tensor& weight, bool training, const Tensor& dx,
                          const Tensor& dweight, const Tensor& dbias, bool relu = false, const Tensor& bias = Tensor(),
-                         const DivAddPrologue& pre = {}, const PooledGrad* pooled = nullptr);
+                         const DivAddPrologue& pre = {});
 
 // channel_div_add (the unscaling of a folded Conv-BN, ops/pool_norm.h):
 // y = T(T(x / divisor[c]) + bias[c]) (bias optional: y = T(x / divisor[c])),

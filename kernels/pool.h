@@ -7,7 +7,6 @@
 #include "qgrad/core/tensor.h"
 #include "qgrad/kernels/formulas/pool.h"
 #include "qgrad/kernels/formulas/quantize.h"
-#include "qgrad/kernels/layout.h"
 
 namespace qgrad::kernels {
 
@@ -52,51 +51,6 @@ void fake_quantize_max_pool2d_backward(const Tensor& dy, const Tensor& codes, co
 // No padding, each window's span (kernel - 1) * dilation + 1 equal to its
 // stride, and the input exactly oh x ow windows: every element in one window.
 bool windows_tile_input(const Pool2dGeometry& g);
-
-// What fake_quantize_max_pool2d_backward writes for windows that tile the
-// input, read where a consumer needs it instead (batch_norm_backward's
-// passes, kernels/batch_norm.h): element r of plane `plane` gets its window's
-// pooled gradient through the fake quant's mask where r is the window's
-// argmax, +0 elsewhere. The same bits. Elements are addressed by (plane, r)
-// or, with fewer than 2^31 of them, by the flat index.
-template <class T>
-struct TiledPoolGrad {
-  const T* dy;                // [planes, oh, ow]
-  const std::int32_t* code;   // fake_quantize_max_pool2d's codes, dy's shape
-  std::int64_t iw = 1, ow = 1, inner = 1, out_plane = 1;
-  FastDiv by_iw{}, by_sh{}, by_sw{}, by_inner{};
-  static TiledPoolGrad of(const T* dy_, const std::int32_t* code_, const Pool2dGeometry& g) {
-    TiledPoolGrad t{dy_, code_, g.iw, g.ow, g.ih * g.iw, g.oh * g.ow};
-    t.by_iw = FastDiv(static_cast<std::uint32_t>(g.iw));
-    t.by_sh = FastDiv(static_cast<std::uint32_t>(g.sh));
-    t.by_sw = FastDiv(static_cast<std::uint32_t>(g.sw));
-    t.by_inner = FastDiv(static_cast<std::uint32_t>(g.ih * g.iw));
-    return t;
-  }
-  QGRAD_HD T at(std::int64_t plane, std::int64_t r) const {
-    using M = op_math_t<T>;
-    const std::uint32_t ru = static_cast<std::uint32_t>(r), row = by_iw.div(ru);
-    const std::uint32_t col = ru - row * static_cast<std::uint32_t>(iw);
-    const std::int64_t o = plane * out_plane + static_cast<std::int64_t>(by_sh.div(row)) * ow + by_sw.div(col);
-    const std::int32_t c = code[o];
-    if (r != (c >= 0 ? c : -1 - std::int64_t{c})) return T(M(0));
-    bool unused = false;
-    return formulas::FakeQuantGradOp<T>{0, 0}(T(M(0) + M(dy[o])), formulas::ChannelParams{}, c >= 0, unused);
-  }
-  QGRAD_HD T at_flat(std::int64_t i) const {
-    const std::uint32_t plane = by_inner.div(static_cast<std::uint32_t>(i));
-    return at(plane, i - static_cast<std::int64_t>(plane) * inner);
-  }
-};
-
-// A dense gradient tensor read the same two ways (inner = H * W).
-template <class T>
-struct DenseGrad {
-  const T* dy;
-  std::int64_t inner = 1;
-  QGRAD_HD T at(std::int64_t plane, std::int64_t r) const { return dy[plane * inner + r]; }
-  QGRAD_HD T at_flat(std::int64_t i) const { return dy[i]; }
-};
 
 // y = sum of the window / its divisor (formulas::avg_pool_window).
 void avg_pool2d(const Tensor& x, const Tensor& y, const Pool2dGeometry& g, bool count_include_pad);

@@ -307,10 +307,7 @@ struct BatchNormBackward {
     const auto bytes = [](const Tensor& t) { return t.defined() ? t.nbytes() : 0; };
     return bytes(sx) + bytes(mean) + bytes(invstd) + bytes(sw) + bytes(sb) + bytes(pre.divisor) + bytes(pre.shift);
   }
-  std::vector<Tensor> operator()(const Tensor& dy) const { return grads(dy, nullptr); }
-  // pooled: the upstream gradient read through a tiled pooling's backward
-  // (kernels::batch_norm_backward; dy unused).
-  std::vector<Tensor> grads(const Tensor& dy, const kernels::PooledGrad* pooled) const {
+  std::vector<Tensor> operator()(const Tensor& dy) const {
     const TensorOptions o = like(sx, sx.dtype());
     Tensor dx = need_x ? Tensor::empty(sx.shape(), o) : Tensor();
     Tensor dw = need_w ? Tensor::empty({v.channels}, o) : Tensor();
@@ -318,7 +315,7 @@ struct BatchNormBackward {
     kernels::DivAddPrologue g = pre;
     if (need_d) g.ddivisor = Tensor::empty({v.channels}, o);
     if (need_s) g.dshift = Tensor::empty({v.channels}, o);
-    kernels::batch_norm_backward(dy, sx, v, mean, invstd, sw, training, dx, dw, db, relu, sb, g, pooled);
+    kernels::batch_norm_backward(dy, sx, v, mean, invstd, sw, training, dx, dw, db, relu, sb, g);
     if (fused) return std::vector<Tensor>{dx, g.ddivisor, g.dshift, dw, db};
     return std::vector<Tensor>{dx, dw, db};
   }
@@ -414,13 +411,7 @@ Tensor batch_norm_relu_fake_quantize_max_pool2d(const Tensor& x, const BatchNorm
   if (any_requires_grad(inputs))
     record(op, out, inputs,
            [codes, g, bn_backward](const Tensor& dy) {
-             // The pooling's and the fake quant's backward into y's gradient,
-             // then batch norm's; over tiled windows the former is computed
-             // where batch norm's passes read it.
-             if (kernels::windows_tile_input(g) && bn_backward.sx.numel() < (std::int64_t{1} << 31)) {
-               const kernels::PooledGrad pooled{dy, codes, g};
-               return bn_backward.grads(Tensor(), &pooled);
-             }
+             // The pooling's and the fake quant's backward into y's gradient, then batch norm's.
              Tensor dnorm = Tensor::empty(bn_backward.sx.shape(), like(dy, dy.dtype()));
              kernels::fake_quantize_max_pool2d_backward(dy, codes, dnorm, g);
              return bn_backward(dnorm);

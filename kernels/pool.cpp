@@ -120,15 +120,15 @@ struct MaxPoolForward {
   }
 };
 
+// max_pool2d of fake_quantize_per_tensor(x): the window scan over the fake
+// quantized values (formulas::FakeQuantOp, computed where read, never
+// stored), y its max, code[o] the argmax's flat index r in the plane, or
+// -1 - r where the argmax's fake-quant mask bit is 0.
 // The values a fused pooling scans: x's own (Plain), or relu(batch_norm(x))
 // recomputed where read (BatchNormRelu; the channel is plane mod C).
-// direction(c): +1 when the value never falls as x rises, -1 when it never
-// rises, 0 when that is not guaranteed (non-finite or zero parameters: a NaN
-// or an infinity times 0 could appear inside x's range).
 template <class T>
 struct PlainRead {
   QGRAD_HD std::int64_t channel(std::int64_t) const { return 0; }
-  QGRAD_HD int direction(std::int64_t) const { return 1; }
   QGRAD_HD T operator()(T v, std::int64_t) const { return v; }
 };
 template <class T>
@@ -143,44 +143,9 @@ struct BatchNormReluRead {
     const std::uint32_t n = static_cast<std::uint32_t>(plane);
     return static_cast<std::int64_t>(n - by_channels.div(n) * static_cast<std::uint32_t>(channels));
   }
-  // Each step of the value (the unscaling, the normalisation, relu, each
-  // rounding) is monotone; the divisor's and the weight's signs set the
-  // direction.
-  QGRAD_HD int direction(std::int64_t c) const {
-    using M = op_math_t<T>;
-    const auto finite = [](M v) { return v - v == M(0); };  // false for +-inf and NaN
-    int dir = 1;
-    if (in.divisor) {
-      const M d = M(in.divisor[c]);
-      if (!finite(d) || d == M(0) || (in.shift && !finite(M(in.shift[c])))) return 0;
-      if (d < M(0)) dir = -dir;
-    }
-    const M is = norm.invstd[c];
-    if (!finite(norm.mean[c]) || !finite(is) || !(is > M(0))) return 0;
-    if (norm.weight) {
-      const M w = M(norm.weight[c]);
-      if (!finite(w) || w == M(0)) return 0;
-      if (w < M(0)) dir = -dir;
-    }
-    if (norm.bias && !finite(M(norm.bias[c]))) return 0;
-    return dir;
-  }
   QGRAD_HD T operator()(T v, std::int64_t c) const { return formulas::normalize_relu(norm, in(v, c), c); }
 };
 
-// max_pool2d of fake_quantize_per_tensor(read(x)): the window scan over the
-// fake quantized values (formulas::FakeQuantOp, computed where read, never
-// stored), y its max, code[o] the argmax's flat index r in the plane, or
-// -1 - r where the argmax's fake-quant mask bit is 0.
-//
-// The scan's result is the first element, in row-major order, whose value
-// f(x) = fq(read(x)) is the window's largest (NaN wins). When f is monotone
-// (read.direction(c) != 0, scale and 1 / scale finite and > 0) and the
-// window holds no NaN, the largest f is f at x's largest element (smallest,
-// when f falls as x rises), so f is evaluated there and then at the
-// elements before the first that ties with it, not at every element: the
-// same y and code, fewer evaluations (each a division and a normalisation
-// when read is batch norm's).
 template <class T, class Read = PlainRead<T>>
 struct FakeQuantMaxPoolForward {
   const T* x;
@@ -198,54 +163,18 @@ struct FakeQuantMaxPoolForward {
     const std::int64_t c = read.channel(a.plane);
     const formulas::ChannelParams prm = src.get(0);
     const formulas::FakeQuantOp<T, false> fq{qmin, qmax};
-    const auto f = [&](T v, bool& bit) { return fq(read(v, c), prm, false, bit); };
-    const auto positive = [](float v) { return v > 0.0f && v - v == 0.0f; };
-    const int dir = positive(prm.scale) && positive(prm.inv_scale) ? read.direction(c) : 0;
-    if (dir != 0 && by_extreme(a, p, dir, f, o)) return;
     M best;
     const std::int64_t arg = window_argmax(
         a, g,
         [&](std::int64_t r) {
           bool bit;
-          return M(f(p[r], bit));
+          return M(fq(read(p[r], c), prm, false, bit));
         },
         best);
     bool bit;
-    f(p[arg], bit);
+    fq(read(p[arg], c), prm, false, bit);
     y[o] = T(best);
     code[o] = static_cast<std::int32_t>(bit ? arg : -1 - arg);
-  }
-
-  // The monotone case; false (nothing written) for a window with a NaN, or
-  // where f of the extreme is NaN.
-  template <class F>
-  QGRAD_HD bool by_extreme(const PlaneDivs::At& a, const T* p, int dir, const F& f, std::int64_t o) const {
-    using M = op_math_t<T>;
-    const formulas::Span hs = formulas::max_pool_span(a.row, g.ih, g.kh, g.sh, g.ph, g.dh);
-    const formulas::Span ws = formulas::max_pool_span(a.col, g.iw, g.kw, g.sw, g.pw, g.dw);
-    M extreme = dir > 0 ? formulas::pool_lowest<M>() : -formulas::pool_lowest<M>();
-    for (std::int64_t h = hs.lo; h < hs.hi; h += g.dh)
-      for (std::int64_t w = ws.lo; w < ws.hi; w += g.dw) {
-        const M v = M(p[h * g.iw + w]);
-        if (v != v) return false;
-        if (dir > 0 ? v > extreme : v < extreme) extreme = v;
-      }
-    bool extreme_bit;
-    const T top = f(T(extreme), extreme_bit);
-    if (M(top) != M(top)) return false;
-    for (std::int64_t h = hs.lo; h < hs.hi; h += g.dh)
-      for (std::int64_t w = ws.lo; w < ws.hi; w += g.dw) {
-        const std::int64_t r = h * g.iw + w;
-        bool bit = extreme_bit;
-        const T v = p[r];
-        const T fv = M(v) == extreme ? top : f(v, bit);
-        if (M(fv) == M(top)) {
-          y[o] = fv;
-          code[o] = static_cast<std::int32_t>(bit ? r : -1 - r);
-          return true;
-        }
-      }
-    return false;
   }
 };
 

@@ -146,7 +146,11 @@ struct BatchNormReluRead {
   QGRAD_HD T operator()(T v, std::int64_t c) const { return formulas::normalize_relu(norm, in(v, c), c); }
 };
 
-template <class T, class Read = PlainRead<T>>
+// kTiled2: 2 x 2 windows of stride 2 that tile the input (windows_tile_input,
+// no dilation): the window's four elements read at fixed offsets and scanned
+// unrolled, in window_argmax's order with its rule (the general scan's span
+// arithmetic and loops were most of the kernel's instructions).
+template <class T, class Read = PlainRead<T>, bool kTiled2 = false>
 struct FakeQuantMaxPoolForward {
   const T* x;
   T* y;
@@ -163,18 +167,39 @@ struct FakeQuantMaxPoolForward {
     const std::int64_t c = read.channel(a.plane);
     const formulas::ChannelParams prm = src.get(0);
     const formulas::FakeQuantOp<T, false> fq{qmin, qmax};
-    M best;
-    const std::int64_t arg = window_argmax(
-        a, g,
-        [&](std::int64_t r) {
-          bool bit;
-          return M(fq(read(p[r], c), prm, false, bit));
-        },
-        best);
-    bool bit;
-    fq(read(p[arg], c), prm, false, bit);
-    y[o] = T(best);
-    code[o] = static_cast<std::int32_t>(bit ? arg : -1 - arg);
+    if constexpr (kTiled2) {
+      const std::int64_t r0 = 2 * (a.row * g.iw + a.col);
+      const std::int64_t r[4] = {r0, r0 + 1, r0 + g.iw, r0 + g.iw + 1};
+      T v[4];
+      QGRAD_UNROLL
+      for (int k = 0; k < 4; ++k) v[k] = p[r[k]];
+      M best = formulas::pool_lowest<M>();
+      int arg = 0;
+      bool bits[4];
+      QGRAD_UNROLL
+      for (int k = 0; k < 4; ++k) {
+        const M f = M(fq(read(v[k], c), prm, false, bits[k]));
+        if (f > best || formulas::pool_is_nan(f)) {
+          best = f;
+          arg = k;
+        }
+      }
+      y[o] = T(best);
+      code[o] = static_cast<std::int32_t>(bits[arg] ? r[arg] : -1 - r[arg]);
+    } else {
+      M best;
+      const std::int64_t arg = window_argmax(
+          a, g,
+          [&](std::int64_t r) {
+            bool bit;
+            return M(fq(read(p[r], c), prm, false, bit));
+          },
+          best);
+      bool bit;
+      fq(read(p[arg], c), prm, false, bit);
+      y[o] = T(best);
+      code[o] = static_cast<std::int32_t>(bit ? arg : -1 - arg);
+    }
   }
 };
 
@@ -476,12 +501,15 @@ void fake_quantize_max_pool2d(const Tensor& x, const Tensor& y, const Tensor& co
   dispatch_floating(y.dtype(), "fake_quantize_max_pool2d", [&](auto tag) {
     using T = typename decltype(tag)::type;
     using M = op_math_t<T>;
+    const bool tiled2 = windows_tile_input(g) && g.kh == 2 && g.kw == 2 && g.dh == 1 && g.dw == 1;
     const auto run = [&](auto read) {
-      for_each_index(y.device(), y.numel(),
-                     FakeQuantMaxPoolForward<T, decltype(read)>{
-                         static_cast<const T*>(x.data_ptr()), static_cast<T*>(y.data_ptr()),
-                         static_cast<std::int32_t*>(codes.data_ptr()), g, PoolDivs::of(g), p, qmin, qmax, read},
-                     "fake_quantize_max_pool2d");
+      const auto launch = [&](auto body) { for_each_index(y.device(), y.numel(), body, "fake_quantize_max_pool2d"); };
+      const T* xp = static_cast<const T*>(x.data_ptr());
+      T* yp = static_cast<T*>(y.data_ptr());
+      std::int32_t* cp = static_cast<std::int32_t*>(codes.data_ptr());
+      if (tiled2)
+        launch(FakeQuantMaxPoolForward<T, decltype(read), true>{xp, yp, cp, g, PoolDivs::of(g), p, qmin, qmax, read});
+      else launch(FakeQuantMaxPoolForward<T, decltype(read)>{xp, yp, cp, g, PoolDivs::of(g), p, qmin, qmax, read});
     };
     if (!normalized) {
       run(PlainRead<T>{});

@@ -276,7 +276,8 @@ struct MaxPoolBackward {
 // writes its whole window, each element once. The gather's values: an
 // element gets T(0 + dy[o]) where it is the window's argmax, else T(0).
 // A warp writes whole row segments (coalesced) and reads each idx / dy once.
-template <class T, class Ix>
+// kTiled2: 2 x 2 windows, their four elements written unrolled.
+template <class T, class Ix, bool kTiled2 = false>
 struct MaxPoolBackwardTiled {
   const T* dy;
   Ix ix;
@@ -289,12 +290,19 @@ struct MaxPoolBackwardTiled {
     const std::int64_t arg = ix.arg(o);
     const T hit = pooled_grad<T, Ix>(T(M(0) + M(dy[o])), ix.bit(o)), miss = T(M(0));
     T* plane = dx + a.plane * g.ih * g.iw;
-    const std::int64_t h0 = a.row * g.sh, w0 = a.col * g.sw;
-    for (std::int64_t h = h0; h < h0 + g.sh; ++h)
-      for (std::int64_t w = w0; w < w0 + g.sw; ++w) {
-        const std::int64_t r = h * g.iw + w;
-        plane[r] = r == arg ? hit : miss;
-      }
+    if constexpr (kTiled2) {
+      const std::int64_t r0 = 2 * (a.row * g.iw + a.col);
+      const std::int64_t r[4] = {r0, r0 + 1, r0 + g.iw, r0 + g.iw + 1};
+      QGRAD_UNROLL
+      for (int k = 0; k < 4; ++k) plane[r[k]] = r[k] == arg ? hit : miss;
+    } else {
+      const std::int64_t h0 = a.row * g.sh, w0 = a.col * g.sw;
+      for (std::int64_t h = h0; h < h0 + g.sh; ++h)
+        for (std::int64_t w = w0; w < w0 + g.sw; ++w) {
+          const std::int64_t r = h * g.iw + w;
+          plane[r] = r == arg ? hit : miss;
+        }
+    }
   }
 };
 
@@ -481,9 +489,12 @@ template <class T, class Ix>
 void max_pool_backward(const Tensor& dy, Ix ix, const Tensor& dx, const Pool2dGeometry& g, const char* what) {
   const T* d = static_cast<const T*>(dy.data_ptr());
   T* out = static_cast<T*>(dx.data_ptr());
-  if (windows_tile_input(g))
-    for_each_index(dy.device(), dy.numel(), MaxPoolBackwardTiled<T, Ix>{d, ix, out, g, PoolDivs::of(g).out}, what);
-  else for_each_index(dx.device(), dx.numel(), MaxPoolBackward<T, Ix>{d, ix, out, g, PoolDivs::of(g)}, what);
+  const PoolDivs dv = PoolDivs::of(g);
+  if (windows_tile_input(g) && g.kh == 2 && g.kw == 2 && g.dh == 1 && g.dw == 1)
+    for_each_index(dy.device(), dy.numel(), MaxPoolBackwardTiled<T, Ix, true>{d, ix, out, g, dv.out}, what);
+  else if (windows_tile_input(g))
+    for_each_index(dy.device(), dy.numel(), MaxPoolBackwardTiled<T, Ix>{d, ix, out, g, dv.out}, what);
+  else for_each_index(dx.device(), dx.numel(), MaxPoolBackward<T, Ix>{d, ix, out, g, dv}, what);
 }
 
 }  // namespace

@@ -224,8 +224,11 @@ struct WeightGradGeometry {
 };
 
 // Taps: the exact tap count when Exact (the common 3x3, 5x5, 7x7 kernels of
-// one or three channels: no test per tap), else an upper bound.
-template <class T, int Taps, bool Exact>
+// one or three channels: no test per tap), else an upper bound. Outs: output
+// channels per block, consecutive and of one group; they share the block's x
+// tile (staged once per image for all of them) and each keeps its own
+// accumulators, summed in the order above (the same bits for any Outs).
+template <class T, int Taps, bool Exact, int Outs>
 __global__ void weight_grad_partials_kernel(const T* __restrict__ x, const T* __restrict__ dy,
                                             op_math_t<T>* __restrict__ partial, WeightGradGeometry g) {
   ::qgrad::cuda::wait_for_prior_kernels();
@@ -233,20 +236,23 @@ __global__ void weight_grad_partials_kernel(const T* __restrict__ x, const T* __
   extern __shared__ unsigned char smem_bytes[];
   M* tile = reinterpret_cast<M*>(smem_bytes);  // [Cg, Hp, Wp]
   const int tile_size = g.c_per_group * g.hp * g.wp;
-  M* dy_tile = tile + tile_size;  // [OH·OW]
-  const int o = blockIdx.y;
+  M* dy_tile = tile + tile_size;  // [Outs, OH·OW]
+  const int o0 = blockIdx.y * Outs;
   const int n_begin = blockIdx.x * g.images_per_block;
   const int n_end = min(n_begin + g.images_per_block, g.n);
   const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int hw = g.h * g.w;
   for (int e = threadIdx.x; e < tile_size; e += kThreads) tile[e] = M(0);  // the padding stays zero
-  M acc[Taps];
+  M acc[Outs][Taps];
   QGRAD_UNROLL
-  for (int r = 0; r < Taps; ++r) acc[r] = M(0);
+  for (int k = 0; k < Outs; ++k) {
+    QGRAD_UNROLL
+    for (int r = 0; r < Taps; ++r) acc[k][r] = M(0);
+  }
   for (int n = n_begin; n < n_end; ++n) {
     __syncthreads();  // the previous image's reads (and the zeroing) are done
     const T* xs =
-        x + (static_cast<std::int64_t>(n) * g.c + static_cast<std::int64_t>(o / g.o_per_group) * g.c_per_group) * hw;
+        x + (static_cast<std::int64_t>(n) * g.c + static_cast<std::int64_t>(o0 / g.o_per_group) * g.c_per_group) * hw;
     stage(
         threadIdx.x, kThreads, g.c_per_group * hw, [&](int e) { return M(xs[e]); },
         [&](int e, M v) {
@@ -254,32 +260,39 @@ __global__ void weight_grad_partials_kernel(const T* __restrict__ x, const T* __
           const int ih = static_cast<int>(g.div_w.div(p)), iw = p - ih * g.w;
           tile[(c * g.hp + ih + g.ph) * g.wp + iw + g.pw] = v;
         });
-    const T* dys = dy + (static_cast<std::int64_t>(n) * g.o + o) * g.ohw;
+    const T* dys = dy + (static_cast<std::int64_t>(n) * g.o + o0) * g.ohw;  // Outs consecutive planes
     stage(
-        threadIdx.x, kThreads, g.ohw, [&](int p) { return M(dys[p]); }, [&](int p, M v) { dy_tile[p] = v; });
+        threadIdx.x, kThreads, Outs * g.ohw, [&](int p) { return M(dys[p]); }, [&](int p, M v) { dy_tile[p] = v; });
     __syncthreads();
     for (int p = threadIdx.x; p < g.ohw; p += kThreads) {
       const int a = static_cast<int>(g.div_ow.div(p)), b = p - a * static_cast<int>(g.div_ow.d);
       const M* base = tile + a * g.sh * g.wp + b * g.sw;
-      const M d = dy_tile[p];
       QGRAD_UNROLL
-      for (int r = 0; r < Taps; ++r)
-        if (Exact || r < g.taps) acc[r] = fma(d, base[g.tap_offset[r]], acc[r]);
+      for (int k = 0; k < Outs; ++k) {
+        const M d = dy_tile[k * g.ohw + p];
+        QGRAD_UNROLL
+        for (int r = 0; r < Taps; ++r)
+          if (Exact || r < g.taps) acc[k][r] = fma(d, base[g.tap_offset[r]], acc[k][r]);
+      }
     }
   }
-  __shared__ M warp_sums[kThreads / 32][Taps];
+  __shared__ M warp_sums[kThreads / 32][Outs * Taps];
   QGRAD_UNROLL
-  for (int r = 0; r < Taps; ++r) {
-    if (Exact || r < g.taps) {
-      const M s = warp_lane_sum(acc[r]);
-      if (lane == 0) warp_sums[warp][r] = s;
+  for (int k = 0; k < Outs; ++k) {
+    QGRAD_UNROLL
+    for (int r = 0; r < Taps; ++r) {
+      if (Exact || r < g.taps) {
+        const M s = warp_lane_sum(acc[k][r]);
+        if (lane == 0) warp_sums[warp][k * Taps + r] = s;
+      }
     }
   }
   __syncthreads();
-  if (threadIdx.x < static_cast<unsigned>(g.taps)) {
-    M s = warp_sums[0][threadIdx.x];
-    for (unsigned v = 1; v < kThreads / 32; ++v) s += warp_sums[v][threadIdx.x];
-    partial[(static_cast<std::int64_t>(blockIdx.x) * g.o + o) * g.taps + threadIdx.x] = s;
+  for (int t = threadIdx.x; t < Outs * g.taps; t += kThreads) {
+    const int k = t / g.taps, r = t - k * g.taps;
+    M s = warp_sums[0][k * Taps + r];
+    for (unsigned v = 1; v < kThreads / 32; ++v) s += warp_sums[v][k * Taps + r];
+    partial[(static_cast<std::int64_t>(blockIdx.x) * g.o + o0 + k) * g.taps + r] = s;
   }
 }
 
@@ -299,8 +312,19 @@ __global__ void weight_grad_runs_kernel(const op_math_t<T>* __restrict__ partial
 
 // The padded x planes of a group and dy's plane.
 template <class M>
-std::size_t weight_grad_tile_bytes(const Conv2dShape& s) {
-  return static_cast<std::size_t>(s.c_per_group() * (s.h + 2 * s.ph) * (s.w + 2 * s.pw) + s.oh * s.ow) * sizeof(M);
+std::size_t weight_grad_tile_bytes(const Conv2dShape& s, std::int64_t outs = 1) {
+  return static_cast<std::size_t>(s.c_per_group() * (s.h + 2 * s.ph) * (s.w + 2 * s.pw) + outs * s.oh * s.ow) *
+         sizeof(M);
+}
+
+// Output channels per weight-gradient block: 4 where they fit (a group of a
+// multiple of 4 outputs, their accumulators within registers: up to 9 taps,
+// their dy planes within shared memory), else 1.
+template <class M, int Taps>
+int weight_grad_outs(const Conv2dShape& s) {
+  constexpr int kOuts = 4;
+  if (Taps > 9 || s.o_per_group() % kOuts != 0 || weight_grad_tile_bytes<M>(s, kOuts) > kMaxSmem) return 1;
+  return kOuts;
 }
 
 template <class M>
@@ -329,10 +353,15 @@ void weight_grad(const Conv2dShape& s, const Tensor& x, const Tensor& dy, const 
   const std::int64_t runs = (s.n + g.images_per_block - 1) / g.images_per_block, elements = s.o * g.taps;
   M* partial =
       static_cast<M*>(memory::allocate(static_cast<std::size_t>(runs * elements) * sizeof(M), dweight.device()));
-  ::qgrad::cuda::launch_kernel(dev, weight_grad_partials_kernel<T, Taps, Exact>,
-                               dim3(static_cast<unsigned>(runs), static_cast<unsigned>(s.o)), dim3(kThreads),
-                               weight_grad_tile_bytes<M>(s), static_cast<const T*>(x.data_ptr()),
-                               static_cast<const T*>(dy.data_ptr()), partial, g);
+  const auto launch = [&](auto outs) {
+    constexpr int kOuts = decltype(outs)::value;
+    ::qgrad::cuda::launch_kernel(dev, weight_grad_partials_kernel<T, Taps, Exact, kOuts>,
+                                 dim3(static_cast<unsigned>(runs), static_cast<unsigned>(s.o / kOuts)), dim3(kThreads),
+                                 weight_grad_tile_bytes<M>(s, kOuts), static_cast<const T*>(x.data_ptr()),
+                                 static_cast<const T*>(dy.data_ptr()), partial, g);
+  };
+  if (weight_grad_outs<M, Taps>(s) == 4) launch(std::integral_constant<int, 4>{});
+  else launch(std::integral_constant<int, 1>{});
   ::qgrad::cuda::launch_kernel(dev, weight_grad_runs_kernel<T>, dim3(::qgrad::cuda::blocks_for(elements, kThreads)),
                                dim3(kThreads), 0, static_cast<const M*>(partial), static_cast<T*>(dweight.data_ptr()),
                                elements, runs);

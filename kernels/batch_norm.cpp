@@ -61,6 +61,37 @@ QGRAD_HD ChunkOf chunk_of(std::int64_t p, const AxisLayout& v, std::int64_t chun
   return {(n * v.channels + c) * v.inner, lo + lane, hi, c};
 }
 
+// chunk_of by FastDiv's 32-bit magic divisions instead of 64-bit ones (a
+// software routine each on CUDA, several per partial of 6-64 elements) when
+// every partial index is below 2^31; the same results.
+struct ChunkDivs {
+  bool small = false;
+  FastDiv by_lanes{}, by_per_channel{}, by_chunks{};
+  static ChunkDivs of(const Partials& pt) {
+    ChunkDivs d;
+    d.small = pt.count() < (std::int64_t{1} << 31);
+    if (d.small) {
+      d.by_lanes = FastDiv(static_cast<std::uint32_t>(pt.lanes));
+      d.by_per_channel = FastDiv(static_cast<std::uint32_t>(pt.per_channel()));
+      d.by_chunks = FastDiv(static_cast<std::uint32_t>(pt.chunks));
+    }
+    return d;
+  }
+};
+QGRAD_HD ChunkOf chunk_at(std::int64_t p, const AxisLayout& v, std::int64_t chunks, std::int64_t lanes,
+                          const ChunkDivs& d) {
+  if (!d.small) return chunk_of(p, v, chunks, lanes);
+  const std::uint32_t pu = static_cast<std::uint32_t>(p), cq = d.by_lanes.div(pu);
+  const std::int64_t lane = pu - cq * static_cast<std::uint32_t>(lanes);
+  const std::uint32_t c = d.by_per_channel.div(cq);
+  const std::uint32_t q = cq - c * static_cast<std::uint32_t>(v.outer * chunks);
+  const std::uint32_t n = d.by_chunks.div(q);
+  const std::int64_t k = q - n * static_cast<std::uint32_t>(chunks);
+  const std::int64_t lo = k * kBatchNormChunk;
+  const std::int64_t hi = lo + kBatchNormChunk < v.inner ? lo + kBatchNormChunk : v.inner;
+  return {(std::int64_t{n} * v.channels + c) * v.inner, lo + lane, hi, c};
+}
+
 template <class M>
 struct SquaredDeviation {
   M center;
@@ -139,9 +170,10 @@ struct PartialMoments {
   AxisLayout v;
   std::int64_t chunks, lanes;
   Unscale<T> in;
+  ChunkDivs divs;
   QGRAD_HD void operator()(std::int64_t p) const {
     using M = op_math_t<T>;
-    const ChunkOf ch = chunk_of(p, v, chunks, lanes);
+    const ChunkOf ch = chunk_at(p, v, chunks, lanes, divs);
     const T* first = x + ch.offset + ch.lo;
     const std::int64_t count = ch.hi > ch.lo ? (ch.hi - ch.lo + lanes - 1) / lanes : 0;
     if (count == 0) {
@@ -316,9 +348,10 @@ struct PartialGrad {
   std::int64_t chunks, lanes;
   ReluGate<T> gate = {};  // batch_norm_relu: dy through relu's backward (px given, so x is read)
   Unscale<T> in = {};     // batch norm fused after channel_div_add: x is the latter's input
+  ChunkDivs divs = {};
   QGRAD_HD void operator()(std::int64_t p) const {
     using M = op_math_t<T>;
-    const ChunkOf ch = chunk_of(p, v, chunks, lanes);
+    const ChunkOf ch = chunk_at(p, v, chunks, lanes, divs);
     const M m = center ? center[ch.c] : M(0);
     const M d = dx ? M(divisor[ch.c]) : M(1);
     const T* g = dy + ch.offset;
@@ -443,9 +476,10 @@ struct FusedInputGrad {
   std::int64_t chunks, lanes;
   InputGradFormula<T> f;
   Unscale<T> in;
+  ChunkDivs divs;
   QGRAD_HD void operator()(std::int64_t p) const {
     using M = op_math_t<T>;
-    const ChunkOf ch = chunk_of(p, v, chunks, lanes);
+    const ChunkOf ch = chunk_at(p, v, chunks, lanes, divs);
     const std::int64_t c = ch.c;
     const M d = M(in.divisor[c]);
     const T* g = dy + ch.offset;
@@ -589,7 +623,8 @@ void run_stats(const Tensor& x, const AxisLayout& v, double momentum, double eps
   A* lp = pp + pt.count();
   const Device dev = x.device();
   for_each_index(dev, pt.count(),
-                 PartialMoments<T, A>{static_cast<const T*>(x.data_ptr()), pp, v, pt.chunks, pt.lanes, unscale<T>(pre)},
+                 PartialMoments<T, A>{static_cast<const T*>(x.data_ptr()), pp, v, pt.chunks, pt.lanes, unscale<T>(pre),
+                                      ChunkDivs::of(pt)},
                  "batch_norm", kPartialGrain);
   sum_lanes(dev, pt, pp, lp, "batch_norm");
   ChannelStats<T, A> f{lp,
@@ -691,7 +726,7 @@ void batch_norm_backward(const Tensor& dy, const Tensor& x, const AxisLayout& v,
       M* ld = px + pt.count();
       M* lx = ld + lane_sums;
       for_each_index(dev, pt.count(),
-                     PartialGrad<T>{dyp, xp, mp, nullptr, nullptr, pd, px, v, pt.chunks, pt.lanes, gate, in},
+                     PartialGrad<T>{dyp, xp, mp, nullptr, nullptr, pd, px, v, pt.chunks, pt.lanes, gate, in, ChunkDivs::of(pt)},
                      "batch_norm_backward", kPartialGrain);
       sum_lanes(dev, pt, pd, ld, "batch_norm_backward", 2);  // px and lx follow pd and ld
       for_each_row_sum(dev, v.channels,
@@ -717,7 +752,7 @@ void batch_norm_backward(const Tensor& dy, const Tensor& x, const AxisLayout& v,
     M* ps = pre.dshift.defined() ? static_cast<M*>(part.data_ptr()) : nullptr;
     M* px = pre.ddivisor.defined() ? static_cast<M*>(part.data_ptr()) + pt.count() : nullptr;
     for_each_index(dev, pt.count(),
-                   FusedInputGrad<T>{dyp, xp, ptr_or_null<T>(dx), ps, px, v, pt.chunks, pt.lanes, f, in},
+                   FusedInputGrad<T>{dyp, xp, ptr_or_null<T>(dx), ps, px, v, pt.chunks, pt.lanes, f, in, ChunkDivs::of(pt)},
                    "batch_norm_backward", kPartialGrain);
     if (sums) divadd_channel_grads<T>(dev, pt, part, pre.divisor, pre.ddivisor, pre.dshift, "batch_norm_backward");
   });
@@ -752,7 +787,7 @@ void channel_div_add_backward(const Tensor& dy, const Tensor& x, const AxisLayou
     const T* xp = px ? static_cast<const T*>(x.data_ptr()) : nullptr;  // x is read for ddivisor only
     for_each_index(dev, pt.count(),
                    PartialGrad<T>{static_cast<const T*>(dy.data_ptr()), xp, nullptr, dp, ptr_or_null<T>(dx), ps, px,
-                                  v, pt.chunks, pt.lanes},
+                                  v, pt.chunks, pt.lanes, {}, {}, ChunkDivs::of(pt)},
                    "channel_div_add_backward", kPartialGrain);
     if (sums) divadd_channel_grads<T>(dev, pt, part, divisor, ddivisor, dbias, "channel_div_add_backward");
   });

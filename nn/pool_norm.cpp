@@ -39,6 +39,14 @@ Tensor BatchNorm2d::forward_div_add(const Tensor& x, const Tensor& divisor, cons
   return run(x, relu, divisor, shift);
 }
 
+Tensor normalize(const Tensor& x, const BatchNormArgs& a, bool relu) {
+  if (a.divisor.defined())
+    return channel_div_add_batch_norm(x, a.divisor, a.shift, a.weight, a.bias, a.running_mean, a.running_var,
+                                      a.training, relu, a.momentum, a.eps, a.num_batches_tracked);
+  return (relu ? batch_norm_relu : batch_norm)(x, a.weight, a.bias, a.running_mean, a.running_var, a.training,
+                                               a.momentum, a.eps, a.num_batches_tracked);
+}
+
 BatchNormArgs BatchNorm2d::args(const Tensor& divisor, const Tensor& shift) const {
   const bool tracking = running_mean_.defined();
   const bool count = is_training() && tracking;
@@ -64,12 +72,7 @@ BatchNormArgs BatchNorm2d::args(const Tensor& divisor, const Tensor& shift) cons
 Tensor BatchNorm2d::run(const Tensor& x, bool relu, const Tensor& divisor, const Tensor& shift) {
   QGRAD_CHECK(x.defined() && x.dim() == 4, "BatchNorm2d", "x", "expected [N, C, H, W], got shape ",
               x.defined() ? shape_str(x.shape()) : std::string("undefined"));
-  const BatchNormArgs a = args(divisor, shift);
-  if (divisor.defined())
-    return channel_div_add_batch_norm(x, divisor, shift, a.weight, a.bias, a.running_mean, a.running_var, a.training,
-                                      relu, a.momentum, a.eps, a.num_batches_tracked);
-  return (relu ? batch_norm_relu : batch_norm)(x, a.weight, a.bias, a.running_mean, a.running_var, a.training,
-                                               a.momentum, a.eps, a.num_batches_tracked);
+  return normalize(x, args(divisor, shift), relu);
 }
 
 MaxPool2d::MaxPool2d(Size2 kernel_size, std::optional<Size2> stride, Size2 padding, Size2 dilation, bool ceil_mode)

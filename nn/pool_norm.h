@@ -12,6 +12,11 @@
 
 namespace qgrad::nn {
 
+// The batch norm (with relu: batch_norm_relu) that `a` describes:
+// channel_div_add_batch_norm when a.divisor is defined, else batch_norm /
+// batch_norm_relu.
+Tensor normalize(const Tensor& x, const BatchNormArgs& a, bool relu);
+
 // y = batch_norm(x, weight, bias, running_mean, running_var, ...) over
 // x [N, C, H, W] with C = num_features. Parameters weight (ones) and bias
 // (zeros) when affine; buffers running_mean (zeros), running_var (ones) and

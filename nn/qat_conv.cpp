@@ -106,13 +106,18 @@ BatchNormArgs ConvBn2d::bn_args(const Tensor& f) const {
   // Frozen: the running statistics normalise and stay (PyTorch sets
   // bn.training = False and keeps it there); otherwise the BatchNorm2d
   // module follows the model's train/eval mode.
-  if (freeze_bn_ && bn_->is_training()) {
-    BatchNormArgs a = bn_->args(f, bias_);
-    a.num_batches_tracked = Tensor();
-    a.training = false;
-    a.momentum = 0.0;
-    return a;
-  }
+  // (Not through BatchNorm2d::args: with a cumulative momentum it reads the
+  // counter on the host, which a frozen step does not need.)
+  if (freeze_bn_ && bn_->is_training())
+    return {.divisor = f,
+            .shift = bias_,
+            .weight = bn_->weight(),
+            .bias = bn_->bias(),
+            .running_mean = bn_->running_mean(),
+            .running_var = bn_->running_var(),
+            .training = false,
+            .momentum = 0.0,
+            .eps = bn_->eps()};
   return bn_->args(f, bias_);
 }
 
@@ -121,9 +126,7 @@ Tensor ConvBn2d::normalized(const Tensor& x) {
   // Then conv / f + bias per channel and the batch norm (with relu: relu of
   // it) as one op, channel_div_add_batch_norm: the same bits as the
   // broadcast ops, without the unscaled tensor or its passes.
-  const BatchNormArgs a = bn_args(f);
-  return channel_div_add_batch_norm(z, a.divisor, a.shift, a.weight, a.bias, a.running_mean, a.running_var,
-                                    a.training, relu_, a.momentum, a.eps, a.num_batches_tracked);
+  return normalize(z, bn_args(f), relu_);
 }
 
 std::pair<Tensor, Tensor> ConvBn2d::folded_weight_bias() const {

@@ -4,6 +4,7 @@
 #include <map>
 
 #include "qgrad/autograd/node.h"
+#include "qgrad/nn/pool_norm.h"
 #include "qgrad/ops/factory.h"
 #include "qgrad/ops/observer.h"
 #include "qgrad/ops/pool_norm.h"
@@ -200,13 +201,8 @@ Tensor FakeQuantize::forward_batch_norm_relu_max_pool(const Tensor& x, const Bat
                                                       const MaxPool2dArgs& pool) {
   const ObserverOptions& o = observer_->options();
   if (!fake_quant_enabled_ || is_per_channel(o.qscheme) || observer_->has_range_sync()) {
-    const Tensor y = bn.divisor.defined()
-                         ? channel_div_add_batch_norm(x, bn.divisor, bn.shift, bn.weight, bn.bias, bn.running_mean,
-                                                      bn.running_var, bn.training, true, bn.momentum, bn.eps,
-                                                      bn.num_batches_tracked)
-                         : batch_norm_relu(x, bn.weight, bn.bias, bn.running_mean, bn.running_var, bn.training,
-                                           bn.momentum, bn.eps, bn.num_batches_tracked);
-    return forward_max_pool(y, pool.kernel_size, pool.stride, pool.padding, pool.dilation, pool.ceil_mode);
+    return forward_max_pool(normalize(x, bn, true), pool.kernel_size, pool.stride, pool.padding, pool.dilation,
+                            pool.ceil_mode);
   }
   const ObserverUpdate u = observer_->update();
   return ::qgrad::batch_norm_relu_fake_quantize_max_pool2d(x, bn, scale_, zero_point_, qmin(), qmax(), pool,

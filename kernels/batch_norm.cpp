@@ -47,23 +47,10 @@ struct Partials {
   }
 };
 
-// The elements of partial p = (c * Q + q) * lanes + lane: plane offset, the
-// first element, the end, the channel.
-struct ChunkOf {
-  std::int64_t offset, lo, hi, c;
-};
-QGRAD_HD ChunkOf chunk_of(std::int64_t p, const AxisLayout& v, std::int64_t chunks, std::int64_t lanes) {
-  const std::int64_t lane = p % lanes, cq = p / lanes;
-  const std::int64_t q = cq % (v.outer * chunks), c = cq / (v.outer * chunks);
-  const std::int64_t n = q / chunks, k = q - n * chunks;
-  const std::int64_t lo = k * kBatchNormChunk;
-  const std::int64_t hi = lo + kBatchNormChunk < v.inner ? lo + kBatchNormChunk : v.inner;
-  return {(n * v.channels + c) * v.inner, lo + lane, hi, c};
-}
-
-// chunk_of by FastDiv's 32-bit magic divisions instead of 64-bit ones (a
-// software routine each on CUDA, several per partial of 6-64 elements) when
-// every partial index is below 2^31; the same results.
+// The index arithmetic of a partial's chunk by FastDiv's 32-bit magic
+// divisions instead of 64-bit ones (a software routine each on CUDA, several
+// per partial of 6-64 elements) when every partial index is below 2^31; the
+// same results.
 struct ChunkDivs {
   bool small = false;
   FastDiv by_lanes{}, by_per_channel{}, by_chunks{};
@@ -78,18 +65,34 @@ struct ChunkDivs {
     return d;
   }
 };
-QGRAD_HD ChunkOf chunk_at(std::int64_t p, const AxisLayout& v, std::int64_t chunks, std::int64_t lanes,
+
+// The elements of partial p = (c * Q + q) * lanes + lane: plane offset, the
+// first element, the end, the channel.
+struct ChunkOf {
+  std::int64_t offset, lo, hi, c;
+};
+QGRAD_HD ChunkOf chunk_of(std::int64_t p, const AxisLayout& v, std::int64_t chunks, std::int64_t lanes,
                           const ChunkDivs& d) {
-  if (!d.small) return chunk_of(p, v, chunks, lanes);
-  const std::uint32_t pu = static_cast<std::uint32_t>(p), cq = d.by_lanes.div(pu);
-  const std::int64_t lane = pu - cq * static_cast<std::uint32_t>(lanes);
-  const std::uint32_t c = d.by_per_channel.div(cq);
-  const std::uint32_t q = cq - c * static_cast<std::uint32_t>(v.outer * chunks);
-  const std::uint32_t n = d.by_chunks.div(q);
-  const std::int64_t k = q - n * static_cast<std::uint32_t>(chunks);
+  const std::int64_t per_channel = v.outer * chunks;
+  std::int64_t lane, q, c, n;
+  if (d.small) {
+    const std::uint32_t pu = static_cast<std::uint32_t>(p), cq = d.by_lanes.div(pu);
+    const std::uint32_t cu = d.by_per_channel.div(cq), qu = cq - cu * static_cast<std::uint32_t>(per_channel);
+    lane = pu - cq * static_cast<std::uint32_t>(lanes);
+    q = qu;
+    c = cu;
+    n = d.by_chunks.div(qu);
+  } else {
+    const std::int64_t cq = p / lanes;
+    lane = p - cq * lanes;
+    q = cq % per_channel;
+    c = cq / per_channel;
+    n = q / chunks;
+  }
+  const std::int64_t k = q - n * chunks;
   const std::int64_t lo = k * kBatchNormChunk;
   const std::int64_t hi = lo + kBatchNormChunk < v.inner ? lo + kBatchNormChunk : v.inner;
-  return {(std::int64_t{n} * v.channels + c) * v.inner, lo + lane, hi, c};
+  return {(n * v.channels + c) * v.inner, lo + lane, hi, c};
 }
 
 template <class M>
@@ -173,7 +176,7 @@ struct PartialMoments {
   ChunkDivs divs;
   QGRAD_HD void operator()(std::int64_t p) const {
     using M = op_math_t<T>;
-    const ChunkOf ch = chunk_at(p, v, chunks, lanes, divs);
+    const ChunkOf ch = chunk_of(p, v, chunks, lanes, divs);
     const T* first = x + ch.offset + ch.lo;
     const std::int64_t count = ch.hi > ch.lo ? (ch.hi - ch.lo + lanes - 1) / lanes : 0;
     if (count == 0) {
@@ -351,7 +354,7 @@ struct PartialGrad {
   ChunkDivs divs = {};
   QGRAD_HD void operator()(std::int64_t p) const {
     using M = op_math_t<T>;
-    const ChunkOf ch = chunk_at(p, v, chunks, lanes, divs);
+    const ChunkOf ch = chunk_of(p, v, chunks, lanes, divs);
     const M m = center ? center[ch.c] : M(0);
     const M d = dx ? M(divisor[ch.c]) : M(1);
     const T* g = dy + ch.offset;
@@ -479,7 +482,7 @@ struct FusedInputGrad {
   ChunkDivs divs;
   QGRAD_HD void operator()(std::int64_t p) const {
     using M = op_math_t<T>;
-    const ChunkOf ch = chunk_at(p, v, chunks, lanes, divs);
+    const ChunkOf ch = chunk_of(p, v, chunks, lanes, divs);
     const std::int64_t c = ch.c;
     const M d = M(in.divisor[c]);
     const T* g = dy + ch.offset;

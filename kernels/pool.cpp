@@ -120,12 +120,8 @@ struct MaxPoolForward {
   }
 };
 
-// max_pool2d of fake_quantize_per_tensor(x): the window scan over the fake
-// quantized values (formulas::FakeQuantOp, computed where read, never
-// stored), y its max, code[o] the argmax's flat index r in the plane, or
-// -1 - r where the argmax's fake-quant mask bit is 0.
 // The values a fused pooling scans: x's own (Plain), or relu(batch_norm(x))
-// recomputed where read (BatchNormRelu; the channel is plane mod C).
+// recomputed where read (BatchNormRelu; planes indexed as [N, C, 1]).
 template <class T>
 struct PlainRead {
   QGRAD_HD std::int64_t channel(std::int64_t) const { return 0; }
@@ -135,17 +131,28 @@ template <class T>
 struct BatchNormReluRead {
   formulas::Unscale<T> in;
   formulas::Normalize<T> norm;
-  std::int64_t channels;
-  bool small;  // planes < 2^31: the magic division
-  FastDiv by_channels;
-  QGRAD_HD std::int64_t channel(std::int64_t plane) const {
-    if (!small) return plane % channels;
-    const std::uint32_t n = static_cast<std::uint32_t>(plane);
-    return static_cast<std::int64_t>(n - by_channels.div(n) * static_cast<std::uint32_t>(channels));
-  }
+  ChannelIndexer planes;
+  QGRAD_HD std::int64_t channel(std::int64_t plane) const { return planes.channel(plane); }
   QGRAD_HD T operator()(T v, std::int64_t c) const { return formulas::normalize_relu(norm, in(v, c), c); }
 };
 
+// 2 x 2 windows of stride 2 that tile the input (windows_tile_input, no
+// dilation): the four flat indices r of output a's window in its plane, in
+// row-major order.
+bool windows_tile_2x2(const Pool2dGeometry& g) {
+  return windows_tile_input(g) && g.kh == 2 && g.kw == 2 && g.dh == 1 && g.dw == 1;
+}
+QGRAD_HD void window_2x2(const PlaneDivs::At& a, std::int64_t iw, std::int64_t (&r)[4]) {
+  r[0] = 2 * (a.row * iw + a.col);
+  r[1] = r[0] + 1;
+  r[2] = r[0] + iw;
+  r[3] = r[0] + iw + 1;
+}
+
+// max_pool2d of fake_quantize_per_tensor(read(x)): the window scan over the
+// fake quantized values (formulas::FakeQuantOp, computed where read, never
+// stored), y its max, code[o] the argmax's flat index r in the plane, or
+// -1 - r where the argmax's fake-quant mask bit is 0.
 // kTiled2: 2 x 2 windows of stride 2 that tile the input (windows_tile_input,
 // no dilation): the window's four elements read at fixed offsets and scanned
 // unrolled, in window_argmax's order with its rule (the general scan's span
@@ -168,8 +175,8 @@ struct FakeQuantMaxPoolForward {
     const formulas::ChannelParams prm = src.get(0);
     const formulas::FakeQuantOp<T, false> fq{qmin, qmax};
     if constexpr (kTiled2) {
-      const std::int64_t r0 = 2 * (a.row * g.iw + a.col);
-      const std::int64_t r[4] = {r0, r0 + 1, r0 + g.iw, r0 + g.iw + 1};
+      std::int64_t r[4];
+      window_2x2(a, g.iw, r);
       T v[4];
       QGRAD_UNROLL
       for (int k = 0; k < 4; ++k) v[k] = p[r[k]];
@@ -291,8 +298,8 @@ struct MaxPoolBackwardTiled {
     const T hit = pooled_grad<T, Ix>(T(M(0) + M(dy[o])), ix.bit(o)), miss = T(M(0));
     T* plane = dx + a.plane * g.ih * g.iw;
     if constexpr (kTiled2) {
-      const std::int64_t r0 = 2 * (a.row * g.iw + a.col);
-      const std::int64_t r[4] = {r0, r0 + 1, r0 + g.iw, r0 + g.iw + 1};
+      std::int64_t r[4];
+      window_2x2(a, g.iw, r);
       QGRAD_UNROLL
       for (int k = 0; k < 4; ++k) plane[r[k]] = r[k] == arg ? hit : miss;
     } else {
@@ -490,7 +497,7 @@ void max_pool_backward(const Tensor& dy, Ix ix, const Tensor& dx, const Pool2dGe
   const T* d = static_cast<const T*>(dy.data_ptr());
   T* out = static_cast<T*>(dx.data_ptr());
   const PoolDivs dv = PoolDivs::of(g);
-  if (windows_tile_input(g) && g.kh == 2 && g.kw == 2 && g.dh == 1 && g.dw == 1)
+  if (windows_tile_2x2(g))
     for_each_index(dy.device(), dy.numel(), MaxPoolBackwardTiled<T, Ix, true>{d, ix, out, g, dv.out}, what);
   else if (windows_tile_input(g))
     for_each_index(dy.device(), dy.numel(), MaxPoolBackwardTiled<T, Ix>{d, ix, out, g, dv.out}, what);
@@ -512,7 +519,7 @@ void fake_quantize_max_pool2d(const Tensor& x, const Tensor& y, const Tensor& co
   dispatch_floating(y.dtype(), "fake_quantize_max_pool2d", [&](auto tag) {
     using T = typename decltype(tag)::type;
     using M = op_math_t<T>;
-    const bool tiled2 = windows_tile_input(g) && g.kh == 2 && g.kw == 2 && g.dh == 1 && g.dw == 1;
+    const bool tiled2 = windows_tile_2x2(g);
     const auto run = [&](auto read) {
       const auto launch = [&](auto body) { for_each_index(y.device(), y.numel(), body, "fake_quantize_max_pool2d"); };
       const T* xp = static_cast<const T*>(x.data_ptr());
@@ -528,11 +535,10 @@ void fake_quantize_max_pool2d(const Tensor& x, const Tensor& y, const Tensor& co
     }
     const NormalizedInput& n = *normalized;
     const auto ptr = [](const Tensor& t) { return t.defined() ? static_cast<const T*>(t.data_ptr()) : nullptr; };
-    const bool small = g.planes < (std::int64_t{1} << 31);
     run(BatchNormReluRead<T>{{ptr(n.divisor), ptr(n.shift)},
                              {static_cast<const M*>(n.mean.data_ptr()), static_cast<const M*>(n.invstd.data_ptr()),
                               ptr(n.weight), ptr(n.bias)},
-                             n.channels, small, small ? FastDiv(static_cast<std::uint32_t>(n.channels)) : FastDiv()});
+                             ChannelIndexer(AxisLayout{g.planes / n.channels, n.channels, 1})});
   });
 }
 

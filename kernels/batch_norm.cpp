@@ -273,25 +273,6 @@ struct ChannelStats {
   }
 };
 
-// Two sums at once (the backwards' sum of dy and of dy * x): a row sum's
-// accumulator.
-template <class M>
-struct SumPair {
-  M s, p;
-  SumPair() = default;
-  QGRAD_HD explicit SumPair(int) : s(0), p(0) {}
-  QGRAD_HD SumPair(M s_, M p_) : s(s_), p(p_) {}
-  QGRAD_HD SumPair& operator+=(const SumPair& b) {
-    s += b.s;
-    p += b.p;
-    return *this;
-  }
-  template <class S>
-  QGRAD_HD SumPair fields(S f) const {
-    return {f(s), f(p)};
-  }
-};
-
 template <class T>
 struct EvalStats {
   const T* running_mean;

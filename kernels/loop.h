@@ -61,6 +61,28 @@ void for_each_index(Device dev, std::int64_t n, F f, const char* where = "kernel
   cpu::parallel_for(n, f, cpu_grain);
 }
 
+// Two sums carried side by side through one lane_sum or column-sum pass (batch
+// norm's backward: the sums of dy and of dy * x; layer_norm's: of its weight's
+// and its bias's gradients): each component is added in the order it would
+// be alone, so the same bits as two passes. Trivially default-constructible,
+// as a __shared__ array of them must be.
+template <class M>
+struct SumPair {
+  M s, p;
+  SumPair() = default;
+  QGRAD_HD explicit SumPair(int) : s(0), p(0) {}
+  QGRAD_HD SumPair(M s_, M p_) : s(s_), p(p_) {}
+  QGRAD_HD SumPair& operator+=(const SumPair& b) {
+    s += b.s;
+    p += b.p;
+    return *this;
+  }
+  template <class S>
+  QGRAD_HD SumPair fields(S f) const {
+    return {f(s), f(p)};
+  }
+};
+
 // The second stage of a chunked column sum: column j of `cols` adds its
 // `chunks` partial sums part[c * cols + j] in lane_sum's order, then divides
 // by mean_n when it is > 0.
@@ -91,9 +113,11 @@ void lane_sums_on_cpu(std::int64_t n, const F& f, std::int64_t cpu_grain) {
 // Column sums in formulas::lane_sum's order, for reductions over rows:
 // for each i in [0, cols), f.write(i, lane_sum<F::Acc>(f.count(i), r ->
 // f.term(r, i))). f is a functor with `using Acc = ...` and QGRAD_HD
-// count(i), term(r, i) and write(i, sum). CPU: one index per column; CUDA:
-// kernels/cuda/column_sum.cuh (32 columns x 32 lanes per block, coalesced
-// rows), the same bits. `cpu_grain` as for for_each_index, in columns.
+// count(i), term(r, i) and write(i, sum); one whose counts never exceed a
+// bound declares `static constexpr std::int64_t kMaxCount`. CPU: one index
+// per column; CUDA: kernels/cuda/column_sum.cuh (32 columns x 32 lanes per
+// block, coalesced rows; a thread per column, its lanes in registers, under
+// kMaxCount), the same bits. `cpu_grain` as for for_each_index, in columns.
 template <class F>
 void for_each_column_sum(Device dev, std::int64_t cols, F f, const char* where = "kernel",
                          std::int64_t cpu_grain = cpu::kParallelGrain / 64) {

@@ -129,6 +129,7 @@ struct NormBackwardRow {
 template <class T>
 struct NormChunkColumns {
   using Acc = op_math_t<T>;
+  static constexpr std::int64_t kMaxCount = kNormChunkRows;
   std::int64_t rows, d;
   QGRAD_HD std::int64_t row0(std::int64_t i) const { return i / d * kNormChunkRows; }
   QGRAD_HD std::int64_t count(std::int64_t i) const {
@@ -160,6 +161,40 @@ struct NormBiasPartial : NormChunkColumns<T> {
     return M(dy[(this->row0(i) + k) * this->d + i % this->d]);
   }
   QGRAD_HD void write(std::int64_t i, M v) const { pb[i] = v; }
+};
+// The weight's and the bias's partial sums side by side (layer_norm with both:
+// one launch a stage, dy read once), SumPair's s and p.
+template <class T>
+struct NormParamsPartial {
+  using M = op_math_t<T>;
+  using Acc = SumPair<M>;
+  static constexpr std::int64_t kMaxCount = kNormChunkRows;
+  NormWeightPartial<T> w;
+  M* pb;
+  QGRAD_HD std::int64_t count(std::int64_t i) const { return w.count(i); }
+  QGRAD_HD Acc term(std::int64_t k, std::int64_t i) const {
+    return Acc(w.term(k, i), M(w.dy[(w.row0(i) + k) * w.d + i % w.d]));
+  }
+  QGRAD_HD void write(std::int64_t i, Acc v) const {
+    w.pw[i] = v.s;
+    pb[i] = v.p;
+  }
+};
+template <class T>
+struct NormParamsFinish {
+  using M = op_math_t<T>;
+  using Acc = SumPair<M>;
+  const M* pw;
+  const M* pb;
+  T* dw;
+  T* db;
+  std::int64_t chunks, d;
+  QGRAD_HD std::int64_t count(std::int64_t) const { return chunks; }
+  QGRAD_HD Acc term(std::int64_t c, std::int64_t j) const { return Acc(pw[c * d + j], pb[c * d + j]); }
+  QGRAD_HD void write(std::int64_t j, Acc v) const {
+    dw[j] = T(v.s);
+    db[j] = T(v.p);
+  }
 };
 // ---- embedding ----
 template <class T, class L>
@@ -364,6 +399,13 @@ void norm_backward(const Tensor& x, const Tensor& w, const Tensor& mean, const T
     Tensor pw = dw.defined() ? Tensor::empty({chunks, d}, opts(mt, dev)) : Tensor();
     Tensor pb = db.defined() ? Tensor::empty({chunks, d}, opts(mt, dev)) : Tensor();
     const NormChunkColumns<T> cols{rows, d};
+    if (dw.defined() && db.defined()) {
+      const NormWeightPartial<T> wp{cols, cdata<T>(x), cdata<T>(dy), pm, cdata<M>(rstd), mdata<M>(pw)};
+      for_each_column_sum(dev, chunks * d, NormParamsPartial<T>{wp, mdata<M>(pb)}, "norm_backward");
+      for_each_column_sum(dev, d, NormParamsFinish<T>{cdata<M>(pw), cdata<M>(pb), mdata<T>(dw), mdata<T>(db), chunks, d},
+                          "norm_backward");
+      return;
+    }
     if (dw.defined()) {
       for_each_column_sum(dev, chunks * d,
                           NormWeightPartial<T>{cols, cdata<T>(x), cdata<T>(dy), pm, cdata<M>(rstd), mdata<M>(pw)},

@@ -89,6 +89,12 @@ struct ColumnChunkSum {
   }
   __device__ void write(std::int64_t i, Acc s) const { dst[i] = Out(mean_n > 0 ? s / Acc(mean_n) : s); }
 };
+// The chunked case's stage 1: at most kColumnChunkRows terms a sum, so a
+// thread per sum (column_sum.cuh's short kernel).
+template <class T, class Out>
+struct ColumnChunkPartial : ColumnChunkSum<T, Out> {
+  static constexpr std::int64_t kMaxCount = kColumnChunkRows;
+};
 template <class T>
 void sum_axis_blocks_impl(const Tensor& in, const Tensor& out, const AxisLayout& v, bool mean) {
   using M = op_math_t<T>;
@@ -107,7 +113,7 @@ void sum_axis_blocks_impl(const Tensor& in, const Tensor& out, const AxisLayout&
     Tensor partial =
         Tensor::empty({chunks, outputs}, TensorOptions{}.with_dtype(dtype_of<M>).with_device(out.device()));
     M* p = static_cast<M*>(partial.data_ptr());
-    launch_column_sum(dev, chunks * outputs, ColumnChunkSum<T, M>{x, p, v, kColumnChunkRows, 0});
+    launch_column_sum(dev, chunks * outputs, ColumnChunkPartial<T, M>{{x, p, v, kColumnChunkRows, 0}});
     launch_column_sum(dev, outputs, ChunkSumsFinish<T>{p, o, chunks, outputs, mean_n});  // kernels/loop.h
     return;
   }

@@ -6,6 +6,7 @@
 // devices differ only where exp differs (glibc against libdevice).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "qgrad/core/macros.h"
@@ -58,5 +59,37 @@ void attention_dropout(const Tensor& probs, const Tensor& attn, const AttentionR
 // dscores = dz * scale; dlogits (when defined) = dz (the mask's gradient).
 void attention_softmax_backward(const Tensor& probs, const Tensor& dattn, const Tensor& dscores,
                                 const Tensor& dlogits, const AttentionRows& a);
+
+// ---- packed_attention (ops/attention.h): the fused attention of one packed
+// q|k|v projection, a (batch, head) pair at a time ----
+// qkv [batch, L, 3 * heads * head_dim] (q, k, v one after the other, each
+// split into heads), out [batch, L, heads * head_dim]. The saved state is two
+// numbers a query row (its logits' max and exp-sum): the backward recomputes
+// the probabilities from them, the same bits as the forward's.
+struct PackedAttention {
+  std::int64_t batch = 0, L = 0, heads = 0, head_dim = 0;
+  double scale = 1;
+  bool causal = false;
+  QGRAD_HD std::int64_t width() const { return heads * head_dim; }
+};
+// The fused kernels' reach: both sequences and the head dim at most 64 (the
+// CUDA kernel's 4 x 4 tiles of a 16 x 16 thread block), and the backward's
+// shared memory at most 96 KiB (every GPU qgrad builds for has that much a
+// block). A rule of the shape and dtype alone: the CPU follows it too.
+inline constexpr std::int64_t kPackedAttentionMaxLength = 64;
+inline constexpr std::size_t kPackedAttentionMaxSmem = 96 * 1024;
+// Shared memory of the CUDA backward: q, k, v, dO tiles [L][head_dim + 1] and
+// the probabilities and their gradient [L][L + 1], in the math type.
+inline std::size_t packed_attention_backward_smem(std::int64_t L, std::int64_t head_dim, std::size_t math_bytes) {
+  return static_cast<std::size_t>(4 * L * (head_dim + 1) + 2 * L * (L + 1)) * math_bytes;
+}
+bool packed_attention_fits(std::int64_t L, std::int64_t head_dim, DType dtype);
+// out, row_max and row_sum ([batch, heads, L], op math type) from qkv.
+void packed_attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& row_max, const Tensor& row_sum,
+                              const PackedAttention& a);
+// dqkv (every element written) from qkv, the output's gradient dout and the
+// saved row statistics.
+void packed_attention_backward(const Tensor& qkv, const Tensor& dout, const Tensor& row_max, const Tensor& row_sum,
+                               const Tensor& dqkv, const PackedAttention& a);
 
 }  // namespace qgrad::kernels

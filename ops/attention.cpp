@@ -11,6 +11,7 @@
 #include "qgrad/kernels/linalg.h"
 #include "qgrad/ops/check.h"
 #include "qgrad/ops/elementwise.h"
+#include "qgrad/ops/shape.h"
 
 namespace qgrad {
 
@@ -158,6 +159,59 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
           return std::vector<Tensor>{dq, dk, dv, dmask};
         },
         saved);
+  }
+  return out;
+}
+
+// Backward (the rule of scaled_dot_product_attention per head, kernels/
+// attention.h): the probabilities recomputed from the saved row max and sum;
+// dV = Pᵀ dO, dP = dO Vᵀ, dZ = P * (dP - rowsum(dP * P)) * scale, dQ = dZ K,
+// dK = dZᵀ Q, written into the packed gradient. Saves qkv (the projection's
+// output, held anyway) and 2 * batch * heads * L numbers of the math type.
+Tensor packed_attention(const Tensor& qkv, std::int64_t heads, bool causal, std::optional<double> scale) {
+  constexpr const char* op = "packed_attention";
+  check::floating(qkv, op, "qkv");
+  QGRAD_CHECK(qkv.dim() >= 2 && qkv.dim() <= 8, op, "qkv", "expected rank 2 to 8 ([..., L, 3 * D]), got shape ",
+              shape_str(qkv.shape()));
+  const std::int64_t L = qkv.size(-2), packed = qkv.size(-1);
+  QGRAD_CHECK(packed > 0 && packed % 3 == 0, op, "qkv", "last dim ", packed,
+              " is not 3 * D (q, k and v side by side) for a D > 0");
+  const std::int64_t D = packed / 3;
+  QGRAD_CHECK(heads > 0, op, "heads", "must be > 0, got ", heads);
+  QGRAD_CHECK(D % heads == 0, op, "heads", "width ", D, " is not divisible by heads ", heads);
+  const std::int64_t Dh = D / heads;
+  const double sc = scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(Dh));
+  QGRAD_CHECK(std::isfinite(sc), op, "scale", "must be finite, got ", sc);
+  const Shape lead(qkv.shape().begin(), qkv.shape().end() - 2);
+  const std::int64_t batch = shape_numel(lead, op);
+  Shape out_shape = lead;
+  out_shape.push_back(L);
+  out_shape.push_back(D);
+  if (!kernels::packed_attention_fits(L, Dh, qkv.dtype())) {
+    // [N, L, 3, H, Dh] -> [3, N, H, L, Dh]: q, k, v of every head, then back to [..., L, D].
+    Tensor parts = permute(qkv.reshape({batch, L, 3, heads, Dh}), {2, 0, 3, 1, 4});
+    std::vector<Tensor> qkv3 = chunk(parts, 3, 0);
+    auto head_view = [&](const Tensor& t) { return t.reshape({batch, heads, L, Dh}); };
+    Tensor o = scaled_dot_product_attention(head_view(qkv3[0]), head_view(qkv3[1]), head_view(qkv3[2]), Tensor(),
+                                            causal, sc);
+    return permute(o, {0, 2, 1, 3}).reshape(out_shape);
+  }
+  const kernels::PackedAttention a{.batch = batch, .L = L, .heads = heads, .head_dim = Dh, .scale = sc, .causal = causal};
+  const DType math = qkv.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  const TensorOptions stat_options = TensorOptions{}.with_dtype(math).with_device(qkv.device());
+  Tensor out = Tensor::empty(out_shape, like(qkv));
+  Tensor row_max = Tensor::empty({batch, heads, L}, stat_options), row_sum = Tensor::empty({batch, heads, L}, stat_options);
+  kernels::packed_attention_forward(qkv, out, row_max, row_sum, a);
+  if (any_requires_grad({qkv})) {
+    Tensor saved_qkv = qkv.detach();
+    record(
+        op, out, {qkv},
+        [saved_qkv, row_max, row_sum, a](const Tensor& g) {
+          Tensor dqkv = Tensor::empty(saved_qkv.shape(), like(saved_qkv));
+          kernels::packed_attention_backward(saved_qkv, g, row_max, row_sum, dqkv, a);
+          return std::vector<Tensor>{dqkv};
+        },
+        row_max.nbytes() + row_sum.nbytes());
   }
   return out;
 }

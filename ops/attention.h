@@ -26,4 +26,19 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
                                     std::optional<double> scale = std::nullopt, double dropout_p = 0.0,
                                     Generator& generator = default_generator());
 
+// Self-attention over one packed projection, the shape of nn::MultiheadAttention
+// without a mask or dropout: qkv [..., L, 3 * D] holds q, k and v one after
+// the other along its last dim, each split into `heads` heads of D / heads
+// (PyTorch's in_proj layout); the result [..., L, D] is every head's
+// softmax(q kᵀ * scale) v side by side (scale defaults to 1 / sqrt(D / heads);
+// causal: query i sees keys j <= i). Where L and the head dim are at most 64
+// and the backward's working set fits 96 KiB (kernels/attention.h), one fused
+// kernel a (batch, head) pair does it without splitting the heads out or
+// merging them back, saving two numbers a query row (its logits' max and
+// exp-sum) for a backward that writes the packed gradient directly; past that
+// reach it is the composition permute -> scaled_dot_product_attention ->
+// permute (the same function, another rounding). docs/ops.md "packed_attention".
+Tensor packed_attention(const Tensor& qkv, std::int64_t heads, bool causal = false,
+                        std::optional<double> scale = std::nullopt);
+
 }  // namespace qgrad

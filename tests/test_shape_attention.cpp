@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <numeric>
 
+#include "qgrad/kernels/attention.h"
 #include "train_ops_helpers.h"
 
 using namespace qgrad;
@@ -476,6 +477,53 @@ TEST_CASE("scaled_dot_product_attention: CUDA matches the CPU in every dtype, dr
       for (std::size_t e = 0; e < a.size(); ++e) CHECK(std::fabs(a[e] - b[e]) <= tol * std::max(1.0, std::fabs(a[e])));
     }
   }
+}
+
+TEST_CASE("packed_attention: the fused kernel and the fallback against the composition, both devices") {
+  struct Case {
+    std::int64_t B, L, D, H;
+    bool causal, fused;
+  };
+  // Fused: odd and 49-long sequences, L = 64, a head dim of 64, L = 1; past the reach (the
+  // composition): L = 65, and L = head dim = 64 (100 KiB of shared memory in f32).
+  const Case cases[] = {{2, 5, 12, 3, true, true},  {3, 49, 64, 2, false, true}, {1, 64, 64, 2, true, true},
+                        {2, 40, 128, 2, false, true}, {2, 1, 8, 2, false, true},   {1, 65, 8, 2, true, false},
+                        {1, 64, 64, 1, false, false}};
+  for (const Case& c : cases) {
+    CAPTURE(c.L);
+    CAPTURE(c.D);
+    CHECK(kernels::packed_attention_fits(c.L, c.D / c.H, DType::f32) == c.fused);
+    const Tensor qkv0 = rnd({c.B, c.L, 3 * c.D}, 60 + static_cast<std::uint64_t>(c.L)),
+                 dy0 = rnd({c.B, c.L, c.D}, 61);
+    // The reference: the head split, scaled_dot_product_attention, the merge, in f64 on the CPU.
+    Tensor ref_in = fresh(qkv0);
+    const std::int64_t Dh = c.D / c.H;
+    std::vector<Tensor> parts = chunk(permute(ref_in.reshape({c.B, c.L, 3, c.H, Dh}), {2, 0, 3, 1, 4}), 3, 0);
+    auto heads = [&](const Tensor& t) { return t.reshape({c.B, c.H, c.L, Dh}); };
+    Tensor ref = permute(scaled_dot_product_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]), Tensor(),
+                                                      c.causal),
+                         {0, 2, 1, 3})
+                     .reshape({c.B, c.L, c.D});
+    ref.backward(dy0);
+    for (const Device dev : test_devices())
+      for (const DType dt : {DType::f64, DType::f32}) {
+        CAPTURE(dev.str());
+        CAPTURE(dtype_name(dt));
+        const double tol = dt == DType::f64 ? 1e-12 : 2e-5;
+        Tensor in = fresh(qkv0, dt, dev);
+        if (dev.is_cuda()) prepoison({c.B, c.L, c.D}, dt);
+        Tensor y = packed_attention(in, c.H, c.causal);
+        REQUIRE(y.shape() == Shape{c.B, c.L, c.D});
+        check_values_near(values(y), values(ref), tol);
+        if (dev.is_cuda()) prepoison({c.B, c.L, 3 * c.D}, dt);
+        y.backward(dy0.to(dt).to(dev));
+        check_values_near(values(in.grad()), values(ref_in.grad()), tol);
+      }
+  }
+  // f64 gradients on both paths (the fused one and, at L = 65, the composition).
+  for (const std::int64_t L : {std::int64_t{6}, std::int64_t{65}})
+    check_grad([](const std::vector<Tensor>& in) { return packed_attention(in[0], 2, true, 0.8); },
+               {param(rnd({1, L, 12}, 62))});
 }
 
 // ---------------------------------------------------------------- nn

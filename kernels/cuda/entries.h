@@ -123,6 +123,12 @@ void attention_softmax_warp_rows(const Tensor& scores, const Tensor& mask, const
 void attention_softmax_backward_warp_rows(const Tensor& probs, const Tensor& dattn, const Tensor& dscores,
                                           const Tensor& dlogits, const AttentionRows& a);
 void attention_dropout(const Tensor& probs, const Tensor& attn, const AttentionRows& a);
+// packed_attention's fused forward and backward: a block per (batch, head)
+// pair, q, k, v in shared memory (kernels/cuda/attention.cu).
+void packed_attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& row_max, const Tensor& row_sum,
+                              const PackedAttention& a);
+void packed_attention_backward(const Tensor& qkv, const Tensor& dout, const Tensor& row_max, const Tensor& row_sum,
+                               const Tensor& dqkv, const PackedAttention& a);
 
 // The stable sort of embedding's backward: sorted = keys (s64 [n]) in
 // increasing order, order = their positions, equal keys in increasing

@@ -38,6 +38,20 @@ QGRAD_HD M attention_prob(M z, M mx, M sum) {
   return exp_m(z - mx) / sum;
 }
 
+// packed_attention's logit of query i and key j from their dot product (summed
+// over the head dim in increasing order from 0): dot * scale, or -inf where
+// the causal mask hides j.
+template <class M>
+QGRAD_HD M packed_logit(M dot, M scale, bool causal, std::int64_t i, std::int64_t j) {
+  return causal && j > i ? -std::numeric_limits<M>::infinity() : dot * scale;
+}
+// The logit's gradient from the probability p, its gradient dp and the row's
+// sum of dp * p (lane_sum's order): p * (dp - dot) * scale.
+template <class M>
+QGRAD_HD M packed_logit_grad(M p, M dp, M dot, M scale) {
+  return p * (dp - dot) * scale;
+}
+
 // The dropout multiplier of element i (scale_d = 1 / (1 - p), 0 for p == 1).
 template <class M>
 QGRAD_HD M attention_drop(const kernels::AttentionRows& a, std::int64_t i, M v, M scale_d) {

@@ -1,5 +1,6 @@
 // Registry entries: the transformer ops (gelu, silu, softmax, layer_norm,
-// rms_norm, embedding, dropout) and scaled_dot_product_attention.
+// rms_norm, embedding, dropout), scaled_dot_product_attention and
+// packed_attention.
 #include <cmath>
 #include <limits>
 
@@ -293,6 +294,35 @@ std::vector<OpEntry> transformer_entries() {
                    c.push_back({op, "v", [=] { scaled_dot_product_attention(q, k, v.to(o)); }});
                    c.push_back({op, "attn_mask", [=] { f(some({3, 5}, o)); }});
                  }
+                 return c;
+               }});
+  // packed_attention: the fused kernel with two heads (default scale) and, on
+  // the same input, causal with four heads and its own scale; extra output:
+  // a sequence of 65 (past the fused reach: the composition), forward only.
+  e.push_back({"packed_attention", {"packed_attention"}, kFloat,
+               [](Device d, DType dt, Generator& g) {
+                 // The second input only feeds the extra output (no gradient: the checks
+                 // differentiate outputs[0]; the unit test gradchecks the composition).
+                 return Tensors{normal({2, 5, 24}, g, d, dt), normal({1, 65, 6}, g, d, dt).detach()};
+               },
+               [](const Tensors& v) {
+                 Tensor y = add(packed_attention(v[0], 2), packed_attention(v[0], 4, true, 0.7));
+                 return Tensors{y, packed_attention(v[1], 1, true)};
+               },
+               Promise::within(1e-12, 1e-5, 1e-2, 6e-2, "exp (glibc / libdevice); the composition's cuBLAS GEMMs"),
+               GradMethod::finite_differences, {}, {}, [](Device d) {
+                 const char* op = "packed_attention";
+                 const Tensor qkv = some({2, 5, 24}, d);
+                 std::vector<BadInput> c{
+                     {op, "qkv", [] { packed_attention(Tensor(), 2); }},
+                     {op, "qkv", [=] { packed_attention(some({24}, d), 2); }},
+                     {op, "qkv", [=] { packed_attention(some({2, 5, 25}, d), 2); }},
+                     {op, "qkv", [=] { packed_attention(some({2, 5, 0}, d), 2); }},
+                     {op, "heads", [=] { packed_attention(qkv, 0); }},
+                     {op, "heads", [=] { packed_attention(qkv, 3); }},
+                     {op, "scale", [=] { packed_attention(qkv, 2, false, kNaN); }},
+                     {op, "scale", [=] { packed_attention(qkv, 2, false, kInf); }}};
+                 for (DType dt : kNonFloat) c.push_back({op, "qkv", [=] { packed_attention(some({2, 5, 24}, d, dt), 2); }});
                  return c;
                }});
   return e;

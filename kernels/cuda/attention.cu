@@ -173,12 +173,12 @@ __device__ void packed_load_logits(const PackedSmem<M>& s, const T* qkv, const T
   __syncthreads();
 }
 
-// Both kernels' start: the block's pair (n, h) laid out in the dynamic shared
-// memory (with dO for the backward), its logits computed.
+// Both kernels' start (after their wait for the kernels before them): the
+// block's pair (n, h) laid out in the dynamic shared memory (with dO for the
+// backward), its logits computed.
 template <class T, class M>
 __device__ PackedSmem<M> packed_begin(const T* qkv, const T* dout, const PackedAttention& a, std::int64_t n,
                                       std::int64_t h) {
-  ::qgrad::cuda::wait_for_prior_kernels();
   extern __shared__ __align__(16) unsigned char packed_smem[];
   const PackedSmem<M> s(reinterpret_cast<M*>(packed_smem), a, dout != nullptr);
   packed_load_logits<T, M>(s, qkv, dout, a, n, h);
@@ -190,6 +190,7 @@ template <class T, int kDh>
 __global__ void __launch_bounds__(kPackedThreads)
     packed_attention_forward_kernel(const T* qkv, T* out, op_math_t<T>* row_max, op_math_t<T>* row_sum,
                                     PackedAttention a) {
+  ::qgrad::cuda::wait_for_prior_kernels();
   using M = op_math_t<T>;
   const std::int64_t n = blockIdx.x / a.heads, h = blockIdx.x % a.heads;
   const PackedSmem<M> s = packed_begin<T, M>(qkv, nullptr, a, n, h);
@@ -219,6 +220,7 @@ template <class T, int kDh>
 __global__ void __launch_bounds__(kPackedThreads)
     packed_attention_backward_kernel(const T* qkv, const T* dout, const op_math_t<T>* row_max,
                                      const op_math_t<T>* row_sum, T* dqkv, PackedAttention a) {
+  ::qgrad::cuda::wait_for_prior_kernels();
   using M = op_math_t<T>;
   const std::int64_t n = blockIdx.x / a.heads, h = blockIdx.x % a.heads;
   const PackedSmem<M> s = packed_begin<T, M>(qkv, dout, a, n, h);

@@ -99,6 +99,8 @@ class GELU : public Module {
 //   qkv = in_proj(x) -> [B, L, 3, H, Dh] -> permute -> q, k, v [B, H, L, Dh]
 //   o = scaled_dot_product_attention(q, k, v, mask, causal, 1/sqrt(Dh), dropout if training)
 //   out = out_proj(o -> [B, L, embed_dim]).
+// Without a mask or dropout the middle is packed_attention(in_proj(x), H,
+// causal) (ops/attention.h): the same function without the head copies.
 // in_proj and out_proj are Linear children (so QAT wraps them like any
 // Linear): parameters "in_proj.weight" [3E, E], "in_proj.bias" [3E],
 // "out_proj.weight" [E, E], "out_proj.bias" [E]. PyTorch names the first two

@@ -2,7 +2,6 @@
 #include "qgrad/kernels/binary.h"
 
 #include <algorithm>
-#include <cstdint>
 #include <utility>
 #include <vector>
 
@@ -11,6 +10,7 @@
 #include "qgrad/kernels/formulas/cast.h"
 #include "qgrad/kernels/loop.h"
 #include "qgrad/kernels/reduce.h"
+#include "qgrad/kernels/vec4.h"
 
 namespace qgrad::kernels {
 
@@ -42,27 +42,19 @@ struct Binary {
 // few in flight: 11 us for the ViT's 1.6 M-element residual adds, about half
 // of copy bandwidth). The same formula per element, so the same bits.
 template <class T>
-struct alignas(4 * sizeof(T)) Four {
-  T v[4];
-};
-template <class T>
 struct BinaryFour {
   formulas::BinaryOp op;
-  const Four<T>* x;
-  const Four<T>* y;
-  Four<T>* o;
+  const Vec4<T>* x;
+  const Vec4<T>* y;
+  Vec4<T>* o;
   QGRAD_HD void operator()(std::int64_t q) const {
     using M = op_math_t<T>;
-    const Four<T> a = x[q], b = y[q];
-    Four<T> r;
+    const Vec4<T> a = x[q], b = y[q];
+    Vec4<T> r;
     for (int k = 0; k < 4; ++k) r.v[k] = T(formulas::binary_apply<M>(op, M(a.v[k]), M(b.v[k])));
     o[q] = r;
   }
 };
-template <class T>
-bool four_aligned(const void* p) {
-  return reinterpret_cast<std::uintptr_t>(p) % sizeof(Four<T>) == 0;
-}
 
 // The CPU form of a broadcast: one index per row of the innermost
 // (collapsed) dim, whose offsets are decomposed once; the row is walked with
@@ -123,10 +115,10 @@ void binary(formulas::BinaryOp op, const Tensor& a, const Tensor& b, const Tenso
     T* o = static_cast<T*>(out.data_ptr());
     if (a.shape() == b.shape()) {
       const std::int64_t n = out.numel();
-      if (out.is_cuda() && n % 4 == 0 && four_aligned<T>(x) && four_aligned<T>(y) && four_aligned<T>(o)) {
+      if (out.is_cuda() && n % 4 == 0 && vec4_aligned<T>(x) && vec4_aligned<T>(y) && vec4_aligned<T>(o)) {
         for_each_index(out.device(), n / 4,
-                       BinaryFour<T>{op, reinterpret_cast<const Four<T>*>(x), reinterpret_cast<const Four<T>*>(y),
-                                     reinterpret_cast<Four<T>*>(o)},
+                       BinaryFour<T>{op, reinterpret_cast<const Vec4<T>*>(x), reinterpret_cast<const Vec4<T>*>(y),
+                                     reinterpret_cast<Vec4<T>*>(o)},
                        "binary");
         return;
       }

@@ -83,6 +83,30 @@ struct SumPair {
   }
 };
 
+// Two column sums of one shape as one (for_each_column_sum): a's and b's terms
+// side by side in a SumPair, each written by its own functor; a's count (and
+// kMaxCount, where it has one) serves both. One launch and one pass where two
+// would read the same rows.
+template <class A, class B>
+struct ColumnSumPairBase {
+  using Acc = SumPair<typename A::Acc>;
+  A a;
+  B b;
+  QGRAD_HD std::int64_t count(std::int64_t i) const { return a.count(i); }
+  QGRAD_HD Acc term(std::int64_t r, std::int64_t i) const { return Acc(a.term(r, i), b.term(r, i)); }
+  QGRAD_HD void write(std::int64_t i, Acc v) const {
+    a.write(i, v.s);
+    b.write(i, v.p);
+  }
+};
+template <class A, class B>
+struct ColumnSumPair : ColumnSumPairBase<A, B> {};
+template <class A, class B>
+  requires requires { A::kMaxCount; }
+struct ColumnSumPair<A, B> : ColumnSumPairBase<A, B> {
+  static constexpr std::int64_t kMaxCount = A::kMaxCount;
+};
+
 // The second stage of a chunked column sum: column j of `cols` adds its
 // `chunks` partial sums part[c * cols + j] in lane_sum's order, then divides
 // by mean_n when it is > 0.
@@ -116,8 +140,9 @@ void lane_sums_on_cpu(std::int64_t n, const F& f, std::int64_t cpu_grain) {
 // count(i), term(r, i) and write(i, sum); one whose counts never exceed a
 // bound declares `static constexpr std::int64_t kMaxCount`. CPU: one index
 // per column; CUDA: kernels/cuda/column_sum.cuh (32 columns x 32 lanes per
-// block, coalesced rows; a thread per column, its lanes in registers, under
-// kMaxCount), the same bits. `cpu_grain` as for for_each_index, in columns.
+// block, coalesced rows; under kMaxCount, four threads a column with its
+// lanes in registers), the same bits. `cpu_grain` as for for_each_index, in
+// columns.
 template <class F>
 void for_each_column_sum(Device dev, std::int64_t cols, F f, const char* where = "kernel",
                          std::int64_t cpu_grain = cpu::kParallelGrain / 64) {

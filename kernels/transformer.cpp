@@ -162,40 +162,6 @@ struct NormBiasPartial : NormChunkColumns<T> {
   }
   QGRAD_HD void write(std::int64_t i, M v) const { pb[i] = v; }
 };
-// The weight's and the bias's partial sums side by side (layer_norm with both:
-// one launch a stage, dy read once), SumPair's s and p.
-template <class T>
-struct NormParamsPartial {
-  using M = op_math_t<T>;
-  using Acc = SumPair<M>;
-  static constexpr std::int64_t kMaxCount = kNormChunkRows;
-  NormWeightPartial<T> w;
-  M* pb;
-  QGRAD_HD std::int64_t count(std::int64_t i) const { return w.count(i); }
-  QGRAD_HD Acc term(std::int64_t k, std::int64_t i) const {
-    return Acc(w.term(k, i), M(w.dy[(w.row0(i) + k) * w.d + i % w.d]));
-  }
-  QGRAD_HD void write(std::int64_t i, Acc v) const {
-    w.pw[i] = v.s;
-    pb[i] = v.p;
-  }
-};
-template <class T>
-struct NormParamsFinish {
-  using M = op_math_t<T>;
-  using Acc = SumPair<M>;
-  const M* pw;
-  const M* pb;
-  T* dw;
-  T* db;
-  std::int64_t chunks, d;
-  QGRAD_HD std::int64_t count(std::int64_t) const { return chunks; }
-  QGRAD_HD Acc term(std::int64_t c, std::int64_t j) const { return Acc(pw[c * d + j], pb[c * d + j]); }
-  QGRAD_HD void write(std::int64_t j, Acc v) const {
-    dw[j] = T(v.s);
-    db[j] = T(v.p);
-  }
-};
 // ---- embedding ----
 template <class T, class L>
 struct EmbeddingGather {
@@ -399,11 +365,13 @@ void norm_backward(const Tensor& x, const Tensor& w, const Tensor& mean, const T
     Tensor pw = dw.defined() ? Tensor::empty({chunks, d}, opts(mt, dev)) : Tensor();
     Tensor pb = db.defined() ? Tensor::empty({chunks, d}, opts(mt, dev)) : Tensor();
     const NormChunkColumns<T> cols{rows, d};
-    if (dw.defined() && db.defined()) {
+    if (dw.defined() && db.defined()) {  // both in one pass a stage (dy read once)
       const NormWeightPartial<T> wp{cols, cdata<T>(x), cdata<T>(dy), pm, cdata<M>(rstd), mdata<M>(pw)};
-      for_each_column_sum(dev, chunks * d, NormParamsPartial<T>{wp, mdata<M>(pb)}, "norm_backward");
-      for_each_column_sum(dev, d, NormParamsFinish<T>{cdata<M>(pw), cdata<M>(pb), mdata<T>(dw), mdata<T>(db), chunks, d},
+      const NormBiasPartial<T> bp{cols, cdata<T>(dy), mdata<M>(pb)};
+      for_each_column_sum(dev, chunks * d, ColumnSumPair<NormWeightPartial<T>, NormBiasPartial<T>>{{wp, bp}},
                           "norm_backward");
+      const ChunkSumsFinish<T> fw{cdata<M>(pw), mdata<T>(dw), chunks, d}, fb{cdata<M>(pb), mdata<T>(db), chunks, d};
+      for_each_column_sum(dev, d, ColumnSumPair<ChunkSumsFinish<T>, ChunkSumsFinish<T>>{{fw, fb}}, "norm_backward");
       return;
     }
     if (dw.defined()) {

@@ -5,15 +5,11 @@
 
 #include "qgrad/core/cuda/common.cuh"
 #include "qgrad/kernels/cuda/entries.h"
+#include "qgrad/kernels/vec4.h"
 
 namespace qgrad::kernels::cuda {
 
 namespace {
-
-template <class T>
-struct alignas(4 * sizeof(T)) Vec4 {
-  T v[4];
-};
 
 template <class T>
 __device__ __forceinline__ Vec4<T> load4(const T* p) {

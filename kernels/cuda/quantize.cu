@@ -13,21 +13,17 @@
 #include <type_traits>
 
 #include "qgrad/kernels/bitmask.h"
-#include "qgrad/kernels/cuda/launch.cuh"
 #include "qgrad/kernels/cuda/entries.h"
+#include "qgrad/kernels/cuda/launch.cuh"
 #include "qgrad/kernels/cuda/minmax.cuh"
 #include "qgrad/kernels/formulas/lowbit.h"
 #include "qgrad/kernels/observer.h"
 #include "qgrad/kernels/quantize.h"
+#include "qgrad/kernels/vec4.h"
 
 namespace qgrad::kernels::cuda {
 
 namespace {
-
-template <class T>
-struct alignas(4 * sizeof(T)) Vec4 {
-  T v[4];
-};
 
 // Loads the four elements of lane `lane` in mask block b.
 template <class In, bool kVec>
@@ -204,8 +200,7 @@ void engine(const QuantLaunch& a) {
   const int dev = a.out.device().index;
   const In* in = static_cast<const In*>(a.in.data_ptr());
   Out* out = static_cast<Out*>(a.out.data_ptr());
-  const bool vec = reinterpret_cast<std::uintptr_t>(in) % sizeof(Vec4<In>) == 0 &&
-                   reinterpret_cast<std::uintptr_t>(out) % sizeof(Vec4<Out>) == 0;
+  const bool vec = vec4_aligned<In>(in) && vec4_aligned<Out>(out);
   const AxisLayout& lay = a.params.layout;
   const bool same4 = lay.channels == 1 || lay.inner % 4 == 0;
   const ChannelIndexer map(lay);
@@ -333,8 +328,7 @@ void observe_fake_quantize_impl(const QuantLaunch& a, const ObserveArgs& o) {
   const QparamsArgs q = qparams_args(&qparams);
   const In* in = static_cast<const In*>(a.in.data_ptr());
   Out* out = static_cast<Out*>(a.out.data_ptr());
-  const bool vec = reinterpret_cast<std::uintptr_t>(in) % sizeof(Vec4<In>) == 0 &&
-                   reinterpret_cast<std::uintptr_t>(out) % sizeof(Vec4<Out>) == 0;
+  const bool vec = vec4_aligned<In>(in) && vec4_aligned<Out>(out);
   const bool same4 = v.inner % 4 == 0;
   const ChannelIndexer map(v);
   const Op op{a.params.qmin, a.params.qmax};
@@ -528,8 +522,7 @@ void fake_quantize_dynamic_rows_launch(const Tensor& x, const Tensor& y, std::ui
                                        int qmin, int qmax, bool symmetric, float eps) {
   const T* in = static_cast<const T*>(x.data_ptr());
   T* out = static_cast<T*>(y.data_ptr());
-  const bool vec = reinterpret_cast<std::uintptr_t>(in) % sizeof(Vec4<T>) == 0 &&
-                   reinterpret_cast<std::uintptr_t>(out) % sizeof(Vec4<T>) == 0;
+  const bool vec = vec4_aligned<T>(in) && vec4_aligned<T>(out);
   constexpr int rows_per_block = kDynamicRowsThreads / 32;
   const auto blocks = static_cast<unsigned>((rows + rows_per_block - 1) / rows_per_block);
   if (vec)

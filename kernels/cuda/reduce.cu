@@ -89,8 +89,8 @@ struct ColumnChunkSum {
   }
   __device__ void write(std::int64_t i, Acc s) const { dst[i] = Out(mean_n > 0 ? s / Acc(mean_n) : s); }
 };
-// The chunked case's stage 1: at most kColumnChunkRows terms a sum, so a
-// thread per sum (column_sum.cuh's short kernel).
+// The chunked case's stage 1: at most kColumnChunkRows terms a sum, so
+// column_sum.cuh's short kernel (four threads a sum, lanes in registers).
 template <class T, class Out>
 struct ColumnChunkPartial : ColumnChunkSum<T, Out> {
   static constexpr std::int64_t kMaxCount = kColumnChunkRows;

@@ -72,8 +72,8 @@ void softmax_backward_rows(const Tensor& probs, const Tensor& dattn, const Tenso
 // ---- packed_attention on the CPU: an OpenMP index per (batch, head) pair,
 // every sum in the order the CUDA kernel's tiles keep (kernels/cuda/
 // attention.cu): dot products over the head dim, and the products with v, dO,
-// k and q over their sequence index, each from 0 upward; the rows' exp-sums
-// and dp . p in lane_sum's order. ----
+// k and q over their sequence index, each a chain of fused multiply-adds from
+// 0 upward; the rows' exp-sums and dp . p in lane_sum's order. ----
 template <class T>
 struct PackedHead {
   using M = op_math_t<T>;
@@ -97,7 +97,7 @@ struct PackedHead {
     for (std::int64_t i = 0; i < L; ++i)
       for (std::int64_t j = 0; j < L; ++j) {
         M dot = M(0);
-        for (std::int64_t d = 0; d < Dh; ++d) dot += q[at(i, d)] * k[at(j, d)];
+        for (std::int64_t d = 0; d < Dh; ++d) dot = formulas::fused_multiply_add(q[at(i, d)], k[at(j, d)], dot);
         p[sq(i, j)] = formulas::packed_logit(dot, M(a.scale), a.causal, i, j);
       }
   }
@@ -130,7 +130,7 @@ void packed_forward_cpu(const Tensor& qkv, const Tensor& out, const Tensor& row_
         for (std::int64_t i = 0; i < L; ++i)
           for (std::int64_t d = 0; d < Dh; ++d) {
             M acc = M(0);
-            for (std::int64_t j = 0; j < L; ++j) acc += hd.p[hd.sq(i, j)] * hd.v[hd.at(j, d)];
+            for (std::int64_t j = 0; j < L; ++j) acc = formulas::fused_multiply_add(hd.p[hd.sq(i, j)], hd.v[hd.at(j, d)], acc);
             o[(hd.n * L + i) * W + hd.h * Dh + d] = T(acc);
           }
       },
@@ -161,13 +161,13 @@ void packed_backward_cpu(const Tensor& qkv, const Tensor& dout, const Tensor& ro
         for (std::int64_t j = 0; j < L; ++j)
           for (std::int64_t d = 0; d < Dh; ++d) {
             M acc = M(0);
-            for (std::int64_t i = 0; i < L; ++i) acc += hd.p[hd.sq(i, j)] * g[hd.at(i, d)];
+            for (std::int64_t i = 0; i < L; ++i) acc = formulas::fused_multiply_add(hd.p[hd.sq(i, j)], g[hd.at(i, d)], acc);
             base[j * 3 * W + 2 * W + d] = T(acc);
           }
         for (std::int64_t i = 0; i < L; ++i)
           for (std::int64_t j = 0; j < L; ++j) {
             M acc = M(0);
-            for (std::int64_t d = 0; d < Dh; ++d) acc += g[hd.at(i, d)] * hd.v[hd.at(j, d)];
+            for (std::int64_t d = 0; d < Dh; ++d) acc = formulas::fused_multiply_add(g[hd.at(i, d)], hd.v[hd.at(j, d)], acc);
             ds[hd.sq(i, j)] = acc;
           }
         for (std::int64_t i = 0; i < L; ++i) {
@@ -178,13 +178,13 @@ void packed_backward_cpu(const Tensor& qkv, const Tensor& dout, const Tensor& ro
         for (std::int64_t i = 0; i < L; ++i)
           for (std::int64_t d = 0; d < Dh; ++d) {
             M acc = M(0);
-            for (std::int64_t j = 0; j < L; ++j) acc += ds[hd.sq(i, j)] * hd.k[hd.at(j, d)];
+            for (std::int64_t j = 0; j < L; ++j) acc = formulas::fused_multiply_add(ds[hd.sq(i, j)], hd.k[hd.at(j, d)], acc);
             base[i * 3 * W + d] = T(acc);
           }
         for (std::int64_t j = 0; j < L; ++j)
           for (std::int64_t d = 0; d < Dh; ++d) {
             M acc = M(0);
-            for (std::int64_t i = 0; i < L; ++i) acc += ds[hd.sq(i, j)] * hd.q[hd.at(i, d)];
+            for (std::int64_t i = 0; i < L; ++i) acc = formulas::fused_multiply_add(ds[hd.sq(i, j)], hd.q[hd.at(i, d)], acc);
             base[j * 3 * W + W + d] = T(acc);
           }
       },

@@ -6,6 +6,7 @@
 // devices differ only where exp differs (glibc against libdevice).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -78,10 +79,25 @@ struct PackedAttention {
 // block). A rule of the shape and dtype alone: the CPU follows it too.
 inline constexpr std::int64_t kPackedAttentionMaxLength = 64;
 inline constexpr std::size_t kPackedAttentionMaxSmem = 96 * 1024;
-// Shared memory of the CUDA backward: q, k, v, dO tiles [L][head_dim + 1] and
-// the probabilities and their gradient [L][L + 1], in the math type.
+// Pitches of the CUDA kernels' shared arrays, in elements: a row of L values
+// padded to a multiple of 8 (a warp's 8 rows read as 16-byte runs stay inside
+// it) plus 4 (rows 4 apart on other banks); a row of head_dim values to the
+// thread columns' reach 16 * ceil(head_dim / 16), plus 4.
+QGRAD_HD std::int64_t packed_attention_seq_pitch(std::int64_t L) { return (L + 7) / 8 * 8 + 4; }
+QGRAD_HD std::int64_t packed_attention_dim_pitch(std::int64_t head_dim) { return (head_dim + 15) / 16 * 16 + 4; }
+// Shared memory of the CUDA forward: q and k transposed [head_dim][seq pitch],
+// v [L][dim pitch], the probabilities [L][seq pitch], in the math type.
+inline std::size_t packed_attention_forward_smem(std::int64_t L, std::int64_t head_dim, std::size_t math_bytes) {
+  const std::int64_t lp = packed_attention_seq_pitch(L), dp = packed_attention_dim_pitch(head_dim);
+  return static_cast<std::size_t>(2 * head_dim * lp + L * dp + L * lp) * math_bytes;
+}
+// Shared memory of the CUDA backward: q and k transposed (later q and k
+// [L][dim pitch] in the same place), v transposed, dO [L][dim pitch], the
+// probabilities and their gradient [L][seq pitch].
 inline std::size_t packed_attention_backward_smem(std::int64_t L, std::int64_t head_dim, std::size_t math_bytes) {
-  return static_cast<std::size_t>(4 * L * (head_dim + 1) + 2 * L * (L + 1)) * math_bytes;
+  const std::int64_t lp = packed_attention_seq_pitch(L), dp = packed_attention_dim_pitch(head_dim);
+  const std::int64_t qk = std::max(2 * head_dim * lp, 2 * L * dp);
+  return static_cast<std::size_t>(qk + head_dim * lp + L * dp + 2 * L * lp) * math_bytes;
 }
 bool packed_attention_fits(std::int64_t L, std::int64_t head_dim, DType dtype);
 // out, row_max and row_sum ([batch, heads, L], op math type) from qkv.

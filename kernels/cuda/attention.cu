@@ -75,114 +75,173 @@ void dropout_impl(const Tensor& probs, const Tensor& attn, const AttentionRows& 
 }
 
 // ---- packed_attention: a block of 16 x 16 threads per (batch, head) pair.
-// Thread (ty, tx) owns a 4 x 4 tile of every [64 x 64] product: rows
-// ty + 16 a, columns tx + 16 c (a, c < 4), each output summed over its
-// reduction index from 0 upward, as the CPU loop (kernels/attention.cpp);
-// the rows' softmax and dp . p a warp per row in lane_sum's order. ----
+// Thread (ty, tx) owns a 4 x kCols tile of every product: rows 4 ty + a
+// (a < 4) and columns kCols tx + c (kCols: 4 for the L x L products, the head
+// dim's ceil(Dh / 16) for the L x Dh ones), each output a chain of fused
+// multiply-adds over its reduction index from 0 upward, as the CPU loop
+// (kernels/attention.cpp); the rows' softmax and dp . p a warp per row in
+// lane_sum's order. The operands sit in shared memory so that a thread's 4
+// rows, and its columns, at one reduction index are one run wherever a layout
+// allows (one vector load each, not 4 + kCols scalar ones: the products are
+// bound by issue slots), and a warp whose 8 rows all lie past a product's
+// rows skips it (L = 49: one warp of 8). ----
 constexpr int kPackedSide = 16;
 constexpr int kPackedThreads = kPackedSide * kPackedSide;
 constexpr int kPackedTile = 4;  // kPackedSide * kPackedTile == kPackedAttentionMaxLength
 
-// acc[a][c] = sum over r < n of x(row a, r) * y(r, column c), rows ty + 16 a
-// of x and columns tx + 16 c (c < kCols: 4 for the L x L products, the head
-// dim's ceil(Dh / 16) for the L x Dh ones) of y clamped to the last valid one
-// (their results are never stored), r from 0 upward. Element (row, r) of x
-// at x[row * x_row + r * x_r] (same for y with (r, column)).
+// v[0..N) = p[0..N): one load where N values make 8 or 16 bytes, two for 32
+// (the layouts keep such runs aligned), else N scalar loads.
+template <int N, class M>
+__device__ __forceinline__ void load_run(const M* p, M (&v)[N]) {
+  constexpr std::size_t kBytes = N * sizeof(M);
+  if constexpr (kBytes == 8 || kBytes == 16) {
+    struct alignas(kBytes) Run {
+      M x[N];
+    };
+    const Run r = *reinterpret_cast<const Run*>(p);
+#pragma unroll
+    for (int t = 0; t < N; ++t) v[t] = r.x[t];
+  } else if constexpr (kBytes == 32) {
+    struct alignas(16) Run {
+      M x[N / 2];
+    };
+    const Run lo = reinterpret_cast<const Run*>(p)[0], hi = reinterpret_cast<const Run*>(p)[1];
+#pragma unroll
+    for (int t = 0; t < N / 2; ++t) {
+      v[t] = lo.x[t];
+      v[t + N / 2] = hi.x[t];
+    }
+  } else {
+#pragma unroll
+    for (int t = 0; t < N; ++t) v[t] = p[t];
+  }
+}
+
+__device__ __forceinline__ int packed_ty() { return static_cast<int>(threadIdx.x) / kPackedSide; }
+__device__ __forceinline__ int packed_tx() { return static_cast<int>(threadIdx.x) % kPackedSide; }
+// Whether the thread's warp holds a row below `rows` (its rows are 8 w ... 8 w + 7).
+__device__ __forceinline__ bool packed_rows_active(int rows) { return static_cast<int>(threadIdx.x) / 32 * 8 < rows; }
+
+// The x operand x(row, r) for the thread's rows, stored [r][row] (pitch ld):
+// the 4 rows one run. Rows stay below the warp's 8-row bound, inside the pitch.
+template <class M>
+struct RowRuns {
+  const M* base;
+  int ld;
+  __device__ RowRuns(const M* b, int ld_) : base(b + kPackedTile * packed_ty()), ld(ld_) {}
+  __device__ void operator()(int r, M (&v)[kPackedTile]) const { load_run<kPackedTile>(base + r * ld, v); }
+};
+// The x operand stored [row][r] (pitch ld): 4 loads, rows past the last valid
+// one read it (their outputs are never stored).
+template <class M>
+struct RowScalars {
+  const M* base;
+  int off[kPackedTile];
+  __device__ RowScalars(const M* b, int ld, int rows) : base(b) {
+#pragma unroll
+    for (int a = 0; a < kPackedTile; ++a) off[a] = min(kPackedTile * packed_ty() + a, rows - 1) * ld;
+  }
+  __device__ void operator()(int r, M (&v)[kPackedTile]) const {
+#pragma unroll
+    for (int a = 0; a < kPackedTile; ++a) v[a] = base[off[a] + r];
+  }
+};
+// The y operand y(r, column) stored [r][column] (pitch ld): the thread's
+// kCols columns one run; a run past the pitch reads its last full run instead
+// (columns past the valid ones, never stored).
 template <int kCols, class M>
-__device__ __forceinline__ void tile_product(M (&acc)[kPackedTile][kCols], const M* x, int x_row, int x_r, int rows,
-                                             const M* y, int y_r, int y_col, int cols, int n) {
-  const int ty = threadIdx.x / kPackedSide, tx = threadIdx.x % kPackedSide;
-  int xr[kPackedTile], yc[kCols];
-#pragma unroll
-  for (int t = 0; t < kPackedTile; ++t) xr[t] = min(ty + kPackedSide * t, rows - 1) * x_row;
-#pragma unroll
-  for (int t = 0; t < kCols; ++t) yc[t] = min(tx + kPackedSide * t, cols - 1) * y_col;
+struct ColRuns {
+  const M* base;
+  int ld;
+  __device__ ColRuns(const M* b, int ld_) : base(b + min(kCols * packed_tx(), ld_ - kCols)), ld(ld_) {}
+  __device__ void operator()(int r, M (&v)[kCols]) const { load_run<kCols>(base + r * ld, v); }
+};
+
+// acc[a][c] = the chain fma(x(row a, r), y(r, column c), .) over r < n from 0.
+template <int kCols, class M, class X, class Y>
+__device__ __forceinline__ void tile_fma(M (&acc)[kPackedTile][kCols], int n, const X& x, const Y& y) {
 #pragma unroll
   for (int a = 0; a < kPackedTile; ++a)
 #pragma unroll
     for (int c = 0; c < kCols; ++c) acc[a][c] = M(0);
   for (int r = 0; r < n; ++r) {
     M xv[kPackedTile], yv[kCols];
-#pragma unroll
-    for (int t = 0; t < kPackedTile; ++t) xv[t] = x[xr[t] + r * x_r];
-#pragma unroll
-    for (int t = 0; t < kCols; ++t) yv[t] = y[r * y_r + yc[t]];
+    x(r, xv);
+    y(r, yv);
 #pragma unroll
     for (int a = 0; a < kPackedTile; ++a)
 #pragma unroll
-      for (int c = 0; c < kCols; ++c) acc[a][c] += xv[a] * yv[c];
+      for (int c = 0; c < kCols; ++c) acc[a][c] = formulas::fused_multiply_add(xv[a], yv[c], acc[a][c]);
   }
 }
 
-// f(row, column, value) for the tile's outputs inside rows x cols.
+// f(a, row, column, value) for the tile's outputs inside rows x cols.
 template <int kCols, class M, class F>
 __device__ __forceinline__ void tile_store(const M (&acc)[kPackedTile][kCols], int rows, int cols, F f) {
-  const int ty = threadIdx.x / kPackedSide, tx = threadIdx.x % kPackedSide;
 #pragma unroll
   for (int a = 0; a < kPackedTile; ++a)
 #pragma unroll
     for (int c = 0; c < kCols; ++c) {
-      const int i = ty + kPackedSide * a, j = tx + kPackedSide * c;
-      if (i < rows && j < cols) f(i, j, acc[a][c]);
+      const int i = kPackedTile * packed_ty() + a, j = kCols * packed_tx() + c;
+      if (i < rows && j < cols) f(a, i, j, acc[a][c]);
     }
 }
 
-// The pair's shared-memory layout: q, k, v (and dO) [L][Dh + 1], then the
-// probabilities (and their gradient) [L][L + 1].
+// The pair's shared arrays (kernels/attention.h gives their sizes): "t" ones
+// transposed [Dh][lp], the others [L][dp] or [L][lp]. The backward's q and k
+// [L][dp] take q's and k's transposed place once the logits are done; dO has
+// no transposed copy (dP reads its rows as scalars), which keeps the ViT's
+// backward (L = 49, Dh = 32, f32) at 4 blocks an SM.
 template <class M>
-struct PackedSmem {
-  int L, Dh, ld, lp;
-  M* q;
-  M* k;
-  M* v;
-  M* g;
-  M* p;
-  M* ds;
-  __device__ PackedSmem(M* base, const PackedAttention& a, bool backward)
-      : L(static_cast<int>(a.L)), Dh(static_cast<int>(a.head_dim)), ld(Dh + 1), lp(L + 1) {
-    q = base;
-    k = q + L * ld;
-    v = k + L * ld;
-    g = v + L * ld;
-    p = backward ? g + L * ld : g;
+struct PackedLayout {
+  int L, Dh, lp, dp;
+  M *qt, *kt, *vt, *q, *k, *v, *g, *p, *ds;
+  __device__ PackedLayout(M* base, const PackedAttention& a, bool backward)
+      : L(static_cast<int>(a.L)), Dh(static_cast<int>(a.head_dim)),
+        lp(static_cast<int>(packed_attention_seq_pitch(a.L))), dp(static_cast<int>(packed_attention_dim_pitch(a.head_dim))) {
+    qt = q = base;
+    kt = qt + Dh * lp;
+    if (!backward) {
+      v = kt + Dh * lp;
+      p = v + L * dp;
+      vt = k = g = ds = nullptr;
+      return;
+    }
+    k = q + L * dp;
+    vt = base + max(2 * Dh * lp, 2 * L * dp);
+    g = vt + Dh * lp;
+    p = g + L * dp;
     ds = p + L * lp;
   }
 };
 
-// Loads the pair's q, k, v (and, with dout, dO) as M, then writes the
-// logits into s.p.
-template <class T, class M>
-__device__ void packed_load_logits(const PackedSmem<M>& s, const T* qkv, const T* dout, const PackedAttention& a,
-                                   std::int64_t n, std::int64_t h) {
-  const std::int64_t W = a.width();
-  for (int idx = threadIdx.x; idx < s.L * s.Dh; idx += kPackedThreads) {
-    const int i = idx / s.Dh, d = idx % s.Dh;
-    const T* src = qkv + (n * a.L + i) * 3 * W + h * a.head_dim + d;
-    s.q[i * s.ld + d] = M(src[0]);
-    s.k[i * s.ld + d] = M(src[W]);
-    s.v[i * s.ld + d] = M(src[2 * W]);
-    if (dout != nullptr) s.g[i * s.ld + d] = M(dout[(n * a.L + i) * W + h * a.head_dim + d]);
-  }
-  __syncthreads();
-  M acc[kPackedTile][kPackedTile];
-  tile_product<kPackedTile>(acc, s.q, s.ld, 1, s.L, s.k, 1, s.ld, s.L, s.Dh);
-  const M scale = M(a.scale);
-  const bool causal = a.causal;
-  tile_store<kPackedTile>(acc, s.L, s.L,
-                          [&](int i, int j, M dot) { s.p[i * s.lp + j] = formulas::packed_logit(dot, scale, causal, i, j); });
-  __syncthreads();
+// The pair's layout in the block's dynamic shared memory.
+template <class M>
+__device__ __forceinline__ PackedLayout<M> packed_layout(const PackedAttention& a, bool backward) {
+  extern __shared__ __align__(16) unsigned char packed_smem[];
+  return PackedLayout<M>(reinterpret_cast<M*>(packed_smem), a, backward);
 }
 
-// Both kernels' start (after their wait for the kernels before them): the
-// block's pair (n, h) laid out in the dynamic shared memory (with dO for the
-// backward), its logits computed.
-template <class T, class M>
-__device__ PackedSmem<M> packed_begin(const T* qkv, const T* dout, const PackedAttention& a, std::int64_t n,
-                                      std::int64_t h) {
-  extern __shared__ __align__(16) unsigned char packed_smem[];
-  const PackedSmem<M> s(reinterpret_cast<M*>(packed_smem), a, dout != nullptr);
-  packed_load_logits<T, M>(s, qkv, dout, a, n, h);
-  return s;
+// f(i, d) for the elements of an L x Dh matrix, consecutive threads on
+// consecutive d (coalesced reads of the packed rows).
+template <class F>
+__device__ __forceinline__ void for_pair_elements(const PackedAttention& a, F f) {
+  const int L = static_cast<int>(a.L), Dh = static_cast<int>(a.head_dim);
+  for (int idx = static_cast<int>(threadIdx.x); idx < L * Dh; idx += kPackedThreads) f(idx / Dh, idx % Dh);
+}
+
+// The pair's q and k, transposed, into s.qt and s.kt; place_v(i, d, v[i][d])
+// puts v where the kernel wants it.
+template <class T, class M, class F>
+__device__ __forceinline__ void load_pair(const PackedLayout<M>& s, const T* qkv, const PackedAttention& a,
+                                          std::int64_t n, std::int64_t h, F place_v) {
+  const std::int64_t W = a.width();
+  for_pair_elements(a, [&](int i, int d) {
+    const T* src = qkv + (n * a.L + i) * 3 * W + h * a.head_dim + d;
+    s.qt[d * s.lp + i] = M(src[0]);
+    s.kt[d * s.lp + i] = M(src[W]);
+    place_v(i, d, M(src[2 * W]));
+  });
 }
 
 // kDh: the head dim's column tiles, ceil(Dh / 16).
@@ -192,8 +251,20 @@ __global__ void __launch_bounds__(kPackedThreads)
                                     PackedAttention a) {
   ::qgrad::cuda::wait_for_prior_kernels();
   using M = op_math_t<T>;
-  const std::int64_t n = blockIdx.x / a.heads, h = blockIdx.x % a.heads;
-  const PackedSmem<M> s = packed_begin<T, M>(qkv, nullptr, a, n, h);
+  const std::int64_t n = blockIdx.x / a.heads, h = blockIdx.x % a.heads, W = a.width();
+  const PackedLayout<M> s = packed_layout<M>(a, false);
+  load_pair(s, qkv, a, n, h, [&](int i, int d, M v) { s.v[i * s.dp + d] = v; });
+  __syncthreads();
+  if (packed_rows_active(s.L)) {  // logits [i][j] = q_i . k_j * scale
+    M acc[kPackedTile][kPackedTile];
+    tile_fma<kPackedTile>(acc, s.Dh, RowRuns<M>(s.qt, s.lp), ColRuns<kPackedTile, M>(s.kt, s.lp));
+    const M scale = M(a.scale);
+    const bool causal = a.causal;
+    tile_store<kPackedTile>(acc, s.L, s.L, [&](int, int i, int j, M dot) {
+      s.p[i * s.lp + j] = formulas::packed_logit(dot, scale, causal, i, j);
+    });
+  }
+  __syncthreads();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   for (int i = warp; i < s.L; i += kPackedThreads / 32) {
     M* row = s.p + i * s.lp;
@@ -210,10 +281,10 @@ __global__ void __launch_bounds__(kPackedThreads)
     }
   }
   __syncthreads();
-  M acc[kPackedTile][kDh];
-  tile_product<kDh>(acc, s.p, s.lp, 1, s.L, s.v, s.ld, 1, s.Dh, s.L);
-  const std::int64_t W = a.width();
-  tile_store<kDh>(acc, s.L, s.Dh, [&](int i, int d, M o) { out[(n * a.L + i) * W + h * a.head_dim + d] = T(o); });
+  if (!packed_rows_active(s.L)) return;
+  M acc[kPackedTile][kDh];  // O[i][d] = sum_j P[i][j] v[j][d]
+  tile_fma<kDh>(acc, s.L, RowScalars<M>(s.p, s.lp, s.L), ColRuns<kDh, M>(s.v, s.dp));
+  tile_store<kDh>(acc, s.L, s.Dh, [&](int, int i, int d, M o) { out[(n * a.L + i) * W + h * a.head_dim + d] = T(o); });
 }
 
 template <class T, int kDh>
@@ -222,22 +293,46 @@ __global__ void __launch_bounds__(kPackedThreads)
                                      const op_math_t<T>* row_sum, T* dqkv, PackedAttention a) {
   ::qgrad::cuda::wait_for_prior_kernels();
   using M = op_math_t<T>;
-  const std::int64_t n = blockIdx.x / a.heads, h = blockIdx.x % a.heads;
-  const PackedSmem<M> s = packed_begin<T, M>(qkv, dout, a, n, h);
-  const std::int64_t stats = (n * a.heads + h) * a.L, W = a.width();
-  for (int idx = threadIdx.x; idx < s.L * s.L; idx += kPackedThreads) {
-    const int i = idx / s.L, j = idx % s.L;
-    s.p[i * s.lp + j] = formulas::attention_prob(s.p[i * s.lp + j], row_max[stats + i], row_sum[stats + i]);
+  const std::int64_t n = blockIdx.x / a.heads, h = blockIdx.x % a.heads, W = a.width();
+  const PackedLayout<M> s = packed_layout<M>(a, true);
+  load_pair(s, qkv, a, n, h, [&](int i, int d, M v) {
+    s.vt[d * s.lp + i] = v;
+    s.g[i * s.dp + d] = M(dout[(n * a.L + i) * W + h * a.head_dim + d]);
+  });
+  __syncthreads();
+  const bool active = packed_rows_active(s.L);
+  if (active) {  // P[i][j] from the logits and the saved row statistics
+    const std::int64_t stats = (n * a.heads + h) * a.L;
+    M mx[kPackedTile], sum[kPackedTile];
+#pragma unroll
+    for (int t = 0; t < kPackedTile; ++t) {
+      const std::int64_t i = min(kPackedTile * packed_ty() + t, s.L - 1);
+      mx[t] = row_max[stats + i];
+      sum[t] = row_sum[stats + i];
+    }
+    M acc[kPackedTile][kPackedTile];
+    tile_fma<kPackedTile>(acc, s.Dh, RowRuns<M>(s.qt, s.lp), ColRuns<kPackedTile, M>(s.kt, s.lp));
+    const M scale = M(a.scale);
+    const bool causal = a.causal;
+    tile_store<kPackedTile>(acc, s.L, s.L, [&](int t, int i, int j, M dot) {
+      s.p[i * s.lp + j] = formulas::attention_prob(formulas::packed_logit(dot, scale, causal, i, j), mx[t], sum[t]);
+    });
   }
   __syncthreads();
+  for_pair_elements(a, [&](int i, int d) {  // q and k [L][dp] over their transposed copies
+    const T* src = qkv + (n * a.L + i) * 3 * W + h * a.head_dim + d;
+    s.q[i * s.dp + d] = M(src[0]);
+    s.k[i * s.dp + d] = M(src[W]);
+  });
   T* base = dqkv + n * a.L * 3 * W + h * a.head_dim;  // row 0 of this pair's q part
-  // dV[j][d] = sum_i p[i][j] dO[i][d]; dP[i][j] = sum_d dO[i][d] v[j][d].
-  M acc[kPackedTile][kDh];
-  tile_product<kDh>(acc, s.p, 1, s.lp, s.L, s.g, s.ld, 1, s.Dh, s.L);
-  tile_store<kDh>(acc, s.L, s.Dh, [&](int j, int d, M dv) { base[j * 3 * W + 2 * W + d] = T(dv); });
-  M dp[kPackedTile][kPackedTile];
-  tile_product<kPackedTile>(dp, s.g, s.ld, 1, s.L, s.v, 1, s.ld, s.L, s.Dh);
-  tile_store<kPackedTile>(dp, s.L, s.L, [&](int i, int j, M v) { s.ds[i * s.lp + j] = v; });
+  if (active) {
+    M acc[kPackedTile][kDh];  // dV[j][d] = sum_i P[i][j] dO[i][d]
+    tile_fma<kDh>(acc, s.L, RowRuns<M>(s.p, s.lp), ColRuns<kDh, M>(s.g, s.dp));
+    tile_store<kDh>(acc, s.L, s.Dh, [&](int, int j, int d, M dv) { base[j * 3 * W + 2 * W + d] = T(dv); });
+    M dp[kPackedTile][kPackedTile];  // dP[i][j] = sum_d dO[i][d] v[j][d]
+    tile_fma<kPackedTile>(dp, s.Dh, RowScalars<M>(s.g, s.dp, s.L), ColRuns<kPackedTile, M>(s.vt, s.lp));
+    tile_store<kPackedTile>(dp, s.L, s.L, [&](int, int i, int j, M v) { s.ds[i * s.lp + j] = v; });
+  }
   __syncthreads();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const M scale = M(a.scale);
@@ -250,11 +345,12 @@ __global__ void __launch_bounds__(kPackedThreads)
     for (int j = lane; j < s.L; j += 32) ds[j] = formulas::packed_logit_grad(p[j], ds[j], dot, scale);
   }
   __syncthreads();
-  // dQ[i][d] = sum_j dS[i][j] k[j][d]; dK[j][d] = sum_i dS[i][j] q[i][d].
-  tile_product<kDh>(acc, s.ds, s.lp, 1, s.L, s.k, s.ld, 1, s.Dh, s.L);
-  tile_store<kDh>(acc, s.L, s.Dh, [&](int i, int d, M dq) { base[i * 3 * W + d] = T(dq); });
-  tile_product<kDh>(acc, s.ds, 1, s.lp, s.L, s.q, s.ld, 1, s.Dh, s.L);
-  tile_store<kDh>(acc, s.L, s.Dh, [&](int j, int d, M dk) { base[j * 3 * W + W + d] = T(dk); });
+  if (!active) return;
+  M acc[kPackedTile][kDh];  // dQ[i][d] = sum_j dS[i][j] k[j][d]
+  tile_fma<kDh>(acc, s.L, RowScalars<M>(s.ds, s.lp, s.L), ColRuns<kDh, M>(s.k, s.dp));
+  tile_store<kDh>(acc, s.L, s.Dh, [&](int, int i, int d, M dq) { base[i * 3 * W + d] = T(dq); });
+  tile_fma<kDh>(acc, s.L, RowRuns<M>(s.ds, s.lp), ColRuns<kDh, M>(s.q, s.dp));  // dK[j][d] = sum_i dS[i][j] q[i][d]
+  tile_store<kDh>(acc, s.L, s.Dh, [&](int, int j, int d, M dk) { base[j * 3 * W + W + d] = T(dk); });
 }
 
 // Past 48 KiB a kernel's dynamic shared memory must be allowed: the fit rule's
@@ -296,7 +392,7 @@ void packed_attention_forward(const Tensor& qkv, const Tensor& out, const Tensor
     using T = typename decltype(tag)::type;
     using M = op_math_t<T>;
     const int dev = out.device().index;
-    const std::size_t smem = static_cast<std::size_t>(3 * a.L * (a.head_dim + 1) + a.L * (a.L + 1)) * sizeof(M);
+    const std::size_t smem = packed_attention_forward_smem(a.L, a.head_dim, sizeof(M));
     with_head_tiles(a.head_dim, [&](auto dh) {
       constexpr auto kernel = packed_attention_forward_kernel<T, decltype(dh)::value>;
       allow_packed_smem<kernel>(dev);

@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "qgrad/kernels/attention.h"
+#include "qgrad/kernels/formulas/lerp.h"  // fused_multiply_add: packed_attention's products
 #include "qgrad/kernels/formulas/transformer.h"
 
 namespace qgrad::formulas {

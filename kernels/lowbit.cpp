@@ -146,10 +146,10 @@ void int4_qparams(const Tensor& min, const Tensor& max, const Tensor& scale, con
 bool fake_quantize_dynamic_rows([[maybe_unused]] const Tensor& x, [[maybe_unused]] const Tensor& y,
                                 [[maybe_unused]] std::uint32_t* mask, [[maybe_unused]] std::int64_t row_len,
                                 [[maybe_unused]] int qmin, [[maybe_unused]] int qmax, [[maybe_unused]] bool symmetric,
-                                [[maybe_unused]] float eps) {
+                                [[maybe_unused]] float eps, [[maybe_unused]] RowPrologue prologue) {
   // Only a CUDA kernel: in a build without CUDA no tensor is on a GPU.
 #if QGRAD_WITH_CUDA
-  if (x.is_cuda()) return cuda::fake_quantize_dynamic_rows(x, y, mask, row_len, qmin, qmax, symmetric, eps);
+  if (x.is_cuda()) return cuda::fake_quantize_dynamic_rows(x, y, mask, row_len, qmin, qmax, symmetric, eps, prologue);
 #endif
   return false;
 }

@@ -18,14 +18,19 @@ namespace qgrad::kernels {
 // scale / zp [C] from the blocks' min / max [C] (formulas::int4_qparams).
 void int4_qparams(const Tensor& min, const Tensor& max, const Tensor& scale, const Tensor& zp, int qmin, int qmax,
                   bool symmetric, float eps);
+// An elementwise function applied to x as fake_quantize_dynamic_rows loads it
+// (gelu_fake_quantize_dynamic, ops/lowbit.h): gelu's erf or tanh form
+// (formulas::gelu_erf / gelu_tanh, rounded to x's dtype as the gelu op does).
+enum class RowPrologue { none, gelu, gelu_tanh };
 // fake_quantize_dynamic (ops/lowbit.h) in one pass over contiguous rows of
 // row_len elements: per row the qparams of int4_qparams from the row's
-// min/max, then the per-token fake quantize (formulas::FakeQuantOp, f64
-// product form) into y and, when mask is not null, its bit mask. Only a CUDA
-// kernel (kernels/cuda/entries.h says which rows it takes); returns false,
-// writing nothing, where none applies (the caller composes the two ops).
+// min/max (of prologue(x)), then the per-token fake quantize
+// (formulas::FakeQuantOp, f64 product form) into y and, when mask is not
+// null, its bit mask. Only a CUDA kernel (kernels/cuda/entries.h says which
+// rows it takes); returns false, writing nothing, where none applies (the
+// caller composes the ops).
 bool fake_quantize_dynamic_rows(const Tensor& x, const Tensor& y, std::uint32_t* mask, std::int64_t row_len, int qmin,
-                                int qmax, bool symmetric, float eps);
+                                int qmax, bool symmetric, float eps, RowPrologue prologue = RowPrologue::none);
 // q (s4 / u4, packed, x's numel) = clamp(nearbyint(x * (1/s)) + zp, qmin, qmax)
 // per group of `group` consecutive elements (group g = i / group); NaN -> qmin.
 // mask (bitmask_words(numel) words, or null): qmin <= unclamped q <= qmax.

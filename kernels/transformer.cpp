@@ -41,14 +41,19 @@ struct Gelu {
     y[i] = T(kTanh ? formulas::gelu_tanh(M(x[i])) : formulas::gelu_erf(M(x[i])));
   }
 };
+// With a mask (gelu_fake_quantize_dynamic's), dy is first masked as the fake
+// quant's straight-through backward masks it (formulas::FakeQuantGradOp: dy * bit).
 template <class T, bool kTanh>
 struct GeluBackward {
   const T* dy;
   const T* x;
   T* dx;
+  const std::uint32_t* mask;
   QGRAD_HD void operator()(std::int64_t i) const {
     using M = op_math_t<T>;
-    dx[i] = T(kTanh ? formulas::gelu_tanh_backward(M(dy[i]), M(x[i])) : formulas::gelu_erf_backward(M(dy[i]), M(x[i])));
+    M g = M(dy[i]);
+    if (mask != nullptr) g = M(T(g * M(bitmask_get(mask, i) ? 1 : 0)));
+    dx[i] = T(kTanh ? formulas::gelu_tanh_backward(g, M(x[i])) : formulas::gelu_erf_backward(g, M(x[i])));
   }
 };
 template <class T>
@@ -259,14 +264,14 @@ void gelu(const Tensor& x, const Tensor& y, bool tanh) {
   });
 }
 
-void gelu_backward(const Tensor& dy, const Tensor& x, const Tensor& dx, bool tanh) {
+void gelu_backward(const Tensor& dy, const Tensor& x, const Tensor& dx, bool tanh, const std::uint32_t* mask) {
   dispatch_floating(dx.dtype(), "gelu_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
     if (tanh)
-      for_each_index(dx.device(), dx.numel(), GeluBackward<T, true>{cdata<T>(dy), cdata<T>(x), mdata<T>(dx)},
+      for_each_index(dx.device(), dx.numel(), GeluBackward<T, true>{cdata<T>(dy), cdata<T>(x), mdata<T>(dx), mask},
                      "gelu_backward");
     else
-      for_each_index(dx.device(), dx.numel(), GeluBackward<T, false>{cdata<T>(dy), cdata<T>(x), mdata<T>(dx)},
+      for_each_index(dx.device(), dx.numel(), GeluBackward<T, false>{cdata<T>(dy), cdata<T>(x), mdata<T>(dx), mask},
                      "gelu_backward");
   });
 }

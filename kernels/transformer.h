@@ -14,7 +14,11 @@ namespace qgrad::kernels {
 
 // y = gelu(x), erf form or (tanh) the tanh approximation.
 void gelu(const Tensor& x, const Tensor& y, bool tanh);
-void gelu_backward(const Tensor& dy, const Tensor& x, const Tensor& dx, bool tanh);
+// dx = gelu'(x) * dy; with a bit mask (bitmask_words(numel) words), dy * bit
+// in its place (gelu_fake_quantize_dynamic's backward: the fake quant's
+// straight-through mask and gelu's derivative in one pass).
+void gelu_backward(const Tensor& dy, const Tensor& x, const Tensor& dx, bool tanh,
+                   const std::uint32_t* mask = nullptr);
 // y = x * sigmoid(x).
 void silu(const Tensor& x, const Tensor& y);
 void silu_backward(const Tensor& dy, const Tensor& x, const Tensor& dx);

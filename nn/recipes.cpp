@@ -5,6 +5,7 @@
 #include "qgrad/autograd/node.h"
 #include "qgrad/ops/check.h"
 #include "qgrad/ops/fp8_linear.h"
+#include "qgrad/ops/activation.h"
 #include "qgrad/ops/linalg.h"
 #include "qgrad/ops/lowbit.h"
 #include "qgrad/ops/lowbit_linear.h"
@@ -76,6 +77,11 @@ Tensor fake_quantize_8da4w_activation(const Tensor& x) {
                                std::numeric_limits<float>::epsilon());
 }
 
+Tensor gelu_fake_quantize_8da4w_activation(const Tensor& x, GeluApproximate approximate) {
+  return gelu_fake_quantize_dynamic(x, approximate, QuantScope::per_token(), QuantMode::asymmetric, -128, 127,
+                                    std::numeric_limits<float>::epsilon());
+}
+
 Tensor fake_quantize_8da4w_weight(const Tensor& w, std::int64_t group_size) {
   // torchao's _get_8da4w_weight_config: int4 per group, symmetric, dynamic, eps = finfo(dtype).smallest_normal.
   return fake_quantize_int4(w, group_size, QuantMode::symmetric, DType::s4);
@@ -133,6 +139,12 @@ Tensor Int8DynActInt4WeightQATLinear::forward(const Tensor& x) {
   return ::qgrad::linear(fake_quantize_8da4w_activation(x), fake_quantize_8da4w_weight(weight_, group_size_), bias_);
 }
 
+Tensor Int8DynActInt4WeightQATLinear::forward_gelu(const Tensor& x, GeluApproximate approximate) {
+  if (!fake_quant_) return forward(gelu(x, approximate));
+  return ::qgrad::linear(gelu_fake_quantize_8da4w_activation(x, approximate),
+                         fake_quantize_8da4w_weight(weight_, group_size_), bias_);
+}
+
 Float8QATLinear::Float8QATLinear(const Linear& linear) {
   weight_ = register_parameter("weight", linear.weight());
   if (linear.bias().defined()) bias_ = register_parameter("bias", linear.bias());
@@ -161,6 +173,14 @@ Int8DynActInt8WeightQATLinear::Int8DynActInt8WeightQATLinear(const Linear& linea
 Tensor Int8DynActInt8WeightQATLinear::forward(const Tensor& x) {
   if (!fake_quant_) return ::qgrad::linear(to_compute(x), to_compute(weight_), to_compute(bias_));
   return ::qgrad::linear(fake_quantize_8da4w_activation(to_compute(x)),
+                         to_compute(fake_quantize_8da8w_weight(weight_)), to_compute(bias_));
+}
+
+Tensor Int8DynActInt8WeightQATLinear::forward_gelu(const Tensor& x, GeluApproximate approximate) {
+  // forward casts its input first: gelu then the cast is gelu in x's dtype, fused only where the cast is none.
+  const bool cast = compute_dtype() && x.defined() && is_floating(x.dtype()) && x.dtype() != *compute_dtype();
+  if (!fake_quant_ || cast) return forward(gelu(x, approximate));
+  return ::qgrad::linear(gelu_fake_quantize_8da4w_activation(x, approximate),
                          to_compute(fake_quantize_8da8w_weight(weight_)), to_compute(bias_));
 }
 

@@ -44,6 +44,7 @@
 #include <vector>
 
 #include "qgrad/nn/qat.h"
+#include "qgrad/ops/activation.h"  // GeluApproximate
 
 namespace qgrad::nn {
 
@@ -64,6 +65,9 @@ struct RecipeOptions {
 //   (scale, zp) = choose_qparams_affine(x, per_token(), asymmetric, -128, 127, FLT_EPSILON),
 //   y = (clamp(nearbyint(x * (1/scale)) + zp, -128, 127) - zp) * scale; dx = dy * 1[in range].
 Tensor fake_quantize_8da4w_activation(const Tensor& x);
+// fake_quantize_8da4w_activation(gelu(x, approximate)) as one op
+// (gelu_fake_quantize_dynamic, ops/lowbit.h): the same values.
+Tensor gelu_fake_quantize_8da4w_activation(const Tensor& x, GeluApproximate approximate);
 // 8da4w weights: fake_quantize_int4(w, group_size, symmetric, s4) (scale = absmax / 7.5 per group, zp 0).
 Tensor fake_quantize_8da4w_weight(const Tensor& w, std::int64_t group_size);
 // fp8: fake_quantize_fp8(x, per_tensor(), f8e4m3) (scale = max(amax, 1e-12) / 448); dx = dy.
@@ -81,6 +85,9 @@ class Int8DynActInt4WeightQATLinear : public Module {
  public:
   Int8DynActInt4WeightQATLinear(const Linear& linear, std::int64_t group_size = 32);
   Tensor forward(const Tensor& x) override;
+  // forward(gelu(x, approximate)), the same values, the gelu inside the
+  // activation's fake quant (one op: a GELU -> linear pair, the ViT's MLP).
+  Tensor forward_gelu(const Tensor& x, GeluApproximate approximate);
   std::string type_name() const override { return "Int8DynActInt4WeightQATLinear"; }
   std::shared_ptr<Module> clone() const override;
   Tensor weight() const { return weight_; }
@@ -123,6 +130,9 @@ class Int8DynActInt8WeightQATLinear : public Module {
  public:
   explicit Int8DynActInt8WeightQATLinear(const Linear& linear);
   Tensor forward(const Tensor& x) override;
+  // forward(gelu(x, approximate)), the same values, the gelu inside the
+  // activation's fake quant where x is already in the compute dtype.
+  Tensor forward_gelu(const Tensor& x, GeluApproximate approximate);
   std::string type_name() const override { return "Int8DynActInt8WeightQATLinear"; }
   std::shared_ptr<Module> clone() const override;
   Tensor weight() const { return weight_; }

@@ -87,6 +87,7 @@ class GELU : public Module {
  public:
   explicit GELU(GeluApproximate approximate = GeluApproximate::none) : approximate_(approximate) {}
   Tensor forward(const Tensor& x) override;
+  GeluApproximate approximate() const { return approximate_; }
   std::string type_name() const override { return "GELU"; }
   std::shared_ptr<Module> clone() const override;
 

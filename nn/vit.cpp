@@ -4,6 +4,7 @@
 #include <string>
 
 #include "qgrad/autograd/node.h"
+#include "qgrad/nn/recipes.h"
 #include "qgrad/ops/check.h"
 #include "qgrad/ops/elementwise.h"
 #include "qgrad/ops/factory.h"
@@ -77,7 +78,17 @@ Tensor EncoderBlock::forward(const Tensor& x) {
   Tensor h = add(x, child(1).forward(a));
   Tensor b = child(2).forward(h);
   if (calib2_) calib2_->observe(b.detach());
-  return add(h, child(5).forward(child(4).forward(child(3).forward(b))));
+  return add(h, mlp_out(child(3).forward(b)));
+}
+
+// fc2(act(f)); a GELU before an 8da QAT fc2 goes into its activation fake
+// quant (one op, the same values: gelu_fake_quantize_dynamic).
+Tensor EncoderBlock::mlp_out(const Tensor& f) {
+  if (const auto* act = dynamic_cast<const GELU*>(&child(4))) {
+    if (auto* q8 = dynamic_cast<Int8DynActInt8WeightQATLinear*>(&child(5))) return q8->forward_gelu(f, act->approximate());
+    if (auto* q4 = dynamic_cast<Int8DynActInt4WeightQATLinear*>(&child(5))) return q4->forward_gelu(f, act->approximate());
+  }
+  return child(5).forward(child(4).forward(f));
 }
 
 std::shared_ptr<Module> EncoderBlock::clone() const {

@@ -83,6 +83,7 @@ class EncoderBlock : public Module {
   }
 
  private:
+  Tensor mlp_out(const Tensor& fc1_out);
   std::int64_t dim_, heads_, mlp_ratio_;
   double dropout_;
   Generator* gen_;

@@ -15,6 +15,7 @@
 #include "qgrad/kernels/lowbit.h"
 #include "qgrad/kernels/observer.h"
 #include "qgrad/kernels/quantize.h"
+#include "qgrad/kernels/transformer.h"
 #include "qgrad/ops/check.h"
 #include "qgrad/ops/elementwise.h"
 #include "qgrad/ops/factory.h"
@@ -476,26 +477,63 @@ AffineQparams choose_qparams_affine(const Tensor& x, QuantScope scope, QuantMode
   return q;
 }
 
+namespace {
+// fake_quantize_dynamic's CUDA row kernel over prologue(x), when it applies
+// (rows of per-token scope, or of channels on axis 0, of the kernel's
+// lengths; not f64): the output, and the mask in *mask when x requires grad.
+// Undefined where it does not apply (nothing written).
+Tensor dynamic_rows(const Tensor& x, const Blocks& b, QuantScope scope, QuantMode mode, std::int64_t qmin,
+                    std::int64_t qmax, float eps, kernels::RowPrologue prologue, Tensor* mask) {
+  const bool rows = scope.kind == QuantScope::token || (scope.kind == QuantScope::channel && b.axis == 0);
+  if (!x.is_cuda() || !rows || x.numel() == 0 || x.dtype() == DType::f64) return Tensor();
+  const I64 row_len = scope.kind == QuantScope::token ? x.shape().back() : x.numel() / x.shape().front();
+  Tensor out = Tensor::empty(x.shape(), like(x, x.dtype()));
+  Tensor m = any_requires_grad({x}) ? new_mask(x) : Tensor();
+  if (!kernels::fake_quantize_dynamic_rows(x, out, mask_words(m), row_len, static_cast<int>(qmin),
+                                           static_cast<int>(qmax), mode == QuantMode::symmetric, eps, prologue))
+    return Tensor();
+  *mask = m;
+  return out;
+}
+}  // namespace
+
 Tensor fake_quantize_dynamic(const Tensor& x, QuantScope scope, QuantMode mode, std::int64_t qmin, std::int64_t qmax,
                              double eps) {
   const char* op = "fake_quantize_dynamic";
   const float e = check_affine_args(x, mode, qmin, qmax, eps, op);
   const Blocks b = scope_blocks(x.shape(), scope, op);
-  // The fused kernel: rows of per-token scope, or of channels on axis 0.
-  const bool rows = scope.kind == QuantScope::token || (scope.kind == QuantScope::channel && b.axis == 0);
-  if (x.is_cuda() && rows && x.numel() > 0 && x.dtype() != DType::f64) {
-    const I64 row_len = scope.kind == QuantScope::token ? x.shape().back() : x.numel() / x.shape().front();
-    Tensor out = Tensor::empty(x.shape(), like(x, x.dtype()));
-    const bool need = any_requires_grad({x});
-    Tensor mask = need ? new_mask(x) : Tensor();
-    if (kernels::fake_quantize_dynamic_rows(x, out, mask_words(mask), row_len, static_cast<int>(qmin),
-                                            static_cast<int>(qmax), mode == QuantMode::symmetric, e)) {
-      if (need) record_masked_backward(op, out, x, mask);
-      return out;
-    }
+  Tensor mask;
+  Tensor out = dynamic_rows(x, b, scope, mode, qmin, qmax, e, kernels::RowPrologue::none, &mask);
+  if (out.defined()) {
+    if (mask.defined()) record_masked_backward(op, out, x, mask);
+    return out;
   }
   const AffineQparams q = choose_qparams_affine(x.detach(), scope, mode, qmin, qmax, eps);
   return fake_quantize(x, q.scale, q.zero_point, scope, qmin, qmax);
+}
+
+Tensor gelu_fake_quantize_dynamic(const Tensor& x, GeluApproximate approximate, QuantScope scope, QuantMode mode,
+                                  std::int64_t qmin, std::int64_t qmax, double eps) {
+  const char* op = "gelu_fake_quantize_dynamic";
+  const float e = check_affine_args(x, mode, qmin, qmax, eps, op);
+  QGRAD_CHECK(approximate == GeluApproximate::none || approximate == GeluApproximate::tanh, op, "approximate",
+              "expected none or tanh");
+  const Blocks b = scope_blocks(x.shape(), scope, op);
+  const bool tanh = approximate == GeluApproximate::tanh;
+  Tensor mask;
+  Tensor out = dynamic_rows(x, b, scope, mode, qmin, qmax, e,
+                            tanh ? kernels::RowPrologue::gelu_tanh : kernels::RowPrologue::gelu, &mask);
+  if (!out.defined()) return fake_quantize_dynamic(gelu(x, approximate), scope, mode, qmin, qmax, eps);
+  if (mask.defined())
+    record(
+        op, out, {x},
+        [sx = x.detach(), mask, tanh](const Tensor& g) {
+          Tensor dx = Tensor::empty(g.shape(), like(g, g.dtype()));
+          kernels::gelu_backward(g, sx, dx, tanh, mask_words(mask));
+          return std::vector<Tensor>{dx};
+        },
+        x.nbytes() + mask.nbytes());
+  return out;
 }
 
 }  // namespace qgrad

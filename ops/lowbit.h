@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "qgrad/core/tensor.h"
+#include "qgrad/ops/activation.h"     // GeluApproximate
 #include "qgrad/ops/dynamic_quant.h"  // QuantMode
 #include "qgrad/ops/quantize.h"       // QuantScope
 
@@ -86,5 +87,15 @@ AffineQparams choose_qparams_affine(const Tensor& x, QuantScope scope, QuantMode
 // else runs the two ops. Errors: those of the two ops.
 Tensor fake_quantize_dynamic(const Tensor& x, QuantScope scope, QuantMode mode, std::int64_t qmin, std::int64_t qmax,
                              double eps);
+
+// fake_quantize_dynamic(gelu(x, approximate), scope, mode, qmin, qmax, eps)
+// as one op, the same values bit for bit on each device: the input of a QAT
+// linear after a GELU (the ViT's fc2). Where fake_quantize_dynamic runs its
+// CUDA row kernel, one kernel forward (gelu applied to the rows as they are
+// loaded; gelu(x) is never written) and one backward,
+// dx = gelu'(x) · dy · 1[qmin <= q <= qmax] (x and the bit mask saved);
+// elsewhere the two ops. Errors: gelu's and fake_quantize_dynamic's.
+Tensor gelu_fake_quantize_dynamic(const Tensor& x, GeluApproximate approximate, QuantScope scope, QuantMode mode,
+                                  std::int64_t qmin, std::int64_t qmax, double eps);
 
 }  // namespace qgrad

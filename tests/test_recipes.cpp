@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "helpers.h"
+#include "train_ops_helpers.h"
 #include "qgrad/core/float8.h"
 #include "qgrad/nn/nn.h"
 #include "qgrad/ops/lowbit.h"
@@ -169,6 +170,61 @@ TEST_CASE("recipes: 8da4w activation fake quant equals torchao's per-token formu
       zeros += mask[i] == 0.0;
     }
     CHECK(zeros >= 1);
+  }
+}
+
+TEST_CASE("recipes: gelu_fake_quantize_dynamic is gelu then fake_quantize_dynamic, bit for bit, on each device") {
+  // Rows the CUDA row kernel takes (128, 512: one fused kernel each way) and
+  // one it leaves to the composition (64); f64 is always the composition.
+  const Shape shapes[] = {{3, 5, 128}, {4, 512}, {6, 64}};
+  const float eps = FLT_EPSILON;
+  const auto tok = QuantScope::per_token();
+  for (const Device d : test_devices())
+    for (const DType dt : {DType::f32, DType::bf16, DType::f16, DType::f64})
+      for (const Shape& s : shapes)
+        for (const GeluApproximate a : {GeluApproximate::none, GeluApproximate::tanh}) {
+          CAPTURE(d.str());
+          CAPTURE(dtype_name(dt));
+          CAPTURE(s.back());
+          Generator g(31);
+          const Tensor x0 = randn(s, g, TensorOptions{}, 0.0, 2.0), dy0 = randn(s, g);
+          Tensor x1 = x0.to(dt).to(d), x2 = x0.to(dt).to(d);
+          x1.set_requires_grad(true);
+          x2.set_requires_grad(true);
+          const QuantMode mode = a == GeluApproximate::none ? QuantMode::asymmetric : QuantMode::symmetric;
+          if (d.is_cuda()) prepoison(s, dt);
+          const Tensor y1 = gelu_fake_quantize_dynamic(x1, a, tok, mode, -128, 127, eps);
+          const Tensor y2 = fake_quantize_dynamic(gelu(x2, a), tok, mode, -128, 127, eps);
+          CHECK(bit_equal(y1, y2));
+          const auto v = values(y1);
+          CHECK(std::none_of(v.begin(), v.end(), [](double e) { return std::isnan(e); }));
+          const Tensor dy = dy0.to(dt).to(d);
+          if (d.is_cuda()) prepoison(s, dt);
+          y1.backward(dy);
+          y2.backward(dy);
+          CHECK(bit_equal(x1.grad(), x2.grad()));
+          const auto gx = values(x1.grad());
+          CHECK(std::count(gx.begin(), gx.end(), 0.0) < static_cast<std::ptrdiff_t>(gx.size()));
+        }
+  // An 8da8w QAT linear after a GELU: forward_gelu is forward(gelu(.)), values and gradients.
+  for (const Device d : test_devices()) {
+    Generator g(32);
+    nn::Linear lin(128, 16, g, true, TensorOptions{}.with_device(d));
+    nn::Int8DynActInt8WeightQATLinear q(lin);
+    Tensor h1 = randn({8, 128}, g, TensorOptions{}.with_device(d), 0.0, 2.0).detach(), h2 = h1.detach();
+    h1.set_requires_grad(true);
+    h2.set_requires_grad(true);
+    const Tensor y1 = q.forward_gelu(h1, GeluApproximate::none);
+    const Tensor w1 = [&] {
+      sum(y1).backward();
+      return q.weight().grad().detach().clone();
+    }();
+    q.weight().zero_grad();
+    const Tensor y2 = q.forward(gelu(h2));
+    sum(y2).backward();
+    CHECK(bit_equal(y1, y2));
+    CHECK(bit_equal(h1.grad(), h2.grad()));
+    CHECK(bit_equal(w1, q.weight().grad()));
   }
 }
 

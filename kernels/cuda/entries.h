@@ -14,6 +14,7 @@
 #include "qgrad/kernels/conv.h"
 #include "qgrad/kernels/lerp.h"
 #include "qgrad/kernels/linalg.h"
+#include "qgrad/kernels/lowbit.h"
 #include "qgrad/kernels/optim.h"
 #include "qgrad/kernels/reduce.h"
 #include "qgrad/kernels/softmax.h"
@@ -55,10 +56,11 @@ void int8_gemm(int device, const std::int8_t* a, std::int64_t lda, const std::in
 // fake_quantize_dynamic over contiguous rows of row_len elements (ops/lowbit.h):
 // per row, choose_qparams_affine's qparams (formulas::int4_qparams) from the
 // row's min/max, then the per-token fake quant and its mask (mask may be
-// null), in one launch with a warp per row. Row lengths 128, 256, 384, 512,
-// 768 and 1024; f32, bf16, f16. Returns false, launching nothing, otherwise.
+// null), in one launch with a warp per row, prologue applied to x as it is
+// loaded. Row lengths 128, 256, 384, 512, 768 and 1024; f32, bf16, f16.
+// Returns false, launching nothing, otherwise.
 bool fake_quantize_dynamic_rows(const Tensor& x, const Tensor& y, std::uint32_t* mask, std::int64_t row_len, int qmin,
-                                int qmax, bool symmetric, float eps);
+                                int qmax, bool symmetric, float eps, RowPrologue prologue);
 
 // relu with its x > 0 mask in one pass, one warp ballot per mask word
 // (train_ops relu_fw; the generic loop would pack each word in one thread).

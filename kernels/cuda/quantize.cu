@@ -17,6 +17,7 @@
 #include "qgrad/kernels/cuda/launch.cuh"
 #include "qgrad/kernels/cuda/minmax.cuh"
 #include "qgrad/kernels/formulas/lowbit.h"
+#include "qgrad/kernels/formulas/transformer.h"
 #include "qgrad/kernels/observer.h"
 #include "qgrad/kernels/quantize.h"
 #include "qgrad/kernels/vec4.h"
@@ -471,7 +472,15 @@ void lsq_backward_impl(const LsqArgs& a) {
 // what the composition does in five (two fills, min/max, qparams, fake quant).
 constexpr int kDynamicRowsThreads = 256;
 
-template <class T, int kChunks, bool kVec>
+// The row's values after the prologue, in x's dtype (the gelu op's rounding).
+template <RowPrologue kPrologue, class T>
+__device__ __forceinline__ T row_prologue(T v) {
+  if constexpr (kPrologue == RowPrologue::gelu) return T(formulas::gelu_erf(op_math_t<T>(v)));
+  else if constexpr (kPrologue == RowPrologue::gelu_tanh) return T(formulas::gelu_tanh(op_math_t<T>(v)));
+  else return v;
+}
+
+template <class T, int kChunks, bool kVec, RowPrologue kPrologue>
 __global__ void __launch_bounds__(kDynamicRowsThreads)
     fake_quantize_dynamic_rows_kernel(const T* __restrict__ x, T* __restrict__ y, std::uint32_t* __restrict__ mask,
                                       std::int64_t rows, int qmin, int qmax, bool symmetric, float eps) {
@@ -482,7 +491,11 @@ __global__ void __launch_bounds__(kDynamicRowsThreads)
   const std::int64_t n = rows * kChunks * kBitmaskBlock;
   T v[kChunks][4];
 #pragma unroll
-  for (int c = 0; c < kChunks; ++c) engine_load<T, kVec>(x, row * kChunks + c, lane, n, v[c]);
+  for (int c = 0; c < kChunks; ++c) {
+    engine_load<T, kVec>(x, row * kChunks + c, lane, n, v[c]);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) v[c][k] = row_prologue<kPrologue>(v[c][k]);
+  }
   float lo = INFINITY, hi = -INFINITY;
 #pragma unroll
   for (int c = 0; c < kChunks; ++c)
@@ -517,7 +530,7 @@ __global__ void __launch_bounds__(kDynamicRowsThreads)
   }
 }
 
-template <class T, int kChunks>
+template <class T, int kChunks, RowPrologue kPrologue>
 void fake_quantize_dynamic_rows_launch(const Tensor& x, const Tensor& y, std::uint32_t* mask, std::int64_t rows,
                                        int qmin, int qmax, bool symmetric, float eps) {
   const T* in = static_cast<const T*>(x.data_ptr());
@@ -526,26 +539,46 @@ void fake_quantize_dynamic_rows_launch(const Tensor& x, const Tensor& y, std::ui
   constexpr int rows_per_block = kDynamicRowsThreads / 32;
   const auto blocks = static_cast<unsigned>((rows + rows_per_block - 1) / rows_per_block);
   if (vec)
-    ::qgrad::cuda::launch_kernel(y.device().index, fake_quantize_dynamic_rows_kernel<T, kChunks, true>, blocks,
-                                 kDynamicRowsThreads, 0, in, out, mask, rows, qmin, qmax, symmetric, eps);
+    ::qgrad::cuda::launch_kernel(y.device().index, fake_quantize_dynamic_rows_kernel<T, kChunks, true, kPrologue>,
+                                 blocks, kDynamicRowsThreads, 0, in, out, mask, rows, qmin, qmax, symmetric, eps);
   else
-    ::qgrad::cuda::launch_kernel(y.device().index, fake_quantize_dynamic_rows_kernel<T, kChunks, false>, blocks,
-                                 kDynamicRowsThreads, 0, in, out, mask, rows, qmin, qmax, symmetric, eps);
+    ::qgrad::cuda::launch_kernel(y.device().index, fake_quantize_dynamic_rows_kernel<T, kChunks, false, kPrologue>,
+                                 blocks, kDynamicRowsThreads, 0, in, out, mask, rows, qmin, qmax, symmetric, eps);
 }
 
-template <class T>
+template <class T, RowPrologue kPrologue>
 bool fake_quantize_dynamic_rows_impl(const Tensor& x, const Tensor& y, std::uint32_t* mask, std::int64_t row_len,
                                      int qmin, int qmax, bool symmetric, float eps) {
   const std::int64_t rows = x.numel() / row_len;
+  auto launch = [&](auto chunks) {
+    fake_quantize_dynamic_rows_launch<T, decltype(chunks)::value, kPrologue>(x, y, mask, rows, qmin, qmax, symmetric,
+                                                                            eps);
+    return true;
+  };
   switch (row_len) {
-    case 128: fake_quantize_dynamic_rows_launch<T, 1>(x, y, mask, rows, qmin, qmax, symmetric, eps); return true;
-    case 256: fake_quantize_dynamic_rows_launch<T, 2>(x, y, mask, rows, qmin, qmax, symmetric, eps); return true;
-    case 384: fake_quantize_dynamic_rows_launch<T, 3>(x, y, mask, rows, qmin, qmax, symmetric, eps); return true;
-    case 512: fake_quantize_dynamic_rows_launch<T, 4>(x, y, mask, rows, qmin, qmax, symmetric, eps); return true;
-    case 768: fake_quantize_dynamic_rows_launch<T, 6>(x, y, mask, rows, qmin, qmax, symmetric, eps); return true;
-    case 1024: fake_quantize_dynamic_rows_launch<T, 8>(x, y, mask, rows, qmin, qmax, symmetric, eps); return true;
+    case 128: return launch(std::integral_constant<int, 1>{});
+    case 256: return launch(std::integral_constant<int, 2>{});
+    case 384: return launch(std::integral_constant<int, 3>{});
+    case 512: return launch(std::integral_constant<int, 4>{});
+    case 768: return launch(std::integral_constant<int, 6>{});
+    case 1024: return launch(std::integral_constant<int, 8>{});
     default: return false;
   }
+}
+
+template <class T>
+bool fake_quantize_dynamic_rows_typed(const Tensor& x, const Tensor& y, std::uint32_t* mask, std::int64_t row_len,
+                                      int qmin, int qmax, bool symmetric, float eps, RowPrologue prologue) {
+  switch (prologue) {
+    case RowPrologue::none:
+      return fake_quantize_dynamic_rows_impl<T, RowPrologue::none>(x, y, mask, row_len, qmin, qmax, symmetric, eps);
+    case RowPrologue::gelu:
+      return fake_quantize_dynamic_rows_impl<T, RowPrologue::gelu>(x, y, mask, row_len, qmin, qmax, symmetric, eps);
+    case RowPrologue::gelu_tanh:
+      return fake_quantize_dynamic_rows_impl<T, RowPrologue::gelu_tanh>(x, y, mask, row_len, qmin, qmax, symmetric,
+                                                                        eps);
+  }
+  return false;
 }
 
 template <class Z>
@@ -583,12 +616,15 @@ void lsq_round_zero_point(const Tensor& zp, const Tensor& out, std::int64_t qmin
 }
 
 bool fake_quantize_dynamic_rows(const Tensor& x, const Tensor& y, std::uint32_t* mask, std::int64_t row_len, int qmin,
-                                int qmax, bool symmetric, float eps) {
+                                int qmax, bool symmetric, float eps, RowPrologue prologue) {
   if (x.numel() == 0 || row_len <= 0 || x.numel() % row_len != 0) return false;
   switch (x.dtype()) {
-    case DType::f32: return fake_quantize_dynamic_rows_impl<float>(x, y, mask, row_len, qmin, qmax, symmetric, eps);
-    case DType::bf16: return fake_quantize_dynamic_rows_impl<bfloat16>(x, y, mask, row_len, qmin, qmax, symmetric, eps);
-    case DType::f16: return fake_quantize_dynamic_rows_impl<half>(x, y, mask, row_len, qmin, qmax, symmetric, eps);
+    case DType::f32:
+      return fake_quantize_dynamic_rows_typed<float>(x, y, mask, row_len, qmin, qmax, symmetric, eps, prologue);
+    case DType::bf16:
+      return fake_quantize_dynamic_rows_typed<bfloat16>(x, y, mask, row_len, qmin, qmax, symmetric, eps, prologue);
+    case DType::f16:
+      return fake_quantize_dynamic_rows_typed<half>(x, y, mask, row_len, qmin, qmax, symmetric, eps, prologue);
     default: return false;
   }
 }

@@ -77,6 +77,9 @@ Tensor qparams_rows(Device d, DType dt, Generator& g, std::int64_t cols) {
   return Tensor::from_vector(v, {6, cols}).to(dt).to(d);
 }
 
+// qparams_rows of 256 columns as a leaf (the dynamic fake quants' input).
+Tensors rows256_leaf(Device d, DType dt, Generator& g) { return Tensors{leaf(qparams_rows(d, dt, g, 256))}; }
+
 float eps_of(DType dt) { return dt == DType::f16 ? 6.103515625e-05f : 1.17549435e-38f; }
 
 }  // namespace
@@ -435,8 +438,7 @@ std::vector<OpEntry> lowbit_entries() {
   // channels of 128 and 768, asymmetric and symmetric) and rows it leaves to
   // the composition (64 long, per group), all against the CPU's composition;
   // rows: all zero, tiny (the eps floor), all positive, all negative, +-0.
-  e.push_back({"fake_quantize_dynamic", {"fake_quantize_dynamic"}, kFloat,
-               [](Device d, DType dt, Generator& g) { return Tensors{leaf(qparams_rows(d, dt, g, 256))}; },
+  e.push_back({"fake_quantize_dynamic", {"fake_quantize_dynamic"}, kFloat, rows256_leaf,
                [](const Tensors& v) {
                  const float eps = std::numeric_limits<float>::epsilon();
                  const Tensor xd = v[0].detach();
@@ -472,6 +474,61 @@ std::vector<OpEntry> lowbit_entries() {
                      {op, "eps", [=] { fake_quantize_dynamic(x, tok, asym, -128, 127, NAN); }},
                      {op, "group_size", [=] { fake_quantize_dynamic(x, QuantScope::per_group(-1, 48), asym, -8, 7, 1e-6); }},
                      {op, "axis", [=] { fake_quantize_dynamic(x, QuantScope::per_channel(2), asym, -8, 7, 1e-6); }}};
+               }});
+  // gelu_fake_quantize_dynamic: gelu + fake_quantize_dynamic in one op. Rows
+  // the CUDA kernel takes (per token 256 with the erf and tanh forms, axis-0
+  // channels of 128) and rows it leaves to the composition (64 long). Not
+  // bit-identical across devices: gelu's erf / tanh are glibc's on the CPU
+  // and libdevice's on CUDA, and a last-bit difference can move a value
+  // across a rounding boundary of the fake quant (one step, a row's range / 255).
+  e.push_back({"gelu_fake_quantize_dynamic", {"gelu_fake_quantize_dynamic"}, kFloat,
+               rows256_leaf,
+               [](const Tensors& v) {
+                 const float eps = std::numeric_limits<float>::epsilon();
+                 const Tensor xd = v[0].detach();
+                 const auto tok = QuantScope::per_token(), ch0 = QuantScope::per_channel(0);
+                 const auto asym = QuantMode::asymmetric, sym = QuantMode::symmetric;
+                 const auto erf = GeluApproximate::none, tanh = GeluApproximate::tanh;
+                 return Tensors{gelu_fake_quantize_dynamic(v[0], erf, tok, asym, -128, 127, eps),
+                                gelu_fake_quantize_dynamic(xd.reshape({3, 2, 256}), tanh, tok, sym, -128, 127, 1e-5),
+                                gelu_fake_quantize_dynamic(xd.reshape({12, 128}), erf, ch0, sym, -128, 127, eps),
+                                gelu_fake_quantize_dynamic(xd.reshape({24, 64}), erf, tok, asym, -128, 127, eps)};
+               },
+               Promise::within(0.04, 0.04, 0.04, 0.06, "gelu (glibc against libdevice) may move a value across a "
+                                                         "rounding boundary of the fake quant: one step"),
+               GradMethod::host_reference,
+               [](const Tensors& v, const Tensor& dy) {
+                 // dx = dy * 1[in range](gelu(x)) * gelu'(x), gelu's erf form in f64.
+                 const std::vector<double> xs = host(v[0]);
+                 std::vector<double> gs(xs.size()), slope(xs.size());
+                 for (std::size_t i = 0; i < xs.size(); ++i) {
+                   const double cdf = 0.5 * (1.0 + std::erf(xs[i] * M_SQRT1_2));
+                   gs[i] = xs[i] * cdf;
+                   slope[i] = cdf + xs[i] * std::exp(-0.5 * xs[i] * xs[i]) * (0.5 * M_2_SQRTPI * M_SQRT1_2);
+                 }
+                 std::vector<double> s, z;
+                 int4_ref_qparams(gs, 256, false, -128, 127, std::numeric_limits<float>::epsilon(), s, z);
+                 Grads dx = int4_straight_through(Tensor::from_vector(gs, v[0].shape()), dy, s, z, 256, -128, 127);
+                 for (std::size_t i = 0; i < xs.size(); ++i) dx[0][i] *= slope[i];
+                 return dx;
+               },
+               {},
+               [](Device d) {
+                 const char* op = "gelu_fake_quantize_dynamic";
+                 const Tensor x = some({4, 128}, d);
+                 const auto tok = QuantScope::per_token();
+                 const auto asym = QuantMode::asymmetric;
+                 const auto erf = GeluApproximate::none;
+                 return std::vector<BadInput>{
+                     {op, "x", [=] { gelu_fake_quantize_dynamic(Tensor(), erf, tok, asym, -128, 127, 1e-7); }},
+                     {op, "x", [=] { gelu_fake_quantize_dynamic(some({4, 128}, d, DType::s8), erf, tok, asym, -128, 127, 1e-7); }},
+                     {op, "x", [=] { gelu_fake_quantize_dynamic(Tensor::scalar(1.0f, d), erf, tok, asym, -128, 127, 1e-7); }},
+                     {op, "approximate", [=] { gelu_fake_quantize_dynamic(x, static_cast<GeluApproximate>(7), tok, asym, -128, 127, 1e-7); }},
+                     {op, "mode", [=] { gelu_fake_quantize_dynamic(x, erf, tok, static_cast<QuantMode>(5), -128, 127, 1e-7); }},
+                     {op, "qmax", [=] { gelu_fake_quantize_dynamic(x, erf, tok, asym, 127, -128, 1e-7); }},
+                     {op, "eps", [=] { gelu_fake_quantize_dynamic(x, erf, tok, asym, -128, 127, 0.0); }},
+                     {op, "group_size", [=] { gelu_fake_quantize_dynamic(x, erf, QuantScope::per_group(-1, 48), asym, -8, 7, 1e-6); }},
+                     {op, "axis", [=] { gelu_fake_quantize_dynamic(x, erf, QuantScope::per_channel(2), asym, -8, 7, 1e-6); }}};
                }});
   return e;
 }

@@ -154,6 +154,16 @@ bool fake_quantize_dynamic_rows([[maybe_unused]] const Tensor& x, [[maybe_unused
   return false;
 }
 
+bool layer_norm_fake_quantize_dynamic_rows([[maybe_unused]] const Tensor& x, [[maybe_unused]] const Tensor& w,
+                                           [[maybe_unused]] const Tensor& b, [[maybe_unused]] const Tensor& y,
+                                           [[maybe_unused]] const Tensor& mean, [[maybe_unused]] const Tensor& rstd,
+                                           [[maybe_unused]] std::uint32_t* mask, [[maybe_unused]] const NormQuantRows& a) {
+#if QGRAD_WITH_CUDA
+  if (x.is_cuda()) return cuda::layer_norm_fake_quantize_dynamic_rows(x, w, b, y, mean, rstd, mask, a);
+#endif
+  return false;
+}
+
 void int4_quantize(const Tensor& x, const Tensor& q, const Tensor& scale, const Tensor& zp, std::int64_t group,
                    std::uint32_t* mask) {
   const bool is_signed = q.dtype() == DType::s4;

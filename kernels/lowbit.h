@@ -31,6 +31,22 @@ enum class RowPrologue { none, gelu, gelu_tanh };
 // caller composes the ops).
 bool fake_quantize_dynamic_rows(const Tensor& x, const Tensor& y, std::uint32_t* mask, std::int64_t row_len, int qmin,
                                 int qmax, bool symmetric, float eps, RowPrologue prologue = RowPrologue::none);
+// layer_norm over contiguous rows of d elements (mean and rstd written as
+// kernels::layer_norm writes them), then fake_quantize_dynamic per row of
+// its output (rounded to x's dtype first, as the two ops): the per-token fake
+// quant of y into y and its mask (may be null); the layer norm's output is
+// never written. Only a CUDA kernel, for d = 128, 256, 384, 512, 768 or 1024
+// and f32 / bf16 / f16; returns false, writing nothing, elsewhere.
+struct NormQuantRows {
+  std::int64_t d = 0;
+  double eps = 1e-5;       // layer_norm's
+  int qmin = -128, qmax = 127;
+  bool symmetric = false;
+  float quant_eps = 0;     // choose_qparams_affine's
+};
+bool layer_norm_fake_quantize_dynamic_rows(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y,
+                                           const Tensor& mean, const Tensor& rstd, std::uint32_t* mask,
+                                           const NormQuantRows& a);
 // q (s4 / u4, packed, x's numel) = clamp(nearbyint(x * (1/s)) + zp, qmin, qmax)
 // per group of `group` consecutive elements (group g = i / group); NaN -> qmin.
 // mask (bitmask_words(numel) words, or null): qmin <= unclamped q <= qmax.

@@ -8,6 +8,7 @@
 #include "qgrad/ops/activation.h"
 #include "qgrad/ops/linalg.h"
 #include "qgrad/ops/lowbit.h"
+#include "qgrad/ops/transformer.h"
 #include "qgrad/ops/lowbit_linear.h"
 #include "qgrad/ops/quantize.h"
 #include "qgrad/ops/quantized_linear.h"
@@ -82,6 +83,14 @@ Tensor gelu_fake_quantize_8da4w_activation(const Tensor& x, GeluApproximate appr
                                     std::numeric_limits<float>::epsilon());
 }
 
+namespace {
+// layer_norm then the 8da activation fake quant in one op (ln's forward has no cast then).
+Tensor layer_norm_8da4w_activation(const Tensor& x, const LayerNorm& ln) {
+  return layer_norm_fake_quantize_dynamic(x, ln.normalized_shape(), ln.weight(), ln.bias(), ln.eps(),
+                                          QuantMode::asymmetric, -128, 127, std::numeric_limits<float>::epsilon());
+}
+}  // namespace
+
 Tensor fake_quantize_8da4w_weight(const Tensor& w, std::int64_t group_size) {
   // torchao's _get_8da4w_weight_config: int4 per group, symmetric, dynamic, eps = finfo(dtype).smallest_normal.
   return fake_quantize_int4(w, group_size, QuantMode::symmetric, DType::s4);
@@ -139,6 +148,11 @@ Tensor Int8DynActInt4WeightQATLinear::forward(const Tensor& x) {
   return ::qgrad::linear(fake_quantize_8da4w_activation(x), fake_quantize_8da4w_weight(weight_, group_size_), bias_);
 }
 
+Tensor Int8DynActInt4WeightQATLinear::forward_layer_norm(const Tensor& x, LayerNorm& ln) {
+  if (!fake_quant_ || ln.compute_dtype()) return forward(ln.forward(x));
+  return ::qgrad::linear(layer_norm_8da4w_activation(x, ln), fake_quantize_8da4w_weight(weight_, group_size_), bias_);
+}
+
 Tensor Int8DynActInt4WeightQATLinear::forward_gelu(const Tensor& x, GeluApproximate approximate) {
   if (!fake_quant_) return forward(gelu(x, approximate));
   return ::qgrad::linear(gelu_fake_quantize_8da4w_activation(x, approximate),
@@ -174,6 +188,11 @@ Tensor Int8DynActInt8WeightQATLinear::forward(const Tensor& x) {
   if (!fake_quant_) return ::qgrad::linear(to_compute(x), to_compute(weight_), to_compute(bias_));
   return ::qgrad::linear(fake_quantize_8da4w_activation(to_compute(x)),
                          to_compute(fake_quantize_8da8w_weight(weight_)), to_compute(bias_));
+}
+
+Tensor Int8DynActInt8WeightQATLinear::forward_layer_norm(const Tensor& x, LayerNorm& ln) {
+  if (!fake_quant_ || ln.compute_dtype() || compute_dtype()) return forward(ln.forward(x));
+  return ::qgrad::linear(layer_norm_8da4w_activation(x, ln), fake_quantize_8da8w_weight(weight_), bias_);
 }
 
 Tensor Int8DynActInt8WeightQATLinear::forward_gelu(const Tensor& x, GeluApproximate approximate) {

@@ -44,6 +44,7 @@
 #include <vector>
 
 #include "qgrad/nn/qat.h"
+#include "qgrad/nn/transformer.h"  // LayerNorm
 #include "qgrad/ops/activation.h"  // GeluApproximate
 
 namespace qgrad::nn {
@@ -88,6 +89,10 @@ class Int8DynActInt4WeightQATLinear : public Module {
   // forward(gelu(x, approximate)), the same values, the gelu inside the
   // activation's fake quant (one op: a GELU -> linear pair, the ViT's MLP).
   Tensor forward_gelu(const Tensor& x, GeluApproximate approximate);
+  // forward(ln.forward(x)), the same values, the layer norm and the
+  // activation's fake quant one op (layer_norm_fake_quantize_dynamic) where
+  // neither module casts to a compute dtype.
+  Tensor forward_layer_norm(const Tensor& x, LayerNorm& ln);
   std::string type_name() const override { return "Int8DynActInt4WeightQATLinear"; }
   std::shared_ptr<Module> clone() const override;
   Tensor weight() const { return weight_; }
@@ -133,6 +138,8 @@ class Int8DynActInt8WeightQATLinear : public Module {
   // forward(gelu(x, approximate)), the same values, the gelu inside the
   // activation's fake quant where x is already in the compute dtype.
   Tensor forward_gelu(const Tensor& x, GeluApproximate approximate);
+  // forward(ln.forward(x)), as Int8DynActInt4WeightQATLinear's.
+  Tensor forward_layer_norm(const Tensor& x, LayerNorm& ln);
   std::string type_name() const override { return "Int8DynActInt8WeightQATLinear"; }
   std::shared_ptr<Module> clone() const override;
   Tensor weight() const { return weight_; }

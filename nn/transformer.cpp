@@ -144,11 +144,19 @@ Tensor MultiheadAttention::forward(const Tensor& x, const Tensor& attn_mask, boo
   QGRAD_CHECK(x.defined(), m, "x", "undefined tensor");
   QGRAD_CHECK(x.dim() == 3 && x.size(2) == embed_dim_, m, "x", "expected shape [B, L, ", embed_dim_, "], got ",
               shape_str(x.shape()));
-  const std::int64_t B = x.size(0), L = x.size(1), H = num_heads_, Dh = embed_dim_ / num_heads_;
+  return forward_qkv(child(0).forward(x), attn_mask, causal);
+}
+
+Tensor MultiheadAttention::forward_qkv(const Tensor& qkv_in, const Tensor& attn_mask, bool causal) {
+  constexpr const char* m = "MultiheadAttention";
+  QGRAD_CHECK(qkv_in.defined(), m, "qkv", "undefined tensor");
+  QGRAD_CHECK(qkv_in.dim() == 3 && qkv_in.size(2) == 3 * embed_dim_, m, "qkv", "expected shape [B, L, ",
+              3 * embed_dim_, "], got ", shape_str(qkv_in.shape()));
+  const std::int64_t B = qkv_in.size(0), L = qkv_in.size(1), H = num_heads_, Dh = embed_dim_ / num_heads_;
   const double p = is_training() ? dropout_ : 0.0;
   // Without a mask or dropout the heads need not be split out and merged back.
-  if (!attn_mask.defined() && p == 0.0) return child(1).forward(packed_attention(child(0).forward(x), H, causal));
-  Tensor qkv = permute(child(0).forward(x).reshape({B, L, 3, H, Dh}), {2, 0, 3, 1, 4});  // [3, B, H, L, Dh]
+  if (!attn_mask.defined() && p == 0.0) return child(1).forward(packed_attention(qkv_in, H, causal));
+  Tensor qkv = permute(qkv_in.reshape({B, L, 3, H, Dh}), {2, 0, 3, 1, 4});  // [3, B, H, L, Dh]
   std::vector<Tensor> parts = chunk(qkv, 3, 0);
   Tensor o = scaled_dot_product_attention(parts[0].reshape({B, H, L, Dh}), parts[1].reshape({B, H, L, Dh}),
                                           parts[2].reshape({B, H, L, Dh}), attn_mask, causal, std::nullopt, p, *gen_);

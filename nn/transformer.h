@@ -120,12 +120,17 @@ class MultiheadAttention : public Module {
   Tensor forward(const Tensor& x) override { return forward(x, Tensor(), false); }
   // attn_mask: as scaled_dot_product_attention's, broadcast to [B, H, L, L].
   Tensor forward(const Tensor& x, const Tensor& attn_mask, bool causal);
+  // forward from in_proj's output qkv [B, L, 3 * embed_dim] (a caller that
+  // ran in_proj itself, fused with what precedes it: nn::EncoderBlock).
+  Tensor forward_qkv(const Tensor& qkv, const Tensor& attn_mask = Tensor(), bool causal = false);
   std::string type_name() const override { return "MultiheadAttention"; }
   std::shared_ptr<Module> clone() const override;
   std::int64_t embed_dim() const { return embed_dim_; }
   std::int64_t num_heads() const { return num_heads_; }
   std::shared_ptr<Linear> in_proj() const;
   std::shared_ptr<Linear> out_proj() const;
+  // The "in_proj" child whatever its type (a QAT linear after prepare_qat).
+  Module& in_proj_module() const { return child(0); }
 
  private:
   std::int64_t embed_dim_, num_heads_;

@@ -73,12 +73,33 @@ Tensor EncoderBlock::forward(const Tensor& x) {
   QGRAD_CHECK(x.defined(), m, "x", "undefined tensor");
   QGRAD_CHECK(x.dim() == 3 && x.size(2) == dim_, m, "x", "expected shape [B, T, ", dim_, "], got ",
               shape_str(x.shape()));
-  Tensor a = child(0).forward(x);
-  if (calib1_) calib1_->observe(a.detach());
-  Tensor h = add(x, child(1).forward(a));
-  Tensor b = child(2).forward(h);
-  if (calib2_) calib2_->observe(b.detach());
-  return add(h, mlp_out(child(3).forward(b)));
+  Tensor qkv = fused_ln_linear(ln1(), attn().in_proj_module(), x);
+  Tensor h;
+  if (qkv.defined()) {
+    h = add(x, attn().forward_qkv(qkv));
+  } else {
+    Tensor a = child(0).forward(x);
+    if (calib1_) calib1_->observe(a.detach());
+    h = add(x, child(1).forward(a));
+  }
+  Tensor f = fused_ln_linear(ln2(), child(3), h);
+  if (!f.defined()) {
+    Tensor b = child(2).forward(h);
+    if (calib2_) calib2_->observe(b.detach());
+    f = child(3).forward(b);
+  }
+  return add(h, mlp_out(f));
+}
+
+// linear(ln(x)) with the layer norm and an 8da QAT linear's activation fake
+// quant as one op (layer_norm_fake_quantize_dynamic, the same values);
+// undefined where that does not apply (another linear, or a SmoothQuant
+// calibration observing ln's output).
+Tensor EncoderBlock::fused_ln_linear(LayerNorm& ln, Module& linear, const Tensor& x) {
+  if (calib1_ != nullptr || calib2_ != nullptr) return Tensor();
+  if (auto* q8 = dynamic_cast<Int8DynActInt8WeightQATLinear*>(&linear)) return q8->forward_layer_norm(x, ln);
+  if (auto* q4 = dynamic_cast<Int8DynActInt4WeightQATLinear*>(&linear)) return q4->forward_layer_norm(x, ln);
+  return Tensor();
 }
 
 // fc2(act(f)); a GELU before an 8da QAT fc2 goes into its activation fake

@@ -47,6 +47,20 @@ inline std::int64_t axis(std::int64_t axis, std::int64_t rank, const char* op, c
 inline void finite_positive(double v, const char* op, const char* arg) {
   QGRAD_CHECK(std::isfinite(v) && v > 0, op, arg, "must be finite and > 0, got ", v);
 }
+// choose_qparams_affine's integer range and eps (ops/lowbit.h; the dynamic
+// fake quants check them alike): qmin < qmax within [-2^24, 2^24] (integers
+// exact in f32: qmax - qmin is an f32 divisor), eps a finite positive f32
+// with a finite reciprocal. Returns eps as that f32.
+inline float affine_range(std::int64_t qmin, std::int64_t qmax, double eps, const char* op) {
+  constexpr std::int64_t lim = std::int64_t{1} << 24;
+  QGRAD_CHECK(qmin >= -lim && qmin <= lim, op, "qmin", "must lie in [-2^24, 2^24], got ", qmin);
+  QGRAD_CHECK(qmax >= -lim && qmax <= lim, op, "qmax", "must lie in [-2^24, 2^24], got ", qmax);
+  QGRAD_CHECK(qmin < qmax, op, "qmax", "qmin must be < qmax, got qmin ", qmin, ", qmax ", qmax);
+  const auto e = static_cast<float>(eps);
+  QGRAD_CHECK(std::isfinite(eps) && eps > 0 && std::isfinite(e) && e > 0 && std::isfinite(1.0f / e), op, "eps",
+              "must be a finite positive f32 with a finite reciprocal, got ", eps);
+  return e;
+}
 
 // The static per-tensor activation quantization of the int8 ops
 // (quantized_linear, quantized_conv2d): scale f32 and zero point s32, one

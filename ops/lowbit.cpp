@@ -452,14 +452,7 @@ float check_affine_args(const Tensor& x, QuantMode mode, std::int64_t qmin, std:
                         const char* op) {
   check::floating(x, op, "x");
   check_mode(mode, op);
-  constexpr std::int64_t lim = std::int64_t{1} << 24;  // integers exact in f32: (qmax - qmin) is an f32 divisor
-  QGRAD_CHECK(qmin >= -lim && qmin <= lim, op, "qmin", "must lie in [-2^24, 2^24], got ", qmin);
-  QGRAD_CHECK(qmax >= -lim && qmax <= lim, op, "qmax", "must lie in [-2^24, 2^24], got ", qmax);
-  QGRAD_CHECK(qmin < qmax, op, "qmax", "qmin must be < qmax, got qmin ", qmin, ", qmax ", qmax);
-  const auto e = static_cast<float>(eps);
-  QGRAD_CHECK(std::isfinite(eps) && eps > 0 && std::isfinite(e) && e > 0 && std::isfinite(1.0f / e), op, "eps",
-              "must be a finite positive f32 with a finite reciprocal, got ", eps);
-  return e;
+  return check::affine_range(qmin, qmax, eps, op);
 }
 }  // namespace
 

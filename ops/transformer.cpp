@@ -8,8 +8,11 @@
 
 #include "qgrad/autograd/node.h"
 #include "qgrad/kernels/bitmask.h"
+#include "qgrad/kernels/lowbit.h"
+#include "qgrad/kernels/quantize.h"
 #include "qgrad/kernels/transformer.h"
 #include "qgrad/ops/check.h"
+#include "qgrad/ops/lowbit.h"
 
 namespace qgrad {
 
@@ -45,23 +48,32 @@ void check_param(const char* op, const char* arg, const Tensor& p, const Tensor&
 }
 
 // The shared backward of layer_norm and rms_norm (mean undefined: rms_norm):
-// dx, and the column sums dweight = sum(dy * xhat), dbias = sum(dy).
+// dx, and the column sums dweight = sum(dy * xhat), dbias = sum(dy). With a
+// fake-quant mask (layer_norm_fake_quantize_dynamic), dy is first masked as
+// the fake quant's straight-through backward masks it.
 void record_norm(const char* op, Tensor& out, const Tensor& x, const Shape& normalized_shape, const Tensor& weight,
-                 const Tensor& bias, const Tensor& mean, const Tensor& rstd, std::int64_t d) {
+                 const Tensor& bias, const Tensor& mean, const Tensor& rstd, std::int64_t d,
+                 const Tensor& fq_mask = Tensor()) {
   const bool need_x = x.requires_grad();
   const bool need_w = weight.defined() && weight.requires_grad();
   const bool need_b = bias.defined() && bias.requires_grad();
   Tensor sw = weight.defined() ? weight.detach() : Tensor();
   record(
       op, out, {x, weight, bias},
-      [sx = x.detach(), sw, mean, rstd, d, normalized_shape, need_x, need_w, need_b](const Tensor& g) {
+      [sx = x.detach(), sw, mean, rstd, d, normalized_shape, need_x, need_w, need_b, fq_mask](const Tensor& dy) {
+        Tensor g = dy;
+        if (fq_mask.defined()) {
+          g = Tensor::empty(dy.shape(), like(dy));
+          kernels::fake_quantize_backward(dy, g, static_cast<const std::uint32_t*>(fq_mask.data_ptr()));
+        }
         Tensor dx = need_x ? Tensor::empty(sx.shape(), like(g)) : Tensor();
         Tensor dw = need_w ? Tensor::empty(normalized_shape, like(g)) : Tensor();
         Tensor db = need_b ? Tensor::empty(normalized_shape, like(g)) : Tensor();
         kernels::norm_backward(sx, sw, mean, rstd, g, dx, dw, db, d);
         return std::vector<Tensor>{dx, dw, db};
       },
-      x.nbytes() + (sw.defined() ? sw.nbytes() : 0) + (mean.defined() ? mean.nbytes() : 0) + rstd.nbytes());
+      x.nbytes() + (sw.defined() ? sw.nbytes() : 0) + (mean.defined() ? mean.nbytes() : 0) + rstd.nbytes() +
+          (fq_mask.defined() ? fq_mask.nbytes() : 0));
 }
 
 }  // namespace
@@ -80,6 +92,39 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
   if (rows > 0) kernels::layer_norm(x, weight, bias, out, mean, rstd, d, eps);
   if (any_requires_grad({x, weight, bias})) record_norm(op, out, x, normalized_shape, weight, bias, mean, rstd, d);
   return out;
+}
+
+Tensor layer_norm_fake_quantize_dynamic(const Tensor& x, const Shape& normalized_shape, const Tensor& weight,
+                                        const Tensor& bias, double eps, QuantMode mode, std::int64_t qmin,
+                                        std::int64_t qmax, double quant_eps) {
+  constexpr const char* op = "layer_norm_fake_quantize_dynamic";
+  const std::int64_t d = check_normalized(op, x, normalized_shape);
+  check_param(op, "weight", weight, x, normalized_shape);
+  check_param(op, "bias", bias, x, normalized_shape);
+  check::finite_positive(eps, op, "eps");
+  QGRAD_CHECK(mode == QuantMode::symmetric || mode == QuantMode::asymmetric, op, "mode", "unknown mode ",
+              static_cast<int>(mode));
+  const float qe = check::affine_range(qmin, qmax, quant_eps, op);
+  const std::int64_t rows = x.numel() / d;
+  if (x.is_cuda() && normalized_shape.size() == 1 && rows > 0 && x.dtype() != DType::f64) {
+    Tensor out = Tensor::empty(x.shape(), like(x));
+    const TensorOptions so = TensorOptions{}.with_dtype(stat_dtype(x.dtype())).with_device(x.device());
+    Tensor mean = Tensor::empty({rows}, so), rstd = Tensor::empty({rows}, so);
+    const bool need = any_requires_grad({x, weight, bias});
+    Tensor mask = need ? Tensor::empty({bitmask_words(x.numel())}, TensorOptions{}.with_dtype(DType::s32).with_device(
+                                                                         x.device()))
+                       : Tensor();
+    const kernels::NormQuantRows a{d, eps, static_cast<int>(qmin), static_cast<int>(qmax), mode == QuantMode::symmetric,
+                                   qe};
+    if (kernels::layer_norm_fake_quantize_dynamic_rows(
+            x, weight, bias, out, mean, rstd, mask.defined() ? static_cast<std::uint32_t*>(mask.data_ptr()) : nullptr,
+            a)) {
+      if (need) record_norm(op, out, x, normalized_shape, weight, bias, mean, rstd, d, mask);
+      return out;
+    }
+  }
+  return fake_quantize_dynamic(layer_norm(x, normalized_shape, weight, bias, eps), QuantScope::per_token(), mode, qmin,
+                               qmax, quant_eps);
 }
 
 Tensor rms_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, std::optional<double> eps) {

@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "qgrad/core/tensor.h"
+#include "qgrad/ops/dynamic_quant.h"  // QuantMode
 
 namespace qgrad {
 
@@ -16,6 +17,20 @@ namespace qgrad {
 // keeps x, weight, and the per-row mean and 1/std (f32; f64 for f64 x).
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = Tensor(),
                   const Tensor& bias = Tensor(), double eps = 1e-5);
+// fake_quantize_dynamic(layer_norm(x, normalized_shape, weight, bias, eps),
+// QuantScope::per_token(), mode, qmin, qmax, quant_eps) (ops/lowbit.h) as one
+// op, the same values bit for bit on each device: a LayerNorm before a QAT
+// linear with dynamic per-token int8 activations (the ViT's ln1 -> in_proj and
+// ln2 -> fc1). Where normalized_shape is x's last dim of 128, 256, 384, 512,
+// 768 or 1024 elements and x is a CUDA f32 / bf16 / f16 tensor, one kernel
+// forward (the layer norm's output is never written); the backward is the
+// composition's (the fake quant's mask, then layer_norm's backward), saving
+// x, weight, the row statistics and the mask. Elsewhere the two ops. Errors:
+// layer_norm's and fake_quantize_dynamic's (mode, qmin, qmax, quant_eps as
+// its eps), under this op's name.
+Tensor layer_norm_fake_quantize_dynamic(const Tensor& x, const Shape& normalized_shape, const Tensor& weight,
+                                        const Tensor& bias, double eps, QuantMode mode, std::int64_t qmin,
+                                        std::int64_t qmax, double quant_eps);
 // x / sqrt(mean(x^2) + eps) * weight over the last dims, as layer_norm
 // (no centring, no bias). eps defaults to the machine epsilon of the math
 // type (float's for f32, f16, bf16; double's for f64), as PyTorch's rms_norm.

@@ -228,6 +228,75 @@ TEST_CASE("recipes: gelu_fake_quantize_dynamic is gelu then fake_quantize_dynami
   }
 }
 
+TEST_CASE("recipes: layer_norm_fake_quantize_dynamic is layer_norm then fake_quantize_dynamic, bit for bit, each device") {
+  // Rows the CUDA kernel takes (128, 384), one it leaves to the composition
+  // (96), and a normalized shape of two dims (the composition); with and
+  // without weight and bias; f64 is always the composition.
+  struct Case {
+    Shape x, normalized;
+    bool affine;
+  };
+  const Case cases[] = {{{3, 5, 128}, {128}, true}, {{4, 384}, {384}, false}, {{6, 96}, {96}, true},
+                        {{2, 4, 32}, {4, 32}, true}};
+  const float eps = FLT_EPSILON;
+  for (const Device d : test_devices())
+    for (const DType dt : {DType::f32, DType::bf16, DType::f16, DType::f64})
+      for (const Case& c : cases)
+        for (const QuantMode mode : {QuantMode::asymmetric, QuantMode::symmetric}) {
+          CAPTURE(d.str());
+          CAPTURE(dtype_name(dt));
+          CAPTURE(c.x.back());
+          Generator g(41);
+          const Tensor x0 = randn(c.x, g, TensorOptions{}, 0.5, 2.0), dy0 = randn(c.x, g);
+          const Tensor w0 = randn(c.normalized, g, TensorOptions{}, 1.0, 0.5), b0 = randn(c.normalized, g);
+          auto leaf_of = [&](const Tensor& t) {
+            Tensor l = t.to(dt).to(d);
+            l.set_requires_grad(true);
+            return l;
+          };
+          Tensor x1 = leaf_of(x0), x2 = leaf_of(x0), w1 = leaf_of(w0), w2 = leaf_of(w0), b1 = leaf_of(b0),
+                 b2 = leaf_of(b0);
+          if (!c.affine) w1 = w2 = b1 = b2 = Tensor();
+          if (d.is_cuda()) prepoison(c.x, dt);
+          const Tensor y1 = layer_norm_fake_quantize_dynamic(x1, c.normalized, w1, b1, 1e-5, mode, -128, 127, eps);
+          const Tensor y2 = fake_quantize_dynamic(layer_norm(x2, c.normalized, w2, b2, 1e-5), QuantScope::per_token(),
+                                                  mode, -128, 127, eps);
+          CHECK(bit_equal(y1, y2));
+          const auto v = values(y1);
+          CHECK(std::none_of(v.begin(), v.end(), [](double e) { return std::isnan(e); }));
+          const Tensor dy = dy0.to(dt).to(d);
+          if (d.is_cuda()) prepoison(c.x, dt);
+          y1.backward(dy);
+          y2.backward(dy);
+          CHECK(bit_equal(x1.grad(), x2.grad()));
+          if (c.affine) {
+            CHECK(bit_equal(w1.grad(), w2.grad()));
+            CHECK(bit_equal(b1.grad(), b2.grad()));
+          }
+        }
+  // An 8da8w QAT linear after a LayerNorm: forward_layer_norm is forward(ln.forward(.)).
+  for (const Device d : test_devices()) {
+    Generator g(42);
+    nn::Linear lin(128, 16, g, true, TensorOptions{}.with_device(d));
+    nn::Int8DynActInt8WeightQATLinear q(lin);
+    nn::LayerNorm ln({128}, 1e-5, true, true, TensorOptions{}.with_device(d));
+    Tensor h1 = randn({8, 128}, g, TensorOptions{}.with_device(d), 0.0, 2.0).detach(), h2 = h1.detach();
+    h1.set_requires_grad(true);
+    h2.set_requires_grad(true);
+    const Tensor y1 = q.forward_layer_norm(h1, ln);
+    sum(y1).backward();
+    const Tensor gw = q.weight().grad().detach().clone(), gln = ln.weight().grad().detach().clone();
+    q.weight().zero_grad();
+    ln.weight().zero_grad();
+    const Tensor y2 = q.forward(ln.forward(h2));
+    sum(y2).backward();
+    CHECK(bit_equal(y1, y2));
+    CHECK(bit_equal(h1.grad(), h2.grad()));
+    CHECK(bit_equal(gw, q.weight().grad()));
+    CHECK(bit_equal(gln, ln.weight().grad()));
+  }
+}
+
 TEST_CASE("recipes: 8da4w weight fake quant equals torchao's int4 symmetric per-group formula, straight-through") {
   for (const Device d : test_devices()) {
     for (const std::int64_t group : {32, 64, 128}) {

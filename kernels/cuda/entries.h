@@ -115,6 +115,12 @@ void rms_norm_warp_rows(const Tensor& x, const Tensor& w, const Tensor& y, const
 void norm_backward_warp_rows(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
                              const Tensor& dy, const Tensor& dx, std::int64_t d);
 void softmax_warp_rows(const Tensor& x, const Tensor& y, std::int64_t n);
+// kernels::layer_norm_fake_quantize_dynamic_rows (kernels/lowbit.h): a warp a
+// row, the row in registers; layer_norm_warp_rows's sums, then the fake quant
+// of fake_quantize_dynamic_rows. false, launching nothing, for other shapes.
+bool layer_norm_fake_quantize_dynamic_rows(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y,
+                                           const Tensor& mean, const Tensor& rstd, std::uint32_t* mask,
+                                           const NormQuantRows& a);
 void softmax_backward_warp_rows(const Tensor& y, const Tensor& dy, const Tensor& dx, std::int64_t n);
 
 // scaled_dot_product_attention's fused scale/mask/softmax(/dropout) row

@@ -5,8 +5,12 @@
 // tree: exactly formulas::lane_sum's order, so each row gives the bits of the
 // one-index-per-row loop of kernels/transformer.cpp (the CPU's), with the same
 // per-element formulas. The weight and bias gradients stay in that file.
+#include "qgrad/kernels/bitmask.h"
 #include "qgrad/kernels/cuda/entries.h"
+#include "qgrad/kernels/cuda/launch.cuh"
+#include "qgrad/kernels/cuda/minmax.cuh"
 #include "qgrad/kernels/cuda/warp_rows.cuh"
+#include "qgrad/kernels/formulas/lowbit.h"
 #include "qgrad/kernels/formulas/transformer.h"
 
 namespace qgrad::kernels::cuda {
@@ -47,6 +51,110 @@ void layer_norm_impl(const Tensor& x, const Tensor& w, const Tensor& b, const Te
       pr[r] = rs;
     }
   });
+}
+
+// layer_norm then the per-token fake quant of its output, a warp a row of
+// d = 32 * kPer elements held in registers (lane l: elements l, l + 32, ...):
+// layer_norm_impl's sums and element formula (the same bits), then
+// fake_quantize_dynamic_rows_kernel's min/max, qparams and fake quant
+// (kernels/cuda/quantize.cu) on the rounded outputs; the mask by one ballot
+// per 32 consecutive elements.
+template <class T>
+struct NormQuantPtrs {
+  const T* x;
+  const T* w;
+  const T* b;
+  T* y;
+  op_math_t<T>* mean;
+  op_math_t<T>* rstd;
+  std::uint32_t* mask;
+  std::int64_t rows;
+};
+
+template <class T, int kPer>
+__global__ void __launch_bounds__(256)
+    layer_norm_fake_quantize_rows_kernel(NormQuantPtrs<T> p, NormQuantRows a) {
+  ::qgrad::cuda::wait_for_prior_kernels();
+  using M = op_math_t<T>;
+  constexpr int d = 32 * kPer;
+  const std::int64_t r = (std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x) >> 5;
+  if (r >= p.rows) return;  // whole warps leave together
+  const int lane = static_cast<int>(threadIdx.x & 31u);
+  const T* xr = p.x + r * d;
+  M xv[kPer];
+#pragma unroll
+  for (int t = 0; t < kPer; ++t) xv[t] = M(xr[lane + 32 * t]);
+  M s = M(0);
+#pragma unroll
+  for (int t = 0; t < kPer; ++t) s += xv[t];
+  const M mu = warp_lane_sum(s) / M(d);
+  M s2 = M(0);
+#pragma unroll
+  for (int t = 0; t < kPer; ++t) {
+    const M c = xv[t] - mu;
+    s2 += c * c;
+  }
+  const M var = warp_lane_sum(s2) / M(d);
+  const M rs = M(1) / formulas::sqrt_m(var + M(a.eps));
+  T v[kPer];
+  float lo = INFINITY, hi = -INFINITY;
+#pragma unroll
+  for (int t = 0; t < kPer; ++t) {
+    const int j = lane + 32 * t;
+    M u = (xv[t] - mu) * rs;
+    if (p.w != nullptr) u = u * M(p.w[j]);
+    if (p.b != nullptr) u = u + M(p.b[j]);
+    v[t] = T(u);
+    const float f = formulas::cast_value<float>(v[t]);
+    lo = formulas::min_combine(lo, f);
+    hi = formulas::max_combine(hi, f);
+  }
+  warp_minmax(lo, hi);
+  formulas::ChannelParams q;
+  formulas::int4_qparams(lo, hi, a.qmin, a.qmax, a.symmetric, a.quant_eps, q.scale, q.zp);
+  q.inv_scale = formulas::inv_scale_of(q.scale);
+  const formulas::FakeQuantOp<T, true> op{a.qmin, a.qmax};
+  const std::int64_t n = p.rows * d;
+#pragma unroll
+  for (int t = 0; t < kPer; ++t) {
+    bool bit;
+    const std::int64_t i = r * d + lane + 32 * t;
+    p.y[i] = op(v[t], q, false, bit);
+    if (p.mask != nullptr) bitmask_ballot_store(p.mask, i, n, bit);  // uniform across the warp
+  }
+  if (lane == 0) {
+    p.mean[r] = mu;
+    p.rstd[r] = rs;
+  }
+}
+
+template <class T>
+bool layer_norm_fake_quantize_impl(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y,
+                                   const Tensor& mean, const Tensor& rstd, std::uint32_t* mask, const NormQuantRows& a) {
+  using M = op_math_t<T>;
+  const NormQuantPtrs<T> p{static_cast<const T*>(x.data_ptr()),
+                           w.defined() ? static_cast<const T*>(w.data_ptr()) : nullptr,
+                           b.defined() ? static_cast<const T*>(b.data_ptr()) : nullptr,
+                           static_cast<T*>(y.data_ptr()),
+                           static_cast<M*>(mean.data_ptr()),
+                           static_cast<M*>(rstd.data_ptr()),
+                           mask,
+                           x.numel() / a.d};
+  const auto blocks = static_cast<unsigned>((p.rows * 32 + 255) / 256);
+  auto launch = [&](auto per) {
+    ::qgrad::cuda::launch_kernel(y.device().index, layer_norm_fake_quantize_rows_kernel<T, decltype(per)::value>,
+                                 blocks, 256, 0, p, a);
+    return true;
+  };
+  switch (a.d) {
+    case 128: return launch(std::integral_constant<int, 4>{});
+    case 256: return launch(std::integral_constant<int, 8>{});
+    case 384: return launch(std::integral_constant<int, 12>{});
+    case 512: return launch(std::integral_constant<int, 16>{});
+    case 768: return launch(std::integral_constant<int, 24>{});
+    case 1024: return launch(std::integral_constant<int, 32>{});
+    default: return false;
+  }
 }
 
 template <class T>
@@ -149,6 +257,19 @@ void norm_backward_warp_rows(const Tensor& x, const Tensor& w, const Tensor& mea
   dispatch_floating(dx.dtype(), "norm_backward",
                     [&](auto tag) { norm_backward_impl<typename decltype(tag)::type>(x, w, mean, rstd, dy, dx, d); });
 }
+bool layer_norm_fake_quantize_dynamic_rows(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y,
+                                           const Tensor& mean, const Tensor& rstd, std::uint32_t* mask,
+                                           const NormQuantRows& a) {
+  if (x.numel() == 0 || a.d <= 0 || x.numel() % a.d != 0 || x.numel() / a.d > (std::int64_t{1} << 31) / 32)
+    return false;
+  switch (x.dtype()) {
+    case DType::f32: return layer_norm_fake_quantize_impl<float>(x, w, b, y, mean, rstd, mask, a);
+    case DType::bf16: return layer_norm_fake_quantize_impl<bfloat16>(x, w, b, y, mean, rstd, mask, a);
+    case DType::f16: return layer_norm_fake_quantize_impl<half>(x, w, b, y, mean, rstd, mask, a);
+    default: return false;
+  }
+}
+
 void softmax_warp_rows(const Tensor& x, const Tensor& y, std::int64_t n) {
   dispatch_floating(y.dtype(), "softmax", [&](auto tag) { softmax_impl<typename decltype(tag)::type>(x, y, n); });
 }

@@ -1,6 +1,7 @@
 // Registry entries: the transformer ops (gelu, silu, softmax, layer_norm,
 // rms_norm, embedding, dropout), scaled_dot_product_attention and
 // packed_attention.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -127,6 +128,93 @@ std::vector<OpEntry> transformer_entries() {
                    c.push_back({op, "weight", [=] { layer_norm(x, {3, 4}, some({3, 4}, o), b); }});
                    c.push_back({op, "bias", [=] { layer_norm(x, {3, 4}, w, some({3, 4}, o)); }});
                  }
+                 return c;
+               }});
+  // layer_norm_fake_quantize_dynamic: layer_norm + the per-token dynamic
+  // fake quant in one op. Rows of 128 (the CUDA kernel, with weight and bias:
+  // differentiated; both modes), rows of 96 and a two-dim normalized shape
+  // (the composition); CUDA against the CPU bit for bit (layer_norm is).
+  e.push_back({"layer_norm_fake_quantize_dynamic", {"layer_norm_fake_quantize_dynamic"}, kFloat,
+               [](Device d, DType dt, Generator& g) {
+                 return Tensors{leaf(normal({6, 128}, g, d, dt, 2.0)), leaf(rand({128}, g, on(d, dt), 0.5, 1.5)),
+                                leaf(normal({128}, g, d, dt))};
+               },
+               [](const Tensors& v) {
+                 const float eps = std::numeric_limits<float>::epsilon();
+                 const Tensor xd = v[0].detach();
+                 const auto asym = QuantMode::asymmetric, sym = QuantMode::symmetric;
+                 return Tensors{
+                     layer_norm_fake_quantize_dynamic(v[0], {128}, v[1], v[2], 1e-5, asym, -128, 127, eps),
+                     layer_norm_fake_quantize_dynamic(xd.reshape({3, 2, 128}), {128}, Tensor(), Tensor(), 1e-6, sym,
+                                                      -128, 127, 1e-5),
+                     layer_norm_fake_quantize_dynamic(xd.reshape({8, 96}), {96}, Tensor(), Tensor(), 1e-5, asym, -128,
+                                                      127, eps),
+                     layer_norm_fake_quantize_dynamic(xd.reshape({6, 2, 64}), {2, 64}, Tensor(), Tensor(), 1e-5, asym,
+                                                      0, 255, eps)};
+               },
+               Promise::bit_identical(), GradMethod::host_reference,
+               [](const Tensors& v, const Tensor& dy) {
+                 // dym = dy * 1[in range] over the f64 layer norm's rows (torchao's qparams in f32), then
+                 // layer_norm's backward: dx = rstd (g - mean(g) - xhat mean(g xhat)), g = dym w;
+                 // dw = sum_rows dym xhat, db = sum_rows dym.
+                 const auto host = [](const Tensor& t) { return t.detach().to(DType::f64).cpu().to_vector<double>(); };
+                 const std::vector<double> x = host(v[0]), w = host(v[1]), b = host(v[2]), gy = host(dy);
+                 const std::size_t d = 128, rows = x.size() / d;
+                 std::vector<double> xhat(x.size()), rstd(rows), dx(x.size()), dw(d, 0.0), db(d, 0.0);
+                 for (std::size_t r = 0; r < rows; ++r) {
+                   double mean = 0, var = 0;
+                   for (std::size_t j = 0; j < d; ++j) mean += x[r * d + j];
+                   mean /= static_cast<double>(d);
+                   for (std::size_t j = 0; j < d; ++j) var += (x[r * d + j] - mean) * (x[r * d + j] - mean);
+                   rstd[r] = 1.0 / std::sqrt(var / static_cast<double>(d) + 1e-5);
+                   for (std::size_t j = 0; j < d; ++j) xhat[r * d + j] = (x[r * d + j] - mean) * rstd[r];
+                 }
+                 for (std::size_t r = 0; r < rows; ++r) {
+                   float lo = 0.0f, hi = 0.0f;  // torchao's range always holds 0
+                   std::vector<double> y(d);
+                   for (std::size_t j = 0; j < d; ++j) {
+                     y[j] = xhat[r * d + j] * w[j] + b[j];
+                     lo = std::min(lo, static_cast<float>(y[j]));
+                     hi = std::max(hi, static_cast<float>(y[j]));
+                   }
+                   const float scale = std::max((hi - lo) / 255.0f, std::numeric_limits<float>::epsilon());
+                   const double zp = std::clamp<double>(-128.0 - std::nearbyint(lo / scale), -128.0, 127.0);
+                   const double inv = static_cast<double>(1.0f / scale);
+                   double mg = 0, mgx = 0;
+                   std::vector<double> g(d), dym(d);
+                   for (std::size_t j = 0; j < d; ++j) {
+                     const double q = std::nearbyint(y[j] * inv) + zp;
+                     dym[j] = (q >= -128.0 && q <= 127.0) ? gy[r * d + j] : 0.0;
+                     g[j] = dym[j] * w[j];
+                     mg += g[j];
+                     mgx += g[j] * xhat[r * d + j];
+                     dw[j] += dym[j] * xhat[r * d + j];
+                     db[j] += dym[j];
+                   }
+                   mg /= static_cast<double>(d);
+                   mgx /= static_cast<double>(d);
+                   for (std::size_t j = 0; j < d; ++j) dx[r * d + j] = rstd[r] * ((g[j] - mg) - xhat[r * d + j] * mgx);
+                 }
+                 return std::vector<std::vector<double>>{dx, dw, db};
+               },
+               {},
+               [](Device d) {
+                 const char* op = "layer_norm_fake_quantize_dynamic";
+                 const Tensor x = some({2, 128}, d), w = some({128}, d), u;
+                 const auto asym = QuantMode::asymmetric;
+                 const float fe = std::numeric_limits<float>::epsilon();
+                 auto call = [=](const Tensor& xx, Shape s, const Tensor& ww, double eps, QuantMode m, std::int64_t lo,
+                                 std::int64_t hi, double qe) {
+                   return [=] { layer_norm_fake_quantize_dynamic(xx, s, ww, Tensor(), eps, m, lo, hi, qe); };
+                 };
+                 std::vector<BadInput> c{{op, "x", call(u, {128}, u, 1e-5, asym, -128, 127, fe)},
+                                         {op, "x", call(some({2, 128}, d, DType::s32), {128}, u, 1e-5, asym, -128, 127, fe)},
+                                         {op, "normalized_shape", call(x, {64}, u, 1e-5, asym, -128, 127, fe)},
+                                         {op, "weight", call(x, {128}, some({64}, d), 1e-5, asym, -128, 127, fe)},
+                                         {op, "eps", call(x, {128}, w, 0.0, asym, -128, 127, fe)},
+                                         {op, "mode", call(x, {128}, w, 1e-5, static_cast<QuantMode>(5), -128, 127, fe)},
+                                         {op, "qmax", call(x, {128}, w, 1e-5, asym, 127, -128, fe)},
+                                         {op, "eps", call(x, {128}, w, 1e-5, asym, -128, 127, 0.0)}};
                  return c;
                }});
   e.push_back({"rms_norm", {"rms_norm"}, kFloat,

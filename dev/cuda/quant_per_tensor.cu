@@ -1,0 +1,170 @@
+// dev/cuda/quant_per_tensor.cu: launch shapes of the per-tensor quantize
+// (f32 -> s8) and dequantize (s8 -> f32) over 256M elements, against the
+// library's ops in the same run (llm.c style: every variant, its check and
+// its benchmark in one file; not part of the library). The library's shapes
+// came from H100 sweeps; this one asks whether an H200 wants others. Built as
+// dev_quant_per_tensor when CUDA is on; run on the GPU machine:
+//
+//   build/dev/dev_quant_per_tensor
+//
+// Variants: U 16-byte vectors of f32 (quantize) or 4-byte vectors of s8
+// (dequantize) a thread, all loads issued before any store, U in {1, 2, 4, 8};
+// grids of one pass over the tensor or of W waves of resident blocks
+// (W in {1, 2, 4, 8, 16}), grid-stride. The element formulas are the
+// library's (formulas::QuantizeOp / DequantizeOp); every variant's output is
+// compared byte for byte with the library op's before it is timed.
+//
+// Output: one line per check, then JSON lines {"bench":"dev_quant_per_tensor",
+// "case":"quantize_per_tensor"|"dequantize_per_tensor","impl":"lib"|"u<U>_w<W>",...}.
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#include "../../bench/bench_common.h"
+#include "qgrad/kernels/formulas/quantize.h"
+
+using namespace qgrad;
+using namespace qgrad::bench;
+
+namespace {
+
+using QOp = formulas::QuantizeOp<float, std::int8_t>;
+using DOp = formulas::DequantizeOp<std::int8_t, float, false>;
+
+template <int U>
+__global__ void __launch_bounds__(256)
+    quantize_kernel(QOp op, formulas::ChannelParams p, const float4* __restrict__ x, char4* __restrict__ q,
+                    std::int64_t nv) {
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x * U;
+  for (std::int64_t base = static_cast<std::int64_t>(blockIdx.x) * blockDim.x * U + threadIdx.x; base < nv;
+       base += stride) {
+    float4 v[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const std::int64_t i = base + static_cast<std::int64_t>(u) * blockDim.x;
+      if (i < nv) v[u] = x[i];
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const std::int64_t i = base + static_cast<std::int64_t>(u) * blockDim.x;
+      if (i >= nv) continue;
+      bool bit;
+      char4 o;
+      o.x = op(v[u].x, p, false, bit);
+      o.y = op(v[u].y, p, false, bit);
+      o.z = op(v[u].z, p, false, bit);
+      o.w = op(v[u].w, p, false, bit);
+      q[i] = o;
+    }
+  }
+}
+
+template <int U>
+__global__ void __launch_bounds__(256)
+    dequantize_kernel(DOp op, formulas::ChannelParams p, const char4* __restrict__ q, float4* __restrict__ y,
+                      std::int64_t nv) {
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x * U;
+  bool bit = false;
+  for (std::int64_t base = static_cast<std::int64_t>(blockIdx.x) * blockDim.x * U + threadIdx.x; base < nv;
+       base += stride) {
+    char4 v[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const std::int64_t i = base + static_cast<std::int64_t>(u) * blockDim.x;
+      if (i < nv) v[u] = q[i];
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const std::int64_t i = base + static_cast<std::int64_t>(u) * blockDim.x;
+      if (i >= nv) continue;
+      y[i] = make_float4(op(v[u].x, p, false, bit), op(v[u].y, p, false, bit), op(v[u].z, p, false, bit),
+                         op(v[u].w, p, false, bit));
+    }
+  }
+}
+
+bool same_bytes(const Tensor& a, const Tensor& b) {
+  Tensor ha = a.cpu(), hb = b.cpu();
+  return ha.nbytes() == hb.nbytes() && std::memcmp(ha.data_ptr(), hb.data_ptr(), ha.nbytes()) == 0;
+}
+
+void row(const char* kase, const char* impl, const Timing& t, double bytes, double copy_gbs) {
+  const double gbs = bytes / (t.median_ms * 1e-3) / 1e9;
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "{\"bench\":\"dev_quant_per_tensor\",\"case\":\"%s\",\"impl\":\"%s\",\"ms\":%.4f,\"min_ms\":%.4f,"
+                "\"gbs\":%.1f,\"frac_copy\":%.3f}",
+                kase, impl, t.median_ms, t.min_ms, gbs, gbs / copy_gbs);
+  emit(buf);
+}
+
+// Blocks of 256 threads: one pass (each thread U vectors once), or `waves`
+// times the resident blocks of the kernel.
+template <class K>
+unsigned grid_of(K kernel, std::int64_t nv, int U, int waves) {
+  if (waves == 0) return static_cast<unsigned>((nv + 256LL * U - 1) / (256LL * U));
+  int per_sm = 0, sms = 0;
+  QGRAD_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 256, 0));
+  QGRAD_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  return static_cast<unsigned>(per_sm * sms * waves);
+}
+
+template <int U>
+void sweep(const Tensor& x, const Tensor& q_lib, const Tensor& q, const Tensor& y_lib, const Tensor& y,
+           std::int64_t nv, double copy_gbs, bool& all_ok) {
+  const formulas::ChannelParams p = formulas::ParamSource{nullptr, nullptr, 0.02f, 3}.get(0);
+  const QOp qop{-128, 127};
+  const DOp dop{-128, 127};
+  cudaStream_t s = qgrad::cuda::stream(0);
+  const double n = static_cast<double>(nv) * 4;
+  for (const int waves : {0, 1, 2, 4, 8, 16}) {
+    char impl[32];  // (snprintf: GCC 12 warns falsely on std::string concatenation here)
+    std::snprintf(impl, sizeof impl, "u%d_w%d", U, waves);
+    const unsigned gq = grid_of(quantize_kernel<U>, nv, U, waves), gd = grid_of(dequantize_kernel<U>, nv, U, waves);
+    auto run_q = [&](int) {
+      quantize_kernel<U><<<gq, 256, 0, s>>>(qop, p, static_cast<const float4*>(x.data_ptr()),
+                                            static_cast<char4*>(q.data_ptr()), nv);
+    };
+    auto run_d = [&](int) {
+      dequantize_kernel<U><<<gd, 256, 0, s>>>(dop, p, static_cast<const char4*>(q_lib.data_ptr()),
+                                              static_cast<float4*>(y.data_ptr()), nv);
+    };
+    run_q(0);
+    run_d(0);
+    const bool ok = same_bytes(q, q_lib) && same_bytes(y, y_lib);
+    all_ok = all_ok && ok;
+    std::printf("check %s: %s\n", impl, ok ? "same bytes as the library ops" : "DIFFERS");
+    row("quantize_per_tensor", impl, time_cuda(run_q), 5 * n, copy_gbs);
+    row("dequantize_per_tensor", impl, time_cuda(run_d), 5 * n, copy_gbs);
+  }
+}
+
+}  // namespace
+
+int main() {
+  if (!cuda_available()) {
+    std::printf("dev_quant_per_tensor: no CUDA device present; nothing measured\n");
+    return 0;
+  }
+  constexpr std::int64_t kN = std::int64_t{4096} * 65536;  // 256M, bench_quant's size
+  const double copy_gbs = copy_bandwidth_gbs(static_cast<std::size_t>(kN) * 4);
+  NoGradGuard ng;
+  Generator gen(0xbe);
+  const TensorOptions f32 = TensorOptions{}.with_device(Device::cuda());
+  const Tensor x = randn({kN}, gen, f32, 0.0, 2.0);
+  const Tensor q_lib = quantize_per_tensor(x, 0.02, 3, DType::s8);
+  const Tensor y_lib = dequantize_per_tensor(q_lib, 0.02, 3);
+  const Tensor q = empty_like(q_lib), y = empty_like(y_lib);
+  const double n = static_cast<double>(kN);
+  row("quantize_per_tensor", "lib", time_cuda([&](int) { quantize_per_tensor(x, 0.02, 3, DType::s8); }), 5 * n,
+      copy_gbs);
+  row("dequantize_per_tensor", "lib", time_cuda([&](int) { dequantize_per_tensor(q_lib, 0.02, 3); }), 5 * n,
+      copy_gbs);
+  bool ok = true;
+  sweep<1>(x, q_lib, q, y_lib, y, kN / 4, copy_gbs, ok);
+  sweep<2>(x, q_lib, q, y_lib, y, kN / 4, copy_gbs, ok);
+  sweep<4>(x, q_lib, q, y_lib, y, kN / 4, copy_gbs, ok);
+  sweep<8>(x, q_lib, q, y_lib, y, kN / 4, copy_gbs, ok);
+  std::printf("copy bandwidth %.1f GB/s; every variant %s\n", copy_gbs, ok ? "matched" : "did NOT match");
+  return ok ? 0 : 1;
+}

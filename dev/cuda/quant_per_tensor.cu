@@ -14,6 +14,9 @@
 // library's (formulas::QuantizeOp / DequantizeOp); every variant's output is
 // compared byte for byte with the library op's before it is timed.
 //
+// Dequantize also: blocks of 128, 256 or 512 threads, with and without
+// evict-first (st.global.cs) stores of the output, U in {2, 4}, one pass.
+//
 // Output: one line per check, then JSON lines {"bench":"dev_quant_per_tensor",
 // "case":"quantize_per_tensor"|"dequantize_per_tensor","impl":"lib"|"u<U>_w<W>",...}.
 #include <cstdio>
@@ -83,6 +86,31 @@ __global__ void __launch_bounds__(256)
   }
 }
 
+// dequantize with kThreads a block and (kStream) evict-first stores of the
+// f32 output (st.global.cs), one pass.
+template <int U, int kThreads, bool kStream>
+__global__ void __launch_bounds__(kThreads)
+    dequantize_shape_kernel(DOp op, formulas::ChannelParams p, const char4* __restrict__ q, float4* __restrict__ y,
+                            std::int64_t nv) {
+  bool bit = false;
+  const std::int64_t base = static_cast<std::int64_t>(blockIdx.x) * kThreads * U + threadIdx.x;
+  char4 v[U];
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const std::int64_t i = base + static_cast<std::int64_t>(u) * kThreads;
+    if (i < nv) v[u] = q[i];
+  }
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const std::int64_t i = base + static_cast<std::int64_t>(u) * kThreads;
+    if (i >= nv) continue;
+    const float4 o = make_float4(op(v[u].x, p, false, bit), op(v[u].y, p, false, bit), op(v[u].z, p, false, bit),
+                                 op(v[u].w, p, false, bit));
+    if constexpr (kStream) __stcs(y + i, o);
+    else y[i] = o;
+  }
+}
+
 bool same_bytes(const Tensor& a, const Tensor& b) {
   Tensor ha = a.cpu(), hb = b.cpu();
   return ha.nbytes() == hb.nbytes() && std::memcmp(ha.data_ptr(), hb.data_ptr(), ha.nbytes()) == 0;
@@ -139,6 +167,38 @@ void sweep(const Tensor& x, const Tensor& q_lib, const Tensor& q, const Tensor& 
   }
 }
 
+template <int U, int kThreads, bool kStream>
+void shape_row(const Tensor& q_lib, const Tensor& y_lib, const Tensor& y, std::int64_t nv, double copy_gbs,
+               bool& all_ok) {
+  const formulas::ChannelParams p = formulas::ParamSource{nullptr, nullptr, 0.02f, 3}.get(0);
+  const DOp dop{-128, 127};
+  cudaStream_t s = qgrad::cuda::stream(0);
+  const auto blocks = static_cast<unsigned>((nv + std::int64_t{kThreads} * U - 1) / (std::int64_t{kThreads} * U));
+  auto run = [&](int) {
+    dequantize_shape_kernel<U, kThreads, kStream><<<blocks, kThreads, 0, s>>>(
+        dop, p, static_cast<const char4*>(q_lib.data_ptr()), static_cast<float4*>(y.data_ptr()), nv);
+  };
+  run(0);
+  const bool ok = same_bytes(y, y_lib);
+  all_ok = all_ok && ok;
+  char impl[48];
+  std::snprintf(impl, sizeof impl, "u%d_t%d%s", U, kThreads, kStream ? "_cs" : "");
+  std::printf("check %s: %s\n", impl, ok ? "same bytes as the library ops" : "DIFFERS");
+  row("dequantize_per_tensor", impl, time_cuda(run), 5.0 * static_cast<double>(nv) * 4, copy_gbs);
+}
+
+// Block sizes 128 / 256 / 512 and streaming stores, one pass, U vectors a thread.
+template <int U>
+void shapes(const Tensor& q_lib, const Tensor& y_lib, const Tensor& y, std::int64_t nv, double copy_gbs,
+            bool& all_ok) {
+  shape_row<U, 128, false>(q_lib, y_lib, y, nv, copy_gbs, all_ok);
+  shape_row<U, 256, false>(q_lib, y_lib, y, nv, copy_gbs, all_ok);
+  shape_row<U, 512, false>(q_lib, y_lib, y, nv, copy_gbs, all_ok);
+  shape_row<U, 128, true>(q_lib, y_lib, y, nv, copy_gbs, all_ok);
+  shape_row<U, 256, true>(q_lib, y_lib, y, nv, copy_gbs, all_ok);
+  shape_row<U, 512, true>(q_lib, y_lib, y, nv, copy_gbs, all_ok);
+}
+
 }  // namespace
 
 int main() {
@@ -165,6 +225,8 @@ int main() {
   sweep<2>(x, q_lib, q, y_lib, y, kN / 4, copy_gbs, ok);
   sweep<4>(x, q_lib, q, y_lib, y, kN / 4, copy_gbs, ok);
   sweep<8>(x, q_lib, q, y_lib, y, kN / 4, copy_gbs, ok);
+  shapes<2>(q_lib, y_lib, y, kN / 4, copy_gbs, ok);
+  shapes<4>(q_lib, y_lib, y, kN / 4, copy_gbs, ok);
   std::printf("copy bandwidth %.1f GB/s; every variant %s\n", copy_gbs, ok ? "matched" : "did NOT match");
   return ok ? 0 : 1;
 }

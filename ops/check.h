@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "qgrad/core/tensor.h"
+#include "qgrad/ops/dynamic_quant.h"  // QuantMode
 
 namespace qgrad {
 struct ActivationQuant;  // ops/quantized_linear.h
@@ -46,6 +47,10 @@ inline std::int64_t axis(std::int64_t axis, std::int64_t rank, const char* op, c
 }
 inline void finite_positive(double v, const char* op, const char* arg) {
   QGRAD_CHECK(std::isfinite(v) && v > 0, op, arg, "must be finite and > 0, got ", v);
+}
+inline void quant_mode(QuantMode mode, const char* op) {
+  QGRAD_CHECK(mode == QuantMode::symmetric || mode == QuantMode::asymmetric, op, "mode", "unknown mode ",
+              static_cast<int>(mode));
 }
 // choose_qparams_affine's integer range and eps (ops/lowbit.h; the dynamic
 // fake quants check them alike): qmin < qmax within [-2^24, 2^24] (integers

@@ -152,11 +152,6 @@ Int4Range int4_range(DType qtype, const char* op, const char* arg) {
   return qtype == DType::s4 ? Int4Range{-8, 7} : Int4Range{0, 15};
 }
 
-void check_mode(QuantMode mode, const char* op) {
-  QGRAD_CHECK(mode == QuantMode::symmetric || mode == QuantMode::asymmetric, op, "mode", "unknown mode ",
-              static_cast<int>(mode));
-}
-
 void check_zero_point(const Tensor& zp, const Tensor& ref, const Blocks& b, Int4Range r, const char* op) {
   check::dtype_is(zp, DType::s32, op, "zero_point");
   check::same_device(zp, ref, op, "zero_point");
@@ -277,7 +272,7 @@ Int4Qparams choose_qparams_int4(const Tensor& x, std::int64_t group_size, QuantM
   const char* op = "choose_qparams_int4";
   check::floating(x, op, "x");
   const Int4Range r = int4_range(qtype, op, "qtype");
-  check_mode(mode, op);
+  check::quant_mode(mode, op);
   const Blocks b = group_blocks(x.shape(), group_size, op);
   return int4_qparams(x, b, mode, r);
 }
@@ -286,7 +281,7 @@ Tensor fake_quantize_int4(const Tensor& x, std::int64_t group_size, QuantMode mo
   const char* op = "fake_quantize_int4";
   check::floating(x, op, "x");
   const Int4Range r = int4_range(qtype, op, "qtype");
-  check_mode(mode, op);
+  check::quant_mode(mode, op);
   const Blocks b = group_blocks(x.shape(), group_size, op);
   const Int4Qparams q = int4_qparams(x, b, mode, r);
   return int4_fake_quant(op, x, b, q.scale, q.zero_point, r);
@@ -451,7 +446,7 @@ namespace {
 float check_affine_args(const Tensor& x, QuantMode mode, std::int64_t qmin, std::int64_t qmax, double eps,
                         const char* op) {
   check::floating(x, op, "x");
-  check_mode(mode, op);
+  check::quant_mode(mode, op);
   return check::affine_range(qmin, qmax, eps, op);
 }
 }  // namespace

@@ -19,6 +19,10 @@ namespace qgrad {
 namespace {
 
 TensorOptions like(const Tensor& t) { return TensorOptions{}.with_dtype(t.dtype()).with_device(t.device()); }
+// A bit mask over x's elements (kernels/bitmask.h: s32 words).
+Tensor new_mask(const Tensor& x) {
+  return Tensor::empty({bitmask_words(x.numel())}, TensorOptions{}.with_dtype(DType::s32).with_device(x.device()));
+}
 // The dtype of the saved statistics: f32, or f64 for f64 inputs.
 DType stat_dtype(DType x) { return x == DType::f64 ? DType::f64 : DType::f32; }
 
@@ -102,8 +106,7 @@ Tensor layer_norm_fake_quantize_dynamic(const Tensor& x, const Shape& normalized
   check_param(op, "weight", weight, x, normalized_shape);
   check_param(op, "bias", bias, x, normalized_shape);
   check::finite_positive(eps, op, "eps");
-  QGRAD_CHECK(mode == QuantMode::symmetric || mode == QuantMode::asymmetric, op, "mode", "unknown mode ",
-              static_cast<int>(mode));
+  check::quant_mode(mode, op);
   const float qe = check::affine_range(qmin, qmax, quant_eps, op);
   const std::int64_t rows = x.numel() / d;
   if (x.is_cuda() && normalized_shape.size() == 1 && rows > 0 && x.dtype() != DType::f64) {
@@ -111,9 +114,7 @@ Tensor layer_norm_fake_quantize_dynamic(const Tensor& x, const Shape& normalized
     const TensorOptions so = TensorOptions{}.with_dtype(stat_dtype(x.dtype())).with_device(x.device());
     Tensor mean = Tensor::empty({rows}, so), rstd = Tensor::empty({rows}, so);
     const bool need = any_requires_grad({x, weight, bias});
-    Tensor mask = need ? Tensor::empty({bitmask_words(x.numel())}, TensorOptions{}.with_dtype(DType::s32).with_device(
-                                                                         x.device()))
-                       : Tensor();
+    Tensor mask = need ? new_mask(x) : Tensor();
     const kernels::NormQuantRows a{d, eps, static_cast<int>(qmin), static_cast<int>(qmax), mode == QuantMode::symmetric,
                                    qe};
     if (kernels::layer_norm_fake_quantize_dynamic_rows(
@@ -198,7 +199,7 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator& generator) {
   Tensor out = Tensor::empty(x.shape(), like(x));
   Tensor mask;
   if (grad)
-    mask = Tensor::empty({bitmask_words(x.numel())}, TensorOptions{}.with_dtype(DType::s32).with_device(x.device()));
+    mask = new_mask(x);
   if (x.numel() > 0) kernels::dropout(x, out, mask, generator.seed(), offset, p);
   if (grad)
     record(

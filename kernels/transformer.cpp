@@ -121,10 +121,11 @@ struct NormBackwardRow {
   const op_math_t<T>* mean;  // null for rms_norm
   const op_math_t<T>* rstd;
   std::int64_t d;
+  const std::uint32_t* dy_mask;  // null: dy as it is
   QGRAD_HD void operator()(std::int64_t r) const {
     using M = op_math_t<T>;
     formulas::norm_backward_row<T, kCentered>(x + r * d, w, dy + r * d, dx + r * d, d, kCentered ? mean[r] : M(0),
-                                              rstd[r]);
+                                              rstd[r], dy_mask, r * d);
   }
 };
 // Stage 1 of the weight and bias gradients (for_each_column_sum; stage 2 is
@@ -150,10 +151,11 @@ struct NormWeightPartial : NormChunkColumns<T> {
   const M* mean;  // null for rms_norm
   const M* rstd;
   M* pw;
+  const std::uint32_t* dy_mask;  // null: dy as it is
   QGRAD_HD M term(std::int64_t k, std::int64_t i) const {
     const std::int64_t r = this->row0(i) + k, j = i % this->d;
     const M centered = mean != nullptr ? M(x[r * this->d + j]) - mean[r] : M(x[r * this->d + j]);
-    return M(dy[r * this->d + j]) * (centered * rstd[r]);
+    return formulas::masked_grad(dy, dy_mask, r * this->d + j) * (centered * rstd[r]);
   }
   QGRAD_HD void write(std::int64_t i, M v) const { pw[i] = v; }
 };
@@ -162,8 +164,9 @@ struct NormBiasPartial : NormChunkColumns<T> {
   using M = op_math_t<T>;
   const T* dy;
   M* pb;
+  const std::uint32_t* dy_mask;  // null: dy as it is
   QGRAD_HD M term(std::int64_t k, std::int64_t i) const {
-    return M(dy[(this->row0(i) + k) * this->d + i % this->d]);
+    return formulas::masked_grad(dy, dy_mask, (this->row0(i) + k) * this->d + i % this->d);
   }
   QGRAD_HD void write(std::int64_t i, M v) const { pb[i] = v; }
 };
@@ -345,7 +348,7 @@ void rms_norm(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& r
 }
 
 void norm_backward(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd, const Tensor& dy,
-                   const Tensor& dx, const Tensor& dw, const Tensor& db, std::int64_t d) {
+                   const Tensor& dx, const Tensor& dw, const Tensor& db, std::int64_t d, const std::uint32_t* dy_mask) {
   dispatch_floating(x.dtype(), "norm_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
     using M = op_math_t<T>;
@@ -353,15 +356,15 @@ void norm_backward(const Tensor& x, const Tensor& w, const Tensor& mean, const T
     const std::int64_t rows = x.numel() / d;
     const M* pm = cdata<M>(mean);
     if (dx.defined() && dev.is_cuda() && cuda::use_norm_warp(d)) {
-      QGRAD_ON_CUDA(cuda::norm_backward_warp_rows(x, w, mean, rstd, dy, dx, d));
+      QGRAD_ON_CUDA(cuda::norm_backward_warp_rows(x, w, mean, rstd, dy, dx, d, dy_mask));
     } else if (dx.defined()) {
       if (mean.defined())
         for_each_index(dev, rows, NormBackwardRow<T, true>{cdata<T>(x), cdata<T>(w), cdata<T>(dy), mdata<T>(dx), pm,
-                                                           cdata<M>(rstd), d},
+                                                           cdata<M>(rstd), d, dy_mask},
                        "layer_norm_backward");
       else
         for_each_index(dev, rows, NormBackwardRow<T, false>{cdata<T>(x), cdata<T>(w), cdata<T>(dy), mdata<T>(dx),
-                                                            nullptr, cdata<M>(rstd), d},
+                                                            nullptr, cdata<M>(rstd), d, dy_mask},
                        "rms_norm_backward");
     }
     if (!dw.defined() && !db.defined()) return;
@@ -371,8 +374,8 @@ void norm_backward(const Tensor& x, const Tensor& w, const Tensor& mean, const T
     Tensor pb = db.defined() ? Tensor::empty({chunks, d}, opts(mt, dev)) : Tensor();
     const NormChunkColumns<T> cols{rows, d};
     if (dw.defined() && db.defined()) {  // both in one pass a stage (dy read once)
-      const NormWeightPartial<T> wp{cols, cdata<T>(x), cdata<T>(dy), pm, cdata<M>(rstd), mdata<M>(pw)};
-      const NormBiasPartial<T> bp{cols, cdata<T>(dy), mdata<M>(pb)};
+      const NormWeightPartial<T> wp{cols, cdata<T>(x), cdata<T>(dy), pm, cdata<M>(rstd), mdata<M>(pw), dy_mask};
+      const NormBiasPartial<T> bp{cols, cdata<T>(dy), mdata<M>(pb), dy_mask};
       for_each_column_sum(dev, chunks * d, ColumnSumPair<NormWeightPartial<T>, NormBiasPartial<T>>{{wp, bp}},
                           "norm_backward");
       const ChunkSumsFinish<T> fw{cdata<M>(pw), mdata<T>(dw), chunks, d}, fb{cdata<M>(pb), mdata<T>(db), chunks, d};
@@ -381,12 +384,12 @@ void norm_backward(const Tensor& x, const Tensor& w, const Tensor& mean, const T
     }
     if (dw.defined()) {
       for_each_column_sum(dev, chunks * d,
-                          NormWeightPartial<T>{cols, cdata<T>(x), cdata<T>(dy), pm, cdata<M>(rstd), mdata<M>(pw)},
+                          NormWeightPartial<T>{cols, cdata<T>(x), cdata<T>(dy), pm, cdata<M>(rstd), mdata<M>(pw), dy_mask},
                           "norm_backward");
       for_each_column_sum(dev, d, ChunkSumsFinish<T>{cdata<M>(pw), mdata<T>(dw), chunks, d}, "norm_backward");
     }
     if (db.defined()) {
-      for_each_column_sum(dev, chunks * d, NormBiasPartial<T>{cols, cdata<T>(dy), mdata<M>(pb)}, "norm_backward");
+      for_each_column_sum(dev, chunks * d, NormBiasPartial<T>{cols, cdata<T>(dy), mdata<M>(pb), dy_mask}, "norm_backward");
       for_each_column_sum(dev, d, ChunkSumsFinish<T>{cdata<M>(pb), mdata<T>(db), chunks, d}, "norm_backward");
     }
   });

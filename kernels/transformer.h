@@ -36,10 +36,14 @@ void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor&
 void rms_norm(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& rstd, std::int64_t d, double eps);
 // The backward of both (mean undefined: rms_norm). dx, dw, db: each
 // undefined when not wanted; dw and db are column sums over the rows in
-// chunks of kNormChunkRows, in a fixed order on both devices.
+// chunks of kNormChunkRows, in a fixed order on both devices. With dy_mask
+// (a fake quant's saved bit mask over dy's elements), dy is read masked as
+// the fake quant's backward would have written it (formulas::masked_grad):
+// the same bits as that pass, without it.
 inline constexpr std::int64_t kNormChunkRows = 64;
 void norm_backward(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd, const Tensor& dy,
-                   const Tensor& dx, const Tensor& dw, const Tensor& db, std::int64_t d);
+                   const Tensor& dx, const Tensor& dw, const Tensor& db, std::int64_t d,
+                   const std::uint32_t* dy_mask = nullptr);
 
 // out[n, :] = weight[indices[n], :] (weight [V, D], indices s32/s64); a row
 // whose index is outside [0, V) is NaN (the op rejects those on the CPU first).

@@ -53,8 +53,9 @@ void check_param(const char* op, const char* arg, const Tensor& p, const Tensor&
 
 // The shared backward of layer_norm and rms_norm (mean undefined: rms_norm):
 // dx, and the column sums dweight = sum(dy * xhat), dbias = sum(dy). With a
-// fake-quant mask (layer_norm_fake_quantize_dynamic), dy is first masked as
-// the fake quant's straight-through backward masks it.
+// fake-quant mask (layer_norm_fake_quantize_dynamic), the kernels read dy
+// masked as the fake quant's straight-through backward masks it (no pass
+// writing the masked dy: kernels::norm_backward's dy_mask).
 void record_norm(const char* op, Tensor& out, const Tensor& x, const Shape& normalized_shape, const Tensor& weight,
                  const Tensor& bias, const Tensor& mean, const Tensor& rstd, std::int64_t d,
                  const Tensor& fq_mask = Tensor()) {
@@ -65,15 +66,11 @@ void record_norm(const char* op, Tensor& out, const Tensor& x, const Shape& norm
   record(
       op, out, {x, weight, bias},
       [sx = x.detach(), sw, mean, rstd, d, normalized_shape, need_x, need_w, need_b, fq_mask](const Tensor& dy) {
-        Tensor g = dy;
-        if (fq_mask.defined()) {
-          g = Tensor::empty(dy.shape(), like(dy));
-          kernels::fake_quantize_backward(dy, g, static_cast<const std::uint32_t*>(fq_mask.data_ptr()));
-        }
-        Tensor dx = need_x ? Tensor::empty(sx.shape(), like(g)) : Tensor();
-        Tensor dw = need_w ? Tensor::empty(normalized_shape, like(g)) : Tensor();
-        Tensor db = need_b ? Tensor::empty(normalized_shape, like(g)) : Tensor();
-        kernels::norm_backward(sx, sw, mean, rstd, g, dx, dw, db, d);
+        Tensor dx = need_x ? Tensor::empty(sx.shape(), like(dy)) : Tensor();
+        Tensor dw = need_w ? Tensor::empty(normalized_shape, like(dy)) : Tensor();
+        Tensor db = need_b ? Tensor::empty(normalized_shape, like(dy)) : Tensor();
+        kernels::norm_backward(sx, sw, mean, rstd, dy, dx, dw, db, d,
+                               fq_mask.defined() ? static_cast<const std::uint32_t*>(fq_mask.data_ptr()) : nullptr);
         return std::vector<Tensor>{dx, dw, db};
       },
       x.nbytes() + (sw.defined() ? sw.nbytes() : 0) + (mean.defined() ? mean.nbytes() : 0) + rstd.nbytes() +

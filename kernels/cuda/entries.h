@@ -113,7 +113,7 @@ void layer_norm_warp_rows(const Tensor& x, const Tensor& w, const Tensor& b, con
 void rms_norm_warp_rows(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& rstd, std::int64_t d,
                         double eps);
 void norm_backward_warp_rows(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
-                             const Tensor& dy, const Tensor& dx, std::int64_t d);
+                             const Tensor& dy, const Tensor& dx, std::int64_t d, const std::uint32_t* dy_mask);
 void softmax_warp_rows(const Tensor& x, const Tensor& y, std::int64_t n);
 // kernels::layer_norm_fake_quantize_dynamic_rows (kernels/lowbit.h): a warp a
 // row, the row in registers; layer_norm_warp_rows's sums, then the fake quant

@@ -184,7 +184,7 @@ void rms_norm_impl(const Tensor& x, const Tensor& w, const Tensor& y, const Tens
 // dx = rstd * (g - [centered] sum(g) / d - xhat * sum(g * xhat) / d), g = dy * w.
 template <class T>
 void norm_backward_impl(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd, const Tensor& dy,
-                        const Tensor& dx, std::int64_t d) {
+                        const Tensor& dx, std::int64_t d, const std::uint32_t* dy_mask) {
   using M = op_math_t<T>;
   const T* px = static_cast<const T*>(x.data_ptr());
   const T* pw = w.defined() ? static_cast<const T*>(w.data_ptr()) : nullptr;
@@ -195,7 +195,10 @@ void norm_backward_impl(const Tensor& x, const Tensor& w, const Tensor& mean, co
   launch_warp_rows(dx.device().index, dx.numel() / d, [=] __device__(std::int64_t r, int lane) {
     const std::int64_t base = r * d;
     const M mu = pm != nullptr ? pm[r] : M(0), rs = pr[r];
-    auto g = [&](std::int64_t j) { return pw != nullptr ? M(pg[base + j]) * M(pw[j]) : M(pg[base + j]); };
+    auto g = [&](std::int64_t j) {
+      const M dyj = formulas::masked_grad(pg, dy_mask, base + j);
+      return pw != nullptr ? dyj * M(pw[j]) : dyj;
+    };
     auto xhat = [&](std::int64_t j) { return (M(px[base + j]) - mu) * rs; };
     M s = M(0), sx = M(0);
     for (std::int64_t j = lane; j < d; j += 32) {
@@ -253,9 +256,10 @@ void rms_norm_warp_rows(const Tensor& x, const Tensor& w, const Tensor& y, const
                     [&](auto tag) { rms_norm_impl<typename decltype(tag)::type>(x, w, y, rstd, d, eps); });
 }
 void norm_backward_warp_rows(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
-                             const Tensor& dy, const Tensor& dx, std::int64_t d) {
-  dispatch_floating(dx.dtype(), "norm_backward",
-                    [&](auto tag) { norm_backward_impl<typename decltype(tag)::type>(x, w, mean, rstd, dy, dx, d); });
+                             const Tensor& dy, const Tensor& dx, std::int64_t d, const std::uint32_t* dy_mask) {
+  dispatch_floating(dx.dtype(), "norm_backward", [&](auto tag) {
+    norm_backward_impl<typename decltype(tag)::type>(x, w, mean, rstd, dy, dx, d, dy_mask);
+  });
 }
 bool layer_norm_fake_quantize_dynamic_rows(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y,
                                            const Tensor& mean, const Tensor& rstd, std::uint32_t* mask,

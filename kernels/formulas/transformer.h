@@ -14,6 +14,7 @@
 
 #include "qgrad/core/half.h"
 #include "qgrad/core/random.h"
+#include "qgrad/kernels/bitmask.h"
 #include "qgrad/kernels/formulas/softmax.h"
 
 namespace qgrad::formulas {
@@ -194,14 +195,27 @@ QGRAD_HD void rms_norm_row(const T* x, const T* w, T* y, std::int64_t d, op_math
   }
   *rstd_out = rstd;
 }
+// dy[i], or with a fake quant's saved mask dy[i] * bit i (its straight-through
+// backward, FakeQuantGradOp's product: -0.0 kept), so that a norm whose output
+// was fake-quantized reads the masked gradient without a pass writing it.
+template <class T>
+QGRAD_HD op_math_t<T> masked_grad(const T* dy, const std::uint32_t* mask, std::int64_t i) {
+  using M = op_math_t<T>;
+  return mask == nullptr ? M(dy[i]) : M(dy[i]) * M(bitmask_get(mask, i) ? 1 : 0);
+}
+
 // The input gradient of both, from the saved mean (0 for rms_norm) and rstd:
 // xhat = (x - mean) * rstd, g = dy * w (dy without w),
 // dx = rstd * (g - [layer_norm] sum(g) / d - xhat * sum(g * xhat) / d).
+// With `mask` (bit row0 + j for dy[j]), dy is masked_grad's.
 template <class T, bool kCentered>
 QGRAD_HD void norm_backward_row(const T* x, const T* w, const T* dy, T* dx, std::int64_t d, op_math_t<T> mean,
-                                op_math_t<T> rstd) {
+                                op_math_t<T> rstd, const std::uint32_t* mask = nullptr, std::int64_t row0 = 0) {
   using M = op_math_t<T>;
-  auto g = [&](std::int64_t j) { return w != nullptr ? M(dy[j]) * M(w[j]) : M(dy[j]); };
+  auto dyj = [&](std::int64_t j) {
+    return mask == nullptr ? M(dy[j]) : M(dy[j]) * M(bitmask_get(mask, row0 + j) ? 1 : 0);
+  };
+  auto g = [&](std::int64_t j) { return w != nullptr ? dyj(j) * M(w[j]) : dyj(j); };
   auto xhat = [&](std::int64_t j) { return (M(x[j]) - mean) * rstd; };
   const M mean_g = kCentered ? lane_sum<M>(d, g) / M(d) : M(0);
   const M mean_gx = lane_sum<M>(d, [&](std::int64_t j) { return g(j) * xhat(j); }) / M(d);

@@ -355,10 +355,19 @@ void norm_backward(const Tensor& x, const Tensor& w, const Tensor& mean, const T
     const Device dev = x.device();
     const std::int64_t rows = x.numel() / d;
     const M* pm = cdata<M>(mean);
-    if (dx.defined() && dev.is_cuda() && cuda::use_norm_warp(d)) {
-      QGRAD_ON_CUDA(cuda::norm_backward_warp_rows(x, w, mean, rstd, dy, dx, d, dy_mask));
-    } else if (dx.defined()) {
-      if (mean.defined())
+    const std::int64_t chunks = (rows + kNormChunkRows - 1) / kNormChunkRows;
+    const DType mt = dtype_of<M>;
+    Tensor pw = dw.defined() ? Tensor::empty({chunks, d}, opts(mt, dev)) : Tensor();
+    Tensor pb = db.defined() ? Tensor::empty({chunks, d}, opts(mt, dev)) : Tensor();
+    // On CUDA, dx and the parameters' chunk partials in one launch where it serves the shape.
+    bool partials_done = false;
+    if (dx.defined() && (dw.defined() || db.defined()) && dev.is_cuda()) {
+      QGRAD_ON_CUDA(partials_done = cuda::norm_backward_chunks(x, w, mean, rstd, dy, dy_mask, dx, pw, pb, d));
+    }
+    if (!partials_done && dx.defined()) {
+      if (dev.is_cuda() && cuda::use_norm_warp(d))
+        QGRAD_ON_CUDA(cuda::norm_backward_warp_rows(x, w, mean, rstd, dy, dx, d, dy_mask));
+      else if (mean.defined())
         for_each_index(dev, rows, NormBackwardRow<T, true>{cdata<T>(x), cdata<T>(w), cdata<T>(dy), mdata<T>(dx), pm,
                                                            cdata<M>(rstd), d, dy_mask},
                        "layer_norm_backward");
@@ -368,28 +377,25 @@ void norm_backward(const Tensor& x, const Tensor& w, const Tensor& mean, const T
                        "rms_norm_backward");
     }
     if (!dw.defined() && !db.defined()) return;
-    const std::int64_t chunks = (rows + kNormChunkRows - 1) / kNormChunkRows;
-    const DType mt = dtype_of<M>;
-    Tensor pw = dw.defined() ? Tensor::empty({chunks, d}, opts(mt, dev)) : Tensor();
-    Tensor pb = db.defined() ? Tensor::empty({chunks, d}, opts(mt, dev)) : Tensor();
     const NormChunkColumns<T> cols{rows, d};
     if (dw.defined() && db.defined()) {  // both in one pass a stage (dy read once)
       const NormWeightPartial<T> wp{cols, cdata<T>(x), cdata<T>(dy), pm, cdata<M>(rstd), mdata<M>(pw), dy_mask};
       const NormBiasPartial<T> bp{cols, cdata<T>(dy), mdata<M>(pb), dy_mask};
-      for_each_column_sum(dev, chunks * d, ColumnSumPair<NormWeightPartial<T>, NormBiasPartial<T>>{{wp, bp}},
-                          "norm_backward");
+      if (!partials_done)
+        for_each_column_sum(dev, chunks * d, ColumnSumPair<NormWeightPartial<T>, NormBiasPartial<T>>{{wp, bp}},
+                            "norm_backward");
       const ChunkSumsFinish<T> fw{cdata<M>(pw), mdata<T>(dw), chunks, d}, fb{cdata<M>(pb), mdata<T>(db), chunks, d};
       for_each_column_sum(dev, d, ColumnSumPair<ChunkSumsFinish<T>, ChunkSumsFinish<T>>{{fw, fb}}, "norm_backward");
       return;
     }
     if (dw.defined()) {
-      for_each_column_sum(dev, chunks * d,
-                          NormWeightPartial<T>{cols, cdata<T>(x), cdata<T>(dy), pm, cdata<M>(rstd), mdata<M>(pw), dy_mask},
-                          "norm_backward");
+      const NormWeightPartial<T> wp{cols, cdata<T>(x), cdata<T>(dy), pm, cdata<M>(rstd), mdata<M>(pw), dy_mask};
+      if (!partials_done) for_each_column_sum(dev, chunks * d, wp, "norm_backward");
       for_each_column_sum(dev, d, ChunkSumsFinish<T>{cdata<M>(pw), mdata<T>(dw), chunks, d}, "norm_backward");
     }
     if (db.defined()) {
-      for_each_column_sum(dev, chunks * d, NormBiasPartial<T>{cols, cdata<T>(dy), mdata<M>(pb), dy_mask}, "norm_backward");
+      const NormBiasPartial<T> bp{cols, cdata<T>(dy), mdata<M>(pb), dy_mask};
+      if (!partials_done) for_each_column_sum(dev, chunks * d, bp, "norm_backward");
       for_each_column_sum(dev, d, ChunkSumsFinish<T>{cdata<M>(pb), mdata<T>(db), chunks, d}, "norm_backward");
     }
   });

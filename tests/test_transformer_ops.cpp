@@ -2,6 +2,7 @@
 // dropout) against host references in double: special values, rows with large
 // offsets, repeated indices and padding, the dropout mask's determinism and
 // statistics, and CPU against CUDA where a GPU is present.
+#include <cfloat>
 #include <cmath>
 #include <limits>
 
@@ -335,6 +336,51 @@ TEST_CASE("layer_norm, rms_norm, softmax: warp-per-row CUDA rows (d >= 32, with 
       CHECK(max_abs_diff(c[3], g[3]) <= tol * 10);
     }
   }
+}
+
+TEST_CASE("layer_norm, rms_norm backward: CUDA's one launch of dx and the parameters' chunk partials (d = 128, 256) "
+          "gives the CPU's bits, with and without a fake quant's mask") {
+  QGRAD_REQUIRE_GPU();
+  // 17 rows: one short chunk; 64: one full; 200: three full and a short one.
+  for (const std::int64_t rows : {17LL, 64LL, 200LL})
+    for (const std::int64_t d : {128LL, 256LL})
+      for (const DType dt : {DType::f32, DType::bf16, DType::f16}) {
+        CAPTURE(rows);
+        CAPTURE(d);
+        CAPTURE(dtype_name(dt));
+        const Tensor x = rnd({rows, d}, 81, DType::f64, 2.0), w = rnd({d}, 82), b = rnd({d}, 83);
+        const Tensor dy = rnd({rows, d}, 84, dt);
+        // 0: layer_norm (weight, bias); 1: layer_norm (weight only); 2: rms_norm (weight);
+        // 3: layer_norm_fake_quantize_dynamic (weight, bias: dy read through its mask; symmetric, so
+        // that a row's largest positive value, at +127.5 steps, rounds out of range: zero bits).
+        for (int form = 0; form < 4; ++form) {
+          CAPTURE(form);
+          auto run = [&](Device dev) {
+            const bool with_bias = form == 0 || form == 3;
+            Tensor xl = fresh(x, dt, dev), wl = fresh(w, dt, dev), bl = with_bias ? fresh(b, dt, dev) : Tensor();
+            if (dev.is_cuda()) prepoison({rows, d}, dt);
+            Tensor y = form == 2   ? rms_norm(xl, {d}, wl)
+                       : form == 3 ? layer_norm_fake_quantize_dynamic(xl, {d}, wl, bl, 1e-5, QuantMode::symmetric,
+                                                                      -128, 127, FLT_EPSILON)
+                                   : layer_norm(xl, {d}, wl, bl);
+            if (dev.is_cuda()) prepoison({rows, d}, dt);
+            y.backward(dy.to(dev));
+            return std::vector<Tensor>{y.cpu(), xl.grad().cpu(), wl.grad().cpu(),
+                                       with_bias ? bl.grad().cpu() : Tensor()};
+          };
+          const auto c = run(Device::cpu()), g = run(Device::cuda(0));
+          CHECK(bit_equal(c[0], g[0]));
+          CHECK(bit_equal(c[1], g[1]));
+          CHECK(bit_equal(c[2], g[2]));
+          if (c[3].defined()) CHECK(bit_equal(c[3], g[3]));
+          if (form == 3) {  // the mask drops some of dy: the gradient differs from layer_norm's own
+            const Device cpu = Device::cpu();
+            const Tensor xl = fresh(x, dt, cpu), wl = fresh(w, dt, cpu), bl = fresh(b, dt, cpu);
+            layer_norm(xl, {d}, wl, bl).backward(dy);
+            CHECK_FALSE(bit_equal(xl.grad(), c[1]));
+          }
+        }
+      }
 }
 
 // ---------------------------------------------------------------- embedding

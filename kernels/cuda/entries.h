@@ -61,6 +61,8 @@ void int8_gemm(int device, const std::int8_t* a, std::int64_t lda, const std::in
 // Returns false, launching nothing, otherwise.
 bool fake_quantize_dynamic_rows(const Tensor& x, const Tensor& y, std::uint32_t* mask, std::int64_t row_len, int qmin,
                                 int qmax, bool symmetric, float eps, RowPrologue prologue);
+bool fake_quantize_dynamic_rows_batch(const std::vector<RowsBatchItem>& items, std::int64_t row_len, int qmin,
+                                      int qmax, bool symmetric, float eps);
 
 // relu with its x > 0 mask in one pass, one warp ballot per mask word
 // (train_ops relu_fw; the generic loop would pack each word in one thread).
@@ -114,6 +116,14 @@ void rms_norm_warp_rows(const Tensor& x, const Tensor& w, const Tensor& y, const
                         double eps);
 void norm_backward_warp_rows(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
                              const Tensor& dy, const Tensor& dx, std::int64_t d, const std::uint32_t* dy_mask);
+// norm_backward_warp_rows and the weight and bias gradients' chunk partials
+// (pw, pb: [rows / kNormChunkRows rounded up, d] in op math, either
+// undefined when not wanted; the partial column sums of NormWeightPartial and
+// NormBiasPartial, kernels/transformer.cpp) in one launch, the same bits.
+// False (nothing written) unless d is 128 or 256 and the math f32.
+bool norm_backward_chunks(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd, const Tensor& dy,
+                          const std::uint32_t* dy_mask, const Tensor& dx, const Tensor& pw, const Tensor& pb,
+                          std::int64_t d);
 void softmax_warp_rows(const Tensor& x, const Tensor& y, std::int64_t n);
 // kernels::layer_norm_fake_quantize_dynamic_rows (kernels/lowbit.h): a warp a
 // row, the row in registers; layer_norm_warp_rows's sums, then the fake quant

@@ -5,6 +5,8 @@
 // tree: exactly formulas::lane_sum's order, so each row gives the bits of the
 // one-index-per-row loop of kernels/transformer.cpp (the CPU's), with the same
 // per-element formulas. The weight and bias gradients stay in that file.
+#include <mutex>
+
 #include "qgrad/kernels/bitmask.h"
 #include "qgrad/kernels/cuda/entries.h"
 #include "qgrad/kernels/cuda/launch.cuh"
@@ -12,6 +14,7 @@
 #include "qgrad/kernels/cuda/warp_rows.cuh"
 #include "qgrad/kernels/formulas/lowbit.h"
 #include "qgrad/kernels/formulas/transformer.h"
+#include "qgrad/kernels/transformer.h"
 
 namespace qgrad::kernels::cuda {
 
@@ -211,6 +214,141 @@ void norm_backward_impl(const Tensor& x, const Tensor& w, const Tensor& mean, co
   });
 }
 
+// norm_backward_impl and the first stage of the weight and bias gradients
+// in one launch (norm_backward_chunks): a block per chunk of kNormChunkRows
+// rows, a warp per row (warp w: rows w and w + 32, both loaded before either
+// is reduced) computing dx as norm_backward_impl does (the same formulas and
+// order) and parking its terms dy * xhat (NormWeightPartial's) and dy
+// (NormBiasPartial's) in shared memory; then four threads per column and
+// parameter sum the chunk's terms exactly as column_sum_short_kernel does
+// (lane l: 0 + t[l] + t[l + 32], missing rows +0; thread q holds lanes q + 4m;
+// the tree's levels 16, 8, 4 in registers, 2 and 1 by shuffles): the same
+// partials, written without reading dy and x a second time.
+constexpr int kChunkThreads = 1024;
+constexpr int kChunkRows = static_cast<int>(kNormChunkRows);
+constexpr int kChunkRowsPerWarp = kChunkRows / (kChunkThreads / 32);
+static_assert(kChunkRows == 64 && kChunkRowsPerWarp == 2, "the partial sums' lane order assumes chunks of 64 rows");
+
+template <class T, int kPer>
+__global__ void __launch_bounds__(kChunkThreads)
+    norm_backward_chunk_kernel(const T* __restrict__ x, const T* __restrict__ w, const op_math_t<T>* __restrict__ mean,
+                               const op_math_t<T>* __restrict__ rstd, const T* __restrict__ dy,
+                               const std::uint32_t* __restrict__ dy_mask, T* __restrict__ dx,
+                               op_math_t<T>* __restrict__ pw, op_math_t<T>* __restrict__ pb, std::int64_t rows) {
+  ::qgrad::cuda::wait_for_prior_kernels();
+  using M = op_math_t<T>;
+  constexpr int d = 32 * kPer;
+  extern __shared__ __align__(16) unsigned char chunk_smem[];
+  M* tw = reinterpret_cast<M*>(chunk_smem);  // [kChunkRows][d]
+  M* tb = tw + kChunkRows * d;
+  const std::int64_t row0 = std::int64_t{blockIdx.x} * kChunkRows;
+  const int n = static_cast<int>(rows - row0 < kChunkRows ? rows - row0 : kChunkRows);
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  M dyv[kChunkRowsPerWarp][kPer], xv[kChunkRowsPerWarp][kPer];
+#pragma unroll
+  for (int h = 0; h < kChunkRowsPerWarp; ++h) {
+    const int k = warp + 32 * h;
+    const std::int64_t base = (row0 + (k < n ? k : 0)) * d;  // past the last row: row0's, not used
+#pragma unroll
+    for (int t = 0; t < kPer; ++t) {
+      dyv[h][t] = formulas::masked_grad(dy, dy_mask, base + lane + 32 * t);
+      xv[h][t] = M(x[base + lane + 32 * t]);
+    }
+  }
+#pragma unroll
+  for (int h = 0; h < kChunkRowsPerWarp; ++h) {
+    const int k = warp + 32 * h;
+    if (k >= n) {  // past the last row: the +0 terms column_sum_short_kernel adds
+#pragma unroll
+      for (int t = 0; t < kPer; ++t) tw[k * d + lane + 32 * t] = tb[k * d + lane + 32 * t] = M(0);
+      continue;
+    }
+    const std::int64_t r = row0 + k, base = r * d;
+    const M mu = mean != nullptr ? mean[r] : M(0), rs = rstd[r];
+    M g[kPer], xh[kPer];
+    M s = M(0), sx = M(0);
+#pragma unroll
+    for (int t = 0; t < kPer; ++t) {
+      g[t] = w != nullptr ? dyv[h][t] * M(w[lane + 32 * t]) : dyv[h][t];
+      xh[t] = (xv[h][t] - mu) * rs;
+      if (mean != nullptr) s += g[t];
+      sx += g[t] * xh[t];
+    }
+    const M mean_g = mean != nullptr ? warp_lane_sum(s) / M(d) : M(0);
+    const M mean_gx = warp_lane_sum(sx) / M(d);
+#pragma unroll
+    for (int t = 0; t < kPer; ++t) {
+      const int j = lane + 32 * t;
+      dx[base + j] = T(rs * ((g[t] - mean_g) - xh[t] * mean_gx));
+      tw[k * d + j] = dyv[h][t] * xh[t];
+      tb[k * d + j] = dyv[h][t];
+    }
+  }
+  __syncthreads();
+  constexpr int kGroup = 4, kHeld = 32 / kGroup;
+  static_assert((2 * d * kGroup) % kChunkThreads == 0, "every thread takes part in each round's shuffles");
+  for (int first = 0; first < 2 * d * kGroup; first += kChunkThreads) {
+    const int c = (first + static_cast<int>(threadIdx.x)) / kGroup, q = static_cast<int>(threadIdx.x) % kGroup;
+    const M* t = c < d ? tw + c : tb + (c - d);
+    M acc[kHeld];
+#pragma unroll
+    for (int m = 0; m < kHeld; ++m) {
+      const int l = q + kGroup * m;
+      acc[m] = M(0) + t[l * d];
+      acc[m] += t[(l + 32) * d];
+    }
+#pragma unroll
+    for (int level = 0; level < 3; ++level) {  // lanes + 16, + 8, + 4: held here
+      const int h = (kHeld / 2) >> level;
+#pragma unroll
+      for (int m = 0; m < kHeld / 2; ++m)
+        if (m < h) acc[m] += acc[m + h];
+    }
+    const M from2 = __shfl_down_sync(0xffffffffu, acc[0], 2, kGroup);
+    if (q < 2) acc[0] += from2;
+    const M from1 = __shfl_down_sync(0xffffffffu, acc[0], 1, kGroup);
+    M* out = c < d ? pw : pb;
+    if (q == 0 && out != nullptr) out[std::int64_t{blockIdx.x} * d + (c < d ? c : c - d)] = acc[0] + from1;
+  }
+}
+
+template <class T, int kPer>
+void norm_backward_chunk_launch(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
+                                const Tensor& dy, const std::uint32_t* dy_mask, const Tensor& dx, const Tensor& pw,
+                                const Tensor& pb, std::int64_t rows) {
+  using M = op_math_t<T>;
+  constexpr int kSmem = 2 * kChunkRows * 32 * kPer * static_cast<int>(sizeof(M));
+  constexpr auto kernel = norm_backward_chunk_kernel<T, kPer>;
+  const int dev = dx.device().index;
+  // Past 48 KiB a kernel's dynamic shared memory must be allowed, once per device.
+  static std::once_flag once[64];
+  auto allow = [&] {
+    QGRAD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+  };
+  if (dev >= 0 && dev < 64) std::call_once(once[dev], allow);
+  else allow();
+  ::qgrad::cuda::launch_kernel(dev, kernel, static_cast<unsigned>((rows + kChunkRows - 1) / kChunkRows),
+                               kChunkThreads, kSmem, static_cast<const T*>(x.data_ptr()),
+                               w.defined() ? static_cast<const T*>(w.data_ptr()) : nullptr,
+                               mean.defined() ? static_cast<const M*>(mean.data_ptr()) : nullptr,
+                               static_cast<const M*>(rstd.data_ptr()), static_cast<const T*>(dy.data_ptr()), dy_mask,
+                               static_cast<T*>(dx.data_ptr()), pw.defined() ? static_cast<M*>(pw.data_ptr()) : nullptr,
+                               pb.defined() ? static_cast<M*>(pb.data_ptr()) : nullptr, rows);
+}
+
+template <class T>
+bool norm_backward_chunks_impl(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
+                               const Tensor& dy, const std::uint32_t* dy_mask, const Tensor& dx, const Tensor& pw,
+                               const Tensor& pb, std::int64_t d) {
+  const std::int64_t rows = x.numel() / d;
+  if (rows == 0 || rows / kChunkRows >= 0x7fffffff || (!pw.defined() && !pb.defined())) return false;
+  switch (d) {
+    case 128: norm_backward_chunk_launch<T, 4>(x, w, mean, rstd, dy, dy_mask, dx, pw, pb, rows); return true;
+    case 256: norm_backward_chunk_launch<T, 8>(x, w, mean, rstd, dy, dy_mask, dx, pw, pb, rows); return true;
+    default: return false;
+  }
+}
+
 template <class T>
 void softmax_impl(const Tensor& x, const Tensor& y, std::int64_t n) {
   using M = op_math_t<T>;
@@ -260,6 +398,16 @@ void norm_backward_warp_rows(const Tensor& x, const Tensor& w, const Tensor& mea
   dispatch_floating(dx.dtype(), "norm_backward", [&](auto tag) {
     norm_backward_impl<typename decltype(tag)::type>(x, w, mean, rstd, dy, dx, d, dy_mask);
   });
+}
+bool norm_backward_chunks(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd, const Tensor& dy,
+                          const std::uint32_t* dy_mask, const Tensor& dx, const Tensor& pw, const Tensor& pb,
+                          std::int64_t d) {
+  switch (x.dtype()) {  // math in f32 (f64's terms would take twice the shared memory)
+    case DType::f32: return norm_backward_chunks_impl<float>(x, w, mean, rstd, dy, dy_mask, dx, pw, pb, d);
+    case DType::bf16: return norm_backward_chunks_impl<bfloat16>(x, w, mean, rstd, dy, dy_mask, dx, pw, pb, d);
+    case DType::f16: return norm_backward_chunks_impl<half>(x, w, mean, rstd, dy, dy_mask, dx, pw, pb, d);
+    default: return false;
+  }
 }
 bool layer_norm_fake_quantize_dynamic_rows(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y,
                                            const Tensor& mean, const Tensor& rstd, std::uint32_t* mask,

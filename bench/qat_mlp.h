@@ -18,6 +18,7 @@ struct QatStep {
   std::shared_ptr<nn::Sequential> model = std::make_shared<nn::Sequential>();
   std::unique_ptr<nn::Optimizer> opt;  // SGD here; AdamW for the ViT (qat_vit.h)
   double clip_grad_norm = 0;  // > 0: nn::clip_grad_norm(*opt, it) fused into the step
+  bool stage_8da8w = false;   // nn::stage_8da8w_weights before the forward (the ViT)
 
   void prepare(Device device, double lr) {
     nn::prepare_qat(*model, nn::default_qat_qconfig());
@@ -31,6 +32,7 @@ struct QatStep {
 
   void step(const Tensor& x, const Tensor& y) {
     opt->zero_grad();  // set to none
+    if (stage_8da8w) nn::stage_8da8w_weights(*model);
     Tensor loss = cross_entropy(model->forward(x), y);
     loss.backward();
     if (clip_grad_norm > 0) nn::clip_grad_norm(*opt, clip_grad_norm, 2.0, true);

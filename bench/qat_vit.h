@@ -4,8 +4,13 @@
 // prepared with the transformer recipe 8da8w (every Linear: dynamic
 // per-token asymmetric int8 activations, per-channel symmetric int8 weights,
 // straight-through), AdamW (lr 1e-3, weight decay 0.05) with the gradients'
-// global norm clipped to 1 on the device, fused into the AdamW kernel.
+// global norm clipped to 1 on the device, fused into the AdamW kernel; the
+// 24 weights fake-quantized by one nn::stage_8da8w_weights before each
+// forward, as the example's loop does.
 #pragma once
+
+#include <cstdlib>
+#include <string>
 
 #include "qat_mlp.h"
 
@@ -23,6 +28,9 @@ struct QatVit : QatStep {
     a.weight_decay = 0.05;
     opt = std::make_unique<nn::AdamW>(model->named_parameters(), a);
     clip_grad_norm = 1.0;
+    // QGRAD_BENCH_STAGE_8DA8W=0: each forward fake-quantizes its own weight (A/B runs).
+    const char* stage = std::getenv("QGRAD_BENCH_STAGE_8DA8W");
+    stage_8da8w = stage == nullptr || std::string(stage) != "0";
   }
 };
 

@@ -154,6 +154,17 @@ bool fake_quantize_dynamic_rows([[maybe_unused]] const Tensor& x, [[maybe_unused
   return false;
 }
 
+bool fake_quantize_dynamic_rows_batch([[maybe_unused]] const std::vector<RowsBatchItem>& items,
+                                      [[maybe_unused]] std::int64_t row_len, [[maybe_unused]] int qmin,
+                                      [[maybe_unused]] int qmax, [[maybe_unused]] bool symmetric,
+                                      [[maybe_unused]] float eps) {
+#if QGRAD_WITH_CUDA
+  if (!items.empty() && items[0].x.is_cuda())
+    return cuda::fake_quantize_dynamic_rows_batch(items, row_len, qmin, qmax, symmetric, eps);
+#endif
+  return false;
+}
+
 bool layer_norm_fake_quantize_dynamic_rows([[maybe_unused]] const Tensor& x, [[maybe_unused]] const Tensor& w,
                                            [[maybe_unused]] const Tensor& b, [[maybe_unused]] const Tensor& y,
                                            [[maybe_unused]] const Tensor& mean, [[maybe_unused]] const Tensor& rstd,

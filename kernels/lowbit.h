@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "qgrad/core/tensor.h"
 #include "qgrad/kernels/layout.h"
@@ -31,6 +32,18 @@ enum class RowPrologue { none, gelu, gelu_tanh };
 // caller composes the ops).
 bool fake_quantize_dynamic_rows(const Tensor& x, const Tensor& y, std::uint32_t* mask, std::int64_t row_len, int qmin,
                                 int qmax, bool symmetric, float eps, RowPrologue prologue = RowPrologue::none);
+// One tensor of fake_quantize_dynamic_rows_batch: y has x's dtype, device
+// and element count; mask as fake_quantize_dynamic_rows's (null: none).
+struct RowsBatchItem {
+  Tensor x, y;
+  std::uint32_t* mask = nullptr;
+};
+// fake_quantize_dynamic_rows (no prologue) of every item in one CUDA launch
+// (32 items a launch): each item's bits are those of its own call. The items
+// share a dtype (f32, bf16, f16), a device and row_len (one that
+// fake_quantize_dynamic_rows takes); returns false, writing nothing, otherwise.
+bool fake_quantize_dynamic_rows_batch(const std::vector<RowsBatchItem>& items, std::int64_t row_len, int qmin,
+                                      int qmax, bool symmetric, float eps);
 // layer_norm over contiguous rows of d elements (mean and rstd written as
 // kernels::layer_norm writes them), then fake_quantize_dynamic per row of
 // its output (rounded to x's dtype first, as the two ops): the per-token fake

@@ -184,15 +184,31 @@ Int8DynActInt8WeightQATLinear::Int8DynActInt8WeightQATLinear(const Linear& linea
   set_compute_dtype(linear.compute_dtype());
 }
 
+void Int8DynActInt8WeightQATLinear::stage_fake_quantized_weight(const Tensor& w) {
+  const char* op = "Int8DynActInt8WeightQATLinear::stage_fake_quantized_weight";
+  check::defined(w, op, "w");
+  QGRAD_CHECK(w.shape() == weight_.shape() && w.dtype() == weight_.dtype() && w.device() == weight_.device(), op, "w",
+              "expected the weight's shape ", shape_str(weight_.shape()), ", dtype and device, got ", shape_str(w.shape()),
+              " ", dtype_name(w.dtype()), " on ", w.device().str());
+  staged_weight_ = w;
+}
+
+Tensor Int8DynActInt8WeightQATLinear::take_fake_quantized_weight() {
+  if (!staged_weight_.defined()) return fake_quantize_8da8w_weight(weight_);
+  Tensor w = staged_weight_;
+  staged_weight_ = Tensor();
+  return w;
+}
+
 Tensor Int8DynActInt8WeightQATLinear::forward(const Tensor& x) {
   if (!fake_quant_) return ::qgrad::linear(to_compute(x), to_compute(weight_), to_compute(bias_));
-  return ::qgrad::linear(fake_quantize_8da4w_activation(to_compute(x)),
-                         to_compute(fake_quantize_8da8w_weight(weight_)), to_compute(bias_));
+  return ::qgrad::linear(fake_quantize_8da4w_activation(to_compute(x)), to_compute(take_fake_quantized_weight()),
+                         to_compute(bias_));
 }
 
 Tensor Int8DynActInt8WeightQATLinear::forward_layer_norm(const Tensor& x, LayerNorm& ln) {
   if (!fake_quant_ || ln.compute_dtype() || compute_dtype()) return forward(ln.forward(x));
-  return ::qgrad::linear(layer_norm_8da4w_activation(x, ln), fake_quantize_8da8w_weight(weight_), bias_);
+  return ::qgrad::linear(layer_norm_8da4w_activation(x, ln), take_fake_quantized_weight(), bias_);
 }
 
 Tensor Int8DynActInt8WeightQATLinear::forward_gelu(const Tensor& x, GeluApproximate approximate) {
@@ -200,7 +216,7 @@ Tensor Int8DynActInt8WeightQATLinear::forward_gelu(const Tensor& x, GeluApproxim
   const bool cast = compute_dtype() && x.defined() && is_floating(x.dtype()) && x.dtype() != *compute_dtype();
   if (!fake_quant_ || cast) return forward(gelu(x, approximate));
   return ::qgrad::linear(gelu_fake_quantize_8da4w_activation(x, approximate),
-                         to_compute(fake_quantize_8da8w_weight(weight_)), to_compute(bias_));
+                         to_compute(take_fake_quantized_weight()), to_compute(bias_));
 }
 
 std::shared_ptr<Module> Int8DynActInt8WeightQATLinear::clone() const {
@@ -210,6 +226,25 @@ std::shared_ptr<Module> Int8DynActInt8WeightQATLinear::clone() const {
   auto copy = std::make_shared<Int8DynActInt8WeightQATLinear>(shape);
   copy->fake_quant_ = fake_quant_;
   return clone_into(copy);
+}
+
+void stage_8da8w_weights(Module& root) {
+  std::vector<Int8DynActInt8WeightQATLinear*> linears;
+  std::vector<Tensor> weights;
+  walk(root, [&](Module& m) {
+    auto* q = dynamic_cast<Int8DynActInt8WeightQATLinear*>(&m);
+    if (q == nullptr) return;
+    q->drop_staged_weight();  // one left from an earlier staging its forward never took
+    if (!q->fake_quant_enabled()) return;
+    linears.push_back(q);
+    weights.push_back(q->weight());
+  });
+  if (linears.empty()) return;
+  // fake_quantize_8da8w_weight's arguments.
+  const std::vector<Tensor> staged = fake_quantize_dynamic_batch(weights, QuantScope::per_channel(0),
+                                                                 QuantMode::symmetric, -128, 127,
+                                                                 std::numeric_limits<float>::epsilon());
+  for (std::size_t i = 0; i < linears.size(); ++i) linears[i]->stage_fake_quantized_weight(staged[i]);
 }
 
 void enable_recipe_fake_quant(Module& root, bool on) {

@@ -148,11 +148,29 @@ class Int8DynActInt8WeightQATLinear : public Module {
   std::int64_t out_features() const { return weight_.size(0); }
   void enable_fake_quant(bool on) { fake_quant_ = on; }
   bool fake_quant_enabled() const { return fake_quant_; }
+  // Hands the next forward (forward, forward_gelu or forward_layer_norm) its
+  // fake-quantized weight, fake_quantize_8da8w_weight(weight()) computed
+  // elsewhere (stage_8da8w_weights batches them): that forward uses it and
+  // drops it. Throws qgrad::Error naming "w" unless it has weight()'s shape,
+  // dtype and device.
+  void stage_fake_quantized_weight(const Tensor& w);
+  void drop_staged_weight() { staged_weight_ = Tensor(); }
 
  private:
-  Tensor weight_, bias_;
+  // The staged weight (dropped here), or fake_quantize_8da8w_weight(weight_).
+  Tensor take_fake_quantized_weight();
+  Tensor weight_, bias_, staged_weight_;
   bool fake_quant_ = true;
 };
+
+// Fake-quantizes the weight of every Int8DynActInt8WeightQATLinear under
+// root whose fake quant is on with one fake_quantize_dynamic_batch (one CUDA
+// launch for all of them, where each forward launched its own) and stages
+// each result for that linear's next forward: the same values and the same
+// gradients as the forwards computing their own (a staged weight left from an
+// earlier call is dropped first). Call it right before the forward, after the
+// optimizer's step: it fake-quantizes the weights as they are when called.
+void stage_8da8w_weights(Module& root);
 
 // Fake quant on or off in every recipe QAT linear and every FakeQuantize /
 // LearnableFakeQuantize under root (nn::enable_fake_quant for the latter).

@@ -7,7 +7,9 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "qgrad/autograd/node.h"
@@ -498,6 +500,54 @@ Tensor fake_quantize_dynamic(const Tensor& x, QuantScope scope, QuantMode mode, 
   }
   const AffineQparams q = choose_qparams_affine(x.detach(), scope, mode, qmin, qmax, eps);
   return fake_quantize(x, q.scale, q.zero_point, scope, qmin, qmax);
+}
+
+std::vector<Tensor> fake_quantize_dynamic_batch(const std::vector<Tensor>& xs, QuantScope scope, QuantMode mode,
+                                                std::int64_t qmin, std::int64_t qmax, double eps) {
+  const char* op = "fake_quantize_dynamic_batch";
+  QGRAD_CHECK(!xs.empty(), op, "xs", "expected at least one tensor");
+  check::quant_mode(mode, op);
+  const float e = check::affine_range(qmin, qmax, eps, op);
+  // Each tensor as fake_quantize_dynamic checks it, the error naming xs[i].
+  std::vector<Blocks> blocks;
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    const std::string arg = "xs[" + std::to_string(i) + "]";
+    check::floating(xs[i], op, arg.c_str());
+    try {
+      blocks.push_back(scope_blocks(xs[i].shape(), scope, op));
+    } catch (const Error& err) {
+      const std::string prefix = std::string(op) + ": argument '" + err.arg() + "': ";
+      const std::string what = err.what();
+      throw Error(op, err.arg() == "x" ? arg : err.arg(), what.rfind(prefix, 0) == 0 ? what.substr(prefix.size()) : what);
+    }
+  }
+  // The tensors the row kernel may take, grouped by device, dtype and row length.
+  const bool row_scope = scope.kind == QuantScope::token || scope.kind == QuantScope::channel;
+  std::map<std::tuple<int, int, I64>, std::vector<std::size_t>> groups;
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    const Tensor& x = xs[i];
+    const bool rows = scope.kind == QuantScope::token || blocks[i].axis == 0;
+    if (!row_scope || !rows || !x.is_cuda() || x.numel() == 0 || x.dtype() == DType::f64) continue;
+    const I64 row_len = scope.kind == QuantScope::token ? x.shape().back() : x.numel() / x.shape().front();
+    groups[{x.device().index, static_cast<int>(x.dtype()), row_len}].push_back(i);
+  }
+  std::vector<Tensor> out(xs.size()), masks(xs.size());
+  for (const auto& [key, members] : groups) {
+    std::vector<kernels::RowsBatchItem> items;
+    for (const std::size_t i : members) {
+      out[i] = Tensor::empty(xs[i].shape(), like(xs[i], xs[i].dtype()));
+      if (any_requires_grad({xs[i]})) masks[i] = new_mask(xs[i]);
+      items.push_back({xs[i], out[i], mask_words(masks[i])});
+    }
+    if (!kernels::fake_quantize_dynamic_rows_batch(items, std::get<2>(key), static_cast<int>(qmin),
+                                                   static_cast<int>(qmax), mode == QuantMode::symmetric, e))
+      for (const std::size_t i : members) out[i] = masks[i] = Tensor();  // left to fake_quantize_dynamic below
+  }
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    if (!out[i].defined()) out[i] = fake_quantize_dynamic(xs[i], scope, mode, qmin, qmax, eps);
+    else if (masks[i].defined()) record_masked_backward(op, out[i], xs[i], masks[i]);
+  }
+  return out;
 }
 
 Tensor gelu_fake_quantize_dynamic(const Tensor& x, GeluApproximate approximate, QuantScope scope, QuantMode mode,

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "qgrad/core/tensor.h"
 #include "qgrad/ops/activation.h"     // GeluApproximate
@@ -87,6 +88,16 @@ AffineQparams choose_qparams_affine(const Tensor& x, QuantScope scope, QuantMode
 // else runs the two ops. Errors: those of the two ops.
 Tensor fake_quantize_dynamic(const Tensor& x, QuantScope scope, QuantMode mode, std::int64_t qmin, std::int64_t qmax,
                              double eps);
+
+// fake_quantize_dynamic(xs[i], scope, mode, qmin, qmax, eps) for every i,
+// the same values bit for bit and the same gradients (each output its own
+// autograd node and saved mask), with one CUDA launch for all the tensors its
+// row kernel takes that share a device, dtype and row length (a model's
+// weights per channel: what a step spent a launch per weight on). Errors:
+// "xs" empty; "xs[i]" where fake_quantize_dynamic would name "x"; mode, qmin,
+// qmax, eps as fake_quantize_dynamic's; all checked before anything runs.
+std::vector<Tensor> fake_quantize_dynamic_batch(const std::vector<Tensor>& xs, QuantScope scope, QuantMode mode,
+                                                std::int64_t qmin, std::int64_t qmax, double eps);
 
 // fake_quantize_dynamic(gelu(x, approximate), scope, mode, qmin, qmax, eps)
 // as one op, the same values bit for bit on each device: the input of a QAT

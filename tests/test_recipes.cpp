@@ -228,6 +228,45 @@ TEST_CASE("recipes: gelu_fake_quantize_dynamic is gelu then fake_quantize_dynami
   }
 }
 
+TEST_CASE("recipes: fake_quantize_dynamic_batch is fake_quantize_dynamic of each tensor, values and gradients") {
+  // Per channel: rows of 128 (two tensors, one batch), 512, 64 (not the row
+  // kernel's) and a rank-3 tensor; per token: rows of 256 and 384. f64: the composition.
+  const Shape shapes[] = {{384, 128}, {128, 128}, {64, 512}, {16, 64}, {2, 3, 256}, {5, 384}};
+  for (const Device d : test_devices())
+    for (const DType dt : {DType::f32, DType::bf16, DType::f16, DType::f64})
+      for (const bool per_token : {false, true}) {
+        CAPTURE(d.str());
+        CAPTURE(dtype_name(dt));
+        CAPTURE(per_token);
+        const QuantScope scope = per_token ? QuantScope::per_token() : QuantScope::per_channel(0);
+        const QuantMode mode = per_token ? QuantMode::asymmetric : QuantMode::symmetric;
+        Generator g(52);
+        std::vector<Tensor> xa, xb, dys;
+        for (const Shape& s : shapes) {
+          const Tensor x0 = randn(s, g, TensorOptions{}, 0.0, 2.0).to(dt).to(d);
+          xa.push_back(param(x0.clone().detach()));
+          xb.push_back(param(x0.clone().detach()));
+          dys.push_back(randn(s, g).to(dt).to(d));
+        }
+        if (d.is_cuda()) prepoison(shapes[0], dt);
+        const std::vector<Tensor> ya = fake_quantize_dynamic_batch(xa, scope, mode, -128, 127, FLT_EPSILON);
+        REQUIRE(ya.size() == xa.size());
+        for (std::size_t i = 0; i < xa.size(); ++i) {
+          CAPTURE(i);
+          const Tensor yb = fake_quantize_dynamic(xb[i], scope, mode, -128, 127, FLT_EPSILON);
+          CHECK(bit_equal(ya[i], yb));
+          ya[i].backward(dys[i]);
+          yb.backward(dys[i]);
+          CHECK(bit_equal(xa[i].grad(), xb[i].grad()));
+        }
+        // Symmetric per channel clamps each row's largest positive value (+127.5 steps): some zero gradients.
+        if (!per_token) {
+          const std::vector<double> g0 = values(xa[0].grad());
+          CHECK(std::count(g0.begin(), g0.end(), 0.0) > 0);
+        }
+      }
+}
+
 TEST_CASE("recipes: layer_norm_fake_quantize_dynamic is layer_norm then fake_quantize_dynamic, bit for bit, each device") {
   // Rows the CUDA kernel takes (128, 384), one it leaves to the composition
   // (96), and a normalized shape of two dims (the composition); with and

@@ -309,6 +309,50 @@ TEST_CASE("vit: 8da8w on the whole ViT: every Linear prepared, the W8A8 model ag
   }
 }
 
+// stage_8da8w_weights (one fake_quantize_dynamic_batch for the weights) in
+// front of a step changes no bit of its loss or gradients; rows of 128 and
+// 256 (dim 128, MLP 256) so that CUDA's batch kernel takes every block weight
+// (the patch projection's rows of 49 and the head's go the composed way).
+TEST_CASE("vit: stage_8da8w_weights leaves the 8da8w step's loss and every gradient as they were, bit for bit") {
+  for (const Device d : test_devices()) {
+    CAPTURE(d.str());
+    nn::ViTOptions o = small_vit();
+    o.dim = 128;
+    o.depth = 1;
+    Generator g(16);
+    auto a = nn::make_vit(o, g);
+    a->to(d);
+    nn::prepare_qat(*a, nn::Recipe::w8da8);
+    auto b = std::dynamic_pointer_cast<nn::Sequential>(a->clone());
+    REQUIRE(b);
+    const Tensor x = images(8, 17, d);
+    const Tensor labels = Tensor::from_vector<std::int64_t>({3, 1, 4, 1, 5, 9, 2, 6}, {8}).to(d);
+    for (int step = 0; step < 2; ++step) {  // the second: staged again, the first staging's tensors taken
+      CAPTURE(step);
+      a->zero_grad();
+      b->zero_grad();
+      const Tensor la = cross_entropy((*a)(x), labels);
+      nn::stage_8da8w_weights(*b);
+      const Tensor lb = cross_entropy((*b)(x), labels);
+      CHECK(bit_equal(la, lb));
+      la.backward();
+      lb.backward();
+      const auto pa = a->named_parameters(), pb = b->named_parameters();
+      REQUIRE(pa.size() == pb.size());
+      for (std::size_t i = 0; i < pa.size(); ++i) {
+        CAPTURE(pa[i].first);
+        CHECK(bit_equal(pa[i].second.grad(), pb[i].second.grad()));
+      }
+    }
+    // A staged weight is taken once: the next forward computes its own.
+    nn::stage_8da8w_weights(*b);
+    NoGradGuard ng;
+    const Tensor y1 = (*b)(x), y2 = (*b)(x), y3 = (*a)(x);
+    CHECK(bit_equal(y1, y2));
+    CHECK(bit_equal(y1, y3));
+  }
+}
+
 // 8da4w and fp8 reach every Linear of the tree as 8da8w does; 8da4w leaves
 // the patch projection (49 inputs, no group of 32 divides them) in float
 // with skip_indivisible and refuses the model without it, changing nothing.

@@ -499,14 +499,13 @@ __device__ __forceinline__ T row_prologue(T v) {
   else return v;
 }
 
+// One warp's row: load, min/max, qparams, fake quant, mask (rows of the
+// tensor at x / y / mask, `rows` of them).
 template <class T, int kChunks, bool kVec, RowPrologue kPrologue>
-__global__ void __launch_bounds__(kDynamicRowsThreads)
-    fake_quantize_dynamic_rows_kernel(const T* __restrict__ x, T* __restrict__ y, std::uint32_t* __restrict__ mask,
-                                      std::int64_t rows, int qmin, int qmax, bool symmetric, float eps) {
-  ::qgrad::cuda::wait_for_prior_kernels();
-  const std::int64_t row = (std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x) >> 5;
-  if (row >= rows) return;  // whole warps leave together
-  const unsigned lane = threadIdx.x & 31u;
+__device__ __forceinline__ void fake_quantize_dynamic_row(const T* __restrict__ x, T* __restrict__ y,
+                                                          std::uint32_t* __restrict__ mask, std::int64_t row,
+                                                          std::int64_t rows, unsigned lane, int qmin, int qmax,
+                                                          bool symmetric, float eps) {
   const std::int64_t n = rows * kChunks * kBitmaskBlock;
   T v[kChunks][4];
 #pragma unroll
@@ -546,6 +545,93 @@ __global__ void __launch_bounds__(kDynamicRowsThreads)
       for (int k = 0; k < 4; ++k) y[i0 + k] = o[k];
     }
     if (mask) store_mask_block(mask, b, bit, lane);  // uniform across the warp
+  }
+}
+
+template <class T, int kChunks, bool kVec, RowPrologue kPrologue>
+__global__ void __launch_bounds__(kDynamicRowsThreads)
+    fake_quantize_dynamic_rows_kernel(const T* __restrict__ x, T* __restrict__ y, std::uint32_t* __restrict__ mask,
+                                      std::int64_t rows, int qmin, int qmax, bool symmetric, float eps) {
+  ::qgrad::cuda::wait_for_prior_kernels();
+  const std::int64_t row = (std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x) >> 5;
+  if (row >= rows) return;  // whole warps leave together
+  fake_quantize_dynamic_row<T, kChunks, kVec, kPrologue>(x, y, mask, row, rows, threadIdx.x & 31u, qmin, qmax,
+                                                         symmetric, eps);
+}
+
+// fake_quantize_dynamic_rows_batch: up to kRowsBatchMax tensors of one row
+// length in one launch, their rows numbered one after another (tensor t's
+// rows from first_row[t]); a warp finds its tensor by a scan of the table
+// (uniform across the warp), then does fake_quantize_dynamic_row.
+constexpr int kRowsBatchMax = 32;
+template <class T>
+struct RowsBatchTable {
+  const T* x[kRowsBatchMax];
+  T* y[kRowsBatchMax];
+  std::uint32_t* mask[kRowsBatchMax];
+  std::int64_t first_row[kRowsBatchMax + 1];
+  int count;
+};
+
+template <class T, int kChunks, bool kVec>
+__global__ void __launch_bounds__(kDynamicRowsThreads)
+    fake_quantize_dynamic_rows_batch_kernel(const RowsBatchTable<T> table, int qmin, int qmax, bool symmetric,
+                                            float eps) {
+  ::qgrad::cuda::wait_for_prior_kernels();
+  const std::int64_t row = (std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x) >> 5;
+  if (row >= table.first_row[table.count]) return;  // whole warps leave together
+  int t = 0;
+  while (row >= table.first_row[t + 1]) ++t;
+  fake_quantize_dynamic_row<T, kChunks, kVec, RowPrologue::none>(
+      table.x[t], table.y[t], table.mask[t], row - table.first_row[t], table.first_row[t + 1] - table.first_row[t],
+      threadIdx.x & 31u, qmin, qmax, symmetric, eps);
+}
+
+template <class T, int kChunks>
+void fake_quantize_dynamic_rows_batch_launch(const std::vector<RowsBatchItem>& items, std::size_t first,
+                                             std::size_t count, std::int64_t row_len, int qmin, int qmax,
+                                             bool symmetric, float eps) {
+  RowsBatchTable<T> table{};
+  table.count = static_cast<int>(count);
+  bool vec = true;
+  for (std::size_t i = 0; i < count; ++i) {
+    const RowsBatchItem& it = items[first + i];
+    table.x[i] = static_cast<const T*>(it.x.data_ptr());
+    table.y[i] = static_cast<T*>(it.y.data_ptr());
+    table.mask[i] = it.mask;
+    table.first_row[i + 1] = table.first_row[i] + it.x.numel() / row_len;
+    vec = vec && vec4_aligned<T>(table.x[i]) && vec4_aligned<T>(table.y[i]);
+  }
+  constexpr int rows_per_block = kDynamicRowsThreads / 32;
+  const auto blocks = static_cast<unsigned>((table.first_row[count] + rows_per_block - 1) / rows_per_block);
+  const int dev = items[first].y.device().index;
+  if (vec)
+    ::qgrad::cuda::launch_kernel(dev, fake_quantize_dynamic_rows_batch_kernel<T, kChunks, true>, blocks,
+                                 kDynamicRowsThreads, 0, table, qmin, qmax, symmetric, eps);
+  else
+    ::qgrad::cuda::launch_kernel(dev, fake_quantize_dynamic_rows_batch_kernel<T, kChunks, false>, blocks,
+                                 kDynamicRowsThreads, 0, table, qmin, qmax, symmetric, eps);
+}
+
+template <class T>
+bool fake_quantize_dynamic_rows_batch_typed(const std::vector<RowsBatchItem>& items, std::int64_t row_len, int qmin,
+                                            int qmax, bool symmetric, float eps) {
+  auto launch_all = [&](auto chunks) {
+    for (std::size_t first = 0; first < items.size(); first += kRowsBatchMax) {
+      const std::size_t count = std::min<std::size_t>(kRowsBatchMax, items.size() - first);
+      fake_quantize_dynamic_rows_batch_launch<T, decltype(chunks)::value>(items, first, count, row_len, qmin, qmax,
+                                                                          symmetric, eps);
+    }
+    return true;
+  };
+  switch (row_len) {
+    case 128: return launch_all(std::integral_constant<int, 1>{});
+    case 256: return launch_all(std::integral_constant<int, 2>{});
+    case 384: return launch_all(std::integral_constant<int, 3>{});
+    case 512: return launch_all(std::integral_constant<int, 4>{});
+    case 768: return launch_all(std::integral_constant<int, 6>{});
+    case 1024: return launch_all(std::integral_constant<int, 8>{});
+    default: return false;
   }
 }
 
@@ -644,6 +730,25 @@ bool fake_quantize_dynamic_rows(const Tensor& x, const Tensor& y, std::uint32_t*
       return fake_quantize_dynamic_rows_typed<bfloat16>(x, y, mask, row_len, qmin, qmax, symmetric, eps, prologue);
     case DType::f16:
       return fake_quantize_dynamic_rows_typed<half>(x, y, mask, row_len, qmin, qmax, symmetric, eps, prologue);
+    default: return false;
+  }
+}
+
+bool fake_quantize_dynamic_rows_batch(const std::vector<RowsBatchItem>& items, std::int64_t row_len, int qmin,
+                                      int qmax, bool symmetric, float eps) {
+  if (items.empty() || row_len <= 0) return false;
+  const DType dt = items[0].x.dtype();
+  const Device dev = items[0].x.device();
+  for (const RowsBatchItem& it : items)
+    if (it.x.dtype() != dt || it.y.dtype() != dt || it.x.device() != dev || it.y.device() != dev ||
+        it.x.numel() == 0 || it.x.numel() != it.y.numel() || it.x.numel() % row_len != 0 ||
+        it.x.numel() / row_len > (std::int64_t{1} << 31) / 32)
+      return false;
+  switch (dt) {
+    case DType::f32: return fake_quantize_dynamic_rows_batch_typed<float>(items, row_len, qmin, qmax, symmetric, eps);
+    case DType::bf16:
+      return fake_quantize_dynamic_rows_batch_typed<bfloat16>(items, row_len, qmin, qmax, symmetric, eps);
+    case DType::f16: return fake_quantize_dynamic_rows_batch_typed<half>(items, row_len, qmin, qmax, symmetric, eps);
     default: return false;
   }
 }

@@ -475,6 +475,58 @@ std::vector<OpEntry> lowbit_entries() {
                      {op, "group_size", [=] { fake_quantize_dynamic(x, QuantScope::per_group(-1, 48), asym, -8, 7, 1e-6); }},
                      {op, "axis", [=] { fake_quantize_dynamic(x, QuantScope::per_channel(2), asym, -8, 7, 1e-6); }}};
                }});
+  // fake_quantize_dynamic_batch: axis-0 channels of 256 (x), 128 and 384 (views
+  // of x, so x's gradient is the three straight-throughs summed), 768 (a
+  // detached view) and 64 (left to fake_quantize_dynamic); then per-token rows
+  // of 256 and 128 in one call. On CUDA the row kernel's tensors go in one
+  // launch a row length; CPU = fake_quantize_dynamic of each, so the devices'
+  // agreement is the batch's equality with the op it repeats.
+  e.push_back({"fake_quantize_dynamic_batch", {"fake_quantize_dynamic_batch"}, kFloat, rows256_leaf,
+               [](const Tensors& v) {
+                 const float eps = std::numeric_limits<float>::epsilon();
+                 const Tensor xd = v[0].detach();
+                 const auto ch0 = QuantScope::per_channel(0), tok = QuantScope::per_token();
+                 const auto asym = QuantMode::asymmetric, sym = QuantMode::symmetric;
+                 const std::vector<Tensor> c = fake_quantize_dynamic_batch(
+                     {v[0], v[0].reshape({12, 128}), v[0].reshape({4, 384}), xd.reshape({2, 768}), xd.reshape({24, 64})},
+                     ch0, sym, -128, 127, eps);
+                 const std::vector<Tensor> t =
+                     fake_quantize_dynamic_batch({xd.reshape({3, 2, 256}), xd.reshape({12, 128})}, tok, asym, -128, 127,
+                                                 1e-5);
+                 if (c.size() != 5 || t.size() != 2) return c;  // never: one output a tensor
+                 return Tensors{add(add(c[0], c[1].reshape({6, 256})), c[2].reshape({6, 256})), c[3], c[4], t[0], t[1]};
+               },
+               Promise::bit_identical(), GradMethod::host_reference,
+               [](const Tensors& v, const Tensor& dy) {
+                 const float eps = std::numeric_limits<float>::epsilon();
+                 std::vector<double> dx(static_cast<std::size_t>(v[0].numel()), 0.0);
+                 for (const std::int64_t row : {256, 128, 384}) {
+                   std::vector<double> s, z;
+                   int4_ref_qparams(host(v[0]), row, true, -128, 127, eps, s, z);
+                   const Grads g = int4_straight_through(v[0], dy, s, z, row, -128, 127);
+                   for (std::size_t i = 0; i < dx.size(); ++i) dx[i] += g[0][i];
+                 }
+                 return Grads{dx};
+               },
+               {},
+               [](Device d) {
+                 const char* op = "fake_quantize_dynamic_batch";
+                 const Tensor x = some({4, 128}, d), u;
+                 const auto ch0 = QuantScope::per_channel(0);
+                 const auto sym = QuantMode::symmetric;
+                 auto batch = [](const std::vector<Tensor>& xs, QuantScope sc, QuantMode m, std::int64_t lo,
+                                 std::int64_t hi, double eps) { fake_quantize_dynamic_batch(xs, sc, m, lo, hi, eps); };
+                 return std::vector<BadInput>{
+                     {op, "xs", [=] { batch({}, ch0, sym, -128, 127, 1e-7); }},
+                     {op, "xs[1]", [=] { batch({x, u}, ch0, sym, -128, 127, 1e-7); }},
+                     {op, "xs[0]", [=] { batch({some({4, 128}, d, DType::s8), x}, ch0, sym, -128, 127, 1e-7); }},
+                     {op, "xs[1]", [=] { batch({x, Tensor::scalar(1.0f, d)}, ch0, sym, -128, 127, 1e-7); }},
+                     {op, "mode", [=] { batch({x}, ch0, static_cast<QuantMode>(5), -128, 127, 1e-7); }},
+                     {op, "qmax", [=] { batch({x}, ch0, sym, 127, -128, 1e-7); }},
+                     {op, "eps", [=] { batch({x}, ch0, sym, -128, 127, 0.0); }},
+                     {op, "axis", [=] { batch({x}, QuantScope::per_channel(2), sym, -128, 127, 1e-7); }},
+                     {op, "group_size", [=] { batch({x}, QuantScope::per_group(-1, 48), sym, -8, 7, 1e-6); }}};
+               }});
   // gelu_fake_quantize_dynamic: gelu + fake_quantize_dynamic in one op. Rows
   // the CUDA kernel takes (per token 256 with the erf and tanh forms, axis-0
   // channels of 128) and rows it leaves to the composition (64 long). Not

@@ -308,7 +308,8 @@ TEST_CASE("cuda linear with bias matches the CPU (f32, f16, bf16)") {
 // From 2^27 multiply-adds the bias rides in cuBLASLt's epilogue where it has
 // an algorithm (odd rows of 16-bit types may have none), below that fill +
 // GEMM runs: every shape class against the CPU, the output poisoned
-// beforehand by a NaN-filled block the caching allocator hands back.
+// beforehand by a NaN-filled block the caching allocator hands back; and a
+// second call, after the plan's one-time tuning, bit for bit the first.
 TEST_CASE("cuda linear with bias over shapes the epilogue path does and does not take") {
   QGRAD_REQUIRE_GPU();
   struct Case {
@@ -336,6 +337,11 @@ TEST_CASE("cuda linear with bias over shapes the epilogue path does and does not
       Tensor ref = linear(x.to(d).to(DType::f32), w.to(d).to(DType::f32), b.to(d).to(DType::f32));
       const double tol = d == DType::f32 ? 1e-5 : d == DType::f16 ? 1e-2 : 6e-2;
       CHECK(max_abs_diff(y, ref) <= tol * std::max(1.0, max_abs(ref)));
+      // The epilogue path's first call of a shape tunes its plan (the fastest
+      // split-K-free algorithm with the first one's bytes): later calls give
+      // the first call's bits.
+      Tensor again = linear(x.to(d).cuda(), w.to(d).cuda(), b.to(d).cuda()).cpu().to(DType::f32);
+      CHECK(bit_equal(again, y));
     }
   }
 }

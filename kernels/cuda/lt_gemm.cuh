@@ -55,6 +55,18 @@ bool lt_int8_gemm(int device, const std::int8_t* a, std::int64_t lda, const std:
 bool lt_heuristic_algo(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t a,
                        cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t d, std::size_t workspace, unsigned align_a,
                        unsigned align_b, unsigned align_d, std::uint32_t reduction_schemes, cublasLtMatmulAlgo_t& algo);
+// Up to kLtMaxAlgos algorithms, best first. (A fixed array: nvcc 13.0 fails
+// on a std::vector of cublasLtMatmulAlgo_t, an unnamed struct.)
+inline constexpr int kLtMaxAlgos = 8;
+struct LtAlgos {
+  cublasLtMatmulAlgo_t algo[kLtMaxAlgos];
+  int count = 0;
+};
+// The heuristic's first max_count (<= kLtMaxAlgos) algorithms for the same
+// (fewer when it offers fewer; none on an error).
+LtAlgos lt_heuristic_algos(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t a,
+                           cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t d, std::size_t workspace, unsigned align_a,
+                           unsigned align_b, unsigned align_d, std::uint32_t reduction_schemes, int max_count);
 
 // The float linear with its bias in cuBLASLt's epilogue (CUBLASLT_EPILOGUE_BIAS):
 //   out[M, N] (row-major) = x[M, K] (row-major) x w[N, K]^T + bias[N]
@@ -65,6 +77,10 @@ bool lt_heuristic_algo(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, cublasLtMa
 // the read of it. For 16-bit types split-K partial sums are reduced in f32
 // (no reduction in the output type). Plans (heuristic algorithm and
 // descriptors) are cached per (device, type, shape, operand alignments).
+// A plan's first call outside graph capture times the heuristic's first
+// algorithm against its other split-K-free ones (up to 8) and keeps the
+// fastest whose output has exactly the first one's bytes: the same bits,
+// one synchronization per plan (lt_gemm.cu, tune_linear_plan).
 // Returns false, launching nothing, when cuBLASLt has no algorithm for the
 // shape; the caller then fills and runs the plain GEMM.
 bool lt_linear_bias(int device, cudaDataType_t type, const void* x, const void* w, const void* bias, void* out,

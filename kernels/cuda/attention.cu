@@ -2,7 +2,6 @@
 // lane l handles columns l, l + 32, ... ; the row max by butterfly, the sums
 // in formulas::lane_sum's order (warp_lane_sum), so a row gives the CPU's
 // bits wherever exp does. The element formulas are kernels/formulas/attention.h.
-#include <mutex>
 #include <type_traits>
 
 #include "qgrad/kernels/cuda/entries.h"
@@ -364,18 +363,11 @@ __global__ void __launch_bounds__(kPackedThreads, packed_backward_min_blocks<T>(
   tile_store<kDh>(acc, s.L, s.Dh, [&](int, int j, int d, M dk) { base[j * 3 * W + W + d] = T(dk); });
 }
 
-// Past 48 KiB a kernel's dynamic shared memory must be allowed: the fit rule's
-// bound, once per kernel and device (a template on the kernel itself: the
-// head-dim instantiations share one function type).
+// The fit rule's bound of dynamic shared memory, allowed once per kernel and
+// device (the head-dim instantiations share one function type).
 template <auto kKernel>
 void allow_packed_smem(int dev) {
-  static std::once_flag once[64];
-  auto allow = [] {
-    QGRAD_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          static_cast<int>(kPackedAttentionMaxSmem)));
-  };
-  if (dev >= 0 && dev < 64) std::call_once(once[dev], allow);
-  else allow();
+  allow_dynamic_smem<kKernel>(dev, static_cast<int>(kPackedAttentionMaxSmem));
 }
 
 unsigned packed_blocks(const PackedAttention& a) {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <mutex>
 
 #include "qgrad/core/cuda/common.cuh"
 #include "qgrad/kernels/bitmask.h"
@@ -50,6 +51,19 @@ __device__ __forceinline__ void store_mask_block(std::uint32_t* mask, std::int64
   words.z = __ballot_sync(0xffffffffu, bit[2]);
   words.w = __ballot_sync(0xffffffffu, bit[3]);
   if (lane == 0) *reinterpret_cast<uint4*>(mask + b * kBitmaskWordsPerBlock) = words;
+}
+
+// Past 48 KiB a kernel's dynamic shared memory must be allowed
+// (cudaFuncAttributeMaxDynamicSharedMemorySize): once per kernel and device,
+// the kernel a template argument so that each instantiation has its own flags.
+template <auto kKernel>
+void allow_dynamic_smem(int device, int bytes) {
+  static std::once_flag once[64];
+  auto allow = [bytes] {
+    QGRAD_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  };
+  if (device >= 0 && device < 64) std::call_once(once[device], allow);
+  else allow();
 }
 
 }  // namespace qgrad::kernels::cuda

@@ -49,7 +49,6 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
-#include <mutex>
 
 #include "qgrad/kernels/basic.h"
 #include "qgrad/kernels/cuda/blas.cuh"
@@ -481,15 +480,9 @@ void launch_w4a16_gemv(const Tensor& x, const Tensor& w, const Tensor& scale, co
                        const Tensor& bias, const Tensor& out) {
   const I64 M = out.shape()[0], N = out.shape()[1], K = w.shape()[1];
   constexpr int kSmem = gemv_smem_bytes<NC, NSUB>();
-  auto kernel = w4a16_gemv_kernel<T, kSigned, NC, NSUB, S>;
+  constexpr auto kernel = w4a16_gemv_kernel<T, kSigned, NC, NSUB, S>;
   const int dev = out.device().index;
-  // Past 48 KiB a kernel's dynamic shared memory must be allowed, once per device.
-  static std::once_flag once[64];
-  auto allow = [&] {
-    QGRAD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-  };
-  if (dev >= 0 && dev < 64) std::call_once(once[dev], allow);
-  else allow();
+  allow_dynamic_smem<kernel>(dev, kSmem);
   const dim3 grid(static_cast<unsigned>((N + NSUB * 8 - 1) / (NSUB * 8)),
                   static_cast<unsigned>((M + 8 * NC - 1) / (8 * NC)));
   ::qgrad::cuda::launch_kernel(dev, kernel, grid, kGemvThreads, kSmem, static_cast<const T*>(x.data_ptr()),

@@ -5,8 +5,6 @@
 // tree: exactly formulas::lane_sum's order, so each row gives the bits of the
 // one-index-per-row loop of kernels/transformer.cpp (the CPU's), with the same
 // per-element formulas. The weight and bias gradients stay in that file.
-#include <mutex>
-
 #include "qgrad/kernels/bitmask.h"
 #include "qgrad/kernels/cuda/entries.h"
 #include "qgrad/kernels/cuda/launch.cuh"
@@ -320,13 +318,7 @@ void norm_backward_chunk_launch(const Tensor& x, const Tensor& w, const Tensor& 
   constexpr int kSmem = 2 * kChunkRows * 32 * kPer * static_cast<int>(sizeof(M));
   constexpr auto kernel = norm_backward_chunk_kernel<T, kPer>;
   const int dev = dx.device().index;
-  // Past 48 KiB a kernel's dynamic shared memory must be allowed, once per device.
-  static std::once_flag once[64];
-  auto allow = [&] {
-    QGRAD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-  };
-  if (dev >= 0 && dev < 64) std::call_once(once[dev], allow);
-  else allow();
+  allow_dynamic_smem<kernel>(dev, kSmem);
   ::qgrad::cuda::launch_kernel(dev, kernel, static_cast<unsigned>((rows + kChunkRows - 1) / kChunkRows),
                                kChunkThreads, kSmem, static_cast<const T*>(x.data_ptr()),
                                w.defined() ? static_cast<const T*>(w.data_ptr()) : nullptr,

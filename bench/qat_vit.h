@@ -5,7 +5,7 @@
 // per-token asymmetric int8 activations, per-channel symmetric int8 weights,
 // straight-through), AdamW (lr 1e-3, weight decay 0.05) with the gradients'
 // global norm clipped to 1 on the device, fused into the AdamW kernel; the
-// 24 weights fake-quantized by one nn::stage_8da8w_weights before each
+// 8da8w weights fake-quantized by one nn::stage_8da8w_weights before each
 // forward, as the example's loop does.
 #pragma once
 

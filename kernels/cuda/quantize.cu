@@ -559,6 +559,21 @@ __global__ void __launch_bounds__(kDynamicRowsThreads)
                                                          symmetric, eps);
 }
 
+// f(std::integral_constant<int, kChunks>) for the row lengths the row
+// kernels take (128 * kChunks elements); false for any other length.
+template <class F>
+bool with_row_chunks(std::int64_t row_len, F f) {
+  switch (row_len) {
+    case 128: return f(std::integral_constant<int, 1>{});
+    case 256: return f(std::integral_constant<int, 2>{});
+    case 384: return f(std::integral_constant<int, 3>{});
+    case 512: return f(std::integral_constant<int, 4>{});
+    case 768: return f(std::integral_constant<int, 6>{});
+    case 1024: return f(std::integral_constant<int, 8>{});
+    default: return false;
+  }
+}
+
 // fake_quantize_dynamic_rows_batch: up to kRowsBatchMax tensors of one row
 // length in one launch, their rows numbered one after another (tensor t's
 // rows from first_row[t]); a warp finds its tensor by a scan of the table
@@ -624,15 +639,7 @@ bool fake_quantize_dynamic_rows_batch_typed(const std::vector<RowsBatchItem>& it
     }
     return true;
   };
-  switch (row_len) {
-    case 128: return launch_all(std::integral_constant<int, 1>{});
-    case 256: return launch_all(std::integral_constant<int, 2>{});
-    case 384: return launch_all(std::integral_constant<int, 3>{});
-    case 512: return launch_all(std::integral_constant<int, 4>{});
-    case 768: return launch_all(std::integral_constant<int, 6>{});
-    case 1024: return launch_all(std::integral_constant<int, 8>{});
-    default: return false;
-  }
+  return with_row_chunks(row_len, launch_all);
 }
 
 template <class T, int kChunks, RowPrologue kPrologue>
@@ -660,15 +667,7 @@ bool fake_quantize_dynamic_rows_impl(const Tensor& x, const Tensor& y, std::uint
                                                                             eps);
     return true;
   };
-  switch (row_len) {
-    case 128: return launch(std::integral_constant<int, 1>{});
-    case 256: return launch(std::integral_constant<int, 2>{});
-    case 384: return launch(std::integral_constant<int, 3>{});
-    case 512: return launch(std::integral_constant<int, 4>{});
-    case 768: return launch(std::integral_constant<int, 6>{});
-    case 1024: return launch(std::integral_constant<int, 8>{});
-    default: return false;
-  }
+  return with_row_chunks(row_len, launch);
 }
 
 template <class T>

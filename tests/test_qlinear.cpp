@@ -331,6 +331,37 @@ TEST_CASE("CUDA decode sizes (the GEMV, M <= 16) match the CPU bit for bit") {
   }
 }
 
+TEST_CASE("CUDA past the GEMV (16 < M <= 128) matches the CPU bit for bit, call after call") {
+  QGRAD_REQUIRE_GPU();
+  // The int8 GEMM + epilogue path just past the GEMV's reach: row counts on
+  // both sides of 32 and 64; N not a multiple of 16; K in one 64-column
+  // block (48), padded (1000 -> 1008) and long (4160, ragged); N = K = 4096
+  // at M = 128, the benchmark's shape. Every shape runs twice (a cached
+  // plan's second call).
+  for (auto row : {std::tuple{17, 200, 4160}, std::tuple{32, 65, 48}, std::tuple{33, 33, 1000},
+                   std::tuple{64, 130, 4160}, std::tuple{65, 1, 256}, std::tuple{100, 200, 512},
+                   std::tuple{128, 4096, 4096}}) {
+    const auto& M = std::get<0>(row);
+    const auto& N = std::get<1>(row);
+    const auto& K = std::get<2>(row);
+    CAPTURE(M);
+    CAPTURE(N);
+    CAPTURE(K);
+    Layer l = make_layer(N, K, 43);
+    Tensor x = make_x({M, K}, DType::bf16, 44) * 3.0 + 0.25;
+    for (QuantMode mode : {QuantMode::symmetric, QuantMode::asymmetric}) {
+      const ActivationQuant act = ActivationQuant::dynamic(mode);
+      for (DType out : {DType::bf16, DType::f32}) {
+        Tensor c = quantized_linear(x, l.w_q, l.w_scale, l.bias, act, out);
+        for (int call = 0; call < 2; ++call) {
+          Tensor g = quantized_linear(x.cuda(), l.w_q.cuda(), l.w_scale.cuda(), l.bias.cuda(), act, out);
+          CHECK(bit_equal(c, g));
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("CUDA every input dtype and static activations (device and host qparams) match the CPU") {
   QGRAD_REQUIRE_GPU();
   Layer l = make_layer(48, 80, 24);

@@ -14,6 +14,8 @@ namespace qgrad {
 
 namespace {
 thread_local bool g_grad_enabled = true;
+std::atomic<bool> g_gradient_folding{true};
+std::atomic<std::uint64_t> g_folded{0};
 std::atomic<std::uint64_t> g_sequence{0};
 std::atomic<std::uint64_t> g_hook_handle{1};
 
@@ -59,6 +61,10 @@ Node::~Node() {
   }
 }
 
+bool gradient_folding_enabled() { return g_gradient_folding.load(std::memory_order_relaxed); }
+void set_gradient_folding(bool enabled) { g_gradient_folding.store(enabled, std::memory_order_relaxed); }
+std::uint64_t folded_gradient_count() { return g_folded.load(std::memory_order_relaxed); }
+
 bool grad_enabled() { return g_grad_enabled; }
 void set_grad_enabled(bool enabled) { g_grad_enabled = enabled; }
 
@@ -91,6 +97,16 @@ void record(const char* name, Tensor& out, const std::vector<Tensor>& inputs, Ba
             std::size_t saved_bytes) {
   record_of(name, out, inputs.data(), inputs.data() + inputs.size(), std::move(backward), saved_bytes, DType::f32,
             false);
+}
+
+void record_folding(const char* name, Tensor& out, std::initializer_list<Tensor> inputs, FoldingBackwardFn backward,
+                    std::size_t saved_bytes) {
+  BackwardFn plain = [backward](const Tensor& g) {
+    std::vector<char> folded;
+    return backward(g, {}, folded);
+  };
+  record_of(name, out, inputs.begin(), inputs.end(), std::move(plain), saved_bytes, DType::f32, false);
+  out.autograd_meta().grad_fn->folding_backward = std::move(backward);
 }
 
 namespace {
@@ -183,7 +199,29 @@ void run_backward(const Tensor& root, const Tensor& grad_in, bool retain_graph) 
                 "the graph's saved state was already freed by an earlier backward; "
                 "pass retain_graph=true to the first backward to run it twice");
     std::vector<Tensor> input_grads;
-    if (g.defined()) input_grads = n->backward(g);
+    std::vector<char> folded(n->inputs.size(), 0);
+    if (g.defined() && n->folding_backward && gradient_folding_enabled()) {
+      // Offer each input's pending gradient, except where one producer
+      // feeds several of this node's inputs (a fold would count it twice).
+      std::vector<Tensor> offered(n->inputs.size());
+      for (std::size_t i = 0; i < n->inputs.size(); ++i) {
+        const Node* p = n->inputs[i].node.get();
+        if (p == nullptr) continue;
+        bool shared = false;
+        for (std::size_t j = 0; j < n->inputs.size(); ++j)
+          shared = shared || (j != i && n->inputs[j].node.get() == p);
+        const auto it = pending.find(n->inputs[i].node.get());
+        if (!shared && it != pending.end()) offered[i] = it->second;
+      }
+      input_grads = n->folding_backward(g, offered, folded);
+      for (std::size_t i = 0; i < folded.size(); ++i) {
+        QGRAD_CHECK(!folded[i] || offered[i].defined(), "backward", n->name, "folded a gradient for input ", i,
+                    " where none was pending");
+        if (folded[i]) g_folded.fetch_add(1, std::memory_order_relaxed);
+      }
+    } else if (g.defined()) {
+      input_grads = n->backward(g);
+    }
     QGRAD_CHECK(!g.defined() || input_grads.size() == n->inputs.size(), "backward", n->name,
                 "backward rule returned ", input_grads.size(), " gradients for ", n->inputs.size(), " inputs");
     for (std::size_t i = 0; i < n->inputs.size(); ++i) {
@@ -192,7 +230,7 @@ void run_backward(const Tensor& root, const Tensor& grad_in, bool retain_graph) 
       if (gi.defined() && e.needs_grad()) check_grad(*n, i, gi);
       if (e.node) {
         Tensor& slot = pending[e.node.get()];
-        if (gi.defined()) slot = accumulate(slot, gi);
+        if (gi.defined()) slot = folded[i] ? gi : accumulate(slot, gi);
         if (--dependencies[e.node.get()] == 0) ready.push_back(e.node.get());
       } else if (e.leaf) {
         if (gi.defined()) e.leaf->grad = accumulate(e.leaf->grad, gi);

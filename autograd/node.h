@@ -29,6 +29,16 @@ struct Edge {
 
 // grad_output -> one gradient per input (undefined where none is needed).
 using BackwardFn = std::function<std::vector<Tensor>(const Tensor& grad_output)>;
+// The same rule, told per input the gradient other consumers have already
+// passed back for that input (pending[i]; undefined where none, or where the
+// engine does not offer it). A rule may fold pending[i] into its own result
+// for input i, computing pending[i] + its gradient in the pass that writes
+// it, and set folded[i]; the engine then takes that as the input's gradient
+// instead of adding the two in a pass of its own (the same bits: the add is
+// the engine's formula, and IEEE addition commutes).
+using FoldingBackwardFn = std::function<std::vector<Tensor>(const Tensor& grad_output,
+                                                            const std::vector<Tensor>& pending,
+                                                            std::vector<char>& folded)>;
 
 struct Node {
   std::string name;
@@ -36,6 +46,7 @@ struct Node {
   TensorMeta output;
   DType grad_dtype = DType::f32;  // the output's gradient dtype (float even for an integer output)
   BackwardFn backward;
+  FoldingBackwardFn folding_backward;  // optional: what the engine calls, where set
   std::size_t saved_bytes = 0;    // what the closure keeps alive, for docs and DOT
   std::uint64_t sequence = 0;     // creation order
   bool released = false;
@@ -45,6 +56,7 @@ struct Node {
   ~Node();  // iterative: a long chain must not destroy recursively
   void release() {
     backward = nullptr;
+    folding_backward = nullptr;
     released = true;
   }
 };
@@ -79,6 +91,21 @@ void record(const char* name, Tensor& out, std::initializer_list<Tensor> inputs,
 // The same for an op with a list of inputs (cat): one edge per element.
 void record(const char* name, Tensor& out, const std::vector<Tensor>& inputs, BackwardFn backward,
             std::size_t saved_bytes = 0);
+
+// Records `out` as record() does, with a rule that may fold pending
+// gradients (FoldingBackwardFn); its plain form (node->backward, for callers
+// of one node's rule) is the same rule offered none.
+void record_folding(const char* name, Tensor& out, std::initializer_list<Tensor> inputs, FoldingBackwardFn backward,
+                    std::size_t saved_bytes = 0);
+
+// Whether backward offers pending gradients to folding rules (default on).
+// Off, every sum of gradients is the engine's own add: for A/B runs and for
+// tests that check the folded gradients against the added ones.
+bool gradient_folding_enabled();
+void set_gradient_folding(bool enabled);
+// How many gradients backward has taken folded since the process started
+// (every thread): what tests read to see that a rule folded.
+std::uint64_t folded_gradient_count();
 
 // Post-accumulate hooks (PyTorch's register_post_accumulate_grad_hook):
 // `hook` runs once in every backward pass that reaches the leaf `leaf`,

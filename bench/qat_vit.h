@@ -31,6 +31,9 @@ struct QatVit : QatStep {
     // QGRAD_BENCH_STAGE_8DA8W=0: each forward fake-quantizes its own weight (A/B runs).
     const char* stage = std::getenv("QGRAD_BENCH_STAGE_8DA8W");
     stage_8da8w = stage == nullptr || std::string(stage) != "0";
+    // QGRAD_BENCH_FOLD=0: the engine adds the residual stream's gradients itself (A/B runs).
+    const char* fold = std::getenv("QGRAD_BENCH_FOLD");
+    set_gradient_folding(fold == nullptr || std::string(fold) != "0");
   }
 };
 

@@ -122,10 +122,11 @@ struct NormBackwardRow {
   const op_math_t<T>* rstd;
   std::int64_t d;
   const std::uint32_t* dy_mask;  // null: dy as it is
+  const T* pending;              // null: dx alone
   QGRAD_HD void operator()(std::int64_t r) const {
     using M = op_math_t<T>;
     formulas::norm_backward_row<T, kCentered>(x + r * d, w, dy + r * d, dx + r * d, d, kCentered ? mean[r] : M(0),
-                                              rstd[r], dy_mask, r * d);
+                                              rstd[r], dy_mask, r * d, pending != nullptr ? pending + r * d : nullptr);
   }
 };
 // Stage 1 of the weight and bias gradients (for_each_column_sum; stage 2 is
@@ -348,7 +349,8 @@ void rms_norm(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& r
 }
 
 void norm_backward(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd, const Tensor& dy,
-                   const Tensor& dx, const Tensor& dw, const Tensor& db, std::int64_t d, const std::uint32_t* dy_mask) {
+                   const Tensor& dx, const Tensor& dw, const Tensor& db, std::int64_t d, const std::uint32_t* dy_mask,
+                   const Tensor& dx_pending) {
   dispatch_floating(x.dtype(), "norm_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
     using M = op_math_t<T>;
@@ -362,18 +364,19 @@ void norm_backward(const Tensor& x, const Tensor& w, const Tensor& mean, const T
     // On CUDA, dx and the parameters' chunk partials in one launch where it serves the shape.
     bool partials_done = false;
     if (dx.defined() && (dw.defined() || db.defined()) && dev.is_cuda()) {
-      QGRAD_ON_CUDA(partials_done = cuda::norm_backward_chunks(x, w, mean, rstd, dy, dy_mask, dx, pw, pb, d));
+      QGRAD_ON_CUDA(partials_done = cuda::norm_backward_chunks(x, w, mean, rstd, dy, dy_mask, dx, pw, pb, d, dx_pending));
     }
     if (!partials_done && dx.defined()) {
       if (dev.is_cuda() && cuda::use_norm_warp(d))
-        QGRAD_ON_CUDA(cuda::norm_backward_warp_rows(x, w, mean, rstd, dy, dx, d, dy_mask));
+        QGRAD_ON_CUDA(cuda::norm_backward_warp_rows(x, w, mean, rstd, dy, dx, d, dy_mask, dx_pending));
       else if (mean.defined())
         for_each_index(dev, rows, NormBackwardRow<T, true>{cdata<T>(x), cdata<T>(w), cdata<T>(dy), mdata<T>(dx), pm,
-                                                           cdata<M>(rstd), d, dy_mask},
+                                                           cdata<M>(rstd), d, dy_mask, cdata<T>(dx_pending)},
                        "layer_norm_backward");
       else
         for_each_index(dev, rows, NormBackwardRow<T, false>{cdata<T>(x), cdata<T>(w), cdata<T>(dy), mdata<T>(dx),
-                                                            nullptr, cdata<M>(rstd), d, dy_mask},
+                                                            nullptr, cdata<M>(rstd), d, dy_mask,
+                                                            cdata<T>(dx_pending)},
                        "rms_norm_backward");
     }
     if (!dw.defined() && !db.defined()) return;

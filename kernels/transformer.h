@@ -39,11 +39,13 @@ void rms_norm(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& r
 // chunks of kNormChunkRows, in a fixed order on both devices. With dy_mask
 // (a fake quant's saved bit mask over dy's elements), dy is read masked as
 // the fake quant's backward would have written it (formulas::masked_grad):
-// the same bits as that pass, without it.
+// the same bits as that pass, without it. With dx_pending (x's shape and
+// dtype), dx = dx_pending + the norm's dx (formulas::fold_pending: the
+// backward engine's sum of the two, in this pass).
 inline constexpr std::int64_t kNormChunkRows = 64;
 void norm_backward(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd, const Tensor& dy,
                    const Tensor& dx, const Tensor& dw, const Tensor& db, std::int64_t d,
-                   const std::uint32_t* dy_mask = nullptr);
+                   const std::uint32_t* dy_mask = nullptr, const Tensor& dx_pending = Tensor());
 
 // out[n, :] = weight[indices[n], :] (weight [V, D], indices s32/s64); a row
 // whose index is outside [0, V) is NaN (the op rejects those on the CPU first).

@@ -55,7 +55,10 @@ void check_param(const char* op, const char* arg, const Tensor& p, const Tensor&
 // dx, and the column sums dweight = sum(dy * xhat), dbias = sum(dy). With a
 // fake-quant mask (layer_norm_fake_quantize_dynamic), the kernels read dy
 // masked as the fake quant's straight-through backward masks it (no pass
-// writing the masked dy: kernels::norm_backward's dy_mask).
+// writing the masked dy: kernels::norm_backward's dy_mask). A folding rule:
+// where x's other consumers (a residual add) have already passed back their
+// gradient, dx is written as that gradient plus the norm's (the engine's add
+// of the two, in the same pass).
 void record_norm(const char* op, Tensor& out, const Tensor& x, const Shape& normalized_shape, const Tensor& weight,
                  const Tensor& bias, const Tensor& mean, const Tensor& rstd, std::int64_t d,
                  const Tensor& fq_mask = Tensor()) {
@@ -63,14 +66,24 @@ void record_norm(const char* op, Tensor& out, const Tensor& x, const Shape& norm
   const bool need_w = weight.defined() && weight.requires_grad();
   const bool need_b = bias.defined() && bias.requires_grad();
   Tensor sw = weight.defined() ? weight.detach() : Tensor();
-  record(
+  record_folding(
       op, out, {x, weight, bias},
-      [sx = x.detach(), sw, mean, rstd, d, normalized_shape, need_x, need_w, need_b, fq_mask](const Tensor& dy) {
+      [sx = x.detach(), sw, mean, rstd, d, normalized_shape, need_x, need_w, need_b, fq_mask](
+          const Tensor& dy, const std::vector<Tensor>& pending, std::vector<char>& folded) {
         Tensor dx = need_x ? Tensor::empty(sx.shape(), like(dy)) : Tensor();
         Tensor dw = need_w ? Tensor::empty(normalized_shape, like(dy)) : Tensor();
         Tensor db = need_b ? Tensor::empty(normalized_shape, like(dy)) : Tensor();
+        // x's gradient from its other consumers (a residual stream's): added
+        // by the pass that writes dx rather than by an add of the engine's.
+        Tensor dx_pending;
+        if (need_x && !pending.empty() && pending[0].defined() && pending[0].dtype() == dx.dtype() &&
+            pending[0].shape() == dx.shape() && pending[0].device() == dx.device()) {
+          dx_pending = pending[0];
+          folded[0] = 1;
+        }
         kernels::norm_backward(sx, sw, mean, rstd, dy, dx, dw, db, d,
-                               fq_mask.defined() ? static_cast<const std::uint32_t*>(fq_mask.data_ptr()) : nullptr);
+                               fq_mask.defined() ? static_cast<const std::uint32_t*>(fq_mask.data_ptr()) : nullptr,
+                               dx_pending);
         return std::vector<Tensor>{dx, dw, db};
       },
       x.nbytes() + (sw.defined() ? sw.nbytes() : 0) + (mean.defined() ? mean.nbytes() : 0) + rstd.nbytes() +

@@ -383,6 +383,58 @@ TEST_CASE("layer_norm, rms_norm backward: CUDA's one launch of dx and the parame
       }
 }
 
+TEST_CASE("layer_norm, rms_norm backward fold a residual's pending gradient: the engine's add, bit for bit, on every "
+          "kernel path") {
+  // out = h + norm(h), h = a + b: when the norm's rule runs, the residual's
+  // gradient for h is pending, and dx is written as pending + the norm's dx.
+  // d = 16 (the per-row loop), 128 and 256 (CUDA's chunk kernel where the
+  // parameters need gradients), 300 (CUDA's warp rows); 200 rows.
+  std::vector<Device> devices{Device::cpu()};
+  if (has_gpu()) devices.push_back(Device::cuda(0));
+  for (const Device dev : devices)
+    for (const std::int64_t d : {16LL, 128LL, 256LL, 300LL})
+      for (const DType dt : {DType::f64, DType::f32, DType::bf16}) {
+        CAPTURE(dev.str());
+        CAPTURE(d);
+        CAPTURE(dtype_name(dt));
+        const Tensor a0 = rnd({200, d}, 91, DType::f64, 2.0), b0 = rnd({200, d}, 92), w0 = rnd({d}, 93),
+                     c0 = rnd({d}, 94);
+        const Tensor dy = rnd({200, d}, 95, dt);
+        // 0: layer_norm (weight, bias); 1: layer_norm without parameters (dx alone); 2: rms_norm (weight);
+        // 3: layer_norm_fake_quantize_dynamic (weight, bias).
+        for (int form = 0; form < 4; ++form) {
+          CAPTURE(form);
+          auto run = [&](bool fold) {
+            set_gradient_folding(fold);
+            const bool with_w = form != 1, with_b = form == 0 || form == 3;
+            Tensor a = fresh(a0, dt, dev), b = fresh(b0, dt, dev);
+            Tensor w = with_w ? fresh(w0, dt, dev) : Tensor(), c = with_b ? fresh(c0, dt, dev) : Tensor();
+            Tensor h = add(a, b);
+            Tensor y = form == 2   ? rms_norm(h, {d}, w)
+                       : form == 3 ? layer_norm_fake_quantize_dynamic(h, {d}, w, c, 1e-5, QuantMode::asymmetric, -128,
+                                                                      127, FLT_EPSILON)
+                                   : layer_norm(h, {d}, w, c);
+            if (dev.is_cuda()) prepoison({200, d}, dt);
+            const std::uint64_t before = folded_gradient_count();
+            add(h, y).backward(dy.to(dev));
+            const std::uint64_t folds = folded_gradient_count() - before;
+            set_gradient_folding(true);
+            return std::pair{std::vector<Tensor>{a.grad().cpu(), b.grad().cpu(), with_w ? w.grad().cpu() : Tensor(),
+                                                 with_b ? c.grad().cpu() : Tensor()},
+                             folds};
+          };
+          const auto [folded, n_folded] = run(true);
+          const auto [added, n_added] = run(false);
+          CHECK(n_folded == 1);
+          CHECK(n_added == 0);
+          for (std::size_t i = 0; i < folded.size(); ++i)
+            if (folded[i].defined()) CHECK(bit_equal(folded[i], added[i]));
+          // h's gradient is dy plus the norm's: not dy alone.
+          CHECK_FALSE(bit_equal(folded[0], dy.cpu()));
+        }
+      }
+}
+
 // ---------------------------------------------------------------- embedding
 
 TEST_CASE("embedding: gather, repeated indices summed in order, padding_idx rows get zero gradient") {

@@ -115,7 +115,8 @@ void layer_norm_warp_rows(const Tensor& x, const Tensor& w, const Tensor& b, con
 void rms_norm_warp_rows(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& rstd, std::int64_t d,
                         double eps);
 void norm_backward_warp_rows(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
-                             const Tensor& dy, const Tensor& dx, std::int64_t d, const std::uint32_t* dy_mask);
+                             const Tensor& dy, const Tensor& dx, std::int64_t d, const std::uint32_t* dy_mask,
+                             const Tensor& dx_pending);
 // norm_backward_warp_rows and the weight and bias gradients' chunk partials
 // (pw, pb: [rows / kNormChunkRows rounded up, d] in op math, either
 // undefined when not wanted; the partial column sums of NormWeightPartial and
@@ -123,7 +124,7 @@ void norm_backward_warp_rows(const Tensor& x, const Tensor& w, const Tensor& mea
 // False (nothing written) unless d is 128 or 256 and the math f32.
 bool norm_backward_chunks(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd, const Tensor& dy,
                           const std::uint32_t* dy_mask, const Tensor& dx, const Tensor& pw, const Tensor& pb,
-                          std::int64_t d);
+                          std::int64_t d, const Tensor& dx_pending);
 void softmax_warp_rows(const Tensor& x, const Tensor& y, std::int64_t n);
 // kernels::layer_norm_fake_quantize_dynamic_rows (kernels/lowbit.h): a warp a
 // row, the row in registers; layer_norm_warp_rows's sums, then the fake quant

@@ -185,8 +185,9 @@ void rms_norm_impl(const Tensor& x, const Tensor& w, const Tensor& y, const Tens
 // dx = rstd * (g - [centered] sum(g) / d - xhat * sum(g * xhat) / d), g = dy * w.
 template <class T>
 void norm_backward_impl(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd, const Tensor& dy,
-                        const Tensor& dx, std::int64_t d, const std::uint32_t* dy_mask) {
+                        const Tensor& dx, std::int64_t d, const std::uint32_t* dy_mask, const Tensor& dx_pending) {
   using M = op_math_t<T>;
+  const T* pp = dx_pending.defined() ? static_cast<const T*>(dx_pending.data_ptr()) : nullptr;
   const T* px = static_cast<const T*>(x.data_ptr());
   const T* pw = w.defined() ? static_cast<const T*>(w.data_ptr()) : nullptr;
   const M* pm = mean.defined() ? static_cast<const M*>(mean.data_ptr()) : nullptr;
@@ -208,7 +209,8 @@ void norm_backward_impl(const Tensor& x, const Tensor& w, const Tensor& mean, co
     }
     const M mean_g = pm != nullptr ? warp_lane_sum(s) / M(d) : M(0);
     const M mean_gx = warp_lane_sum(sx) / M(d);
-    for (std::int64_t j = lane; j < d; j += 32) pd[base + j] = T(rs * ((g(j) - mean_g) - xhat(j) * mean_gx));
+    for (std::int64_t j = lane; j < d; j += 32)
+      pd[base + j] = formulas::fold_pending(T(rs * ((g(j) - mean_g) - xhat(j) * mean_gx)), pp, base + j);
   });
 }
 
@@ -231,8 +233,9 @@ template <class T, int kPer>
 __global__ void __launch_bounds__(kChunkThreads)
     norm_backward_chunk_kernel(const T* __restrict__ x, const T* __restrict__ w, const op_math_t<T>* __restrict__ mean,
                                const op_math_t<T>* __restrict__ rstd, const T* __restrict__ dy,
-                               const std::uint32_t* __restrict__ dy_mask, T* __restrict__ dx,
-                               op_math_t<T>* __restrict__ pw, op_math_t<T>* __restrict__ pb, std::int64_t rows) {
+                               const std::uint32_t* __restrict__ dy_mask, const T* __restrict__ dx_pending,
+                               T* __restrict__ dx, op_math_t<T>* __restrict__ pw, op_math_t<T>* __restrict__ pb,
+                               std::int64_t rows) {
   ::qgrad::cuda::wait_for_prior_kernels();
   using M = op_math_t<T>;
   constexpr int d = 32 * kPer;
@@ -277,7 +280,7 @@ __global__ void __launch_bounds__(kChunkThreads)
 #pragma unroll
     for (int t = 0; t < kPer; ++t) {
       const int j = lane + 32 * t;
-      dx[base + j] = T(rs * ((g[t] - mean_g) - xh[t] * mean_gx));
+      dx[base + j] = formulas::fold_pending(T(rs * ((g[t] - mean_g) - xh[t] * mean_gx)), dx_pending, base + j);
       tw[k * d + j] = dyv[h][t] * xh[t];
       tb[k * d + j] = dyv[h][t];
     }
@@ -312,8 +315,8 @@ __global__ void __launch_bounds__(kChunkThreads)
 
 template <class T, int kPer>
 void norm_backward_chunk_launch(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
-                                const Tensor& dy, const std::uint32_t* dy_mask, const Tensor& dx, const Tensor& pw,
-                                const Tensor& pb, std::int64_t rows) {
+                                const Tensor& dy, const std::uint32_t* dy_mask, const Tensor& dx_pending,
+                                const Tensor& dx, const Tensor& pw, const Tensor& pb, std::int64_t rows) {
   using M = op_math_t<T>;
   constexpr int kSmem = 2 * kChunkRows * 32 * kPer * static_cast<int>(sizeof(M));
   constexpr auto kernel = norm_backward_chunk_kernel<T, kPer>;
@@ -324,6 +327,7 @@ void norm_backward_chunk_launch(const Tensor& x, const Tensor& w, const Tensor& 
                                w.defined() ? static_cast<const T*>(w.data_ptr()) : nullptr,
                                mean.defined() ? static_cast<const M*>(mean.data_ptr()) : nullptr,
                                static_cast<const M*>(rstd.data_ptr()), static_cast<const T*>(dy.data_ptr()), dy_mask,
+                               dx_pending.defined() ? static_cast<const T*>(dx_pending.data_ptr()) : nullptr,
                                static_cast<T*>(dx.data_ptr()), pw.defined() ? static_cast<M*>(pw.data_ptr()) : nullptr,
                                pb.defined() ? static_cast<M*>(pb.data_ptr()) : nullptr, rows);
 }
@@ -331,12 +335,12 @@ void norm_backward_chunk_launch(const Tensor& x, const Tensor& w, const Tensor& 
 template <class T>
 bool norm_backward_chunks_impl(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
                                const Tensor& dy, const std::uint32_t* dy_mask, const Tensor& dx, const Tensor& pw,
-                               const Tensor& pb, std::int64_t d) {
+                               const Tensor& pb, std::int64_t d, const Tensor& dx_pending) {
   const std::int64_t rows = x.numel() / d;
   if (rows == 0 || rows / kChunkRows >= 0x7fffffff || (!pw.defined() && !pb.defined())) return false;
   switch (d) {
-    case 128: norm_backward_chunk_launch<T, 4>(x, w, mean, rstd, dy, dy_mask, dx, pw, pb, rows); return true;
-    case 256: norm_backward_chunk_launch<T, 8>(x, w, mean, rstd, dy, dy_mask, dx, pw, pb, rows); return true;
+    case 128: norm_backward_chunk_launch<T, 4>(x, w, mean, rstd, dy, dy_mask, dx_pending, dx, pw, pb, rows); return true;
+    case 256: norm_backward_chunk_launch<T, 8>(x, w, mean, rstd, dy, dy_mask, dx_pending, dx, pw, pb, rows); return true;
     default: return false;
   }
 }
@@ -386,18 +390,20 @@ void rms_norm_warp_rows(const Tensor& x, const Tensor& w, const Tensor& y, const
                     [&](auto tag) { rms_norm_impl<typename decltype(tag)::type>(x, w, y, rstd, d, eps); });
 }
 void norm_backward_warp_rows(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
-                             const Tensor& dy, const Tensor& dx, std::int64_t d, const std::uint32_t* dy_mask) {
+                             const Tensor& dy, const Tensor& dx, std::int64_t d, const std::uint32_t* dy_mask,
+                             const Tensor& dx_pending) {
   dispatch_floating(dx.dtype(), "norm_backward", [&](auto tag) {
-    norm_backward_impl<typename decltype(tag)::type>(x, w, mean, rstd, dy, dx, d, dy_mask);
+    norm_backward_impl<typename decltype(tag)::type>(x, w, mean, rstd, dy, dx, d, dy_mask, dx_pending);
   });
 }
 bool norm_backward_chunks(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd, const Tensor& dy,
                           const std::uint32_t* dy_mask, const Tensor& dx, const Tensor& pw, const Tensor& pb,
-                          std::int64_t d) {
+                          std::int64_t d, const Tensor& dx_pending) {
   switch (x.dtype()) {  // math in f32 (f64's terms would take twice the shared memory)
-    case DType::f32: return norm_backward_chunks_impl<float>(x, w, mean, rstd, dy, dy_mask, dx, pw, pb, d);
-    case DType::bf16: return norm_backward_chunks_impl<bfloat16>(x, w, mean, rstd, dy, dy_mask, dx, pw, pb, d);
-    case DType::f16: return norm_backward_chunks_impl<half>(x, w, mean, rstd, dy, dy_mask, dx, pw, pb, d);
+    case DType::f32: return norm_backward_chunks_impl<float>(x, w, mean, rstd, dy, dy_mask, dx, pw, pb, d, dx_pending);
+    case DType::bf16:
+      return norm_backward_chunks_impl<bfloat16>(x, w, mean, rstd, dy, dy_mask, dx, pw, pb, d, dx_pending);
+    case DType::f16: return norm_backward_chunks_impl<half>(x, w, mean, rstd, dy, dy_mask, dx, pw, pb, d, dx_pending);
     default: return false;
   }
 }

@@ -204,13 +204,26 @@ QGRAD_HD op_math_t<T> masked_grad(const T* dy, const std::uint32_t* mask, std::i
   return mask == nullptr ? M(dy[i]) : M(dy[i]) * M(bitmask_get(mask, i) ? 1 : 0);
 }
 
+// A gradient v (already in T) plus the gradient `pending` (null: none)
+// another consumer passed back for the same tensor, rounded as the
+// backward engine's sum of the two (kernels::binary, BinaryOp::add:
+// T(M(pending) + M(v))): a rule that folds the pending gradient writes the
+// bits the engine's add would have.
+template <class T>
+QGRAD_HD T fold_pending(T v, const T* pending, std::int64_t i) {
+  using M = op_math_t<T>;
+  return pending == nullptr ? v : T(M(pending[i]) + M(v));
+}
+
 // The input gradient of both, from the saved mean (0 for rms_norm) and rstd:
 // xhat = (x - mean) * rstd, g = dy * w (dy without w),
 // dx = rstd * (g - [layer_norm] sum(g) / d - xhat * sum(g * xhat) / d).
-// With `mask` (bit row0 + j for dy[j]), dy is masked_grad's.
+// With `mask` (bit row0 + j for dy[j]), dy is masked_grad's; with `pending`
+// (the row's d values), dx is fold_pending's.
 template <class T, bool kCentered>
 QGRAD_HD void norm_backward_row(const T* x, const T* w, const T* dy, T* dx, std::int64_t d, op_math_t<T> mean,
-                                op_math_t<T> rstd, const std::uint32_t* mask = nullptr, std::int64_t row0 = 0) {
+                                op_math_t<T> rstd, const std::uint32_t* mask = nullptr, std::int64_t row0 = 0,
+                                const T* pending = nullptr) {
   using M = op_math_t<T>;
   auto dyj = [&](std::int64_t j) {
     return mask == nullptr ? M(dy[j]) : M(dy[j]) * M(bitmask_get(mask, row0 + j) ? 1 : 0);
@@ -219,7 +232,7 @@ QGRAD_HD void norm_backward_row(const T* x, const T* w, const T* dy, T* dx, std:
   auto xhat = [&](std::int64_t j) { return (M(x[j]) - mean) * rstd; };
   const M mean_g = kCentered ? lane_sum<M>(d, g) / M(d) : M(0);
   const M mean_gx = lane_sum<M>(d, [&](std::int64_t j) { return g(j) * xhat(j); }) / M(d);
-  for (std::int64_t j = 0; j < d; ++j) dx[j] = T(rstd * ((g(j) - mean_g) - xhat(j) * mean_gx));
+  for (std::int64_t j = 0; j < d; ++j) dx[j] = fold_pending(T(rstd * ((g(j) - mean_g) - xhat(j) * mean_gx)), pending, j);
 }
 
 // ---- dropout ----

@@ -255,11 +255,12 @@ void bench_cpu(const Net& net, std::int64_t batch, int reps, int threads) {
 }  // namespace
 
 // bench_train_step [--cpu-only] [--cpu-reps N] [--cpu-threads N (default 2)]
-//                  [--profile [REPLAYS]] [--profile-nets mlp,cnn,cnn_tf32,vit]
+//                  [--profile [REPLAYS]] [--profile-nets mlp,cnn,cnn_tf32,vit] [--cpu-nets mlp,cnn]
 int main(int argc, char** argv) {
   bool cpu_only = false;
   int profile_replays = 0;
   std::string profile_nets = "mlp";  // comma-separated: mlp (b256 and b4096/h1024), cnn, vit
+  std::string cpu_nets = "mlp,cnn";  // the CPU cases to run (a profiler's run of one)
   int cpu_reps = 50, cpu_threads = 2;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -268,6 +269,7 @@ int main(int argc, char** argv) {
     else if (a == "--cpu-threads" && i + 1 < argc) cpu_threads = std::stoi(argv[++i]);
     else if (a == "--profile") profile_replays = i + 1 < argc && argv[i + 1][0] != '-' ? std::stoi(argv[++i]) : 3;
     else if (a == "--profile-nets" && i + 1 < argc) profile_nets = argv[++i];
+    else if (a == "--cpu-nets" && i + 1 < argc) cpu_nets = argv[++i];
   }
 #if QGRAD_WITH_CUDA
   if (profile_replays > 0) {
@@ -295,7 +297,8 @@ int main(int argc, char** argv) {
   (void)cpu_only;
   if (profile_replays > 0) return 1;  // nothing to profile without CUDA
 #endif
-  bench_cpu(mlp(256), 256, cpu_reps, cpu_threads);
-  bench_cpu(cnn(32), 64, std::max(cpu_reps / 5, 5), cpu_threads);
+  const auto cpu_wanted = [&](const std::string& n) { return ("," + cpu_nets + ",").find("," + n + ",") != std::string::npos; };
+  if (cpu_wanted("mlp")) bench_cpu(mlp(256), 256, cpu_reps, cpu_threads);
+  if (cpu_wanted("cnn")) bench_cpu(cnn(32), 64, std::max(cpu_reps / 5, 5), cpu_threads);
   return 0;
 }

@@ -104,3 +104,71 @@ TEST_CASE("gradcheck passes for arithmetic and reports a wrong backward") {
   CHECK(rw.max_abs_error == doctest::Approx(1.0));
   CHECK(!gradcheck(wrong, {a}, fast).ok);
 }
+
+namespace {
+// What a folding rule was offered, over its calls.
+struct Offers {
+  int calls = 0;
+  bool first = false, second = false;
+};
+
+// out = a + b, recorded with a folding rule that folds input 0's pending
+// gradient where offered (pending + g, the engine's add) and, with `lie`,
+// claims a fold of input 1 as well.
+Tensor probe(const Tensor& a, const Tensor& b, std::shared_ptr<Offers> seen, bool lie = false) {
+  Tensor out;
+  {
+    NoGradGuard no_grad;
+    out = add(a, b);
+  }
+  record_folding("probe", out, {a, b},
+                 [seen, lie](const Tensor& g, const std::vector<Tensor>& pending, std::vector<char>& folded) {
+                   ++seen->calls;
+                   seen->first = !pending.empty() && pending[0].defined();
+                   seen->second = pending.size() > 1 && pending[1].defined();
+                   Tensor g0 = g;
+                   if (seen->first) {
+                     g0 = add(pending[0], g);
+                     folded[0] = 1;
+                   }
+                   if (lie && folded.size() > 1) folded[1] = 1;
+                   return std::vector<Tensor>{g0, g};
+                 });
+  return out;
+}
+}  // namespace
+
+TEST_CASE("folding rules: offered a non-leaf input's pending gradient, never a leaf's; the sum is unchanged") {
+  for (const bool fold : {true, false}) {
+    CAPTURE(fold);
+    set_gradient_folding(fold);
+    Tensor x = leaf({1.5, -2.0}, {2});
+    Tensor h = mul(x, 3.0);
+    auto seen = std::make_shared<Offers>();
+    // z = h + (h + x): the residual add passes h its gradient before probe runs.
+    const std::uint64_t before = folded_gradient_count();
+    add(h, probe(h, x, seen)).backward(ones({2}, TensorOptions{}.with_dtype(DType::f64)));
+    set_gradient_folding(true);
+    CHECK(seen->calls == 1);
+    CHECK(seen->first == fold);
+    CHECK_FALSE(seen->second);  // x is a leaf
+    CHECK(folded_gradient_count() - before == (fold ? 1u : 0u));
+    CHECK(x.grad().to_vector<double>() == std::vector<double>{7.0, 7.0});  // dz/dx = 3 + 3 + 1
+  }
+}
+
+TEST_CASE("folding rules: no offer where one producer feeds two inputs; a fold without an offer is an error") {
+  Tensor x = leaf({0.5}, {1});
+  Tensor h = mul(x, 2.0);
+  auto seen = std::make_shared<Offers>();
+  add(h, probe(h, h, seen)).backward();  // h twice: a fold of either would count the other's share
+  CHECK(seen->calls == 1);
+  CHECK_FALSE(seen->first);
+  CHECK_FALSE(seen->second);
+  CHECK(x.grad().to_vector<double>()[0] == 6.0);  // z = h + 2h = 6x
+
+  Tensor y = leaf({0.5}, {1});
+  Tensor k = mul(y, 2.0), m = mul(y, 4.0);
+  auto liar = std::make_shared<Offers>();
+  CHECK_THROWS_AS(add(k, probe(k, m, liar, true)).backward(), Error);  // m has no pending gradient
+}

@@ -214,10 +214,12 @@ void run_backward(const Tensor& root, const Tensor& grad_in, bool retain_graph) 
         if (!shared && it != pending.end()) offered[i] = it->second;
       }
       input_grads = n->folding_backward(g, offered, folded);
+      QGRAD_CHECK(folded.size() == n->inputs.size(), "backward", n->name, "folding rule resized its folded flags");
       for (std::size_t i = 0; i < folded.size(); ++i) {
-        QGRAD_CHECK(!folded[i] || offered[i].defined(), "backward", n->name, "folded a gradient for input ", i,
-                    " where none was pending");
-        if (folded[i]) g_folded.fetch_add(1, std::memory_order_relaxed);
+        if (!folded[i]) continue;
+        QGRAD_CHECK(offered[i].defined() && i < input_grads.size() && input_grads[i].defined(), "backward", n->name,
+                    "folded a gradient for input ", i, " where none was pending or returned none");
+        g_folded.fetch_add(1, std::memory_order_relaxed);
       }
     } else if (g.defined()) {
       input_grads = n->backward(g);

@@ -305,30 +305,37 @@ TEST_CASE("CUDA matches the CPU bit for bit: shapes, out dtypes, bias") {
   }
 }
 
-TEST_CASE("CUDA decode sizes (the GEMV, M <= 16) match the CPU bit for bit") {
-  QGRAD_REQUIRE_GPU();
-  // M on both sides of one and two n-tiles; N not a multiple of 16; K padded
-  // (1000 -> 1008), one partial iteration (48), and long enough (4160) for
-  // the warps' second round of loads and a ragged last iteration.
-  for (auto row : {std::tuple{1, 200, 4160}, std::tuple{2, 17, 48}, std::tuple{7, 64, 1000}, std::tuple{8, 1, 64},
-                   std::tuple{9, 33, 4160}, std::tuple{15, 200, 512}, std::tuple{16, 4096, 256}}) {
-    const auto& M = std::get<0>(row);
-    const auto& N = std::get<1>(row);
-    const auto& K = std::get<2>(row);
-    CAPTURE(M);
-    CAPTURE(N);
-    CAPTURE(K);
-    Layer l = make_layer(N, K, 41);
-    Tensor x = make_x({M, K}, DType::bf16, 42) * 3.0 + 0.25;
-    for (QuantMode mode : {QuantMode::symmetric, QuantMode::asymmetric}) {
-      const ActivationQuant act = ActivationQuant::dynamic(mode);
-      for (DType out : {DType::bf16, DType::f32, DType::f64}) {
-        Tensor c = quantized_linear(x, l.w_q, l.w_scale, l.bias, act, out);
+// Dynamic per-token W8A8 of a bf16 x [M, K] (both modes, each out dtype):
+// CUDA, called `calls` times, against the CPU bit for bit.
+namespace {
+void check_dynamic_cuda_matches_cpu(std::int64_t M, std::int64_t N, std::int64_t K, std::uint64_t seed,
+                                    std::initializer_list<DType> outs, int calls) {
+  CAPTURE(M);
+  CAPTURE(N);
+  CAPTURE(K);
+  Layer l = make_layer(N, K, seed);
+  Tensor x = make_x({M, K}, DType::bf16, seed + 1) * 3.0 + 0.25;
+  for (QuantMode mode : {QuantMode::symmetric, QuantMode::asymmetric}) {
+    const ActivationQuant act = ActivationQuant::dynamic(mode);
+    for (DType out : outs) {
+      Tensor c = quantized_linear(x, l.w_q, l.w_scale, l.bias, act, out);
+      for (int call = 0; call < calls; ++call) {
         Tensor g = quantized_linear(x.cuda(), l.w_q.cuda(), l.w_scale.cuda(), l.bias.cuda(), act, out);
         CHECK(bit_equal(c, g));
       }
     }
   }
+}
+}  // namespace
+
+TEST_CASE("CUDA decode sizes (the GEMV, M <= 16) match the CPU bit for bit") {
+  QGRAD_REQUIRE_GPU();
+  // M on both sides of one and two n-tiles; N not a multiple of 16; K padded
+  // (1000 -> 1008), one partial iteration (48), and long enough (4160) for
+  // the warps' second round of loads and a ragged last iteration.
+  for (auto [M, N, K] : {std::tuple{1, 200, 4160}, std::tuple{2, 17, 48}, std::tuple{7, 64, 1000}, std::tuple{8, 1, 64},
+                         std::tuple{9, 33, 4160}, std::tuple{15, 200, 512}, std::tuple{16, 4096, 256}})
+    check_dynamic_cuda_matches_cpu(M, N, K, 41, {DType::bf16, DType::f32, DType::f64}, 1);
 }
 
 TEST_CASE("CUDA past the GEMV (16 < M <= 128) matches the CPU bit for bit, call after call") {
@@ -338,28 +345,10 @@ TEST_CASE("CUDA past the GEMV (16 < M <= 128) matches the CPU bit for bit, call 
   // block (48), padded (1000 -> 1008) and long (4160, ragged); N = K = 4096
   // at M = 128, the benchmark's shape. Every shape runs twice (a cached
   // plan's second call).
-  for (auto row : {std::tuple{17, 200, 4160}, std::tuple{32, 65, 48}, std::tuple{33, 33, 1000},
-                   std::tuple{64, 130, 4160}, std::tuple{65, 1, 256}, std::tuple{100, 200, 512},
-                   std::tuple{128, 4096, 4096}}) {
-    const auto& M = std::get<0>(row);
-    const auto& N = std::get<1>(row);
-    const auto& K = std::get<2>(row);
-    CAPTURE(M);
-    CAPTURE(N);
-    CAPTURE(K);
-    Layer l = make_layer(N, K, 43);
-    Tensor x = make_x({M, K}, DType::bf16, 44) * 3.0 + 0.25;
-    for (QuantMode mode : {QuantMode::symmetric, QuantMode::asymmetric}) {
-      const ActivationQuant act = ActivationQuant::dynamic(mode);
-      for (DType out : {DType::bf16, DType::f32}) {
-        Tensor c = quantized_linear(x, l.w_q, l.w_scale, l.bias, act, out);
-        for (int call = 0; call < 2; ++call) {
-          Tensor g = quantized_linear(x.cuda(), l.w_q.cuda(), l.w_scale.cuda(), l.bias.cuda(), act, out);
-          CHECK(bit_equal(c, g));
-        }
-      }
-    }
-  }
+  for (auto [M, N, K] : {std::tuple{17, 200, 4160}, std::tuple{32, 65, 48}, std::tuple{33, 33, 1000},
+                         std::tuple{64, 130, 4160}, std::tuple{65, 1, 256}, std::tuple{100, 200, 512},
+                         std::tuple{128, 4096, 4096}})
+    check_dynamic_cuda_matches_cpu(M, N, K, 43, {DType::bf16, DType::f32}, 2);
 }
 
 TEST_CASE("CUDA every input dtype and static activations (device and host qparams) match the CPU") {

@@ -9,6 +9,7 @@
 #include "qgrad/autograd/node.h"
 #include "qgrad/kernels/basic.h"
 #include "qgrad/kernels/binary.h"
+#include "qgrad/kernels/deferred.h"
 
 namespace qgrad {
 
@@ -16,6 +17,31 @@ namespace {
 thread_local bool g_grad_enabled = true;
 std::atomic<bool> g_gradient_folding{true};
 std::atomic<std::uint64_t> g_folded{0};
+std::atomic<bool> g_gradient_deferral{true};
+std::atomic<std::uint64_t> g_deferred{0};
+thread_local kernels::DeferredPasses* g_deferred_passes = nullptr;
+
+// The queue of one backward pass, current on its thread for its scope (a
+// hook may run a backward of its own: the outer queue comes back after it).
+class DeferredScope {
+ public:
+  explicit DeferredScope(bool on) : previous_(g_deferred_passes) { g_deferred_passes = on ? &passes_ : nullptr; }
+  ~DeferredScope() {
+    g_deferred_passes = previous_;  // passes_'s destructor runs what an exception left
+  }
+  DeferredScope(const DeferredScope&) = delete;
+  DeferredScope& operator=(const DeferredScope&) = delete;
+  // Runs the queue when it writes t (any t: `everything`).
+  void flush_if_writes(const Tensor& t, bool everything = false) {
+    if (passes_.empty() || !(everything || passes_.writes(t))) return;
+    g_deferred.fetch_add(passes_.size(), std::memory_order_relaxed);
+    passes_.flush();
+  }
+
+ private:
+  kernels::DeferredPasses passes_;
+  kernels::DeferredPasses* previous_;
+};
 std::atomic<std::uint64_t> g_sequence{0};
 std::atomic<std::uint64_t> g_hook_handle{1};
 
@@ -64,6 +90,11 @@ Node::~Node() {
 bool gradient_folding_enabled() { return g_gradient_folding.load(std::memory_order_relaxed); }
 void set_gradient_folding(bool enabled) { g_gradient_folding.store(enabled, std::memory_order_relaxed); }
 std::uint64_t folded_gradient_count() { return g_folded.load(std::memory_order_relaxed); }
+
+kernels::DeferredPasses* deferred_gradient_passes() { return g_deferred_passes; }
+bool gradient_deferral_enabled() { return g_gradient_deferral.load(std::memory_order_relaxed); }
+void set_gradient_deferral(bool enabled) { g_gradient_deferral.store(enabled, std::memory_order_relaxed); }
+std::uint64_t deferred_gradient_pass_count() { return g_deferred.load(std::memory_order_relaxed); }
 
 bool grad_enabled() { return g_grad_enabled; }
 void set_grad_enabled(bool enabled) { g_grad_enabled = enabled; }
@@ -187,6 +218,7 @@ void run_backward(const Tensor& root, const Tensor& grad_in, bool retain_graph) 
   }
 
   // Kahn's order: a node runs once every consumer has passed its gradient.
+  DeferredScope deferred(gradient_deferral_enabled());
   std::unordered_map<Node*, Tensor> pending;
   pending[root_node.get()] = grad;
   std::vector<Node*> ready{root_node.get()};
@@ -231,17 +263,28 @@ void run_backward(const Tensor& root, const Tensor& grad_in, bool retain_graph) 
       const Tensor gi = i < input_grads.size() ? input_grads[i] : Tensor();
       if (gi.defined() && e.needs_grad()) check_grad(*n, i, gi);
       if (e.node) {
+        deferred.flush_if_writes(gi);  // another rule reads it
         Tensor& slot = pending[e.node.get()];
         if (gi.defined()) slot = folded[i] ? gi : accumulate(slot, gi);
         if (--dependencies[e.node.get()] == 0) ready.push_back(e.node.get());
       } else if (e.leaf) {
-        if (gi.defined()) e.leaf->grad = accumulate(e.leaf->grad, gi);
+        if (gi.defined()) {
+          if (e.leaf->grad.defined()) {  // the add reads both
+            deferred.flush_if_writes(gi);
+            deferred.flush_if_writes(e.leaf->grad);
+          }
+          e.leaf->grad = accumulate(e.leaf->grad, gi);
+        }
         auto it = leaf_edges.find(e.leaf.get());
-        if (it != leaf_edges.end() && --it->second == 0) run_hooks(*e.leaf);
+        if (it != leaf_edges.end() && --it->second == 0) {
+          deferred.flush_if_writes(e.leaf->grad);  // the hooks read it
+          run_hooks(*e.leaf);
+        }
       }
     }
     if (!retain_graph) n->release();
   }
+  deferred.flush_if_writes(Tensor(), /*everything=*/true);
 }
 
 std::uint64_t add_post_accumulate_grad_hook(const Tensor& leaf, std::function<void()> hook) {

@@ -107,6 +107,25 @@ void set_gradient_folding(bool enabled);
 // (every thread): what tests read to see that a rule folded.
 std::uint64_t folded_gradient_count();
 
+// Deferred gradient passes (kernels/deferred.h). While backward runs, a rule
+// may queue the last small pass of a gradient bound for a leaf (a chunked
+// column sum's finish, a weight fake quant's mask) on
+// deferred_gradient_passes() instead of running it; the engine runs the
+// queue, one launch per CUDA device and dtype, before such a gradient reaches
+// anything but an empty leaf gradient (another node's rule, an add into an
+// existing leaf gradient, the leaf's hooks) and at the end of the pass. Null
+// outside backward, or when deferral is off (default on; off: every pass runs
+// where its rule calls it, for A/B runs and tests: the same bits either way).
+namespace kernels {
+class DeferredPasses;
+}
+kernels::DeferredPasses* deferred_gradient_passes();
+bool gradient_deferral_enabled();
+void set_gradient_deferral(bool enabled);
+// How many passes backward has run deferred since the process started
+// (every thread): what tests read to see that a rule deferred.
+std::uint64_t deferred_gradient_pass_count();
+
 // Post-accumulate hooks (PyTorch's register_post_accumulate_grad_hook):
 // `hook` runs once in every backward pass that reaches the leaf `leaf`,
 // right after the pass has summed the last gradient it contributes into

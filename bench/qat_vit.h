@@ -34,6 +34,9 @@ struct QatVit : QatStep {
     // QGRAD_BENCH_FOLD=0: the engine adds the residual stream's gradients itself (A/B runs).
     const char* fold = std::getenv("QGRAD_BENCH_FOLD");
     set_gradient_folding(fold == nullptr || std::string(fold) != "0");
+    // QGRAD_BENCH_DEFER=0: every parameter gradient's last pass runs where its rule calls it (A/B runs).
+    const char* defer = std::getenv("QGRAD_BENCH_DEFER");
+    set_gradient_deferral(defer == nullptr || std::string(defer) != "0");
   }
 };
 

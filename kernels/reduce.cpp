@@ -45,9 +45,9 @@ struct ArgmaxRow {
 
 }  // namespace
 
-void sum_axis(const Tensor& in, const Tensor& out, const AxisLayout& v, bool mean) {
+void sum_axis(const Tensor& in, const Tensor& out, const AxisLayout& v, bool mean, DeferredPasses* defer) {
   if (out.is_cuda() && v.channels > cuda::kSumThreadPerRowMax) {
-    QGRAD_ON_CUDA(cuda::sum_axis_blocks(in, out, v, mean));
+    QGRAD_ON_CUDA(cuda::sum_axis_blocks(in, out, v, mean, defer));
     return;
   }
   dispatch_floating(out.dtype(), "sum", [&](auto tag) {

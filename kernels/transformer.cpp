@@ -350,7 +350,7 @@ void rms_norm(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& r
 
 void norm_backward(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd, const Tensor& dy,
                    const Tensor& dx, const Tensor& dw, const Tensor& db, std::int64_t d, const std::uint32_t* dy_mask,
-                   const Tensor& dx_pending) {
+                   const Tensor& dx_pending, DeferredPasses* defer) {
   dispatch_floating(x.dtype(), "norm_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
     using M = op_math_t<T>;
@@ -387,6 +387,11 @@ void norm_backward(const Tensor& x, const Tensor& w, const Tensor& mean, const T
       if (!partials_done)
         for_each_column_sum(dev, chunks * d, ColumnSumPair<NormWeightPartial<T>, NormBiasPartial<T>>{{wp, bp}},
                             "norm_backward");
+      if (defer != nullptr) {
+        defer->column_sums_finish(pw, dw);
+        defer->column_sums_finish(pb, db);
+        return;
+      }
       const ChunkSumsFinish<T> fw{cdata<M>(pw), mdata<T>(dw), chunks, d}, fb{cdata<M>(pb), mdata<T>(db), chunks, d};
       for_each_column_sum(dev, d, ColumnSumPair<ChunkSumsFinish<T>, ChunkSumsFinish<T>>{{fw, fb}}, "norm_backward");
       return;
@@ -394,12 +399,14 @@ void norm_backward(const Tensor& x, const Tensor& w, const Tensor& mean, const T
     if (dw.defined()) {
       const NormWeightPartial<T> wp{cols, cdata<T>(x), cdata<T>(dy), pm, cdata<M>(rstd), mdata<M>(pw), dy_mask};
       if (!partials_done) for_each_column_sum(dev, chunks * d, wp, "norm_backward");
-      for_each_column_sum(dev, d, ChunkSumsFinish<T>{cdata<M>(pw), mdata<T>(dw), chunks, d}, "norm_backward");
+      if (defer != nullptr) defer->column_sums_finish(pw, dw);
+      else for_each_column_sum(dev, d, ChunkSumsFinish<T>{cdata<M>(pw), mdata<T>(dw), chunks, d}, "norm_backward");
     }
     if (db.defined()) {
       const NormBiasPartial<T> bp{cols, cdata<T>(dy), mdata<M>(pb), dy_mask};
       if (!partials_done) for_each_column_sum(dev, chunks * d, bp, "norm_backward");
-      for_each_column_sum(dev, d, ChunkSumsFinish<T>{cdata<M>(pb), mdata<T>(db), chunks, d}, "norm_backward");
+      if (defer != nullptr) defer->column_sums_finish(pb, db);
+      else for_each_column_sum(dev, d, ChunkSumsFinish<T>{cdata<M>(pb), mdata<T>(db), chunks, d}, "norm_backward");
     }
   });
 }

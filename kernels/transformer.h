@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "qgrad/core/tensor.h"
+#include "qgrad/kernels/deferred.h"
 #include "qgrad/kernels/layout.h"
 
 namespace qgrad::kernels {
@@ -41,11 +42,14 @@ void rms_norm(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& r
 // the fake quant's backward would have written it (formulas::masked_grad):
 // the same bits as that pass, without it. With dx_pending (x's shape and
 // dtype), dx = dx_pending + the norm's dx (formulas::fold_pending: the
-// backward engine's sum of the two, in this pass).
+// backward engine's sum of the two, in this pass). With `defer`, dw's and
+// db's finishing passes are queued there (kernels/deferred.h): written by
+// defer->flush().
 inline constexpr std::int64_t kNormChunkRows = 64;
 void norm_backward(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd, const Tensor& dy,
                    const Tensor& dx, const Tensor& dw, const Tensor& db, std::int64_t d,
-                   const std::uint32_t* dy_mask = nullptr, const Tensor& dx_pending = Tensor());
+                   const std::uint32_t* dy_mask = nullptr, const Tensor& dx_pending = Tensor(),
+                   DeferredPasses* defer = nullptr);
 
 // out[n, :] = weight[indices[n], :] (weight [V, D], indices s32/s64); a row
 // whose index is outside [0, V) is NaN (the op rejects those on the CPU first).

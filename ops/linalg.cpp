@@ -176,10 +176,13 @@ void linear_record(const char* op, Tensor& out, const Tensor& x, const Tensor& w
                    const GemmShape& s, const Tensor& mask) {
   const bool need_x = x.requires_grad(), need_w = w.requires_grad();
   const bool need_b = bias.defined() && bias.requires_grad();
+  // A leaf bias takes its gradient's finishing pass deferred (autograd/node.h
+  // deferred_gradient_passes): one launch for every parameter's.
+  const bool leaf_bias = need_b && bias.is_leaf();
   Tensor sx = need_w ? x.detach() : Tensor(), sw = need_x ? w.detach() : Tensor();
   record(
       op, out, {x, w, bias},
-      [sx, sw, s, need_b, mask, shape_x = x.shape(), shape_w = w.shape()](const Tensor& dy) {
+      [sx, sw, s, need_b, leaf_bias, mask, shape_x = x.shape(), shape_w = w.shape()](const Tensor& dy) {
         Tensor g = dy;
         if (mask.defined()) {
           g = Tensor::empty(dy.shape(), like(dy));
@@ -190,7 +193,8 @@ void linear_record(const char* op, Tensor& out, const Tensor& x, const Tensor& w
         if (sx.defined()) gw = gemm_new(shape_w, GemmShape{1, s.n, s.k, s.m, true, false}, g, sx);
         if (need_b) {
           gb = Tensor::empty({s.n}, like(g));
-          kernels::sum_axis(g, gb, kernels::AxisLayout{1, s.m, s.n}, false);
+          kernels::sum_axis(g, gb, kernels::AxisLayout{1, s.m, s.n}, false,
+                            leaf_bias ? deferred_gradient_passes() : nullptr);
         }
         return std::vector<Tensor>{gx, gw, gb};
       },

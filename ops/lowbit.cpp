@@ -19,12 +19,17 @@
 #include "qgrad/kernels/quantize.h"
 #include "qgrad/kernels/transformer.h"
 #include "qgrad/ops/check.h"
+#include "qgrad/ops/straight_through.h"
 #include "qgrad/ops/elementwise.h"
 #include "qgrad/ops/factory.h"
 
 namespace qgrad {
 
 namespace {
+
+using detail::mask_words;
+using detail::new_mask;
+using detail::record_masked_backward;
 
 using I64 = std::int64_t;
 
@@ -191,22 +196,7 @@ Int4Qparams int4_qparams(const Tensor& x, const Blocks& b, QuantMode mode, Int4R
   return q;
 }
 
-Tensor new_mask(const Tensor& x) { return Tensor::empty({bitmask_words(x.numel())}, like(x, DType::s32)); }
-std::uint32_t* mask_words(const Tensor& mask) {
-  return mask.defined() ? static_cast<std::uint32_t*>(mask.data_ptr()) : nullptr;
-}
 
-// Records op's straight-through backward: dx = dy * mask (saves the mask).
-void record_masked_backward(const char* op, Tensor& out, const Tensor& x, const Tensor& mask) {
-  record(
-      op, out, {x},
-      [mask](const Tensor& g) {
-        Tensor dx = Tensor::empty(g.shape(), like(g, g.dtype()));
-        kernels::fake_quantize_backward(g, dx, mask_words(mask));
-        return std::vector<Tensor>{dx};
-      },
-      mask.nbytes());
-}
 
 // Fake quantize with validated qparams: the int8 ops' kernel (formulas::
 // FakeQuantOp, f32 product), straight-through backward over the saved mask.

@@ -10,9 +10,11 @@
 
 #include "qgrad/autograd/node.h"
 #include "qgrad/kernels/bitmask.h"
+#include "qgrad/kernels/deferred.h"
 #include "qgrad/kernels/quantize.h"
 #include "qgrad/ops/check.h"
 #include "qgrad/ops/elementwise.h"
+#include "qgrad/ops/straight_through.h"
 
 namespace qgrad {
 
@@ -27,7 +29,33 @@ std::int64_t quant_max_of(DType dtype) {
   });
 }
 
+namespace detail {
+
+Tensor new_mask(const Tensor& x) {
+  return Tensor::empty({bitmask_words(x.numel())}, TensorOptions{}.with_dtype(DType::s32).with_device(x.device()));
+}
+
+std::uint32_t* mask_words(const Tensor& mask) {
+  return mask.defined() ? static_cast<std::uint32_t*>(mask.data_ptr()) : nullptr;
+}
+
+void record_masked_backward(const char* op, Tensor& out, const Tensor& x, const Tensor& mask) {
+  record(
+      op, out, {x},
+      [mask, leaf = x.is_leaf()](const Tensor& g) {
+        Tensor dx = Tensor::empty(g.shape(), TensorOptions{}.with_dtype(g.dtype()).with_device(g.device()));
+        kernels::masked_gradient(g, mask, dx, leaf ? deferred_gradient_passes() : nullptr);
+        return std::vector<Tensor>{dx};
+      },
+      mask.nbytes());
+}
+
+}  // namespace detail
+
 namespace {
+
+using detail::mask_words;
+using detail::new_mask;
 
 // Resolved quantization parameters: where the kernel reads them and how
 // an element finds its channel. Holds the parameter tensors alive.
@@ -106,10 +134,6 @@ Scope tensor_scope(const Tensor& ref, const Tensor& scale, const Tensor& zp, con
   return sc;
 }
 
-Tensor new_mask(const Tensor& x) { return Tensor::empty({bitmask_words(x.numel())}, like(x, DType::s32)); }
-std::uint32_t* mask_words(const Tensor& mask) {
-  return mask.defined() ? static_cast<std::uint32_t*>(mask.data_ptr()) : nullptr;
-}
 
 // Fake quantize with straight-through backward: saves only the bit mask.
 // With `obs`, the observer update that writes sc's qparams runs first (the
@@ -121,16 +145,7 @@ Tensor fake_quant_forward(const char* name, const Tensor& x, const Scope& sc, st
   Tensor mask = need ? new_mask(x) : Tensor();
   if (obs) kernels::observe_fake_quantize(x, out, sc.params(qmin, qmax), mask_words(mask), *obs);
   else kernels::fake_quantize(x, out, sc.params(qmin, qmax), mask_words(mask));
-  if (need) {
-    record(
-        name, out, {x},
-        [mask](const Tensor& g) {
-          Tensor dx = Tensor::empty(g.shape(), like(g, g.dtype()));
-          kernels::fake_quantize_backward(g, dx, mask_words(mask));
-          return std::vector<Tensor>{dx};
-        },
-        mask.nbytes());
-  }
+  if (need) detail::record_masked_backward(name, out, x, mask);
   return out;
 }
 

@@ -13,16 +13,14 @@
 #include "qgrad/kernels/transformer.h"
 #include "qgrad/ops/check.h"
 #include "qgrad/ops/lowbit.h"
+#include "qgrad/ops/straight_through.h"
 
 namespace qgrad {
 
 namespace {
 
 TensorOptions like(const Tensor& t) { return TensorOptions{}.with_dtype(t.dtype()).with_device(t.device()); }
-// A bit mask over x's elements (kernels/bitmask.h: s32 words).
-Tensor new_mask(const Tensor& x) {
-  return Tensor::empty({bitmask_words(x.numel())}, TensorOptions{}.with_dtype(DType::s32).with_device(x.device()));
-}
+using detail::new_mask;
 // The dtype of the saved statistics: f32, or f64 for f64 inputs.
 DType stat_dtype(DType x) { return x == DType::f64 ? DType::f64 : DType::f32; }
 
@@ -58,17 +56,21 @@ void check_param(const char* op, const char* arg, const Tensor& p, const Tensor&
 // writing the masked dy: kernels::norm_backward's dy_mask). A folding rule:
 // where x's other consumers (a residual add) have already passed back their
 // gradient, dx is written as that gradient plus the norm's (the engine's add
-// of the two, in the same pass).
+// of the two, in the same pass). The parameters' finishing passes are
+// deferred where both are leaves (kernels/deferred.h).
 void record_norm(const char* op, Tensor& out, const Tensor& x, const Shape& normalized_shape, const Tensor& weight,
                  const Tensor& bias, const Tensor& mean, const Tensor& rstd, std::int64_t d,
                  const Tensor& fq_mask = Tensor()) {
   const bool need_x = x.requires_grad();
   const bool need_w = weight.defined() && weight.requires_grad();
   const bool need_b = bias.defined() && bias.requires_grad();
+  // Parameters that are leaves take their gradients' finishing passes
+  // deferred (autograd/node.h deferred_gradient_passes): one launch for all.
+  const bool leaf_params = (!need_w || weight.is_leaf()) && (!need_b || bias.is_leaf());
   Tensor sw = weight.defined() ? weight.detach() : Tensor();
   record_folding(
       op, out, {x, weight, bias},
-      [sx = x.detach(), sw, mean, rstd, d, normalized_shape, need_x, need_w, need_b, fq_mask](
+      [sx = x.detach(), sw, mean, rstd, d, normalized_shape, need_x, need_w, need_b, fq_mask, leaf_params](
           const Tensor& dy, const std::vector<Tensor>& pending, std::vector<char>& folded) {
         Tensor dx = need_x ? Tensor::empty(sx.shape(), like(dy)) : Tensor();
         Tensor dw = need_w ? Tensor::empty(normalized_shape, like(dy)) : Tensor();
@@ -83,7 +85,7 @@ void record_norm(const char* op, Tensor& out, const Tensor& x, const Shape& norm
         }
         kernels::norm_backward(sx, sw, mean, rstd, dy, dx, dw, db, d,
                                fq_mask.defined() ? static_cast<const std::uint32_t*>(fq_mask.data_ptr()) : nullptr,
-                               dx_pending);
+                               dx_pending, leaf_params ? deferred_gradient_passes() : nullptr);
         return std::vector<Tensor>{dx, dw, db};
       },
       x.nbytes() + (sw.defined() ? sw.nbytes() : 0) + (mean.defined() ? mean.nbytes() : 0) + rstd.nbytes() +

@@ -1,5 +1,7 @@
 // The tape: recording, accumulation, retain_graph, grad mode, gradcheck.
 #include "helpers.h"
+#include "qgrad/kernels/bitmask.h"
+#include "qgrad/kernels/deferred.h"
 
 using namespace qgrad;
 using namespace qgrad::testing;
@@ -171,4 +173,91 @@ TEST_CASE("folding rules: no offer where one producer feeds two inputs; a fold w
   Tensor k = mul(y, 2.0), m = mul(y, 4.0);
   auto liar = std::make_shared<Offers>();
   CHECK_THROWS_AS(add(k, probe(k, m, liar, true)).backward(), Error);  // m has no pending gradient
+}
+
+namespace {
+// out = x, recorded with a rule that queues its gradient's mask pass
+// (dx = g * bit) on the engine's deferred passes whatever x is: what lets
+// this test reach every place the engine must run the queue.
+Tensor deferring_probe(const Tensor& x, const Tensor& mask) {
+  Tensor out;
+  {
+    NoGradGuard no_grad;
+    out = mul(x, 1.0);
+  }
+  record("deferring_probe", out, {x}, [mask](const Tensor& g) {
+    Tensor dx = Tensor::empty(g.shape(), TensorOptions{}.with_dtype(g.dtype()).with_device(g.device()));
+    kernels::masked_gradient(g, mask, dx, deferred_gradient_passes());
+    return std::vector<Tensor>{dx};
+  });
+  return out;
+}
+
+// The mask of n elements with bit i = (i % 3 != 0), and g * bit on the host.
+Tensor probe_mask(std::int64_t n) {
+  std::vector<std::uint32_t> words(static_cast<std::size_t>(bitmask_words(n)), 0u);
+  for (std::int64_t i = 0; i < n; ++i) bitmask_set(words.data(), i, i % 3 != 0);
+  return Tensor::from_vector(std::vector<std::int32_t>(words.begin(), words.end()),
+                             {static_cast<std::int64_t>(words.size())});
+}
+std::vector<double> masked(const std::vector<double>& g, double times = 1.0) {
+  std::vector<double> out(g.size());
+  for (std::size_t i = 0; i < g.size(); ++i) out[i] = i % 3 != 0 ? times * g[i] : 0.0;
+  return out;
+}
+}  // namespace
+
+TEST_CASE("deferred gradient passes: run before any reader (another rule, an add, a hook) and at the end; "
+          "the same values on or off") {
+  const std::int64_t n = 300;
+  const Tensor mask = probe_mask(n);
+  Generator gen(7);
+  const Tensor g = randn({n}, gen, TensorOptions{}.with_dtype(DType::f64));
+  const std::vector<double> gv = g.to_vector<double>(), want = masked(gv), want2 = masked(gv, 2.0);
+  auto fresh_leaf = [&] { return leaf(std::vector<double>(static_cast<std::size_t>(n), 0.25), {n}); };
+  for (const bool on : {true, false}) {
+    CAPTURE(on);
+    set_gradient_deferral(on);
+    const std::uint64_t deferred = on ? 1u : 0u;
+    {  // a leaf with no gradient yet: queued, run at the end of the pass
+      Tensor x = fresh_leaf();
+      const std::uint64_t before = deferred_gradient_pass_count();
+      deferring_probe(x, mask).backward(g);
+      CHECK(deferred_gradient_pass_count() - before == deferred);
+      CHECK(x.grad().to_vector<double>() == want);
+    }
+    {  // bound for another node: run before that node's rule reads it
+      Tensor x = fresh_leaf();
+      Tensor h = mul(x, 2.0);
+      const std::uint64_t before = deferred_gradient_pass_count();
+      deferring_probe(h, mask).backward(g);
+      CHECK(deferred_gradient_pass_count() - before == deferred);
+      CHECK(x.grad().to_vector<double>() == want2);
+    }
+    {  // one leaf reached twice: the second arrival's add reads the first
+      Tensor x = fresh_leaf();
+      const std::uint64_t before = deferred_gradient_pass_count();
+      add(deferring_probe(x, mask), deferring_probe(x, mask)).backward(g);
+      CHECK(deferred_gradient_pass_count() - before == 2 * deferred);
+      CHECK(x.grad().to_vector<double>() == want2);
+    }
+    {  // a gradient already there from an earlier backward: the add reads the new one
+      Tensor x = fresh_leaf();
+      deferring_probe(x, mask).backward(g);
+      deferring_probe(x, mask).backward(g);
+      CHECK(x.grad().to_vector<double>() == want2);
+    }
+    {  // a post-accumulate hook reads the leaf's gradient: run before it
+      Tensor x = fresh_leaf();
+      std::vector<double> seen;
+      add_post_accumulate_grad_hook(x, [&] { seen = x.grad().to_vector<double>(); });
+      Tensor y = leaf(std::vector<double>(static_cast<std::size_t>(n), 0.5), {n});
+      add(deferring_probe(x, mask), deferring_probe(y, mask)).backward(g);
+      CHECK(seen == want);
+      CHECK(y.grad().to_vector<double>() == want);
+    }
+  }
+  set_gradient_deferral(true);
+  // Outside a backward no queue is current.
+  CHECK(deferred_gradient_passes() == nullptr);
 }

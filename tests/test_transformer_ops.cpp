@@ -2,6 +2,7 @@
 // dropout) against host references in double: special values, rows with large
 // offsets, repeated indices and padding, the dropout mask's determinism and
 // statistics, and CPU against CUDA where a GPU is present.
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <limits>
@@ -433,6 +434,53 @@ TEST_CASE("layer_norm, rms_norm backward fold a residual's pending gradient: the
           CHECK_FALSE(bit_equal(folded[0], dy.cpu()));
         }
       }
+}
+
+TEST_CASE("deferred gradient passes: a pre-norm MLP block's parameter gradients, bit for bit with deferral off, on "
+          "every device") {
+  // y = x + linear(gelu(linear(layer_norm(x), fq(Wa), ba)), fq(Wb), bb), the
+  // weights fake-quantized by fake_quantize_dynamic_batch. Deferred: the
+  // norm's two finishes and the weights' two mask passes (and on CUDA, where
+  // 3000 rows take the chunked column sums, the biases' two finishes).
+  const std::int64_t rows = 3000, d = 64, h = 96;
+  for (const Device dev : test_devices())
+    for (const DType dt : {DType::f64, DType::f32, DType::bf16}) {
+      CAPTURE(dev.str());
+      CAPTURE(dtype_name(dt));
+      const Tensor x0 = rnd({rows, d}, 101), w0 = rnd({d}, 102), c0 = rnd({d}, 103), wa0 = rnd({h, d}, 104, DType::f64, 0.2),
+                   ba0 = rnd({h}, 105), wb0 = rnd({d, h}, 106, DType::f64, 0.2), bb0 = rnd({d}, 107);
+      const Tensor dy = rnd({rows, d}, 108, dt).to(dev);
+      auto run = [&](bool defer) {
+        set_gradient_deferral(defer);
+        std::vector<Tensor> p{fresh(x0, dt, dev),  fresh(w0, dt, dev),  fresh(c0, dt, dev), fresh(wa0, dt, dev),
+                              fresh(ba0, dt, dev), fresh(wb0, dt, dev), fresh(bb0, dt, dev)};
+        const std::vector<Tensor> wq = fake_quantize_dynamic_batch({p[3], p[5]}, QuantScope::per_channel(0),
+                                                                    QuantMode::symmetric, -127, 127, FLT_EPSILON);
+        Tensor y = add(p[0], linear(gelu(linear(layer_norm(p[0], {d}, p[1], p[2]), wq[0], p[4])), wq[1], p[6]));
+        if (dev.is_cuda()) {
+          prepoison({d}, dt);
+          prepoison({h}, dt);
+          prepoison({h, d}, dt);
+        }
+        const std::uint64_t before = deferred_gradient_pass_count();
+        y.backward(dy);
+        const std::uint64_t deferred = deferred_gradient_pass_count() - before;
+        set_gradient_deferral(true);
+        std::vector<Tensor> grads;
+        for (const Tensor& t : p) grads.push_back(t.grad().cpu());
+        return std::pair{grads, deferred};
+      };
+      const auto [on, n_on] = run(true);
+      const auto [off, n_off] = run(false);
+      CHECK(n_on == (dev.is_cuda() ? 6u : 4u));
+      CHECK(n_off == 0u);
+      for (std::size_t i = 0; i < on.size(); ++i) {
+        CAPTURE(i);
+        CHECK(bit_equal(on[i], off[i]));
+        const std::vector<double> v = values(on[i]);  // no NaN left by an unwritten element
+        CHECK(std::none_of(v.begin(), v.end(), [](double e) { return std::isnan(e); }));
+      }
+    }
 }
 
 // ---------------------------------------------------------------- embedding

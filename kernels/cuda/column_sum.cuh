@@ -26,13 +26,14 @@
 
 namespace qgrad::kernels::cuda {
 
+// Block `block` of column_sum_kernel (a 32 x 32 block): columns
+// 32 * block .. + 31. Also the body of deferred.cu's batched finishes.
 template <class F>
-__global__ void column_sum_kernel(std::int64_t cols, F f) {
-  ::qgrad::cuda::wait_for_prior_kernels();
+__device__ __forceinline__ void column_sum_block(std::int64_t cols, const F& f, std::int64_t block) {
   using M = typename F::Acc;
   __shared__ M s[32][33];  // [lane][column], padded against bank conflicts
   const unsigned c = threadIdx.x, l = threadIdx.y;
-  const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * 32 + c;
+  const std::int64_t i = block * 32 + c;
   M acc = M(0);
   if (i < cols) {
     const std::int64_t n = f.count(i);
@@ -45,6 +46,12 @@ __global__ void column_sum_kernel(std::int64_t cols, F f) {
     __syncthreads();
   }
   if (l == 0 && i < cols) f.write(i, s[0][c]);
+}
+
+template <class F>
+__global__ void column_sum_kernel(std::int64_t cols, F f) {
+  ::qgrad::cuda::wait_for_prior_kernels();
+  column_sum_block(cols, f, blockIdx.x);
 }
 
 template <class F>

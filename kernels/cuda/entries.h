@@ -12,6 +12,7 @@
 #include "qgrad/core/tensor.h"
 #include "qgrad/kernels/attention.h"
 #include "qgrad/kernels/conv.h"
+#include "qgrad/kernels/deferred.h"
 #include "qgrad/kernels/lerp.h"
 #include "qgrad/kernels/linalg.h"
 #include "qgrad/kernels/lowbit.h"
@@ -90,7 +91,12 @@ void grad_scale(const std::vector<Tensor>& tensors, const Tensor& scale);
 // sum over rows longer than kSumThreadPerRowMax: a block per row (or per
 // fixed chunk), shared-memory tree (train step profile: sum_block_kernel).
 inline constexpr std::int64_t kSumThreadPerRowMax = 128;
-void sum_axis_blocks(const Tensor& in, const Tensor& out, const AxisLayout& v, bool mean);
+// With `defer`, a chunked column sum without a mean queues its finish there.
+void sum_axis_blocks(const Tensor& in, const Tensor& out, const AxisLayout& v, bool mean, DeferredPasses* defer);
+
+// The deferred gradient passes of one device and dtype (kernels/deferred.h),
+// in queue order, one launch per table (kernels/cuda/deferred.cu).
+void run_deferred_passes(const std::vector<DeferredPass>& passes);
 
 // log_softmax and the fused cross-entropy forward over contiguous rows of at
 // least kWarpRowMin elements: one warp per row, shuffle reductions

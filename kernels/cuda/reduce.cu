@@ -96,7 +96,7 @@ struct ColumnChunkPartial : ColumnChunkSum<T, Out> {
   static constexpr std::int64_t kMaxCount = kColumnChunkRows;
 };
 template <class T>
-void sum_axis_blocks_impl(const Tensor& in, const Tensor& out, const AxisLayout& v, bool mean) {
+void sum_axis_blocks_impl(const Tensor& in, const Tensor& out, const AxisLayout& v, bool mean, DeferredPasses* defer) {
   using M = op_math_t<T>;
   const T* x = static_cast<const T*>(in.data_ptr());
   T* o = static_cast<T*>(out.data_ptr());
@@ -114,7 +114,8 @@ void sum_axis_blocks_impl(const Tensor& in, const Tensor& out, const AxisLayout&
         Tensor::empty({chunks, outputs}, TensorOptions{}.with_dtype(dtype_of<M>).with_device(out.device()));
     M* p = static_cast<M*>(partial.data_ptr());
     launch_column_sum(dev, chunks * outputs, ColumnChunkPartial<T, M>{{x, p, v, kColumnChunkRows, 0}});
-    launch_column_sum(dev, outputs, ChunkSumsFinish<T>{p, o, chunks, outputs, mean_n});  // kernels/loop.h
+    if (defer != nullptr && mean_n == 0) defer->column_sums_finish(partial, out);
+    else launch_column_sum(dev, outputs, ChunkSumsFinish<T>{p, o, chunks, outputs, mean_n});  // kernels/loop.h
     return;
   }
   if (v.channels <= kChunk || outputs >= kChunkedMaxOutputs) {
@@ -130,9 +131,9 @@ void sum_axis_blocks_impl(const Tensor& in, const Tensor& out, const AxisLayout&
 
 }  // namespace
 
-void sum_axis_blocks(const Tensor& in, const Tensor& out, const AxisLayout& v, bool mean) {
+void sum_axis_blocks(const Tensor& in, const Tensor& out, const AxisLayout& v, bool mean, DeferredPasses* defer) {
   dispatch_floating(out.dtype(), "sum",
-                    [&](auto tag) { sum_axis_blocks_impl<typename decltype(tag)::type>(in, out, v, mean); });
+                    [&](auto tag) { sum_axis_blocks_impl<typename decltype(tag)::type>(in, out, v, mean, defer); });
 }
 
 }  // namespace qgrad::kernels::cuda

@@ -1,0 +1,101 @@
+// The deferred gradient passes of one device and dtype (kernels/deferred.h)
+// in one launch: a table of up to kDeferredBatchMax passes by value, each
+// owning a run of 32 x 32 blocks. A column-sum finish's block is
+// column_sum_kernel's block over ChunkSumsFinish (column_sum.cuh): the same
+// operations in the same order, so the same bits as the finish launched on
+// its own. A mask pass's block writes kMaskBlockElements of dx = dy * bit
+// (FakeQuantGradOp's product, formulas::masked_grad).
+#include <algorithm>
+
+#include "qgrad/core/cuda/common.cuh"
+#include "qgrad/kernels/cuda/column_sum.cuh"
+#include "qgrad/kernels/cuda/entries.h"
+#include "qgrad/kernels/formulas/transformer.h"
+#include "qgrad/kernels/loop.h"
+
+namespace qgrad::kernels::cuda {
+
+namespace {
+
+constexpr int kDeferredBatchMax = 80;  // the table stays under 4 KB of kernel parameters
+constexpr unsigned kBatchThreads = 1024;
+constexpr std::int64_t kMaskBlockElements = 4 * kBatchThreads;
+
+template <class T>
+struct DeferredTable {
+  const void* in[kDeferredBatchMax];  // finish: op-math partials; mask: dy
+  T* out[kDeferredBatchMax];
+  const std::uint32_t* mask[kDeferredBatchMax];  // null: a finish
+  std::int64_t n[kDeferredBatchMax];             // finish: columns; mask: elements
+  std::int32_t chunks[kDeferredBatchMax];        // finish: partial rows
+  std::int32_t first_block[kDeferredBatchMax + 1];
+  int count;
+};
+
+template <class T>
+__global__ void __launch_bounds__(kBatchThreads) deferred_passes_kernel(const DeferredTable<T> table) {
+  ::qgrad::cuda::wait_for_prior_kernels();
+  const int block = static_cast<int>(blockIdx.x);
+  int p = 0;
+  while (block >= table.first_block[p + 1]) ++p;  // uniform across the block
+  const std::int64_t local = block - table.first_block[p];
+  if (table.mask[p] == nullptr) {
+    using M = op_math_t<T>;
+    const std::int64_t cols = table.n[p];
+    column_sum_block(cols, ChunkSumsFinish<T>{static_cast<const M*>(table.in[p]), table.out[p], table.chunks[p], cols},
+                     local);
+    return;
+  }
+  const T* dy = static_cast<const T*>(table.in[p]);
+  const std::int64_t n = table.n[p];
+  const std::int64_t base = local * kMaskBlockElements + threadIdx.y * 32 + threadIdx.x;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const std::int64_t i = base + std::int64_t{k} * kBatchThreads;
+    if (i < n) table.out[p][i] = T(formulas::masked_grad(dy, table.mask[p], i));
+  }
+}
+
+template <class T>
+void launch_batch(const std::vector<DeferredPass>& passes, std::size_t first, std::size_t count) {
+  DeferredTable<T> table{};
+  table.count = static_cast<int>(count);
+  std::int64_t blocks = 0;
+  for (std::size_t k = 0; k < count; ++k) {
+    const DeferredPass& pass = passes[first + k];
+    table.in[k] = pass.in.data_ptr();
+    table.out[k] = static_cast<T*>(pass.out.data_ptr());
+    table.first_block[k] = static_cast<std::int32_t>(blocks);
+    if (pass.kind == DeferredPass::Kind::column_sums_finish) {
+      table.mask[k] = nullptr;
+      table.n[k] = pass.out.numel();
+      table.chunks[k] = static_cast<std::int32_t>(pass.in.numel() / pass.out.numel());
+      blocks += (table.n[k] + 31) / 32;
+    } else {
+      table.mask[k] = static_cast<const std::uint32_t*>(pass.mask.data_ptr());
+      table.n[k] = pass.out.numel();
+      table.chunks[k] = 0;
+      blocks += (table.n[k] + kMaskBlockElements - 1) / kMaskBlockElements;
+    }
+    QGRAD_CHECK(blocks < 0x7fffffff && (pass.kind != DeferredPass::Kind::column_sums_finish ||
+                                        pass.in.numel() / pass.out.numel() < 0x7fffffff),
+                "deferred_passes", "passes", "a batch too large for one launch");
+  }
+  table.first_block[count] = static_cast<std::int32_t>(blocks);
+  if (blocks == 0) return;
+  ::qgrad::cuda::launch_kernel(passes[first].out.device().index, deferred_passes_kernel<T>,
+                               static_cast<unsigned>(blocks), dim3(32, 32), 0, table);
+}
+
+}  // namespace
+
+void run_deferred_passes(const std::vector<DeferredPass>& passes) {
+  if (passes.empty()) return;
+  dispatch_floating(passes.front().out.dtype(), "deferred_passes", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    for (std::size_t first = 0; first < passes.size(); first += kDeferredBatchMax)
+      launch_batch<T>(passes, first, std::min<std::size_t>(kDeferredBatchMax, passes.size() - first));
+  });
+}
+
+}  // namespace qgrad::kernels::cuda

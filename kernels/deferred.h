@@ -1,0 +1,63 @@
+// Gradient passes a backward pass may postpone and run together: the last,
+// small pass of a parameter's gradient (a chunked column sum's finish, a
+// weight fake quant's straight-through mask). A captured training step
+// spends about 2 us of dependency latency on each such pass, one per
+// parameter; queued here, a device's passes of one dtype run as one launch.
+//
+// A queued pass has not written its output yet: code that queues one must
+// hand that output only to a reader that flushes first. The backward engine
+// owns the queue of a backward pass (autograd/node.h deferred_gradient_passes)
+// and flushes it before a queued output reaches anything but an empty leaf
+// gradient, before a leaf's hooks read it, and at the end of the pass. Each
+// pass gives the bits it gives run where it was queued (the same formula
+// over the same operands in the same order). A pass keeps its inputs alive
+// until it runs (for a mask pass that is the incoming gradient, the size of
+// the parameter).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "qgrad/core/tensor.h"
+
+namespace qgrad::kernels {
+
+struct DeferredPass {
+  enum class Kind { column_sums_finish, masked_gradient };
+  Kind kind;
+  Tensor in;    // column_sums_finish: partials [chunks, cols] in op math; masked_gradient: dy
+  Tensor mask;  // masked_gradient: the saved bit mask (s32 words, kernels/bitmask.h)
+  Tensor out;   // what the pass writes
+};
+
+class DeferredPasses {
+ public:
+  DeferredPasses() = default;
+  DeferredPasses(const DeferredPasses&) = delete;
+  DeferredPasses& operator=(const DeferredPasses&) = delete;
+  ~DeferredPasses();  // runs what is left (errors dropped: a backward is unwinding)
+
+  // out[j] = the sum over c of partial[c, j] in lane_sum's order
+  // (ChunkSumsFinish, kernels/loop.h, without a mean); partial is
+  // [chunks, out.numel()] in op_math_t of out's dtype, on out's device.
+  void column_sums_finish(const Tensor& partial, const Tensor& out);
+  // dx = dy * bit (fake_quantize_backward); dy and dx of one shape and dtype.
+  void masked_gradient(const Tensor& dy, const Tensor& mask, const Tensor& dx);
+
+  // Whether a queued pass writes memory that t's elements cover.
+  bool writes(const Tensor& t) const;
+  bool empty() const { return passes_.empty(); }
+  std::size_t size() const { return passes_.size(); }
+  // Runs every queued pass: on the CPU one after another, on CUDA one launch
+  // per device and dtype (up to a table's worth of passes each).
+  void flush();
+
+ private:
+  std::vector<DeferredPass> passes_;
+};
+
+// dx = dy * bit, queued on `defer` when it is given, else run now.
+void masked_gradient(const Tensor& dy, const Tensor& mask, const Tensor& dx, DeferredPasses* defer);
+
+}  // namespace qgrad::kernels

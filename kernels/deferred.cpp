@@ -2,6 +2,7 @@
 // rules, run by flush(). CUDA batches in kernels/cuda/deferred.cu.
 #include "qgrad/kernels/deferred.h"
 
+#include <atomic>
 #include <utility>
 
 #include "qgrad/kernels/bitmask.h"
@@ -66,6 +67,28 @@ void DeferredPasses::masked_gradient(const Tensor& dy, const Tensor& mask, const
   if (dx.numel() == 0) return;
   passes_.push_back({DeferredPass::Kind::masked_gradient, dy, mask, dx});
 }
+
+namespace {
+std::atomic<std::uint64_t> g_partials_taken{0};
+}  // namespace
+
+void DeferredPasses::note_column_partials(const Tensor& t, const Tensor& partials, std::int64_t chunk_rows) {
+  partials_.push_back({t.impl()->storage, t.impl()->offset, t.numel(), chunk_rows, partials});
+}
+
+Tensor DeferredPasses::column_partials(const Tensor& t, std::int64_t cols, std::int64_t chunk_rows) const {
+  if (!t.defined() || cols <= 0 || t.numel() % cols != 0) return Tensor();
+  const std::int64_t chunks = (t.numel() / cols + chunk_rows - 1) / chunk_rows;
+  for (const KnownPartials& k : partials_)
+    if (k.storage.lock() == t.impl()->storage && k.offset == t.impl()->offset && k.numel == t.numel() &&
+        k.chunk_rows == chunk_rows && k.partials.numel() == chunks * cols) {
+      g_partials_taken.fetch_add(1, std::memory_order_relaxed);
+      return k.partials;
+    }
+  return Tensor();
+}
+
+std::uint64_t DeferredPasses::column_partials_taken() { return g_partials_taken.load(std::memory_order_relaxed); }
 
 bool DeferredPasses::writes(const Tensor& t) const {
   if (!t.defined()) return false;

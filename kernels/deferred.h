@@ -17,6 +17,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "qgrad/core/tensor.h"
@@ -45,6 +46,18 @@ class DeferredPasses {
   // dx = dy * bit (fake_quantize_backward); dy and dx of one shape and dtype.
   void masked_gradient(const Tensor& dy, const Tensor& mask, const Tensor& dx);
 
+  // What the backward already knows of its gradients: `partials` [chunks,
+  // cols] (op math) hold t's column sums over chunks of `chunk_rows` rows in a
+  // chunked column sum's lane order, written by the kernel that wrote t (the
+  // norms' backward). column_partials(t, ...) gives them back to a column
+  // sum of the same t, rows and columns (a bias gradient), which then only
+  // queues the finish; undefined where none is known. Held by a weak
+  // reference to t's storage: never matched to memory reused after t.
+  void note_column_partials(const Tensor& t, const Tensor& partials, std::int64_t chunk_rows);
+  Tensor column_partials(const Tensor& t, std::int64_t cols, std::int64_t chunk_rows) const;
+  // How many column sums took known partials, since the process started (tests).
+  static std::uint64_t column_partials_taken();
+
   // Whether a queued pass writes memory that t's elements cover.
   bool writes(const Tensor& t) const;
   bool empty() const { return passes_.empty(); }
@@ -54,7 +67,13 @@ class DeferredPasses {
   void flush();
 
  private:
+  struct KnownPartials {
+    std::weak_ptr<Storage> storage;
+    std::int64_t offset, numel, chunk_rows;
+    Tensor partials;
+  };
   std::vector<DeferredPass> passes_;
+  std::vector<KnownPartials> partials_;
 };
 
 // dx = dy * bit, queued on `defer` when it is given, else run now.

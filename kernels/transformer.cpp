@@ -364,7 +364,12 @@ void norm_backward(const Tensor& x, const Tensor& w, const Tensor& mean, const T
     // On CUDA, dx and the parameters' chunk partials in one launch where it serves the shape.
     bool partials_done = false;
     if (dx.defined() && (dw.defined() || db.defined()) && dev.is_cuda()) {
-      QGRAD_ON_CUDA(partials_done = cuda::norm_backward_chunks(x, w, mean, rstd, dy, dy_mask, dx, pw, pb, d, dx_pending));
+      // Deferring, the launch also leaves dx's own chunk partials for a bias
+      // gradient downstream to finish (DeferredPasses::column_partials).
+      Tensor pd = defer != nullptr ? Tensor::empty({chunks, d}, opts(mt, dev)) : Tensor();
+      QGRAD_ON_CUDA(partials_done =
+                        cuda::norm_backward_chunks(x, w, mean, rstd, dy, dy_mask, dx, pw, pb, pd, d, dx_pending));
+      if (partials_done && pd.defined()) defer->note_column_partials(dx, pd, kNormChunkRows);
     }
     if (!partials_done && dx.defined()) {
       if (dev.is_cuda() && cuda::use_norm_warp(d))

@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "qgrad/core/random.h"
+#include "qgrad/kernels/deferred.h"
 #include "train_ops_helpers.h"
 
 using namespace qgrad;
@@ -479,6 +480,46 @@ TEST_CASE("deferred gradient passes: a pre-norm MLP block's parameter gradients,
         CHECK(bit_equal(on[i], off[i]));
         const std::vector<double> v = values(on[i]);  // no NaN left by an unwritten element
         CHECK(std::none_of(v.begin(), v.end(), [](double e) { return std::isnan(e); }));
+      }
+    }
+}
+
+TEST_CASE("deferred gradient passes: a bias upstream of a norm finishes the norm's own chunk partials of dx, bit for "
+          "bit with deferral off (CUDA)") {
+  QGRAD_REQUIRE_GPU();
+  // y = layer_norm(r + linear(a, W, bias)): the linear's dy is the norm's dx,
+  // whose chunk partials the norm's one-launch backward (d = 128, 256; f32
+  // math) leaves for the bias gradient, which then only queues its finish.
+  const Device dev = Device::cuda(0);
+  const std::int64_t rows = 3000, k = 48;
+  for (const std::int64_t d : {128LL, 256LL})
+    for (const DType dt : {DType::f32, DType::bf16, DType::f16}) {
+      CAPTURE(d);
+      CAPTURE(dtype_name(dt));
+      const Tensor a0 = rnd({rows, k}, 111), r0 = rnd({rows, d}, 112), wl0 = rnd({d, k}, 113, DType::f64, 0.2),
+                   bl0 = rnd({d}, 114), w0 = rnd({d}, 115), c0 = rnd({d}, 116);
+      const Tensor dy = rnd({rows, d}, 117, dt).to(dev);
+      auto run = [&](bool defer) {
+        set_gradient_deferral(defer);
+        std::vector<Tensor> p{fresh(a0, dt, dev),  fresh(r0, dt, dev), fresh(wl0, dt, dev),
+                              fresh(bl0, dt, dev), fresh(w0, dt, dev), fresh(c0, dt, dev)};
+        Tensor y = layer_norm(add(p[1], linear(p[0], p[2], p[3])), {d}, p[4], p[5]);
+        prepoison({d}, dt);
+        const std::uint64_t taken = kernels::DeferredPasses::column_partials_taken();
+        y.backward(dy);
+        const std::uint64_t reused = kernels::DeferredPasses::column_partials_taken() - taken;
+        set_gradient_deferral(true);
+        std::vector<Tensor> grads;
+        for (const Tensor& t : p) grads.push_back(t.grad().cpu());
+        return std::pair{grads, reused};
+      };
+      const auto [on, n_on] = run(true);
+      const auto [off, n_off] = run(false);
+      CHECK(n_on == 1u);
+      CHECK(n_off == 0u);
+      for (std::size_t i = 0; i < on.size(); ++i) {
+        CAPTURE(i);
+        CHECK(bit_equal(on[i], off[i]));
       }
     }
 }

@@ -223,7 +223,9 @@ void norm_backward_impl(const Tensor& x, const Tensor& w, const Tensor& mean, co
 // parameter sum the chunk's terms exactly as column_sum_short_kernel does
 // (lane l: 0 + t[l] + t[l + 32], missing rows +0; thread q holds lanes q + 4m;
 // the tree's levels 16, 8, 4 in registers, 2 and 1 by shuffles): the same
-// partials, written without reading dy and x a second time.
+// partials, written without reading dy and x a second time. With pd, also
+// dx's own chunk partials in that order (what a column sum of dx, a bias
+// gradient downstream, would compute first: kernels/deferred.h).
 constexpr int kChunkThreads = 1024;
 constexpr int kChunkRows = static_cast<int>(kNormChunkRows);
 constexpr int kChunkRowsPerWarp = kChunkRows / (kChunkThreads / 32);
@@ -235,13 +237,14 @@ __global__ void __launch_bounds__(kChunkThreads)
                                const op_math_t<T>* __restrict__ rstd, const T* __restrict__ dy,
                                const std::uint32_t* __restrict__ dy_mask, const T* __restrict__ dx_pending,
                                T* __restrict__ dx, op_math_t<T>* __restrict__ pw, op_math_t<T>* __restrict__ pb,
-                               std::int64_t rows) {
+                               op_math_t<T>* __restrict__ pd, std::int64_t rows) {
   ::qgrad::cuda::wait_for_prior_kernels();
   using M = op_math_t<T>;
   constexpr int d = 32 * kPer;
   extern __shared__ __align__(16) unsigned char chunk_smem[];
   M* tw = reinterpret_cast<M*>(chunk_smem);  // [kChunkRows][d]
   M* tb = tw + kChunkRows * d;
+  M* td = tb + kChunkRows * d;  // only with pd
   const std::int64_t row0 = std::int64_t{blockIdx.x} * kChunkRows;
   const int n = static_cast<int>(rows - row0 < kChunkRows ? rows - row0 : kChunkRows);
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
@@ -261,7 +264,10 @@ __global__ void __launch_bounds__(kChunkThreads)
     const int k = warp + 32 * h;
     if (k >= n) {  // past the last row: the +0 terms column_sum_short_kernel adds
 #pragma unroll
-      for (int t = 0; t < kPer; ++t) tw[k * d + lane + 32 * t] = tb[k * d + lane + 32 * t] = M(0);
+      for (int t = 0; t < kPer; ++t) {
+        tw[k * d + lane + 32 * t] = tb[k * d + lane + 32 * t] = M(0);
+        if (pd != nullptr) td[k * d + lane + 32 * t] = M(0);
+      }
       continue;
     }
     const std::int64_t r = row0 + k, base = r * d;
@@ -280,17 +286,23 @@ __global__ void __launch_bounds__(kChunkThreads)
 #pragma unroll
     for (int t = 0; t < kPer; ++t) {
       const int j = lane + 32 * t;
-      dx[base + j] = formulas::fold_pending(T(rs * ((g[t] - mean_g) - xh[t] * mean_gx)), dx_pending, base + j);
+      const T dxj = formulas::fold_pending(T(rs * ((g[t] - mean_g) - xh[t] * mean_gx)), dx_pending, base + j);
+      dx[base + j] = dxj;
+      if (pd != nullptr) td[k * d + j] = M(dxj);
       tw[k * d + j] = dyv[h][t] * xh[t];
       tb[k * d + j] = dyv[h][t];
     }
   }
   __syncthreads();
   constexpr int kGroup = 4, kHeld = 32 / kGroup;
-  static_assert((2 * d * kGroup) % kChunkThreads == 0, "every thread takes part in each round's shuffles");
-  for (int first = 0; first < 2 * d * kGroup; first += kChunkThreads) {
-    const int c = (first + static_cast<int>(threadIdx.x)) / kGroup, q = static_cast<int>(threadIdx.x) % kGroup;
-    const M* t = c < d ? tw + c : tb + (c - d);
+  static_assert((d * kGroup) % 32 == 0, "a warp's groups stay within one round");
+  const int sums = (pd != nullptr ? 3 : 2) * d;  // columns of tw, tb (and td)
+  for (int first = 0; first < sums * kGroup; first += kChunkThreads) {
+    // Threads past the last sum (a round of 3d) repeat it without writing:
+    // whole warps, so the shuffles below see every lane.
+    const int raw = (first + static_cast<int>(threadIdx.x)) / kGroup, q = static_cast<int>(threadIdx.x) % kGroup;
+    const int c = raw < sums ? raw : sums - 1;
+    const M* t = c < d ? tw + c : c < 2 * d ? tb + (c - d) : td + (c - 2 * d);
     M acc[kHeld];
 #pragma unroll
     for (int m = 0; m < kHeld; ++m) {
@@ -308,39 +320,46 @@ __global__ void __launch_bounds__(kChunkThreads)
     const M from2 = __shfl_down_sync(0xffffffffu, acc[0], 2, kGroup);
     if (q < 2) acc[0] += from2;
     const M from1 = __shfl_down_sync(0xffffffffu, acc[0], 1, kGroup);
-    M* out = c < d ? pw : pb;
-    if (q == 0 && out != nullptr) out[std::int64_t{blockIdx.x} * d + (c < d ? c : c - d)] = acc[0] + from1;
+    M* out = c < d ? pw : c < 2 * d ? pb : pd;
+    if (q == 0 && raw < sums && out != nullptr) out[std::int64_t{blockIdx.x} * d + c % d] = acc[0] + from1;
   }
 }
 
 template <class T, int kPer>
 void norm_backward_chunk_launch(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
                                 const Tensor& dy, const std::uint32_t* dy_mask, const Tensor& dx_pending,
-                                const Tensor& dx, const Tensor& pw, const Tensor& pb, std::int64_t rows) {
+                                const Tensor& dx, const Tensor& pw, const Tensor& pb, const Tensor& pd,
+                                std::int64_t rows) {
   using M = op_math_t<T>;
-  constexpr int kSmem = 2 * kChunkRows * 32 * kPer * static_cast<int>(sizeof(M));
+  constexpr int kTermBytes = kChunkRows * 32 * kPer * static_cast<int>(sizeof(M));  // one [chunk rows][d] array
   constexpr auto kernel = norm_backward_chunk_kernel<T, kPer>;
   const int dev = dx.device().index;
-  allow_dynamic_smem<kernel>(dev, kSmem);
+  allow_dynamic_smem<kernel>(dev, 3 * kTermBytes);
+  const int smem = (pd.defined() ? 3 : 2) * kTermBytes;
   ::qgrad::cuda::launch_kernel(dev, kernel, static_cast<unsigned>((rows + kChunkRows - 1) / kChunkRows),
-                               kChunkThreads, kSmem, static_cast<const T*>(x.data_ptr()),
+                               kChunkThreads, smem, static_cast<const T*>(x.data_ptr()),
                                w.defined() ? static_cast<const T*>(w.data_ptr()) : nullptr,
                                mean.defined() ? static_cast<const M*>(mean.data_ptr()) : nullptr,
                                static_cast<const M*>(rstd.data_ptr()), static_cast<const T*>(dy.data_ptr()), dy_mask,
                                dx_pending.defined() ? static_cast<const T*>(dx_pending.data_ptr()) : nullptr,
                                static_cast<T*>(dx.data_ptr()), pw.defined() ? static_cast<M*>(pw.data_ptr()) : nullptr,
-                               pb.defined() ? static_cast<M*>(pb.data_ptr()) : nullptr, rows);
+                               pb.defined() ? static_cast<M*>(pb.data_ptr()) : nullptr,
+                               pd.defined() ? static_cast<M*>(pd.data_ptr()) : nullptr, rows);
 }
 
 template <class T>
 bool norm_backward_chunks_impl(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
                                const Tensor& dy, const std::uint32_t* dy_mask, const Tensor& dx, const Tensor& pw,
-                               const Tensor& pb, std::int64_t d, const Tensor& dx_pending) {
+                               const Tensor& pb, const Tensor& pd, std::int64_t d, const Tensor& dx_pending) {
   const std::int64_t rows = x.numel() / d;
   if (rows == 0 || rows / kChunkRows >= 0x7fffffff || (!pw.defined() && !pb.defined())) return false;
   switch (d) {
-    case 128: norm_backward_chunk_launch<T, 4>(x, w, mean, rstd, dy, dy_mask, dx_pending, dx, pw, pb, rows); return true;
-    case 256: norm_backward_chunk_launch<T, 8>(x, w, mean, rstd, dy, dy_mask, dx_pending, dx, pw, pb, rows); return true;
+    case 128:
+      norm_backward_chunk_launch<T, 4>(x, w, mean, rstd, dy, dy_mask, dx_pending, dx, pw, pb, pd, rows);
+      return true;
+    case 256:
+      norm_backward_chunk_launch<T, 8>(x, w, mean, rstd, dy, dy_mask, dx_pending, dx, pw, pb, pd, rows);
+      return true;
     default: return false;
   }
 }
@@ -398,12 +417,14 @@ void norm_backward_warp_rows(const Tensor& x, const Tensor& w, const Tensor& mea
 }
 bool norm_backward_chunks(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd, const Tensor& dy,
                           const std::uint32_t* dy_mask, const Tensor& dx, const Tensor& pw, const Tensor& pb,
-                          std::int64_t d, const Tensor& dx_pending) {
+                          const Tensor& pd, std::int64_t d, const Tensor& dx_pending) {
   switch (x.dtype()) {  // math in f32 (f64's terms would take twice the shared memory)
-    case DType::f32: return norm_backward_chunks_impl<float>(x, w, mean, rstd, dy, dy_mask, dx, pw, pb, d, dx_pending);
+    case DType::f32:
+      return norm_backward_chunks_impl<float>(x, w, mean, rstd, dy, dy_mask, dx, pw, pb, pd, d, dx_pending);
     case DType::bf16:
-      return norm_backward_chunks_impl<bfloat16>(x, w, mean, rstd, dy, dy_mask, dx, pw, pb, d, dx_pending);
-    case DType::f16: return norm_backward_chunks_impl<half>(x, w, mean, rstd, dy, dy_mask, dx, pw, pb, d, dx_pending);
+      return norm_backward_chunks_impl<bfloat16>(x, w, mean, rstd, dy, dy_mask, dx, pw, pb, pd, d, dx_pending);
+    case DType::f16:
+      return norm_backward_chunks_impl<half>(x, w, mean, rstd, dy, dy_mask, dx, pw, pb, pd, d, dx_pending);
     default: return false;
   }
 }

@@ -109,6 +109,14 @@ void sum_axis_blocks_impl(const Tensor& in, const Tensor& out, const AxisLayout&
     return;
   }
   if (v.inner > 1) {
+    if (defer != nullptr && mean_n == 0 && v.outer == 1) {
+      // The kernel that wrote `in` may have left its chunk partials (the norms').
+      const Tensor known = defer->column_partials(in, outputs, kColumnChunkRows);
+      if (known.defined()) {
+        defer->column_sums_finish(known, out);
+        return;
+      }
+    }
     const std::int64_t chunks = (v.channels + kColumnChunkRows - 1) / kColumnChunkRows;
     Tensor partial =
         Tensor::empty({chunks, outputs}, TensorOptions{}.with_dtype(dtype_of<M>).with_device(out.device()));

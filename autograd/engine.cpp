@@ -20,6 +20,8 @@ std::atomic<std::uint64_t> g_folded{0};
 std::atomic<bool> g_gradient_deferral{true};
 std::atomic<std::uint64_t> g_deferred{0};
 thread_local kernels::DeferredPasses* g_deferred_passes = nullptr;
+std::atomic<std::uint64_t> g_sequence{0};
+std::atomic<std::uint64_t> g_hook_handle{1};
 
 // The queue of one backward pass, current on its thread for its scope (a
 // hook may run a backward of its own: the outer queue comes back after it).
@@ -42,8 +44,6 @@ class DeferredScope {
   kernels::DeferredPasses passes_;
   kernels::DeferredPasses* previous_;
 };
-std::atomic<std::uint64_t> g_sequence{0};
-std::atomic<std::uint64_t> g_hook_handle{1};
 
 void run_hooks(const AutogradMeta& m) {
   // A copy: a hook may add or remove hooks.

@@ -72,9 +72,10 @@ QGRAD_HD std::int64_t argmax_strided(const T* x, std::int64_t n, std::int64_t st
 // out[o, j] = sum_r in[o, r, j] (divided by n when mean), accumulated in
 // op_math_t<T> in a fixed order (deterministic). in and out share a floating
 // dtype and a device; out has outer * inner elements.
-// With `defer` (kernels/deferred.h), the finishing pass of a CUDA column sum (inner >
-// 1) summed in chunks, without a mean, is queued there: out is written by
-// defer->flush().
+// With `defer` (kernels/deferred.h), the finishing pass of a CUDA column sum
+// (inner > 1) summed in chunks, without a mean, is queued there (out is
+// written by defer->flush()), over the chunk partials the kernel that wrote
+// `in` left there where it did (outer == 1), else over its own.
 void sum_axis(const Tensor& in, const Tensor& out, const AxisLayout& v, bool mean, DeferredPasses* defer = nullptr);
 // out[o, r, j] = in[o, j] * scale (the backward of sum / mean).
 void expand_axis(const Tensor& in, const Tensor& out, const AxisLayout& v, double scale);

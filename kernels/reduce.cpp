@@ -45,7 +45,8 @@ struct ArgmaxRow {
 
 }  // namespace
 
-void sum_axis(const Tensor& in, const Tensor& out, const AxisLayout& v, bool mean, DeferredPasses* defer) {
+void sum_axis(const Tensor& in, const Tensor& out, const AxisLayout& v, bool mean,
+              [[maybe_unused]] DeferredPasses* defer) {  // used on CUDA only
   if (out.is_cuda() && v.channels > cuda::kSumThreadPerRowMax) {
     QGRAD_ON_CUDA(cuda::sum_axis_blocks(in, out, v, mean, defer));
     return;

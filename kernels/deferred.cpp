@@ -6,7 +6,6 @@
 #include <utility>
 
 #include "qgrad/kernels/bitmask.h"
-
 #include "qgrad/kernels/cuda/entries.h"
 #include "qgrad/kernels/dispatch.h"
 #include "qgrad/kernels/loop.h"

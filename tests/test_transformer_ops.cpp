@@ -437,6 +437,23 @@ TEST_CASE("layer_norm, rms_norm backward fold a residual's pending gradient: the
       }
 }
 
+namespace {
+// y.backward(dy) with gradient deferral on or off (on again after): the
+// leaves' gradients on the host and how far `count` moved meanwhile.
+std::pair<std::vector<Tensor>, std::uint64_t> grads_with_deferral(bool defer, const Tensor& y, const Tensor& dy,
+                                                                  const std::vector<Tensor>& leaves,
+                                                                  std::uint64_t (*count)()) {
+  set_gradient_deferral(defer);
+  const std::uint64_t before = count();
+  y.backward(dy);
+  const std::uint64_t moved = count() - before;
+  set_gradient_deferral(true);
+  std::vector<Tensor> grads;
+  for (const Tensor& t : leaves) grads.push_back(t.grad().cpu());
+  return {grads, moved};
+}
+}  // namespace
+
 TEST_CASE("deferred gradient passes: a pre-norm MLP block's parameter gradients, bit for bit with deferral off, on "
           "every device") {
   // y = x + linear(gelu(linear(layer_norm(x), fq(Wa), ba)), fq(Wb), bb), the
@@ -452,7 +469,6 @@ TEST_CASE("deferred gradient passes: a pre-norm MLP block's parameter gradients,
                    ba0 = rnd({h}, 105), wb0 = rnd({d, h}, 106, DType::f64, 0.2), bb0 = rnd({d}, 107);
       const Tensor dy = rnd({rows, d}, 108, dt).to(dev);
       auto run = [&](bool defer) {
-        set_gradient_deferral(defer);
         std::vector<Tensor> p{fresh(x0, dt, dev),  fresh(w0, dt, dev),  fresh(c0, dt, dev), fresh(wa0, dt, dev),
                               fresh(ba0, dt, dev), fresh(wb0, dt, dev), fresh(bb0, dt, dev)};
         const std::vector<Tensor> wq = fake_quantize_dynamic_batch({p[3], p[5]}, QuantScope::per_channel(0),
@@ -463,13 +479,7 @@ TEST_CASE("deferred gradient passes: a pre-norm MLP block's parameter gradients,
           prepoison({h}, dt);
           prepoison({h, d}, dt);
         }
-        const std::uint64_t before = deferred_gradient_pass_count();
-        y.backward(dy);
-        const std::uint64_t deferred = deferred_gradient_pass_count() - before;
-        set_gradient_deferral(true);
-        std::vector<Tensor> grads;
-        for (const Tensor& t : p) grads.push_back(t.grad().cpu());
-        return std::pair{grads, deferred};
+        return grads_with_deferral(defer, y, dy, p, deferred_gradient_pass_count);
       };
       const auto [on, n_on] = run(true);
       const auto [off, n_off] = run(false);
@@ -500,18 +510,11 @@ TEST_CASE("deferred gradient passes: a bias upstream of a norm finishes the norm
                    bl0 = rnd({d}, 114), w0 = rnd({d}, 115), c0 = rnd({d}, 116);
       const Tensor dy = rnd({rows, d}, 117, dt).to(dev);
       auto run = [&](bool defer) {
-        set_gradient_deferral(defer);
         std::vector<Tensor> p{fresh(a0, dt, dev),  fresh(r0, dt, dev), fresh(wl0, dt, dev),
                               fresh(bl0, dt, dev), fresh(w0, dt, dev), fresh(c0, dt, dev)};
         Tensor y = layer_norm(add(p[1], linear(p[0], p[2], p[3])), {d}, p[4], p[5]);
         prepoison({d}, dt);
-        const std::uint64_t taken = kernels::DeferredPasses::column_partials_taken();
-        y.backward(dy);
-        const std::uint64_t reused = kernels::DeferredPasses::column_partials_taken() - taken;
-        set_gradient_deferral(true);
-        std::vector<Tensor> grads;
-        for (const Tensor& t : p) grads.push_back(t.grad().cpu());
-        return std::pair{grads, reused};
+        return grads_with_deferral(defer, y, dy, p, kernels::DeferredPasses::column_partials_taken);
       };
       const auto [on, n_on] = run(true);
       const auto [off, n_off] = run(false);

@@ -66,14 +66,13 @@ void launch_batch(const std::vector<DeferredPass>& passes, std::size_t first, st
     table.in[k] = pass.in.data_ptr();
     table.out[k] = static_cast<T*>(pass.out.data_ptr());
     table.first_block[k] = static_cast<std::int32_t>(blocks);
+    table.n[k] = pass.out.numel();
     if (pass.kind == DeferredPass::Kind::column_sums_finish) {
       table.mask[k] = nullptr;
-      table.n[k] = pass.out.numel();
       table.chunks[k] = static_cast<std::int32_t>(pass.in.numel() / pass.out.numel());
       blocks += (table.n[k] + 31) / 32;
     } else {
       table.mask[k] = static_cast<const std::uint32_t*>(pass.mask.data_ptr());
-      table.n[k] = pass.out.numel();
       table.chunks[k] = 0;
       blocks += (table.n[k] + kMaskBlockElements - 1) / kMaskBlockElements;
     }

@@ -4,6 +4,7 @@
 
 #include <cstring>
 
+#include "qgrad/kernels/binary.h"
 #include "qgrad/kernels/cpu/gemm.h"
 #include "qgrad/kernels/cuda/entries.h"
 #include "qgrad/kernels/loop.h"
@@ -80,6 +81,19 @@ void linear_bias(const GemmShape& s, const Tensor& x, const Tensor& w, const Ten
   }
   fill_rows(bias, out);
   gemm(s, x, w, out, /*accumulate=*/true);
+}
+
+void linear_bias_add(const GemmShape& s, const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& residual,
+                     const Tensor& out) {
+  if (out.is_cuda() && bias.defined()) {
+    bool done = false;
+    QGRAD_ON_CUDA(done = cuda::linear_bias_lt(s, x, w, bias, out, residual));
+    if (done) return;
+  }
+  gemm(s, x, w, out);
+  // Elementwise (the bias broadcast along rows), so in place is safe.
+  binary(formulas::BinaryOp::add, out, residual, out);
+  if (bias.defined()) binary(formulas::BinaryOp::add, out, bias, out);
 }
 
 void transpose(const Tensor& in, const Tensor& out, std::int64_t dim0, std::int64_t dim1) {

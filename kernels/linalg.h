@@ -30,6 +30,15 @@ void fill_rows(const Tensor& row, const Tensor& out);
 // algorithm for the shape; otherwise, and on the CPU, fill_rows then the
 // GEMM accumulating onto it.
 void linear_bias(const GemmShape& s, const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out);
+// linear_add's forward: out = ((x · wᵀ) + residual) + bias: the GEMM's
+// product in out's dtype, then add's formula with residual ([m, n], out's
+// dtype), then with the bias along every row (cuBLASLt's epilogue order: C
+// before the bias). CUDA: one cuBLASLt GEMM reading the residual as C (beta
+// 1) where that plan was checked to give exactly those bits
+// (kernels/cuda/lt_gemm.cuh); otherwise, and on the CPU, the three steps
+// (the adds in place on out).
+void linear_bias_add(const GemmShape& s, const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& residual,
+                     const Tensor& out);
 
 // A permutation of dims as index arithmetic: out element i reads input
 // offset offset(i). sizes are out's sizes, strides the input's strides of

@@ -2,6 +2,7 @@
 #include "qgrad/ops/linalg.h"
 
 #include <climits>
+#include <string_view>
 
 #include "qgrad/autograd/node.h"
 #include "qgrad/kernels/activation.h"
@@ -128,9 +129,10 @@ namespace {
 
 // Validates linear's arguments and computes y = x · wᵀ + bias; with
 // fuse_relu, then relu in place, packing the y > 0 mask into `mask` when
-// grad is needed. Fills in the GEMM shape for the backward.
+// grad is needed; with a residual (linear_add), y + residual. Fills in the
+// GEMM shape for the backward.
 Tensor linear_forward(const char* op, const Tensor& x, const Tensor& w, const Tensor& bias, bool fuse_relu,
-                      GemmShape& s, Tensor& mask) {
+                      const Tensor& residual, GemmShape& s, Tensor& mask) {
   check::floating(x, op, "x");
   check::floating(w, op, "w");
   check::same_dtype(w, x, op, "w");
@@ -148,6 +150,15 @@ Tensor linear_forward(const char* op, const Tensor& x, const Tensor& w, const Te
   }
   Shape out_shape = x.shape();
   out_shape.back() = w.size(0);
+  const bool add_residual = std::string_view(op) == "linear_add";
+  if (add_residual) {
+    check::defined(residual, op, "residual");
+    check::floating(residual, op, "residual");
+    check::same_dtype(residual, x, op, "residual");
+    check::same_device(residual, x, op, "residual");
+    QGRAD_CHECK(residual.shape() == out_shape, op, "residual", "expected the output's shape ", shape_str(out_shape),
+                ", got ", shape_str(residual.shape()));
+  }
   s = GemmShape{};
   s.k = w.size(1);
   s.n = w.size(0);
@@ -157,7 +168,8 @@ Tensor linear_forward(const char* op, const Tensor& x, const Tensor& w, const Te
   fits_int(s.k, op, "x");
   fits_int(s.n, op, "w");
   Tensor out = Tensor::empty(out_shape, like(x));
-  if (bias.defined()) kernels::linear_bias(s, x, w, bias, out);
+  if (add_residual) kernels::linear_bias_add(s, x, w, bias, residual, out);
+  else if (bias.defined()) kernels::linear_bias(s, x, w, bias, out);
   else kernels::gemm(s, x, w, out);
   if (fuse_relu) {
     if (any_requires_grad({x, w, bias}))
@@ -170,19 +182,21 @@ Tensor linear_forward(const char* op, const Tensor& x, const Tensor& w, const Te
 }
 
 // Records linear's backward: dx = dy · W, dW = dyᵀ · x, db = dy summed over
-// rows, with dy first masked by relu's bits when mask is defined. Saves W
-// when x needs grad, x when W needs grad (detached), and the mask.
+// rows, with dy first masked by relu's bits when mask is defined; a
+// residual's gradient is dy itself. Saves W when x needs grad, x when W
+// needs grad (detached), and the mask.
 void linear_record(const char* op, Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias,
-                   const GemmShape& s, const Tensor& mask) {
+                   const Tensor& residual, const GemmShape& s, const Tensor& mask) {
   const bool need_x = x.requires_grad(), need_w = w.requires_grad();
   const bool need_b = bias.defined() && bias.requires_grad();
   // A leaf bias takes its gradient's finishing pass deferred (autograd/node.h
   // deferred_gradient_passes): one launch for every parameter's.
   const bool leaf_bias = need_b && bias.is_leaf();
   Tensor sx = need_w ? x.detach() : Tensor(), sw = need_x ? w.detach() : Tensor();
+  const bool need_r = residual.defined() && residual.requires_grad();
   record(
-      op, out, {x, w, bias},
-      [sx, sw, s, need_b, leaf_bias, mask, shape_x = x.shape(), shape_w = w.shape()](const Tensor& dy) {
+      op, out, {x, w, bias, residual},
+      [sx, sw, s, need_b, need_r, leaf_bias, mask, shape_x = x.shape(), shape_w = w.shape()](const Tensor& dy) {
         Tensor g = dy;
         if (mask.defined()) {
           g = Tensor::empty(dy.shape(), like(dy));
@@ -196,16 +210,17 @@ void linear_record(const char* op, Tensor& out, const Tensor& x, const Tensor& w
           kernels::sum_axis(g, gb, kernels::AxisLayout{1, s.m, s.n}, false,
                             leaf_bias ? deferred_gradient_passes() : nullptr);
         }
-        return std::vector<Tensor>{gx, gw, gb};
+        return std::vector<Tensor>{gx, gw, gb, need_r ? dy : Tensor()};
       },
       (need_x ? w.nbytes() : 0) + (need_w ? x.nbytes() : 0) + (mask.defined() ? mask.nbytes() : 0));
 }
 
-Tensor linear_op(const char* op, const Tensor& x, const Tensor& w, const Tensor& bias, bool fuse_relu) {
+Tensor linear_op(const char* op, const Tensor& x, const Tensor& w, const Tensor& bias, bool fuse_relu,
+                 const Tensor& residual = Tensor()) {
   GemmShape s;
   Tensor mask;
-  Tensor out = linear_forward(op, x, w, bias, fuse_relu, s, mask);
-  if (any_requires_grad({x, w, bias})) linear_record(op, out, x, w, bias, s, mask);
+  Tensor out = linear_forward(op, x, w, bias, fuse_relu, residual, s, mask);
+  if (any_requires_grad({x, w, bias, residual})) linear_record(op, out, x, w, bias, residual, s, mask);
   return out;
 }
 
@@ -215,6 +230,10 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) { return lin
 
 Tensor linear_relu(const Tensor& x, const Tensor& w, const Tensor& bias) {
   return linear_op("linear_relu", x, w, bias, true);
+}
+
+Tensor linear_add(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& residual) {
+  return linear_op("linear_add", x, w, bias, false, residual);
 }
 
 // Backward: transpose(dy, dim0, dim1). Saves nothing.

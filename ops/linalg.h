@@ -17,6 +17,16 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias = Tensor());
 // relu(linear(x, w, bias)) in one op: the relu runs in place on the GEMM
 // output and the backward keeps a bit mask instead of a second tensor.
 Tensor linear_relu(const Tensor& x, const Tensor& w, const Tensor& bias = Tensor());
+// linear(x, w, bias) + residual in one op: a residual connection's add,
+// which on CUDA rides in the linear's cuBLASLt GEMM (C = residual, beta 1).
+// The residual is added before the bias, in the GEMM epilogue's order:
+// y = add(add(x · wᵀ, residual), bias) with each add rounded to the dtype
+// (the same values as linear(x, w) + residual + bias, not bit for bit
+// linear(x, w, bias) + residual; checked once per shape that the GEMM gives
+// exactly these bits, else it runs the adds itself: kernels/linalg.h
+// linear_bias_add). residual has the output's shape [..., N], dtype and
+// device; the gradients are linear's, and dy for the residual.
+Tensor linear_add(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& residual);
 // A contiguous copy of x with dims dim0 and dim1 swapped (negative dims count
 // from the end). Any dtype; differentiable for floating ones.
 Tensor transpose(const Tensor& x, std::int64_t dim0, std::int64_t dim1);

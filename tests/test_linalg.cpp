@@ -216,6 +216,52 @@ TEST_CASE("linear_relu equals relu(linear) in value and gradient") {
   for (std::size_t i = 0; i < 4; ++i) CHECK(bit_equal(fused[i], plain[i]));
 }
 
+// linear_add's value is add(add(x · wᵀ, residual), bias) bit for bit (the
+// residual before the bias); its gradients are those of
+// add(linear(x, w, bias), residual) bit for bit (the same rule).
+TEST_CASE("linear_add is ((x wᵀ) + residual) + bias, with linear + residual's gradients") {
+  for (DType d : {DType::f64, DType::f32}) {
+    CAPTURE(dtype_name(d));
+    Tensor x = rnd({2, 6, 5}, 183, d), w = rnd({4, 5}, 184, d), b = rnd({4}, 185, d), r = rnd({2, 6, 4}, 186, d);
+    for (bool with_bias : {true, false}) {
+      CAPTURE(with_bias);
+      auto run = [&](bool fused) {
+        Tensor px = param(x.detach().clone()), pw = param(w.detach().clone()), pr = param(r.detach().clone());
+        Tensor pb = with_bias ? param(b.detach().clone()) : Tensor();
+        Tensor y = fused ? linear_add(px, pw, pb, pr) : add(linear(px, pw, pb), pr);
+        y.backward(rnd(y.shape(), 187, d));
+        return std::vector<Tensor>{y, px.grad(), pw.grad(), pr.grad(), with_bias ? pb.grad() : Tensor()};
+      };
+      auto fused = run(true), plain = run(false);
+      Tensor formula = add(linear(x, w), r);
+      if (with_bias) formula = add(formula, b);
+      CHECK(bit_equal(fused[0], formula));
+      CHECK(max_abs_diff(fused[0], plain[0]) <= (d == DType::f64 ? 1e-13 : 1e-5));
+      for (std::size_t i = 1; i < 4; ++i) CHECK(bit_equal(fused[i], plain[i]));
+      if (with_bias) CHECK(bit_equal(fused[4], plain[4]));
+    }
+  }
+}
+
+TEST_CASE("gradcheck linear_add (x, w, bias, residual)") {
+  check_grad([](const std::vector<Tensor>& in) { return linear_add(in[0], in[1], in[2], in[3]); },
+             {param(rnd({4, 3}, 188)), param(rnd({5, 3}, 189)), param(rnd({5}, 190)), param(rnd({4, 5}, 191))});
+}
+
+TEST_CASE("linear_add rejects a residual of another shape, dtype or device before writing") {
+  Tensor x = rnd({3, 4}, 192), w = rnd({5, 4}, 193), b = rnd({5}, 194);
+  CHECK_THROWS_AS(linear_add(x, w, b, Tensor()), Error);
+  CHECK_THROWS_AS(linear_add(x, w, b, rnd({5, 3}, 195)), Error);
+  CHECK_THROWS_AS(linear_add(x, w, b, rnd({3, 5}, 196, DType::f32)), Error);
+  try {
+    linear_add(x, w, b, rnd({15}, 197));
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK(std::string(e.op()) == "linear_add");
+    CHECK(std::string(e.arg()) == "residual");
+  }
+}
+
 TEST_CASE("linear_relu saves x, w and a bit mask") {
   Tensor x = param(rnd({6, 5}, 86)), w = param(rnd({40, 5}, 87));
   CHECK(linear_relu(x, w).grad_fn()->saved_bytes == x.nbytes() + w.nbytes() + 8 * 4);
@@ -342,6 +388,58 @@ TEST_CASE("cuda linear with bias over shapes the epilogue path does and does not
       // the first call's bits.
       Tensor again = linear(x.to(d).cuda(), w.to(d).cuda(), b.to(d).cuda()).cpu().to(DType::f32);
       CHECK(bit_equal(again, y));
+    }
+  }
+}
+
+// linear_add on CUDA: the residual add rides in cuBLASLt's GEMM (C = the
+// residual) only where the plan's first call checked linear_add's bits, so
+// on every shape class (below and above the epilogue path's size, f32 / bf16
+// / f16) the output equals add(add(linear(x, w, 0), r), b) on the device
+// (the product from the same GEMMs) and every gradient that of
+// add(linear(x, w, b), r), bit for bit, first call (the plan's check) and a
+// later one alike, with the output's block poisoned first; and the output
+// stays near the CPU's.
+TEST_CASE("cuda linear_add gives its formula's bits, linear + residual's gradients, the CPU's values") {
+  QGRAD_REQUIRE_GPU();
+  struct Case {
+    Shape x;
+    std::int64_t n;
+  };
+  const Case cases[] = {{{7, 17}, 9}, {{2048, 256}, 256}, {{256, 49, 128}, 128}, {{12544, 512}, 128}};
+  std::uint64_t seed = 900;
+  for (const Case& c : cases) {
+    CAPTURE(shape_str(c.x));
+    CAPTURE(c.n);
+    Shape out_shape = c.x;
+    out_shape.back() = c.n;
+    Tensor x = rnd(c.x, seed++, DType::f32), w = rnd({c.n, c.x.back()}, seed++, DType::f32),
+           b = rnd({c.n}, seed++, DType::f32), r = rnd(out_shape, seed++, DType::f32),
+           dy = rnd(out_shape, seed++, DType::f32);
+    for (DType d : {DType::f32, DType::bf16, DType::f16}) {
+      CAPTURE(dtype_name(d));
+      auto run = [&](bool fused) {
+        Tensor px = param(x.to(d).cuda()), pw = param(w.to(d).cuda()), pb = param(b.to(d).cuda()),
+               pr = param(r.to(d).cuda());
+        {
+          Tensor poison = full(out_shape, std::nan(""), opts(d, Device::cuda()));
+        }
+        Tensor y = fused ? linear_add(px, pw, pb, pr) : add(linear(px, pw, pb), pr);
+        y.backward(dy.to(d).cuda());
+        return std::vector<Tensor>{y.cpu(), px.grad().cpu(), pw.grad().cpu(), pb.grad().cpu(), pr.grad().cpu()};
+      };
+      const Tensor xc = x.to(d).cuda(), wc = w.to(d).cuda(), bc = b.to(d).cuda(), rc = r.to(d).cuda();
+      const Tensor formula = add(add(linear(xc, wc, zeros({c.n}, opts(d, Device::cuda()))), rc), bc).cpu();
+      const auto plain = run(false);
+      for (int call = 0; call < 2; ++call) {
+        CAPTURE(call);
+        const auto fused = run(true);
+        CHECK(bit_equal(fused[0], formula));
+        for (std::size_t i = 1; i < fused.size(); ++i) CHECK(bit_equal(fused[i], plain[i]));
+      }
+      const double tol = d == DType::f32 ? 1e-5 : d == DType::f16 ? 1e-2 : 6e-2;
+      Tensor ref = add(linear(x, w, b), r);
+      CHECK(max_abs_diff(formula.to(DType::f32), ref.to(DType::f32)) <= tol * std::max(1.0, max_abs(ref)));
     }
   }
 }

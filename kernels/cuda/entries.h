@@ -29,7 +29,10 @@ void gemm(const GemmShape& s, const Tensor& a, const Tensor& b, const Tensor& c,
 // linear_bias; kernels/cuda/lt_gemm.cuh). Returns false, launching nothing,
 // for f64, an empty shape, a GEMM under 2^27 multiply-adds (faster through
 // fill + cublasGemmEx, measured) or a shape cuBLASLt has no algorithm for.
-bool linear_bias_lt(const GemmShape& s, const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out);
+// With `residual` (out's shape and dtype): out = (x wᵀ + residual) + bias in
+// the same GEMM where its plan was checked to give linear_add's bits (lt_gemm.cuh).
+bool linear_bias_lt(const GemmShape& s, const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out,
+                    const Tensor& residual = Tensor());
 
 // conv2d and its input and weight gradients through cuDNN (kernels/cuda/conv.cu:
 // a library, not hand-written kernels; deterministic algorithms only).

@@ -69,7 +69,8 @@ void gemm(const GemmShape& s, const Tensor& a, const Tensor& b, const Tensor& c,
 // The smallest GEMM (multiply-adds) that takes the epilogue path.
 constexpr double kLtLinearMinMacs = 134217728.0;  // 2^27
 
-bool linear_bias_lt(const GemmShape& s, const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out) {
+bool linear_bias_lt(const GemmShape& s, const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out,
+                    const Tensor& residual) {
   if (s.batch != 1 || s.trans_a || !s.trans_b || s.m == 0 || s.n == 0 || s.k == 0) return false;
   // Small GEMMs keep fill + cublasGemmEx: measured on an H100 (bench_train_step,
   // same run), the epilogue path cost ~5 us more per layer of the b256 MLP
@@ -88,7 +89,7 @@ bool linear_bias_lt(const GemmShape& s, const Tensor& x, const Tensor& w, const 
   Tensor ws = Tensor::empty({static_cast<std::int64_t>(kLtLinearWorkspaceBytes)},
                             TensorOptions{}.with_device(out.device()).with_dtype(DType::u8));
   return lt_linear_bias(dev, type, x.data_ptr(), w.data_ptr(), bias.data_ptr(), out.data_ptr(), s.m, s.n, s.k,
-                        ws.data_ptr(), kLtLinearWorkspaceBytes);
+                        ws.data_ptr(), kLtLinearWorkspaceBytes, residual.defined() ? residual.data_ptr() : nullptr);
 }
 
 }  // namespace qgrad::kernels::cuda

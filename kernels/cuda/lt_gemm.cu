@@ -7,9 +7,11 @@
 #include <map>
 #include <mutex>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "qgrad/core/cuda/common.cuh"
+#include "qgrad/kernels/formulas/binary.h"
 
 namespace qgrad::kernels::cuda {
 
@@ -24,6 +26,9 @@ struct LtPlan {
   // them once against `algo`); none when `algo` splits K.
   LtAlgos alternatives;
   bool tuned = false;
+  // A plan with a residual (beta 1, C = the residual) is used only once its
+  // tuning found the fused bytes equal to the two-step result (lt_linear_bias).
+  bool residual_verified = false;
 };
 
 using PlanKey = std::tuple<int, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t>;
@@ -58,14 +63,17 @@ LtPlan make_plan(cublasLtHandle_t h, std::int64_t lda, std::int64_t ldw, std::in
   return p;
 }
 
-// device, type, M, N, K, alignments of x, w, bias, out.
-using LinearKey = std::tuple<int, int, std::int64_t, std::int64_t, std::int64_t, unsigned, unsigned, unsigned, unsigned>;
+// device, type, M, N, K, alignments of x, w, bias, out, residual (0: none).
+using LinearKey =
+    std::tuple<int, int, std::int64_t, std::int64_t, std::int64_t, unsigned, unsigned, unsigned, unsigned, unsigned>;
 std::map<LinearKey, LtPlan> g_linear_plans;
 
 // Layouts in cuBLASLt's column-major terms: D (N x M, ld N) = op(W) (W is
 // K x N, ld K, transposed) x X^T (K x M, ld K); the bias runs along D's N rows.
 LtPlan make_linear_plan(cublasLtHandle_t h, const LinearKey& key, const void* bias) {
-  const auto [device, type_int, M, N, K, al_x, al_w, al_b, al_d] = key;
+  const auto [device, type_int, M, N, K, al_x, al_w, al_b, al_out, al_r] = key;
+  // C (the residual, where there is one) and D share a layout and an alignment preference.
+  const unsigned al_d = al_r == 0 ? al_out : std::min(al_out, al_r);
   (void)device;
   const auto type = static_cast<cudaDataType_t>(type_int);
   const auto u64 = [](std::int64_t v) { return static_cast<std::uint64_t>(v); };
@@ -130,20 +138,36 @@ float time_gemm(cudaStream_t s, Run run) {
 // the heuristic's first pick for the ViT's in_proj forward (12544 x 384 x
 // 128) ran at 0.0463 ms where another tile ran 0.0388 (H200). A one-time
 // synchronization per shape, as cuDNN's benchmark mode.
-template <class Run>
-void tune_linear_plan(LtPlan& plan, cudaStream_t s, void* out, std::size_t out_bytes, Run run) {
+// With `reference` (a plan with a residual), the first algorithm's output
+// must also have the reference's bytes, linear_add's formula step by step
+// (written by `reference` into the scratch buffer it is given); otherwise
+// the plan is left unverified and unused.
+template <class Run, class Reference>
+void tune_linear_plan(LtPlan& plan, cudaStream_t s, void* out, std::size_t out_bytes, Run run, Reference reference) {
   plan.tuned = true;
-  if (plan.alternatives.count == 0) return;
+  constexpr bool kResidual = !std::is_same_v<Reference, std::nullptr_t>;
+  if (!kResidual && plan.alternatives.count == 0) return;
   void* scratch = nullptr;
   if (cudaMalloc(&scratch, out_bytes) != cudaSuccess) {
-    cudaGetLastError();  // no room to tune: keep the heuristic's choice
+    cudaGetLastError();  // no room to tune: keep the heuristic's choice (unverified with a residual)
     return;
   }
   std::vector<unsigned char> first(out_bytes), other(out_bytes);
   const cublasLtMatmulAlgo_t chosen = plan.algo;
-  if (run(chosen, out)) {
+  bool usable = run(chosen, out);
+  if (usable) {
     QGRAD_CUDA_CHECK(cudaMemcpyAsync(first.data(), out, out_bytes, cudaMemcpyDeviceToHost, s));
     QGRAD_CUDA_CHECK(cudaStreamSynchronize(s));
+  }
+  if constexpr (kResidual) {
+    usable = usable && reference(scratch);
+    if (usable) {
+      QGRAD_CUDA_CHECK(cudaMemcpyAsync(other.data(), scratch, out_bytes, cudaMemcpyDeviceToHost, s));
+      QGRAD_CUDA_CHECK(cudaStreamSynchronize(s));
+      plan.residual_verified = usable = other == first;
+    }
+  }
+  if (usable) {
     float best = time_gemm(s, [&] { return run(chosen, scratch); });
     for (int i = 0; i < plan.alternatives.count; ++i) {
       const cublasLtMatmulAlgo_t& alt = plan.alternatives.algo[i];
@@ -158,6 +182,82 @@ void tune_linear_plan(LtPlan& plan, cudaStream_t s, void* out, std::size_t out_b
   QGRAD_CUDA_CHECK(cudaStreamSynchronize(s));
   cudaFree(scratch);
 }
+
+// Made-up operands for a residual plan's check: a value in [-1, 1) from a
+// hash of the index, never zero (the call's own bias may be all zeros, as a
+// fresh layer's is, and hide the order in which the epilogue adds).
+template <class T>
+__global__ void made_up_kernel(T* p, std::int64_t n, std::uint32_t salt) {
+  ::qgrad::cuda::wait_for_prior_kernels();
+  const std::int64_t i = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  std::uint32_t h = static_cast<std::uint32_t>(i) * 2654435761u ^ salt;
+  h ^= h >> 15;
+  h *= 2246822519u;
+  h ^= h >> 13;
+  const float v = static_cast<float>(h >> 8) * (2.0f / 16777216.0f) - 1.0f;
+  p[i] = T(v == 0.0f ? 0.5f : v);
+}
+
+// d = linear_add's formula (kernels/linalg.h linear_bias_add) from the
+// linear's product y (the type's rounding of x wᵀ): t = add(y, r), then
+// d = add(t, bias) along rows of n, each rounded to T.
+template <class T>
+__global__ void linear_add_reference_kernel(T* d, const T* y, const T* r, const T* bias, std::int64_t count,
+                                            std::int64_t n) {
+  ::qgrad::cuda::wait_for_prior_kernels();
+  using M = op_math_t<T>;
+  const std::int64_t i = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (i >= count) return;
+  const T t = T(formulas::binary_apply(formulas::BinaryOp::add, M(y[i]), M(r[i])));
+  d[i] = T(formulas::binary_apply(formulas::BinaryOp::add, M(t), M(bias[i % n])));
+}
+
+// f(tag) with tag's type the element type of `type` (f32, bf16, f16).
+template <class F>
+bool with_lt_type(cudaDataType_t type, F f) {
+  switch (type) {
+    case CUDA_R_32F: f(float{}); return true;
+    case CUDA_R_16BF: f(bfloat16{}); return true;
+    case CUDA_R_16F: f(half{}); return true;
+    default: return false;
+  }
+}
+
+bool fill_made_up(int device, cudaDataType_t type, void* p, std::int64_t n, std::uint32_t salt) {
+  const auto blocks = static_cast<unsigned>((n + 255) / 256);
+  return with_lt_type(type, [&](auto tag) {
+    using T = decltype(tag);
+    ::qgrad::cuda::launch_kernel(device, made_up_kernel<T>, blocks, 256, 0, static_cast<T*>(p), n, salt);
+  });
+}
+
+bool linear_add_reference(int device, cudaDataType_t type, void* d, const void* y, const void* r, const void* bias,
+                          std::int64_t count, std::int64_t n) {
+  const auto blocks = static_cast<unsigned>((count + 255) / 256);
+  return with_lt_type(type, [&](auto tag) {
+    using T = decltype(tag);
+    ::qgrad::cuda::launch_kernel(device, linear_add_reference_kernel<T>, blocks, 256, 0, static_cast<T*>(d),
+                                 static_cast<const T*>(y), static_cast<const T*>(r), static_cast<const T*>(bias),
+                                 count, n);
+  });
+}
+
+// Device scratch freed at the end of a scope (the plan checks run once each).
+struct Scratch {
+  void* p = nullptr;
+  explicit Scratch(std::size_t bytes) {
+    if (cudaMalloc(&p, bytes) != cudaSuccess) {
+      cudaGetLastError();
+      p = nullptr;
+    }
+  }
+  ~Scratch() {
+    if (p != nullptr) cudaFree(p);
+  }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+};
 
 }  // namespace
 
@@ -230,9 +330,12 @@ bool lt_int8_gemm(int device, const std::int8_t* a, std::int64_t lda, const std:
 }
 
 bool lt_linear_bias(int device, cudaDataType_t type, const void* x, const void* w, const void* bias, void* out,
-                    std::int64_t M, std::int64_t N, std::int64_t K, void* workspace, std::size_t workspace_bytes) {
-  const LinearKey key{device,          static_cast<int>(type), M, N, K, lt_alignment(x), lt_alignment(w),
-                      lt_alignment(bias), lt_alignment(out)};
+                    std::int64_t M, std::int64_t N, std::int64_t K, void* workspace, std::size_t workspace_bytes,
+                    const void* residual) {
+  const LinearKey key{device,           static_cast<int>(type), M,
+                      N,                K,                      lt_alignment(x),
+                      lt_alignment(w),  lt_alignment(bias),     lt_alignment(out),
+                      residual != nullptr ? lt_alignment(residual) : 0u};
   // The plan's descriptor is shared and the bias pointer is the caller's
   // each time: set and launched (asynchronously) under the lock.
   std::lock_guard<std::mutex> lock(lt_mutex());
@@ -243,17 +346,47 @@ bool lt_linear_bias(int device, cudaDataType_t type, const void* x, const void* 
   if (!plan.ok) return false;
   if (!ok(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias)))
     return false;
-  const float alpha = 1.0f, beta = 0.0f;
+  const float alpha = 1.0f, zero = 0.0f, one = 1.0f;
   cudaStream_t s = ::qgrad::cuda::stream(device);
-  auto run = [&](const cublasLtMatmulAlgo_t& algo, void* d) {
-    return ok(cublasLtMatmul(h, plan.desc, &alpha, w, plan.a, x, plan.b, &beta, d, plan.c, d, plan.c, &algo, workspace,
-                             workspace_bytes, s));
+  // D = x w^T + bias, plus C = the residual where there is one.
+  auto gemm = [&](const cublasLtMatmulAlgo_t& algo, void* d, const void* c) {
+    return ok(cublasLtMatmul(h, plan.desc, &alpha, w, plan.a, x, plan.b, c != nullptr ? &one : &zero,
+                             c != nullptr ? c : d, plan.c, d, plan.c, &algo, workspace, workspace_bytes, s));
   };
+  auto run = [&](const cublasLtMatmulAlgo_t& algo, void* d) { return gemm(algo, d, residual); };
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   if (!plan.tuned && cudaStreamIsCapturing(s, &capture) == cudaSuccess && capture == cudaStreamCaptureStatusNone) {
     const std::size_t elem = type == CUDA_R_32F ? 4 : 2;
-    tune_linear_plan(plan, s, out, static_cast<std::size_t>(M) * static_cast<std::size_t>(N) * elem, run);
+    const std::size_t bytes = static_cast<std::size_t>(M) * static_cast<std::size_t>(N) * elem;
+    if (residual == nullptr) {
+      tune_linear_plan(plan, s, out, bytes, run, nullptr);
+    } else {
+      // Checked and tuned on made-up bias and residual (the call's x and w):
+      // the fused GEMM must give linear_add's formula, ((x wᵀ) + r) + bias,
+      // each add rounded to the type, x wᵀ from the same algorithm (bias 0).
+      Scratch made_r(bytes), made_b(static_cast<std::size_t>(N) * elem), zero_b(static_cast<std::size_t>(N) * elem),
+          product(bytes);
+      const bool have = made_r.p != nullptr && made_b.p != nullptr && zero_b.p != nullptr && product.p != nullptr &&
+                        fill_made_up(device, type, made_r.p, M * N, 0x9e3779b9u) &&
+                        fill_made_up(device, type, made_b.p, N, 0x85ebca6bu) &&
+                        cudaMemsetAsync(zero_b.p, 0, static_cast<std::size_t>(N) * elem, s) == cudaSuccess;
+      auto set_bias = [&](const void* b) {
+        return ok(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &b, sizeof b));
+      };
+      if (have && set_bias(made_b.p)) {
+        const cublasLtMatmulAlgo_t first = plan.algo;
+        auto run_made_up = [&](const cublasLtMatmulAlgo_t& algo, void* d) { return gemm(algo, d, made_r.p); };
+        tune_linear_plan(plan, s, out, bytes, run_made_up, [&](void* d) {
+          return set_bias(zero_b.p) && gemm(first, product.p, nullptr) && set_bias(made_b.p) &&
+                 linear_add_reference(device, type, d, product.p, made_r.p, made_b.p, M * N, N);
+        });
+      }
+      plan.tuned = true;
+      QGRAD_CUDA_CHECK(cudaStreamSynchronize(s));  // the scratch is freed next
+      if (!set_bias(bias)) return false;
+    }
   }
+  if (residual != nullptr && !plan.residual_verified) return false;
   return run(plan.algo, out);
 }
 

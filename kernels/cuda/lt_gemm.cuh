@@ -83,7 +83,16 @@ LtAlgos lt_heuristic_algos(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, cublas
 // one synchronization per plan (lt_gemm.cu, tune_linear_plan).
 // Returns false, launching nothing, when cuBLASLt has no algorithm for the
 // shape; the caller then fills and runs the plain GEMM.
+// With `residual` (non-null, `out`'s type and layout): out = (x wᵀ +
+// residual) + bias in the same GEMM (beta 1, C = residual), used only where
+// the plan's first call outside graph capture found its bytes, on made-up
+// nonzero bias and residual, equal to linear_add's formula step by step
+// (the product rounded to the type, then add's formula T(M(a) + M(b)) with
+// the residual, then with the bias: kernels/linalg.h linear_bias_add);
+// false otherwise (a plan first met inside a capture, or one whose epilogue
+// rounds otherwise), and the caller runs the steps.
 bool lt_linear_bias(int device, cudaDataType_t type, const void* x, const void* w, const void* bias, void* out,
-                    std::int64_t M, std::int64_t N, std::int64_t K, void* workspace, std::size_t workspace_bytes);
+                    std::int64_t M, std::int64_t N, std::int64_t K, void* workspace, std::size_t workspace_bytes,
+                    const void* residual = nullptr);
 
 }  // namespace qgrad::kernels::cuda

@@ -283,6 +283,25 @@ std::vector<OpEntry> arithmetic_entries() {
                                                 {name, "x", [=] { f(zeros({3, 4}, on(d, DType::s8)), w, Tensor()); }}};
                  }});
   }
+  // x [2, 3, 4] (a leading batch dim), w [5, 4], bias [5], residual [2, 3, 5].
+  e.push_back({"linear_add", {"linear_add"}, kFloat,
+               [](Device d, DType dt, Generator& g) {
+                 return Tensors{normal({2, 3, 4}, g, d, dt), normal({5, 4}, g, d, dt), normal({5}, g, d, dt),
+                                normal({2, 3, 5}, g, d, dt)};
+               },
+               [](const Tensors& v) { return Tensors{linear_add(v[0], v[1], v[2], v[3])}; }, gemm("cuBLAS GEMM"),
+               GradMethod::finite_differences, {}, {}, [](Device d) {
+                 Tensor x = zeros({3, 4}, on(d)), w = zeros({5, 4}, on(d)), b = zeros({5}, on(d));
+                 return std::vector<BadInput>{
+                     {"linear_add", "residual", [=] { linear_add(x, w, b, Tensor()); }},
+                     {"linear_add", "residual", [=] { linear_add(x, w, b, zeros({3, 4}, on(d))); }},
+                     {"linear_add", "residual", [=] { linear_add(x, w, b, zeros({5}, on(d))); }},
+                     {"linear_add", "residual", [=] { linear_add(x, w, b, zeros({3, 5}, on(d, DType::f64))); }},
+                     {"linear_add", "residual", [=] { linear_add(x, w, b, zeros({3, 5}, on(d, DType::s32))); }},
+                     {"linear_add", "w", [=] { linear_add(x, zeros({5, 3}, on(d)), b, zeros({3, 5}, on(d))); }},
+                     {"linear_add", "bias", [=] { linear_add(x, w, zeros({4}, on(d)), zeros({3, 5}, on(d))); }},
+                     {"linear_add", "x", [=] { linear_add(Tensor(), w, b, zeros({3, 5}, on(d))); }}};
+               }});
   e.push_back({"transpose", {"transpose"}, kFloat, one_operand({3, 4, 2}),
                [](const Tensors& v) { return Tensors{transpose(v[0], 0, 2)}; }, Promise::bit_identical(),
                GradMethod::finite_differences, {}, {}, [](Device d) {

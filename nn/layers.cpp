@@ -24,6 +24,10 @@ Tensor Linear::forward(const Tensor& x) {
   return ::qgrad::linear(to_compute(x), to_compute(weight_), to_compute(bias_));
 }
 
+Tensor Linear::forward_add(const Tensor& x, const Tensor& residual) {
+  return linear_add(to_compute(x), to_compute(weight_), to_compute(bias_), residual);
+}
+
 std::shared_ptr<Module> Linear::clone() const {
   Generator unused(0);  // the values are overwritten by the copy
   return clone_into(std::make_shared<Linear>(in_, out_, unused, bias_.defined(),

@@ -16,6 +16,7 @@ class Linear : public Module {
   Linear(std::int64_t in_features, std::int64_t out_features, Generator& gen, bool bias = true,
          TensorOptions options = {});
   Tensor forward(const Tensor& x) override;
+  Tensor forward_add(const Tensor& x, const Tensor& residual) override;  // linear_add
   std::string type_name() const override { return "Linear"; }
   std::shared_ptr<Module> clone() const override;
   std::int64_t in_features() const { return in_; }

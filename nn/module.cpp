@@ -3,6 +3,7 @@
 #include <map>
 
 #include "qgrad/autograd/node.h"
+#include "qgrad/ops/elementwise.h"
 
 namespace qgrad::nn {
 
@@ -50,6 +51,8 @@ Module& Module::child(std::size_t index) const {
 }
 
 std::optional<Tensor> Module::forward_with_next(const Tensor&, Module&) { return std::nullopt; }
+
+Tensor Module::forward_add(const Tensor& x, const Tensor& residual) { return add(forward(x), residual); }
 
 std::shared_ptr<Module> Module::clone() const {
   throw Error("Module::clone", type_name(), "a " + type_name() + " cannot be copied (it does not implement clone)");

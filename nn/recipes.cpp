@@ -89,6 +89,16 @@ Tensor layer_norm_8da4w_activation(const Tensor& x, const LayerNorm& ln) {
   return layer_norm_fake_quantize_dynamic(x, ln.normalized_shape(), ln.weight(), ln.bias(), ln.eps(),
                                           QuantMode::asymmetric, -128, 127, std::numeric_limits<float>::epsilon());
 }
+
+// linear(x, w, bias), plus residual where one is given: linear_add (the add
+// inside the GEMM, the same values as add after the linear).
+Tensor linear_plus(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& residual) {
+  return residual.defined() ? linear_add(x, w, bias, residual) : ::qgrad::linear(x, w, bias);
+}
+
+void check_residual(const char* module, const Tensor& residual) {
+  QGRAD_CHECK(residual.defined(), module, "residual", "undefined tensor");
+}
 }  // namespace
 
 Tensor fake_quantize_8da4w_weight(const Tensor& w, std::int64_t group_size) {
@@ -143,9 +153,17 @@ std::shared_ptr<Module> Int8DynActInt4WeightQATLinear::clone() const {
   return clone_into(copy);
 }
 
-Tensor Int8DynActInt4WeightQATLinear::forward(const Tensor& x) {
-  if (!fake_quant_) return ::qgrad::linear(x, weight_, bias_);
-  return ::qgrad::linear(fake_quantize_8da4w_activation(x), fake_quantize_8da4w_weight(weight_, group_size_), bias_);
+Tensor Int8DynActInt4WeightQATLinear::forward(const Tensor& x) { return project(x, Tensor()); }
+
+Tensor Int8DynActInt4WeightQATLinear::forward_add(const Tensor& x, const Tensor& residual) {
+  check_residual("Int8DynActInt4WeightQATLinear::forward_add", residual);
+  return project(x, residual);
+}
+
+Tensor Int8DynActInt4WeightQATLinear::project(const Tensor& x, const Tensor& residual) {
+  if (!fake_quant_) return linear_plus(x, weight_, bias_, residual);
+  return linear_plus(fake_quantize_8da4w_activation(x), fake_quantize_8da4w_weight(weight_, group_size_), bias_,
+                     residual);
 }
 
 Tensor Int8DynActInt4WeightQATLinear::forward_layer_norm(const Tensor& x, LayerNorm& ln) {
@@ -153,10 +171,11 @@ Tensor Int8DynActInt4WeightQATLinear::forward_layer_norm(const Tensor& x, LayerN
   return ::qgrad::linear(layer_norm_8da4w_activation(x, ln), fake_quantize_8da4w_weight(weight_, group_size_), bias_);
 }
 
-Tensor Int8DynActInt4WeightQATLinear::forward_gelu(const Tensor& x, GeluApproximate approximate) {
-  if (!fake_quant_) return forward(gelu(x, approximate));
-  return ::qgrad::linear(gelu_fake_quantize_8da4w_activation(x, approximate),
-                         fake_quantize_8da4w_weight(weight_, group_size_), bias_);
+Tensor Int8DynActInt4WeightQATLinear::forward_gelu(const Tensor& x, GeluApproximate approximate,
+                                                   const Tensor& residual) {
+  if (!fake_quant_) return project(gelu(x, approximate), residual);
+  return linear_plus(gelu_fake_quantize_8da4w_activation(x, approximate),
+                     fake_quantize_8da4w_weight(weight_, group_size_), bias_, residual);
 }
 
 Float8QATLinear::Float8QATLinear(const Linear& linear) {
@@ -173,9 +192,16 @@ std::shared_ptr<Module> Float8QATLinear::clone() const {
   return clone_into(copy);
 }
 
-Tensor Float8QATLinear::forward(const Tensor& x) {
-  if (!fake_quant_) return ::qgrad::linear(x, weight_, bias_);
-  return ::qgrad::linear(fake_quantize_fp8_tensor(x), fake_quantize_fp8_tensor(weight_), bias_);
+Tensor Float8QATLinear::forward(const Tensor& x) { return project(x, Tensor()); }
+
+Tensor Float8QATLinear::forward_add(const Tensor& x, const Tensor& residual) {
+  check_residual("Float8QATLinear::forward_add", residual);
+  return project(x, residual);
+}
+
+Tensor Float8QATLinear::project(const Tensor& x, const Tensor& residual) {
+  if (!fake_quant_) return linear_plus(x, weight_, bias_, residual);
+  return linear_plus(fake_quantize_fp8_tensor(x), fake_quantize_fp8_tensor(weight_), bias_, residual);
 }
 
 Int8DynActInt8WeightQATLinear::Int8DynActInt8WeightQATLinear(const Linear& linear) {
@@ -200,10 +226,17 @@ Tensor Int8DynActInt8WeightQATLinear::take_fake_quantized_weight() {
   return w;
 }
 
-Tensor Int8DynActInt8WeightQATLinear::forward(const Tensor& x) {
-  if (!fake_quant_) return ::qgrad::linear(to_compute(x), to_compute(weight_), to_compute(bias_));
-  return ::qgrad::linear(fake_quantize_8da4w_activation(to_compute(x)), to_compute(take_fake_quantized_weight()),
-                         to_compute(bias_));
+Tensor Int8DynActInt8WeightQATLinear::forward(const Tensor& x) { return project(x, Tensor()); }
+
+Tensor Int8DynActInt8WeightQATLinear::forward_add(const Tensor& x, const Tensor& residual) {
+  check_residual("Int8DynActInt8WeightQATLinear::forward_add", residual);
+  return project(x, residual);
+}
+
+Tensor Int8DynActInt8WeightQATLinear::project(const Tensor& x, const Tensor& residual) {
+  if (!fake_quant_) return linear_plus(to_compute(x), to_compute(weight_), to_compute(bias_), residual);
+  return linear_plus(fake_quantize_8da4w_activation(to_compute(x)), to_compute(take_fake_quantized_weight()),
+                     to_compute(bias_), residual);
 }
 
 Tensor Int8DynActInt8WeightQATLinear::forward_layer_norm(const Tensor& x, LayerNorm& ln) {
@@ -211,12 +244,13 @@ Tensor Int8DynActInt8WeightQATLinear::forward_layer_norm(const Tensor& x, LayerN
   return ::qgrad::linear(layer_norm_8da4w_activation(x, ln), take_fake_quantized_weight(), bias_);
 }
 
-Tensor Int8DynActInt8WeightQATLinear::forward_gelu(const Tensor& x, GeluApproximate approximate) {
+Tensor Int8DynActInt8WeightQATLinear::forward_gelu(const Tensor& x, GeluApproximate approximate,
+                                                   const Tensor& residual) {
   // forward casts its input first: gelu then the cast is gelu in x's dtype, fused only where the cast is none.
   const bool cast = compute_dtype() && x.defined() && is_floating(x.dtype()) && x.dtype() != *compute_dtype();
-  if (!fake_quant_ || cast) return forward(gelu(x, approximate));
-  return ::qgrad::linear(gelu_fake_quantize_8da4w_activation(x, approximate),
-                         to_compute(take_fake_quantized_weight()), to_compute(bias_));
+  if (!fake_quant_ || cast) return project(gelu(x, approximate), residual);
+  return linear_plus(gelu_fake_quantize_8da4w_activation(x, approximate), to_compute(take_fake_quantized_weight()),
+                     to_compute(bias_), residual);
 }
 
 std::shared_ptr<Module> Int8DynActInt8WeightQATLinear::clone() const {

@@ -86,9 +86,11 @@ class Int8DynActInt4WeightQATLinear : public Module {
  public:
   Int8DynActInt4WeightQATLinear(const Linear& linear, std::int64_t group_size = 32);
   Tensor forward(const Tensor& x) override;
+  Tensor forward_add(const Tensor& x, const Tensor& residual) override;  // linear_add
   // forward(gelu(x, approximate)), the same values, the gelu inside the
-  // activation's fake quant (one op: a GELU -> linear pair, the ViT's MLP).
-  Tensor forward_gelu(const Tensor& x, GeluApproximate approximate);
+  // activation's fake quant (one op: a GELU -> linear pair, the ViT's MLP);
+  // with a residual, forward_add(gelu(x, approximate), residual).
+  Tensor forward_gelu(const Tensor& x, GeluApproximate approximate, const Tensor& residual = Tensor());
   // forward(ln.forward(x)), the same values, the layer norm and the
   // activation's fake quant one op (layer_norm_fake_quantize_dynamic) where
   // neither module casts to a compute dtype.
@@ -103,6 +105,7 @@ class Int8DynActInt4WeightQATLinear : public Module {
   bool fake_quant_enabled() const { return fake_quant_; }
 
  private:
+  Tensor project(const Tensor& x, const Tensor& residual);  // forward, plus residual where defined
   Tensor weight_, bias_;
   std::int64_t group_size_;
   bool fake_quant_ = true;
@@ -114,6 +117,7 @@ class Float8QATLinear : public Module {
  public:
   explicit Float8QATLinear(const Linear& linear);
   Tensor forward(const Tensor& x) override;
+  Tensor forward_add(const Tensor& x, const Tensor& residual) override;  // linear_add
   std::string type_name() const override { return "Float8QATLinear"; }
   std::shared_ptr<Module> clone() const override;
   Tensor weight() const { return weight_; }
@@ -122,6 +126,7 @@ class Float8QATLinear : public Module {
   bool fake_quant_enabled() const { return fake_quant_; }
 
  private:
+  Tensor project(const Tensor& x, const Tensor& residual);  // forward, plus residual where defined
   Tensor weight_, bias_;
   bool fake_quant_ = true;
 };
@@ -135,9 +140,11 @@ class Int8DynActInt8WeightQATLinear : public Module {
  public:
   explicit Int8DynActInt8WeightQATLinear(const Linear& linear);
   Tensor forward(const Tensor& x) override;
+  Tensor forward_add(const Tensor& x, const Tensor& residual) override;  // linear_add
   // forward(gelu(x, approximate)), the same values, the gelu inside the
-  // activation's fake quant where x is already in the compute dtype.
-  Tensor forward_gelu(const Tensor& x, GeluApproximate approximate);
+  // activation's fake quant where x is already in the compute dtype; with a
+  // residual, forward_add(gelu(x, approximate), residual).
+  Tensor forward_gelu(const Tensor& x, GeluApproximate approximate, const Tensor& residual = Tensor());
   // forward(ln.forward(x)), as Int8DynActInt4WeightQATLinear's.
   Tensor forward_layer_norm(const Tensor& x, LayerNorm& ln);
   std::string type_name() const override { return "Int8DynActInt8WeightQATLinear"; }
@@ -157,6 +164,7 @@ class Int8DynActInt8WeightQATLinear : public Module {
   void drop_staged_weight() { staged_weight_ = Tensor(); }
 
  private:
+  Tensor project(const Tensor& x, const Tensor& residual);  // forward, plus residual where defined
   // The staged weight (dropped here), or fake_quantize_8da8w_weight(weight_).
   Tensor take_fake_quantized_weight();
   Tensor weight_, bias_, staged_weight_;

@@ -147,20 +147,24 @@ Tensor MultiheadAttention::forward(const Tensor& x, const Tensor& attn_mask, boo
   return forward_qkv(child(0).forward(x), attn_mask, causal);
 }
 
-Tensor MultiheadAttention::forward_qkv(const Tensor& qkv_in, const Tensor& attn_mask, bool causal) {
+Tensor MultiheadAttention::forward_qkv(const Tensor& qkv_in, const Tensor& attn_mask, bool causal,
+                                       const Tensor& residual) {
   constexpr const char* m = "MultiheadAttention";
   QGRAD_CHECK(qkv_in.defined(), m, "qkv", "undefined tensor");
   QGRAD_CHECK(qkv_in.dim() == 3 && qkv_in.size(2) == 3 * embed_dim_, m, "qkv", "expected shape [B, L, ",
               3 * embed_dim_, "], got ", shape_str(qkv_in.shape()));
   const std::int64_t B = qkv_in.size(0), L = qkv_in.size(1), H = num_heads_, Dh = embed_dim_ / num_heads_;
   const double p = is_training() ? dropout_ : 0.0;
+  auto project = [&](const Tensor& o) {
+    return residual.defined() ? child(1).forward_add(o, residual) : child(1).forward(o);
+  };
   // Without a mask or dropout the heads need not be split out and merged back.
-  if (!attn_mask.defined() && p == 0.0) return child(1).forward(packed_attention(qkv_in, H, causal));
+  if (!attn_mask.defined() && p == 0.0) return project(packed_attention(qkv_in, H, causal));
   Tensor qkv = permute(qkv_in.reshape({B, L, 3, H, Dh}), {2, 0, 3, 1, 4});  // [3, B, H, L, Dh]
   std::vector<Tensor> parts = chunk(qkv, 3, 0);
   Tensor o = scaled_dot_product_attention(parts[0].reshape({B, H, L, Dh}), parts[1].reshape({B, H, L, Dh}),
                                           parts[2].reshape({B, H, L, Dh}), attn_mask, causal, std::nullopt, p, *gen_);
-  return child(1).forward(permute(o, {0, 2, 1, 3}).reshape({B, L, embed_dim_}));
+  return project(permute(o, {0, 2, 1, 3}).reshape({B, L, embed_dim_}));
 }
 
 }  // namespace qgrad::nn

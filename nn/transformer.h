@@ -121,8 +121,11 @@ class MultiheadAttention : public Module {
   // attn_mask: as scaled_dot_product_attention's, broadcast to [B, H, L, L].
   Tensor forward(const Tensor& x, const Tensor& attn_mask, bool causal);
   // forward from in_proj's output qkv [B, L, 3 * embed_dim] (a caller that
-  // ran in_proj itself, fused with what precedes it: nn::EncoderBlock).
-  Tensor forward_qkv(const Tensor& qkv, const Tensor& attn_mask = Tensor(), bool causal = false);
+  // ran in_proj itself, fused with what precedes it: nn::EncoderBlock); with
+  // a residual ([B, L, embed_dim]), that plus the residual, the add in
+  // out_proj's forward_add.
+  Tensor forward_qkv(const Tensor& qkv, const Tensor& attn_mask = Tensor(), bool causal = false,
+                     const Tensor& residual = Tensor());
   std::string type_name() const override { return "MultiheadAttention"; }
   std::shared_ptr<Module> clone() const override;
   std::int64_t embed_dim() const { return embed_dim_; }

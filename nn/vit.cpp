@@ -73,22 +73,21 @@ Tensor EncoderBlock::forward(const Tensor& x) {
   QGRAD_CHECK(x.defined(), m, "x", "undefined tensor");
   QGRAD_CHECK(x.dim() == 3 && x.size(2) == dim_, m, "x", "expected shape [B, T, ", dim_, "], got ",
               shape_str(x.shape()));
+  // The residual adds ride in out_proj's and fc2's GEMMs (forward_add).
   Tensor qkv = fused_ln_linear(ln1(), attn().in_proj_module(), x);
-  Tensor h;
-  if (qkv.defined()) {
-    h = add(x, attn().forward_qkv(qkv));
-  } else {
+  if (!qkv.defined()) {
     Tensor a = child(0).forward(x);
     if (calib1_) calib1_->observe(a.detach());
-    h = add(x, child(1).forward(a));
+    qkv = attn().in_proj_module().forward(a);
   }
+  Tensor h = attn().forward_qkv(qkv, Tensor(), false, x);
   Tensor f = fused_ln_linear(ln2(), child(3), h);
   if (!f.defined()) {
     Tensor b = child(2).forward(h);
     if (calib2_) calib2_->observe(b.detach());
     f = child(3).forward(b);
   }
-  return add(h, mlp_out(f));
+  return mlp_out(f, h);
 }
 
 // linear(ln(x)) with the layer norm and an 8da QAT linear's activation fake
@@ -102,14 +101,16 @@ Tensor EncoderBlock::fused_ln_linear(LayerNorm& ln, Module& linear, const Tensor
   return Tensor();
 }
 
-// fc2(act(f)); a GELU before an 8da QAT fc2 goes into its activation fake
-// quant (one op, the same values: gelu_fake_quantize_dynamic).
-Tensor EncoderBlock::mlp_out(const Tensor& f) {
+// residual + fc2(act(f)); a GELU before an 8da QAT fc2 goes into its
+// activation fake quant (one op, the same values: gelu_fake_quantize_dynamic).
+Tensor EncoderBlock::mlp_out(const Tensor& f, const Tensor& residual) {
   if (const auto* act = dynamic_cast<const GELU*>(&child(4))) {
-    if (auto* q8 = dynamic_cast<Int8DynActInt8WeightQATLinear*>(&child(5))) return q8->forward_gelu(f, act->approximate());
-    if (auto* q4 = dynamic_cast<Int8DynActInt4WeightQATLinear*>(&child(5))) return q4->forward_gelu(f, act->approximate());
+    if (auto* q8 = dynamic_cast<Int8DynActInt8WeightQATLinear*>(&child(5)))
+      return q8->forward_gelu(f, act->approximate(), residual);
+    if (auto* q4 = dynamic_cast<Int8DynActInt4WeightQATLinear*>(&child(5)))
+      return q4->forward_gelu(f, act->approximate(), residual);
   }
-  return child(5).forward(child(4).forward(f));
+  return child(5).forward_add(child(4).forward(f), residual);
 }
 
 std::shared_ptr<Module> EncoderBlock::clone() const {

@@ -83,7 +83,7 @@ class EncoderBlock : public Module {
   }
 
  private:
-  Tensor mlp_out(const Tensor& fc1_out);
+  Tensor mlp_out(const Tensor& fc1_out, const Tensor& residual);
   Tensor fused_ln_linear(LayerNorm& ln, Module& linear, const Tensor& x);
   std::int64_t dim_, heads_, mlp_ratio_;
   double dropout_;

@@ -120,13 +120,20 @@ TEST_CASE("vit: make_vit's structure, names and output; an encoder block equals 
     m->eval();
     const Tensor y = (*m)(x);
     CHECK(y.shape() == Shape{3, 10});
-    // Block 0 against its composition: x + attn(ln1(x)), then + fc2(gelu(fc1(ln2(.)))).
+    // Block 0 against its composition: x + attn(ln1(x)), then + fc2(gelu(fc1(ln2(.)))), each
+    // residual add inside its linear (linear_add: out_proj's and fc2's forward_add).
     const Tensor h0 = (*(*m)[0])(x);
     auto& b = dynamic_cast<nn::EncoderBlock&>(*(*m)[1]);
     const auto& ch = b.named_children();
-    const Tensor h1 = add(h0, (*ch[1].second)((*ch[0].second)(h0)));
-    const Tensor ref = add(h1, (*ch[5].second)(gelu((*ch[3].second)((*ch[2].second)(h1)))));
+    auto& attn = dynamic_cast<nn::MultiheadAttention&>(*ch[1].second);
+    const Tensor qkv = attn.in_proj()->forward((*ch[0].second)(h0));
+    const Tensor h1 = attn.out_proj()->forward_add(packed_attention(qkv, attn.num_heads()), h0);
+    const Tensor ref = ch[5].second->forward_add(gelu((*ch[3].second)((*ch[2].second)(h1))), h1);
     CHECK(bit_equal(b(h0), ref));
+    // The same values as the adds after the linears, to rounding.
+    const Tensor h1_added = add(h0, (*ch[1].second)((*ch[0].second)(h0)));
+    const Tensor ref_added = add(h1_added, (*ch[5].second)(gelu((*ch[3].second)((*ch[2].second)(h1_added)))));
+    CHECK(max_abs_diff(ref, ref_added) <= 1e-4 * std::max(1.0, max_abs_diff(ref, zeros_like(ref))));
     // The pooled head: mean over tokens of the final norm.
     Tensor h = h0;
     for (std::size_t i = 1; i < 4; ++i) h = (*(*m)[i])(h);

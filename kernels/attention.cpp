@@ -11,6 +11,7 @@
 #include "qgrad/kernels/cuda/entries.h"
 #include "qgrad/kernels/dispatch.h"
 #include "qgrad/kernels/formulas/attention.h"
+#include "qgrad/kernels/formulas/transformer.h"
 
 namespace qgrad::kernels {
 
@@ -139,7 +140,7 @@ void packed_forward_cpu(const Tensor& qkv, const Tensor& out, const Tensor& row_
 
 template <class T>
 void packed_backward_cpu(const Tensor& qkv, const Tensor& dout, const Tensor& row_max, const Tensor& row_sum,
-                         const Tensor& dqkv, const PackedAttention& a) {
+                         const Tensor& dqkv, const PackedAttention& a, const std::uint32_t* dout_mask) {
   using M = op_math_t<T>;
   const T* x = static_cast<const T*>(qkv.data_ptr());
   const T* go = static_cast<const T*>(dout.data_ptr());
@@ -153,7 +154,8 @@ void packed_backward_cpu(const Tensor& qkv, const Tensor& dout, const Tensor& ro
         PackedHead<T> hd(a, pair, x);
         std::vector<M> g(hd.q.size()), ds(hd.p.size());
         for (std::int64_t i = 0; i < L; ++i) {
-          for (std::int64_t d = 0; d < Dh; ++d) g[hd.at(i, d)] = M(go[(hd.n * L + i) * W + hd.h * Dh + d]);
+          for (std::int64_t d = 0; d < Dh; ++d)
+            g[hd.at(i, d)] = formulas::masked_grad(go, dout_mask, (hd.n * L + i) * W + hd.h * Dh + d);
           for (std::int64_t j = 0; j < L; ++j)
             hd.p[hd.sq(i, j)] = formulas::attention_prob(hd.p[hd.sq(i, j)], mxs[hd.stat(i)], sums[hd.stat(i)]);
         }
@@ -212,14 +214,14 @@ void packed_attention_forward(const Tensor& qkv, const Tensor& out, const Tensor
 }
 
 void packed_attention_backward(const Tensor& qkv, const Tensor& dout, const Tensor& row_max, const Tensor& row_sum,
-                               const Tensor& dqkv, const PackedAttention& a) {
+                               const Tensor& dqkv, const PackedAttention& a, const std::uint32_t* dout_mask) {
   if (a.batch == 0 || a.heads == 0) return;
   if (qkv.is_cuda()) {
-    QGRAD_ON_CUDA(cuda::packed_attention_backward(qkv, dout, row_max, row_sum, dqkv, a));
+    QGRAD_ON_CUDA(cuda::packed_attention_backward(qkv, dout, row_max, row_sum, dqkv, a, dout_mask));
     return;
   }
   dispatch_floating(qkv.dtype(), "packed_attention", [&](auto tag) {
-    packed_backward_cpu<typename decltype(tag)::type>(qkv, dout, row_max, row_sum, dqkv, a);
+    packed_backward_cpu<typename decltype(tag)::type>(qkv, dout, row_max, row_sum, dqkv, a, dout_mask);
   });
 }
 

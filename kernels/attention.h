@@ -104,8 +104,12 @@ bool packed_attention_fits(std::int64_t L, std::int64_t head_dim, DType dtype);
 void packed_attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& row_max, const Tensor& row_sum,
                               const PackedAttention& a);
 // dqkv (every element written) from qkv, the output's gradient dout and the
-// saved row statistics.
+// saved row statistics. With dout_mask (a bit per element of out, the
+// engine's layout: a fake quant of the output's straight-through mask), dout
+// is read masked (formulas::masked_grad), as that fake quant's backward
+// would have written it.
 void packed_attention_backward(const Tensor& qkv, const Tensor& dout, const Tensor& row_max, const Tensor& row_sum,
-                               const Tensor& dqkv, const PackedAttention& a);
+                               const Tensor& dqkv, const PackedAttention& a,
+                               const std::uint32_t* dout_mask = nullptr);
 
 }  // namespace qgrad::kernels

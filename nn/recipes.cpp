@@ -6,6 +6,7 @@
 #include "qgrad/ops/check.h"
 #include "qgrad/ops/fp8_linear.h"
 #include "qgrad/ops/activation.h"
+#include "qgrad/ops/attention.h"
 #include "qgrad/ops/linalg.h"
 #include "qgrad/ops/lowbit.h"
 #include "qgrad/ops/transformer.h"
@@ -88,6 +89,12 @@ namespace {
 Tensor layer_norm_8da4w_activation(const Tensor& x, const LayerNorm& ln) {
   return layer_norm_fake_quantize_dynamic(x, ln.normalized_shape(), ln.weight(), ln.bias(), ln.eps(),
                                           QuantMode::asymmetric, -128, 127, std::numeric_limits<float>::epsilon());
+}
+
+// The 8da activation fake quant of the attention's output, one op with it.
+Tensor packed_attention_8da4w_activation(const Tensor& qkv, std::int64_t heads, bool causal) {
+  return packed_attention_fake_quantize_dynamic(qkv, heads, causal, QuantMode::asymmetric, -128, 127,
+                                                std::numeric_limits<float>::epsilon());
 }
 
 // linear(x, w, bias), plus residual where one is given: linear_add (the add
@@ -178,6 +185,13 @@ Tensor Int8DynActInt4WeightQATLinear::forward_gelu(const Tensor& x, GeluApproxim
                      fake_quantize_8da4w_weight(weight_, group_size_), bias_, residual);
 }
 
+Tensor Int8DynActInt4WeightQATLinear::forward_packed_attention(const Tensor& qkv, std::int64_t heads, bool causal,
+                                                               const Tensor& residual) {
+  if (!fake_quant_) return project(packed_attention(qkv, heads, causal), residual);
+  return linear_plus(packed_attention_8da4w_activation(qkv, heads, causal),
+                     fake_quantize_8da4w_weight(weight_, group_size_), bias_, residual);
+}
+
 Float8QATLinear::Float8QATLinear(const Linear& linear) {
   weight_ = register_parameter("weight", linear.weight());
   if (linear.bias().defined()) bias_ = register_parameter("bias", linear.bias());
@@ -250,6 +264,14 @@ Tensor Int8DynActInt8WeightQATLinear::forward_gelu(const Tensor& x, GeluApproxim
   const bool cast = compute_dtype() && x.defined() && is_floating(x.dtype()) && x.dtype() != *compute_dtype();
   if (!fake_quant_ || cast) return project(gelu(x, approximate), residual);
   return linear_plus(gelu_fake_quantize_8da4w_activation(x, approximate), to_compute(take_fake_quantized_weight()),
+                     to_compute(bias_), residual);
+}
+
+Tensor Int8DynActInt8WeightQATLinear::forward_packed_attention(const Tensor& qkv, std::int64_t heads, bool causal,
+                                                               const Tensor& residual) {
+  const bool cast = compute_dtype() && qkv.defined() && is_floating(qkv.dtype()) && qkv.dtype() != *compute_dtype();
+  if (!fake_quant_ || cast) return project(packed_attention(qkv, heads, causal), residual);
+  return linear_plus(packed_attention_8da4w_activation(qkv, heads, causal), to_compute(take_fake_quantized_weight()),
                      to_compute(bias_), residual);
 }
 

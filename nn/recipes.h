@@ -91,6 +91,12 @@ class Int8DynActInt4WeightQATLinear : public Module {
   // activation's fake quant (one op: a GELU -> linear pair, the ViT's MLP);
   // with a residual, forward_add(gelu(x, approximate), residual).
   Tensor forward_gelu(const Tensor& x, GeluApproximate approximate, const Tensor& residual = Tensor());
+  // forward(packed_attention(qkv, heads, causal)) (plus residual where
+  // given), the same values, the attention and the activation's fake quant
+  // one op (packed_attention_fake_quantize_dynamic): a MultiheadAttention's
+  // out_proj.
+  Tensor forward_packed_attention(const Tensor& qkv, std::int64_t heads, bool causal,
+                                  const Tensor& residual = Tensor());
   // forward(ln.forward(x)), the same values, the layer norm and the
   // activation's fake quant one op (layer_norm_fake_quantize_dynamic) where
   // neither module casts to a compute dtype.
@@ -145,6 +151,11 @@ class Int8DynActInt8WeightQATLinear : public Module {
   // activation's fake quant where x is already in the compute dtype; with a
   // residual, forward_add(gelu(x, approximate), residual).
   Tensor forward_gelu(const Tensor& x, GeluApproximate approximate, const Tensor& residual = Tensor());
+  // forward(packed_attention(qkv, heads, causal)) (plus residual where
+  // given), as Int8DynActInt4WeightQATLinear's, where qkv is already in the
+  // compute dtype.
+  Tensor forward_packed_attention(const Tensor& qkv, std::int64_t heads, bool causal,
+                                  const Tensor& residual = Tensor());
   // forward(ln.forward(x)), as Int8DynActInt4WeightQATLinear's.
   Tensor forward_layer_norm(const Tensor& x, LayerNorm& ln);
   std::string type_name() const override { return "Int8DynActInt8WeightQATLinear"; }

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <vector>
 
+#include "qgrad/nn/recipes.h"
 #include "qgrad/ops/attention.h"
 #include "qgrad/ops/factory.h"
 #include "qgrad/ops/shape.h"
@@ -158,8 +159,15 @@ Tensor MultiheadAttention::forward_qkv(const Tensor& qkv_in, const Tensor& attn_
   auto project = [&](const Tensor& o) {
     return residual.defined() ? child(1).forward_add(o, residual) : child(1).forward(o);
   };
-  // Without a mask or dropout the heads need not be split out and merged back.
-  if (!attn_mask.defined() && p == 0.0) return project(packed_attention(qkv_in, H, causal));
+  // Without a mask or dropout the heads need not be split out and merged
+  // back; an 8da QAT out_proj takes the attention into its activation's fake quant.
+  if (!attn_mask.defined() && p == 0.0) {
+    if (auto* q8 = dynamic_cast<Int8DynActInt8WeightQATLinear*>(&child(1)))
+      return q8->forward_packed_attention(qkv_in, H, causal, residual);
+    if (auto* q4 = dynamic_cast<Int8DynActInt4WeightQATLinear*>(&child(1)))
+      return q4->forward_packed_attention(qkv_in, H, causal, residual);
+    return project(packed_attention(qkv_in, H, causal));
+  }
   Tensor qkv = permute(qkv_in.reshape({B, L, 3, H, Dh}), {2, 0, 3, 1, 4});  // [3, B, H, L, Dh]
   std::vector<Tensor> parts = chunk(qkv, 3, 0);
   Tensor o = scaled_dot_product_attention(parts[0].reshape({B, H, L, Dh}), parts[1].reshape({B, H, L, Dh}),

@@ -9,12 +9,17 @@
 #include "qgrad/autograd/node.h"
 #include "qgrad/kernels/attention.h"
 #include "qgrad/kernels/linalg.h"
+#include "qgrad/kernels/lowbit.h"
 #include "qgrad/ops/check.h"
 #include "qgrad/ops/elementwise.h"
+#include "qgrad/ops/lowbit.h"
 #include "qgrad/ops/shape.h"
+#include "qgrad/ops/straight_through.h"
 
 namespace qgrad {
 
+using detail::mask_words;
+using detail::new_mask;
 using kernels::AttentionRows;
 using kernels::GemmShape;
 
@@ -163,13 +168,11 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   return out;
 }
 
-// Backward (the rule of scaled_dot_product_attention per head, kernels/
-// attention.h): the probabilities recomputed from the saved row max and sum;
-// dV = Pᵀ dO, dP = dO Vᵀ, dZ = P * (dP - rowsum(dP * P)) * scale, dQ = dZ K,
-// dK = dZᵀ Q, written into the packed gradient. Saves qkv (the projection's
-// output, held anyway) and 2 * batch * heads * L numbers of the math type.
-Tensor packed_attention(const Tensor& qkv, std::int64_t heads, bool causal, std::optional<double> scale) {
-  constexpr const char* op = "packed_attention";
+namespace {
+
+// packed_attention's checks; the shape of its fused kernels' launch.
+kernels::PackedAttention packed_args(const char* op, const Tensor& qkv, std::int64_t heads,
+                                     std::optional<double> scale, bool causal) {
   check::floating(qkv, op, "qkv");
   QGRAD_CHECK(qkv.dim() >= 2 && qkv.dim() <= 8, op, "qkv", "expected rank 2 to 8 ([..., L, 3 * D]), got shape ",
               shape_str(qkv.shape()));
@@ -183,37 +186,91 @@ Tensor packed_attention(const Tensor& qkv, std::int64_t heads, bool causal, std:
   const double sc = scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(Dh));
   QGRAD_CHECK(std::isfinite(sc), op, "scale", "must be finite, got ", sc);
   const Shape lead(qkv.shape().begin(), qkv.shape().end() - 2);
-  const std::int64_t batch = shape_numel(lead, op);
-  Shape out_shape = lead;
-  out_shape.push_back(L);
-  out_shape.push_back(D);
-  if (!kernels::packed_attention_fits(L, Dh, qkv.dtype())) {
-    // [N, L, 3, H, Dh] -> [3, N, H, L, Dh]: q, k, v of every head, then back to [..., L, D].
-    Tensor parts = permute(qkv.reshape({batch, L, 3, heads, Dh}), {2, 0, 3, 1, 4});
-    std::vector<Tensor> qkv3 = chunk(parts, 3, 0);
-    auto head_view = [&](const Tensor& t) { return t.reshape({batch, heads, L, Dh}); };
-    Tensor o = scaled_dot_product_attention(head_view(qkv3[0]), head_view(qkv3[1]), head_view(qkv3[2]), Tensor(),
-                                            causal, sc);
-    return permute(o, {0, 2, 1, 3}).reshape(out_shape);
-  }
-  const kernels::PackedAttention a{.batch = batch, .L = L, .heads = heads, .head_dim = Dh, .scale = sc, .causal = causal};
+  return kernels::PackedAttention{
+      .batch = shape_numel(lead, op), .L = L, .heads = heads, .head_dim = Dh, .scale = sc, .causal = causal};
+}
+
+Shape packed_out_shape(const Tensor& qkv) {
+  Shape s(qkv.shape().begin(), qkv.shape().end() - 1);
+  s.push_back(qkv.size(-1) / 3);
+  return s;
+}
+
+// The fused kernel's forward into out, with the row statistics its backward needs.
+void packed_forward(const Tensor& qkv, const kernels::PackedAttention& a, Tensor& out, Tensor& row_max,
+                    Tensor& row_sum) {
   const DType math = qkv.dtype() == DType::f64 ? DType::f64 : DType::f32;
   const TensorOptions stat_options = TensorOptions{}.with_dtype(math).with_device(qkv.device());
-  Tensor out = Tensor::empty(out_shape, like(qkv));
-  Tensor row_max = Tensor::empty({batch, heads, L}, stat_options), row_sum = Tensor::empty({batch, heads, L}, stat_options);
+  out = Tensor::empty(packed_out_shape(qkv), like(qkv));
+  row_max = Tensor::empty({a.batch, a.heads, a.L}, stat_options);
+  row_sum = Tensor::empty({a.batch, a.heads, a.L}, stat_options);
   kernels::packed_attention_forward(qkv, out, row_max, row_sum, a);
-  if (any_requires_grad({qkv})) {
-    Tensor saved_qkv = qkv.detach();
-    record(
-        op, out, {qkv},
-        [saved_qkv, row_max, row_sum, a](const Tensor& g) {
-          Tensor dqkv = Tensor::empty(saved_qkv.shape(), like(saved_qkv));
-          kernels::packed_attention_backward(saved_qkv, g, row_max, row_sum, dqkv, a);
-          return std::vector<Tensor>{dqkv};
-        },
-        row_max.nbytes() + row_sum.nbytes());
+}
+
+// The fused kernel's backward as the rule of `out` (with a fake quant's mask
+// on dO where mask is defined).
+void record_packed(const char* op, Tensor& out, const Tensor& qkv, const kernels::PackedAttention& a,
+                   const Tensor& row_max, const Tensor& row_sum, const Tensor& mask) {
+  Tensor saved_qkv = qkv.detach();
+  record(
+      op, out, {qkv},
+      [saved_qkv, row_max, row_sum, a, mask](const Tensor& g) {
+        Tensor dqkv = Tensor::empty(saved_qkv.shape(), like(saved_qkv));
+        kernels::packed_attention_backward(saved_qkv, g, row_max, row_sum, dqkv, a,
+                                           mask.defined() ? mask_words(mask) : nullptr);
+        return std::vector<Tensor>{dqkv};
+      },
+      row_max.nbytes() + row_sum.nbytes() + (mask.defined() ? mask.nbytes() : 0));
+}
+
+}  // namespace
+
+// Backward (the rule of scaled_dot_product_attention per head, kernels/
+// attention.h): the probabilities recomputed from the saved row max and sum;
+// dV = Pᵀ dO, dP = dO Vᵀ, dZ = P * (dP - rowsum(dP * P)) * scale, dQ = dZ K,
+// dK = dZᵀ Q, written into the packed gradient. Saves qkv (the projection's
+// output, held anyway) and 2 * batch * heads * L numbers of the math type.
+Tensor packed_attention(const Tensor& qkv, std::int64_t heads, bool causal, std::optional<double> scale) {
+  constexpr const char* op = "packed_attention";
+  const kernels::PackedAttention a = packed_args(op, qkv, heads, scale, causal);
+  if (!kernels::packed_attention_fits(a.L, a.head_dim, qkv.dtype())) {
+    // [N, L, 3, H, Dh] -> [3, N, H, L, Dh]: q, k, v of every head, then back to [..., L, D].
+    Tensor parts = permute(qkv.reshape({a.batch, a.L, 3, heads, a.head_dim}), {2, 0, 3, 1, 4});
+    std::vector<Tensor> qkv3 = chunk(parts, 3, 0);
+    auto head_view = [&](const Tensor& t) { return t.reshape({a.batch, heads, a.L, a.head_dim}); };
+    Tensor o = scaled_dot_product_attention(head_view(qkv3[0]), head_view(qkv3[1]), head_view(qkv3[2]), Tensor(),
+                                            causal, a.scale);
+    return permute(o, {0, 2, 1, 3}).reshape(packed_out_shape(qkv));
   }
+  Tensor out, row_max, row_sum;
+  packed_forward(qkv, a, out, row_max, row_sum);
+  if (any_requires_grad({qkv})) record_packed(op, out, qkv, a, row_max, row_sum, Tensor());
   return out;
+}
+
+// Forward: the fused attention into a temporary, then the per-token fake
+// quant's row kernel; backward: the attention's, dO masked by the saved bits.
+Tensor packed_attention_fake_quantize_dynamic(const Tensor& qkv, std::int64_t heads, bool causal, QuantMode mode,
+                                              std::int64_t qmin, std::int64_t qmax, double eps) {
+  constexpr const char* op = "packed_attention_fake_quantize_dynamic";
+  const kernels::PackedAttention a = packed_args(op, qkv, heads, std::nullopt, causal);
+  check::quant_mode(mode, op);
+  const float e = check::affine_range(qmin, qmax, eps, op);
+  if (qkv.is_cuda() && qkv.dtype() != DType::f64 && a.batch * a.L > 0 &&
+      kernels::packed_attention_fits(a.L, a.head_dim, qkv.dtype())) {
+    Tensor attn, row_max, row_sum;
+    packed_forward(qkv, a, attn, row_max, row_sum);
+    Tensor out = Tensor::empty(attn.shape(), like(attn));
+    const bool need = any_requires_grad({qkv});
+    Tensor mask = need ? new_mask(attn) : Tensor();
+    if (kernels::fake_quantize_dynamic_rows(attn, out, need ? mask_words(mask) : nullptr, a.width(),
+                                            static_cast<int>(qmin), static_cast<int>(qmax),
+                                            mode == QuantMode::symmetric, e)) {
+      if (need) record_packed(op, out, qkv, a, row_max, row_sum, mask);
+      return out;
+    }
+  }
+  return fake_quantize_dynamic(packed_attention(qkv, heads, causal), QuantScope::per_token(), mode, qmin, qmax, eps);
 }
 
 }  // namespace qgrad

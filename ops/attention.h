@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "qgrad/core/tensor.h"
+#include "qgrad/ops/dynamic_quant.h"  // QuantMode
 
 namespace qgrad {
 
@@ -40,5 +41,18 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
 // permute (the same function, another rounding). docs/ops.md "packed_attention".
 Tensor packed_attention(const Tensor& qkv, std::int64_t heads, bool causal = false,
                         std::optional<double> scale = std::nullopt);
+
+// fake_quantize_dynamic(packed_attention(qkv, heads, causal), per_token(),
+// mode, qmin, qmax, eps) as one op, the same values bit for bit on each
+// device: the input of a QAT linear after the attention (an 8da QAT
+// out_proj). Where packed_attention runs its fused kernel on CUDA and
+// fake_quantize_dynamic its row kernel (a width D of 128, 256, 384, 512, 768
+// or 1024; f32, bf16, f16): those two kernels forward, and one backward, the
+// attention's, reading dO masked by the fake quant's bits (no pass writing
+// the masked gradient); saves packed_attention's state and the bit mask.
+// Elsewhere the two ops. Errors: packed_attention's and
+// fake_quantize_dynamic's, naming this op.
+Tensor packed_attention_fake_quantize_dynamic(const Tensor& qkv, std::int64_t heads, bool causal, QuantMode mode,
+                                              std::int64_t qmin, std::int64_t qmax, double eps);
 
 }  // namespace qgrad

@@ -529,6 +529,50 @@ TEST_CASE("deferred gradient passes: a bias upstream of a norm finishes the norm
 
 // ---------------------------------------------------------------- embedding
 
+// packed_attention_fake_quantize_dynamic against its composition on the same
+// device: CUDA's fused path (the attention, the row fake quant, and a
+// backward reading dO through the mask) gives fake_quantize_dynamic(
+// packed_attention(.))'s output and dqkv bit for bit (widths 128 and 256, f32
+// / bf16 / f16, causal or not, the output's block poisoned first); the CPU
+// (the composition itself) too; the ViT's shape (L = 49, four heads) included.
+TEST_CASE("packed_attention_fake_quantize_dynamic: its composition's values and gradient, bit for bit, on every "
+          "device") {
+  struct Case {
+    std::int64_t batch, L, width, heads;
+    bool causal;
+  };
+  const Case cases[] = {{3, 49, 128, 4, false}, {2, 17, 256, 8, true}, {1, 64, 128, 2, false}};
+  const float eps = std::numeric_limits<float>::epsilon();
+  std::uint64_t seed = 4000;
+  for (const Device dev : test_devices())
+    for (const Case& c : cases)
+      for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
+        if (dev.is_cpu() && dt != DType::f32) continue;
+        CAPTURE(dev.str());
+        CAPTURE(c.L);
+        CAPTURE(c.width);
+        CAPTURE(dtype_name(dt));
+        const Tensor qkv = rnd({c.batch, c.L, 3 * c.width}, seed++, DType::f32, 1.5).to(dt).to(dev);
+        const Tensor dy = rnd({c.batch, c.L, c.width}, seed++, DType::f32).to(dt).to(dev);
+        auto run = [&](bool fused) {
+          Tensor x = param(qkv.detach().clone());
+          {
+            Tensor poison = full({c.batch, c.L, c.width}, std::nan(""), opts(dt, dev));
+          }
+          Tensor y = fused ? packed_attention_fake_quantize_dynamic(x, c.heads, c.causal, QuantMode::asymmetric, -128,
+                                                                    127, eps)
+                           : fake_quantize_dynamic(packed_attention(x, c.heads, c.causal), QuantScope::per_token(),
+                                                   QuantMode::asymmetric, -128, 127, eps);
+          y.backward(dy);
+          return std::vector<Tensor>{y.cpu(), x.grad().cpu()};
+        };
+        const auto fused = run(true), plain = run(false);
+        CHECK(bit_equal(fused[0], plain[0]));
+        CHECK(bit_equal(fused[1], plain[1]));
+        CHECK(max_abs_diff(fused[1], zeros_like(fused[1])) > 0);  // a gradient flowed
+      }
+}
+
 TEST_CASE("embedding: gather, repeated indices summed in order, padding_idx rows get zero gradient") {
   const std::int64_t V = 7, D = 5;
   const Tensor w = rnd({V, D}, 71);

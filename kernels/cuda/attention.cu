@@ -8,6 +8,7 @@
 #include "qgrad/kernels/cuda/launch.cuh"
 #include "qgrad/kernels/cuda/warp_rows.cuh"
 #include "qgrad/kernels/formulas/attention.h"
+#include "qgrad/kernels/formulas/transformer.h"
 
 namespace qgrad::kernels::cuda {
 
@@ -299,15 +300,16 @@ __global__ void __launch_bounds__(kPackedThreads)
 
 template <class T, int kDh>
 __global__ void __launch_bounds__(kPackedThreads, packed_backward_min_blocks<T>())
-    packed_attention_backward_kernel(const T* qkv, const T* dout, const op_math_t<T>* row_max,
-                                     const op_math_t<T>* row_sum, T* dqkv, PackedAttention a) {
+    packed_attention_backward_kernel(const T* qkv, const T* dout, const std::uint32_t* dout_mask,
+                                     const op_math_t<T>* row_max, const op_math_t<T>* row_sum, T* dqkv,
+                                     PackedAttention a) {
   ::qgrad::cuda::wait_for_prior_kernels();
   using M = op_math_t<T>;
   const std::int64_t n = blockIdx.x / a.heads, h = blockIdx.x % a.heads, W = a.width();
   const PackedLayout<M> s = packed_layout<M>(a, true);
   load_pair(s, qkv, a, n, h, [&](int i, int d, M v) {
     s.vt[d * s.lp + i] = v;
-    s.g[i * s.dp + d] = M(dout[(n * a.L + i) * W + h * a.head_dim + d]);
+    s.g[i * s.dp + d] = formulas::masked_grad(dout, dout_mask, (n * a.L + i) * W + h * a.head_dim + d);
   });
   __syncthreads();
   const bool active = packed_rows_active(s.L);
@@ -407,7 +409,7 @@ void packed_attention_forward(const Tensor& qkv, const Tensor& out, const Tensor
 }
 
 void packed_attention_backward(const Tensor& qkv, const Tensor& dout, const Tensor& row_max, const Tensor& row_sum,
-                               const Tensor& dqkv, const PackedAttention& a) {
+                               const Tensor& dqkv, const PackedAttention& a, const std::uint32_t* dout_mask) {
   dispatch_floating(qkv.dtype(), "packed_attention", [&](auto tag) {
     using T = typename decltype(tag)::type;
     using M = op_math_t<T>;
@@ -418,7 +420,7 @@ void packed_attention_backward(const Tensor& qkv, const Tensor& dout, const Tens
       ::qgrad::cuda::launch_kernel(dev, kernel, packed_blocks(a), kPackedThreads,
                                    packed_attention_backward_smem(a.L, a.head_dim, sizeof(M)),
                                    static_cast<const T*>(qkv.data_ptr()), static_cast<const T*>(dout.data_ptr()),
-                                   static_cast<const M*>(row_max.data_ptr()),
+                                   dout_mask, static_cast<const M*>(row_max.data_ptr()),
                                    static_cast<const M*>(row_sum.data_ptr()), static_cast<T*>(dqkv.data_ptr()), a);
     });
   });

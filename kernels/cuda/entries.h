@@ -159,7 +159,7 @@ void attention_dropout(const Tensor& probs, const Tensor& attn, const AttentionR
 void packed_attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& row_max, const Tensor& row_sum,
                               const PackedAttention& a);
 void packed_attention_backward(const Tensor& qkv, const Tensor& dout, const Tensor& row_max, const Tensor& row_sum,
-                               const Tensor& dqkv, const PackedAttention& a);
+                               const Tensor& dqkv, const PackedAttention& a, const std::uint32_t* dout_mask);
 
 // The stable sort of embedding's backward: sorted = keys (s64 [n]) in
 // increasing order, order = their positions, equal keys in increasing

@@ -413,6 +413,117 @@ std::vector<OpEntry> transformer_entries() {
                  for (DType dt : kNonFloat) c.push_back({op, "qkv", [=] { packed_attention(some({2, 5, 24}, d, dt), 2); }});
                  return c;
                }});
+  // packed_attention_fake_quantize_dynamic: packed_attention + the per-token
+  // dynamic fake quant in one op. Width 128 with four heads (CUDA: the fused
+  // kernels, the backward reading dO masked; differentiated), width 24 (the
+  // composition everywhere). Not bit-identical across devices: exp is glibc's
+  // on the CPU and libdevice's on CUDA (packed_attention's tolerance), and a
+  // last-bit difference can move a value across a rounding boundary of the
+  // fake quant (one step, a row's range / 255).
+  e.push_back({"packed_attention_fake_quantize_dynamic", {"packed_attention_fake_quantize_dynamic"}, kFloat,
+               [](Device d, DType dt, Generator& g) {
+                 return Tensors{normal({2, 5, 384}, g, d, dt), normal({2, 5, 24}, g, d, dt).detach()};
+               },
+               [](const Tensors& v) {
+                 const float eps = std::numeric_limits<float>::epsilon();
+                 const auto asym = QuantMode::asymmetric, sym = QuantMode::symmetric;
+                 return Tensors{packed_attention_fake_quantize_dynamic(v[0], 4, false, asym, -128, 127, eps),
+                                packed_attention_fake_quantize_dynamic(v[0].detach(), 2, true, sym, -128, 127, 1e-5),
+                                packed_attention_fake_quantize_dynamic(v[1], 2, false, asym, -128, 127, eps)};
+               },
+               Promise::within(0.04, 0.04, 0.04, 0.06, "exp (glibc against libdevice) may move a value across a "
+                                                         "rounding boundary of the fake quant: one step"),
+               GradMethod::host_reference,
+               [](const Tensors& v, const Tensor& dy) {
+                 // f64: O = softmax(q kᵀ / sqrt(32)) v per head; dOm = dy * 1[in range] over O's rows
+                 // (torchao's qparams in f32); then the attention's backward with dOm.
+                 const auto host = [](const Tensor& t) { return t.detach().to(DType::f64).cpu().to_vector<double>(); };
+                 const std::vector<double> x = host(v[0]), gy = host(dy);
+                 const std::size_t B = 2, L = 5, H = 4, Dh = 32, D = H * Dh, W3 = 3 * D;
+                 const double scale = 1.0 / std::sqrt(static_cast<double>(Dh));
+                 auto at = [&](std::size_t b, std::size_t i, std::size_t part, std::size_t h, std::size_t d) {
+                   return x[(b * L + i) * W3 + part * D + h * Dh + d];
+                 };
+                 std::vector<double> P(B * H * L * L), O(B * L * D), dx(x.size(), 0.0), dom(B * L * D);
+                 for (std::size_t b = 0; b < B; ++b)
+                   for (std::size_t h = 0; h < H; ++h)
+                     for (std::size_t i = 0; i < L; ++i) {
+                       double* p = &P[((b * H + h) * L + i) * L];
+                       double mx = -INFINITY, sum = 0;
+                       for (std::size_t j = 0; j < L; ++j) {
+                         double dot = 0;
+                         for (std::size_t d = 0; d < Dh; ++d) dot += at(b, i, 0, h, d) * at(b, j, 1, h, d);
+                         p[j] = dot * scale;
+                         mx = std::max(mx, p[j]);
+                       }
+                       for (std::size_t j = 0; j < L; ++j) sum += (p[j] = std::exp(p[j] - mx));
+                       for (std::size_t j = 0; j < L; ++j) p[j] /= sum;
+                       for (std::size_t d = 0; d < Dh; ++d) {
+                         double o = 0;
+                         for (std::size_t j = 0; j < L; ++j) o += p[j] * at(b, j, 2, h, d);
+                         O[(b * L + i) * D + h * Dh + d] = o;
+                       }
+                     }
+                 for (std::size_t r = 0; r < B * L; ++r) {
+                   float lo = 0.0f, hi = 0.0f;  // torchao's range always holds 0
+                   for (std::size_t j = 0; j < D; ++j) {
+                     lo = std::min(lo, static_cast<float>(O[r * D + j]));
+                     hi = std::max(hi, static_cast<float>(O[r * D + j]));
+                   }
+                   const float qs = std::max((hi - lo) / 255.0f, std::numeric_limits<float>::epsilon());
+                   const double zp = std::clamp<double>(-128.0 - std::nearbyint(lo / qs), -128.0, 127.0);
+                   const double inv = static_cast<double>(1.0f / qs);
+                   for (std::size_t j = 0; j < D; ++j) {
+                     const double q = std::nearbyint(O[r * D + j] * inv) + zp;
+                     dom[r * D + j] = (q >= -128.0 && q <= 127.0) ? gy[r * D + j] : 0.0;
+                   }
+                 }
+                 for (std::size_t b = 0; b < B; ++b)
+                   for (std::size_t h = 0; h < H; ++h) {
+                     const double* p = &P[(b * H + h) * L * L];
+                     auto g = [&](std::size_t i, std::size_t d) { return dom[(b * L + i) * D + h * Dh + d]; };
+                     auto grad = [&](std::size_t i, std::size_t part, std::size_t d) -> double& {
+                       return dx[(b * L + i) * W3 + part * D + h * Dh + d];
+                     };
+                     std::vector<double> ds(L * L);
+                     for (std::size_t i = 0; i < L; ++i) {
+                       double rowdot = 0;
+                       for (std::size_t j = 0; j < L; ++j) {
+                         double dp = 0;
+                         for (std::size_t d = 0; d < Dh; ++d) dp += g(i, d) * at(b, j, 2, h, d);
+                         ds[i * L + j] = dp;
+                         rowdot += dp * p[i * L + j];
+                       }
+                       for (std::size_t j = 0; j < L; ++j) ds[i * L + j] = p[i * L + j] * (ds[i * L + j] - rowdot) * scale;
+                     }
+                     for (std::size_t j = 0; j < L; ++j)
+                       for (std::size_t d = 0; d < Dh; ++d)
+                         for (std::size_t i = 0; i < L; ++i) {
+                           grad(j, 2, d) += p[i * L + j] * g(i, d);
+                           grad(i, 0, d) += ds[i * L + j] * at(b, j, 1, h, d);
+                           grad(j, 1, d) += ds[i * L + j] * at(b, i, 0, h, d);
+                         }
+                   }
+                 return std::vector<std::vector<double>>{dx};
+               },
+               {},
+               [](Device d) {
+                 const char* op = "packed_attention_fake_quantize_dynamic";
+                 const Tensor qkv = some({2, 5, 384}, d);
+                 const auto asym = QuantMode::asymmetric;
+                 const float fe = std::numeric_limits<float>::epsilon();
+                 std::vector<BadInput> c{
+                     {op, "qkv", [=] { packed_attention_fake_quantize_dynamic(Tensor(), 4, false, asym, -128, 127, fe); }},
+                     {op, "qkv", [=] { packed_attention_fake_quantize_dynamic(some({2, 5, 25}, d), 4, false, asym, -128, 127, fe); }},
+                     {op, "heads", [=] { packed_attention_fake_quantize_dynamic(qkv, 0, false, asym, -128, 127, fe); }},
+                     {op, "heads", [=] { packed_attention_fake_quantize_dynamic(qkv, 3, false, asym, -128, 127, fe); }},
+                     {op, "mode", [=] { packed_attention_fake_quantize_dynamic(qkv, 4, false, static_cast<QuantMode>(5), -128, 127, fe); }},
+                     {op, "qmax", [=] { packed_attention_fake_quantize_dynamic(qkv, 4, false, asym, 127, -128, fe); }},
+                     {op, "eps", [=] { packed_attention_fake_quantize_dynamic(qkv, 4, false, asym, -128, 127, 0.0); }}};
+                 for (DType dt : kNonFloat)
+                   c.push_back({op, "qkv", [=] { packed_attention_fake_quantize_dynamic(some({2, 5, 384}, d, dt), 4, false, asym, -128, 127, fe); }});
+                 return c;
+               }});
   return e;
 }
 

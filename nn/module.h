@@ -39,7 +39,8 @@ class Module {
   virtual std::optional<Tensor> forward_with_next(const Tensor& x, Module& next);
   // add(forward(x), residual): a residual connection's add. The linears
   // (Linear and the recipes' QAT linears) override it to run the add inside
-  // their GEMM (linear_add: the same values and gradients).
+  // their GEMM (linear_add: the residual added before the bias, the GEMM
+  // epilogue's order, so the same values to rounding; the same gradients).
   virtual Tensor forward_add(const Tensor& x, const Tensor& residual);
   // A short type name ("Linear", "ReLU", ...), used by convert and errors.
   virtual std::string type_name() const = 0;

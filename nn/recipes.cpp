@@ -98,7 +98,8 @@ Tensor packed_attention_8da4w_activation(const Tensor& qkv, std::int64_t heads, 
 }
 
 // linear(x, w, bias), plus residual where one is given: linear_add (the add
-// inside the GEMM, the same values as add after the linear).
+// inside the GEMM, before the bias: the values of an add after the linear,
+// to rounding).
 Tensor linear_plus(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& residual) {
   return residual.defined() ? linear_add(x, w, bias, residual) : ::qgrad::linear(x, w, bias);
 }

@@ -2,7 +2,6 @@
 #include "qgrad/ops/linalg.h"
 
 #include <climits>
-#include <string_view>
 
 #include "qgrad/autograd/node.h"
 #include "qgrad/kernels/activation.h"
@@ -129,10 +128,10 @@ namespace {
 
 // Validates linear's arguments and computes y = x · wᵀ + bias; with
 // fuse_relu, then relu in place, packing the y > 0 mask into `mask` when
-// grad is needed; with a residual (linear_add), y + residual. Fills in the
-// GEMM shape for the backward.
+// grad is needed; with a residual (linear_add: non-null, its tensor
+// checked), y + residual. Fills in the GEMM shape for the backward.
 Tensor linear_forward(const char* op, const Tensor& x, const Tensor& w, const Tensor& bias, bool fuse_relu,
-                      const Tensor& residual, GemmShape& s, Tensor& mask) {
+                      const Tensor* residual, GemmShape& s, Tensor& mask) {
   check::floating(x, op, "x");
   check::floating(w, op, "w");
   check::same_dtype(w, x, op, "w");
@@ -150,14 +149,13 @@ Tensor linear_forward(const char* op, const Tensor& x, const Tensor& w, const Te
   }
   Shape out_shape = x.shape();
   out_shape.back() = w.size(0);
-  const bool add_residual = std::string_view(op) == "linear_add";
-  if (add_residual) {
-    check::defined(residual, op, "residual");
-    check::floating(residual, op, "residual");
-    check::same_dtype(residual, x, op, "residual");
-    check::same_device(residual, x, op, "residual");
-    QGRAD_CHECK(residual.shape() == out_shape, op, "residual", "expected the output's shape ", shape_str(out_shape),
-                ", got ", shape_str(residual.shape()));
+  if (residual != nullptr) {
+    check::defined(*residual, op, "residual");
+    check::floating(*residual, op, "residual");
+    check::same_dtype(*residual, x, op, "residual");
+    check::same_device(*residual, x, op, "residual");
+    QGRAD_CHECK(residual->shape() == out_shape, op, "residual", "expected the output's shape ", shape_str(out_shape),
+                ", got ", shape_str(residual->shape()));
   }
   s = GemmShape{};
   s.k = w.size(1);
@@ -168,7 +166,7 @@ Tensor linear_forward(const char* op, const Tensor& x, const Tensor& w, const Te
   fits_int(s.k, op, "x");
   fits_int(s.n, op, "w");
   Tensor out = Tensor::empty(out_shape, like(x));
-  if (add_residual) kernels::linear_bias_add(s, x, w, bias, residual, out);
+  if (residual != nullptr) kernels::linear_bias_add(s, x, w, bias, *residual, out);
   else if (bias.defined()) kernels::linear_bias(s, x, w, bias, out);
   else kernels::gemm(s, x, w, out);
   if (fuse_relu) {
@@ -215,12 +213,14 @@ void linear_record(const char* op, Tensor& out, const Tensor& x, const Tensor& w
       (need_x ? w.nbytes() : 0) + (need_w ? x.nbytes() : 0) + (mask.defined() ? mask.nbytes() : 0));
 }
 
+// residual: null for linear and linear_relu; linear_add's (checked, even undefined).
 Tensor linear_op(const char* op, const Tensor& x, const Tensor& w, const Tensor& bias, bool fuse_relu,
-                 const Tensor& residual = Tensor()) {
+                 const Tensor* residual = nullptr) {
   GemmShape s;
   Tensor mask;
   Tensor out = linear_forward(op, x, w, bias, fuse_relu, residual, s, mask);
-  if (any_requires_grad({x, w, bias, residual})) linear_record(op, out, x, w, bias, residual, s, mask);
+  const Tensor r = residual != nullptr ? *residual : Tensor();
+  if (any_requires_grad({x, w, bias, r})) linear_record(op, out, x, w, bias, r, s, mask);
   return out;
 }
 
@@ -233,7 +233,7 @@ Tensor linear_relu(const Tensor& x, const Tensor& w, const Tensor& bias) {
 }
 
 Tensor linear_add(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& residual) {
-  return linear_op("linear_add", x, w, bias, false, residual);
+  return linear_op("linear_add", x, w, bias, false, &residual);
 }
 
 // Backward: transpose(dy, dim0, dim1). Saves nothing.

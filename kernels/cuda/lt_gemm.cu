@@ -27,7 +27,8 @@ struct LtPlan {
   LtAlgos alternatives;
   bool tuned = false;
   // A plan with a residual (beta 1, C = the residual) is used only once its
-  // tuning found the fused bytes equal to the two-step result (lt_linear_bias).
+  // tuning found the fused bytes equal to linear_add's formula computed step
+  // by step, on made-up operands (lt_linear_bias).
   bool residual_verified = false;
 };
 

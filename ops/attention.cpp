@@ -269,6 +269,9 @@ Tensor packed_attention_fake_quantize_dynamic(const Tensor& qkv, std::int64_t he
       if (need) record_packed(op, out, qkv, a, row_max, row_sum, mask);
       return out;
     }
+    // A width the row kernel does not take: the composition from the attention already computed.
+    if (need) record_packed("packed_attention", attn, qkv, a, row_max, row_sum, Tensor());
+    return fake_quantize_dynamic(attn, QuantScope::per_token(), mode, qmin, qmax, eps);
   }
   return fake_quantize_dynamic(packed_attention(qkv, heads, causal), QuantScope::per_token(), mode, qmin, qmax, eps);
 }

@@ -131,6 +131,22 @@ float time_gemm(cudaStream_t s, Run run) {
   return good ? t[2] : 1e30f;
 }
 
+// Device scratch freed at the end of a scope (a plan is tuned and checked once).
+struct Scratch {
+  void* p = nullptr;
+  explicit Scratch(std::size_t bytes) {
+    if (cudaMalloc(&p, bytes) != cudaSuccess) {
+      cudaGetLastError();
+      p = nullptr;
+    }
+  }
+  ~Scratch() {
+    if (p != nullptr) cudaFree(p);
+  }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+};
+
 // Once per plan, outside graph capture: the heuristic's first algorithm
 // against its other split-K-free ones on this call's operands, keeping the
 // fastest of those whose output has the first one's bytes (each output one
@@ -148,11 +164,9 @@ void tune_linear_plan(LtPlan& plan, cudaStream_t s, void* out, std::size_t out_b
   plan.tuned = true;
   constexpr bool kResidual = !std::is_same_v<Reference, std::nullptr_t>;
   if (!kResidual && plan.alternatives.count == 0) return;
-  void* scratch = nullptr;
-  if (cudaMalloc(&scratch, out_bytes) != cudaSuccess) {
-    cudaGetLastError();  // no room to tune: keep the heuristic's choice (unverified with a residual)
-    return;
-  }
+  const Scratch buffer(out_bytes);
+  void* scratch = buffer.p;
+  if (scratch == nullptr) return;  // no room to tune: keep the heuristic's choice (unverified with a residual)
   std::vector<unsigned char> first(out_bytes), other(out_bytes);
   const cublasLtMatmulAlgo_t chosen = plan.algo;
   bool usable = run(chosen, out);
@@ -180,8 +194,7 @@ void tune_linear_plan(LtPlan& plan, cudaStream_t s, void* out, std::size_t out_b
       if (t < best) best = t, plan.algo = alt;
     }
   }
-  QGRAD_CUDA_CHECK(cudaStreamSynchronize(s));
-  cudaFree(scratch);
+  QGRAD_CUDA_CHECK(cudaStreamSynchronize(s));  // before the scratch is freed
 }
 
 // Made-up operands for a residual plan's check: a value in [-1, 1) from a
@@ -244,21 +257,6 @@ bool linear_add_reference(int device, cudaDataType_t type, void* d, const void* 
   });
 }
 
-// Device scratch freed at the end of a scope (the plan checks run once each).
-struct Scratch {
-  void* p = nullptr;
-  explicit Scratch(std::size_t bytes) {
-    if (cudaMalloc(&p, bytes) != cudaSuccess) {
-      cudaGetLastError();
-      p = nullptr;
-    }
-  }
-  ~Scratch() {
-    if (p != nullptr) cudaFree(p);
-  }
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-};
 
 }  // namespace
 

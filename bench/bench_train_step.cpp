@@ -25,7 +25,14 @@
 //   qat_vit_step_cuda_b256 (+ _graph): the ViT of bench/qat_vit.h (the
 //     qgrad-qat-vit model: 6 blocks of width 128, 49 tokens) prepared with
 //     the 8da8w recipe, AdamW with the global gradient norm clipped to 1
-//     (no CPU case: a step there takes about a second).
+//     (no CPU case: a step there takes about a second);
+//   qat_vit_step_cuda_b256_tf32 (+ _graph): the same ViT with its f32
+//     matmuls on TF32 tensor cores (set_matmul_allow_tf32; the peer sets
+//     torch.backends.cuda.matmul.allow_tf32);
+//   qat_vit_step_cuda_b256_bf16 (+ _graph): the same ViT in bf16 mixed
+//     precision (Module::set_compute_dtype(bf16): bf16 matmuls and
+//     activations, f32 master weights and AdamW state; the loss in f32; the
+//     peer runs the forward under torch.autocast(bfloat16)).
 // peak_bytes: the allocator's peak of bytes held by tensors (model,
 // optimizer state, the four input batches, the step's temporaries), reset
 // after warm-up; PyTorch's peer reports torch.cuda.max_memory_allocated
@@ -36,6 +43,7 @@
 #include <cstdio>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -83,9 +91,23 @@ void with_conv_tf32(F&& f) {
   set_conv_allow_tf32(false);
 }
 #endif
-[[maybe_unused]] Net vit() {  // CUDA only
-  return {"qat_vit_step", "", [](Device d, Generator& g) { return std::make_unique<QatVit>(d, g); }, {784}};
+// precision: "f32" (case qat_vit_step_..._b256), "tf32" (..._tf32: run it
+// inside with_matmul_tf32) or "bf16" (..._bf16).
+[[maybe_unused]] Net vit(const std::string& precision = "f32") {  // CUDA only
+  const std::optional<DType> compute = precision == "bf16" ? std::optional<DType>(DType::bf16) : std::nullopt;
+  return {"qat_vit_step", precision == "f32" ? "" : "_" + precision,
+          [compute](Device d, Generator& g) { return std::make_unique<QatVit>(d, g, compute); }, {784}};
 }
+#if QGRAD_WITH_CUDA
+// f(vit("tf32")) with TF32 matmuls allowed (set_matmul_allow_tf32), as
+// torch.backends.cuda.matmul.allow_tf32 in the peer.
+template <class F>
+void with_matmul_tf32(F&& f) {
+  set_matmul_allow_tf32(true);
+  f(vit("tf32"));
+  set_matmul_allow_tf32(false);
+}
+#endif
 std::string case_name(const Net& net, const std::string& device, std::int64_t batch) {
   return net.name + "_" + device + "_b" + std::to_string(batch) + net.tag;
 }
@@ -255,12 +277,14 @@ void bench_cpu(const Net& net, std::int64_t batch, int reps, int threads) {
 }  // namespace
 
 // bench_train_step [--cpu-only] [--cpu-reps N] [--cpu-threads N (default 2)]
-//                  [--profile [REPLAYS]] [--profile-nets mlp,cnn,cnn_tf32,vit] [--cpu-nets mlp,cnn]
+//                  [--profile [REPLAYS]] [--profile-nets mlp,cnn,cnn_tf32,vit,vit_tf32,vit_bf16]
+//                  [--cuda-nets mlp,cnn,cnn_tf32,vit,vit_tf32,vit_bf16 (default: all)] [--cpu-nets mlp,cnn]
 int main(int argc, char** argv) {
   bool cpu_only = false;
   int profile_replays = 0;
   std::string profile_nets = "mlp";  // comma-separated: mlp (b256 and b4096/h1024), cnn, vit
   std::string cpu_nets = "mlp,cnn";  // the CPU cases to run (a profiler's run of one)
+  std::string cuda_nets = "mlp,cnn,cnn_tf32,vit,vit_tf32,vit_bf16";  // the CUDA cases to run
   int cpu_reps = 50, cpu_threads = 2;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -270,6 +294,7 @@ int main(int argc, char** argv) {
     else if (a == "--profile") profile_replays = i + 1 < argc && argv[i + 1][0] != '-' ? std::stoi(argv[++i]) : 3;
     else if (a == "--profile-nets" && i + 1 < argc) profile_nets = argv[++i];
     else if (a == "--cpu-nets" && i + 1 < argc) cpu_nets = argv[++i];
+    else if (a == "--cuda-nets" && i + 1 < argc) cuda_nets = argv[++i];
   }
 #if QGRAD_WITH_CUDA
   if (profile_replays > 0) {
@@ -284,14 +309,23 @@ int main(int argc, char** argv) {
     if (wanted("cnn")) profile_graph(cnn(32), 256, profile_replays);
     if (wanted("cnn_tf32")) with_conv_tf32([&](const Net& net) { profile_graph(net, 256, profile_replays); });
     if (wanted("vit")) profile_graph(vit(), 256, profile_replays);
+    if (wanted("vit_tf32")) with_matmul_tf32([&](const Net& net) { profile_graph(net, 256, profile_replays); });
+    if (wanted("vit_bf16")) profile_graph(vit("bf16"), 256, profile_replays);
     return 0;
   }
+  const auto cuda_wanted = [&](const std::string& n) {
+    return ("," + cuda_nets + ",").find("," + n + ",") != std::string::npos;
+  };
   if (!cpu_only && cuda_available()) {
-    bench_cuda(mlp(256), 256, 300);
-    bench_cuda(mlp(1024), 4096, 200);
-    bench_cuda(cnn(32), 256, 200);
-    with_conv_tf32([](const Net& net) { bench_cuda(net, 256, 200); });
-    bench_cuda(vit(), 256, 100);
+    if (cuda_wanted("mlp")) {
+      bench_cuda(mlp(256), 256, 300);
+      bench_cuda(mlp(1024), 4096, 200);
+    }
+    if (cuda_wanted("cnn")) bench_cuda(cnn(32), 256, 200);
+    if (cuda_wanted("cnn_tf32")) with_conv_tf32([](const Net& net) { bench_cuda(net, 256, 200); });
+    if (cuda_wanted("vit")) bench_cuda(vit(), 256, 100);
+    if (cuda_wanted("vit_tf32")) with_matmul_tf32([](const Net& net) { bench_cuda(net, 256, 100); });
+    if (cuda_wanted("vit_bf16")) bench_cuda(vit("bf16"), 256, 100);
   }
 #else
   (void)cpu_only;

@@ -42,6 +42,12 @@ amax|w| / 127.5), both straight-through; AdamW (lr 1e-3, weight decay 0.05,
 capturable when captured) after clip_grad_norm_ to 1. torch.ao has no such
 recipe, so the ViT has no impl "torch" configuration of its own.
 
+The ViT also runs in two other precisions, each on both sides (cases
+"..._tf32" and "..._bf16"): tf32, the f32 model with
+torch.backends.cuda.matmul.allow_tf32 (qgrad: set_matmul_allow_tf32), and
+bf16, the forward and the loss under torch.autocast(bfloat16) (qgrad:
+Module::set_compute_dtype(bf16), f32 master weights and AdamW state).
+
 Besides one record per configuration, each CUDA shape gets a record with
 impl "torch" and case "<case>_graph": the fastest configuration of that
 shape ("config" names it), the peer of qgrad's captured step.
@@ -294,8 +300,11 @@ def is_gemm(name):
     return any(k in n for k in ("gemm", "xmma", "cutlass", "sm80_", "sm90_", "splitk"))
 
 
-def bench(device, net, batch, size, reps, warmup, kind, compiled=False, graph=False, profile_kernels=False):
+def bench(device, net, batch, size, reps, warmup, kind, compiled=False, graph=False, profile_kernels=False,
+          precision="f32"):
     torch.manual_seed(0)
+    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=precision == "bf16")
     make_ao, make_tensorop, example = NETS[net]
     model = (make_ao(size) if kind == "ao" else make_tensorop(size)).to(device)
     clip = net == "vit"  # the ViT: AdamW after clip_grad_norm_ (bench/qat_vit.h)
@@ -311,7 +320,8 @@ def bench(device, net, batch, size, reps, warmup, kind, compiled=False, graph=Fa
 
     def step(x, y):
         opt.zero_grad(set_to_none=True)
-        loss = loss_fn(fwd(x), y)
+        with autocast:
+            loss = loss_fn(fwd(x), y)
         loss.backward()
         if clip:
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
@@ -338,7 +348,8 @@ def bench(device, net, batch, size, reps, warmup, kind, compiled=False, graph=Fa
     g = torch.cuda.CUDAGraph()
     opt.zero_grad(set_to_none=True)
     with torch.cuda.graph(g):
-        loss = loss_fn(fwd(sx), sy)
+        with autocast:
+            loss = loss_fn(fwd(sx), sy)
         loss.backward()
         if clip:
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
@@ -371,18 +382,19 @@ def main():
     if "--profile-kernels" in args:
         return profile_main(args[args.index("--net") + 1] if "--net" in args[:-1] else None)
     only = args[args.index("--net") + 1] if "--net" in args[:-1] else None
-    cases = []  # device, net, batch, hidden size (MLP) or width (CNN), reps
+    cases = []  # device, net, batch, hidden size (MLP) or width (CNN), reps, precision
     if torch.cuda.is_available():
-        cases += [("cuda", "mlp", 256, 256, 200), ("cuda", "mlp", 4096, 1024, 200), ("cuda", "cnn", 256, 32, 200),
-                  ("cuda", "vit", 256, 128, 100)]
-    cases += [("cpu", "mlp", 256, 256, 50), ("cpu", "cnn", 64, 32, 10)]
-    for device, net, batch, size, reps in cases:
+        cases += [("cuda", "mlp", 256, 256, 200, "f32"), ("cuda", "mlp", 4096, 1024, 200, "f32"),
+                  ("cuda", "cnn", 256, 32, 200, "f32"), ("cuda", "vit", 256, 128, 100, "f32"),
+                  ("cuda", "vit", 256, 128, 100, "tf32"), ("cuda", "vit", 256, 128, 100, "bf16")]
+    cases += [("cpu", "mlp", 256, 256, 50, "f32"), ("cpu", "cnn", 64, 32, 10, "f32")]
+    for device, net, batch, size, reps, precision in cases:
         if only is not None and net != only:
             continue
         if device == "cpu":
             torch.set_num_threads(2)
         case = {"mlp": f"qat_step_{device}_b{batch}_h{size}", "cnn": f"qat_cnn_step_{device}_b{batch}_w{size}",
-                "vit": f"qat_vit_step_{device}_b{batch}"}[net]
+                "vit": f"qat_vit_step_{device}_b{batch}"}[net] + ("" if precision == "f32" else "_" + precision)
         dev_name = torch.cuda.get_device_name() if device == "cuda" else "cpu (2 threads)"
         results = []
         for impl, kind, compiled, graph in CONFIGS:
@@ -392,14 +404,14 @@ def main():
                 continue
             try:
                 ms, peak = bench(device, net, batch, size, reps, 20 if device == "cuda" or net == "mlp" else 3,
-                                 kind, compiled, graph)
+                                 kind, compiled, graph, precision=precision)
             except Exception as e:  # a configuration PyTorch cannot run is reported, not fatal
                 print(json.dumps({"bench": "train_step", "impl": impl, "case": case, "error": str(e)[:300]}),
                       flush=True)
                 continue
             results.append((ms, impl, peak))
             print(json.dumps({"bench": "train_step", "impl": impl, "case": case, "ms": ms, "peak_bytes": peak,
-                              "torch": torch.__version__, "device": dev_name}), flush=True)
+                              "precision": precision, "torch": torch.__version__, "device": dev_name}), flush=True)
             torch._dynamo.reset()
         if device == "cuda" and results:
             ms, impl, peak = min(results)
@@ -410,20 +422,21 @@ def main():
 
 
 def profile_main(only):
-    cases = [("mlp", 256, 256), ("mlp", 4096, 1024), ("cnn", 256, 32), ("vit", 256, 128)]
-    for net, batch, size in cases:
+    cases = [("mlp", 256, 256, "f32"), ("mlp", 4096, 1024, "f32"), ("cnn", 256, 32, "f32"), ("vit", 256, 128, "f32"),
+             ("vit", 256, 128, "tf32"), ("vit", 256, 128, "bf16")]
+    for net, batch, size, precision in cases:
         if only is not None and net != only:
             continue
-        k = bench("cuda", net, batch, size, 0, 20, "tensorop", True, True, profile_kernels=True)
+        k = bench("cuda", net, batch, size, 0, 20, "tensorop", True, True, profile_kernels=True, precision=precision)
         total = sum(t for _, t in k.values())
         gemm = sum(t for n, (_, t) in k.items() if is_gemm(n))
         launches = sum(c for c, _ in k.values())
-        print(json.dumps({"bench": "train_step_peer_kernels", "case": f"{net}_b{batch}_{size}",
+        print(json.dumps({"bench": "train_step_peer_kernels", "case": f"{net}_b{batch}_{size}" + ("" if precision == "f32" else "_" + precision),
                           "config": "torch_tensorop_compiled_graph", "kernel_us_per_step": round(total, 1),
                           "gemm_us_per_step": round(gemm, 1), "launches_per_step": round(launches, 1),
                           "device": torch.cuda.get_device_name()}), flush=True)
         for name, (c, t) in sorted(k.items(), key=lambda kv: -kv[1][1])[:25]:
-            print(json.dumps({"bench": "train_step_peer_kernels", "case": f"{net}_b{batch}_{size}",
+            print(json.dumps({"bench": "train_step_peer_kernels", "case": f"{net}_b{batch}_{size}" + ("" if precision == "f32" else "_" + precision),
                               "kernel": name[:160], "launches": round(c, 1), "us": round(t, 1)}), flush=True)
         torch._dynamo.reset()
     return 0

@@ -33,7 +33,9 @@ struct QatStep {
   void step(const Tensor& x, const Tensor& y) {
     opt->zero_grad();  // set to none
     if (stage_8da8w) nn::stage_8da8w_weights(*model);
-    Tensor loss = cross_entropy(model->forward(x), y);
+    Tensor logits = model->forward(x);
+    if (logits.dtype() != DType::f32) logits = logits.to(DType::f32);  // mixed precision: the loss in f32
+    Tensor loss = cross_entropy(logits, y);
     loss.backward();
     if (clip_grad_norm > 0) nn::clip_grad_norm(*opt, clip_grad_norm, 2.0, true);
     opt->step();

@@ -6,10 +6,13 @@
 // straight-through), AdamW (lr 1e-3, weight decay 0.05) with the gradients'
 // global norm clipped to 1 on the device, fused into the AdamW kernel; the
 // 8da8w weights fake-quantized by one nn::stage_8da8w_weights before each
-// forward, as the example's loop does.
+// forward, as the example's loop does. compute: bf16 for mixed precision
+// (Module::set_compute_dtype before prepare_qat, as the example's
+// --precision bf16; the loss in f32).
 #pragma once
 
 #include <cstdlib>
+#include <optional>
 #include <string>
 
 #include "qat_mlp.h"
@@ -17,9 +20,10 @@
 namespace qgrad::bench {
 
 struct QatVit : QatStep {
-  QatVit(Device device, Generator& gen) {
+  QatVit(Device device, Generator& gen, std::optional<DType> compute = std::nullopt) {
     nn::ViTOptions o;  // the example's defaults
     model = nn::make_vit(o, gen);
+    if (compute.has_value()) model->set_compute_dtype(*compute);
     nn::prepare_qat(*model, nn::Recipe::w8da8);
     model->to(device);
     model->train();

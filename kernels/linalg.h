@@ -13,11 +13,14 @@ namespace qgrad::kernels {
 // ([n, k] when trans_b). With accumulate, c[i] += instead of =. a, b, c share
 // a floating dtype and a device; m, n, k fit in int. k == 0 gives zeros.
 // broadcast_a / broadcast_b: that operand is one matrix used by every batch
-// (batch stride 0).
+// (batch stride 0). allow_tf32: f32 on CUDA may run on TF32 tensor cores
+// (each operand rounded to 10 mantissa bits, products summed in f32:
+// qgrad::set_matmul_allow_tf32); no effect on the CPU or other dtypes.
 struct GemmShape {
   std::int64_t batch = 1, m = 0, n = 0, k = 0;
   bool trans_a = false, trans_b = false;
   bool broadcast_a = false, broadcast_b = false;
+  bool allow_tf32 = false;
 };
 void gemm(const GemmShape& s, const Tensor& a, const Tensor& b, const Tensor& c, bool accumulate = false);
 // out[r, :] = row for every row r of out ([rows, row.numel()]); same dtype.

@@ -1,6 +1,7 @@
 // matmul, linear, transpose: validation, forward, saved state and backward.
 #include "qgrad/ops/linalg.h"
 
+#include <atomic>
 #include <climits>
 
 #include "qgrad/autograd/node.h"
@@ -24,6 +25,14 @@ void fits_int(std::int64_t v, const char* op, const char* arg) {
   QGRAD_CHECK(v <= INT_MAX, op, arg, "dimension ", v, " exceeds the GEMM limit ", INT_MAX);
 }
 
+std::atomic<bool> g_matmul_allow_tf32{false};
+
+// g with `of`'s math (a backward GEMM takes its forward's TF32 setting).
+GemmShape math_of(GemmShape g, const GemmShape& of) {
+  g.allow_tf32 = of.allow_tf32;
+  return g;
+}
+
 // A new tensor of `shape` holding op(a) · op(b).
 Tensor gemm_new(const Shape& shape, const GemmShape& s, const Tensor& a, const Tensor& b) {
   Tensor c = Tensor::empty(shape, like(a));
@@ -32,6 +41,9 @@ Tensor gemm_new(const Shape& shape, const GemmShape& s, const Tensor& a, const T
 }
 
 }  // namespace
+
+void set_matmul_allow_tf32(bool allow) { g_matmul_allow_tf32.store(allow, std::memory_order_relaxed); }
+bool matmul_allow_tf32() { return g_matmul_allow_tf32.load(std::memory_order_relaxed); }
 
 // [...batch_a, M, K] x [...batch_b, K, N] -> [...broadcast(batch_a, batch_b), M, N]
 // (torch.matmul for operands of rank >= 2). Three plans: b one matrix and
@@ -59,6 +71,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
               shape_str(b.shape()));
   const std::int64_t nb = shape_numel(batch, op), na = shape_numel(batch_a, op), nbb = shape_numel(batch_b, op);
   GemmShape s;
+  s.allow_tf32 = matmul_allow_tf32();
   s.m = a.size(-2);
   s.k = a.size(-1);
   s.n = b.size(-1);
@@ -97,8 +110,8 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
         [sa, sb, s, fold, na, nbb, nb, full, shape_a = a.shape(), shape_b = b.shape()](const Tensor& g) {
           Tensor ga, gb;
           if (fold) {
-            if (sb.defined()) ga = gemm_new(shape_a, GemmShape{1, s.m, s.k, s.n, false, true}, g, sb);
-            if (sa.defined()) gb = gemm_new(shape_b, GemmShape{1, s.k, s.n, s.m, true, false}, sa, g);
+            if (sb.defined()) ga = gemm_new(shape_a, math_of({1, s.m, s.k, s.n, false, true}, s), g, sb);
+            if (sa.defined()) gb = gemm_new(shape_b, math_of({1, s.k, s.n, s.m, true, false}, s), sa, g);
             return std::vector<Tensor>{ga, gb};
           }
           Shape full_a(g.shape().begin(), g.shape().end() - 1), full_b = full_a;
@@ -106,13 +119,13 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
           full_b.back() = s.k;
           full_b.push_back(s.n);
           if (sb.defined()) {
-            GemmShape gs{s.batch, s.m, s.k, s.n, false, true};
+            GemmShape gs = math_of({s.batch, s.m, s.k, s.n, false, true}, s);
             gs.broadcast_b = s.broadcast_b;
             ga = gemm_new(na == nb ? shape_a : full_a, gs, g, full(sb, nbb, nb));
             if (na != nb) ga = sum_to_shape(ga, shape_a);
           }
           if (sa.defined()) {
-            GemmShape gs{s.batch, s.k, s.n, s.m, true, false};
+            GemmShape gs = math_of({s.batch, s.k, s.n, s.m, true, false}, s);
             gs.broadcast_a = s.broadcast_a;
             gb = gemm_new(nbb == nb ? shape_b : full_b, gs, full(sa, na, nb), g);
             if (nbb != nb) gb = sum_to_shape(gb, shape_b);
@@ -158,6 +171,7 @@ Tensor linear_forward(const char* op, const Tensor& x, const Tensor& w, const Te
                 ", got ", shape_str(residual->shape()));
   }
   s = GemmShape{};
+  s.allow_tf32 = matmul_allow_tf32();
   s.k = w.size(1);
   s.n = w.size(0);
   s.m = shape_numel(Shape(x.shape().begin(), x.shape().end() - 1), op);
@@ -201,8 +215,8 @@ void linear_record(const char* op, Tensor& out, const Tensor& x, const Tensor& w
           kernels::relu_backward(dy, mask, g);
         }
         Tensor gx, gw, gb;
-        if (sw.defined()) gx = gemm_new(shape_x, GemmShape{1, s.m, s.k, s.n, false, false}, g, sw);
-        if (sx.defined()) gw = gemm_new(shape_w, GemmShape{1, s.n, s.k, s.m, true, false}, g, sx);
+        if (sw.defined()) gx = gemm_new(shape_x, math_of({1, s.m, s.k, s.n, false, false}, s), g, sw);
+        if (sx.defined()) gw = gemm_new(shape_w, math_of({1, s.n, s.k, s.m, true, false}, s), g, sx);
         if (need_b) {
           gb = Tensor::empty({s.n}, like(g));
           kernels::sum_axis(g, gb, kernels::AxisLayout{1, s.m, s.n}, false,

@@ -27,6 +27,18 @@ Tensor linear_relu(const Tensor& x, const Tensor& w, const Tensor& bias = Tensor
 // linear_bias_add). residual has the output's shape [..., N], dtype and
 // device; the gradients are linear's, and dy for the residual.
 Tensor linear_add(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& residual);
+// Whether f32 matmuls on CUDA (matmul, linear, linear_relu, linear_add,
+// scaled_dot_product_attention's products) may run on TF32 tensor cores:
+// each operand rounded to TF32 (10 mantissa bits), the products summed in
+// f32 (cuBLAS CUBLAS_COMPUTE_32F_FAST_TF32), as PyTorch's
+// torch.backends.cuda.matmul.allow_tf32 (off by default there too). Off by
+// default: f32 products agree with the CPU within docs/ops.md "linear"'s
+// bound; with TF32 on, within its TF32 bound. Read when the op runs; its
+// backward takes the forward's setting. Process-wide, thread-safe; no
+// effect on the CPU, f64, f16 or bf16.
+void set_matmul_allow_tf32(bool allow);
+bool matmul_allow_tf32();
+
 // A contiguous copy of x with dims dim0 and dim1 swapped (negative dims count
 // from the end). Any dtype; differentiable for floating ones.
 Tensor transpose(const Tensor& x, std::int64_t dim0, std::int64_t dim1);

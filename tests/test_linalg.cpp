@@ -444,6 +444,109 @@ TEST_CASE("cuda linear_add gives its formula's bits, linear + residual's gradien
   }
 }
 
+// set_matmul_allow_tf32: f32 products on CUDA on TF32 tensor cores. The CPU,
+// f64 and bf16 ignore it (the same bits on and off). On CUDA every f32 path
+// (linear below and above the epilogue path's size, linear_add, their
+// gradients' matmuls) stays within the TF32 bound of the
+// f64 reference, gives the same bits run twice, and differs from the FMA
+// result somewhere (the switch reached cuBLAS); off again, the FMA bits.
+TEST_CASE("matmul with TF32 allowed: f32 on CUDA within the TF32 bound, deterministic; the CPU and other dtypes unchanged") {
+  struct Restore {
+    bool was = matmul_allow_tf32();
+    ~Restore() { set_matmul_allow_tf32(was); }
+  } restore;
+  set_matmul_allow_tf32(true);
+  CHECK(matmul_allow_tf32());
+  set_matmul_allow_tf32(false);
+  CHECK_FALSE(matmul_allow_tf32());
+  auto abs_of = [](const Tensor& t) {
+    std::vector<double> v = values(t);
+    for (double& e : v) e = std::fabs(e);
+    return Tensor::from_vector(v, t.shape());
+  };
+  // linear (with bias and a residual where given) forward and its x, w gradients.
+  auto run = [](const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& r, const Tensor& dy) {
+    Tensor px = param(x.detach()), pw = param(w.detach());  // fresh leaves: gradients not accumulated across runs
+    Tensor y = r.defined() ? linear_add(px, pw, b, r) : linear(px, pw, b);
+    y.backward(dy);
+    return std::vector<Tensor>{y.cpu(), px.grad().cpu(), pw.grad().cpu()};
+  };
+  struct Case {
+    Shape x;
+    std::int64_t n;
+    bool bias, residual;
+  };
+  // Below 2^27 multiply-adds (fill + cublasGemmEx) and above (cuBLASLt's epilogue).
+  const Case cases[] = {{{67, 129}, 33, true, false}, {{2048, 256}, 256, true, false}, {{2048, 256}, 256, true, true},
+                        {{3, 40, 96}, 24, false, false}};
+  std::uint64_t seed = 1200;
+  for (const Case& c : cases) {
+    CAPTURE(shape_str(c.x));
+    Shape out_shape = c.x;
+    out_shape.back() = c.n;
+    const Tensor x = rnd(c.x, seed++), w = rnd({c.n, c.x.back()}, seed++), b = c.bias ? rnd({c.n}, seed++) : Tensor(),
+                 r = c.residual ? rnd(out_shape, seed++) : Tensor(), dy = rnd(out_shape, seed++);
+    auto on = [&](DType d, Device dev) {
+      auto to = [&](const Tensor& t) { return t.defined() ? t.to(d).to(dev) : Tensor(); };
+      return run(to(x), to(w), to(b), to(r), to(dy));
+    };
+    // The CPU and f64 ignore the switch.
+    for (DType d : {DType::f32, DType::f64}) {
+      set_matmul_allow_tf32(false);
+      const auto off = on(d, Device::cpu());
+      set_matmul_allow_tf32(true);
+      const auto with = on(d, Device::cpu());
+      for (std::size_t i = 0; i < off.size(); ++i) CHECK(bit_equal(with[i], off[i]));
+    }
+    if (!cuda_available()) continue;
+    const Device gpu = Device::cuda(0);
+    for (DType d : {DType::f64, DType::bf16}) {
+      CAPTURE(dtype_name(d));
+      set_matmul_allow_tf32(false);
+      const auto off = on(d, gpu);
+      set_matmul_allow_tf32(true);
+      const auto with = on(d, gpu);
+      for (std::size_t i = 0; i < off.size(); ++i) CHECK(bit_equal(with[i], off[i]));
+    }
+    set_matmul_allow_tf32(false);
+    const auto fma = on(DType::f32, gpu);
+    set_matmul_allow_tf32(true);
+    prepoison(out_shape, DType::f32);
+    const auto tf32 = on(DType::f32, gpu);
+    const auto again = on(DType::f32, gpu);
+    // f64 references and the magnitudes of their terms: y = x wᵀ (+ r + b), dx = dy w, dw = dyᵀ x.
+    const std::int64_t k = c.x.back(), m = x.numel() / k;
+    const Tensor x2 = x.reshape({m, k}), dy2 = dy.reshape({m, c.n});
+    Tensor y_ref = linear(x, w, b);
+    if (c.residual) y_ref = add(y_ref, r);
+    const Tensor want[] = {y_ref, matmul(dy2, w), matmul(transpose(dy2, 0, 1), x2)};
+    const Tensor mag[] = {linear(abs_of(x), abs_of(w)), matmul(abs_of(dy2), abs_of(w)),
+                          matmul(transpose(abs_of(dy2), 0, 1), abs_of(x2))};
+    bool differs = false;
+    for (std::size_t i = 0; i < tf32.size(); ++i) {
+      CAPTURE(i);
+      CHECK(bit_equal(again[i], tf32[i]));
+      const std::vector<double> got = values(tf32[i]), ref = values(want[i]), size = values(mag[i]), f = values(fma[i]);
+      REQUIRE(got.size() == ref.size());
+      double worst = 0;
+      for (std::size_t j = 0; j < got.size(); ++j) {
+        // Each operand rounded to TF32's 10 mantissa bits: <= 2^-10 of a term
+        // (2^-9 if cuBLAS truncates), plus f32 accumulation and the adds.
+        worst = std::max(worst, std::fabs(got[j] - ref[j]) / (size[j] * 0x1p-9 + 1e-6 * (1 + std::fabs(ref[j]))));
+        differs = differs || got[j] != f[j];
+      }
+      INFO("worst error in units of 2^-9 of the terms' magnitude: ", worst);
+      CHECK(worst <= 2.0);
+    }
+    CHECK(differs);
+    // Off again: the FMA bits.
+    set_matmul_allow_tf32(false);
+    const auto back = on(DType::f32, gpu);
+    for (std::size_t i = 0; i < back.size(); ++i) CHECK(bit_equal(back[i], fma[i]));
+  }
+  if (!cuda_available()) MESSAGE("skipping the CUDA part: no GPU");
+}
+
 TEST_CASE("cuda matmul with an empty inner dimension gives zeros") {
   QGRAD_REQUIRE_GPU();
   Tensor c = matmul(Tensor::empty({3, 0}, opts(DType::f32, Device::cuda())),

@@ -157,7 +157,7 @@ int run(const Flags& f, const std::string& flags_text) {
               static_cast<long long>(f.depth), static_cast<long long>(f.heads), static_cast<long long>(f.mlp_ratio),
               static_cast<long long>(train.size()), static_cast<long long>(test.size()), dev.str().c_str(),
               static_cast<unsigned long long>(f.seed), f.smoothquant ? ", SmoothQuant" : "",
-              f.precision == "bf16" ? ", bf16" : "");
+              f.precision == "f32" ? "" : (", " + f.precision).c_str());
 
   Generator gen(f.seed);
   ViTOptions vo;

@@ -50,12 +50,14 @@ void gemm_impl(const GemmShape& s, const Tensor& a, const Tensor& b, const Tenso
                                                  static_cast<const double*>(pa), ld_second, stride_a, &beta, pc, m,
                                                  stride_c, batch));
   } else {
-    // f32 with CUBLAS_COMPUTE_32F (not TF32); f16 / bf16 accumulate in f32.
+    // f32 with CUBLAS_COMPUTE_32F (TF32 only where allowed); f16 / bf16 accumulate in f32.
+    const cublasComputeType_t compute =
+        std::is_same_v<T, float> && s.allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
     const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
     constexpr cudaDataType_t type = cuda_type<T>();
     QGRAD_CUBLAS_CHECK(cublasGemmStridedBatchedEx(h, op_first, op_second, m, n, k, &alpha, pb, type, ld_first,
                                                   stride_b, pa, type, ld_second, stride_a, &beta, pc, type, m,
-                                                  stride_c, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+                                                  stride_c, batch, compute, CUBLAS_GEMM_DEFAULT));
   }
 }
 
@@ -89,7 +91,8 @@ bool linear_bias_lt(const GemmShape& s, const Tensor& x, const Tensor& w, const 
   Tensor ws = Tensor::empty({static_cast<std::int64_t>(kLtLinearWorkspaceBytes)},
                             TensorOptions{}.with_device(out.device()).with_dtype(DType::u8));
   return lt_linear_bias(dev, type, x.data_ptr(), w.data_ptr(), bias.data_ptr(), out.data_ptr(), s.m, s.n, s.k,
-                        ws.data_ptr(), kLtLinearWorkspaceBytes, residual.defined() ? residual.data_ptr() : nullptr);
+                        ws.data_ptr(), kLtLinearWorkspaceBytes, residual.defined() ? residual.data_ptr() : nullptr,
+                        type == CUDA_R_32F && s.allow_tf32);
 }
 
 }  // namespace qgrad::kernels::cuda

@@ -64,22 +64,22 @@ LtPlan make_plan(cublasLtHandle_t h, std::int64_t lda, std::int64_t ldw, std::in
   return p;
 }
 
-// device, type, M, N, K, alignments of x, w, bias, out, residual (0: none).
-using LinearKey =
-    std::tuple<int, int, std::int64_t, std::int64_t, std::int64_t, unsigned, unsigned, unsigned, unsigned, unsigned>;
+// device, type, M, N, K, alignments of x, w, bias, out, residual (0: none), TF32 (f32 only).
+using LinearKey = std::tuple<int, int, std::int64_t, std::int64_t, std::int64_t, unsigned, unsigned, unsigned, unsigned,
+                             unsigned, bool>;
 std::map<LinearKey, LtPlan> g_linear_plans;
 
 // Layouts in cuBLASLt's column-major terms: D (N x M, ld N) = op(W) (W is
 // K x N, ld K, transposed) x X^T (K x M, ld K); the bias runs along D's N rows.
 LtPlan make_linear_plan(cublasLtHandle_t h, const LinearKey& key, const void* bias) {
-  const auto [device, type_int, M, N, K, al_x, al_w, al_b, al_out, al_r] = key;
+  const auto [device, type_int, M, N, K, al_x, al_w, al_b, al_out, al_r, tf32] = key;
   // C (the residual, where there is one) and D share a layout and an alignment preference.
   const unsigned al_d = al_r == 0 ? al_out : std::min(al_out, al_r);
   (void)device;
   const auto type = static_cast<cudaDataType_t>(type_int);
   const auto u64 = [](std::int64_t v) { return static_cast<std::uint64_t>(v); };
   LtPlan p;
-  bool good = ok(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  bool good = ok(cublasLtMatmulDescCreate(&p.desc, tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
   const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
   const auto bias_type = static_cast<std::int32_t>(type);
@@ -330,11 +330,11 @@ bool lt_int8_gemm(int device, const std::int8_t* a, std::int64_t lda, const std:
 
 bool lt_linear_bias(int device, cudaDataType_t type, const void* x, const void* w, const void* bias, void* out,
                     std::int64_t M, std::int64_t N, std::int64_t K, void* workspace, std::size_t workspace_bytes,
-                    const void* residual) {
+                    const void* residual, bool tf32) {
   const LinearKey key{device,           static_cast<int>(type), M,
                       N,                K,                      lt_alignment(x),
                       lt_alignment(w),  lt_alignment(bias),     lt_alignment(out),
-                      residual != nullptr ? lt_alignment(residual) : 0u};
+                      residual != nullptr ? lt_alignment(residual) : 0u, tf32 && type == CUDA_R_32F};
   // The plan's descriptor is shared and the bias pointer is the caller's
   // each time: set and launched (asynchronously) under the lock.
   std::lock_guard<std::mutex> lock(lt_mutex());

@@ -71,7 +71,9 @@ LtAlgos lt_heuristic_algos(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, cublas
 // The float linear with its bias in cuBLASLt's epilogue (CUBLASLT_EPILOGUE_BIAS):
 //   out[M, N] (row-major) = x[M, K] (row-major) x w[N, K]^T + bias[N]
 // in `type` (CUDA_R_32F, CUDA_R_16BF or CUDA_R_16F for all four operands),
-// CUBLAS_COMPUTE_32F (f32 FMAs, never TF32), alpha 1: each output is the f32
+// CUBLAS_COMPUTE_32F (f32 FMAs; with `tf32` and f32 operands
+// CUBLAS_COMPUTE_32F_FAST_TF32: operands rounded to TF32, products summed in
+// f32, a plan of its own), alpha 1: each output is the f32
 // dot product plus the bias in f32, rounded once to `type` -- what the GEMM
 // with beta 1 over a bias-filled output computes, without the fill pass and
 // the read of it. For 16-bit types split-K partial sums are reduced in f32
@@ -93,6 +95,6 @@ LtAlgos lt_heuristic_algos(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, cublas
 // rounds otherwise), and the caller runs the steps.
 bool lt_linear_bias(int device, cudaDataType_t type, const void* x, const void* w, const void* bias, void* out,
                     std::int64_t M, std::int64_t N, std::int64_t K, void* workspace, std::size_t workspace_bytes,
-                    const void* residual = nullptr);
+                    const void* residual = nullptr, bool tf32 = false);
 
 }  // namespace qgrad::kernels::cuda

@@ -53,6 +53,7 @@ impl "torch" and case "<case>_graph": the fastest configuration of that
 shape ("config" names it), the peer of qgrad's captured step.
 --quick: the torch.ao and CPU cases only (no torch.compile).
 --net mlp|cnn|vit: that model's cases only.
+--precision f32|tf32|bf16: that precision's cases only.
 --profile-kernels: instead of timing, run the CUDA cases' compiled + graph
 configuration under torch.profiler for 10 replays and print, per case, the
 GPU time per step by kernel (JSON lines "train_step_peer_kernels"), the
@@ -380,8 +381,10 @@ def main():
     args = sys.argv[1:]
     quick = "--quick" in args
     if "--profile-kernels" in args:
-        return profile_main(args[args.index("--net") + 1] if "--net" in args[:-1] else None)
+        return profile_main(args[args.index("--net") + 1] if "--net" in args[:-1] else None,
+                            args[args.index("--precision") + 1] if "--precision" in args[:-1] else None)
     only = args[args.index("--net") + 1] if "--net" in args[:-1] else None
+    only_precision = args[args.index("--precision") + 1] if "--precision" in args[:-1] else None
     cases = []  # device, net, batch, hidden size (MLP) or width (CNN), reps, precision
     if torch.cuda.is_available():
         cases += [("cuda", "mlp", 256, 256, 200, "f32"), ("cuda", "mlp", 4096, 1024, 200, "f32"),
@@ -389,7 +392,7 @@ def main():
                   ("cuda", "vit", 256, 128, 100, "tf32"), ("cuda", "vit", 256, 128, 100, "bf16")]
     cases += [("cpu", "mlp", 256, 256, 50, "f32"), ("cpu", "cnn", 64, 32, 10, "f32")]
     for device, net, batch, size, reps, precision in cases:
-        if only is not None and net != only:
+        if (only is not None and net != only) or (only_precision is not None and precision != only_precision):
             continue
         if device == "cpu":
             torch.set_num_threads(2)
@@ -421,11 +424,11 @@ def main():
     return 0
 
 
-def profile_main(only):
+def profile_main(only, only_precision=None):
     cases = [("mlp", 256, 256, "f32"), ("mlp", 4096, 1024, "f32"), ("cnn", 256, 32, "f32"), ("vit", 256, 128, "f32"),
              ("vit", 256, 128, "tf32"), ("vit", 256, 128, "bf16")]
     for net, batch, size, precision in cases:
-        if only is not None and net != only:
+        if (only is not None and net != only) or (only_precision is not None and precision != only_precision):
             continue
         k = bench("cuda", net, batch, size, 0, 20, "tensorop", True, True, profile_kernels=True, precision=precision)
         total = sum(t for _, t in k.values())

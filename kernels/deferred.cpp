@@ -5,6 +5,7 @@
 #include <atomic>
 #include <utility>
 
+#include "qgrad/kernels/basic.h"
 #include "qgrad/kernels/bitmask.h"
 #include "qgrad/kernels/cuda/entries.h"
 #include "qgrad/kernels/dispatch.h"
@@ -25,6 +26,10 @@ DType op_math_dtype(DType t) {
 
 // One pass where it would have run (the CPU; a CUDA pass that has no batch).
 void run_now(const DeferredPass& p) {
+  if (p.kind == DeferredPass::Kind::cast) {
+    kernels::cast(p.in, p.out);
+    return;
+  }
   if (p.kind == DeferredPass::Kind::masked_gradient) {
     fake_quantize_backward(p.in, p.out, words(p.mask));
     return;
@@ -65,6 +70,16 @@ void DeferredPasses::masked_gradient(const Tensor& dy, const Tensor& mask, const
               " must match in shape, dtype and device, with a mask of ", bitmask_words(dx.numel()), " words");
   if (dx.numel() == 0) return;
   passes_.push_back({DeferredPass::Kind::masked_gradient, dy, mask, dx});
+}
+
+void DeferredPasses::cast(const Tensor& in, const Tensor& out) {
+  QGRAD_CHECK(in.numel() == out.numel() && in.device() == out.device() && is_floating(in.dtype()) &&
+                  is_floating(out.dtype()),
+              "cast", "in", "in ", shape_str(in.shape()), " ", dtype_name(in.dtype()), " and out ",
+              shape_str(out.shape()), " ", dtype_name(out.dtype()),
+              " must be floating, of one element count and device");
+  if (out.numel() == 0) return;
+  passes_.push_back({DeferredPass::Kind::cast, in, Tensor(), out});
 }
 
 namespace {
@@ -117,6 +132,11 @@ void DeferredPasses::flush() {
       }
     QGRAD_ON_CUDA(cuda::run_deferred_passes(group));
   }
+}
+
+void cast_gradient(const Tensor& in, const Tensor& out, DeferredPasses* defer) {
+  if (defer != nullptr) defer->cast(in, out);
+  else if (out.numel() > 0) kernels::cast(in, out);
 }
 
 void masked_gradient(const Tensor& dy, const Tensor& mask, const Tensor& dx, DeferredPasses* defer) {

@@ -1,6 +1,8 @@
 // Gradient passes a backward pass may postpone and run together: the last,
 // small pass of a parameter's gradient (a chunked column sum's finish, a
-// weight fake quant's straight-through mask). A captured training step
+// weight fake quant's straight-through mask, a mixed-precision parameter's
+// gradient cast back to its dtype). to_batch runs its forward casts through
+// a queue of its own (one launch for a model's parameters). A captured training step
 // spends about 2 us of dependency latency on each such pass, one per
 // parameter; queued here, a device's passes of one dtype run as one launch.
 //
@@ -25,9 +27,9 @@
 namespace qgrad::kernels {
 
 struct DeferredPass {
-  enum class Kind { column_sums_finish, masked_gradient };
+  enum class Kind { column_sums_finish, masked_gradient, cast };
   Kind kind;
-  Tensor in;    // column_sums_finish: partials [chunks, cols] in op math; masked_gradient: dy
+  Tensor in;    // column_sums_finish: partials [chunks, cols] in op math; masked_gradient: dy; cast: the source
   Tensor mask;  // masked_gradient: the saved bit mask (s32 words, kernels/bitmask.h)
   Tensor out;   // what the pass writes
 };
@@ -45,6 +47,9 @@ class DeferredPasses {
   void column_sums_finish(const Tensor& partial, const Tensor& out);
   // dx = dy * bit (fake_quantize_backward); dy and dx of one shape and dtype.
   void masked_gradient(const Tensor& dy, const Tensor& mask, const Tensor& dx);
+  // out = in converted to out's dtype (kernels::cast, formulas::cast_value);
+  // floating dtypes, the same numel and device.
+  void cast(const Tensor& in, const Tensor& out);
 
   // What the backward already knows of its gradients: `partials` [chunks,
   // cols] (op math) hold t's column sums over chunks of `chunk_rows` rows in a
@@ -78,5 +83,7 @@ class DeferredPasses {
 
 // dx = dy * bit, queued on `defer` when it is given, else run now.
 void masked_gradient(const Tensor& dy, const Tensor& mask, const Tensor& dx, DeferredPasses* defer);
+// out = in in out's dtype, queued on `defer` when it is given, else run now.
+void cast_gradient(const Tensor& in, const Tensor& out, DeferredPasses* defer);
 
 }  // namespace qgrad::kernels

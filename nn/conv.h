@@ -28,6 +28,7 @@ class Conv2d : public Module {
          Conv2dOptions conv = {}, TensorOptions options = {});
   Tensor forward(const Tensor& x) override;
   std::string type_name() const override { return "Conv2d"; }
+  std::vector<Tensor> compute_cast_parameters() const override { return {weight_, bias_}; }
   std::int64_t in_channels() const { return in_; }
   std::int64_t out_channels() const { return out_; }
   std::array<std::int64_t, 2> kernel_size() const { return kernel_; }

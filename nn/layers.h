@@ -19,6 +19,7 @@ class Linear : public Module {
   Tensor forward_add(const Tensor& x, const Tensor& residual) override;  // linear_add
   std::string type_name() const override { return "Linear"; }
   std::shared_ptr<Module> clone() const override;
+  std::vector<Tensor> compute_cast_parameters() const override { return {weight_, bias_}; }
   std::int64_t in_features() const { return in_; }
   std::int64_t out_features() const { return out_; }
   Tensor weight() const { return weight_; }

@@ -176,6 +176,7 @@ void Module::to(Device device) {
 
 void Module::train(bool on) {
   training_ = on;
+  staged_casts_.clear();
   on_train(on);
   for (auto& [n, c] : children_) c->train(on);
 }
@@ -189,7 +190,43 @@ void Module::set_compute_dtype(std::optional<DType> dtype) {
 
 Tensor Module::to_compute(const Tensor& t) const {
   if (!compute_dtype_ || !t.defined() || !is_floating(t.dtype())) return t;
+  for (auto it = staged_casts_.begin(); it != staged_casts_.end(); ++it)
+    if (it->first == t.impl()) {
+      Tensor cast = std::move(it->second);
+      staged_casts_.erase(it);
+      return cast;
+    }
   return t.to(*compute_dtype_);
+}
+
+void stage_compute_casts(Module& root) {
+  std::vector<Module*> owners;
+  std::vector<Tensor> params;
+  std::vector<DType> dtypes;
+  const auto visit = [&](auto&& self, Module& m) -> void {
+    m.staged_casts_.clear();
+    if (m.compute_dtype_)
+      for (const Tensor& p : m.compute_cast_parameters())
+        if (p.defined() && is_floating(p.dtype()) && p.dtype() != *m.compute_dtype_) {
+          owners.push_back(&m);
+          params.push_back(p);
+          dtypes.push_back(*m.compute_dtype_);
+        }
+    for (auto& [n, c] : m.children_) self(self, *c);
+  };
+  visit(visit, root);
+  // One to_batch per compute dtype (a model has one).
+  std::vector<char> done(params.size(), 0);
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    if (done[i]) continue;
+    std::vector<std::size_t> members;
+    std::vector<Tensor> xs;
+    for (std::size_t j = i; j < params.size(); ++j)
+      if (!done[j] && dtypes[j] == dtypes[i]) members.push_back(j), xs.push_back(params[j]), done[j] = 1;
+    const std::vector<Tensor> casts = to_batch(xs, dtypes[i]);
+    for (std::size_t k = 0; k < members.size(); ++k)
+      owners[members[k]]->staged_casts_.emplace_back(params[members[k]].impl(), casts[k]);
+  }
 }
 
 void Module::zero_grad() {

@@ -89,6 +89,10 @@ class Module {
   // std::nullopt turns it off. A floating dtype only.
   void set_compute_dtype(std::optional<DType> dtype);
   std::optional<DType> compute_dtype() const { return compute_dtype_; }
+  // The parameters this module's forward casts to its compute dtype as they
+  // are (to_compute(weight), ...): what stage_compute_casts casts ahead.
+  // None by default; the modules that cast override it.
+  virtual std::vector<Tensor> compute_cast_parameters() const { return {}; }
 
  protected:
   // Register and return the (shared) handle. Names must be unique and
@@ -116,7 +120,8 @@ class Module {
   void insert_child(std::size_t index, const std::string& name, std::shared_ptr<Module> m);
   virtual void on_train(bool /*on*/) {}
   // t cast to the compute dtype (differentiable), when one is set and t is
-  // defined and floating; t otherwise.
+  // defined and floating; t otherwise. A cast of t staged by
+  // stage_compute_casts is handed out instead (once, then dropped).
   Tensor to_compute(const Tensor& t) const;
 
  private:
@@ -127,7 +132,22 @@ class Module {
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
   bool training_ = true;
   std::optional<DType> compute_dtype_;
+  // stage_compute_casts' casts: (the parameter's tensor, its cast), each
+  // handed out once by to_compute; dropped by the next staging and by train().
+  mutable std::vector<std::pair<const TensorImpl*, Tensor>> staged_casts_;
+  friend void stage_compute_casts(Module& root);
 };
+
+// Mixed precision: every cast of a parameter to its module's compute dtype
+// that the next forward runs (Module::compute_cast_parameters of each module
+// of root's tree with a compute dtype) as one to_batch, one CUDA launch per
+// device instead of a launch per parameter; each module's to_compute hands
+// its cast out, once. The same values and gradients as the forward casting
+// them itself (the gradients' casts back run in the backward's batch of
+// parameter passes). Call it right before the forward, after the
+// optimizer's step (it casts the parameters as they are when called); casts
+// staged earlier and never taken are dropped first, and by train()/eval().
+void stage_compute_casts(Module& root);
 
 // Moves a tensor's data to `device` in place: every handle sharing it sees
 // the move. Drops its gradient.

@@ -43,6 +43,8 @@ class QATLinear : public Module {
   QATLinear(const Linear& linear, const QConfig& qconfig);
   Tensor forward(const Tensor& x) override;
   std::string type_name() const override { return "QATLinear"; }
+  // The bias (the weight is cast after its fake quant).
+  std::vector<Tensor> compute_cast_parameters() const override { return {bias_}; }
   Tensor weight() const { return weight_; }
   Tensor bias() const { return bias_; }
   const FakeQuantize& weight_fake_quant() const { return *weight_fq_; }

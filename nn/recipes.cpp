@@ -1,9 +1,11 @@
 #include "qgrad/nn/recipes.h"
 
 #include <limits>
+#include <optional>
 
 #include "qgrad/autograd/node.h"
 #include "qgrad/ops/check.h"
+#include "qgrad/ops/elementwise.h"
 #include "qgrad/ops/fp8_linear.h"
 #include "qgrad/ops/activation.h"
 #include "qgrad/ops/attention.h"
@@ -228,9 +230,10 @@ Int8DynActInt8WeightQATLinear::Int8DynActInt8WeightQATLinear(const Linear& linea
 void Int8DynActInt8WeightQATLinear::stage_fake_quantized_weight(const Tensor& w) {
   const char* op = "Int8DynActInt8WeightQATLinear::stage_fake_quantized_weight";
   check::defined(w, op, "w");
-  QGRAD_CHECK(w.shape() == weight_.shape() && w.dtype() == weight_.dtype() && w.device() == weight_.device(), op, "w",
-              "expected the weight's shape ", shape_str(weight_.shape()), ", dtype and device, got ", shape_str(w.shape()),
-              " ", dtype_name(w.dtype()), " on ", w.device().str());
+  const bool dtype_ok = w.dtype() == weight_.dtype() || (compute_dtype() && w.dtype() == *compute_dtype());
+  QGRAD_CHECK(w.shape() == weight_.shape() && dtype_ok && w.device() == weight_.device(), op, "w",
+              "expected the weight's shape ", shape_str(weight_.shape()), ", dtype (or compute dtype) and device, got ",
+              shape_str(w.shape()), " ", dtype_name(w.dtype()), " on ", w.device().str());
   staged_weight_ = w;
 }
 
@@ -298,9 +301,21 @@ void stage_8da8w_weights(Module& root) {
   });
   if (linears.empty()) return;
   // fake_quantize_8da8w_weight's arguments.
-  const std::vector<Tensor> staged = fake_quantize_dynamic_batch(weights, QuantScope::per_channel(0),
-                                                                 QuantMode::symmetric, -128, 127,
-                                                                 std::numeric_limits<float>::epsilon());
+  std::vector<Tensor> staged = fake_quantize_dynamic_batch(weights, QuantScope::per_channel(0), QuantMode::symmetric,
+                                                           -128, 127, std::numeric_limits<float>::epsilon());
+  // Mixed precision: the forward's casts of the fake-quantized weights, as one to_batch.
+  // (A model has one compute dtype; a linear with another casts its own.)
+  std::optional<DType> dt;
+  for (const auto* q : linears)
+    if (!dt) dt = q->compute_dtype();
+  std::vector<std::size_t> cast;
+  std::vector<Tensor> to_cast;
+  for (std::size_t i = 0; dt && i < linears.size(); ++i)
+    if (linears[i]->compute_dtype() == dt && staged[i].dtype() != *dt) cast.push_back(i), to_cast.push_back(staged[i]);
+  if (!to_cast.empty()) {
+    const std::vector<Tensor> casts = to_batch(to_cast, *dt);
+    for (std::size_t k = 0; k < cast.size(); ++k) staged[cast[k]] = casts[k];
+  }
   for (std::size_t i = 0; i < linears.size(); ++i) linears[i]->stage_fake_quantized_weight(staged[i]);
 }
 

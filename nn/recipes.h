@@ -160,6 +160,11 @@ class Int8DynActInt8WeightQATLinear : public Module {
   Tensor forward_layer_norm(const Tensor& x, LayerNorm& ln);
   std::string type_name() const override { return "Int8DynActInt8WeightQATLinear"; }
   std::shared_ptr<Module> clone() const override;
+  // The bias; the weight is cast after its fake quant (stage_8da8w_weights
+  // stages that cast too); without fake quant, the weight as well.
+  std::vector<Tensor> compute_cast_parameters() const override {
+    return fake_quant_ ? std::vector<Tensor>{bias_} : std::vector<Tensor>{weight_, bias_};
+  }
   Tensor weight() const { return weight_; }
   Tensor bias() const { return bias_; }
   std::int64_t in_features() const { return weight_.size(1); }
@@ -189,6 +194,9 @@ class Int8DynActInt8WeightQATLinear : public Module {
 // gradients as the forwards computing their own (a staged weight left from an
 // earlier call is dropped first). Call it right before the forward, after the
 // optimizer's step: it fake-quantizes the weights as they are when called.
+// Linears with a compute dtype (mixed precision) get the fake-quantized
+// weight cast to it, all of them as one to_batch (the cast their forward
+// would run; stage_compute_casts stages the rest of the model's casts).
 void stage_8da8w_weights(Module& root);
 
 // Fake quant on or off in every recipe QAT linear and every FakeQuantize /

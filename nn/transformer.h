@@ -21,6 +21,7 @@ class LayerNorm : public Module {
   Tensor forward(const Tensor& x) override;
   std::string type_name() const override { return "LayerNorm"; }
   std::shared_ptr<Module> clone() const override;
+  std::vector<Tensor> compute_cast_parameters() const override { return {weight_, bias_}; }
   const Shape& normalized_shape() const { return shape_; }
   double eps() const { return eps_; }
   Tensor weight() const { return weight_; }  // undefined without elementwise_affine
@@ -41,6 +42,7 @@ class RMSNorm : public Module {
   Tensor forward(const Tensor& x) override;
   std::string type_name() const override { return "RMSNorm"; }
   std::shared_ptr<Module> clone() const override;
+  std::vector<Tensor> compute_cast_parameters() const override { return {weight_}; }
   Tensor weight() const { return weight_; }
 
  private:

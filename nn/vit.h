@@ -49,6 +49,7 @@ class PatchEmbedding : public Module {
   Tensor forward(const Tensor& x) override;
   std::string type_name() const override { return "PatchEmbedding"; }
   std::shared_ptr<Module> clone() const override;
+  std::vector<Tensor> compute_cast_parameters() const override { return {pos_}; }
   std::int64_t tokens() const { return (image_ / patch_) * (image_ / patch_); }
   Tensor pos_embed() const { return pos_; }
 

@@ -2,6 +2,8 @@
 // tensor-scalar), and sqrt. Floating dtypes, both operands on one device and dtype.
 #pragma once
 
+#include <vector>
+
 #include "qgrad/core/tensor.h"
 
 namespace qgrad {
@@ -19,6 +21,15 @@ Tensor neg(const Tensor& a);
 // both devices; x < 0 gives NaN, -0 gives -0. Backward dx = dy / (2 y),
 // saving the output y.
 Tensor sqrt(const Tensor& x);
+
+// xs[i].to(dtype) for every i (Tensor::to's values and gradients, each
+// output its own autograd node), with one CUDA launch per device for every
+// floating tensor that converts (kernels::DeferredPasses' cast passes):
+// mixed precision's parameter casts, one launch a step where each was one
+// (nn::stage_compute_casts). A tensor already in `dtype` comes back as is,
+// one that is not floating (or dtype not floating) through Tensor::to.
+// Errors: "xs[i]" undefined, naming "to_batch".
+std::vector<Tensor> to_batch(const std::vector<Tensor>& xs, DType dtype);
 
 // Sums `t` down to `shape` (the shape it was broadcast from); the backward
 // of every broadcasting op uses it. Not recorded on the tape.

@@ -7,7 +7,9 @@
 #include "qgrad/autograd/node.h"
 #include "qgrad/core/memory.h"
 #include "qgrad/kernels/basic.h"
+#include "qgrad/kernels/deferred.h"
 #include "qgrad/core/random.h"
+#include "qgrad/ops/elementwise.h"
 #include "qgrad/ops/factory.h"
 
 namespace qgrad {
@@ -26,15 +28,51 @@ Tensor Tensor::to(Device dev) const {
   return out;
 }
 
+namespace {
+
+// The dtype conversion's backward: the gradient converted back to x's dtype;
+// for a leaf (a mixed-precision parameter) the pass joins the backward's
+// batch of parameter passes (autograd/node.h deferred_gradient_passes).
+void record_cast_backward(const char* op, Tensor& out, const Tensor& x) {
+  record(op, out, {x}, [src = x.dtype(), leaf = x.is_leaf()](const Tensor& g) {
+    Tensor dx = Tensor::empty(g.shape(), TensorOptions{}.with_dtype(src).with_device(g.device()));
+    kernels::cast_gradient(g, dx, leaf ? deferred_gradient_passes() : nullptr);
+    return std::vector<Tensor>{dx};
+  });
+}
+
+}  // namespace
+
 Tensor Tensor::to(DType dt) const {
   check_defined("to");
   if (dt == dtype()) return *this;
   Tensor out = empty(shape(), TensorOptions{}.with_dtype(dt).with_device(device()));
   kernels::cast(*this, out);
-  if (is_floating(dtype()) && is_floating(dt) && any_requires_grad({*this})) {
-    const DType src = dtype();
-    record("to_dtype", out, {*this}, [src](const Tensor& g) { return std::vector<Tensor>{g.to(src)}; });
+  if (is_floating(dtype()) && is_floating(dt) && any_requires_grad({*this})) record_cast_backward("to_dtype", out, *this);
+  return out;
+}
+
+std::vector<Tensor> to_batch(const std::vector<Tensor>& xs, DType dtype) {
+  const char* op = "to_batch";
+  for (std::size_t i = 0; i < xs.size(); ++i)
+    QGRAD_CHECK(xs[i].defined(), op, ("xs[" + std::to_string(i) + "]").c_str(), "undefined tensor");
+  std::vector<Tensor> out(xs.size());
+  kernels::DeferredPasses casts;  // the forward's own queue: one launch per device
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    const Tensor& x = xs[i];
+    if (x.dtype() == dtype) {
+      out[i] = x;
+    } else if (!is_floating(x.dtype()) || !is_floating(dtype)) {
+      out[i] = x.to(dtype);
+    } else {
+      out[i] = Tensor::empty(x.shape(), TensorOptions{}.with_dtype(dtype).with_device(x.device()));
+      casts.cast(x, out[i]);
+    }
   }
+  casts.flush();
+  for (std::size_t i = 0; i < xs.size(); ++i)
+    if (xs[i].dtype() != dtype && is_floating(xs[i].dtype()) && is_floating(dtype) && any_requires_grad({xs[i]}))
+      record_cast_backward("to_dtype", out[i], xs[i]);
   return out;
 }
 

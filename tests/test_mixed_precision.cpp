@@ -11,6 +11,7 @@
 
 using namespace qgrad;
 using namespace qgrad::nn;
+using namespace qgrad::testing;
 
 namespace {
 
@@ -127,6 +128,50 @@ void check_close_to_f32(Device dev) {
 }
 
 }  // namespace
+
+// to_batch: Tensor::to's values and gradients for every tensor (leaves,
+// whose gradients' casts back are deferred, a non-leaf, one already in the
+// dtype, an integer one), on every device; errors before anything runs.
+TEST_CASE("to_batch gives Tensor::to's values and gradients, one output per tensor") {
+  for (const Device d : test_devices()) {
+    CAPTURE(d.str());
+    Generator gen(0x70b);
+    const Tensor base = randn({37, 5}, gen, TensorOptions{}.with_device(d));
+    const Tensor small = randn({3}, gen, TensorOptions{}.with_device(d));
+    const Tensor as_bf16 = randn({4, 4}, gen, TensorOptions{}.with_device(d)).to(DType::bf16);
+    const Tensor ints = Tensor::from_vector<std::int32_t>({1, -2, 3}, {3}).to(d);
+    auto run = [&](bool batched) {
+      Tensor a = base.clone(), s = small.clone(), h = as_bf16.clone();
+      a.set_requires_grad(true);
+      s.set_requires_grad(true);
+      h.set_requires_grad(true);
+      const Tensor mid = mul(a, 3.0);  // a non-leaf
+      const std::vector<Tensor> in = {a, s, mid, h, ints};
+      std::vector<Tensor> out;
+      if (batched) {
+        out = to_batch(in, DType::bf16);
+      } else {
+        for (const Tensor& t : in) out.push_back(t.to(DType::bf16));
+      }
+      REQUIRE(out.size() == in.size());
+      CHECK(out[3].impl() == h.impl());  // already bf16: as is
+      Tensor loss = add(sum(mul(out[0].to(DType::f32), out[2].to(DType::f32))), sum(mul(out[1], out[1])).to(DType::f32));
+      loss = add(loss, sum(out[3]).to(DType::f32));
+      loss.backward();
+      return std::vector<Tensor>{out[0], out[1], out[2], out[4], a.grad(), s.grad(), h.grad()};
+    };
+    const auto want = run(false), got = run(true);
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      CAPTURE(i);
+      REQUIRE(got[i].defined());
+      CHECK(got[i].dtype() == want[i].dtype());
+      CHECK(bit_equal(got[i], want[i]));
+    }
+    CHECK(got[4].dtype() == DType::f32);
+    check_error([&] { to_batch({base, Tensor()}, DType::bf16); }, "to_batch", "xs[1]");
+    CHECK(to_batch({}, DType::f32).empty());
+  }
+}
 
 TEST_CASE("bf16 mixed precision trains an MLP close to f32 (CPU)") { check_close_to_f32(Device::cpu()); }
 

@@ -360,6 +360,83 @@ TEST_CASE("vit: stage_8da8w_weights leaves the 8da8w step's loss and every gradi
   }
 }
 
+// Mixed precision (bf16 compute, f32 master weights): stage_8da8w_weights
+// (which then also casts the fake-quantized weights, one to_batch) and
+// stage_compute_casts (the biases', norms' and position embedding's casts,
+// one more) in front of a step change no bit of its loss or gradients
+// (whose casts back run in the backward's deferred batch); staged casts are
+// taken once, and train()/eval() drop what a forward did not take.
+TEST_CASE("vit: bf16 mixed precision with the parameters' casts staged: the same loss and gradients, bit for bit") {
+  for (const Device d : test_devices()) {
+    CAPTURE(d.str());
+    nn::ViTOptions o = small_vit();
+    o.dim = 128;
+    o.depth = 1;
+    Generator g(18);
+    auto a = nn::make_vit(o, g);
+    a->to(d);
+    a->set_compute_dtype(DType::bf16);
+    nn::prepare_qat(*a, nn::Recipe::w8da8);
+    auto b = std::dynamic_pointer_cast<nn::Sequential>(a->clone());
+    REQUIRE(b);
+    REQUIRE(b->compute_dtype() == DType::bf16);
+    const Tensor x = images(8, 19, d);
+    const Tensor labels = Tensor::from_vector<std::int64_t>({3, 1, 4, 1, 5, 9, 2, 6}, {8}).to(d);
+    const std::uint64_t deferred0 = deferred_gradient_pass_count();
+    for (int step = 0; step < 2; ++step) {
+      CAPTURE(step);
+      a->zero_grad();
+      b->zero_grad();
+      const Tensor la = cross_entropy((*a)(x).to(DType::f32), labels);
+      nn::stage_8da8w_weights(*b);
+      nn::stage_compute_casts(*b);
+      const Tensor lb = cross_entropy((*b)(x).to(DType::f32), labels);
+      CHECK(bit_equal(la, lb));
+      la.backward();
+      lb.backward();
+      const auto pa = a->named_parameters(), pb = b->named_parameters();
+      REQUIRE(pa.size() == pb.size());
+      for (std::size_t i = 0; i < pa.size(); ++i) {
+        CAPTURE(pa[i].first);
+        REQUIRE(pb[i].second.grad().defined());
+        CHECK(pb[i].second.grad().dtype() == DType::f32);
+        CHECK(bit_equal(pa[i].second.grad(), pb[i].second.grad()));
+      }
+    }
+    CHECK(deferred_gradient_pass_count() > deferred0);
+    // Taken once: a second forward casts for itself, the same values.
+    nn::stage_8da8w_weights(*b);
+    nn::stage_compute_casts(*b);
+    {
+      NoGradGuard ng;
+      const Tensor y1 = (*b)(x), y2 = (*b)(x), y3 = (*a)(x);
+      CHECK(bit_equal(y1, y2));
+      CHECK(bit_equal(y1, y3));
+    }
+    // The staged casts are the parameters as they were when staged (b's
+    // forward takes them after its parameters changed: a's output with the
+    // old ones); eval() drops casts a forward did not take.
+    auto halve = [](nn::Module& m) {
+      NoGradGuard ng;
+      for (Tensor p : m.parameters()) p.copy_(mul(p, 0.5));
+    };
+    NoGradGuard ng;
+    const Tensor before = (*a)(x);
+    nn::stage_8da8w_weights(*b);
+    nn::stage_compute_casts(*b);
+    halve(*b);
+    CHECK(bit_equal((*b)(x), before));
+    halve(*a);
+    nn::stage_compute_casts(*b);
+    halve(*a);
+    halve(*b);
+    a->eval();
+    b->eval();
+    CHECK(bit_equal((*b)(x), (*a)(x)));
+    CHECK_FALSE(bit_equal((*a)(x), before));
+  }
+}
+
 // 8da4w and fp8 reach every Linear of the tree as 8da8w does; 8da4w leaves
 // the patch projection (49 inputs, no group of 32 divides them) in float
 // with skip_indivisible and refuses the model without it, changing nothing.

@@ -276,8 +276,10 @@ class Trainer {
         if (f_.augment) b.images = f_.augment(b.images);
         Batch global = b;
         if (pg_) b.images = qgrad::dist::shard_rows(b.images, *pg_), b.labels = qgrad::dist::shard_rows(b.labels, *pg_);
-        // The 8da8w recipe's weights fake-quantized in one launch (a no-op without its linears).
+        // The 8da8w recipe's weights fake-quantized in one launch (a no-op without its linears), and
+        // under mixed precision the parameters' casts in one more (a no-op without a compute dtype).
         stage_8da8w_weights(model);
+        stage_compute_casts(model);
         Tensor logits = ddp ? (*ddp)(b.images) : model(b.images);
         Tensor loss = cross_entropy(logits.to(DType::f32), b.labels);  // f32 loss under --precision bf16
         if (ph.qat && e == 1 && i == 0 && writer()) write_graph(loss, out_dir);

@@ -4,12 +4,15 @@
 // column_sum_kernel's block over ChunkSumsFinish (column_sum.cuh): the same
 // operations in the same order, so the same bits as the finish launched on
 // its own. A mask pass's block writes kMaskBlockElements of dx = dy * bit
-// (FakeQuantGradOp's product, formulas::masked_grad).
+// (FakeQuantGradOp's product, formulas::masked_grad); a cast pass's block
+// converts kMaskBlockElements of its source (f32, f64, bf16 or f16) with
+// formulas::cast_value, kernels::cast's conversion.
 #include <algorithm>
 
 #include "qgrad/core/cuda/common.cuh"
 #include "qgrad/kernels/cuda/column_sum.cuh"
 #include "qgrad/kernels/cuda/entries.h"
+#include "qgrad/kernels/formulas/cast.h"
 #include "qgrad/kernels/formulas/transformer.h"
 #include "qgrad/kernels/loop.h"
 
@@ -21,16 +24,30 @@ constexpr int kDeferredBatchMax = 80;  // the table stays under 4 KB of kernel p
 constexpr unsigned kBatchThreads = 1024;
 constexpr std::int64_t kMaskBlockElements = 4 * kBatchThreads;
 
+enum PassKind : std::int8_t { kFinish, kMask, kCast };
+enum SourceType : std::int8_t { kF32, kF64, kBf16, kF16 };  // a cast's source
+
 template <class T>
 struct DeferredTable {
-  const void* in[kDeferredBatchMax];  // finish: op-math partials; mask: dy
+  const void* in[kDeferredBatchMax];  // finish: op-math partials; mask: dy; cast: the source
   T* out[kDeferredBatchMax];
-  const std::uint32_t* mask[kDeferredBatchMax];  // null: a finish
-  std::int64_t n[kDeferredBatchMax];             // finish: columns; mask: elements
+  const std::uint32_t* mask[kDeferredBatchMax];  // mask passes
+  std::int64_t n[kDeferredBatchMax];             // finish: columns; mask, cast: elements
   std::int32_t chunks[kDeferredBatchMax];        // finish: partial rows
   std::int32_t first_block[kDeferredBatchMax + 1];
+  std::int8_t kind[kDeferredBatchMax];    // PassKind
+  std::int8_t source[kDeferredBatchMax];  // cast: SourceType
   int count;
 };
+
+template <class T, class S>
+__device__ void cast_block(const S* in, T* out, std::int64_t n, std::int64_t base) {
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const std::int64_t i = base + std::int64_t{k} * kBatchThreads;
+    if (i < n) out[i] = formulas::cast_value<T>(in[i]);
+  }
+}
 
 template <class T>
 __global__ void __launch_bounds__(kBatchThreads) deferred_passes_kernel(const DeferredTable<T> table) {
@@ -39,7 +56,17 @@ __global__ void __launch_bounds__(kBatchThreads) deferred_passes_kernel(const De
   int p = 0;
   while (block >= table.first_block[p + 1]) ++p;  // uniform across the block
   const std::int64_t local = block - table.first_block[p];
-  if (table.mask[p] == nullptr) {
+  if (table.kind[p] == kCast) {
+    const std::int64_t base = local * kMaskBlockElements + threadIdx.y * 32 + threadIdx.x;
+    switch (table.source[p]) {
+      case kF32: cast_block(static_cast<const float*>(table.in[p]), table.out[p], table.n[p], base); break;
+      case kF64: cast_block(static_cast<const double*>(table.in[p]), table.out[p], table.n[p], base); break;
+      case kBf16: cast_block(static_cast<const bfloat16*>(table.in[p]), table.out[p], table.n[p], base); break;
+      default: cast_block(static_cast<const half*>(table.in[p]), table.out[p], table.n[p], base); break;
+    }
+    return;
+  }
+  if (table.kind[p] == kFinish) {
     using M = op_math_t<T>;
     const std::int64_t cols = table.n[p];
     column_sum_block(cols, ChunkSumsFinish<T>{static_cast<const M*>(table.in[p]), table.out[p], table.chunks[p], cols},
@@ -67,13 +94,27 @@ void launch_batch(const std::vector<DeferredPass>& passes, std::size_t first, st
     table.out[k] = static_cast<T*>(pass.out.data_ptr());
     table.first_block[k] = static_cast<std::int32_t>(blocks);
     table.n[k] = pass.out.numel();
+    table.mask[k] = nullptr;
+    table.chunks[k] = 0;
+    table.source[k] = kF32;
     if (pass.kind == DeferredPass::Kind::column_sums_finish) {
-      table.mask[k] = nullptr;
+      table.kind[k] = kFinish;
       table.chunks[k] = static_cast<std::int32_t>(pass.in.numel() / pass.out.numel());
       blocks += (table.n[k] + 31) / 32;
     } else {
-      table.mask[k] = static_cast<const std::uint32_t*>(pass.mask.data_ptr());
-      table.chunks[k] = 0;
+      if (pass.kind == DeferredPass::Kind::masked_gradient) {
+        table.kind[k] = kMask;
+        table.mask[k] = static_cast<const std::uint32_t*>(pass.mask.data_ptr());
+      } else {
+        table.kind[k] = kCast;
+        switch (pass.in.dtype()) {
+          case DType::f32: table.source[k] = kF32; break;
+          case DType::f64: table.source[k] = kF64; break;
+          case DType::bf16: table.source[k] = kBf16; break;
+          case DType::f16: table.source[k] = kF16; break;
+          default: throw Error("deferred_passes", "passes", "a cast from a non-floating dtype");
+        }
+      }
       blocks += (table.n[k] + kMaskBlockElements - 1) / kMaskBlockElements;
     }
     QGRAD_CHECK(blocks < 0x7fffffff && (pass.kind != DeferredPass::Kind::column_sums_finish ||

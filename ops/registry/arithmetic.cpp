@@ -384,11 +384,15 @@ std::vector<OpEntry> arithmetic_entries() {
                                               {"lerp", "weight", [=] { lerp(a, a, zeros({3, 4}, on(d, DType::f64))); }}};
                }});
   // Tensor::to(dtype), to(device) (to the other device and back, when a GPU
-  // is present), clone, reshape (members defined in ops/).
-  OpEntry conversions{"Tensor::to, clone, reshape", {"to", "clone", "reshape"}, kFloat, one_operand({3, 4}),
+  // is present), clone, reshape (members defined in ops/); to_batch of the
+  // leaf (its gradient's cast deferred), a non-leaf and a tensor already in
+  // the dtype.
+  OpEntry conversions{"Tensor::to, to_batch, clone, reshape", {"to", "to_batch", "clone", "reshape"}, kFloat,
+                      one_operand({3, 4}),
                       [](const Tensors& v) {
                         const DType other = v[0].dtype() == DType::f64 ? DType::f32 : DType::f64;
-                        Tensor y = v[0].to(other).to(v[0].dtype()).clone().reshape({2, 6});
+                        const std::vector<Tensor> b = to_batch({v[0], mul(v[0], 3.0), v[0].to(other)}, other);
+                        Tensor y = add(add(b[0], b[1]), b[2]).to(v[0].dtype()).clone().reshape({2, 6});
                         if (cuda_device_count() > 0) {
                           const Device there = v[0].is_cuda() ? Device::cpu() : Device::cuda(0);
                           y = mul(y.to(there), 2.0).to(v[0].device());
@@ -398,7 +402,8 @@ std::vector<OpEntry> arithmetic_entries() {
                       Promise::bit_identical(), GradMethod::finite_differences, {}, {}, [](Device d) {
                         Tensor x = zeros({3, 4}, on(d));
                         return std::vector<BadInput>{{"reshape", "shape", [=] { x.reshape({5, -1}); }},
-                                                     {"reshape", "shape", [=] { x.reshape({-1, -1}); }}};
+                                                     {"reshape", "shape", [=] { x.reshape({-1, -1}); }},
+                                                     {"to_batch", "xs[1]", [=] { to_batch({x, Tensor()}, DType::f64); }}};
                       }};
   // f64 -> f32 -> f64 rounds: finite differences see f32 steps.
   conversions.gradcheck_options.eps = 1e-3;

@@ -93,6 +93,14 @@ Tensor layer_norm_8da4w_activation(const Tensor& x, const LayerNorm& ln) {
                                           QuantMode::asymmetric, -128, 127, std::numeric_limits<float>::epsilon());
 }
 
+// The same under mixed precision: x already in the compute dtype, the norm's
+// weight and bias cast to it (ln.forward's operands), one op.
+Tensor layer_norm_8da4w_activation_compute(const Tensor& x, const LayerNorm& ln) {
+  const auto [w, b] = ln.compute_affine();
+  return layer_norm_fake_quantize_dynamic(x, ln.normalized_shape(), w, b, ln.eps(), QuantMode::asymmetric, -128, 127,
+                                          std::numeric_limits<float>::epsilon());
+}
+
 // The 8da activation fake quant of the attention's output, one op with it.
 Tensor packed_attention_8da4w_activation(const Tensor& qkv, std::int64_t heads, bool causal) {
   return packed_attention_fake_quantize_dynamic(qkv, heads, causal, QuantMode::asymmetric, -128, 127,
@@ -258,7 +266,14 @@ Tensor Int8DynActInt8WeightQATLinear::project(const Tensor& x, const Tensor& res
 }
 
 Tensor Int8DynActInt8WeightQATLinear::forward_layer_norm(const Tensor& x, LayerNorm& ln) {
-  if (!fake_quant_ || ln.compute_dtype() || compute_dtype()) return forward(ln.forward(x));
+  if (!fake_quant_) return forward(ln.forward(x));
+  if (ln.compute_dtype() || compute_dtype()) {
+    // Mixed precision: fused where ln.forward would not cast x (x already in
+    // the one compute dtype of both), as forward(ln.forward(x)) computes it.
+    if (ln.compute_dtype() != compute_dtype() || x.dtype() != *compute_dtype()) return forward(ln.forward(x));
+    return ::qgrad::linear(layer_norm_8da4w_activation_compute(x, ln), to_compute(take_fake_quantized_weight()),
+                           to_compute(bias_));
+  }
   return ::qgrad::linear(layer_norm_8da4w_activation(x, ln), take_fake_quantized_weight(), bias_);
 }
 

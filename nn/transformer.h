@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <utility>
 #include <string>
 
 #include "qgrad/nn/layers.h"
@@ -26,6 +27,9 @@ class LayerNorm : public Module {
   double eps() const { return eps_; }
   Tensor weight() const { return weight_; }  // undefined without elementwise_affine
   Tensor bias() const { return bias_; }      // undefined without bias
+  // weight and bias as forward uses them: cast to the compute dtype where one
+  // is set (a cast stage_compute_casts staged, when there is one).
+  std::pair<Tensor, Tensor> compute_affine() const { return {to_compute(weight_), to_compute(bias_)}; }
 
  private:
   Shape shape_;

@@ -313,13 +313,24 @@ TEST_CASE("recipes: layer_norm_fake_quantize_dynamic is layer_norm then fake_qua
             CHECK(bit_equal(b1.grad(), b2.grad()));
           }
         }
-  // An 8da8w QAT linear after a LayerNorm: forward_layer_norm is forward(ln.forward(.)).
-  for (const Device d : test_devices()) {
+  // An 8da8w QAT linear after a LayerNorm: forward_layer_norm is forward(ln.forward(.)),
+  // in f32 and under bf16 mixed precision (x already bf16: the fused op on the norm's bf16 casts).
+  for (const Device d : test_devices())
+    for (const bool mixed : {false, true}) {
+    CAPTURE(mixed);
     Generator g(42);
     nn::Linear lin(128, 16, g, true, TensorOptions{}.with_device(d));
     nn::Int8DynActInt8WeightQATLinear q(lin);
     nn::LayerNorm ln({128}, 1e-5, true, true, TensorOptions{}.with_device(d));
-    Tensor h1 = randn({8, 128}, g, TensorOptions{}.with_device(d), 0.0, 2.0).detach(), h2 = h1.detach();
+    if (mixed) {
+      q.set_compute_dtype(DType::bf16);
+      ln.set_compute_dtype(DType::bf16);
+      NoGradGuard ng;  // a weight and bias other than ones and zeros
+      ln.weight().copy_(randn({128}, g, TensorOptions{}.with_device(d), 1.0, 0.3));
+      ln.bias().copy_(randn({128}, g, TensorOptions{}.with_device(d), 0.0, 0.3));
+    }
+    Tensor h1 = randn({8, 128}, g, TensorOptions{}.with_device(d), 0.0, 2.0).to(mixed ? DType::bf16 : DType::f32).detach(),
+           h2 = h1.detach();
     h1.set_requires_grad(true);
     h2.set_requires_grad(true);
     const Tensor y1 = q.forward_layer_norm(h1, ln);
@@ -333,6 +344,7 @@ TEST_CASE("recipes: layer_norm_fake_quantize_dynamic is layer_norm then fake_qua
     CHECK(bit_equal(h1.grad(), h2.grad()));
     CHECK(bit_equal(gw, q.weight().grad()));
     CHECK(bit_equal(gln, ln.weight().grad()));
+    CHECK(y1.dtype() == (mixed ? DType::bf16 : DType::f32));
   }
 }
 

@@ -500,7 +500,10 @@ Tensor Int8DynActInt8WeightLinear::forward(const Tensor& x) {
   QGRAD_CHECK(x.defined() && is_floating(x.dtype()), op, "x", "expected a floating tensor");
   ActivationQuant act = ActivationQuant::dynamic(QuantMode::asymmetric);
   act.weight_row_sums = row_sums_;
-  return quantized_linear(x, weight_, weight_scale_, bias_, act, x.dtype());
+  // In the compute dtype where one is set (carried over from the QAT linear),
+  // as that linear ran: a model's first layer gets f32 images.
+  const Tensor xc = to_compute(x);
+  return quantized_linear(xc, weight_, weight_scale_, bias_, act, xc.dtype());
 }
 
 std::shared_ptr<Module> Int8DynActInt8WeightLinear::clone() const {

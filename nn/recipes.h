@@ -224,7 +224,9 @@ std::vector<std::string> float_layers(const Sequential& model);
 // weight_scale, bias, ActivationQuant::dynamic(asymmetric) with the weight's
 // row sums precomputed, out = x's dtype) — per-token dynamic asymmetric int8
 // activations over [-128, 127], s8 per-channel weights, int32 sums (int8
-// tensor cores through cuBLASLt on CUDA). Buffers: "weight" (s8 [N, K]),
+// tensor cores through cuBLASLt on CUDA); with a compute dtype (mixed
+// precision, carried over by convert) x is cast to it first, as the QAT
+// linear cast it. Buffers: "weight" (s8 [N, K]),
 // "weight_scale" (f32 [N]), "weight_row_sums" (s32 [N], sum_k weight[n, k]),
 // "bias" (f32 [N], when present).
 class Int8DynActInt8WeightLinear : public Module {

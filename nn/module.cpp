@@ -169,6 +169,7 @@ void move_in_place(Tensor& t, Device device) {
 }
 
 void Module::to(Device device) {
+  staged_casts_.clear();  // on the old device
   for (auto& [n, t] : params_) move_in_place(t, device);
   for (auto& [n, t] : buffers_) move_in_place(t, device);
   for (auto& [n, c] : children_) c->to(device);
@@ -185,6 +186,7 @@ void Module::set_compute_dtype(std::optional<DType> dtype) {
   QGRAD_CHECK(!dtype || is_floating(*dtype), "Module::set_compute_dtype", "dtype", "expected a floating dtype, got ",
               dtype_name(*dtype));
   compute_dtype_ = dtype;
+  staged_casts_.clear();  // casts to the old compute dtype
   for (auto& [n, c] : children_) c->set_compute_dtype(dtype);
 }
 

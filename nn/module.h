@@ -133,7 +133,8 @@ class Module {
   bool training_ = true;
   std::optional<DType> compute_dtype_;
   // stage_compute_casts' casts: (the parameter's tensor, its cast), each
-  // handed out once by to_compute; dropped by the next staging and by train().
+  // handed out once by to_compute; dropped by the next staging, train(),
+  // to(device) and set_compute_dtype.
   mutable std::vector<std::pair<const TensorImpl*, Tensor>> staged_casts_;
   friend void stage_compute_casts(Module& root);
 };
@@ -146,7 +147,8 @@ class Module {
 // them itself (the gradients' casts back run in the backward's batch of
 // parameter passes). Call it right before the forward, after the
 // optimizer's step (it casts the parameters as they are when called); casts
-// staged earlier and never taken are dropped first, and by train()/eval().
+// staged earlier and never taken are dropped first, and by train()/eval(),
+// to(device) and set_compute_dtype.
 void stage_compute_casts(Module& root);
 
 // Moves a tensor's data to `device` in place: every handle sharing it sees

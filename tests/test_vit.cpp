@@ -434,6 +434,12 @@ TEST_CASE("vit: bf16 mixed precision with the parameters' casts staged: the same
     b->eval();
     CHECK(bit_equal((*b)(x), (*a)(x)));
     CHECK_FALSE(bit_equal((*a)(x), before));
+    // set_compute_dtype drops them too.
+    nn::stage_compute_casts(*b);
+    halve(*a);
+    halve(*b);
+    b->set_compute_dtype(DType::bf16);
+    CHECK(bit_equal((*b)(x), (*a)(x)));
   }
 }
 

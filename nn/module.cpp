@@ -202,32 +202,27 @@ Tensor Module::to_compute(const Tensor& t) const {
 }
 
 void stage_compute_casts(Module& root) {
-  std::vector<Module*> owners;
-  std::vector<Tensor> params;
-  std::vector<DType> dtypes;
+  // Per compute dtype (a model has one): the parameters and their modules.
+  struct Group {
+    std::vector<Module*> owners;
+    std::vector<Tensor> params;
+  };
+  std::map<DType, Group> groups;
   const auto visit = [&](auto&& self, Module& m) -> void {
     m.staged_casts_.clear();
     if (m.compute_dtype_)
       for (const Tensor& p : m.compute_cast_parameters())
         if (p.defined() && is_floating(p.dtype()) && p.dtype() != *m.compute_dtype_) {
-          owners.push_back(&m);
-          params.push_back(p);
-          dtypes.push_back(*m.compute_dtype_);
+          Group& g = groups[*m.compute_dtype_];
+          g.owners.push_back(&m);
+          g.params.push_back(p);
         }
     for (auto& [n, c] : m.children_) self(self, *c);
   };
   visit(visit, root);
-  // One to_batch per compute dtype (a model has one).
-  std::vector<char> done(params.size(), 0);
-  for (std::size_t i = 0; i < params.size(); ++i) {
-    if (done[i]) continue;
-    std::vector<std::size_t> members;
-    std::vector<Tensor> xs;
-    for (std::size_t j = i; j < params.size(); ++j)
-      if (!done[j] && dtypes[j] == dtypes[i]) members.push_back(j), xs.push_back(params[j]), done[j] = 1;
-    const std::vector<Tensor> casts = to_batch(xs, dtypes[i]);
-    for (std::size_t k = 0; k < members.size(); ++k)
-      owners[members[k]]->staged_casts_.emplace_back(params[members[k]].impl(), casts[k]);
+  for (const auto& [dtype, g] : groups) {
+    const std::vector<Tensor> casts = to_batch(g.params, dtype);
+    for (std::size_t k = 0; k < casts.size(); ++k) g.owners[k]->staged_casts_.emplace_back(g.params[k].impl(), casts[k]);
   }
 }
 

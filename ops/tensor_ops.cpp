@@ -33,8 +33,8 @@ namespace {
 // The dtype conversion's backward: the gradient converted back to x's dtype;
 // for a leaf (a mixed-precision parameter) the pass joins the backward's
 // batch of parameter passes (autograd/node.h deferred_gradient_passes).
-void record_cast_backward(const char* op, Tensor& out, const Tensor& x) {
-  record(op, out, {x}, [src = x.dtype(), leaf = x.is_leaf()](const Tensor& g) {
+void record_cast_backward(Tensor& out, const Tensor& x) {
+  record("to_dtype", out, {x}, [src = x.dtype(), leaf = x.is_leaf()](const Tensor& g) {
     Tensor dx = Tensor::empty(g.shape(), TensorOptions{}.with_dtype(src).with_device(g.device()));
     kernels::cast_gradient(g, dx, leaf ? deferred_gradient_passes() : nullptr);
     return std::vector<Tensor>{dx};
@@ -48,7 +48,7 @@ Tensor Tensor::to(DType dt) const {
   if (dt == dtype()) return *this;
   Tensor out = empty(shape(), TensorOptions{}.with_dtype(dt).with_device(device()));
   kernels::cast(*this, out);
-  if (is_floating(dtype()) && is_floating(dt) && any_requires_grad({*this})) record_cast_backward("to_dtype", out, *this);
+  if (is_floating(dtype()) && is_floating(dt) && any_requires_grad({*this})) record_cast_backward(out, *this);
   return out;
 }
 
@@ -57,22 +57,21 @@ std::vector<Tensor> to_batch(const std::vector<Tensor>& xs, DType dtype) {
   for (std::size_t i = 0; i < xs.size(); ++i)
     QGRAD_CHECK(xs[i].defined(), op, ("xs[" + std::to_string(i) + "]").c_str(), "undefined tensor");
   std::vector<Tensor> out(xs.size());
-  kernels::DeferredPasses casts;  // the forward's own queue: one launch per device
+  std::vector<std::size_t> queued;  // the floating conversions, recorded once they ran
+  kernels::DeferredPasses casts;    // the forward's own queue: one launch per device
   for (std::size_t i = 0; i < xs.size(); ++i) {
     const Tensor& x = xs[i];
-    if (x.dtype() == dtype) {
-      out[i] = x;
-    } else if (!is_floating(x.dtype()) || !is_floating(dtype)) {
-      out[i] = x.to(dtype);
+    if (x.dtype() == dtype || !is_floating(x.dtype()) || !is_floating(dtype)) {
+      out[i] = x.to(dtype);  // as is, or the conversion with no gradient
     } else {
       out[i] = Tensor::empty(x.shape(), TensorOptions{}.with_dtype(dtype).with_device(x.device()));
       casts.cast(x, out[i]);
+      queued.push_back(i);
     }
   }
   casts.flush();
-  for (std::size_t i = 0; i < xs.size(); ++i)
-    if (xs[i].dtype() != dtype && is_floating(xs[i].dtype()) && is_floating(dtype) && any_requires_grad({xs[i]}))
-      record_cast_backward("to_dtype", out[i], xs[i]);
+  for (const std::size_t i : queued)
+    if (any_requires_grad({xs[i]})) record_cast_backward(out[i], xs[i]);
   return out;
 }
 

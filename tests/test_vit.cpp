@@ -4,7 +4,9 @@
 // copies, the fold's exactness (power-of-two factors) and tolerance, and the
 // W8A8 model against the fake-quant model.
 #include <cmath>
+#include <functional>
 #include <map>
+#include <optional>
 #include <string>
 
 #include "helpers.h"
@@ -28,6 +30,54 @@ nn::ViTOptions small_vit() {
 Tensor images(std::int64_t n, std::uint64_t seed, Device d) {
   Generator g(seed);
   return randn({n, 784}, g).to(d);
+}
+
+// An 8da8w-prepared one-block ViT of width 128 on d (rows of 128 and 256,
+// which CUDA's batch kernels take; the patch projection's rows of 49 and the
+// head's go the composed way), in `compute` where given, and its clone.
+struct StagedPair {
+  std::shared_ptr<nn::Sequential> a, b;
+};
+StagedPair staged_pair(Device d, std::uint64_t seed, std::optional<DType> compute = std::nullopt) {
+  nn::ViTOptions o = small_vit();
+  o.dim = 128;
+  o.depth = 1;
+  Generator g(seed);
+  StagedPair m;
+  m.a = nn::make_vit(o, g);
+  m.a->to(d);
+  if (compute) m.a->set_compute_dtype(*compute);
+  nn::prepare_qat(*m.a, nn::Recipe::w8da8);
+  m.b = std::dynamic_pointer_cast<nn::Sequential>(m.a->clone());
+  REQUIRE(m.b);
+  REQUIRE(m.b->compute_dtype() == compute);
+  return m;
+}
+
+// Two training steps of both models, b's forward preceded by `stage`: the
+// same loss and every parameter gradient (f32, defined) bit for bit. The
+// second step stages again, the first staging's tensors having been taken.
+void check_staged_steps(const StagedPair& m, const Tensor& x, const Tensor& labels,
+                        const std::function<void(nn::Module&)>& stage) {
+  for (int step = 0; step < 2; ++step) {
+    CAPTURE(step);
+    m.a->zero_grad();
+    m.b->zero_grad();
+    const Tensor la = cross_entropy((*m.a)(x).to(DType::f32), labels);
+    stage(*m.b);
+    const Tensor lb = cross_entropy((*m.b)(x).to(DType::f32), labels);
+    CHECK(bit_equal(la, lb));
+    la.backward();
+    lb.backward();
+    const auto pa = m.a->named_parameters(), pb = m.b->named_parameters();
+    REQUIRE(pa.size() == pb.size());
+    for (std::size_t i = 0; i < pa.size(); ++i) {
+      CAPTURE(pa[i].first);
+      REQUIRE(pb[i].second.grad().defined());
+      CHECK(pb[i].second.grad().dtype() == DType::f32);
+      CHECK(bit_equal(pa[i].second.grad(), pb[i].second.grad()));
+    }
+  }
 }
 
 // How many modules of each type_name() sit below `root` (its descendants).
@@ -317,40 +367,15 @@ TEST_CASE("vit: 8da8w on the whole ViT: every Linear prepared, the W8A8 model ag
 }
 
 // stage_8da8w_weights (one fake_quantize_dynamic_batch for the weights) in
-// front of a step changes no bit of its loss or gradients; rows of 128 and
-// 256 (dim 128, MLP 256) so that CUDA's batch kernel takes every block weight
-// (the patch projection's rows of 49 and the head's go the composed way).
+// front of a step changes no bit of its loss or gradients.
 TEST_CASE("vit: stage_8da8w_weights leaves the 8da8w step's loss and every gradient as they were, bit for bit") {
   for (const Device d : test_devices()) {
     CAPTURE(d.str());
-    nn::ViTOptions o = small_vit();
-    o.dim = 128;
-    o.depth = 1;
-    Generator g(16);
-    auto a = nn::make_vit(o, g);
-    a->to(d);
-    nn::prepare_qat(*a, nn::Recipe::w8da8);
-    auto b = std::dynamic_pointer_cast<nn::Sequential>(a->clone());
-    REQUIRE(b);
+    const StagedPair pair = staged_pair(d, 16);
+    const auto& [a, b] = pair;
     const Tensor x = images(8, 17, d);
     const Tensor labels = Tensor::from_vector<std::int64_t>({3, 1, 4, 1, 5, 9, 2, 6}, {8}).to(d);
-    for (int step = 0; step < 2; ++step) {  // the second: staged again, the first staging's tensors taken
-      CAPTURE(step);
-      a->zero_grad();
-      b->zero_grad();
-      const Tensor la = cross_entropy((*a)(x), labels);
-      nn::stage_8da8w_weights(*b);
-      const Tensor lb = cross_entropy((*b)(x), labels);
-      CHECK(bit_equal(la, lb));
-      la.backward();
-      lb.backward();
-      const auto pa = a->named_parameters(), pb = b->named_parameters();
-      REQUIRE(pa.size() == pb.size());
-      for (std::size_t i = 0; i < pa.size(); ++i) {
-        CAPTURE(pa[i].first);
-        CHECK(bit_equal(pa[i].second.grad(), pb[i].second.grad()));
-      }
-    }
+    check_staged_steps(pair, x, labels, [](nn::Module& root) { nn::stage_8da8w_weights(root); });
     // A staged weight is taken once: the next forward computes its own.
     nn::stage_8da8w_weights(*b);
     NoGradGuard ng;
@@ -369,40 +394,15 @@ TEST_CASE("vit: stage_8da8w_weights leaves the 8da8w step's loss and every gradi
 TEST_CASE("vit: bf16 mixed precision with the parameters' casts staged: the same loss and gradients, bit for bit") {
   for (const Device d : test_devices()) {
     CAPTURE(d.str());
-    nn::ViTOptions o = small_vit();
-    o.dim = 128;
-    o.depth = 1;
-    Generator g(18);
-    auto a = nn::make_vit(o, g);
-    a->to(d);
-    a->set_compute_dtype(DType::bf16);
-    nn::prepare_qat(*a, nn::Recipe::w8da8);
-    auto b = std::dynamic_pointer_cast<nn::Sequential>(a->clone());
-    REQUIRE(b);
-    REQUIRE(b->compute_dtype() == DType::bf16);
+    const StagedPair pair = staged_pair(d, 18, DType::bf16);
+    const auto& [a, b] = pair;
     const Tensor x = images(8, 19, d);
     const Tensor labels = Tensor::from_vector<std::int64_t>({3, 1, 4, 1, 5, 9, 2, 6}, {8}).to(d);
     const std::uint64_t deferred0 = deferred_gradient_pass_count();
-    for (int step = 0; step < 2; ++step) {
-      CAPTURE(step);
-      a->zero_grad();
-      b->zero_grad();
-      const Tensor la = cross_entropy((*a)(x).to(DType::f32), labels);
-      nn::stage_8da8w_weights(*b);
-      nn::stage_compute_casts(*b);
-      const Tensor lb = cross_entropy((*b)(x).to(DType::f32), labels);
-      CHECK(bit_equal(la, lb));
-      la.backward();
-      lb.backward();
-      const auto pa = a->named_parameters(), pb = b->named_parameters();
-      REQUIRE(pa.size() == pb.size());
-      for (std::size_t i = 0; i < pa.size(); ++i) {
-        CAPTURE(pa[i].first);
-        REQUIRE(pb[i].second.grad().defined());
-        CHECK(pb[i].second.grad().dtype() == DType::f32);
-        CHECK(bit_equal(pa[i].second.grad(), pb[i].second.grad()));
-      }
-    }
+    check_staged_steps(pair, x, labels, [](nn::Module& root) {
+      nn::stage_8da8w_weights(root);
+      nn::stage_compute_casts(root);
+    });
     CHECK(deferred_gradient_pass_count() > deferred0);
     // Taken once: a second forward casts for itself, the same values.
     nn::stage_8da8w_weights(*b);

@@ -15,6 +15,7 @@
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
 
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 
@@ -129,6 +130,13 @@ void dispatch_comm(DType t, F&& f) {
 class GlooBackend : public Backend {
  public:
   explicit GlooBackend(const BackendArgs& a) : world_(a.world_size), timeout_(a.timeout) {
+    // gloo's TCP pairs write with writev, which raises SIGPIPE when a peer has
+    // died: the default action would kill this rank before gloo could report
+    // the broken pair as an error. Ignored (unless the program set a handler
+    // of its own), the write fails with EPIPE and the collective throws.
+    struct sigaction previous {};
+    if (::sigaction(SIGPIPE, nullptr, &previous) == 0 && previous.sa_handler == SIG_DFL)
+      std::signal(SIGPIPE, SIG_IGN);
     try {
       ::gloo::transport::tcp::attr attr;
       attr.hostname = local_address_towards(a.master_addr);

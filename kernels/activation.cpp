@@ -2,7 +2,10 @@
 // (with or without its mask) is the kernel of kernels/cuda/activation.cu.
 #include "qgrad/kernels/activation.h"
 
+#include <type_traits>
+
 #include "qgrad/kernels/bitmask.h"
+#include "qgrad/kernels/cpu/masked_grad.h"
 #include "qgrad/kernels/cuda/entries.h"
 #include "qgrad/kernels/formulas/activation.h"
 #include "qgrad/kernels/loop.h"
@@ -53,6 +56,14 @@ void relu(const Tensor& in, const Tensor& out, const Tensor& mask) {
 void relu_backward(const Tensor& g, const Tensor& mask, const Tensor& dx) {
   dispatch_floating(dx.dtype(), "relu_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
+    if constexpr (std::is_same_v<T, float>) {
+      if (!dx.is_cuda()) {  // the CPU's f32: four lanes a step, the same bits
+        cpu::masked_grad_f32<cpu::MaskedGrad::select>(static_cast<const float*>(g.data_ptr()),
+                                                      static_cast<const std::uint32_t*>(mask.data_ptr()),
+                                                      static_cast<float*>(dx.data_ptr()), dx.numel());
+        return;
+      }
+    }
     for_each_index(dx.device(), dx.numel(),
                    ReluBackward<T>{static_cast<const T*>(g.data_ptr()),
                                    static_cast<const std::uint32_t*>(mask.data_ptr()), static_cast<T*>(dx.data_ptr())},

@@ -1,7 +1,10 @@
 #include "qgrad/kernels/optim.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <type_traits>
+#include <utility>
 
 #include "qgrad/kernels/cuda/entries.h"
 #include "qgrad/kernels/loop.h"
@@ -65,6 +68,58 @@ struct ScaleElems {
   QGRAD_HD void operator()(std::int64_t i) const { p[i] = T(op_math_t<T>(p[i]) * scale); }
 };
 
+// The CPU's f32 SGD step over one parameter with the variant's switches as
+// template arguments: formulas::sgd_update on local copies of the scalars
+// whose switches are constants, over __restrict pointers, so the compiler
+// drops the branches and vectorises the loop (the per-element functor above
+// reloads every scalar and tests every switch each element). The same
+// operations in the same order: the same bits.
+template <bool kMomentum, bool kFirst, bool kNesterov, bool kWeightDecay, bool kScaled>
+void sgd_f32(const OptimElems<float>& e, const formulas::OptimScalars<float>& s0, float scale, std::int64_t n) {
+  formulas::OptimScalars<float> s = s0;
+  s.use_momentum = kMomentum;
+  s.nesterov = kNesterov;
+  s.use_weight_decay = kWeightDecay;
+  formulas::OptimTensorScalars<float> ts = e.ts;
+  ts.first = kFirst;
+  float* __restrict p = e.p;
+  const float* __restrict g = e.g;
+  float* __restrict buf = e.b1;
+  constexpr std::int64_t kChunk = 4096;
+  cpu::parallel_for(
+      (n + kChunk - 1) / kChunk,
+      [&](std::int64_t c) {
+        const std::int64_t end = std::min(n, (c + 1) * kChunk);
+        for (std::int64_t i = c * kChunk; i < end; ++i) {
+          float pv = p[i], bv = kMomentum && !kFirst ? buf[i] : 0.0f;
+          const float gv = kScaled ? g[i] * scale : g[i];
+          formulas::sgd_update<float>(pv, gv, bv, s, ts);
+          if constexpr (kMomentum) buf[i] = bv;
+          p[i] = pv;
+        }
+      },
+      cpu::kParallelGrain / kChunk);
+}
+
+// sgd_f32 of every combination of the five switches, indexed by their bits.
+using SgdF32 = void (*)(const OptimElems<float>&, const formulas::OptimScalars<float>&, float, std::int64_t);
+template <std::size_t... K>
+constexpr std::array<SgdF32, sizeof...(K)> sgd_f32_table(std::index_sequence<K...>) {
+  return {&sgd_f32<(K & 16) != 0, (K & 8) != 0, (K & 4) != 0, (K & 2) != 0, (K & 1) != 0>...};
+}
+
+// sgd_f32 for the slot's switches; false where a buffer exists without
+// momentum or the reverse (the functor's general case takes those).
+bool sgd_f32_fast(const OptimElems<float>& e, const formulas::OptimScalars<float>& s, bool scaled, float scale,
+                  std::int64_t n) {
+  if (s.kind != OptimizerKind::sgd || (e.b1 != nullptr) != s.use_momentum) return false;
+  const unsigned key = (s.use_momentum ? 16u : 0u) | (e.ts.first ? 8u : 0u) | (s.nesterov ? 4u : 0u) |
+                       (s.use_weight_decay ? 2u : 0u) | (scaled ? 1u : 0u);
+  static constexpr auto kTable = sgd_f32_table(std::make_index_sequence<32>{});
+  kTable[key](e, s, scale, n);
+  return true;
+}
+
 // One chunk of formulas::NormKind's step 1, as the CUDA block runs it.
 template <class T, class M>
 M norm_chunk(formulas::NormKind k, const T* x, std::int64_t len) {
@@ -98,9 +153,13 @@ void optim_step(const OptimizerHyper& hyper, const std::vector<OptimizerSlot>& s
     const formulas::OptimScalars<M> s = optim_scalars<M>(hyper);
     const bool scaled = grad_scale.defined();
     const M scale = scaled ? M(*static_cast<const T*>(grad_scale.data_ptr())) : M(1);
-    for (const OptimizerSlot& slot : slots)
+    for (const OptimizerSlot& slot : slots) {
+      if constexpr (std::is_same_v<T, float>) {
+        if (sgd_f32_fast(optim_elems<T>(hyper, slot), s, scaled, scale, slot.param.numel())) continue;
+      }
       for_each_index(dev, slot.param.numel(), OptimUpdate<T>{optim_elems<T>(hyper, slot), s, scaled, scale},
                      "optim_step");
+    }
   });
 }
 

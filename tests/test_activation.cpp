@@ -1,4 +1,7 @@
 // relu and the bit-packed mask: references, gradcheck, CUDA vs CPU, errors.
+#include <cmath>
+#include <cstring>
+
 #include "train_ops_helpers.h"
 #include "qgrad/kernels/bitmask.h"
 
@@ -78,6 +81,28 @@ TEST_CASE("relu backward passes the gradient where x > 0 (sizes around a word)")
     Tensor g = rnd({n}, 1000 + static_cast<std::uint64_t>(n));
     auto dx = values(relu_grad(x, g)), xv = values(x), gv = values(g);
     for (std::size_t i = 0; i < xv.size(); ++i) CHECK(dx[i] == (xv[i] > 0 ? gv[i] : 0.0));
+  }
+}
+
+// The CPU's f32 backward runs a mask block four lanes at a time: against the
+// per-element rule bit for bit (+0 where the mask is clear, the gradient's
+// own bits, -0 and NaN among them, where it is set), in whole blocks, a tail,
+// and past the parallel grain.
+TEST_CASE("relu backward in f32: the gradient's bits where x > 0, +0 elsewhere (blocks, tails, threads)") {
+  for (std::int64_t n : {128, 300, 70001}) {
+    CAPTURE(n);
+    std::vector<float> x = rnd({n}, 7 + static_cast<std::uint64_t>(n)).to(DType::f32).to_vector<float>();
+    std::vector<float> g = rnd({n}, 8 + static_cast<std::uint64_t>(n)).to(DType::f32).to_vector<float>();
+    for (std::int64_t i = 0; i < n; i += 37) g[static_cast<std::size_t>(i)] = -0.0f;
+    for (std::int64_t i = 5; i < n; i += 101) g[static_cast<std::size_t>(i)] = std::nanf("");
+    const Tensor xt = Tensor::from_vector(x, {n}), gt = Tensor::from_vector(g, {n});
+    const std::vector<float> dx = relu_grad(xt, gt).to_vector<float>();
+    int wrong = 0;
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      const float want = x[i] > 0 ? g[i] : 0.0f;
+      wrong += std::memcmp(&dx[i], &want, sizeof(float)) != 0;
+    }
+    CHECK(wrong == 0);
   }
 }
 

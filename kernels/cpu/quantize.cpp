@@ -1,6 +1,7 @@
 // CPU kernels of the quantization ops: the same formulas, mask layout and
 // reduction order as kernels/cuda/quantize.cu, so the two agree bit for bit.
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #if defined(__SSE2__)
@@ -8,6 +9,7 @@
 #endif
 
 #include "qgrad/kernels/bitmask.h"
+#include "qgrad/kernels/cpu/masked_grad.h"
 #include "qgrad/kernels/cpu/parallel.h"
 #include "qgrad/kernels/quantize.h"
 
@@ -79,6 +81,10 @@ void engine(const QuantLaunch& a) {
   const formulas::ParamSource ps = qp.source;
   const std::uint32_t* mask_in = a.mask_in;
   std::uint32_t* mask_out = a.mask_out;
+  if constexpr (std::is_same_v<Op, formulas::FakeQuantGradOp<float>>) {  // four lanes a step, the same bits
+    masked_grad_f32<MaskedGrad::multiply>(in, mask_in, out, n);
+    return;
+  }
   // One 128-element mask block per iteration, as one warp on CUDA.
   parallel_for(bitmask_blocks(n), [&](std::int64_t b) {
     std::uint32_t words[kBitmaskWordsPerBlock] = {0, 0, 0, 0};

@@ -526,6 +526,60 @@ TEST_CASE("packed_attention: the fused kernel and the fallback against the compo
                {param(rnd({1, L, 12}, 62))});
 }
 
+// f16 and bf16: CUDA's tensor-core kernels (every head-dim tile count, odd and
+// 49-long sequences, causal or not) and the CPU's loop, each within the
+// dtype's rounding of an f64 reference on the same rounded inputs, and close
+// to each other; the probabilities and logit gradients enter their products
+// rounded to the dtype on both devices (formulas::packed_operand), so what
+// remains between them is the order of the sums.
+TEST_CASE("packed_attention in f16 and bf16: the tensor-core kernel and the CPU within the dtype's rounding of "
+          "an f64 reference") {
+  struct Case {
+    std::int64_t B, L, D, H;
+    bool causal;
+  };
+  const Case cases[] = {{2, 5, 12, 3, true},   {3, 49, 128, 4, false}, {2, 49, 64, 2, true}, {1, 64, 64, 2, false},
+                        {2, 40, 128, 2, true}, {2, 17, 96, 2, true},   {2, 1, 8, 2, false}};
+  for (const Case& c : cases)
+    for (const DType dt : {DType::bf16, DType::f16}) {
+      CAPTURE(c.L);
+      CAPTURE(c.D);
+      CAPTURE(dtype_name(dt));
+      REQUIRE(kernels::packed_attention_fits(c.L, c.D / c.H, dt));
+      // Inputs rounded to the dtype once; the reference takes those values exactly.
+      const Tensor qkv = rnd({c.B, c.L, 3 * c.D}, 90 + static_cast<std::uint64_t>(c.L)).to(dt);
+      const Tensor dy = rnd({c.B, c.L, c.D}, 91).to(dt);
+      Tensor ref_in = fresh(qkv);
+      const std::int64_t Dh = c.D / c.H;
+      std::vector<Tensor> parts = chunk(permute(ref_in.reshape({c.B, c.L, 3, c.H, Dh}), {2, 0, 3, 1, 4}), 3, 0);
+      auto heads = [&](const Tensor& t) { return t.reshape({c.B, c.H, c.L, Dh}); };
+      Tensor ref = permute(scaled_dot_product_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]),
+                                                        Tensor(), c.causal),
+                           {0, 2, 1, 3})
+                       .reshape({c.B, c.L, c.D});
+      ref.backward(dy.to(DType::f64));
+      // One rounding of each operand and of the result (2^-8 in bf16, 2^-11 in f16) over sums of up to 64 terms.
+      const double tol = dt == DType::bf16 ? 3e-2 : 5e-3;
+      std::vector<std::vector<double>> got;  // y and dqkv per device
+      for (const Device dev : test_devices()) {
+        CAPTURE(dev.str());
+        Tensor in = fresh(qkv, dt, dev);
+        if (dev.is_cuda()) prepoison({c.B, c.L, c.D}, dt);
+        Tensor y = packed_attention(in, c.H, c.causal);
+        check_values_near(values(y), values(ref), tol);
+        if (dev.is_cuda()) prepoison({c.B, c.L, 3 * c.D}, dt);
+        y.backward(dy.to(dev));
+        check_values_near(values(in.grad()), values(ref_in.grad()), tol);
+        got.push_back(values(y));
+        got.push_back(values(in.grad()));
+      }
+      if (got.size() == 4) {  // CPU and CUDA: a few steps of the dtype apart at most
+        check_values_near(got[2], got[0], tol / 2);
+        check_values_near(got[3], got[1], tol / 2);
+      }
+    }
+}
+
 // ---------------------------------------------------------------- nn
 
 TEST_CASE("MultiheadAttention: a host reference, parameter names, head-count errors") {

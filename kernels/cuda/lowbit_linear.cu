@@ -54,6 +54,7 @@
 #include "qgrad/kernels/cuda/blas.cuh"
 #include "qgrad/kernels/cuda/entries.h"
 #include "qgrad/kernels/cuda/launch.cuh"
+#include "qgrad/kernels/cuda/mma.cuh"
 #include "qgrad/kernels/formulas/lowbit_linear.h"
 #include "qgrad/kernels/linalg.h"
 #include "qgrad/kernels/lowbit_linear.h"
@@ -86,35 +87,6 @@ void dispatch_linear_dtype(DType t, const char* op, F&& f) {
 }
 
 // ---------------------------------------------------------------- W4A16 mma
-
-template <class T> struct Mma;
-template <> struct Mma<bfloat16> {
-  // Two floats as a bf16x2 register, low half first (round to nearest even).
-  static __device__ __forceinline__ std::uint32_t pack(float lo, float hi) {
-    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const std::uint32_t*>(&v);
-  }
-  static __device__ __forceinline__ void run(float (&c)[4], std::uint32_t a0, std::uint32_t a1, std::uint32_t a2,
-                                             std::uint32_t a3, std::uint32_t b0, std::uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-  }
-};
-template <> struct Mma<half> {
-  static __device__ __forceinline__ std::uint32_t pack(float lo, float hi) {
-    const __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<const std::uint32_t*>(&v);
-  }
-  static __device__ __forceinline__ void run(float (&c)[4], std::uint32_t a0, std::uint32_t a1, std::uint32_t a2,
-                                             std::uint32_t a3, std::uint32_t b0, std::uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-  }
-};
 
 __device__ __forceinline__ std::uint32_t word_of(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;

@@ -178,6 +178,34 @@ TEST_CASE("fake_quantize_per_channel: every axis, negative axes, ranks 1 to 4") 
   }
 }
 
+// Rows that start inside a mask block and off a multiple of 4 (37, 300
+// columns) and the MLP's first weight [256, 784]: the CPU's f32 kernel takes
+// each block as runs of one channel; values and mask bits equal the
+// reference's, every element.
+TEST_CASE("fake_quantize_per_channel along axis 0: channels starting anywhere in a mask block") {
+  for (const Shape& shape : {Shape{5, 37}, Shape{3, 300}, Shape{256, 784}}) {
+    CAPTURE(shape_str(shape));
+    const std::int64_t c = shape[0], inner = shape[1];
+    Generator g(static_cast<std::uint64_t>(inner));
+    Tensor scale = rand({c}, g, f32(), 0.01, 0.05);
+    Tensor zp = randint(-5, 6, {c}, g, s32());
+    Tensor x = leaf_of(random_input(shape, DType::f32, 10, 3.0));
+    Tensor y = fake_quantize_per_channel(x, scale, zp, 0, -128, 127);
+    y.backward(ones(shape, f32()));
+    const auto xs = host<float>(x), ys = host<float>(y), dxs = host<float>(x.grad());
+    const auto ss = scale.to_vector<float>();
+    const auto zs = zp.to_vector<std::int32_t>();
+    int wrong = 0;
+    for (std::size_t i = 0; i < xs.size(); ++i) {
+      const std::size_t ch = i / static_cast<std::size_t>(inner);
+      bool in;
+      const float want = ref_fake_quant(xs[i], ss[ch], zs[ch], -128, 127, in, true);
+      wrong += !same_bits(ys[i], want) || dxs[i] != (in ? 1.0f : 0.0f);
+    }
+    CHECK(wrong == 0);
+  }
+}
+
 TEST_CASE("fake_quantize_per_channel with one channel equals per tensor") {
   Tensor x = random_input({4, 9}, DType::f32, 2);
   Tensor a = fake_quantize_per_channel(x.reshape({1, 36}), full({1}, 0.05, f32()), full({1}, 3, s32()), 0, -128, 127);

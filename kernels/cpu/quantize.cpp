@@ -22,19 +22,29 @@ inline constexpr bool kIsF32FakeQuant = false;
 template <bool kD>
 inline constexpr bool kIsF32FakeQuant<formulas::FakeQuantOp<float, kD>> = true;
 
-// Fake quantize of `len` (<= 128) f32 elements of one mask block that share
-// one channel, written so the compiler vectorises it (no integer
-// conversions, no branches): round half to even by adding and subtracting
+// Fake quantize of f32 elements of one mask block that share one channel,
+// without integer conversions or branches (four SSE2 lanes a step): round half to even by adding and subtracting
 // 2^23, clamp in float against lo = qmin - zp and hi = qmax - zp. Each step
 // is exact, so values and mask bits equal FakeQuantOp's (formulas/quantize.h)
 // whenever |lo|, |hi| <= 2^24 (the caller checks): float(clamp(q) - zp) is
 // the clamped rounded value itself (+ 0.0f turns -0 into the +0 the integer
 // path gives), NaN passes x through with bit 0, +-inf clamps to hi / lo.
-void fake_quant_block_f32(const float* x, float* y, std::int64_t len, const formulas::ChannelParams& p, float lo,
-                          float hi, std::uint32_t* words) {
+// Elements [begin, end) of the block (x and y at its start), their mask bits
+// or-ed into w; the lanes from a multiple of 4 (lane j is word j's bit).
+void fake_quant_run_f32(const float* x, float* y, std::int64_t begin, std::int64_t end,
+                        const formulas::ChannelParams& p, float lo, float hi, std::uint32_t (&w)[kBitmaskWordsPerBlock]) {
   constexpr float big = 8388608.0f;
-  std::uint32_t w[kBitmaskWordsPerBlock] = {0, 0, 0, 0};
-  std::int64_t k = 0;
+  auto scalar = [&](std::int64_t k) {
+    const float xv = x[k];
+    const float v = xv * p.inv_scale;
+    const float r0 = v >= 0.0f ? (v + big) - big : (v - big) + big;
+    const float r = std::fabs(v) < big ? r0 : v;
+    w[k & 3] |= static_cast<std::uint32_t>(r >= lo && r <= hi) << (k >> 2);
+    const float c = (r < lo ? lo : (r > hi ? hi : r)) + 0.0f;
+    y[k] = v == v ? c * p.scale : xv;
+  };
+  std::int64_t k = begin;
+  for (; k < end && (k & 3) != 0; ++k) scalar(k);
 #if defined(__SSE2__)
   // The same steps four lanes at a time (SSE2 is in every x86-64 CPU; each
   // instruction is one IEEE single operation, as the scalar code below).
@@ -42,7 +52,7 @@ void fake_quant_block_f32(const float* x, float* y, std::int64_t len, const form
   const __m128 vinv = _mm_set1_ps(p.inv_scale), vscale = _mm_set1_ps(p.scale), zero = _mm_setzero_ps();
   const __m128 absmask = _mm_castsi128_ps(_mm_set1_epi32(0x7fffffff));
   auto blend = [](__m128 m, __m128 a, __m128 b) { return _mm_or_ps(_mm_and_ps(m, a), _mm_andnot_ps(m, b)); };
-  for (; k + 4 <= len; k += 4) {
+  for (; k + 4 <= end; k += 4) {
     const __m128 xv = _mm_loadu_ps(x + k);
     const __m128 v = _mm_mul_ps(xv, vinv);
     const __m128 rp = _mm_sub_ps(_mm_add_ps(v, vbig), vbig), rn = _mm_add_ps(_mm_sub_ps(v, vbig), vbig);
@@ -55,17 +65,7 @@ void fake_quant_block_f32(const float* x, float* y, std::int64_t len, const form
     for (unsigned j = 0; j < 4; ++j) w[j] |= ((m >> j) & 1u) << (k >> 2);
   }
 #endif
-  for (; k < len; ++k) {
-    const float xv = x[k];
-    const float v = xv * p.inv_scale;
-    const float r0 = v >= 0.0f ? (v + big) - big : (v - big) + big;
-    const float r = std::fabs(v) < big ? r0 : v;
-    w[k & 3] |= static_cast<std::uint32_t>(r >= lo && r <= hi) << (k >> 2);
-    const float c = (r < lo ? lo : (r > hi ? hi : r)) + 0.0f;
-    y[k] = v == v ? c * p.scale : xv;
-  }
-  if (words)
-    for (std::int64_t j = 0; j < kBitmaskWordsPerBlock; ++j) words[j] = w[j];
+  for (; k < end; ++k) scalar(k);
 }
 
 template <class Op>
@@ -90,16 +90,26 @@ void engine(const QuantLaunch& a) {
     std::uint32_t words[kBitmaskWordsPerBlock] = {0, 0, 0, 0};
     const std::int64_t end = std::min(n, (b + 1) * kBitmaskBlock);
     if constexpr (kIsF32FakeQuant<Op>) {
-      // One channel for the whole block: the block lies inside one run of
-      // `inner` consecutive elements (equal channels at both ends are not
-      // enough: the channel pattern repeats).
-      const std::int64_t i0 = b * kBitmaskBlock, c0 = map.channel(i0);
-      if (qp.layout.channels == 1 || (qp.layout.inner > 0 && i0 / qp.layout.inner == (end - 1) / qp.layout.inner)) {
-        const formulas::ChannelParams p0 = ps.get(c0);
-        const std::int64_t lo = qp.qmin - p0.zp, hi = qp.qmax - p0.zp, lim = std::int64_t(1) << 24;
-        if (lo >= -lim && hi <= lim) {
-          fake_quant_block_f32(in + i0, out + i0, end - i0, p0, static_cast<float>(lo), static_cast<float>(hi),
-                               mask_out ? mask_out + b * kBitmaskWordsPerBlock : nullptr);
+      // The block as runs of one channel each: runs of `inner` consecutive
+      // elements (one run for a per-tensor layout), each vectorised where its
+      // range allows (else, and for runs shorter than 16, the whole block
+      // takes the per-element loop below).
+      const std::int64_t i0 = b * kBitmaskBlock, inner = qp.layout.channels == 1 ? n : qp.layout.inner;
+      if (inner >= 16 || (qp.layout.channels == 1 && inner > 0)) {
+        bool fast = true;
+        for (std::int64_t i = i0; i < end && fast; i = (i / inner + 1) * inner) {
+          const formulas::ChannelParams pc = ps.get(map.channel(i));
+          const std::int64_t lo = qp.qmin - pc.zp, hi = qp.qmax - pc.zp, lim = std::int64_t(1) << 24;
+          fast = lo >= -lim && hi <= lim;
+        }
+        if (fast) {
+          for (std::int64_t i = i0; i < end; i = (i / inner + 1) * inner) {
+            const formulas::ChannelParams pc = ps.get(map.channel(i));
+            fake_quant_run_f32(in + i0, out + i0, i - i0, std::min(end, (i / inner + 1) * inner) - i0, pc,
+                               static_cast<float>(qp.qmin - pc.zp), static_cast<float>(qp.qmax - pc.zp), words);
+          }
+          if (mask_out)
+            for (std::int64_t k = 0; k < kBitmaskWordsPerBlock; ++k) mask_out[b * kBitmaskWordsPerBlock + k] = words[k];
           return;
         }
       }

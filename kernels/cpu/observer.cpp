@@ -7,6 +7,7 @@
 #endif
 
 #include "qgrad/kernels/cpu/parallel.h"
+#include "qgrad/kernels/cpu/simd.h"
 #include "qgrad/kernels/formulas/cast.h"
 #include "qgrad/kernels/formulas/observer.h"
 #include "qgrad/kernels/observer.h"
@@ -18,6 +19,22 @@ namespace {
 // Elements per task: a channel's elements are cut into chunks so that
 // per-tensor observation (one channel) also uses every thread.
 constexpr std::int64_t kMinmaxChunk = 16384;
+
+// The vector lanes' minima l and maxima h folded into lo / hi; a zero result
+// takes its sign from whether a -0 (for the min) or a +0 (for the max) was seen.
+template <int kLanes>
+void fold_lanes(const float (&l)[kLanes], const float (&h)[kLanes], bool neg_zero, bool pos_zero, float& lo,
+                float& hi) {
+  float a = lo, b = hi;
+  for (int k = 0; k < kLanes; ++k) {
+    a = l[k] < a ? l[k] : a;
+    b = h[k] > b ? h[k] : b;
+  }
+  if (a == 0.0f) a = neg_zero ? -0.0f : 0.0f;
+  if (b == 0.0f) b = pos_zero ? 0.0f : -0.0f;
+  lo = a;
+  hi = b;
+}
 
 // min_combine / max_combine over row[i0, i1) of f32, four lanes at a time
 // (SSE2): exact for NaN-free data, where the combine is the ordinary min
@@ -44,15 +61,7 @@ std::int64_t minmax_f32(const float* row, std::int64_t i0, std::int64_t i1, floa
   alignas(16) float l[4], h[4];
   _mm_store_ps(l, vlo);
   _mm_store_ps(h, vhi);
-  float a = lo, b = hi;
-  for (int k = 0; k < 4; ++k) {
-    a = l[k] < a ? l[k] : a;
-    b = h[k] > b ? h[k] : b;
-  }
-  if (a == 0.0f) a = _mm_movemask_ps(neg_zero) != 0 ? -0.0f : 0.0f;
-  if (b == 0.0f) b = _mm_movemask_ps(pos_zero) != 0 ? 0.0f : -0.0f;
-  lo = a;
-  hi = b;
+  fold_lanes(l, h, _mm_movemask_ps(neg_zero) != 0, _mm_movemask_ps(pos_zero) != 0, lo, hi);
   return n4;
 #else
   (void)row;
@@ -63,6 +72,35 @@ std::int64_t minmax_f32(const float* row, std::int64_t i0, std::int64_t i1, floa
 #endif
 }
 
+#if QGRAD_CPU_AVX512
+// minmax_f32 sixteen lanes a step (the same operations: vminps / vmaxps
+// return their second operand on a NaN or two zeros, as minps / maxps do).
+QGRAD_TARGET_AVX512 std::int64_t minmax16_f32(const float* row, std::int64_t i0, std::int64_t i1, float& lo,
+                                              float& hi) {
+  const std::int64_t n16 = i0 + (i1 - i0) / 16 * 16;
+  if (n16 == i0) return i0;
+  __m512 vlo = _mm512_set1_ps(INFINITY), vhi = _mm512_set1_ps(-INFINITY);
+  __mmask16 nan = 0, neg_zero = 0, pos_zero = 0;
+  const __m512 zero = _mm512_setzero_ps();
+  for (std::int64_t i = i0; i < n16; i += 16) {
+    const __m512 f = _mm512_loadu_ps(row + i);
+    nan |= _mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q);
+    vlo = _mm512_min_ps(vlo, f);
+    vhi = _mm512_max_ps(vhi, f);
+    const __mmask16 is_zero = _mm512_cmp_ps_mask(f, zero, _CMP_EQ_OQ);
+    const __mmask16 negative = _mm512_movepi32_mask(_mm512_castps_si512(f));
+    neg_zero |= is_zero & negative;
+    pos_zero |= is_zero & static_cast<__mmask16>(~negative);
+  }
+  if (nan != 0) return i0;
+  alignas(64) float l[16], h[16];
+  _mm512_store_ps(l, vlo);
+  _mm512_store_ps(h, vhi);
+  fold_lanes(l, h, neg_zero != 0, pos_zero != 0, lo, hi);
+  return n16;
+}
+#endif
+
 template <class T>
 void minmax_impl(const Tensor& x, const Tensor& run_min, const Tensor& run_max, std::int64_t axis, double c) {
   const AxisLayout v = AxisLayout::of(x.shape(), axis);
@@ -71,6 +109,7 @@ void minmax_impl(const Tensor& x, const Tensor& run_min, const Tensor& run_max, 
   float* mx = run_max.data<float>();
   const float cf = static_cast<float>(c);
   const bool moving = c >= 0.0;
+  [[maybe_unused]] const bool wide = use_avx512();
   // Chunks of one outer row of a channel, or of the channel's whole range
   // when there is one outer row (per tensor, channels on axis 0). The
   // combine is exact and order-free, so chunking changes no result.
@@ -84,7 +123,12 @@ void minmax_impl(const Tensor& x, const Tensor& run_min, const Tensor& run_max, 
     const std::int64_t i0 = piece * kMinmaxChunk, i1 = std::min(v.inner, i0 + kMinmaxChunk);
     float lo = INFINITY, hi = -INFINITY;
     std::int64_t i = i0;
-    if constexpr (std::is_same_v<T, float>) i = minmax_f32(row, i0, i1, lo, hi);
+    if constexpr (std::is_same_v<T, float>) {
+#if QGRAD_CPU_AVX512
+      if (wide) i = minmax16_f32(row, i0, i1, lo, hi);
+#endif
+      if (i == i0) i = minmax_f32(row, i0, i1, lo, hi);
+    }
     for (; i < i1; ++i) {
       const float f = formulas::cast_value<float>(row[i]);
       lo = formulas::min_combine(lo, f);

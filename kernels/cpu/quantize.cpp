@@ -7,6 +7,7 @@
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
+#include "qgrad/kernels/cpu/simd.h"
 
 #include "qgrad/kernels/bitmask.h"
 #include "qgrad/kernels/cpu/masked_grad.h"
@@ -29,6 +30,35 @@ inline constexpr bool kIsF32FakeQuant<formulas::FakeQuantOp<float, kD>> = true;
 // whenever |lo|, |hi| <= 2^24 (the caller checks): float(clamp(q) - zp) is
 // the clamped rounded value itself (+ 0.0f turns -0 into the +0 the integer
 // path gives), NaN passes x through with bit 0, +-inf clamps to hi / lo.
+#if QGRAD_CPU_AVX512
+// fake_quant_run_f32's SSE2 steps sixteen lanes at a time from k (a
+// multiple of 4, so lane e is bit (k >> 2) + e / 4 of word e % 4: BMI2's pext
+// gathers each word's four bits of the compare mask). Returns the first
+// element not done.
+QGRAD_TARGET_AVX512 std::int64_t fake_quant_lanes16_f32(const float* x, float* y, std::int64_t k, std::int64_t end,
+                                                        const formulas::ChannelParams& p, float lo, float hi,
+                                                        std::uint32_t (&w)[kBitmaskWordsPerBlock]) {
+  const __m512 vbig = _mm512_set1_ps(8388608.0f), vlo = _mm512_set1_ps(lo), vhi = _mm512_set1_ps(hi);
+  const __m512 vinv = _mm512_set1_ps(p.inv_scale), vscale = _mm512_set1_ps(p.scale), zero = _mm512_setzero_ps();
+  const __m512i absmask = _mm512_set1_epi32(0x7fffffff);
+  for (; k + 16 <= end; k += 16) {
+    const __m512 xv = _mm512_loadu_ps(x + k);
+    const __m512 v = _mm512_mul_ps(xv, vinv);
+    const __m512 rp = _mm512_sub_ps(_mm512_add_ps(v, vbig), vbig), rn = _mm512_add_ps(_mm512_sub_ps(v, vbig), vbig);
+    const __m512 r0 = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(v, zero, _CMP_GE_OQ), rn, rp);
+    const __m512 av = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v), absmask));
+    const __m512 r = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(av, vbig, _CMP_LT_OQ), v, r0);
+    const __mmask16 in = _mm512_cmp_ps_mask(r, vlo, _CMP_GE_OQ) & _mm512_cmp_ps_mask(r, vhi, _CMP_LE_OQ);
+    const __m512 above = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(r, vhi, _CMP_GT_OQ), r, vhi);
+    const __m512 c = _mm512_add_ps(_mm512_mask_blend_ps(_mm512_cmp_ps_mask(r, vlo, _CMP_LT_OQ), above, vlo), zero);
+    _mm512_storeu_ps(y + k, _mm512_mask_blend_ps(_mm512_cmp_ps_mask(v, v, _CMP_EQ_OQ), xv, _mm512_mul_ps(c, vscale)));
+    const unsigned m = in;
+    for (unsigned j = 0; j < 4; ++j) w[j] |= _pext_u32(m, 0x1111u << j) << (k >> 2);
+  }
+  return k;
+}
+#endif
+
 // Elements [begin, end) of the block (x and y at its start), their mask bits
 // or-ed into w; the lanes from a multiple of 4 (lane j is word j's bit).
 void fake_quant_run_f32(const float* x, float* y, std::int64_t begin, std::int64_t end,
@@ -45,6 +75,9 @@ void fake_quant_run_f32(const float* x, float* y, std::int64_t begin, std::int64
   };
   std::int64_t k = begin;
   for (; k < end && (k & 3) != 0; ++k) scalar(k);
+#if QGRAD_CPU_AVX512
+  if (use_avx512()) k = fake_quant_lanes16_f32(x, y, k, end, p, lo, hi, w);
+#endif
 #if defined(__SSE2__)
   // The same steps four lanes at a time (SSE2 is in every x86-64 CPU; each
   // instruction is one IEEE single operation, as the scalar code below).
@@ -82,7 +115,7 @@ void engine(const QuantLaunch& a) {
   const std::uint32_t* mask_in = a.mask_in;
   std::uint32_t* mask_out = a.mask_out;
   if constexpr (std::is_same_v<Op, formulas::FakeQuantGradOp<float>>) {  // four lanes a step, the same bits
-    masked_grad_f32<MaskedGrad::multiply>(in, mask_in, out, n);
+    masked_grad_f32(MaskedGrad::multiply, in, mask_in, out, n);
     return;
   }
   // One 128-element mask block per iteration, as one warp on CUDA.

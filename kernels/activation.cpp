@@ -57,7 +57,7 @@ void relu_backward(const Tensor& g, const Tensor& mask, const Tensor& dx) {
   dispatch_floating(dx.dtype(), "relu_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
     if constexpr (std::is_same_v<T, float>) {
-      if (!dx.is_cuda()) {  // the CPU's f32: four lanes a step, the same bits
+      if (!dx.is_cuda()) {  // the CPU's f32: a mask block at a time (kernels/cpu/masked_grad.h), the same bits
         cpu::masked_grad_f32(cpu::MaskedGrad::select, static_cast<const float*>(g.data_ptr()),
                              static_cast<const std::uint32_t*>(mask.data_ptr()), static_cast<float*>(dx.data_ptr()),
                              dx.numel());

@@ -30,6 +30,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <limits>
 #include <vector>
 
@@ -106,7 +107,9 @@ __device__ __forceinline__ void mma_load_b(const std::uint16_t* s, int ld, int n
 }
 // Row and column of accumulator element c of n8 tile nt (rows from r0).
 __device__ __forceinline__ int mma_row(int r0, int c) { return r0 + (threadIdx.x % 32) / 4 + 8 * (c >> 1); }
-__device__ __forceinline__ int mma_col(int nt, int c) { return 8 * nt + 2 * static_cast<int>(threadIdx.x % 4) + (c & 1); }
+__device__ __forceinline__ int mma_col(int nt, int c) {
+  return 8 * nt + 2 * static_cast<int>(threadIdx.x % 4) + (c & 1);
+}
 
 // acc[nt] (nt < tiles) = x rows r0 ... (A, row major, kKT k16 steps) times
 // the operand stored [n][k].
@@ -423,58 +426,62 @@ Reference<T> reference(const std::vector<double>& qkv, const std::vector<double>
                        const PackedAttention& a) {
   const std::int64_t L = a.L, Dh = a.head_dim, W = a.width();
   auto round = [](double v) { return static_cast<double>(static_cast<float>(T(static_cast<float>(v)))); };
+  auto idx = [](std::int64_t i) { return static_cast<std::size_t>(i); };
   Reference<T> r;
-  r.out.assign(static_cast<std::size_t>(a.batch * L * W), 0.0);
+  r.out.assign(idx(a.batch * L * W), 0.0);
   r.dqkv.assign(qkv.size(), 0.0);
   for (std::int64_t n = 0; n < a.batch; ++n)
     for (std::int64_t h = 0; h < a.heads; ++h) {
-      auto x = [&](std::int64_t i, int part, std::int64_t d) { return qkv[static_cast<std::size_t>((n * L + i) * 3 * W + part * W + h * Dh + d)]; };
-      auto out_at = [&](std::int64_t i, std::int64_t d) { return static_cast<std::size_t>((n * L + i) * W + h * Dh + d); };
-      auto g = [&](std::int64_t i, std::int64_t d) { const auto k = out_at(i, d); return keep[k] ? dy[k] : 0.0; };
-      std::vector<double> p(static_cast<std::size_t>(L * L)), ds(p.size());
+      // Element d of row i of q (part 0), k (1) or v (2); of the output; of the gradient dO.
+      auto in_at = [&](std::int64_t i, int part, std::int64_t d) {
+        return idx((n * L + i) * 3 * W + part * W + h * Dh + d);
+      };
+      auto out_at = [&](std::int64_t i, std::int64_t d) { return idx((n * L + i) * W + h * Dh + d); };
+      auto x = [&](std::int64_t i, int part, std::int64_t d) { return qkv[in_at(i, part, d)]; };
+      auto g = [&](std::int64_t i, std::int64_t d) { return keep[out_at(i, d)] ? dy[out_at(i, d)] : 0.0; };
+      std::vector<double> p(idx(L * L)), ds(p.size());
+      auto pij = [&](std::int64_t i, std::int64_t j) -> double& { return p[idx(i * L + j)]; };
+      auto dsij = [&](std::int64_t i, std::int64_t j) -> double& { return ds[idx(i * L + j)]; };
       for (std::int64_t i = 0; i < L; ++i) {
         double mx = -INFINITY;
         for (std::int64_t j = 0; j < L; ++j) {
           double s = 0;
           for (std::int64_t d = 0; d < Dh; ++d) s += x(i, 0, d) * x(j, 1, d);
-          s = a.causal && j > i ? -INFINITY : s * a.scale;
-          p[static_cast<std::size_t>(i * L + j)] = s;
-          mx = std::max(mx, s);
+          pij(i, j) = a.causal && j > i ? -INFINITY : s * a.scale;
+          mx = std::max(mx, pij(i, j));
         }
         double sum = 0;
-        for (std::int64_t j = 0; j < L; ++j) sum += std::exp(p[static_cast<std::size_t>(i * L + j)] - mx);
-        for (std::int64_t j = 0; j < L; ++j) p[static_cast<std::size_t>(i * L + j)] = std::exp(p[static_cast<std::size_t>(i * L + j)] - mx) / sum;
+        for (std::int64_t j = 0; j < L; ++j) sum += std::exp(pij(i, j) - mx);
+        for (std::int64_t j = 0; j < L; ++j) pij(i, j) = std::exp(pij(i, j) - mx) / sum;
       }
       for (std::int64_t i = 0; i < L; ++i)
         for (std::int64_t d = 0; d < Dh; ++d) {
           double o = 0;
-          for (std::int64_t j = 0; j < L; ++j) o += round(p[static_cast<std::size_t>(i * L + j)]) * x(j, 2, d);
+          for (std::int64_t j = 0; j < L; ++j) o += round(pij(i, j)) * x(j, 2, d);
           r.out[out_at(i, d)] = o;
         }
       for (std::int64_t i = 0; i < L; ++i) {
-        std::vector<double> dp(static_cast<std::size_t>(L));
+        std::vector<double> dp(idx(L));
         double dot = 0;
         for (std::int64_t j = 0; j < L; ++j) {
           double v = 0;
           for (std::int64_t d = 0; d < Dh; ++d) v += g(i, d) * x(j, 2, d);
-          dp[static_cast<std::size_t>(j)] = v;
-          dot += v * p[static_cast<std::size_t>(i * L + j)];
+          dp[idx(j)] = v;
+          dot += v * pij(i, j);
         }
-        for (std::int64_t j = 0; j < L; ++j)
-          ds[static_cast<std::size_t>(i * L + j)] = p[static_cast<std::size_t>(i * L + j)] * (dp[static_cast<std::size_t>(j)] - dot) * a.scale;
+        for (std::int64_t j = 0; j < L; ++j) dsij(i, j) = pij(i, j) * (dp[idx(j)] - dot) * a.scale;
       }
-      auto grad_at = [&](std::int64_t i, int part, std::int64_t d) { return static_cast<std::size_t>((n * L + i) * 3 * W + part * W + h * Dh + d); };
       for (std::int64_t i = 0; i < L; ++i)
         for (std::int64_t d = 0; d < Dh; ++d) {
           double dq = 0, dk = 0, dv = 0;
           for (std::int64_t j = 0; j < L; ++j) {
-            dq += round(ds[static_cast<std::size_t>(i * L + j)]) * x(j, 1, d);
-            dk += round(ds[static_cast<std::size_t>(j * L + i)]) * x(j, 0, d);
-            dv += round(p[static_cast<std::size_t>(j * L + i)]) * g(j, d);
+            dq += round(dsij(i, j)) * x(j, 1, d);
+            dk += round(dsij(j, i)) * x(j, 0, d);
+            dv += round(pij(j, i)) * g(j, d);
           }
-          r.dqkv[grad_at(i, 0, d)] = dq;
-          r.dqkv[grad_at(i, 1, d)] = dk;
-          r.dqkv[grad_at(i, 2, d)] = dv;
+          r.dqkv[in_at(i, 0, d)] = dq;
+          r.dqkv[in_at(i, 1, d)] = dk;
+          r.dqkv[in_at(i, 2, d)] = dv;
         }
     }
   return r;
@@ -512,7 +519,8 @@ bool check_case(DType dt, const PackedAttention& a, bool masked, std::uint64_t s
                     .to(Device::cuda());
   const auto* mask_words = masked ? static_cast<const std::uint32_t*>(mask.data_ptr()) : nullptr;
   Tensor out = full({a.batch, a.L, W}, std::nan(""), on), dqkv = full(qkv.shape(), std::nan(""), on);
-  Tensor row_max = Tensor::empty({a.batch, a.heads, a.L}, stats), row_sum = Tensor::empty({a.batch, a.heads, a.L}, stats);
+  Tensor row_max = Tensor::empty({a.batch, a.heads, a.L}, stats);
+  Tensor row_sum = Tensor::empty({a.batch, a.heads, a.L}, stats);
   kernels::cuda::mma_forward<T>(qkv, out, row_max, row_sum, a);
   kernels::cuda::mma_backward<T>(qkv, dy, row_max, row_sum, dqkv, a, mask_words);
   // The library's kernels on the same inputs (f32 chains, P and dS unrounded).
@@ -528,8 +536,8 @@ bool check_case(DType dt, const PackedAttention& a, bool masked, std::uint64_t s
   std::printf("%-4s B %3lld L %2lld heads %lld Dh %2lld causal %d mask %d: mma out %.2e dqkv %.2e | library %.2e %.2e "
               "(tolerance %.0e) %s\n",
               dtype_name(dt), static_cast<long long>(a.batch), static_cast<long long>(a.L),
-              static_cast<long long>(a.heads), static_cast<long long>(a.head_dim), a.causal, masked, eo, eg, lo, lg, tol,
-              ok ? "ok" : "FAILED");
+              static_cast<long long>(a.heads), static_cast<long long>(a.head_dim), a.causal, masked, eo, eg, lo, lg,
+              tol, ok ? "ok" : "FAILED");
   return ok;
 }
 
@@ -564,14 +572,19 @@ int main() {
   Tensor qkv = randn({256, 49, 384}, g, on), dy = randn({256, 49, 128}, g, on);
   Tensor out = Tensor::empty({256, 49, 128}, on), dqkv = Tensor::empty(qkv.shape(), on);
   Tensor row_max = Tensor::empty({256, 4, 49}, stats), row_sum = Tensor::empty({256, 4, 49}, stats);
+  // Ten calls a timing (median of 30), us a call.
+  auto us = [](const std::function<void()>& call) {
+    return bench::time_cuda([&](int) { for (int i = 0; i < 10; ++i) call(); }, 30, 3).median_ms * 100.0;
+  };
   for (int round = 0; round < 2; ++round) {
-    const bench::Timing lf = bench::time_cuda([&](int) { for (int i = 0; i < 10; ++i) kernels::packed_attention_forward(qkv, out, row_max, row_sum, a); }, 30, 3);
-    const bench::Timing lb = bench::time_cuda([&](int) { for (int i = 0; i < 10; ++i) kernels::packed_attention_backward(qkv, dy, row_max, row_sum, dqkv, a); }, 30, 3);
-    const bench::Timing mf = bench::time_cuda([&](int) { for (int i = 0; i < 10; ++i) kernels::cuda::mma_forward<qgrad::bfloat16>(qkv, out, row_max, row_sum, a); }, 30, 3);
-    const bench::Timing mb = bench::time_cuda([&](int) { for (int i = 0; i < 10; ++i) kernels::cuda::mma_backward<qgrad::bfloat16>(qkv, dy, row_max, row_sum, dqkv, a, nullptr); }, 30, 3);
+    const double lf = us([&] { kernels::packed_attention_forward(qkv, out, row_max, row_sum, a); });
+    const double lb = us([&] { kernels::packed_attention_backward(qkv, dy, row_max, row_sum, dqkv, a); });
+    const double mf = us([&] { kernels::cuda::mma_forward<qgrad::bfloat16>(qkv, out, row_max, row_sum, a); });
+    const double mb =
+        us([&] { kernels::cuda::mma_backward<qgrad::bfloat16>(qkv, dy, row_max, row_sum, dqkv, a, nullptr); });
     std::printf("round %d, ViT shape, bf16, us a call (median of 30 x 10): library forward %.2f backward %.2f | mma "
                 "forward %.2f backward %.2f\n",
-                round, lf.median_ms * 100.0, lb.median_ms * 100.0, mf.median_ms * 100.0, mb.median_ms * 100.0);
+                round, lf, lb, mf, mb);
   }
   std::printf("%s\n", ok ? "all cases within tolerance" : "SOME CASES FAILED");
   return ok ? 0 : 1;

@@ -26,7 +26,8 @@ QGRAD_TARGET_AVX512 void masked_block16(MaskedGrad mode, const float* g, const s
   const __m512i words = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
   const __m512i quarter = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0), one = _mm512_set1_epi32(1);
   for (int l = 0; l < 32; l += 4) {
-    const __m512i bits = _mm512_and_si512(_mm512_srlv_epi32(words, _mm512_add_epi32(quarter, _mm512_set1_epi32(l))), one);
+    const __m512i shift = _mm512_add_epi32(quarter, _mm512_set1_epi32(l));
+    const __m512i bits = _mm512_and_si512(_mm512_srlv_epi32(words, shift), one);
     const __m512 gv = _mm512_loadu_ps(g + 4 * l);
     const __m512 r = mode == MaskedGrad::select ? _mm512_maskz_mov_ps(_mm512_test_epi32_mask(bits, one), gv)
                                                 : _mm512_mul_ps(gv, _mm512_cvtepi32_ps(bits));

@@ -62,7 +62,8 @@ QGRAD_TARGET_AVX512 std::int64_t fake_quant_lanes16_f32(const float* x, float* y
 // Elements [begin, end) of the block (x and y at its start), their mask bits
 // or-ed into w; the lanes from a multiple of 4 (lane j is word j's bit).
 void fake_quant_run_f32(const float* x, float* y, std::int64_t begin, std::int64_t end,
-                        const formulas::ChannelParams& p, float lo, float hi, std::uint32_t (&w)[kBitmaskWordsPerBlock]) {
+                        const formulas::ChannelParams& p, float lo, float hi,
+                        std::uint32_t (&w)[kBitmaskWordsPerBlock]) {
   constexpr float big = 8388608.0f;
   auto scalar = [&](std::int64_t k) {
     const float xv = x[k];
@@ -114,7 +115,7 @@ void engine(const QuantLaunch& a) {
   const formulas::ParamSource ps = qp.source;
   const std::uint32_t* mask_in = a.mask_in;
   std::uint32_t* mask_out = a.mask_out;
-  if constexpr (std::is_same_v<Op, formulas::FakeQuantGradOp<float>>) {  // four lanes a step, the same bits
+  if constexpr (std::is_same_v<Op, formulas::FakeQuantGradOp<float>>) {  // a mask block at a time, the same bits
     masked_grad_f32(MaskedGrad::multiply, in, mask_in, out, n);
     return;
   }

@@ -54,6 +54,31 @@ TEST_CASE("sum over each axis, negative axes and keepdim") {
   }
 }
 
+// Axes with 64 or more consecutive outputs (a bias gradient's column sums)
+// run row by row over runs of outputs on the CPU: each output is still the
+// in-order f32 sum from row 0 (bit for bit a float loop), for runs with a
+// tail, several outer indices, sum and mean, past the parallel grain.
+TEST_CASE("sum and mean over an axis with long inner runs: the in-order f32 sum, bit for bit") {
+  for (const Shape& sh : {Shape{1, 300, 130}, Shape{3, 50, 100}, Shape{2, 256, 256}})
+    for (const bool take_mean : {false, true}) {
+      CAPTURE(shape_str(sh));
+      CAPTURE(take_mean);
+      const std::vector<float> x = rnd(sh, 4, DType::f32).to_vector<float>();
+      const Tensor xt = Tensor::from_vector(x, sh);
+      const std::vector<float> got = (take_mean ? mean(xt, 1) : sum(xt, 1)).to_vector<float>();
+      const std::int64_t d1 = sh[1], d2 = sh[2];
+      int wrong = 0;
+      for (std::int64_t i = 0; i < sh[0]; ++i)
+        for (std::int64_t k = 0; k < d2; ++k) {
+          float acc = 0.0f;
+          for (std::int64_t r = 0; r < d1; ++r) acc += x[static_cast<std::size_t>((i * d1 + r) * d2 + k)];
+          const float want = take_mean ? acc / static_cast<float>(d1) : acc;
+          wrong += got[static_cast<std::size_t>(i * d2 + k)] != want;
+        }
+      CHECK(wrong == 0);
+    }
+}
+
 TEST_CASE("mean over each axis") {
   const Shape sh{2, 3, 7};
   Tensor x = rnd(sh, 3, DType::f32);

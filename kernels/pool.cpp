@@ -6,8 +6,13 @@
 // index per window, writing the values the gather would.)
 #include "qgrad/kernels/pool.h"
 
+#include <algorithm>
+#include <array>
 #include <limits>
+#include <type_traits>
+#include <utility>
 
+#include "qgrad/kernels/cpu/fake_quant_run.h"
 #include "qgrad/kernels/formulas/batch_norm.h"
 #include "qgrad/kernels/formulas/quantize.h"
 #include "qgrad/kernels/loop.h"
@@ -209,6 +214,96 @@ struct FakeQuantMaxPoolForward {
     }
   }
 };
+
+// read()'s values of n consecutive elements of channel c, for the CPU's
+// runs below: PlainRead copies; BatchNormReluRead runs its formula in a
+// loop specialised on which optional tensors it has (each an invariant the
+// per-element formula tests; non-null ones promised so), over a __restrict
+// output, so that the channel's parameters stay in registers and the loop
+// vectorises: the same formula, the same bits.
+void read_run(const PlainRead<float>&, const float* in, float* out, std::int64_t n, std::int64_t) {
+  std::copy(in, in + n, out);
+}
+
+template <bool kDivisor, bool kShift, bool kWeight, bool kBias>
+void bn_relu_run(const BatchNormReluRead<float>& rd, const float* in, float* __restrict out, std::int64_t n,
+                 std::int64_t c) {
+  const formulas::Unscale<float> unscale{kDivisor ? rd.in.divisor : nullptr, kShift ? rd.in.shift : nullptr};
+  const formulas::Normalize<float> norm{rd.norm.mean, rd.norm.invstd, kWeight ? rd.norm.weight : nullptr,
+                                        kBias ? rd.norm.bias : nullptr};
+  if ((kDivisor && !unscale.divisor) || (kShift && !unscale.shift) || (kWeight && !norm.weight) ||
+      (kBias && !norm.bias))
+    __builtin_unreachable();
+  for (std::int64_t j = 0; j < n; ++j) out[j] = formulas::normalize_relu(norm, unscale(in[j], c), c);
+}
+
+using BnReluRun = void (*)(const BatchNormReluRead<float>&, const float*, float*, std::int64_t, std::int64_t);
+template <std::size_t... K>
+constexpr std::array<BnReluRun, sizeof...(K)> bn_relu_runs(std::index_sequence<K...>) {
+  return {&bn_relu_run<(K & 8) != 0, (K & 4) != 0, (K & 2) != 0, (K & 1) != 0>...};
+}
+
+void read_run(const BatchNormReluRead<float>& rd, const float* in, float* out, std::int64_t n, std::int64_t c) {
+  static constexpr auto kRuns = bn_relu_runs(std::make_index_sequence<16>{});
+  // A shift without a divisor is never read (formulas::Unscale).
+  const bool divisor = rd.in.divisor != nullptr, shift = divisor && rd.in.shift != nullptr;
+  kRuns[(divisor ? 8u : 0u) | (shift ? 4u : 0u) | (rd.norm.weight ? 2u : 0u) | (rd.norm.bias ? 1u : 0u)](rd, in, out,
+                                                                                                         n, c);
+}
+
+// FakeQuantMaxPoolForward<float, Read, true> on the CPU: a task per output
+// row of a plane reads its two input rows in runs of 64 columns, turns them
+// into read()'s values (the batch norm and relu where fused), fake-quantizes
+// the run with the vector form (cpu::fake_quant_block_run_f32: the same
+// values and bits as formulas::FakeQuantOp) and scans each 2 x 2 window in
+// window_2x2's order with the per-output kernel's rule. The index arithmetic
+// and the fake quant's scalar integer path per element were most of the CNN
+// step's CPU time. Returns false (nothing written) where the fake quant's
+// range is past the vector form's bound.
+template <class Read>
+bool fake_quantize_max_pool_2x2_f32_cpu(const float* x, float* y, std::int32_t* code, const Pool2dGeometry& g,
+                                        const formulas::ChannelParams& prm, std::int64_t qmin, std::int64_t qmax,
+                                        const Read& read) {
+  constexpr std::int64_t kRun = kBitmaskBlock / 2;  // columns of one input row a block holds
+  {
+    std::uint32_t probe[kBitmaskWordsPerBlock] = {};
+    float v = 0.0f, out = 0.0f;
+    if (!cpu::fake_quant_block_run_f32(&v, &out, 0, 0, prm, qmin, qmax, probe)) return false;
+  }
+  cpu::parallel_for(
+      g.planes * g.oh,
+      [&](std::int64_t task) {
+        const std::int64_t plane = task / g.oh, row = task % g.oh, c = read.channel(plane);
+        const float* in = x + (plane * g.ih + 2 * row) * g.iw;
+        for (std::int64_t c0 = 0; c0 < g.iw; c0 += kRun) {
+          const std::int64_t n = std::min(kRun, g.iw - c0);  // even: windows pair columns 2j, 2j + 1
+          float t[kBitmaskBlock], f[kBitmaskBlock];  // the two rows' runs at 0 and kRun
+          read_run(read, in + c0, t, n, c);
+          read_run(read, in + g.iw + c0, t + kRun, n, c);
+          std::uint32_t w[kBitmaskWordsPerBlock] = {0, 0, 0, 0};
+          cpu::fake_quant_block_run_f32(t, f, 0, n, prm, qmin, qmax, w);
+          cpu::fake_quant_block_run_f32(t, f, kRun, kRun + n, prm, qmin, qmax, w);
+          const std::int64_t o0 = (plane * g.oh + row) * g.ow + c0 / 2;
+          for (std::int64_t j = 0; j < n / 2; ++j) {
+            const std::int64_t k[4] = {2 * j, 2 * j + 1, kRun + 2 * j, kRun + 2 * j + 1};
+            float best = formulas::pool_lowest<float>();
+            int arg = 0;
+            for (int q = 0; q < 4; ++q)
+              if (f[k[q]] > best || formulas::pool_is_nan(f[k[q]])) {
+                best = f[k[q]];
+                arg = q;
+              }
+            const std::int64_t r0 = 2 * (row * g.iw + c0 / 2 + j);
+            const std::int64_t r = r0 + (arg & 1) + (arg >> 1) * g.iw;
+            const bool bit = ((w[k[arg] & 3] >> (k[arg] >> 2)) & 1u) != 0;
+            y[o0 + j] = best;
+            code[o0 + j] = static_cast<std::int32_t>(bit ? r : -1 - r);
+          }
+        }
+      },
+      std::max<std::int64_t>(1, cpu::kParallelGrain / std::max<std::int64_t>(1, 2 * g.iw)));
+  return true;
+}
 
 // How a max-pooling backward reads its saved indices: max_pool2d's s64
 // indices, or fake_quantize_max_pool2d's codes (the index, and the mask bit
@@ -525,6 +620,11 @@ void fake_quantize_max_pool2d(const Tensor& x, const Tensor& y, const Tensor& co
       const T* xp = static_cast<const T*>(x.data_ptr());
       T* yp = static_cast<T*>(y.data_ptr());
       std::int32_t* cp = static_cast<std::int32_t*>(codes.data_ptr());
+      if constexpr (std::is_same_v<T, float>) {
+        if (tiled2 && !y.is_cuda() &&
+            fake_quantize_max_pool_2x2_f32_cpu(xp, yp, cp, g, p.get(0), qmin, qmax, read))
+          return;
+      }
       if (tiled2)
         launch(FakeQuantMaxPoolForward<T, decltype(read), true>{xp, yp, cp, g, PoolDivs::of(g), p, qmin, qmax, read});
       else launch(FakeQuantMaxPoolForward<T, decltype(read)>{xp, yp, cp, g, PoolDivs::of(g), p, qmin, qmax, read});

@@ -10,6 +10,7 @@
 #include "qgrad/kernels/cpu/simd.h"
 
 #include "qgrad/kernels/bitmask.h"
+#include "qgrad/kernels/cpu/fake_quant_run.h"
 #include "qgrad/kernels/cpu/masked_grad.h"
 #include "qgrad/kernels/cpu/parallel.h"
 #include "qgrad/kernels/quantize.h"
@@ -236,6 +237,15 @@ void lsq_backward_impl(const LsqArgs& a) {
 }
 
 }  // namespace
+
+bool fake_quant_block_run_f32(const float* x, float* y, std::int64_t begin, std::int64_t end,
+                              const formulas::ChannelParams& p, std::int64_t qmin, std::int64_t qmax,
+                              std::uint32_t (&w)[kBitmaskWordsPerBlock]) {
+  const std::int64_t lo = qmin - p.zp, hi = qmax - p.zp, lim = std::int64_t(1) << 24;
+  if (lo < -lim || hi > lim) return false;
+  fake_quant_run_f32(x, y, begin, end, p, static_cast<float>(lo), static_cast<float>(hi), w);
+  return true;
+}
 
 void quant_elementwise(const QuantLaunch& l) {
   dispatch_quant_kernel(l, [&]<class Op>() { engine<Op>(l); });

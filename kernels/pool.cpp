@@ -265,11 +265,7 @@ bool fake_quantize_max_pool_2x2_f32_cpu(const float* x, float* y, std::int32_t* 
                                         const formulas::ChannelParams& prm, std::int64_t qmin, std::int64_t qmax,
                                         const Read& read) {
   constexpr std::int64_t kRun = kBitmaskBlock / 2;  // columns of one input row a block holds
-  {
-    std::uint32_t probe[kBitmaskWordsPerBlock] = {};
-    float v = 0.0f, out = 0.0f;
-    if (!cpu::fake_quant_block_run_f32(&v, &out, 0, 0, prm, qmin, qmax, probe)) return false;
-  }
+  if (!cpu::fake_quant_vector_exact(prm, qmin, qmax)) return false;
   cpu::parallel_for(
       g.planes * g.oh,
       [&](std::int64_t task) {

@@ -132,17 +132,12 @@ void engine(const QuantLaunch& a) {
       const std::int64_t i0 = b * kBitmaskBlock, inner = qp.layout.channels == 1 ? n : qp.layout.inner;
       if (inner >= 16 || (qp.layout.channels == 1 && inner > 0)) {
         bool fast = true;
-        for (std::int64_t i = i0; i < end && fast; i = (i / inner + 1) * inner) {
-          const formulas::ChannelParams pc = ps.get(map.channel(i));
-          const std::int64_t lo = qp.qmin - pc.zp, hi = qp.qmax - pc.zp, lim = std::int64_t(1) << 24;
-          fast = lo >= -lim && hi <= lim;
-        }
+        for (std::int64_t i = i0; i < end && fast; i = (i / inner + 1) * inner)
+          fast = fake_quant_vector_exact(ps.get(map.channel(i)), qp.qmin, qp.qmax);
         if (fast) {
-          for (std::int64_t i = i0; i < end; i = (i / inner + 1) * inner) {
-            const formulas::ChannelParams pc = ps.get(map.channel(i));
-            fake_quant_run_f32(in + i0, out + i0, i - i0, std::min(end, (i / inner + 1) * inner) - i0, pc,
-                               static_cast<float>(qp.qmin - pc.zp), static_cast<float>(qp.qmax - pc.zp), words);
-          }
+          for (std::int64_t i = i0; i < end; i = (i / inner + 1) * inner)
+            fake_quant_block_run_f32(in + i0, out + i0, i - i0, std::min(end, (i / inner + 1) * inner) - i0,
+                                     ps.get(map.channel(i)), qp.qmin, qp.qmax, words);
           if (mask_out)
             for (std::int64_t k = 0; k < kBitmaskWordsPerBlock; ++k) mask_out[b * kBitmaskWordsPerBlock + k] = words[k];
           return;
@@ -238,13 +233,10 @@ void lsq_backward_impl(const LsqArgs& a) {
 
 }  // namespace
 
-bool fake_quant_block_run_f32(const float* x, float* y, std::int64_t begin, std::int64_t end,
+void fake_quant_block_run_f32(const float* x, float* y, std::int64_t begin, std::int64_t end,
                               const formulas::ChannelParams& p, std::int64_t qmin, std::int64_t qmax,
                               std::uint32_t (&w)[kBitmaskWordsPerBlock]) {
-  const std::int64_t lo = qmin - p.zp, hi = qmax - p.zp, lim = std::int64_t(1) << 24;
-  if (lo < -lim || hi > lim) return false;
-  fake_quant_run_f32(x, y, begin, end, p, static_cast<float>(lo), static_cast<float>(hi), w);
-  return true;
+  fake_quant_run_f32(x, y, begin, end, p, static_cast<float>(qmin - p.zp), static_cast<float>(qmax - p.zp), w);
 }
 
 void quant_elementwise(const QuantLaunch& l) {

@@ -71,10 +71,12 @@ void softmax_backward_rows(const Tensor& probs, const Tensor& dattn, const Tenso
 }
 
 // ---- packed_attention on the CPU: an OpenMP index per (batch, head) pair,
-// every sum in the order the CUDA kernel's tiles keep (kernels/cuda/
-// attention.cu): dot products over the head dim, and the products with v, dO,
-// k and q over their sequence index, each a chain of fused multiply-adds from
-// 0 upward; the rows' exp-sums and dp . p in lane_sum's order. ----
+// every sum in the order the f32 / f64 CUDA kernel's tiles keep (kernels/
+// cuda/attention.cu): dot products over the head dim, and the products with
+// v, dO, k and q over their sequence index, each a chain of fused
+// multiply-adds from 0 upward; the rows' exp-sums and dp . p in lane_sum's
+// order. P and dS enter their products as formulas::packed_operand (rounded
+// to f16 / bf16 as CUDA's tensor cores take them; unchanged in f32, f64). ----
 template <class T>
 struct PackedHead {
   using M = op_math_t<T>;
@@ -131,7 +133,9 @@ void packed_forward_cpu(const Tensor& qkv, const Tensor& out, const Tensor& row_
         for (std::int64_t i = 0; i < L; ++i)
           for (std::int64_t d = 0; d < Dh; ++d) {
             M acc = M(0);
-            for (std::int64_t j = 0; j < L; ++j) acc = formulas::fused_multiply_add(hd.p[hd.sq(i, j)], hd.v[hd.at(j, d)], acc);
+            for (std::int64_t j = 0; j < L; ++j)
+              acc = formulas::fused_multiply_add(formulas::packed_operand<T>(hd.p[hd.sq(i, j)]), hd.v[hd.at(j, d)],
+                                                 acc);
             o[(hd.n * L + i) * W + hd.h * Dh + d] = T(acc);
           }
       },
@@ -163,7 +167,8 @@ void packed_backward_cpu(const Tensor& qkv, const Tensor& dout, const Tensor& ro
         for (std::int64_t j = 0; j < L; ++j)
           for (std::int64_t d = 0; d < Dh; ++d) {
             M acc = M(0);
-            for (std::int64_t i = 0; i < L; ++i) acc = formulas::fused_multiply_add(hd.p[hd.sq(i, j)], g[hd.at(i, d)], acc);
+            for (std::int64_t i = 0; i < L; ++i)
+              acc = formulas::fused_multiply_add(formulas::packed_operand<T>(hd.p[hd.sq(i, j)]), g[hd.at(i, d)], acc);
             base[j * 3 * W + 2 * W + d] = T(acc);
           }
         for (std::int64_t i = 0; i < L; ++i)
@@ -180,13 +185,15 @@ void packed_backward_cpu(const Tensor& qkv, const Tensor& dout, const Tensor& ro
         for (std::int64_t i = 0; i < L; ++i)
           for (std::int64_t d = 0; d < Dh; ++d) {
             M acc = M(0);
-            for (std::int64_t j = 0; j < L; ++j) acc = formulas::fused_multiply_add(ds[hd.sq(i, j)], hd.k[hd.at(j, d)], acc);
+            for (std::int64_t j = 0; j < L; ++j)
+              acc = formulas::fused_multiply_add(formulas::packed_operand<T>(ds[hd.sq(i, j)]), hd.k[hd.at(j, d)], acc);
             base[i * 3 * W + d] = T(acc);
           }
         for (std::int64_t j = 0; j < L; ++j)
           for (std::int64_t d = 0; d < Dh; ++d) {
             M acc = M(0);
-            for (std::int64_t i = 0; i < L; ++i) acc = formulas::fused_multiply_add(ds[hd.sq(i, j)], hd.q[hd.at(i, d)], acc);
+            for (std::int64_t i = 0; i < L; ++i)
+              acc = formulas::fused_multiply_add(formulas::packed_operand<T>(ds[hd.sq(i, j)]), hd.q[hd.at(i, d)], acc);
             base[j * 3 * W + W + d] = T(acc);
           }
       },

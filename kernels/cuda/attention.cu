@@ -2,10 +2,14 @@
 // lane l handles columns l, l + 32, ... ; the row max by butterfly, the sums
 // in formulas::lane_sum's order (warp_lane_sum), so a row gives the CPU's
 // bits wherever exp does. The element formulas are kernels/formulas/attention.h.
+// Then packed_attention's fused kernels, a block per (batch, head) pair: f32
+// and f64 on the CUDA cores in the CPU loop's order, f16 and bf16 on the
+// tensor cores.
 #include <type_traits>
 
 #include "qgrad/kernels/cuda/entries.h"
 #include "qgrad/kernels/cuda/launch.cuh"
+#include "qgrad/kernels/cuda/mma.cuh"
 #include "qgrad/kernels/cuda/warp_rows.cuh"
 #include "qgrad/kernels/formulas/attention.h"
 #include "qgrad/kernels/formulas/transformer.h"
@@ -74,7 +78,7 @@ void dropout_impl(const Tensor& probs, const Tensor& attn, const AttentionRows& 
   });
 }
 
-// ---- packed_attention: a block of 16 x 16 threads per (batch, head) pair.
+// ---- packed_attention in f32 and f64: a block of 16 x 16 threads per (batch, head) pair.
 // Thread (ty, tx) owns a 4 x kCols tile of every product: rows 4 ty + a
 // (a < 4) and columns kCols tx + c (kCols: 4 for the L x L products, the head
 // dim's ceil(Dh / 16) for the L x Dh ones), each output a chain of fused
@@ -244,10 +248,10 @@ __device__ __forceinline__ void load_pair(const PackedLayout<M>& s, const T* qkv
   });
 }
 
-// The backward's registers are held to 4 blocks an SM where the math is f32
-// (f32, f16, bf16), what the ViT's pairs (L = 49, Dh = 32) fit in shared memory:
-// the compiler's own choice, 77 registers, gave 3 (H200, ViT step: 70.4 ->
-// 66.1 us a layer, 64 registers, a 24-byte spill). The forward held to 5
+// The backward's registers are held to 4 blocks an SM in f32, what the ViT's
+// pairs (L = 49, Dh = 32) fit in shared memory: the compiler's own choice, 77
+// registers, gave 3 (H200, ViT step: 70.4 -> 66.1 us a layer, 64 registers,
+// a 24-byte spill). The forward held to 5
 // blocks measured no faster (37.7 -> 38.2 us) and keeps its 58; f64 keeps
 // the compiler's choice (held, it spills hundreds of bytes).
 template <class T>
@@ -365,6 +369,322 @@ __global__ void __launch_bounds__(kPackedThreads, packed_backward_min_blocks<T>(
   tile_store<kDh>(acc, s.L, s.Dh, [&](int, int j, int d, M dk) { base[j * 3 * W + W + d] = T(dk); });
 }
 
+// ---- packed_attention in f16 and bf16: the products on the tensor cores
+// (mma.sync m16n8k16 with f32 accumulators, kernels/cuda/mma.cuh), a block
+// of 4 warps per (batch, head) pair, warp w owning query rows 16 w ... 16 w +
+// 15, and for dV and dK key rows 16 w ... . The pair's operands sit in shared
+// memory as 16-bit words, the sequence and the head dim padded with zeros to
+// multiples of 16 (logits of padded keys are -inf); arrays a product reads
+// along the sequence are stored transposed as well, so that every fragment is
+// 32-bit loads. Probabilities and logit gradients enter their products
+// rounded to the dtype (formulas::packed_operand, the CPU's rule too); the
+// sums inside a product are the tensor cores', not the CPU's chain of fused
+// multiply-adds, so these dtypes agree with the CPU within their rounding,
+// not bit for bit (docs/ops.md). A row's max and exp-sum: each lane its
+// columns in order, then the quad's four lanes by butterfly. The backward
+// recomputes the logits with the forward's own instructions: the same bits. ----
+constexpr int kMmaWarps = static_cast<int>(kPackedAttentionMaxLength) / 16;
+constexpr int kMmaThreads = 32 * kMmaWarps;
+constexpr int kMmaKeyTiles = static_cast<int>(kPackedAttentionMaxLength) / 8;  // n8 tiles of a logits row
+// Pitch of a [.][sequence] array and of a [.][head dim] one, in 16-bit words:
+// 8 past the data, so the 8 rows a fragment load touches fall on 8 bank groups.
+constexpr int kMmaSeqPitch = static_cast<int>(kPackedAttentionMaxLength) + 8;
+template <int kDT>
+constexpr int mma_dim_pitch() {
+  return 16 * kDT + 8;
+}
+// Shared words of the forward (q, k [64][dim pitch], vᵀ [16 kDT][seq pitch])
+// and of the backward (q, k, v, dO and their transposes but v's, Pᵀ and dSᵀ).
+template <int kDT>
+constexpr std::size_t mma_forward_words() {
+  return 2 * 64 * mma_dim_pitch<kDT>() + 16 * kDT * kMmaSeqPitch;
+}
+template <int kDT>
+constexpr std::size_t mma_backward_words() {
+  return 4 * 64 * mma_dim_pitch<kDT>() + 3 * 16 * kDT * kMmaSeqPitch + 2 * 64 * kMmaSeqPitch;
+}
+
+__device__ __forceinline__ std::uint32_t word_pair(const std::uint16_t* p) {
+  return *reinterpret_cast<const std::uint32_t*>(p);
+}
+// The A fragment of rows r0 ..., columns c0 ... of a row-major array (pitch ld).
+__device__ __forceinline__ void mma_load_a(const std::uint16_t* s, int ld, int r0, int c0, std::uint32_t (&a)[4]) {
+  const int g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
+  const std::uint16_t* p = s + (r0 + g) * ld + c0 + 2 * t;
+  a[0] = word_pair(p);
+  a[1] = word_pair(p + 8 * ld);
+  a[2] = word_pair(p + 8);
+  a[3] = word_pair(p + 8 * ld + 8);
+}
+// The B fragment (k x n = 16 x 8) at k0, n0 of an operand stored [n][k] (pitch ld).
+__device__ __forceinline__ void mma_load_b(const std::uint16_t* s, int ld, int n0, int k0, std::uint32_t& b0,
+                                           std::uint32_t& b1) {
+  const int g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
+  const std::uint16_t* p = s + (n0 + g) * ld + k0 + 2 * t;
+  b0 = word_pair(p);
+  b1 = word_pair(p + 8);
+}
+// Row and column of accumulator element c of n8 tile nt (rows from r0).
+__device__ __forceinline__ int mma_row(int r0, int c) { return r0 + (threadIdx.x % 32) / 4 + 8 * (c >> 1); }
+__device__ __forceinline__ int mma_col(int nt, int c) {
+  return 8 * nt + 2 * static_cast<int>(threadIdx.x % 4) + (c & 1);
+}
+
+// acc[nt] (nt < tiles) = x rows r0 ... (A, row major, kKT k16 steps) times
+// the operand stored [n][k].
+template <class T, int kKT, int kTiles>
+__device__ __forceinline__ void mma_rows(float (&acc)[kTiles][4], int tiles, const std::uint16_t* x, int ldx, int r0,
+                                         int kt_count, const std::uint16_t* y, int ldy) {
+  std::uint32_t a[kKT][4];
+#pragma unroll
+  for (int ks = 0; ks < kKT; ++ks)
+    if (ks < kt_count) mma_load_a(x, ldx, r0, 16 * ks, a[ks]);
+#pragma unroll
+  for (int nt = 0; nt < kTiles; ++nt) {
+#pragma unroll
+    for (int c = 0; c < 4; ++c) acc[nt][c] = 0.f;
+    if (nt >= tiles) continue;
+#pragma unroll
+    for (int ks = 0; ks < kKT; ++ks) {
+      if (ks >= kt_count) break;
+      std::uint32_t b0, b1;
+      mma_load_b(y, ldy, 8 * nt, 16 * ks, b0, b1);
+      Mma<T>::run(acc[nt], a[ks][0], a[ks][1], a[ks][2], a[ks][3], b0, b1);
+    }
+  }
+}
+// acc[nt] (nt < tiles) = the warp's 16 rows of a row-major operand held in
+// registers as logits-shaped accumulators (k16 step kt from tiles 2 kt, 2 kt
+// + 1, packed to T), times the operand stored [n][k], over kt < kt_count.
+template <class T, int kTiles>
+__device__ __forceinline__ void mma_registers(float (&acc)[kTiles][4], int tiles, const float (&x)[kMmaKeyTiles][4],
+                                              int kt_count, const std::uint16_t* y, int ldy) {
+  std::uint32_t a[kMmaKeyTiles / 2][4];
+#pragma unroll
+  for (int kt = 0; kt < kMmaKeyTiles / 2; ++kt) {
+    a[kt][0] = Mma<T>::pack(x[2 * kt][0], x[2 * kt][1]);
+    a[kt][1] = Mma<T>::pack(x[2 * kt][2], x[2 * kt][3]);
+    a[kt][2] = Mma<T>::pack(x[2 * kt + 1][0], x[2 * kt + 1][1]);
+    a[kt][3] = Mma<T>::pack(x[2 * kt + 1][2], x[2 * kt + 1][3]);
+  }
+#pragma unroll
+  for (int nt = 0; nt < kTiles; ++nt) {
+#pragma unroll
+    for (int c = 0; c < 4; ++c) acc[nt][c] = 0.f;
+    if (nt >= tiles) continue;
+#pragma unroll
+    for (int kt = 0; kt < kMmaKeyTiles / 2; ++kt) {
+      if (kt >= kt_count) break;
+      std::uint32_t b0, b1;
+      mma_load_b(y, ldy, 8 * nt, 16 * kt, b0, b1);
+      Mma<T>::run(acc[nt], a[kt][0], a[kt][1], a[kt][2], a[kt][3], b0, b1);
+    }
+  }
+}
+
+// The quad's (one row's four lanes') butterfly max and sum.
+__device__ __forceinline__ float quad_max(float v) {
+  v = formulas::max_nan(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  return formulas::max_nan(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+__device__ __forceinline__ float quad_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+// The logits of the warp's 16 query rows from r0 (-inf past the sequence and
+// where the causal mask hides a key).
+template <class T, int kDT>
+__device__ __forceinline__ void mma_logits(float (&z)[kMmaKeyTiles][4], const std::uint16_t* q, const std::uint16_t* k,
+                                           int r0, int key_tiles, const PackedAttention& a) {
+  mma_rows<T, kDT>(z, key_tiles, q, mma_dim_pitch<kDT>(), r0, kDT, k, mma_dim_pitch<kDT>());
+  const float scale = static_cast<float>(a.scale);
+#pragma unroll
+  for (int nt = 0; nt < kMmaKeyTiles; ++nt)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int j = mma_col(nt, c);
+      z[nt][c] = j < a.L ? formulas::packed_logit(z[nt][c], scale, a.causal, mma_row(r0, c), j)
+                         : -std::numeric_limits<float>::infinity();
+    }
+}
+
+// The pair's rows i < Lq (L rounded up to 16) and head-dim columns d < 16 kDT
+// of q, k, v (zero past L and the head dim): f(i, d, q, k, v) as 16-bit words.
+template <class T, int kDT, class F>
+__device__ __forceinline__ void mma_load_pair(const T* qkv, const PackedAttention& a, std::int64_t n, std::int64_t h,
+                                              int Lq, F f) {
+  constexpr int Dp = 16 * kDT;
+  const std::int64_t W = a.width();
+  for (int idx = static_cast<int>(threadIdx.x); idx < Lq * Dp; idx += kMmaThreads) {
+    const int i = idx / Dp, d = idx % Dp;
+    if (i < a.L && d < a.head_dim) {
+      const T* src = qkv + (n * a.L + i) * 3 * W + h * a.head_dim + d;
+      f(i, d, src[0].bits, src[W].bits, src[2 * W].bits, (n * a.L + i) * W + h * a.head_dim + d);
+    } else {
+      f(i, d, std::uint16_t{0}, std::uint16_t{0}, std::uint16_t{0}, std::int64_t{-1});
+    }
+  }
+}
+
+template <class T, int kDT>
+__global__ void __launch_bounds__(kMmaThreads)
+    packed_attention_forward_mma_kernel(const T* qkv, T* out, float* row_max, float* row_sum, PackedAttention a) {
+  ::qgrad::cuda::wait_for_prior_kernels();
+  extern __shared__ __align__(16) unsigned char packed_smem[];
+  constexpr int ld = mma_dim_pitch<kDT>();
+  auto* q = reinterpret_cast<std::uint16_t*>(packed_smem);
+  std::uint16_t* k = q + 64 * ld;
+  std::uint16_t* vt = k + 64 * ld;
+  const std::int64_t n = blockIdx.x / a.heads, h = blockIdx.x % a.heads, W = a.width();
+  const int L = static_cast<int>(a.L), Lq = (L + 15) / 16 * 16;
+  mma_load_pair<T, kDT>(qkv, a, n, h, Lq, [&](int i, int d, std::uint16_t qv, std::uint16_t kv, std::uint16_t vv,
+                                              std::int64_t) {
+    q[i * ld + d] = qv;
+    k[i * ld + d] = kv;
+    vt[d * kMmaSeqPitch + i] = vv;
+  });
+  __syncthreads();
+  const int r0 = 16 * static_cast<int>(threadIdx.x / 32);
+  if (r0 >= Lq) return;
+  float z[kMmaKeyTiles][4];
+  mma_logits<T, kDT>(z, q, k, r0, Lq / 8, a);
+  float mx[2] = {-std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity()};
+#pragma unroll
+  for (int nt = 0; nt < kMmaKeyTiles; ++nt)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) mx[c >> 1] = formulas::max_nan(mx[c >> 1], z[nt][c]);
+  float sum[2] = {0.f, 0.f};
+#pragma unroll
+  for (int r = 0; r < 2; ++r) mx[r] = quad_max(mx[r]);
+#pragma unroll
+  for (int nt = 0; nt < kMmaKeyTiles; ++nt)
+#pragma unroll
+    for (int c = 0; c < 4; ++c)
+      if (mma_col(nt, c) < L) sum[c >> 1] += formulas::exp_m(z[nt][c] - mx[c >> 1]);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) sum[r] = quad_sum(sum[r]);
+#pragma unroll
+  for (int nt = 0; nt < kMmaKeyTiles; ++nt)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) z[nt][c] = formulas::attention_prob(z[nt][c], mx[c >> 1], sum[c >> 1]);
+  if (threadIdx.x % 4 == 0)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int i = mma_row(r0, 2 * r);
+      if (i < L) {
+        row_max[(n * a.heads + h) * a.L + i] = mx[r];
+        row_sum[(n * a.heads + h) * a.L + i] = sum[r];
+      }
+    }
+  float o[2 * kDT][4];  // O = P v over the key tiles
+  mma_registers<T>(o, 2 * kDT, z, Lq / 16, vt, kMmaSeqPitch);
+#pragma unroll
+  for (int nt = 0; nt < 2 * kDT; ++nt)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int i = mma_row(r0, c), d = mma_col(nt, c);
+      if (i < L && d < a.head_dim) out[(n * a.L + i) * W + h * a.head_dim + d] = T(o[nt][c]);
+    }
+}
+
+template <class T, int kDT>
+__global__ void __launch_bounds__(kMmaThreads)
+    packed_attention_backward_mma_kernel(const T* qkv, const T* dout, const std::uint32_t* dout_mask,
+                                         const float* row_max, const float* row_sum, T* dqkv, PackedAttention a) {
+  ::qgrad::cuda::wait_for_prior_kernels();
+  extern __shared__ __align__(16) unsigned char packed_smem[];
+  constexpr int ld = mma_dim_pitch<kDT>(), Dp = 16 * kDT;
+  auto* q = reinterpret_cast<std::uint16_t*>(packed_smem);
+  std::uint16_t *k = q + 64 * ld, *v = k + 64 * ld, *g = v + 64 * ld;
+  std::uint16_t *qt = g + 64 * ld, *kt = qt + Dp * kMmaSeqPitch, *gt = kt + Dp * kMmaSeqPitch;
+  std::uint16_t *pt = gt + Dp * kMmaSeqPitch, *dst = pt + 64 * kMmaSeqPitch;
+  const std::int64_t n = blockIdx.x / a.heads, h = blockIdx.x % a.heads, W = a.width();
+  const int L = static_cast<int>(a.L), Lq = (L + 15) / 16 * 16;
+  mma_load_pair<T, kDT>(qkv, a, n, h, Lq, [&](int i, int d, std::uint16_t qv, std::uint16_t kv, std::uint16_t vv,
+                                              std::int64_t at) {
+    const std::uint16_t gv = at < 0 ? std::uint16_t{0} : T(formulas::masked_grad(dout, dout_mask, at)).bits;
+    q[i * ld + d] = qv;
+    k[i * ld + d] = kv;
+    v[i * ld + d] = vv;
+    g[i * ld + d] = gv;
+    qt[d * kMmaSeqPitch + i] = qv;
+    kt[d * kMmaSeqPitch + i] = kv;
+    gt[d * kMmaSeqPitch + i] = gv;
+  });
+  __syncthreads();
+  const int r0 = 16 * static_cast<int>(threadIdx.x / 32);
+  const bool active = r0 < Lq;
+  T* base = dqkv + n * a.L * 3 * W + h * a.head_dim;  // row 0 of this pair's q part
+  const float scale = static_cast<float>(a.scale);
+  if (active) {
+    float p[kMmaKeyTiles][4];  // P from the logits and the saved statistics (0 past the sequence)
+    mma_logits<T, kDT>(p, q, k, r0, Lq / 8, a);
+    float mx[2], sum[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int i = min(mma_row(r0, 2 * r), L - 1);
+      mx[r] = row_max[(n * a.heads + h) * a.L + i];
+      sum[r] = row_sum[(n * a.heads + h) * a.L + i];
+    }
+#pragma unroll
+    for (int nt = 0; nt < kMmaKeyTiles; ++nt)
+#pragma unroll
+      for (int c = 0; c < 4; ++c)
+        p[nt][c] = mma_row(r0, c) < L ? formulas::attention_prob(p[nt][c], mx[c >> 1], sum[c >> 1]) : 0.f;
+    float dp[kMmaKeyTiles][4];  // dP = dO vᵀ
+    mma_rows<T, kDT>(dp, Lq / 8, g, ld, r0, kDT, v, ld);
+    float dot[2] = {0.f, 0.f};
+#pragma unroll
+    for (int nt = 0; nt < kMmaKeyTiles; ++nt)
+#pragma unroll
+      for (int c = 0; c < 4; ++c)
+        if (mma_col(nt, c) < L) dot[c >> 1] += dp[nt][c] * p[nt][c];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) dot[r] = quad_sum(dot[r]);
+#pragma unroll
+    for (int nt = 0; nt < kMmaKeyTiles; ++nt)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int i = mma_row(r0, c), j = mma_col(nt, c);
+        dp[nt][c] = formulas::packed_logit_grad(p[nt][c], dp[nt][c], dot[c >> 1], scale);  // dS
+        if (j < Lq) {
+          pt[j * kMmaSeqPitch + i] = T(p[nt][c]).bits;
+          dst[j * kMmaSeqPitch + i] = T(dp[nt][c]).bits;
+        }
+      }
+    float dq[2 * kDT][4];  // dQ = dS k
+    mma_registers<T>(dq, 2 * kDT, dp, Lq / 16, kt, kMmaSeqPitch);
+#pragma unroll
+    for (int nt = 0; nt < 2 * kDT; ++nt)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int i = mma_row(r0, c), d = mma_col(nt, c);
+        if (i < L && d < a.head_dim) base[i * 3 * W + d] = T(dq[nt][c]);
+      }
+  }
+  __syncthreads();
+  if (!active) return;
+  float acc[2 * kDT][4];  // dV = Pᵀ dO, then dK = dSᵀ q, for key rows r0 ...
+  mma_rows<T, kMmaKeyTiles / 2>(acc, 2 * kDT, pt, kMmaSeqPitch, r0, Lq / 16, gt, kMmaSeqPitch);
+#pragma unroll
+  for (int nt = 0; nt < 2 * kDT; ++nt)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int j = mma_row(r0, c), d = mma_col(nt, c);
+      if (j < L && d < a.head_dim) base[j * 3 * W + 2 * W + d] = T(acc[nt][c]);
+    }
+  mma_rows<T, kMmaKeyTiles / 2>(acc, 2 * kDT, dst, kMmaSeqPitch, r0, Lq / 16, qt, kMmaSeqPitch);
+#pragma unroll
+  for (int nt = 0; nt < 2 * kDT; ++nt)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int j = mma_row(r0, c), d = mma_col(nt, c);
+      if (j < L && d < a.head_dim) base[j * 3 * W + W + d] = T(acc[nt][c]);
+    }
+}
+
+
 // The fit rule's bound of dynamic shared memory, allowed once per kernel and
 // device (the head-dim instantiations share one function type).
 template <auto kKernel>
@@ -389,6 +709,39 @@ void with_head_tiles(std::int64_t head_dim, F f) {
   }
 }
 
+template <class T>
+void mma_forward(const Tensor& qkv, const Tensor& out, const Tensor& row_max, const Tensor& row_sum,
+                 const PackedAttention& a) {
+  const int dev = out.device().index;
+  with_head_tiles(a.head_dim, [&](auto dh) {
+    constexpr int kDT = decltype(dh)::value;
+    constexpr auto kernel = packed_attention_forward_mma_kernel<T, kDT>;
+    constexpr std::size_t smem = mma_forward_words<kDT>() * sizeof(std::uint16_t);
+    static_assert(smem <= kPackedAttentionMaxSmem);
+    allow_dynamic_smem<kernel>(dev, static_cast<int>(kPackedAttentionMaxSmem));
+    ::qgrad::cuda::launch_kernel(dev, kernel, packed_blocks(a), kMmaThreads, smem,
+                                 static_cast<const T*>(qkv.data_ptr()), static_cast<T*>(out.data_ptr()),
+                                 static_cast<float*>(row_max.data_ptr()), static_cast<float*>(row_sum.data_ptr()), a);
+  });
+}
+
+template <class T>
+void mma_backward(const Tensor& qkv, const Tensor& dout, const Tensor& row_max, const Tensor& row_sum,
+                  const Tensor& dqkv, const PackedAttention& a, const std::uint32_t* dout_mask) {
+  const int dev = dqkv.device().index;
+  with_head_tiles(a.head_dim, [&](auto dh) {
+    constexpr int kDT = decltype(dh)::value;
+    constexpr auto kernel = packed_attention_backward_mma_kernel<T, kDT>;
+    constexpr std::size_t smem = mma_backward_words<kDT>() * sizeof(std::uint16_t);
+    static_assert(smem <= kPackedAttentionMaxSmem);
+    allow_dynamic_smem<kernel>(dev, static_cast<int>(kPackedAttentionMaxSmem));
+    ::qgrad::cuda::launch_kernel(dev, kernel, packed_blocks(a), kMmaThreads, smem,
+                                 static_cast<const T*>(qkv.data_ptr()), static_cast<const T*>(dout.data_ptr()),
+                                 dout_mask, static_cast<const float*>(row_max.data_ptr()),
+                                 static_cast<const float*>(row_sum.data_ptr()), static_cast<T*>(dqkv.data_ptr()), a);
+  });
+}
+
 }  // namespace
 
 void packed_attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& row_max, const Tensor& row_sum,
@@ -396,15 +749,19 @@ void packed_attention_forward(const Tensor& qkv, const Tensor& out, const Tensor
   dispatch_floating(qkv.dtype(), "packed_attention", [&](auto tag) {
     using T = typename decltype(tag)::type;
     using M = op_math_t<T>;
-    const int dev = out.device().index;
-    const std::size_t smem = packed_attention_forward_smem(a.L, a.head_dim, sizeof(M));
-    with_head_tiles(a.head_dim, [&](auto dh) {
-      constexpr auto kernel = packed_attention_forward_kernel<T, decltype(dh)::value>;
-      allow_packed_smem<kernel>(dev);
-      ::qgrad::cuda::launch_kernel(dev, kernel, packed_blocks(a), kPackedThreads, smem,
-                                   static_cast<const T*>(qkv.data_ptr()), static_cast<T*>(out.data_ptr()),
-                                   static_cast<M*>(row_max.data_ptr()), static_cast<M*>(row_sum.data_ptr()), a);
-    });
+    if constexpr (sizeof(T) == 2) {  // f16, bf16: the tensor cores
+      mma_forward<T>(qkv, out, row_max, row_sum, a);
+    } else {
+      const int dev = out.device().index;
+      const std::size_t smem = packed_attention_forward_smem(a.L, a.head_dim, sizeof(M));
+      with_head_tiles(a.head_dim, [&](auto dh) {
+        constexpr auto kernel = packed_attention_forward_kernel<T, decltype(dh)::value>;
+        allow_packed_smem<kernel>(dev);
+        ::qgrad::cuda::launch_kernel(dev, kernel, packed_blocks(a), kPackedThreads, smem,
+                                     static_cast<const T*>(qkv.data_ptr()), static_cast<T*>(out.data_ptr()),
+                                     static_cast<M*>(row_max.data_ptr()), static_cast<M*>(row_sum.data_ptr()), a);
+      });
+    }
   });
 }
 
@@ -413,16 +770,20 @@ void packed_attention_backward(const Tensor& qkv, const Tensor& dout, const Tens
   dispatch_floating(qkv.dtype(), "packed_attention", [&](auto tag) {
     using T = typename decltype(tag)::type;
     using M = op_math_t<T>;
-    const int dev = dqkv.device().index;
-    with_head_tiles(a.head_dim, [&](auto dh) {
-      constexpr auto kernel = packed_attention_backward_kernel<T, decltype(dh)::value>;
-      allow_packed_smem<kernel>(dev);
-      ::qgrad::cuda::launch_kernel(dev, kernel, packed_blocks(a), kPackedThreads,
-                                   packed_attention_backward_smem(a.L, a.head_dim, sizeof(M)),
-                                   static_cast<const T*>(qkv.data_ptr()), static_cast<const T*>(dout.data_ptr()),
-                                   dout_mask, static_cast<const M*>(row_max.data_ptr()),
-                                   static_cast<const M*>(row_sum.data_ptr()), static_cast<T*>(dqkv.data_ptr()), a);
-    });
+    if constexpr (sizeof(T) == 2) {  // f16, bf16: the tensor cores
+      mma_backward<T>(qkv, dout, row_max, row_sum, dqkv, a, dout_mask);
+    } else {
+      const int dev = dqkv.device().index;
+      with_head_tiles(a.head_dim, [&](auto dh) {
+        constexpr auto kernel = packed_attention_backward_kernel<T, decltype(dh)::value>;
+        allow_packed_smem<kernel>(dev);
+        ::qgrad::cuda::launch_kernel(dev, kernel, packed_blocks(a), kPackedThreads,
+                                     packed_attention_backward_smem(a.L, a.head_dim, sizeof(M)),
+                                     static_cast<const T*>(qkv.data_ptr()), static_cast<const T*>(dout.data_ptr()),
+                                     dout_mask, static_cast<const M*>(row_max.data_ptr()),
+                                     static_cast<const M*>(row_sum.data_ptr()), static_cast<T*>(dqkv.data_ptr()), a);
+      });
+    }
   });
 }
 

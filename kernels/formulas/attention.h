@@ -53,6 +53,16 @@ QGRAD_HD M packed_logit_grad(M p, M dp, M dot, M scale) {
   return p * (dp - dot) * scale;
 }
 
+// packed_attention's probabilities and logit gradients as operands of their
+// products (O = P v, dV = Pᵀ dO; dQ = dS k, dK = dSᵀ q): rounded to the
+// dtype T, as the tensor cores take them in f16 and bf16 (kernels/cuda/
+// attention.cu); the value itself where T is the math type (f32, f64).
+template <class T, class M>
+QGRAD_HD M packed_operand(M v) {
+  if constexpr (std::is_same_v<T, M>) return v;
+  else return M(T(v));
+}
+
 // The dropout multiplier of element i (scale_d = 1 / (1 - p), 0 for p == 1).
 template <class M>
 QGRAD_HD M attention_drop(const kernels::AttentionRows& a, std::int64_t i, M v, M scale_d) {

@@ -92,6 +92,11 @@ void set_gradient_folding(bool enabled) { g_gradient_folding.store(enabled, std:
 std::uint64_t folded_gradient_count() { return g_folded.load(std::memory_order_relaxed); }
 
 kernels::DeferredPasses* deferred_gradient_passes() { return g_deferred_passes; }
+bool gradient_deferrable(const Tensor& t) {
+  if (t.is_leaf()) return true;
+  const std::shared_ptr<Node> n = t.grad_fn();
+  return n != nullptr && n->reads_gradient_deferred;
+}
 bool gradient_deferral_enabled() { return g_gradient_deferral.load(std::memory_order_relaxed); }
 void set_gradient_deferral(bool enabled) { g_gradient_deferral.store(enabled, std::memory_order_relaxed); }
 std::uint64_t deferred_gradient_pass_count() { return g_deferred.load(std::memory_order_relaxed); }
@@ -245,6 +250,7 @@ void run_backward(const Tensor& root, const Tensor& grad_in, bool retain_graph) 
         const auto it = pending.find(n->inputs[i].node.get());
         if (!shared && it != pending.end()) offered[i] = it->second;
       }
+      for (const Tensor& o : offered) deferred.flush_if_writes(o);  // the rule may read them
       input_grads = n->folding_backward(g, offered, folded);
       QGRAD_CHECK(folded.size() == n->inputs.size(), "backward", n->name, "folding rule resized its folded flags");
       for (std::size_t i = 0; i < folded.size(); ++i) {
@@ -263,8 +269,12 @@ void run_backward(const Tensor& root, const Tensor& grad_in, bool retain_graph) 
       const Tensor gi = i < input_grads.size() ? input_grads[i] : Tensor();
       if (gi.defined() && e.needs_grad()) check_grad(*n, i, gi);
       if (e.node) {
-        deferred.flush_if_writes(gi);  // another rule reads it
         Tensor& slot = pending[e.node.get()];
+        // Another rule reads it, unless that rule only queues passes reading
+        // it and it arrives alone (an add into a pending gradient reads both).
+        const bool alone = !slot.defined() || folded[i];
+        if (!(e.node->reads_gradient_deferred && alone)) deferred.flush_if_writes(gi);
+        if (gi.defined() && !folded[i]) deferred.flush_if_writes(slot);
         if (gi.defined()) slot = folded[i] ? gi : accumulate(slot, gi);
         if (--dependencies[e.node.get()] == 0) ready.push_back(e.node.get());
       } else if (e.leaf) {

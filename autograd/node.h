@@ -49,6 +49,11 @@ struct Node {
   FoldingBackwardFn folding_backward;  // optional: what the engine calls, where set
   std::size_t saved_bytes = 0;    // what the closure keeps alive, for docs and DOT
   std::uint64_t sequence = 0;     // creation order
+  // The rule reads its incoming gradient only through passes it queues on
+  // deferred_gradient_passes() (a cast into a leaf): the engine hands it a
+  // gradient that a queued pass has yet to write without running the queue
+  // first, and a rule above may queue its last pass for it as for a leaf.
+  bool reads_gradient_deferred = false;
   bool released = false;
   Node() = default;
   Node(const Node&) = delete;
@@ -120,6 +125,10 @@ namespace kernels {
 class DeferredPasses;
 }
 kernels::DeferredPasses* deferred_gradient_passes();
+// Whether a rule may queue the last pass of t's gradient there: t is a leaf,
+// or its node reads its gradient only through deferred passes
+// (Node::reads_gradient_deferred: a mixed-precision parameter's cast).
+bool gradient_deferrable(const Tensor& t);
 bool gradient_deferral_enabled();
 void set_gradient_deferral(bool enabled);
 // How many passes backward has run deferred since the process started

@@ -2,6 +2,7 @@
 // rules, run by flush(). CUDA batches in kernels/cuda/deferred.cu.
 #include "qgrad/kernels/deferred.h"
 
+#include <algorithm>
 #include <atomic>
 #include <utility>
 
@@ -9,6 +10,7 @@
 #include "qgrad/kernels/bitmask.h"
 #include "qgrad/kernels/cuda/entries.h"
 #include "qgrad/kernels/dispatch.h"
+#include "qgrad/kernels/formulas/transformer.h"
 #include "qgrad/kernels/loop.h"
 #include "qgrad/kernels/quantize.h"
 
@@ -24,6 +26,31 @@ DType op_math_dtype(DType t) {
   });
 }
 
+// dx = cast(dy) * bit for a dy of a narrower dtype S (formulas::masked_grad_cast).
+template <class T, class S>
+struct MaskedCast {
+  const S* dy;
+  const std::uint32_t* mask;
+  T* dx;
+  QGRAD_HD void operator()(std::int64_t i) const { dx[i] = T(formulas::masked_grad_cast<T>(dy, mask, i)); }
+};
+
+void masked_gradient_now(const Tensor& dy, const Tensor& mask, const Tensor& dx) {
+  if (dy.dtype() == dx.dtype()) {
+    fake_quantize_backward(dy, dx, words(mask));
+    return;
+  }
+  dispatch_floating(dx.dtype(), "masked_gradient", [&](auto out_tag) {
+    using T = typename decltype(out_tag)::type;
+    dispatch_floating(dy.dtype(), "masked_gradient", [&](auto in_tag) {
+      using S = typename decltype(in_tag)::type;
+      for_each_index(dx.device(), dx.numel(),
+                     MaskedCast<T, S>{static_cast<const S*>(dy.data_ptr()), words(mask), static_cast<T*>(dx.data_ptr())},
+                     "masked_gradient");
+    });
+  });
+}
+
 // One pass where it would have run (the CPU; a CUDA pass that has no batch).
 void run_now(const DeferredPass& p) {
   if (p.kind == DeferredPass::Kind::cast) {
@@ -31,7 +58,7 @@ void run_now(const DeferredPass& p) {
     return;
   }
   if (p.kind == DeferredPass::Kind::masked_gradient) {
-    fake_quantize_backward(p.in, p.out, words(p.mask));
+    masked_gradient_now(p.in, p.mask, p.out);
     return;
   }
   dispatch_floating(p.out.dtype(), "column_sums_finish", [&](auto tag) {
@@ -60,16 +87,19 @@ void DeferredPasses::column_sums_finish(const Tensor& partial, const Tensor& out
               "column_sums_finish", "partial", "expected [chunks, ", out.numel(), "] in ",
               dtype_name(op_math_dtype(out.dtype())), " on ", out.device().str(), ", got ", shape_str(partial.shape()),
               " ", dtype_name(partial.dtype()), " on ", partial.device().str());
-  passes_.push_back({DeferredPass::Kind::column_sums_finish, partial, Tensor(), out});
+  push({DeferredPass::Kind::column_sums_finish, partial, Tensor(), out});
 }
 
 void DeferredPasses::masked_gradient(const Tensor& dy, const Tensor& mask, const Tensor& dx) {
-  QGRAD_CHECK(dy.shape() == dx.shape() && dy.dtype() == dx.dtype() && dy.device() == dx.device() &&
-                  mask.device() == dx.device() && mask.numel() >= bitmask_words(dx.numel()),
-              "masked_gradient", "dy", "dy ", shape_str(dy.shape()), " and dx ", shape_str(dx.shape()),
-              " must match in shape, dtype and device, with a mask of ", bitmask_words(dx.numel()), " words");
+  QGRAD_CHECK(dy.shape() == dx.shape() && masked_gradient_exact_cast(dy.dtype(), dx.dtype()) &&
+                  dy.device() == dx.device() && mask.device() == dx.device() &&
+                  mask.numel() >= bitmask_words(dx.numel()),
+              "masked_gradient", "dy", "dy ", shape_str(dy.shape()), " ", dtype_name(dy.dtype()), " and dx ",
+              shape_str(dx.shape()), " ", dtype_name(dx.dtype()),
+              " must match in shape and device, dy's dtype dx's or one it holds exactly, with a mask of ",
+              bitmask_words(dx.numel()), " words");
   if (dx.numel() == 0) return;
-  passes_.push_back({DeferredPass::Kind::masked_gradient, dy, mask, dx});
+  push({DeferredPass::Kind::masked_gradient, dy, mask, dx});
 }
 
 void DeferredPasses::cast(const Tensor& in, const Tensor& out) {
@@ -79,7 +109,22 @@ void DeferredPasses::cast(const Tensor& in, const Tensor& out) {
               shape_str(out.shape()), " ", dtype_name(out.dtype()),
               " must be floating, of one element count and device");
   if (out.numel() == 0) return;
-  passes_.push_back({DeferredPass::Kind::cast, in, Tensor(), out});
+  push({DeferredPass::Kind::cast, in, Tensor(), out});
+}
+
+int DeferredPasses::generation_reading(const Tensor& a, const Tensor& b) const {
+  int g = 0;
+  for (const DeferredPass& p : passes_) {
+    const auto& written = p.out.impl()->storage;
+    if ((a.defined() && a.impl()->storage == written) || (b.defined() && b.impl()->storage == written))
+      g = std::max(g, p.generation + 1);
+  }
+  return g;
+}
+
+void DeferredPasses::push(DeferredPass pass) {
+  pass.generation = generation_reading(pass.in, pass.mask);
+  passes_.push_back(std::move(pass));
 }
 
 namespace {
@@ -116,22 +161,26 @@ void DeferredPasses::flush() {
   std::vector<DeferredPass> passes = std::move(passes_);
   passes_.clear();
   std::vector<char> done(passes.size(), 0);
-  for (std::size_t i = 0; i < passes.size(); ++i) {
-    if (done[i]) continue;
+  int last = 0;
+  for (const DeferredPass& p : passes) last = std::max(last, p.generation);
+  for (std::size_t i = 0; i < passes.size(); ++i)  // the CPU: queue order keeps every writer before its readers
     if (!passes[i].out.is_cuda()) {
       run_now(passes[i]);
-      continue;
+      done[i] = 1;
     }
-    // Every CUDA pass of this device and dtype, in queue order: one batch.
-    std::vector<DeferredPass> group;
-    for (std::size_t j = i; j < passes.size(); ++j)
-      if (!done[j] && passes[j].out.device() == passes[i].out.device() &&
-          passes[j].out.dtype() == passes[i].out.dtype()) {
-        group.push_back(passes[j]);
-        done[j] = 1;
-      }
-    QGRAD_ON_CUDA(cuda::run_deferred_passes(group));
-  }
+  for (int gen = 0; gen <= last; ++gen)
+    for (std::size_t i = 0; i < passes.size(); ++i) {
+      if (done[i] || passes[i].generation != gen) continue;
+      // Every CUDA pass of this generation, device and dtype, in queue order: one batch.
+      std::vector<DeferredPass> group;
+      for (std::size_t j = i; j < passes.size(); ++j)
+        if (!done[j] && passes[j].generation == gen && passes[j].out.device() == passes[i].out.device() &&
+            passes[j].out.dtype() == passes[i].out.dtype()) {
+          group.push_back(passes[j]);
+          done[j] = 1;
+        }
+      QGRAD_ON_CUDA(cuda::run_deferred_passes(group));
+    }
 }
 
 void cast_gradient(const Tensor& in, const Tensor& out, DeferredPasses* defer) {
@@ -141,7 +190,13 @@ void cast_gradient(const Tensor& in, const Tensor& out, DeferredPasses* defer) {
 
 void masked_gradient(const Tensor& dy, const Tensor& mask, const Tensor& dx, DeferredPasses* defer) {
   if (defer != nullptr) defer->masked_gradient(dy, mask, dx);
-  else if (dx.numel() > 0) fake_quantize_backward(dy, dx, words(mask));
+  else if (dx.numel() > 0) masked_gradient_now(dy, mask, dx);
+}
+
+bool masked_gradient_exact_cast(DType from, DType to) {
+  if (from == to) return is_floating(from);
+  const bool narrow16 = from == DType::bf16 || from == DType::f16;
+  return (narrow16 && (to == DType::f32 || to == DType::f64)) || (from == DType::f32 && to == DType::f64);
 }
 
 }  // namespace qgrad::kernels

@@ -32,6 +32,10 @@ struct DeferredPass {
   Tensor in;    // column_sums_finish: partials [chunks, cols] in op math; masked_gradient: dy; cast: the source
   Tensor mask;  // masked_gradient: the saved bit mask (s32 words, kernels/bitmask.h)
   Tensor out;   // what the pass writes
+  // 0, or one past the latest generation of a queued pass that writes what
+  // this one reads (a cast of a gradient a finish has yet to write): flush
+  // runs the generations in order.
+  int generation = 0;
 };
 
 class DeferredPasses {
@@ -45,7 +49,10 @@ class DeferredPasses {
   // (ChunkSumsFinish, kernels/loop.h, without a mean); partial is
   // [chunks, out.numel()] in op_math_t of out's dtype, on out's device.
   void column_sums_finish(const Tensor& partial, const Tensor& out);
-  // dx = dy * bit (fake_quantize_backward); dy and dx of one shape and dtype.
+  // dx = dy * bit (fake_quantize_backward); dy and dx of one shape. dy may
+  // be of a narrower floating dtype than dx whose values dx's holds exactly
+  // (bf16 or f16 into f32 or f64, f32 into f64): dx = cast(dy) * bit, the
+  // bits of the cast's pass followed by the mask's (masked_gradient_exact_cast).
   void masked_gradient(const Tensor& dy, const Tensor& mask, const Tensor& dx);
   // out = in converted to out's dtype (kernels::cast, formulas::cast_value);
   // floating dtypes, the same numel and device.
@@ -67,11 +74,15 @@ class DeferredPasses {
   bool writes(const Tensor& t) const;
   bool empty() const { return passes_.empty(); }
   std::size_t size() const { return passes_.size(); }
-  // Runs every queued pass: on the CPU one after another, on CUDA one launch
-  // per device and dtype (up to a table's worth of passes each).
+  // Runs every queued pass: on the CPU one after another (queue order), on
+  // CUDA one launch per generation, device and dtype (up to a table's worth
+  // of passes each), the generations in order.
   void flush();
 
  private:
+  // The generation of a pass reading a and b (undefined: nothing).
+  int generation_reading(const Tensor& a, const Tensor& b) const;
+  void push(DeferredPass pass);
   struct KnownPartials {
     std::weak_ptr<Storage> storage;
     std::int64_t offset, numel, chunk_rows;
@@ -81,8 +92,12 @@ class DeferredPasses {
   std::vector<KnownPartials> partials_;
 };
 
-// dx = dy * bit, queued on `defer` when it is given, else run now.
+// dx = dy * bit, queued on `defer` when it is given, else run now (dy's
+// dtype as DeferredPasses::masked_gradient allows).
 void masked_gradient(const Tensor& dy, const Tensor& mask, const Tensor& dx, DeferredPasses* defer);
+// Whether a gradient in `from` converts to `to` exactly (equal, or bf16 / f16
+// into f32 / f64, or f32 into f64): a masked gradient may take the cast with it.
+bool masked_gradient_exact_cast(DType from, DType to);
 // out = in in out's dtype, queued on `defer` when it is given, else run now.
 void cast_gradient(const Tensor& in, const Tensor& out, DeferredPasses* defer);
 

@@ -1,5 +1,6 @@
 #include "qgrad/nn/recipes.h"
 
+#include <algorithm>
 #include <limits>
 #include <optional>
 
@@ -315,14 +316,19 @@ void stage_8da8w_weights(Module& root) {
     weights.push_back(q->weight());
   });
   if (linears.empty()) return;
-  // fake_quantize_8da8w_weight's arguments.
-  std::vector<Tensor> staged = fake_quantize_dynamic_batch(weights, QuantScope::per_channel(0), QuantMode::symmetric,
-                                                           -128, 127, std::numeric_limits<float>::epsilon());
-  // Mixed precision: the forward's casts of the fake-quantized weights, as one to_batch.
-  // (A model has one compute dtype; a linear with another casts its own.)
+  // Mixed precision: the forward's casts of the fake-quantized weights. A
+  // model has one compute dtype: then the batch casts its outputs itself (each
+  // weight's gradient cast back in its mask's pass); a linear with another
+  // dtype casts its own, the others go through one to_batch.
   std::optional<DType> dt;
   for (const auto* q : linears)
     if (!dt) dt = q->compute_dtype();
+  const bool one_dtype =
+      dt && std::all_of(linears.begin(), linears.end(), [&](const auto* q) { return q->compute_dtype() == dt; });
+  // fake_quantize_8da8w_weight's arguments.
+  std::vector<Tensor> staged =
+      fake_quantize_dynamic_batch(weights, QuantScope::per_channel(0), QuantMode::symmetric, -128, 127,
+                                  std::numeric_limits<float>::epsilon(), one_dtype ? dt : std::nullopt);
   std::vector<std::size_t> cast;
   std::vector<Tensor> to_cast;
   for (std::size_t i = 0; dt && i < linears.size(); ++i)

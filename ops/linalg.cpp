@@ -201,9 +201,10 @@ void linear_record(const char* op, Tensor& out, const Tensor& x, const Tensor& w
                    const Tensor& residual, const GemmShape& s, const Tensor& mask) {
   const bool need_x = x.requires_grad(), need_w = w.requires_grad();
   const bool need_b = bias.defined() && bias.requires_grad();
-  // A leaf bias takes its gradient's finishing pass deferred (autograd/node.h
-  // deferred_gradient_passes): one launch for every parameter's.
-  const bool leaf_bias = need_b && bias.is_leaf();
+  // A leaf bias (or a cast of one: mixed precision) takes its gradient's
+  // finishing pass deferred (autograd/node.h deferred_gradient_passes,
+  // gradient_deferrable): one launch for every parameter's.
+  const bool leaf_bias = need_b && gradient_deferrable(bias);
   Tensor sx = need_w ? x.detach() : Tensor(), sw = need_x ? w.detach() : Tensor();
   const bool need_r = residual.defined() && residual.requires_grad();
   record(

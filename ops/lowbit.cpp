@@ -8,12 +8,14 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
 
 #include "qgrad/autograd/node.h"
 #include "qgrad/kernels/bitmask.h"
+#include "qgrad/kernels/deferred.h"
 #include "qgrad/kernels/lowbit.h"
 #include "qgrad/kernels/observer.h"
 #include "qgrad/kernels/quantize.h"
@@ -493,9 +495,12 @@ Tensor fake_quantize_dynamic(const Tensor& x, QuantScope scope, QuantMode mode, 
 }
 
 std::vector<Tensor> fake_quantize_dynamic_batch(const std::vector<Tensor>& xs, QuantScope scope, QuantMode mode,
-                                                std::int64_t qmin, std::int64_t qmax, double eps) {
+                                                std::int64_t qmin, std::int64_t qmax, double eps,
+                                                std::optional<DType> out_dtype) {
   const char* op = "fake_quantize_dynamic_batch";
   QGRAD_CHECK(!xs.empty(), op, "xs", "expected at least one tensor");
+  QGRAD_CHECK(!out_dtype || is_floating(*out_dtype), op, "out_dtype", "expected a floating dtype, got ",
+              dtype_name(*out_dtype));
   check::quant_mode(mode, op);
   const float e = check::affine_range(qmin, qmax, eps, op);
   // Each tensor as fake_quantize_dynamic checks it, the error naming xs[i].
@@ -533,9 +538,35 @@ std::vector<Tensor> fake_quantize_dynamic_batch(const std::vector<Tensor>& xs, Q
                                                    static_cast<int>(qmax), mode == QuantMode::symmetric, e))
       for (const std::size_t i : members) out[i] = masks[i] = Tensor();  // left to fake_quantize_dynamic below
   }
+  // The outputs cast to out_dtype in one launch a device (to_batch's queue);
+  // a row-kernel output whose gradient casts back exactly takes the cast into
+  // its own node (the mask pass reads the gradient in out_dtype).
+  kernels::DeferredPasses casts;
+  std::vector<char> fused(xs.size(), 0);
   for (std::size_t i = 0; i < xs.size(); ++i) {
-    if (!out[i].defined()) out[i] = fake_quantize_dynamic(xs[i], scope, mode, qmin, qmax, eps);
-    else if (masks[i].defined()) record_masked_backward(op, out[i], xs[i], masks[i]);
+    if (!out[i].defined()) {
+      out[i] = fake_quantize_dynamic(xs[i], scope, mode, qmin, qmax, eps);
+      continue;
+    }
+    if (out_dtype && *out_dtype != out[i].dtype() &&
+        kernels::masked_gradient_exact_cast(*out_dtype, xs[i].dtype())) {
+      Tensor cast = Tensor::empty(out[i].shape(), like(out[i], *out_dtype));
+      casts.cast(out[i], cast);
+      out[i] = cast;
+      fused[i] = 1;
+    }
+    if (masks[i].defined()) record_masked_backward(op, out[i], xs[i], masks[i]);
+  }
+  casts.flush();
+  if (out_dtype) {
+    std::vector<std::size_t> rest;  // the others: to_batch's own cast nodes
+    std::vector<Tensor> rest_in;
+    for (std::size_t i = 0; i < xs.size(); ++i)
+      if (!fused[i] && out[i].dtype() != *out_dtype) rest.push_back(i), rest_in.push_back(out[i]);
+    if (!rest.empty()) {
+      const std::vector<Tensor> cast = to_batch(rest_in, *out_dtype);
+      for (std::size_t k = 0; k < rest.size(); ++k) out[rest[k]] = cast[k];
+    }
   }
   return out;
 }

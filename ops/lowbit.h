@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "qgrad/core/tensor.h"
@@ -96,8 +97,16 @@ Tensor fake_quantize_dynamic(const Tensor& x, QuantScope scope, QuantMode mode, 
 // weights per channel: what a step spent a launch per weight on). Errors:
 // "xs" empty; "xs[i]" where fake_quantize_dynamic would name "x"; mode, qmin,
 // qmax, eps as fake_quantize_dynamic's; all checked before anything runs.
+// With out_dtype (floating): to_batch(the results, *out_dtype) as one op,
+// the same values bit for bit; where the row kernel took a tensor and its
+// gradient casts back exactly (a 16-bit output of an f32 or f64 tensor, an
+// f32 output of an f64 one), its node's backward is one pass,
+// dx = cast(dy) * bit (a mixed-precision step's weights: the cast's pass and
+// the mask's pass as one, deferred for a leaf); the same gradients bit for
+// bit. Errors also: "out_dtype" not floating.
 std::vector<Tensor> fake_quantize_dynamic_batch(const std::vector<Tensor>& xs, QuantScope scope, QuantMode mode,
-                                                std::int64_t qmin, std::int64_t qmax, double eps);
+                                                std::int64_t qmin, std::int64_t qmax, double eps,
+                                                std::optional<DType> out_dtype = std::nullopt);
 
 // fake_quantize_dynamic(gelu(x, approximate), scope, mode, qmin, qmax, eps)
 // as one op, the same values bit for bit on each device: the input of a QAT

@@ -40,14 +40,19 @@ std::uint32_t* mask_words(const Tensor& mask) {
 }
 
 void record_masked_backward(const char* op, Tensor& out, const Tensor& x, const Tensor& mask) {
+  const bool leaf = gradient_deferrable(x);
   record(
       op, out, {x},
-      [mask, leaf = x.is_leaf()](const Tensor& g) {
-        Tensor dx = Tensor::empty(g.shape(), TensorOptions{}.with_dtype(g.dtype()).with_device(g.device()));
+      [mask, leaf, dt = x.dtype()](const Tensor& g) {
+        // In x's dtype: g's, or (fake_quantize_dynamic_batch's out_dtype) one whose values x's holds exactly.
+        Tensor dx = Tensor::empty(g.shape(), TensorOptions{}.with_dtype(dt).with_device(g.device()));
         kernels::masked_gradient(g, mask, dx, leaf ? deferred_gradient_passes() : nullptr);
         return std::vector<Tensor>{dx};
       },
       mask.nbytes());
+  // Into a leaf: g is read only by the queued mask pass (a cast above, as
+  // mixed precision's of a fake-quantized weight, may stay queued too).
+  out.grad_fn()->reads_gradient_deferred = leaf;
 }
 
 }  // namespace detail

@@ -34,11 +34,16 @@ namespace {
 // for a leaf (a mixed-precision parameter) the pass joins the backward's
 // batch of parameter passes (autograd/node.h deferred_gradient_passes).
 void record_cast_backward(Tensor& out, const Tensor& x) {
-  record("to_dtype", out, {x}, [src = x.dtype(), leaf = x.is_leaf()](const Tensor& g) {
+  const bool deferrable = gradient_deferrable(x);
+  record("to_dtype", out, {x}, [src = x.dtype(), deferrable](const Tensor& g) {
     Tensor dx = Tensor::empty(g.shape(), TensorOptions{}.with_dtype(src).with_device(g.device()));
-    kernels::cast_gradient(g, dx, leaf ? deferred_gradient_passes() : nullptr);
+    kernels::cast_gradient(g, dx, deferrable ? deferred_gradient_passes() : nullptr);
     return std::vector<Tensor>{dx};
   });
+  // Into a leaf (or a cast of one): g is read only by the queued cast, so a
+  // rule above may leave g's last pass queued too (a mixed-precision bias's
+  // column-sum finish, a norm's parameter gradients).
+  out.grad_fn()->reads_gradient_deferred = deferrable;
 }
 
 }  // namespace

@@ -64,9 +64,10 @@ void record_norm(const char* op, Tensor& out, const Tensor& x, const Shape& norm
   const bool need_x = x.requires_grad();
   const bool need_w = weight.defined() && weight.requires_grad();
   const bool need_b = bias.defined() && bias.requires_grad();
-  // Parameters that are leaves take their gradients' finishing passes
-  // deferred (autograd/node.h deferred_gradient_passes): one launch for all.
-  const bool leaf_params = (!need_w || weight.is_leaf()) && (!need_b || bias.is_leaf());
+  // Parameters that are leaves (or casts of leaves: mixed precision) take
+  // their gradients' finishing passes deferred (autograd/node.h
+  // deferred_gradient_passes, gradient_deferrable): one launch for all.
+  const bool leaf_params = (!need_w || gradient_deferrable(weight)) && (!need_b || gradient_deferrable(bias));
   Tensor sw = weight.defined() ? weight.detach() : Tensor();
   record_folding(
       op, out, {x, weight, bias},

@@ -267,6 +267,66 @@ TEST_CASE("recipes: fake_quantize_dynamic_batch is fake_quantize_dynamic of each
       }
 }
 
+// out_dtype: to_batch of the results, the same values and gradients bit for
+// bit, where CUDA's row kernel took a tensor (the cast inside the op, its
+// gradient cast back in the mask's pass) and elsewhere (to_batch); leaves
+// (the pass deferred) and non-leaves (run at once); narrowing and widening.
+TEST_CASE("recipes: fake_quantize_dynamic_batch's out_dtype is to_batch of its results, values and gradients") {
+  const Shape shapes[] = {{384, 128}, {128, 128}, {16, 64}};
+  struct Dtypes {
+    DType in, out;
+  };
+  for (const Device d : test_devices())
+    for (const Dtypes t : {Dtypes{DType::f32, DType::bf16}, Dtypes{DType::f32, DType::f16},
+                           Dtypes{DType::bf16, DType::f32}, Dtypes{DType::f64, DType::f32}})
+      for (const bool leaf : {true, false}) {
+        CAPTURE(d.str());
+        CAPTURE(dtype_name(t.in));
+        CAPTURE(dtype_name(t.out));
+        CAPTURE(leaf);
+        Generator g(53);
+        std::vector<Tensor> la, lb, dys;
+        for (const Shape& s : shapes) {
+          const Tensor x0 = randn(s, g, TensorOptions{}, 0.0, 2.0).to(t.in).to(d);
+          la.push_back(param(x0.clone().detach()));
+          lb.push_back(param(x0.clone().detach()));
+          dys.push_back(randn(s, g).to(t.out).to(d));
+        }
+        // Non-leaves: x * 1, whose gradient reaches the leaf unchanged.
+        auto inputs = [&](const std::vector<Tensor>& ls) {
+          std::vector<Tensor> xs;
+          for (const Tensor& l : ls) xs.push_back(leaf ? l : mul(l, 1.0));
+          return xs;
+        };
+        const auto ch0 = QuantScope::per_channel(0);
+        if (d.is_cuda()) prepoison(shapes[0], t.out);
+        const std::vector<Tensor> ya =
+            fake_quantize_dynamic_batch(inputs(la), ch0, QuantMode::symmetric, -128, 127, FLT_EPSILON, t.out);
+        const std::vector<Tensor> yb =
+            to_batch(fake_quantize_dynamic_batch(inputs(lb), ch0, QuantMode::symmetric, -128, 127, FLT_EPSILON), t.out);
+        REQUIRE(ya.size() == yb.size());
+        for (std::size_t i = 0; i < ya.size(); ++i) {
+          CAPTURE(i);
+          CHECK(ya[i].dtype() == t.out);
+          CHECK(bit_equal(ya[i], yb[i]));
+        }
+        Tensor lossa = sum(mul(ya[0], dys[0])), lossb = sum(mul(yb[0], dys[0]));
+        for (std::size_t i = 1; i < ya.size(); ++i) {
+          lossa = add(lossa, sum(mul(ya[i], dys[i])));
+          lossb = add(lossb, sum(mul(yb[i], dys[i])));
+        }
+        lossa.backward();
+        lossb.backward();
+        for (std::size_t i = 0; i < la.size(); ++i) {
+          CAPTURE(i);
+          CHECK(la[i].grad().dtype() == t.in);
+          CHECK(bit_equal(la[i].grad(), lb[i].grad()));
+        }
+        const std::vector<double> g0 = values(la[0].grad());  // the clamp's zeros are there
+        CHECK(std::count(g0.begin(), g0.end(), 0.0) > 0);
+      }
+}
+
 TEST_CASE("recipes: layer_norm_fake_quantize_dynamic is layer_norm then fake_quantize_dynamic, bit for bit, each device") {
   // Rows the CUDA kernel takes (128, 384), one it leaves to the composition
   // (96), and a normalized shape of two dims (the composition); with and

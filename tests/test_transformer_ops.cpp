@@ -6,9 +6,12 @@
 #include <cfloat>
 #include <cmath>
 #include <limits>
+#include <random>
 
 #include "qgrad/core/random.h"
+#include "qgrad/kernels/bitmask.h"
 #include "qgrad/kernels/deferred.h"
+#include "qgrad/kernels/quantize.h"
 #include "train_ops_helpers.h"
 
 using namespace qgrad;
@@ -512,6 +515,54 @@ TEST_CASE("deferred gradient passes: a pre-norm MLP block's parameter gradients,
     }
 }
 
+// Mixed precision: f32 leaves cast to bf16 (to_batch; the weights by
+// fake_quantize_dynamic_batch's out_dtype). The casts' nodes read their
+// gradients only through queued passes, so the rules above them queue their
+// last passes too (the norm's and the biases' finishes) and the casts run a
+// generation later, reading what the finishes wrote: the same bits as with
+// deferral off.
+TEST_CASE("deferred gradient passes through mixed precision's casts: a pre-norm MLP block in bf16, bit for bit with "
+          "deferral off, on every device") {
+  // Weights [h, d] and [d, h]: rows of 128 and 256, which CUDA's row kernel takes.
+  const std::int64_t rows = 3000, d = 128, h = 256;
+  for (const Device dev : test_devices()) {
+    CAPTURE(dev.str());
+    const Tensor x0 = rnd({rows, d}, 111), w0 = rnd({d}, 112), c0 = rnd({d}, 113), wa0 = rnd({h, d}, 114, DType::f64, 0.2),
+                 ba0 = rnd({h}, 115), wb0 = rnd({d, h}, 116, DType::f64, 0.2), bb0 = rnd({d}, 117);
+    const Tensor dy = rnd({rows, d}, 118, DType::bf16).to(dev);
+    auto run = [&](bool defer) {
+      std::vector<Tensor> p{fresh(x0, DType::f32, dev),  fresh(w0, DType::f32, dev),  fresh(c0, DType::f32, dev),
+                            fresh(wa0, DType::f32, dev), fresh(ba0, DType::f32, dev), fresh(wb0, DType::f32, dev),
+                            fresh(bb0, DType::f32, dev)};
+      const std::vector<Tensor> b = to_batch({p[0], p[1], p[2], p[4], p[6]}, DType::bf16);
+      const std::vector<Tensor> wq = fake_quantize_dynamic_batch({p[3], p[5]}, QuantScope::per_channel(0),
+                                                                  QuantMode::symmetric, -127, 127, FLT_EPSILON,
+                                                                  DType::bf16);
+      Tensor y = add(b[0], linear(gelu(linear(layer_norm(b[0], {d}, b[1], b[2]), wq[0], b[3])), wq[1], b[4]));
+      if (dev.is_cuda()) {
+        prepoison({d}, DType::bf16);
+        prepoison({h}, DType::bf16);
+        prepoison({d}, DType::f32);
+      }
+      return grads_with_deferral(defer, y, dy, p, deferred_gradient_pass_count);
+    };
+    const auto [on, n_on] = run(true);
+    const auto [off, n_off] = run(false);
+    // The five casts, the norm's two finishes, and the weights' passes: on CUDA two masks with their casts
+    // inside, and the biases' two finishes (3000 rows: chunked sums); on the CPU two casts and two masks
+    // (the weights take fake_quantize_dynamic there, then to_batch), and no finish for the biases.
+    CHECK(n_on == 11u);
+    CHECK(n_off == 0u);
+    for (std::size_t i = 0; i < on.size(); ++i) {
+      CAPTURE(i);
+      CHECK(on[i].dtype() == DType::f32);
+      CHECK(bit_equal(on[i], off[i]));
+      const std::vector<double> v = values(on[i]);  // no NaN left by an unwritten element
+      CHECK(std::none_of(v.begin(), v.end(), [](double e) { return std::isnan(e); }));
+    }
+  }
+}
+
 TEST_CASE("deferred gradient passes: a bias upstream of a norm finishes the norm's own chunk partials of dx, bit for "
           "bit with deferral off (CUDA)") {
   QGRAD_REQUIRE_GPU();
@@ -543,6 +594,53 @@ TEST_CASE("deferred gradient passes: a bias upstream of a norm finishes the norm
         CHECK(bit_equal(on[i], off[i]));
       }
     }
+}
+
+// A mask pass whose dy has a narrower dtype than dx (a mixed-precision
+// weight's gradient: the cast back and the mask as one pass) gives the bits of
+// the cast followed by the mask, run now or queued (CUDA: the batch kernel),
+// with signed zeros, infinities and NaN among the inputs.
+TEST_CASE("deferred masked gradient with a narrower dy: the cast then the mask, bit for bit, on every device") {
+  struct Pair {
+    DType dy, dx;
+  };
+  for (const Device dev : test_devices())
+    for (const Pair p : {Pair{DType::bf16, DType::f32}, Pair{DType::f16, DType::f32}, Pair{DType::bf16, DType::f64},
+                         Pair{DType::f32, DType::f64}})
+      for (const bool queued : {false, true}) {
+        CAPTURE(dev.str());
+        CAPTURE(dtype_name(p.dy));
+        CAPTURE(dtype_name(p.dx));
+        CAPTURE(queued);
+        const std::int64_t n = 5000;  // past one block of the batch kernel, not a multiple of 32
+        std::vector<double> v = values(rnd({n}, 77, DType::f64, 3.0));
+        v[1] = -0.0;
+        v[2] = kInf;
+        v[3] = -kInf;
+        v[4] = kNaN;
+        const Tensor dy = Tensor::from_vector(v, {n}).to(p.dy).to(dev);
+        std::vector<std::int32_t> words(static_cast<std::size_t>(bitmask_words(n)));
+        std::mt19937 bits(78);
+        for (auto& w : words) w = static_cast<std::int32_t>(bits());
+        const Tensor mask = Tensor::from_vector(words, {static_cast<std::int64_t>(words.size())}).to(dev);
+        const auto* mask_words = static_cast<const std::uint32_t*>(mask.data_ptr());
+        // The two passes it replaces: the cast back, then the mask in dx's dtype.
+        const Tensor want = Tensor::empty({n}, TensorOptions{}.with_dtype(p.dx).with_device(dev));
+        kernels::fake_quantize_backward(dy.to(p.dx), want, mask_words);
+        Tensor dx = Tensor::empty({n}, TensorOptions{}.with_dtype(p.dx).with_device(dev));
+        poison(dx);
+        if (queued) {
+          kernels::DeferredPasses passes;
+          kernels::masked_gradient(dy, mask, dx, &passes);
+          passes.flush();
+        } else {
+          kernels::masked_gradient(dy, mask, dx, nullptr);
+        }
+        CHECK(bit_equal(dx.cpu(), want.cpu()));
+      }
+  CHECK(kernels::masked_gradient_exact_cast(DType::bf16, DType::f32));
+  CHECK_FALSE(kernels::masked_gradient_exact_cast(DType::f32, DType::bf16));
+  CHECK_FALSE(kernels::masked_gradient_exact_cast(DType::f64, DType::f32));
 }
 
 // ---------------------------------------------------------------- embedding

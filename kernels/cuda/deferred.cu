@@ -4,10 +4,12 @@
 // column_sum_kernel's block over ChunkSumsFinish (column_sum.cuh): the same
 // operations in the same order, so the same bits as the finish launched on
 // its own. A mask pass's block writes kMaskBlockElements of dx = dy * bit
-// (FakeQuantGradOp's product, formulas::masked_grad); a cast pass's block
+// (FakeQuantGradOp's product, formulas::masked_grad; dy may be of a narrower
+// dtype that dx's holds exactly: the cast and the mask as one); a cast pass's block
 // converts kMaskBlockElements of its source (f32, f64, bf16 or f16) with
 // formulas::cast_value, kernels::cast's conversion.
 #include <algorithm>
+#include <type_traits>
 
 #include "qgrad/core/cuda/common.cuh"
 #include "qgrad/kernels/cuda/column_sum.cuh"
@@ -25,7 +27,8 @@ constexpr unsigned kBatchThreads = 1024;
 constexpr std::int64_t kMaskBlockElements = 4 * kBatchThreads;
 
 enum PassKind : std::int8_t { kFinish, kMask, kCast };
-enum SourceType : std::int8_t { kF32, kF64, kBf16, kF16 };  // a cast's source
+// A cast's source; a mask pass's dy: kSame (dx's dtype) or a narrower one.
+enum SourceType : std::int8_t { kF32, kF64, kBf16, kF16, kSame };
 
 template <class T>
 struct DeferredTable {
@@ -36,7 +39,7 @@ struct DeferredTable {
   std::int32_t chunks[kDeferredBatchMax];        // finish: partial rows
   std::int32_t first_block[kDeferredBatchMax + 1];
   std::int8_t kind[kDeferredBatchMax];    // PassKind
-  std::int8_t source[kDeferredBatchMax];  // cast: SourceType
+  std::int8_t source[kDeferredBatchMax];  // cast, mask: SourceType
   int count;
 };
 
@@ -46,6 +49,19 @@ __device__ void cast_block(const S* in, T* out, std::int64_t n, std::int64_t bas
   for (int k = 0; k < 4; ++k) {
     const std::int64_t i = base + std::int64_t{k} * kBatchThreads;
     if (i < n) out[i] = formulas::cast_value<T>(in[i]);
+  }
+}
+
+// dx = dy * bit, dy of dtype S: T's (masked_grad), or one T holds exactly
+// (masked_gradient_exact_cast): converted first (formulas::masked_grad_cast).
+template <class T, class S>
+__device__ void mask_block(const S* dy, const std::uint32_t* mask, T* out, std::int64_t n, std::int64_t base) {
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const std::int64_t i = base + std::int64_t{k} * kBatchThreads;
+    if (i >= n) continue;
+    if constexpr (std::is_same_v<S, T>) out[i] = T(formulas::masked_grad(dy, mask, i));
+    else out[i] = T(formulas::masked_grad_cast<T>(dy, mask, i));
   }
 }
 
@@ -73,13 +89,21 @@ __global__ void __launch_bounds__(kBatchThreads) deferred_passes_kernel(const De
                      local);
     return;
   }
-  const T* dy = static_cast<const T*>(table.in[p]);
-  const std::int64_t n = table.n[p];
   const std::int64_t base = local * kMaskBlockElements + threadIdx.y * 32 + threadIdx.x;
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const std::int64_t i = base + std::int64_t{k} * kBatchThreads;
-    if (i < n) table.out[p][i] = T(formulas::masked_grad(dy, table.mask[p], i));
+  const std::uint32_t* mask = table.mask[p];
+  T* out = table.out[p];
+  const std::int64_t n = table.n[p];
+  switch (table.source[p]) {  // dy's dtype: T's, or a narrower one (a mixed-precision weight's gradient)
+    case kBf16:
+      if constexpr (sizeof(T) >= 4) mask_block(static_cast<const bfloat16*>(table.in[p]), mask, out, n, base);
+      break;
+    case kF16:
+      if constexpr (sizeof(T) >= 4) mask_block(static_cast<const half*>(table.in[p]), mask, out, n, base);
+      break;
+    case kF32:
+      if constexpr (sizeof(T) == 8) mask_block(static_cast<const float*>(table.in[p]), mask, out, n, base);
+      break;
+    default: mask_block(static_cast<const T*>(table.in[p]), mask, out, n, base); break;
   }
 }
 
@@ -105,6 +129,11 @@ void launch_batch(const std::vector<DeferredPass>& passes, std::size_t first, st
       if (pass.kind == DeferredPass::Kind::masked_gradient) {
         table.kind[k] = kMask;
         table.mask[k] = static_cast<const std::uint32_t*>(pass.mask.data_ptr());
+        // dy of dx's dtype: kSame; else its 16-bit or f32 dtype (DeferredPasses::masked_gradient checked it).
+        table.source[k] = pass.in.dtype() == pass.out.dtype() ? kSame
+                          : pass.in.dtype() == DType::bf16    ? kBf16
+                          : pass.in.dtype() == DType::f16     ? kF16
+                                                               : kF32;
       } else {
         table.kind[k] = kCast;
         switch (pass.in.dtype()) {

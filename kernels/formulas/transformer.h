@@ -15,6 +15,7 @@
 #include "qgrad/core/half.h"
 #include "qgrad/core/random.h"
 #include "qgrad/kernels/bitmask.h"
+#include "qgrad/kernels/formulas/cast.h"
 #include "qgrad/kernels/formulas/softmax.h"
 
 namespace qgrad::formulas {
@@ -202,6 +203,17 @@ template <class T>
 QGRAD_HD op_math_t<T> masked_grad(const T* dy, const std::uint32_t* mask, std::int64_t i) {
   using M = op_math_t<T>;
   return mask == nullptr ? M(dy[i]) : M(dy[i]) * M(bitmask_get(mask, i) ? 1 : 0);
+}
+
+// masked_grad of a gradient held in S, converted to T first (kernels::cast's
+// conversion, then FakeQuantGradOp's product in T's math): the bits of the
+// cast's pass followed by the mask's, NaN payloads included (a GPU
+// multiply returns its canonical NaN, so the product must be T's).
+template <class T, class S>
+QGRAD_HD op_math_t<T> masked_grad_cast(const S* dy, const std::uint32_t* mask, std::int64_t i) {
+  using M = op_math_t<T>;
+  const M g = M(cast_value<T>(dy[i]));
+  return mask == nullptr ? g : g * M(bitmask_get(mask, i) ? 1 : 0);
 }
 
 // A gradient v (already in T) plus the gradient `pending` (null: none)

@@ -493,8 +493,21 @@ std::vector<OpEntry> lowbit_entries() {
                  const std::vector<Tensor> t =
                      fake_quantize_dynamic_batch({xd.reshape({3, 2, 256}), xd.reshape({12, 128})}, tok, asym, -128, 127,
                                                  1e-5);
-                 if (c.size() != 5 || t.size() != 2) return c;  // never: one output a tensor
-                 return Tensors{add(add(c[0], c[1].reshape({6, 256})), c[2].reshape({6, 256})), c[3], c[4], t[0], t[1]};
+                 // out_dtype: f32 into bf16 (on CUDA the cast inside the op, whose gradient casts
+                 // back exactly), the other dtypes into f32 (the op's to_batch).
+                 const DType out = v[0].dtype() == DType::f32 ? DType::bf16 : DType::f32;
+                 const std::vector<Tensor> o =
+                     fake_quantize_dynamic_batch({xd.reshape({6, 256}), xd.reshape({12, 128}), xd.reshape({24, 64})},
+                                                 ch0, sym, -128, 127, eps, out);
+                 if (c.size() != 5 || t.size() != 2 || o.size() != 3) return c;  // never: one output a tensor
+                 return Tensors{add(add(c[0], c[1].reshape({6, 256})), c[2].reshape({6, 256})),
+                                c[3],
+                                c[4],
+                                t[0],
+                                t[1],
+                                o[0],
+                                o[1],
+                                o[2]};
                },
                Promise::bit_identical(), GradMethod::host_reference,
                [](const Tensors& v, const Tensor& dy) {
@@ -517,6 +530,8 @@ std::vector<OpEntry> lowbit_entries() {
                  auto batch = [](const std::vector<Tensor>& xs, QuantScope sc, QuantMode m, std::int64_t lo,
                                  std::int64_t hi, double eps) { fake_quantize_dynamic_batch(xs, sc, m, lo, hi, eps); };
                  return std::vector<BadInput>{
+                     {op, "out_dtype",
+                      [=] { fake_quantize_dynamic_batch({x}, ch0, sym, -128, 127, 1e-7, DType::s8); }},
                      {op, "xs", [=] { batch({}, ch0, sym, -128, 127, 1e-7); }},
                      {op, "xs[1]", [=] { batch({x, u}, ch0, sym, -128, 127, 1e-7); }},
                      {op, "xs[0]", [=] { batch({some({4, 128}, d, DType::s8), x}, ch0, sym, -128, 127, 1e-7); }},

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <type_traits>
 #include <vector>
 
 #include "qgrad/kernels/bitmask.h"
@@ -46,7 +47,6 @@ struct Gelu {
 // quant's straight-through backward masks it (formulas::FakeQuantGradOp: dy * bit).
 template <class T, bool kTanh>
 struct GeluBackward {
-  static constexpr bool kTanhForm = kTanh;
   const T* dy;
   const T* x;
   T* dx;
@@ -290,13 +290,14 @@ void gelu_backward(const Tensor& dy, const Tensor& x, const Tensor& dx, bool tan
     const std::int64_t n = dx.numel();
     const bool four = dx.is_cuda() && n % 4 == 0 && vec4_aligned<T>(dy.data_ptr()) && vec4_aligned<T>(x.data_ptr()) &&
                       vec4_aligned<T>(dx.data_ptr());
-    auto run = [&](auto rule) {
-      using Rule = decltype(rule);
-      if (four) for_each_index(dx.device(), n / 4, GeluBackwardFour<T, Rule::kTanhForm>{rule}, "gelu_backward");
+    auto run = [&](auto tanh_form) {
+      constexpr bool kTanh = decltype(tanh_form)::value;
+      const GeluBackward<T, kTanh> rule{cdata<T>(dy), cdata<T>(x), mdata<T>(dx), mask};
+      if (four) for_each_index(dx.device(), n / 4, GeluBackwardFour<T, kTanh>{rule}, "gelu_backward");
       else for_each_index(dx.device(), n, rule, "gelu_backward");
     };
-    if (tanh) run(GeluBackward<T, true>{cdata<T>(dy), cdata<T>(x), mdata<T>(dx), mask});
-    else run(GeluBackward<T, false>{cdata<T>(dy), cdata<T>(x), mdata<T>(dx), mask});
+    if (tanh) run(std::true_type{});
+    else run(std::false_type{});
   });
 }
 

@@ -540,9 +540,9 @@ std::vector<Tensor> fake_quantize_dynamic_batch(const std::vector<Tensor>& xs, Q
   }
   // The outputs cast to out_dtype in one launch a device (to_batch's queue);
   // a row-kernel output whose gradient casts back exactly takes the cast into
-  // its own node (the mask pass reads the gradient in out_dtype).
+  // its own node (the mask pass reads the gradient in out_dtype). to_batch
+  // casts the others (its own cast nodes) and leaves these as they are.
   kernels::DeferredPasses casts;
-  std::vector<char> fused(xs.size(), 0);
   for (std::size_t i = 0; i < xs.size(); ++i) {
     if (!out[i].defined()) {
       out[i] = fake_quantize_dynamic(xs[i], scope, mode, qmin, qmax, eps);
@@ -553,22 +553,11 @@ std::vector<Tensor> fake_quantize_dynamic_batch(const std::vector<Tensor>& xs, Q
       Tensor cast = Tensor::empty(out[i].shape(), like(out[i], *out_dtype));
       casts.cast(out[i], cast);
       out[i] = cast;
-      fused[i] = 1;
     }
     if (masks[i].defined()) record_masked_backward(op, out[i], xs[i], masks[i]);
   }
   casts.flush();
-  if (out_dtype) {
-    std::vector<std::size_t> rest;  // the others: to_batch's own cast nodes
-    std::vector<Tensor> rest_in;
-    for (std::size_t i = 0; i < xs.size(); ++i)
-      if (!fused[i] && out[i].dtype() != *out_dtype) rest.push_back(i), rest_in.push_back(out[i]);
-    if (!rest.empty()) {
-      const std::vector<Tensor> cast = to_batch(rest_in, *out_dtype);
-      for (std::size_t k = 0; k < rest.size(); ++k) out[rest[k]] = cast[k];
-    }
-  }
-  return out;
+  return out_dtype ? to_batch(out, *out_dtype) : out;
 }
 
 Tensor gelu_fake_quantize_dynamic(const Tensor& x, GeluApproximate approximate, QuantScope scope, QuantMode mode,

@@ -403,6 +403,8 @@ template <int kDT>
 constexpr std::size_t mma_backward_words() {
   return 4 * 64 * mma_dim_pitch<kDT>() + 3 * 16 * kDT * kMmaSeqPitch + 2 * 64 * kMmaSeqPitch;
 }
+// The largest head dim's backward (more than its forward) fits the fit rule's bound.
+static_assert(mma_backward_words<4>() * sizeof(std::uint16_t) <= kPackedAttentionMaxSmem);
 
 __device__ __forceinline__ std::uint32_t word_pair(const std::uint16_t* p) {
   return *reinterpret_cast<const std::uint32_t*>(p);
@@ -698,6 +700,14 @@ unsigned packed_blocks(const PackedAttention& a) {
   return static_cast<unsigned>(pairs);
 }
 
+// kKernel over the (batch, head) pairs, a block each, with `smem` bytes of
+// dynamic shared memory (within the fit rule's bound, allowed once).
+template <auto kKernel, class... Args>
+void launch_packed(int dev, const PackedAttention& a, unsigned threads, std::size_t smem, Args... args) {
+  allow_packed_smem<kKernel>(dev);
+  ::qgrad::cuda::launch_kernel(dev, kKernel, packed_blocks(a), threads, smem, args..., a);
+}
+
 // f(std::integral_constant<int, kDh>) for the head dim's column tiles.
 template <class F>
 void with_head_tiles(std::int64_t head_dim, F f) {
@@ -709,39 +719,6 @@ void with_head_tiles(std::int64_t head_dim, F f) {
   }
 }
 
-template <class T>
-void mma_forward(const Tensor& qkv, const Tensor& out, const Tensor& row_max, const Tensor& row_sum,
-                 const PackedAttention& a) {
-  const int dev = out.device().index;
-  with_head_tiles(a.head_dim, [&](auto dh) {
-    constexpr int kDT = decltype(dh)::value;
-    constexpr auto kernel = packed_attention_forward_mma_kernel<T, kDT>;
-    constexpr std::size_t smem = mma_forward_words<kDT>() * sizeof(std::uint16_t);
-    static_assert(smem <= kPackedAttentionMaxSmem);
-    allow_dynamic_smem<kernel>(dev, static_cast<int>(kPackedAttentionMaxSmem));
-    ::qgrad::cuda::launch_kernel(dev, kernel, packed_blocks(a), kMmaThreads, smem,
-                                 static_cast<const T*>(qkv.data_ptr()), static_cast<T*>(out.data_ptr()),
-                                 static_cast<float*>(row_max.data_ptr()), static_cast<float*>(row_sum.data_ptr()), a);
-  });
-}
-
-template <class T>
-void mma_backward(const Tensor& qkv, const Tensor& dout, const Tensor& row_max, const Tensor& row_sum,
-                  const Tensor& dqkv, const PackedAttention& a, const std::uint32_t* dout_mask) {
-  const int dev = dqkv.device().index;
-  with_head_tiles(a.head_dim, [&](auto dh) {
-    constexpr int kDT = decltype(dh)::value;
-    constexpr auto kernel = packed_attention_backward_mma_kernel<T, kDT>;
-    constexpr std::size_t smem = mma_backward_words<kDT>() * sizeof(std::uint16_t);
-    static_assert(smem <= kPackedAttentionMaxSmem);
-    allow_dynamic_smem<kernel>(dev, static_cast<int>(kPackedAttentionMaxSmem));
-    ::qgrad::cuda::launch_kernel(dev, kernel, packed_blocks(a), kMmaThreads, smem,
-                                 static_cast<const T*>(qkv.data_ptr()), static_cast<const T*>(dout.data_ptr()),
-                                 dout_mask, static_cast<const float*>(row_max.data_ptr()),
-                                 static_cast<const float*>(row_sum.data_ptr()), static_cast<T*>(dqkv.data_ptr()), a);
-  });
-}
-
 }  // namespace
 
 void packed_attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& row_max, const Tensor& row_sum,
@@ -749,19 +726,20 @@ void packed_attention_forward(const Tensor& qkv, const Tensor& out, const Tensor
   dispatch_floating(qkv.dtype(), "packed_attention", [&](auto tag) {
     using T = typename decltype(tag)::type;
     using M = op_math_t<T>;
-    if constexpr (sizeof(T) == 2) {  // f16, bf16: the tensor cores
-      mma_forward<T>(qkv, out, row_max, row_sum, a);
-    } else {
-      const int dev = out.device().index;
-      const std::size_t smem = packed_attention_forward_smem(a.L, a.head_dim, sizeof(M));
-      with_head_tiles(a.head_dim, [&](auto dh) {
-        constexpr auto kernel = packed_attention_forward_kernel<T, decltype(dh)::value>;
-        allow_packed_smem<kernel>(dev);
-        ::qgrad::cuda::launch_kernel(dev, kernel, packed_blocks(a), kPackedThreads, smem,
-                                     static_cast<const T*>(qkv.data_ptr()), static_cast<T*>(out.data_ptr()),
-                                     static_cast<M*>(row_max.data_ptr()), static_cast<M*>(row_sum.data_ptr()), a);
-      });
-    }
+    const auto* x = static_cast<const T*>(qkv.data_ptr());
+    auto* o = static_cast<T*>(out.data_ptr());
+    auto* mx = static_cast<M*>(row_max.data_ptr());
+    auto* sum = static_cast<M*>(row_sum.data_ptr());
+    const int dev = out.device().index;
+    with_head_tiles(a.head_dim, [&](auto dh) {
+      constexpr int kDh = decltype(dh)::value;
+      if constexpr (sizeof(T) == 2)  // f16, bf16: the tensor cores
+        launch_packed<packed_attention_forward_mma_kernel<T, kDh>>(
+            dev, a, kMmaThreads, mma_forward_words<kDh>() * sizeof(std::uint16_t), x, o, mx, sum);
+      else
+        launch_packed<packed_attention_forward_kernel<T, kDh>>(
+            dev, a, kPackedThreads, packed_attention_forward_smem(a.L, a.head_dim, sizeof(M)), x, o, mx, sum);
+    });
   });
 }
 
@@ -770,20 +748,22 @@ void packed_attention_backward(const Tensor& qkv, const Tensor& dout, const Tens
   dispatch_floating(qkv.dtype(), "packed_attention", [&](auto tag) {
     using T = typename decltype(tag)::type;
     using M = op_math_t<T>;
-    if constexpr (sizeof(T) == 2) {  // f16, bf16: the tensor cores
-      mma_backward<T>(qkv, dout, row_max, row_sum, dqkv, a, dout_mask);
-    } else {
-      const int dev = dqkv.device().index;
-      with_head_tiles(a.head_dim, [&](auto dh) {
-        constexpr auto kernel = packed_attention_backward_kernel<T, decltype(dh)::value>;
-        allow_packed_smem<kernel>(dev);
-        ::qgrad::cuda::launch_kernel(dev, kernel, packed_blocks(a), kPackedThreads,
-                                     packed_attention_backward_smem(a.L, a.head_dim, sizeof(M)),
-                                     static_cast<const T*>(qkv.data_ptr()), static_cast<const T*>(dout.data_ptr()),
-                                     dout_mask, static_cast<const M*>(row_max.data_ptr()),
-                                     static_cast<const M*>(row_sum.data_ptr()), static_cast<T*>(dqkv.data_ptr()), a);
-      });
-    }
+    const auto* x = static_cast<const T*>(qkv.data_ptr());
+    const auto* g = static_cast<const T*>(dout.data_ptr());
+    const auto* mx = static_cast<const M*>(row_max.data_ptr());
+    const auto* sum = static_cast<const M*>(row_sum.data_ptr());
+    auto* dx = static_cast<T*>(dqkv.data_ptr());
+    const int dev = dqkv.device().index;
+    with_head_tiles(a.head_dim, [&](auto dh) {
+      constexpr int kDh = decltype(dh)::value;
+      if constexpr (sizeof(T) == 2)  // f16, bf16: the tensor cores
+        launch_packed<packed_attention_backward_mma_kernel<T, kDh>>(
+            dev, a, kMmaThreads, mma_backward_words<kDh>() * sizeof(std::uint16_t), x, g, dout_mask, mx, sum, dx);
+      else
+        launch_packed<packed_attention_backward_kernel<T, kDh>>(
+            dev, a, kPackedThreads, packed_attention_backward_smem(a.L, a.head_dim, sizeof(M)), x, g, dout_mask, mx,
+            sum, dx);
+    });
   });
 }
 

@@ -408,6 +408,79 @@ TEST_CASE("recipes: layer_norm_fake_quantize_dynamic is layer_norm then fake_qua
   }
 }
 
+TEST_CASE("recipes: the per-token row kernels on +-0, ties, huge and subnormal values: the CPU's bits, values and masks") {
+  // CUDA's row kernels take the min/max by min.NaN / max.NaN (redoing a row
+  // that holds a NaN with the combines) and fake-quantize in FakeQuantOp's
+  // float form; the CPU takes the combines and its own forms. Rows of 128
+  // and 256 (the row kernels' lengths) with special values in some rows:
+  // fake_quantize_dynamic per token (both modes), its GELU prologue and
+  // layer_norm's fused form, values and input gradients (the masks). Finite
+  // values only: a row's NaN or infinite scale is an error on the CPU
+  // (fake_quantize's check of its scale), which CUDA's kernels do not read back.
+  const auto tok = QuantScope::per_token();
+  for (const std::int64_t d : {128, 256})
+    for (const DType dt : {DType::f32, DType::bf16, DType::f16}) {
+      CAPTURE(d);
+      CAPTURE(dtype_name(dt));
+      const std::int64_t rows = 12;
+      Generator g(53);
+      std::vector<float> xv = f32s(randn({rows, d}, g, TensorOptions{}, 0.0, 2.0));
+      const float big = dt == DType::f16 ? 6e4f : 1e30f;
+      const float specials[] = {0.0f, -0.0f, 0.5f, 0.0f, -0.0f, -2.5f, big, -big, 3.0f, 1e-40f};
+      // Row r < 10: specials[r] at three places; rows 3 and 4 all +-0 around
+      // them; row 5 on a grid of halves (ties after scaling); rows 10, 11 as drawn.
+      for (std::int64_t r = 0; r < 10; ++r) {
+        float* row = xv.data() + r * d;
+        if (r == 3 || r == 4)
+          for (std::int64_t j = 0; j < d; ++j) row[j] = j % 2 ? 0.0f : -0.0f;
+        if (r == 5)
+          for (std::int64_t j = 0; j < d; ++j) row[j] = static_cast<float>((j * 7) % 33 - 16) * 0.5f;
+        for (const std::int64_t j : {std::int64_t{1}, d / 2, d - 1}) row[j] = specials[r];
+      }
+      const Tensor x0 = Tensor::from_vector(xv, {rows, d}), dy0 = randn({rows, d}, g);
+      const Tensor w0 = randn({d}, g, TensorOptions{}, 1.0, 0.5), b0 = randn({d}, g);
+      const auto run = [&](Device dev, int form, QuantMode mode) {
+        // A copy: to() of x0 in its own dtype and device is x0 itself, which must stay a plain tensor.
+        Tensor x = x0.to(dt).to(dev).clone().detach();
+        x.set_requires_grad(true);
+        const Tensor w = w0.to(dt).to(dev), b = b0.to(dt).to(dev);
+        if (dev.is_cuda()) prepoison({rows, d}, dt);
+        const Tensor y = form == 0   ? fake_quantize_dynamic(x, tok, mode, -128, 127, FLT_EPSILON)
+                         : form == 1 ? gelu_fake_quantize_dynamic(x, GeluApproximate::none, tok, mode, -128, 127,
+                                                                  FLT_EPSILON)
+                                     : layer_norm_fake_quantize_dynamic(x, {d}, w, b, 1e-5, mode, -128, 127,
+                                                                        FLT_EPSILON);
+        y.backward(dy0.to(dt).to(dev));
+        return std::pair<Tensor, Tensor>{y.detach().cpu(), x.grad().detach().cpu()};
+      };
+      for (int form = 0; form < 3; ++form)
+        for (const QuantMode mode : {QuantMode::asymmetric, QuantMode::symmetric}) {
+          CAPTURE(form);
+          CAPTURE(mode == QuantMode::symmetric);
+          const auto [y_cpu, gx_cpu] = run(Device::cpu(), form, mode);
+          if (form == 0 && mode == QuantMode::asymmetric && dt == DType::f32) {
+            // Against torchao's f32 formula: the specials reach the grid as values do.
+            std::vector<float> ry;
+            std::vector<double> mask;
+            host_fake_quant(xv, static_cast<std::size_t>(d), host_qparams(xv, static_cast<std::size_t>(d), false, -128,
+                                                                           127, FLT_EPSILON),
+                            -128, 127, ry, mask);
+            const std::vector<float> got = f32s(y_cpu);
+            for (std::int64_t r = 0; r < rows; ++r) {
+              CAPTURE(r);
+              CHECK(std::memcmp(got.data() + r * d, ry.data() + r * d, static_cast<std::size_t>(d) * 4) == 0);
+            }
+          }
+          for (const Device dev : test_devices()) {
+            if (!dev.is_cuda()) continue;
+            const auto [y_dev, gx_dev] = run(dev, form, mode);
+            CHECK(bit_equal(y_dev, y_cpu));
+            CHECK(bit_equal(gx_dev, gx_cpu));
+          }
+        }
+    }
+}
+
 TEST_CASE("recipes: 8da4w weight fake quant equals torchao's int4 symmetric per-group formula, straight-through") {
   for (const Device d : test_devices()) {
     for (const std::int64_t group : {32, 64, 128}) {

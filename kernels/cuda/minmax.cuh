@@ -179,6 +179,40 @@ __device__ inline void warp_minmax(float& lo, float& hi) {
   }
 }
 
+// Min/max of this lane's values v[0 .. N) and then over the warp, every lane
+// getting the result: warp_minmax's value by fast_min / fast_max. A NaN
+// anywhere makes every lane's result NaN (the butterfly leaves one value in
+// all lanes), and then the warp redoes it with the combines (a uniform
+// branch), so a row with NaN returns the combines' NaN. The per-token row
+// kernels were instruction-bound on the combines (dev/cuda/row_fq_forms.cu).
+template <int N>
+__device__ __forceinline__ void warp_minmax_values(const float (&v)[N], float& lo, float& hi) {
+  float a = v[0], b = v[0];
+#pragma unroll
+  for (int k = 1; k < N; ++k) {
+    a = fast_min(a, v[k]);
+    b = fast_max(b, v[k]);
+  }
+#pragma unroll
+  for (int w = 16; w > 0; w /= 2) {
+    a = fast_min(a, __shfl_xor_sync(0xffffffffu, a, w));
+    b = fast_max(b, __shfl_xor_sync(0xffffffffu, b, w));
+  }
+  if (a == a && b == b) {
+    lo = a;
+    hi = b;
+    return;
+  }
+  lo = INFINITY;
+  hi = -INFINITY;
+#pragma unroll
+  for (int k = 0; k < N; ++k) {
+    lo = formulas::min_combine(lo, v[k]);
+    hi = formulas::max_combine(hi, v[k]);
+  }
+  warp_minmax(lo, hi);
+}
+
 // Thread 0: the running update of channel ch with the batch's (lo, hi),
 // then its qparams.
 __device__ inline void update_channel(std::int64_t ch, float lo, float hi, float* run_min, float* run_max, float c,

@@ -57,7 +57,8 @@ void layer_norm_impl(const Tensor& x, const Tensor& w, const Tensor& b, const Te
 // layer_norm then the per-token fake quant of its output, a warp a row of
 // d = 32 * kPer elements held in registers (lane l: elements l, l + 32, ...):
 // layer_norm_impl's sums and element formula (the same bits), then
-// fake_quantize_dynamic_rows_kernel's min/max, qparams and fake quant
+// fake_quantize_dynamic_rows_kernel's min/max, qparams and fake quant (its
+// warp_minmax_values and FakeQuantOp's float form where exact)
 // (kernels/cuda/quantize.cu) on the rounded outputs; the mask by one ballot
 // per 32 consecutive elements.
 template <class T>
@@ -98,7 +99,7 @@ __global__ void __launch_bounds__(256)
   const M var = warp_lane_sum(s2) / M(d);
   const M rs = M(1) / formulas::sqrt_m(var + M(a.eps));
   T v[kPer];
-  float lo = INFINITY, hi = -INFINITY;
+  float f[kPer];
 #pragma unroll
   for (int t = 0; t < kPer; ++t) {
     const int j = lane + 32 * t;
@@ -106,21 +107,21 @@ __global__ void __launch_bounds__(256)
     if (p.w != nullptr) u = u * M(p.w[j]);
     if (p.b != nullptr) u = u + M(p.b[j]);
     v[t] = T(u);
-    const float f = formulas::cast_value<float>(v[t]);
-    lo = formulas::min_combine(lo, f);
-    hi = formulas::max_combine(hi, f);
+    f[t] = formulas::cast_value<float>(v[t]);
   }
-  warp_minmax(lo, hi);
+  float lo, hi;
+  warp_minmax_values(f, lo, hi);
   formulas::ChannelParams q;
   formulas::int4_qparams(lo, hi, a.qmin, a.qmax, a.symmetric, a.quant_eps, q.scale, q.zp);
   q.inv_scale = formulas::inv_scale_of(q.scale);
   const formulas::FakeQuantOp<T, true> op{a.qmin, a.qmax};
+  const bool float_form = op.float_form_exact(q);
   const std::int64_t n = p.rows * d;
 #pragma unroll
   for (int t = 0; t < kPer; ++t) {
     bool bit;
     const std::int64_t i = r * d + lane + 32 * t;
-    p.y[i] = op(v[t], q, false, bit);
+    p.y[i] = op.row_value(v[t], q, float_form, bit);
     if (p.mask != nullptr) bitmask_ballot_store(p.mask, i, n, bit);  // uniform across the warp
   }
   if (lane == 0) {

@@ -484,10 +484,11 @@ void lsq_backward_impl(const LsqArgs& a) {
 // A warp per row of D = 128 * kChunks elements (per-token activations,
 // per-channel weight rows): the row is loaded once into registers (each lane
 // four consecutive elements of each 128-element mask block, as the engine),
-// its min/max reduced by shuffles (the observer's order-free combine), the
-// qparams formed by formulas::int4_qparams (choose_qparams_affine's) in
-// every lane, then fake quantized with formulas::FakeQuantOp (the per-token
-// op, f64 product form) and its mask words built by ballots. One launch for
+// its min/max reduced by shuffles (warp_minmax_values: the observer's
+// order-free combine), the qparams formed by formulas::int4_qparams
+// (choose_qparams_affine's) in every lane, then fake quantized with
+// formulas::FakeQuantOp (the per-token op, f64 product form; its float form
+// where exact) and its mask words built by ballots. One launch for
 // what the composition does in five (two fills, min/max, qparams, fake quant).
 constexpr int kDynamicRowsThreads = 256;
 
@@ -508,33 +509,30 @@ __device__ __forceinline__ void fake_quantize_dynamic_row(const T* __restrict__ 
                                                           bool symmetric, float eps) {
   const std::int64_t n = rows * kChunks * kBitmaskBlock;
   T v[kChunks][4];
+  float f[kChunks * 4];
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {
     engine_load<T, kVec>(x, row * kChunks + c, lane, n, v[c]);
 #pragma unroll
-    for (int k = 0; k < 4; ++k) v[c][k] = row_prologue<kPrologue>(v[c][k]);
-  }
-  float lo = INFINITY, hi = -INFINITY;
-#pragma unroll
-  for (int c = 0; c < kChunks; ++c)
-#pragma unroll
     for (int k = 0; k < 4; ++k) {
-      const float f = formulas::cast_value<float>(v[c][k]);
-      lo = formulas::min_combine(lo, f);
-      hi = formulas::max_combine(hi, f);
+      v[c][k] = row_prologue<kPrologue>(v[c][k]);
+      f[4 * c + k] = formulas::cast_value<float>(v[c][k]);
     }
-  warp_minmax(lo, hi);
+  }
+  float lo, hi;
+  warp_minmax_values(f, lo, hi);
   formulas::ChannelParams p;
   formulas::int4_qparams(lo, hi, qmin, qmax, symmetric, eps, p.scale, p.zp);
   p.inv_scale = formulas::inv_scale_of(p.scale);
   const formulas::FakeQuantOp<T, true> op{qmin, qmax};
+  const bool float_form = op.float_form_exact(p);
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {
     const std::int64_t b = row * kChunks + c, i0 = b * kBitmaskBlock + 4 * static_cast<std::int64_t>(lane);
     T o[4];
     bool bit[4];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) o[k] = op(v[c][k], p, false, bit[k]);
+    for (int k = 0; k < 4; ++k) o[k] = op.row_value(v[c][k], p, float_form, bit[k]);
     if (kVec) {
       Vec4<T> w;
 #pragma unroll

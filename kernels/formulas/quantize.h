@@ -158,23 +158,57 @@ QGRAD_HD bool clamped_quant(T x, const ChannelParams& p, std::int64_t qmin, std:
   return !nan;
 }
 
+// Integers strictly inside +-2^24 are exact floats, and so is every sum of
+// two of them that stays inside: the float forms below use this.
+inline constexpr std::int64_t kExactFloatInt = std::int64_t{1} << 24;
+QGRAD_HD bool float_exact_int(std::int64_t v) { return v > -kExactFloatInt && v < kExactFloatInt; }
+
 // fake quantize: y = (clamp(q) - zp) * scale; bit = qmin <= q <= qmax.
+// float_form: the same value and bit in float op math, for parameters with
+// float_form_exact (qmin, qmax and zp inside +-2^24, qmin - zp and qmax - zp
+// within +-2^24: every integer format). q and its clamp are formed in float
+// as QuantizeOp's float form argues (the same q and bit); qc - zp is then an
+// exact float, so the product is dequant_value's |q - zp| <= 2^24 one. The
+// int64 conversion and arithmetic of the general form made CUDA's per-token
+// row kernels instruction-bound (dev/cuda/row_fq_forms.cu); the elementwise
+// engine keeps the general form (memory-bound, and no faster in the float
+// one: docs/benchmarks.md, thirteenth session).
 template <class T, bool kDoubleProduct>
 struct FakeQuantOp {
   using In = T;
   using Out = T;
   static constexpr bool kParams = true, kReadsMask = false, kWritesMask = true;
+  static constexpr bool kHasFloatForm = std::is_same_v<op_math_t<T>, float>;
   std::int64_t qmin, qmax;
   QGRAD_HD Out operator()(In x, const ChannelParams& p, bool, bool& bit) const {
     std::int64_t qc;
     return clamped_quant(x, p, qmin, qmax, qc, bit) ? dequant_value<T, kDoubleProduct>(qc, p.zp, p.scale) : x;
   }
+  QGRAD_HD bool float_form_exact(const ChannelParams& p) const {
+    return kHasFloatForm && float_exact_int(qmin) && float_exact_int(qmax) && float_exact_int(p.zp) &&
+           qmin - p.zp >= -kExactFloatInt && qmax - p.zp <= kExactFloatInt;
+  }
+  // Requires float_form_exact(p).
+  QGRAD_HD Out float_form(In x, const ChannelParams& p, bool& bit) const {
+    static_assert(kHasFloatForm, "FakeQuantOp::float_form: f32, f16 and bf16 only");
+    const float v = static_cast<float>(x) * p.inv_scale;
+    if (v != v) {  // NaN: y = x, bit 0 (clamped_quant's NaN case)
+      bit = false;
+      return x;
+    }
+    const float lo = static_cast<float>(qmin), hi = static_cast<float>(qmax), z = static_cast<float>(p.zp);
+    const float r = round_half_even(v) + z;
+    bit = r >= lo && r <= hi;
+    return T((fminf(fmaxf(r, lo), hi) - z) * p.scale);
+  }
+  // float_form where `exact` (float_form_exact(p), decided once a row), else the general form.
+  QGRAD_HD Out row_value(In x, const ChannelParams& p, bool exact, bool& bit) const {
+    if constexpr (kHasFloatForm) {
+      if (exact) return float_form(x, p, bit);
+    }
+    return (*this)(x, p, false, bit);
+  }
 };
-
-// Integers strictly inside +-2^24 are exact floats, and so is every sum of
-// two of them that stays inside: the float forms below use this.
-inline constexpr std::int64_t kExactFloatInt = std::int64_t{1} << 24;
-QGRAD_HD bool float_exact_int(std::int64_t v) { return v > -kExactFloatInt && v < kExactFloatInt; }
 
 // quantize to integer type I: clamp(q, qmin, qmax) (qmin/qmax: I's range).
 // In float op math with qmin, qmax and zp inside +-2^24 the integer q is

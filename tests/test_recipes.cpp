@@ -413,10 +413,13 @@ TEST_CASE("recipes: the per-token row kernels on +-0, ties, huge and subnormal v
   // that holds a NaN with the combines) and fake-quantize in FakeQuantOp's
   // float form; the CPU takes the combines and its own forms. Rows of 128
   // and 256 (the row kernels' lengths) with special values in some rows:
-  // fake_quantize_dynamic per token (both modes), its GELU prologue and
-  // layer_norm's fused form, values and input gradients (the masks). Finite
-  // values only: a row's NaN or infinite scale is an error on the CPU
-  // (fake_quantize's check of its scale), which CUDA's kernels do not read back.
+  // fake_quantize_dynamic per token (both modes) and layer_norm's fused form
+  // against the CPU, values and input gradients (the masks). The GELU
+  // prologue against gelu then fake_quantize_dynamic on the same device
+  // (gelu's erf is libdevice's on CUDA and glibc's on the CPU: not the same
+  // bits, docs/ops.md). Finite values only: a row's NaN or infinite scale is
+  // an error on the CPU (fake_quantize's check of its scale), which CUDA's
+  // kernels do not read back.
   const auto tok = QuantScope::per_token();
   for (const std::int64_t d : {128, 256})
     for (const DType dt : {DType::f32, DType::bf16, DType::f16}) {
@@ -445,11 +448,13 @@ TEST_CASE("recipes: the per-token row kernels on +-0, ties, huge and subnormal v
         x.set_requires_grad(true);
         const Tensor w = w0.to(dt).to(dev), b = b0.to(dt).to(dev);
         if (dev.is_cuda()) prepoison({rows, d}, dt);
+        // Forms: 0 fake_quantize_dynamic, 1 its GELU prologue, 2 layer_norm's fused form, 3 gelu then form 0.
         const Tensor y = form == 0   ? fake_quantize_dynamic(x, tok, mode, -128, 127, FLT_EPSILON)
                          : form == 1 ? gelu_fake_quantize_dynamic(x, GeluApproximate::none, tok, mode, -128, 127,
                                                                   FLT_EPSILON)
-                                     : layer_norm_fake_quantize_dynamic(x, {d}, w, b, 1e-5, mode, -128, 127,
-                                                                        FLT_EPSILON);
+                         : form == 2 ? layer_norm_fake_quantize_dynamic(x, {d}, w, b, 1e-5, mode, -128, 127,
+                                                                        FLT_EPSILON)
+                                     : fake_quantize_dynamic(gelu(x), tok, mode, -128, 127, FLT_EPSILON);
         y.backward(dy0.to(dt).to(dev));
         return std::pair<Tensor, Tensor>{y.detach().cpu(), x.grad().detach().cpu()};
       };
@@ -472,10 +477,11 @@ TEST_CASE("recipes: the per-token row kernels on +-0, ties, huge and subnormal v
             }
           }
           for (const Device dev : test_devices()) {
-            if (!dev.is_cuda()) continue;
+            CAPTURE(dev.str());
             const auto [y_dev, gx_dev] = run(dev, form, mode);
-            CHECK(bit_equal(y_dev, y_cpu));
-            CHECK(bit_equal(gx_dev, gx_cpu));
+            const auto [y_ref, gx_ref] = form == 1 ? run(dev, 3, mode) : std::pair<Tensor, Tensor>{y_cpu, gx_cpu};
+            CHECK(bit_equal(y_dev, y_ref));
+            CHECK(bit_equal(gx_dev, gx_ref));
           }
         }
     }

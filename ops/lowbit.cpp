@@ -491,7 +491,7 @@ Tensor fake_quantize_dynamic(const Tensor& x, QuantScope scope, QuantMode mode, 
     return out;
   }
   const AffineQparams q = choose_qparams_affine(x.detach(), scope, mode, qmin, qmax, eps);
-  return fake_quantize(x, q.scale, q.zero_point, scope, qmin, qmax);
+  return detail::fake_quantize_computed_qparams(op, x, q.scale, q.zero_point, scope, qmin, qmax);
 }
 
 std::vector<Tensor> fake_quantize_dynamic_batch(const std::vector<Tensor>& xs, QuantScope scope, QuantMode mode,

@@ -219,24 +219,24 @@ Scope channel_scope(const Tensor& x, const Tensor& scale, const Tensor& zp, std:
 
 // One channel per row of the last axis: scale shape x.shape[:-1].
 Scope token_scope(const Tensor& x, const Tensor& scale, const Tensor& zp, std::int64_t qmin, std::int64_t qmax,
-                  const char* op) {
+                  const char* op, bool check_values = true) {
   QGRAD_CHECK(x.dim() >= 1, op, "x", "expected rank >= 1, got a scalar");
   const Shape shape(x.shape().begin(), x.shape().end() - 1);
-  Scope sc = tensor_scope(x, scale, zp, &shape, qmin, qmax, op);
+  Scope sc = tensor_scope(x, scale, zp, &shape, qmin, qmax, op, check_values);
   sc.layout = kernels::AxisLayout{1, shape_numel(shape), x.shape().back()};
   sc.product_in_f64 = true;
   return sc;
 }
 
 Scope group_scope(const Tensor& x, const Tensor& scale, const Tensor& zp, std::int64_t group_size, std::int64_t qmin,
-                  std::int64_t qmax, const char* op) {
+                  std::int64_t qmax, const char* op, bool check_values = true) {
   QGRAD_CHECK(x.dim() >= 1, op, "x", "expected rank >= 1, got a scalar");
   QGRAD_CHECK(group_size > 0, op, "group_size", "must be > 0, got ", group_size);
   const std::int64_t d = x.shape().back();
   QGRAD_CHECK(d % group_size == 0, op, "group_size", "last dim ", d, " is not a multiple of ", group_size);
   Shape shape = x.shape();
   shape.back() = d / group_size;
-  Scope sc = tensor_scope(x, scale, zp, &shape, qmin, qmax, op);
+  Scope sc = tensor_scope(x, scale, zp, &shape, qmin, qmax, op, check_values);
   sc.layout = kernels::AxisLayout{1, x.numel() / group_size, group_size};
   sc.product_in_f64 = true;
   return sc;
@@ -245,19 +245,19 @@ Scope group_scope(const Tensor& x, const Tensor& scale, const Tensor& zp, std::i
 using I64 = std::int64_t;
 
 // The qparams of `scope` for x (validated: shapes, dtypes, device, values on
-// the CPU). The group scope runs along the last axis.
+// the CPU unless check_values is false). The group scope runs along the last axis.
 Scope scope_of(QuantScope scope, const Tensor& x, const Tensor& scale, const Tensor& zp, I64 qmin, I64 qmax,
-               const char* op) {
+               const char* op, bool check_values = true) {
   switch (scope.kind) {
-    case QuantScope::tensor: return tensor_scope(x, scale, zp, nullptr, qmin, qmax, op);
-    case QuantScope::channel: return channel_scope(x, scale, zp, scope.axis, qmin, qmax, op);
-    case QuantScope::token: return token_scope(x, scale, zp, qmin, qmax, op);
+    case QuantScope::tensor: return tensor_scope(x, scale, zp, nullptr, qmin, qmax, op, check_values);
+    case QuantScope::channel: return channel_scope(x, scale, zp, scope.axis, qmin, qmax, op, check_values);
+    case QuantScope::token: return token_scope(x, scale, zp, qmin, qmax, op, check_values);
     case QuantScope::group: {
       QGRAD_CHECK(x.dim() >= 1, op, "x", "expected rank >= 1, got a scalar");
       const I64 ax = check::axis(scope.axis, x.dim(), op);
       QGRAD_CHECK(ax == x.dim() - 1, op, "scope", "per_group runs along the last axis (", x.dim() - 1, "), got axis ",
                   scope.axis);
-      return group_scope(x, scale, zp, scope.group_size, qmin, qmax, op);
+      return group_scope(x, scale, zp, scope.group_size, qmin, qmax, op, check_values);
     }
   }
   throw Error(op, "scope", "unknown scope kind " + std::to_string(static_cast<int>(scope.kind)));
@@ -393,6 +393,14 @@ Tensor fake_quantize_op(const char* op, const Tensor& x, const Tensor& scale, co
 Tensor fake_quantize(const Tensor& x, const Tensor& scale, const Tensor& zero_point, QuantScope scope,
                      std::int64_t qmin, std::int64_t qmax) {
   return fake_quantize_op("fake_quantize", x, scale, zero_point, scope, qmin, qmax);
+}
+
+Tensor detail::fake_quantize_computed_qparams(const char* op, const Tensor& x, const Tensor& scale,
+                                              const Tensor& zero_point, QuantScope scope, std::int64_t qmin,
+                                              std::int64_t qmax) {
+  check::floating(x, op, "x");
+  check_range(qmin, qmax, op);
+  return fake_quant_forward(op, x, scope_of(scope, x, scale, zero_point, qmin, qmax, op, false), qmin, qmax);
 }
 
 Tensor fake_quantize_per_tensor(const Tensor& x, const Tensor& scale, const Tensor& zero_point, std::int64_t qmin,

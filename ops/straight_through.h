@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "qgrad/core/tensor.h"
+#include "qgrad/ops/quantize.h"
 
 namespace qgrad::detail {
 
@@ -21,5 +22,15 @@ std::uint32_t* mask_words(const Tensor& mask);
 // the backward's batch of parameter passes (autograd/node.h
 // deferred_gradient_passes), and the node reads its gradient only there.
 void record_masked_backward(const char* op, Tensor& out, const Tensor& x, const Tensor& mask);
+
+// fake_quantize(x, scale, zero_point, scope, qmin, qmax) for qparams the
+// library has just computed from x (the dynamic fake quants' composition):
+// their shapes, dtypes and device checked as fake_quantize checks them, their
+// values not. A row holding NaN or an infinity gives a NaN or infinite
+// scale, which fake_quantize's CPU check of a user's scale rejected; the CUDA
+// kernels never read it back, so both devices now give the formula's values
+// (docs/ops.md, fake_quantize_dynamic). Errors name `op`.
+Tensor fake_quantize_computed_qparams(const char* op, const Tensor& x, const Tensor& scale, const Tensor& zero_point,
+                                      QuantScope scope, std::int64_t qmin, std::int64_t qmax);
 
 }  // namespace qgrad::detail

@@ -487,6 +487,56 @@ TEST_CASE("recipes: the per-token row kernels on +-0, ties, huge and subnormal v
     }
 }
 
+TEST_CASE("recipes: fake_quantize_dynamic of rows holding NaN or an infinity: the formula's values on each device, no error") {
+  // A NaN row: scale NaN, so every element's q is NaN: y = x, gradient 0. A
+  // row with +inf (or -inf): scale inf, inv_scale 0, so a finite x gives
+  // q = zp, in range, and y = 0 * inf = NaN with its gradient passed; the
+  // infinity itself gives q = NaN: y = x, gradient 0. The CPU's composition
+  // once rejected the computed scale as if a user had passed it. Rows of 128
+  // (CUDA's row kernel) and 96 (the composition on both devices).
+  for (const Device dev : test_devices())
+    for (const std::int64_t d : {128, 96})
+      for (const DType dt : {DType::f32, DType::bf16})
+        for (const QuantMode mode : {QuantMode::asymmetric, QuantMode::symmetric}) {
+          CAPTURE(dev.str());
+          CAPTURE(d);
+          CAPTURE(dtype_name(dt));
+          CAPTURE(mode == QuantMode::symmetric);
+          Generator g(61);
+          std::vector<float> xv = f32s(randn({4, d}, g, TensorOptions{}, 0.0, 2.0));
+          xv[static_cast<std::size_t>(0 * d + 5)] = NAN;
+          xv[static_cast<std::size_t>(1 * d + 7)] = INFINITY;
+          xv[static_cast<std::size_t>(2 * d + 9)] = -INFINITY;
+          Tensor x = Tensor::from_vector(xv, {4, d}).to(dt).to(dev).clone().detach();
+          x.set_requires_grad(true);
+          Tensor y;
+          CHECK_NOTHROW(y = fake_quantize_dynamic(x, QuantScope::per_token(), mode, -128, 127, FLT_EPSILON));
+          REQUIRE(y.defined());
+          const Tensor dy = full({4, d}, 1.0, TensorOptions{}.with_dtype(dt).with_device(dev));
+          y.backward(dy);
+          const std::vector<double> xs = values(x), ys = values(y), gs = values(x.grad());
+          for (std::int64_t j = 0; j < d; ++j) {
+            const auto at = [&](std::int64_t r) { return static_cast<std::size_t>(r * d + j); };
+            // Row 0 (NaN): y = x, gradient 0.
+            if (j == 5) CHECK(std::isnan(ys[at(0)]));
+            else CHECK(ys[at(0)] == xs[at(0)]);
+            CHECK(gs[at(0)] == 0.0);
+            // Rows 1, 2 (+-inf): the infinity kept with gradient 0; finite values NaN with gradient 1.
+            for (const std::int64_t r : {std::int64_t{1}, std::int64_t{2}}) {
+              if (j == 5 + 2 * r) {
+                CHECK(ys[at(r)] == xs[at(r)]);
+                CHECK(gs[at(r)] == 0.0);
+              } else {
+                CHECK(std::isnan(ys[at(r)]));
+                CHECK(gs[at(r)] == 1.0);
+              }
+            }
+            // Row 3 (finite): on the grid, no NaN.
+            CHECK(!std::isnan(ys[at(3)]));
+          }
+        }
+}
+
 TEST_CASE("recipes: 8da4w weight fake quant equals torchao's int4 symmetric per-group formula, straight-through") {
   for (const Device d : test_devices()) {
     for (const std::int64_t group : {32, 64, 128}) {

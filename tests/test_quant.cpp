@@ -671,3 +671,63 @@ TEST_CASE("quantize and dequantize formulas: the float form equals the int64 for
       }
   CHECK(checked == 5 * 9 * 3 * static_cast<std::int64_t>(xs.size()));
 }
+
+// FakeQuantOp::float_form (CUDA's per-token row kernels) must give the
+// general form's value bits and mask bit wherever float_form_exact holds,
+// for each float-math dtype and both product forms: specials, halves,
+// huge values, infinite and NaN scales (a row range of inf or NaN), zero
+// points at the edge of the form; and float_form_exact must refuse the
+// parameters outside it.
+TEST_CASE("fake quantize formula: the float form equals the general form wherever it is exact") {
+  namespace f = formulas;
+  std::mt19937 rng(20261127);
+  std::uniform_real_distribution<float> unit(-3.0f, 3.0f);
+  std::vector<float> xs = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 1e30f, -1e30f, 3.4e38f, 0.5f, -0.5f, 1.5f, 2.5f,
+                           -2.5f, 126.5f, 127.5f, -128.5f, 8388607.5f, 16777216.0f, -16777216.0f, 1e-40f, -1e-40f};
+  for (int i = 0; i < 1000; ++i) xs.push_back(unit(rng) * std::pow(10.0f, static_cast<float>(i % 9) - 2.0f));
+  const std::int32_t zps[] = {0, 3, -128, 127, 255, (1 << 23) - 1, -(1 << 23), (1 << 24) - 1, -(1 << 24) + 1, 1 << 30};
+  const float scales[] = {0.02f, 1.0f, 3.0e-5f, 1.0f / 3.0f, 7.0f, 1.1920929e-07f, 3.9e27f, INFINITY, NAN};
+  const std::pair<std::int64_t, std::int64_t> ranges[] = {{-128, 127}, {0, 255}, {-(1 << 23), (1 << 23) - 1}};
+  std::int64_t exact = 0, refused = 0;
+  const auto compare = [&](auto tag, auto product, const f::ChannelParams& p, std::int64_t qmin, std::int64_t qmax) {
+    using T = typename decltype(tag)::type;
+    const f::FakeQuantOp<T, decltype(product)::value> op{qmin, qmax};
+    if (!op.float_form_exact(p)) {
+      ++refused;
+      return;
+    }
+    ++exact;
+    for (float xf : xs) {
+      const T x = T(xf);
+      bool want_bit = false, got_bit = true;
+      const T want = op(x, p, false, want_bit);
+      const T got = op.float_form(x, p, got_bit);
+      CAPTURE(xf);
+      CAPTURE(p.zp);
+      CAPTURE(p.scale);
+      REQUIRE(std::memcmp(&want, &got, sizeof(T)) == 0);
+      REQUIRE(got_bit == want_bit);
+      bool row_bit = true;
+      const T row = op.row_value(x, p, true, row_bit);
+      REQUIRE(std::memcmp(&want, &row, sizeof(T)) == 0);
+      REQUIRE(row_bit == want_bit);
+    }
+  };
+  for (float scale : scales)
+    for (std::int32_t zp : zps)
+      for (auto [qmin, qmax] : ranges) {
+        f::ChannelParams p;
+        p.scale = scale;
+        p.zp = zp;
+        p.inv_scale = f::inv_scale_of(scale);
+        compare(std::type_identity<float>{}, std::true_type{}, p, qmin, qmax);
+        compare(std::type_identity<float>{}, std::false_type{}, p, qmin, qmax);
+        compare(std::type_identity<bfloat16>{}, std::true_type{}, p, qmin, qmax);
+        compare(std::type_identity<half>{}, std::true_type{}, p, qmin, qmax);
+      }
+  // Every scale with the zero points and ranges inside the form, and none with zp = 2^30.
+  CHECK(exact > 0);
+  CHECK(refused >= 9 * 3 * 4);
+  const f::FakeQuantOp<double, true> f64op{-128, 127};
+  CHECK(!f64op.float_form_exact(f::ChannelParams{}));  // f64 has no float form
+}

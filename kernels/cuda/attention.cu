@@ -432,15 +432,11 @@ __device__ __forceinline__ int mma_col(int nt, int c) {
   return 8 * nt + 2 * static_cast<int>(threadIdx.x % 4) + (c & 1);
 }
 
-// acc[nt] (nt < tiles) = x rows r0 ... (A, row major, kKT k16 steps) times
-// the operand stored [n][k].
+// acc[nt] (nt < tiles) = the warp's A fragments a[ks] (k16 steps ks <
+// kt_count) times the operand stored [n][k]; acc[nt] = 0 for nt >= tiles.
 template <class T, int kKT, int kTiles>
-__device__ __forceinline__ void mma_rows(float (&acc)[kTiles][4], int tiles, const std::uint16_t* x, int ldx, int r0,
-                                         int kt_count, const std::uint16_t* y, int ldy) {
-  std::uint32_t a[kKT][4];
-#pragma unroll
-  for (int ks = 0; ks < kKT; ++ks)
-    if (ks < kt_count) mma_load_a(x, ldx, r0, 16 * ks, a[ks]);
+__device__ __forceinline__ void mma_fragments(float (&acc)[kTiles][4], int tiles, const std::uint32_t (&a)[kKT][4],
+                                              int kt_count, const std::uint16_t* y, int ldy) {
 #pragma unroll
   for (int nt = 0; nt < kTiles; ++nt) {
 #pragma unroll
@@ -454,6 +450,18 @@ __device__ __forceinline__ void mma_rows(float (&acc)[kTiles][4], int tiles, con
       Mma<T>::run(acc[nt], a[ks][0], a[ks][1], a[ks][2], a[ks][3], b0, b1);
     }
   }
+}
+
+// acc[nt] (nt < tiles) = x rows r0 ... (A, row major, kKT k16 steps) times
+// the operand stored [n][k].
+template <class T, int kKT, int kTiles>
+__device__ __forceinline__ void mma_rows(float (&acc)[kTiles][4], int tiles, const std::uint16_t* x, int ldx, int r0,
+                                         int kt_count, const std::uint16_t* y, int ldy) {
+  std::uint32_t a[kKT][4];
+#pragma unroll
+  for (int ks = 0; ks < kKT; ++ks)
+    if (ks < kt_count) mma_load_a(x, ldx, r0, 16 * ks, a[ks]);
+  mma_fragments<T>(acc, tiles, a, kt_count, y, ldy);
 }
 // acc[nt] (nt < tiles) = the warp's 16 rows of a row-major operand held in
 // registers as logits-shaped accumulators (k16 step kt from tiles 2 kt, 2 kt
@@ -469,19 +477,7 @@ __device__ __forceinline__ void mma_registers(float (&acc)[kTiles][4], int tiles
     a[kt][2] = Mma<T>::pack(x[2 * kt + 1][0], x[2 * kt + 1][1]);
     a[kt][3] = Mma<T>::pack(x[2 * kt + 1][2], x[2 * kt + 1][3]);
   }
-#pragma unroll
-  for (int nt = 0; nt < kTiles; ++nt) {
-#pragma unroll
-    for (int c = 0; c < 4; ++c) acc[nt][c] = 0.f;
-    if (nt >= tiles) continue;
-#pragma unroll
-    for (int kt = 0; kt < kMmaKeyTiles / 2; ++kt) {
-      if (kt >= kt_count) break;
-      std::uint32_t b0, b1;
-      mma_load_b(y, ldy, 8 * nt, 16 * kt, b0, b1);
-      Mma<T>::run(acc[nt], a[kt][0], a[kt][1], a[kt][2], a[kt][3], b0, b1);
-    }
-  }
+  mma_fragments<T>(acc, tiles, a, kt_count, y, ldy);
 }
 
 // The quad's (one row's four lanes') butterfly max and sum.

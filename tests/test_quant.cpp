@@ -626,13 +626,22 @@ TEST_CASE("per-channel quantize then dequantize gives exactly the values and gra
 // QuantizeOp / DequantizeOp take a float form where every integer involved
 // is an exact float; it must give the int64 form's value and bit for every
 // input: specials, halves, huge values, zero points at the edge of the form.
-TEST_CASE("quantize and dequantize formulas: the float form equals the int64 form") {
-  namespace f = formulas;
-  std::mt19937 rng(20261123);
+namespace {
+// The float-form tests' inputs: specials, halves, huge values, the edges of
+// the exact float integers, then `drawn` seeded values over ten decades.
+std::vector<float> float_form_inputs(std::uint32_t seed, int drawn) {
+  std::mt19937 rng(seed);
   std::uniform_real_distribution<float> unit(-3.0f, 3.0f);
   std::vector<float> xs = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 1e30f, -1e30f, 3.4e38f, 0.5f, -0.5f, 1.5f, 2.5f,
                            -2.5f, 126.5f, 127.5f, -128.5f, 8388607.5f, 16777216.0f, -16777216.0f};
-  for (int i = 0; i < 2000; ++i) xs.push_back(unit(rng) * std::pow(10.0f, static_cast<float>(i % 9) - 2.0f));
+  for (int i = 0; i < drawn; ++i) xs.push_back(unit(rng) * std::pow(10.0f, static_cast<float>(i % 9) - 2.0f));
+  return xs;
+}
+}  // namespace
+
+TEST_CASE("quantize and dequantize formulas: the float form equals the int64 form") {
+  namespace f = formulas;
+  const std::vector<float> xs = float_form_inputs(20261123, 2000);
   const std::int32_t zps[] = {0, 3, -128, 255, (1 << 24) - 1, -(1 << 24) + 1, 1 << 24, -(1 << 24), 1 << 30};
   const float scales[] = {0.02f, 1.0f, 3.0e-5f, 1.0f / 3.0f, 7.0f};
   const std::pair<std::int64_t, std::int64_t> ranges[] = {{-128, 127}, {0, 255}, {-(1 << 23), (1 << 23) - 1}};
@@ -680,11 +689,8 @@ TEST_CASE("quantize and dequantize formulas: the float form equals the int64 for
 // parameters outside it.
 TEST_CASE("fake quantize formula: the float form equals the general form wherever it is exact") {
   namespace f = formulas;
-  std::mt19937 rng(20261127);
-  std::uniform_real_distribution<float> unit(-3.0f, 3.0f);
-  std::vector<float> xs = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 1e30f, -1e30f, 3.4e38f, 0.5f, -0.5f, 1.5f, 2.5f,
-                           -2.5f, 126.5f, 127.5f, -128.5f, 8388607.5f, 16777216.0f, -16777216.0f, 1e-40f, -1e-40f};
-  for (int i = 0; i < 1000; ++i) xs.push_back(unit(rng) * std::pow(10.0f, static_cast<float>(i % 9) - 2.0f));
+  std::vector<float> xs = float_form_inputs(20261127, 1000);
+  xs.insert(xs.end(), {1e-40f, -1e-40f});  // subnormals (f32 and bf16 keep them)
   const std::int32_t zps[] = {0, 3, -128, 127, 255, (1 << 23) - 1, -(1 << 23), (1 << 24) - 1, -(1 << 24) + 1, 1 << 30};
   const float scales[] = {0.02f, 1.0f, 3.0e-5f, 1.0f / 3.0f, 7.0f, 1.1920929e-07f, 3.9e27f, INFINITY, NAN};
   const std::pair<std::int64_t, std::int64_t> ranges[] = {{-128, 127}, {0, 255}, {-(1 << 23), (1 << 23) - 1}};

@@ -34,6 +34,7 @@
 #include <random>
 #include <vector>
 
+#include "graph_timing.cuh"
 #include "qgrad/core/half.h"
 #include "qgrad/kernels/bitmask.h"
 #include "qgrad/kernels/cuda/column_sum.cuh"
@@ -46,15 +47,6 @@ namespace {
 using namespace qgrad;
 using qgrad::kernels::AxisLayout;
 using qgrad::kernels::Vec4;
-
-#define CHECK_CUDA(x)                                                                      \
-  do {                                                                                     \
-    const cudaError_t e_ = (x);                                                            \
-    if (e_ != cudaSuccess) {                                                               \
-      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
-      std::exit(1);                                                                        \
-    }                                                                                      \
-  } while (0)
 
 constexpr std::int64_t kChunkRows = 64;  // reduce.cu's kColumnChunkRows
 
@@ -156,37 +148,6 @@ __global__ void __launch_bounds__(256)
   }
 }
 
-template <class F>
-double graph_us(F launch) {
-  cudaStream_t s;
-  CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  constexpr int kCalls = 50;
-  cudaGraph_t g;
-  cudaGraphExec_t ge;
-  CHECK_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-  for (int i = 0; i < kCalls; ++i) launch(s);
-  CHECK_CUDA(cudaStreamEndCapture(s, &g));
-  CHECK_CUDA(cudaGraphInstantiate(&ge, g, 0));
-  cudaEvent_t a, b;
-  CHECK_CUDA(cudaEventCreate(&a));
-  CHECK_CUDA(cudaEventCreate(&b));
-  std::vector<float> ms;
-  for (int rep = 0; rep < 22; ++rep) {
-    CHECK_CUDA(cudaEventRecord(a, s));
-    CHECK_CUDA(cudaGraphLaunch(ge, s));
-    CHECK_CUDA(cudaEventRecord(b, s));
-    CHECK_CUDA(cudaEventSynchronize(b));
-    float t = 0;
-    CHECK_CUDA(cudaEventElapsedTime(&t, a, b));
-    if (rep > 0) ms.push_back(t);
-  }
-  std::sort(ms.begin(), ms.end());
-  CHECK_CUDA(cudaGraphExecDestroy(ge));
-  CHECK_CUDA(cudaGraphDestroy(g));
-  CHECK_CUDA(cudaStreamDestroy(s));
-  return ms[ms.size() / 2] * 1000.0 / kCalls;
-}
-
 int failures = 0;
 
 template <class T>
@@ -205,16 +166,16 @@ void run_case(const char* name, std::int64_t rows, std::int64_t cols) {
   M *p1, *p2;
   std::uint32_t* mask;
   const std::size_t bytes = static_cast<std::size_t>(n) * sizeof(T), pbytes = static_cast<std::size_t>(chunks * cols) * sizeof(M);
-  CHECK_CUDA(cudaMalloc(&dy, bytes));
-  CHECK_CUDA(cudaMalloc(&x, bytes));
-  CHECK_CUDA(cudaMalloc(&dx1, bytes));
-  CHECK_CUDA(cudaMalloc(&dx2, bytes));
-  CHECK_CUDA(cudaMalloc(&p1, pbytes));
-  CHECK_CUDA(cudaMalloc(&p2, pbytes));
-  CHECK_CUDA(cudaMalloc(&mask, hmask.size() * 4));
-  CHECK_CUDA(cudaMemcpy(dy, hdy.data(), bytes, cudaMemcpyHostToDevice));
-  CHECK_CUDA(cudaMemcpy(x, hx.data(), bytes, cudaMemcpyHostToDevice));
-  CHECK_CUDA(cudaMemcpy(mask, hmask.data(), hmask.size() * 4, cudaMemcpyHostToDevice));
+  DEV_CHECK_CUDA(cudaMalloc(&dy, bytes));
+  DEV_CHECK_CUDA(cudaMalloc(&x, bytes));
+  DEV_CHECK_CUDA(cudaMalloc(&dx1, bytes));
+  DEV_CHECK_CUDA(cudaMalloc(&dx2, bytes));
+  DEV_CHECK_CUDA(cudaMalloc(&p1, pbytes));
+  DEV_CHECK_CUDA(cudaMalloc(&p2, pbytes));
+  DEV_CHECK_CUDA(cudaMalloc(&mask, hmask.size() * 4));
+  DEV_CHECK_CUDA(cudaMemcpy(dy, hdy.data(), bytes, cudaMemcpyHostToDevice));
+  DEV_CHECK_CUDA(cudaMemcpy(x, hx.data(), bytes, cudaMemcpyHostToDevice));
+  DEV_CHECK_CUDA(cudaMemcpy(mask, hmask.data(), hmask.size() * 4, cudaMemcpyHostToDevice));
   const AxisLayout v{1, rows, cols};
   const auto library = [&](cudaStream_t s) {
     const std::int64_t n4 = n / 4;
@@ -227,18 +188,18 @@ void run_case(const char* name, std::int64_t rows, std::int64_t cols) {
     gelu_backward_partials_kernel<T><<<dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(cols / 64)), 256, 0, s>>>(
         rows, cols, dy, x, dx2, mask, p2);
   };
-  CHECK_CUDA(cudaMemset(dx1, 0x7f, bytes));
-  CHECK_CUDA(cudaMemset(dx2, 0x7e, bytes));
-  CHECK_CUDA(cudaMemset(p1, 0x7f, pbytes));
-  CHECK_CUDA(cudaMemset(p2, 0x7e, pbytes));
+  DEV_CHECK_CUDA(cudaMemset(dx1, 0x7f, bytes));
+  DEV_CHECK_CUDA(cudaMemset(dx2, 0x7e, bytes));
+  DEV_CHECK_CUDA(cudaMemset(p1, 0x7f, pbytes));
+  DEV_CHECK_CUDA(cudaMemset(p2, 0x7e, pbytes));
   library(nullptr);
   fused(nullptr);
-  CHECK_CUDA(cudaDeviceSynchronize());
+  DEV_CHECK_CUDA(cudaDeviceSynchronize());
   std::vector<unsigned char> a(bytes), b(bytes), pa(pbytes), pb(pbytes);
-  CHECK_CUDA(cudaMemcpy(a.data(), dx1, bytes, cudaMemcpyDeviceToHost));
-  CHECK_CUDA(cudaMemcpy(b.data(), dx2, bytes, cudaMemcpyDeviceToHost));
-  CHECK_CUDA(cudaMemcpy(pa.data(), p1, pbytes, cudaMemcpyDeviceToHost));
-  CHECK_CUDA(cudaMemcpy(pb.data(), p2, pbytes, cudaMemcpyDeviceToHost));
+  DEV_CHECK_CUDA(cudaMemcpy(a.data(), dx1, bytes, cudaMemcpyDeviceToHost));
+  DEV_CHECK_CUDA(cudaMemcpy(b.data(), dx2, bytes, cudaMemcpyDeviceToHost));
+  DEV_CHECK_CUDA(cudaMemcpy(pa.data(), p1, pbytes, cudaMemcpyDeviceToHost));
+  DEV_CHECK_CUDA(cudaMemcpy(pb.data(), p2, pbytes, cudaMemcpyDeviceToHost));
   const bool same = a == b && pa == pb;
   if (!same) ++failures;
   std::printf("%-22s %6lld x %lld: dx %s, partials %s\n", name, static_cast<long long>(rows),
@@ -248,7 +209,7 @@ void run_case(const char* name, std::int64_t rows, std::int64_t cols) {
                 graph_us(library), graph_us(fused));
   for (void* p : {static_cast<void*>(dy), static_cast<void*>(x), static_cast<void*>(dx1), static_cast<void*>(dx2),
                   static_cast<void*>(p1), static_cast<void*>(p2), static_cast<void*>(mask)})
-    CHECK_CUDA(cudaFree(p));
+    DEV_CHECK_CUDA(cudaFree(p));
 }
 
 }  // namespace
@@ -260,7 +221,7 @@ int main() {
     return 0;
   }
   cudaDeviceProp prop{};
-  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  DEV_CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   std::printf("%s\n", prop.name);
   run_case<float>("f32 fc1 (ViT b256)", 12544, 256);
   run_case<Float16<BFloat16Format>>("bf16 fc1 (ViT b256)", 12544, 256);

@@ -42,8 +42,10 @@
 #include <random>
 #include <vector>
 
+#include "graph_timing.cuh"
 #include "qgrad/core/half.h"
 #include "qgrad/kernels/bitmask.h"
+#include "qgrad/kernels/cuda/launch.cuh"
 #include "qgrad/kernels/cuda/minmax.cuh"
 #include "qgrad/kernels/cuda/warp_rows.cuh"
 #include "qgrad/kernels/formulas/cast.h"
@@ -56,18 +58,8 @@ namespace {
 
 using namespace qgrad;
 namespace f = qgrad::formulas;
-using qgrad::kernels::cuda::fast_max;
-using qgrad::kernels::cuda::fast_min;
+using qgrad::kernels::cuda::store_mask_block;
 using qgrad::kernels::Vec4;
-
-#define CHECK_CUDA(x)                                                                  \
-  do {                                                                                 \
-    const cudaError_t e_ = (x);                                                        \
-    if (e_ != cudaSuccess) {                                                           \
-      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
-      std::exit(1);                                                                    \
-    }                                                                                  \
-  } while (0)
 
 // FakeQuantOp's general (int64) form, as the library had it before the float form.
 template <class T>
@@ -85,50 +77,25 @@ __device__ __forceinline__ T fq(T x, const f::ChannelParams& p, int qmin, int qm
   }
 }
 
-// The row's min/max: kMinmax 0 the combines (the library), 1 fast_min /
-// fast_max with the combines redone for a row that holds a NaN.
+// The row's min/max: kMinmax 0 the combines (the library's form before),
+// 1 the library's warp_minmax_values (fast_min / fast_max, a row holding a
+// NaN redone with the combines).
 template <int kMinmax, int N>
 __device__ __forceinline__ void row_minmax(const float (&v)[N], float& lo, float& hi) {
   if constexpr (kMinmax == 1) {
-    float a = v[0], b = v[0];
+    qgrad::kernels::cuda::warp_minmax_values(v, lo, hi);
+  } else {
+    lo = INFINITY;
+    hi = -INFINITY;
 #pragma unroll
-    for (int k = 1; k < N; ++k) {
-      a = fast_min(a, v[k]);
-      b = fast_max(b, v[k]);
+    for (int k = 0; k < N; ++k) {
+      lo = f::min_combine(lo, v[k]);
+      hi = f::max_combine(hi, v[k]);
     }
-#pragma unroll
-    for (int w = 16; w > 0; w /= 2) {
-      a = fast_min(a, __shfl_xor_sync(0xffffffffu, a, w));
-      b = fast_max(b, __shfl_xor_sync(0xffffffffu, b, w));
-    }
-    if (a == a && b == b) {  // uniform: every lane holds the warp's result
-      lo = a;
-      hi = b;
-      return;
-    }
+    qgrad::kernels::cuda::warp_minmax(lo, hi);
   }
-  lo = INFINITY;
-  hi = -INFINITY;
-#pragma unroll
-  for (int k = 0; k < N; ++k) {
-    lo = f::min_combine(lo, v[k]);
-    hi = f::max_combine(hi, v[k]);
-  }
-  qgrad::kernels::cuda::warp_minmax(lo, hi);
 }
 
-__device__ __forceinline__ void store_mask_block(std::uint32_t* mask, std::int64_t b, const bool (&bit)[4],
-                                                 unsigned lane) {
-  uint4 words;
-  words.x = __ballot_sync(0xffffffffu, bit[0]);
-  words.y = __ballot_sync(0xffffffffu, bit[1]);
-  words.z = __ballot_sync(0xffffffffu, bit[2]);
-  words.w = __ballot_sync(0xffffffffu, bit[3]);
-  if (lane == 0) *reinterpret_cast<uint4*>(mask + b * kBitmaskWordsPerBlock) = words;
-}
-
-// fake_quantize_dynamic_rows_kernel (kVec, asymmetric) with the two forms
-// as switches; kGelu: the erf GELU prologue.
 template <class T, int kChunks, bool kGelu, int kMinmax, int kFq>
 __global__ void __launch_bounds__(256)
     fq_rows_kernel(const T* __restrict__ x, T* __restrict__ y, std::uint32_t* __restrict__ mask, std::int64_t rows,
@@ -237,37 +204,6 @@ __global__ void __launch_bounds__(256)
   }
 }
 
-template <class F>
-double graph_us(F launch) {
-  cudaStream_t s;
-  CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  constexpr int kCalls = 50;
-  cudaGraph_t g;
-  cudaGraphExec_t ge;
-  CHECK_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-  for (int i = 0; i < kCalls; ++i) launch(s);
-  CHECK_CUDA(cudaStreamEndCapture(s, &g));
-  CHECK_CUDA(cudaGraphInstantiate(&ge, g, 0));
-  cudaEvent_t a, b;
-  CHECK_CUDA(cudaEventCreate(&a));
-  CHECK_CUDA(cudaEventCreate(&b));
-  std::vector<float> ms;
-  for (int rep = 0; rep < 22; ++rep) {
-    CHECK_CUDA(cudaEventRecord(a, s));
-    CHECK_CUDA(cudaGraphLaunch(ge, s));
-    CHECK_CUDA(cudaEventRecord(b, s));
-    CHECK_CUDA(cudaEventSynchronize(b));
-    float t = 0;
-    CHECK_CUDA(cudaEventElapsedTime(&t, a, b));
-    if (rep > 0) ms.push_back(t);
-  }
-  std::sort(ms.begin(), ms.end());
-  CHECK_CUDA(cudaGraphExecDestroy(ge));
-  CHECK_CUDA(cudaGraphDestroy(g));
-  CHECK_CUDA(cudaStreamDestroy(s));
-  return ms[ms.size() / 2] * 1000.0 / kCalls;
-}
-
 template <class T>
 std::vector<T> host_values(std::int64_t n, bool special, std::uint32_t seed) {
   std::mt19937 gen(seed);
@@ -294,39 +230,39 @@ struct Buffers {
   std::uint32_t* mask;
   Buffers(std::int64_t r, std::int64_t dd) : rows(r), d(dd) {
     const std::size_t n = static_cast<std::size_t>(r * dd);
-    CHECK_CUDA(cudaMalloc(&x, n * sizeof(T)));
-    CHECK_CUDA(cudaMalloc(&y, n * sizeof(T)));
-    CHECK_CUDA(cudaMalloc(&wt, static_cast<std::size_t>(dd) * sizeof(T)));
-    CHECK_CUDA(cudaMalloc(&bs, static_cast<std::size_t>(dd) * sizeof(T)));
-    CHECK_CUDA(cudaMalloc(&mean, static_cast<std::size_t>(r) * sizeof(float)));
-    CHECK_CUDA(cudaMalloc(&rstd, static_cast<std::size_t>(r) * sizeof(float)));
-    CHECK_CUDA(cudaMalloc(&mask, n / 8));
+    DEV_CHECK_CUDA(cudaMalloc(&x, n * sizeof(T)));
+    DEV_CHECK_CUDA(cudaMalloc(&y, n * sizeof(T)));
+    DEV_CHECK_CUDA(cudaMalloc(&wt, static_cast<std::size_t>(dd) * sizeof(T)));
+    DEV_CHECK_CUDA(cudaMalloc(&bs, static_cast<std::size_t>(dd) * sizeof(T)));
+    DEV_CHECK_CUDA(cudaMalloc(&mean, static_cast<std::size_t>(r) * sizeof(float)));
+    DEV_CHECK_CUDA(cudaMalloc(&rstd, static_cast<std::size_t>(r) * sizeof(float)));
+    DEV_CHECK_CUDA(cudaMalloc(&mask, n / 8));
   }
   void fill(bool special, std::uint32_t seed) {
     const auto h = host_values<T>(rows * d, special, seed);
-    CHECK_CUDA(cudaMemcpy(x, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+    DEV_CHECK_CUDA(cudaMemcpy(x, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
     const auto hw = host_values<T>(d, false, seed + 1), hb = host_values<T>(d, false, seed + 2);
-    CHECK_CUDA(cudaMemcpy(wt, hw.data(), hw.size() * sizeof(T), cudaMemcpyHostToDevice));
-    CHECK_CUDA(cudaMemcpy(bs, hb.data(), hb.size() * sizeof(T), cudaMemcpyHostToDevice));
+    DEV_CHECK_CUDA(cudaMemcpy(wt, hw.data(), hw.size() * sizeof(T), cudaMemcpyHostToDevice));
+    DEV_CHECK_CUDA(cudaMemcpy(bs, hb.data(), hb.size() * sizeof(T), cudaMemcpyHostToDevice));
   }
   std::vector<unsigned char> out() const {
     const std::size_t n = static_cast<std::size_t>(rows * d);
     std::vector<unsigned char> h(n * sizeof(T) + n / 8 + 2 * static_cast<std::size_t>(rows) * sizeof(float));
-    CHECK_CUDA(cudaDeviceSynchronize());
-    CHECK_CUDA(cudaMemcpy(h.data(), y, n * sizeof(T), cudaMemcpyDeviceToHost));
-    CHECK_CUDA(cudaMemcpy(h.data() + n * sizeof(T), mask, n / 8, cudaMemcpyDeviceToHost));
-    CHECK_CUDA(cudaMemcpy(h.data() + n * sizeof(T) + n / 8, mean, static_cast<std::size_t>(rows) * sizeof(float),
+    DEV_CHECK_CUDA(cudaDeviceSynchronize());
+    DEV_CHECK_CUDA(cudaMemcpy(h.data(), y, n * sizeof(T), cudaMemcpyDeviceToHost));
+    DEV_CHECK_CUDA(cudaMemcpy(h.data() + n * sizeof(T), mask, n / 8, cudaMemcpyDeviceToHost));
+    DEV_CHECK_CUDA(cudaMemcpy(h.data() + n * sizeof(T) + n / 8, mean, static_cast<std::size_t>(rows) * sizeof(float),
                           cudaMemcpyDeviceToHost));
-    CHECK_CUDA(cudaMemcpy(h.data() + n * sizeof(T) + n / 8 + static_cast<std::size_t>(rows) * sizeof(float), rstd,
+    DEV_CHECK_CUDA(cudaMemcpy(h.data() + n * sizeof(T) + n / 8 + static_cast<std::size_t>(rows) * sizeof(float), rstd,
                           static_cast<std::size_t>(rows) * sizeof(float), cudaMemcpyDeviceToHost));
     return h;
   }
   void poison() {
     const std::size_t n = static_cast<std::size_t>(rows * d);
-    CHECK_CUDA(cudaMemset(y, 0x7f, n * sizeof(T)));
-    CHECK_CUDA(cudaMemset(mask, 0x5a, n / 8));
-    CHECK_CUDA(cudaMemset(mean, 0x7f, static_cast<std::size_t>(rows) * sizeof(float)));
-    CHECK_CUDA(cudaMemset(rstd, 0x7f, static_cast<std::size_t>(rows) * sizeof(float)));
+    DEV_CHECK_CUDA(cudaMemset(y, 0x7f, n * sizeof(T)));
+    DEV_CHECK_CUDA(cudaMemset(mask, 0x5a, n / 8));
+    DEV_CHECK_CUDA(cudaMemset(mean, 0x7f, static_cast<std::size_t>(rows) * sizeof(float)));
+    DEV_CHECK_CUDA(cudaMemset(rstd, 0x7f, static_cast<std::size_t>(rows) * sizeof(float)));
   }
 };
 
@@ -388,7 +324,7 @@ int main() {
     return 0;
   }
   cudaDeviceProp prop{};
-  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  DEV_CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   std::printf("%s\n", prop.name);
   const std::int64_t rows = 12544;  // the ViT's b256 x 49 tokens
   run_case<Float16<BFloat16Format>, 1, false, false>("bf16 fq rows x128", rows);

@@ -1,0 +1,55 @@
+// Shared by the headers-only dev programs (compiled anywhere with nvcc, run
+// by hand on the GPU machine): a CUDA error check that exits, and the time of
+// one call of `launch`, 50 calls captured in a CUDA graph, median of 21
+// replays (the first replay is dropped).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#define DEV_CHECK_CUDA(x)                                                                  \
+  do {                                                                                     \
+    const cudaError_t e_ = (x);                                                            \
+    if (e_ != cudaSuccess) {                                                               \
+      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
+      std::exit(1);                                                                        \
+    }                                                                                      \
+  } while (0)
+
+// launch(stream) enqueues one call; returns microseconds a call.
+template <class F>
+double graph_us(F launch) {
+  cudaStream_t s;
+  DEV_CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  constexpr int kCalls = 50;
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  DEV_CHECK_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  for (int i = 0; i < kCalls; ++i) launch(s);
+  DEV_CHECK_CUDA(cudaStreamEndCapture(s, &g));
+  DEV_CHECK_CUDA(cudaGraphInstantiate(&ge, g, 0));
+  cudaEvent_t a, b;
+  DEV_CHECK_CUDA(cudaEventCreate(&a));
+  DEV_CHECK_CUDA(cudaEventCreate(&b));
+  std::vector<float> ms;
+  for (int rep = 0; rep < 22; ++rep) {
+    DEV_CHECK_CUDA(cudaEventRecord(a, s));
+    DEV_CHECK_CUDA(cudaGraphLaunch(ge, s));
+    DEV_CHECK_CUDA(cudaEventRecord(b, s));
+    DEV_CHECK_CUDA(cudaEventSynchronize(b));
+    float t = 0;
+    DEV_CHECK_CUDA(cudaEventElapsedTime(&t, a, b));
+    if (rep > 0) ms.push_back(t);
+  }
+  std::sort(ms.begin(), ms.end());
+  DEV_CHECK_CUDA(cudaEventDestroy(a));
+  DEV_CHECK_CUDA(cudaEventDestroy(b));
+  DEV_CHECK_CUDA(cudaGraphExecDestroy(ge));
+  DEV_CHECK_CUDA(cudaGraphDestroy(g));
+  DEV_CHECK_CUDA(cudaStreamDestroy(s));
+  return ms[ms.size() / 2] * 1000.0 / kCalls;
+}

@@ -477,6 +477,7 @@ TEST_CASE("recipes: the per-token row kernels on +-0, ties, huge and subnormal v
             }
           }
           for (const Device dev : test_devices()) {
+            if (!dev.is_cuda() && form != 1) continue;  // the CPU is the reference itself
             CAPTURE(dev.str());
             const auto [y_dev, gx_dev] = run(dev, form, mode);
             const auto [y_ref, gx_ref] = form == 1 ? run(dev, 3, mode) : std::pair<Tensor, Tensor>{y_cpu, gx_cpu};

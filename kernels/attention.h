@@ -85,19 +85,24 @@ inline constexpr std::size_t kPackedAttentionMaxSmem = 96 * 1024;
 // thread columns' reach 16 * ceil(head_dim / 16), plus 4.
 QGRAD_HD std::int64_t packed_attention_seq_pitch(std::int64_t L) { return (L + 7) / 8 * 8 + 4; }
 QGRAD_HD std::int64_t packed_attention_dim_pitch(std::int64_t head_dim) { return (head_dim + 15) / 16 * 16 + 4; }
-// Shared memory of the CUDA forward: q and k transposed [head_dim][seq pitch],
-// v [L][dim pitch], the probabilities [L][seq pitch], in the math type.
+// Pitch of the arrays of keys stored transposed in the CUDA kernels' key order
+// (k and v: key j at 4 (j mod 16) + j / 16, so a thread's four keys j, j + 16,
+// j + 32, j + 48 are one run): all 64 places whatever L, plus 4.
+inline constexpr std::int64_t kPackedAttentionKeyPitch = kPackedAttentionMaxLength + 4;
+// Shared memory of the CUDA forward: q transposed [head_dim][seq pitch], k
+// transposed [head_dim][key pitch], v [L][dim pitch], the probabilities
+// transposed [L][seq pitch], in the math type.
 inline std::size_t packed_attention_forward_smem(std::int64_t L, std::int64_t head_dim, std::size_t math_bytes) {
   const std::int64_t lp = packed_attention_seq_pitch(L), dp = packed_attention_dim_pitch(head_dim);
-  return static_cast<std::size_t>(2 * head_dim * lp + L * dp + L * lp) * math_bytes;
+  return static_cast<std::size_t>(head_dim * (lp + kPackedAttentionKeyPitch) + L * dp + L * lp) * math_bytes;
 }
 // Shared memory of the CUDA backward: q and k transposed (later q and k
-// [L][dim pitch] in the same place), v transposed, dO [L][dim pitch], the
-// probabilities and their gradient [L][seq pitch].
+// [L][dim pitch] in the same place), v transposed [head_dim][key pitch], dO
+// [L][dim pitch], the probabilities and their gradient [L][seq pitch].
 inline std::size_t packed_attention_backward_smem(std::int64_t L, std::int64_t head_dim, std::size_t math_bytes) {
   const std::int64_t lp = packed_attention_seq_pitch(L), dp = packed_attention_dim_pitch(head_dim);
-  const std::int64_t qk = std::max(2 * head_dim * lp, 2 * L * dp);
-  return static_cast<std::size_t>(qk + head_dim * lp + L * dp + 2 * L * lp) * math_bytes;
+  const std::int64_t qk = std::max(head_dim * (lp + kPackedAttentionKeyPitch), 2 * L * dp);
+  return static_cast<std::size_t>(qk + head_dim * kPackedAttentionKeyPitch + L * dp + 2 * L * lp) * math_bytes;
 }
 bool packed_attention_fits(std::int64_t L, std::int64_t head_dim, DType dtype);
 // out, row_max and row_sum ([batch, heads, L], op math type) from qkv.

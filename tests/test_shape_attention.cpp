@@ -10,6 +10,8 @@
 #include <numeric>
 
 #include "qgrad/kernels/attention.h"
+#include "qgrad/kernels/formulas/attention.h"
+#include "qgrad/kernels/formulas/transformer.h"
 #include "train_ops_helpers.h"
 
 using namespace qgrad;
@@ -524,6 +526,95 @@ TEST_CASE("packed_attention: the fused kernel and the fallback against the compo
   for (const std::int64_t L : {std::int64_t{6}, std::int64_t{65}})
     check_grad([](const std::vector<Tensor>& in) { return packed_attention(in[0], 2, true, 0.8); },
                {param(rnd({1, L, 12}, 62))});
+}
+
+// f32 on CUDA: the fused kernels' bits are the CPU loop's order (docs/ops.md,
+// "packed_attention") with CUDA's expf. The host emulates every sum in that
+// order (each product a fused multiply-add chain from index 0, dP . P in
+// lane_sum's order) and takes the probabilities from CUDA's softmax of the
+// host's logits, the same exp, max and lane_sum order: so the output and
+// every element of dqkv must match bit for bit. Sequences across the 16-key
+// tile columns' edges (5, 17, 33, 49, 64), every head-dim tile count, causal
+// or not.
+TEST_CASE("packed_attention in f32 on CUDA: the bits of the CPU loop's order with CUDA's exp") {
+  QGRAD_REQUIRE_GPU();
+  struct Case {
+    std::int64_t B, L, D, H;
+    bool causal;
+  };
+  const Case cases[] = {{2, 49, 128, 4, false}, {2, 49, 128, 4, true}, {1, 64, 64, 2, true}, {2, 5, 12, 3, true},
+                        {2, 17, 16, 1, false},  {1, 33, 64, 1, true},  {2, 40, 96, 2, false}};
+  const double scale = 0.3;
+  const Device gpu = Device::cuda(0);
+  for (const Case& c : cases) {
+    CAPTURE(c.L);
+    CAPTURE(c.D);
+    CAPTURE(c.causal);
+    const std::int64_t L = c.L, D = c.D, H = c.H, Dh = D / H, W3 = 3 * D;
+    REQUIRE(kernels::packed_attention_fits(L, Dh, DType::f32));
+    const Tensor qkv = rnd({c.B, L, W3}, 90 + static_cast<std::uint64_t>(L), DType::f32);
+    const Tensor dy = rnd({c.B, L, D}, 91 + static_cast<std::uint64_t>(L), DType::f32);
+    const std::vector<float> x = qkv.to_vector<float>(), g = dy.to_vector<float>();
+    const float sc = static_cast<float>(scale);
+    auto at = [](std::int64_t i) { return static_cast<std::size_t>(i); };
+    // q, k, v element (b, h, i, d) of the packed rows, and dO's.
+    auto qv = [&](std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t d, int part) {
+      return x[at((b * L + i) * W3 + part * D + h * Dh + d)];
+    };
+    auto gv = [&](std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t d) { return g[at((b * L + i) * D + h * Dh + d)]; };
+    // The logits on the host, then their softmax on CUDA.
+    std::vector<float> z(at(c.B * H * L * L));
+    for (std::int64_t b = 0; b < c.B; ++b)
+      for (std::int64_t h = 0; h < H; ++h)
+        for (std::int64_t i = 0; i < L; ++i)
+          for (std::int64_t j = 0; j < L; ++j) {
+            float acc = 0.0f;
+            for (std::int64_t d = 0; d < Dh; ++d) acc = formulas::fused_multiply_add(qv(b, h, i, d, 0), qv(b, h, j, d, 1), acc);
+            z[at(((b * H + h) * L + i) * L + j)] = formulas::packed_logit(acc, sc, c.causal, i, j);
+          }
+    const std::vector<float> P =
+        softmax(Tensor::from_vector(z, {c.B * H * L, L}).to(gpu), -1).cpu().to_vector<float>();
+    auto pv = [&](std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) { return P[at(((b * H + h) * L + i) * L + j)]; };
+    std::vector<float> out(at(c.B * L * D)), dqkv(at(c.B * L * W3));
+    for (std::int64_t b = 0; b < c.B; ++b)
+      for (std::int64_t h = 0; h < H; ++h) {
+        std::vector<float> ds(at(L * L));
+        for (std::int64_t i = 0; i < L; ++i) {
+          for (std::int64_t d = 0; d < Dh; ++d) {
+            float o = 0.0f;
+            for (std::int64_t j = 0; j < L; ++j) o = formulas::fused_multiply_add(pv(b, h, i, j), qv(b, h, j, d, 2), o);
+            out[at((b * L + i) * D + h * Dh + d)] = o;
+          }
+          std::vector<float> dp(at(L));
+          for (std::int64_t j = 0; j < L; ++j) {
+            float acc = 0.0f;
+            for (std::int64_t d = 0; d < Dh; ++d) acc = formulas::fused_multiply_add(gv(b, h, i, d), qv(b, h, j, d, 2), acc);
+            dp[at(j)] = acc;
+          }
+          const float dot = formulas::lane_sum<float>(L, [&](std::int64_t j) { return dp[at(j)] * pv(b, h, i, j); });
+          for (std::int64_t j = 0; j < L; ++j) ds[at(i * L + j)] = formulas::packed_logit_grad(pv(b, h, i, j), dp[at(j)], dot, sc);
+        }
+        for (std::int64_t r = 0; r < L; ++r)
+          for (std::int64_t d = 0; d < Dh; ++d) {
+            float dq = 0.0f, dk = 0.0f, dv = 0.0f;
+            for (std::int64_t t = 0; t < L; ++t) {
+              dq = formulas::fused_multiply_add(ds[at(r * L + t)], qv(b, h, t, d, 1), dq);
+              dk = formulas::fused_multiply_add(ds[at(t * L + r)], qv(b, h, t, d, 0), dk);
+              dv = formulas::fused_multiply_add(pv(b, h, t, r), gv(b, h, t, d), dv);
+            }
+            dqkv[at((b * L + r) * W3 + h * Dh + d)] = dq;
+            dqkv[at((b * L + r) * W3 + D + h * Dh + d)] = dk;
+            dqkv[at((b * L + r) * W3 + 2 * D + h * Dh + d)] = dv;
+          }
+      }
+    Tensor in = param(qkv.to(gpu).clone().detach());
+    prepoison({c.B, L, D}, DType::f32);
+    Tensor y = packed_attention(in, H, c.causal, scale);
+    CHECK(bit_equal(y, Tensor::from_vector(out, {c.B, L, D})));
+    prepoison({c.B, L, W3}, DType::f32);
+    y.backward(dy.to(gpu));
+    CHECK(bit_equal(in.grad(), Tensor::from_vector(dqkv, {c.B, L, W3})));
+  }
 }
 
 // f16 and bf16: CUDA's tensor-core kernels (every head-dim tile count, odd and

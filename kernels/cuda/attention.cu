@@ -80,15 +80,19 @@ void dropout_impl(const Tensor& probs, const Tensor& attn, const AttentionRows& 
 
 // ---- packed_attention in f32 and f64: a block of 16 x 16 threads per (batch, head) pair.
 // Thread (ty, tx) owns a 4 x kCols tile of every product: rows 4 ty + a
-// (a < 4) and columns kCols tx + c (kCols: 4 for the L x L products, the head
-// dim's ceil(Dh / 16) for the L x Dh ones), each output a chain of fused
-// multiply-adds over its reduction index from 0 upward, as the CPU loop
-// (kernels/attention.cpp); the rows' softmax and dp . p a warp per row in
-// lane_sum's order. The operands sit in shared memory so that a thread's 4
-// rows, and its columns, at one reduction index are one run wherever a layout
-// allows (one vector load each, not 4 + kCols scalar ones: the products are
-// bound by issue slots), and a warp whose 8 rows all lie past a product's
-// rows skips it (L = 49: one warp of 8). ----
+// (a < 4) and, in the L x Dh products, columns kCols tx + c (kCols the head
+// dim's ceil(Dh / 16)); in the L x L products (the logits and dP) its columns
+// are the keys tx, tx + 16, tx + 32, tx + 48, stored at places 4 tx ... 4 tx +
+// 3 of the transposed k and v (packed_key_slot), so that a row's 16 threads
+// hold its keys as a warp of lane_sum's order holds them (lane l: keys l and
+// l + 32) and its max, exp-sum and dP . P come from the tile itself (5
+// shuffles a row among the 16) instead of a warp pass over a stored row. Each
+// output is a chain of fused multiply-adds over its reduction index from 0
+// upward, as the CPU loop (kernels/attention.cpp). The operands sit in shared
+// memory so that a thread's 4 rows, and its columns, at one reduction index
+// are one run wherever a layout allows (one vector load each, not 4 + kCols
+// scalar ones: the kernels are bound by issue slots), and a warp whose 8 rows
+// all lie past a product's rows skips it (L = 49: one warp of 8). ----
 constexpr int kPackedSide = 16;
 constexpr int kPackedThreads = kPackedSide * kPackedSide;
 constexpr int kPackedTile = 4;  // kPackedSide * kPackedTile == kPackedAttentionMaxLength
@@ -191,14 +195,69 @@ __device__ __forceinline__ void tile_store(const M (&acc)[kPackedTile][kCols], i
     }
 }
 
+// The L x L tiles: column c of thread tx is key tx + 16 c, stored at place
+// 4 (j mod 16) + j / 16 of the transposed k and v (pitch kPackedAttentionKeyPitch).
+__device__ __forceinline__ int packed_key(int tx, int c) { return tx + kPackedSide * c; }
+__device__ __forceinline__ int packed_key_slot(int j) { return kPackedTile * (j % kPackedSide) + j / kPackedSide; }
+
+// f(a, row, key, value) for the L x L tile's outputs inside rows x keys.
+template <class M, class F>
+__device__ __forceinline__ void key_tile_store(const M (&acc)[kPackedTile][kPackedTile], int rows, int keys, F f) {
+#pragma unroll
+  for (int a = 0; a < kPackedTile; ++a)
+#pragma unroll
+    for (int c = 0; c < kPackedTile; ++c) {
+      const int i = kPackedTile * packed_ty() + a, j = packed_key(packed_tx(), c);
+      if (i < rows && j < keys) f(a, i, j, acc[a][c]);
+    }
+}
+
+// A row's reductions over its keys j < L from the row's 16 threads, with the
+// bits of the warp pass over a stored row (warp_max, warp_lane_sum): lane l's
+// part (keys l, then l + 32) is thread l's columns 0 and 2 for l < 16 and
+// thread l - 16's columns 1 and 3 otherwise; the butterfly's first step (lane
+// l with l + 16) is then inside the thread, its steps 8 ... 1 among the 16
+// threads (one half of the warp: the row's), and the result is the value of
+// the half's lane 0. Every thread of the warp calls it.
+template <class M>
+__device__ __forceinline__ M key_tile_max(const M (&z)[kPackedTile], int L) {
+  const int tx = packed_tx();
+  M lo = -std::numeric_limits<M>::infinity(), hi = lo;
+  if (tx < L) lo = formulas::max_nan(lo, z[0]);
+  if (tx + 32 < L) lo = formulas::max_nan(lo, z[2]);
+  if (tx + 16 < L) hi = formulas::max_nan(hi, z[1]);
+  if (tx + 48 < L) hi = formulas::max_nan(hi, z[3]);
+  M v = formulas::max_nan(lo, hi);
+#pragma unroll
+  for (int m = kPackedSide / 2; m > 0; m >>= 1) v = formulas::max_nan(v, __shfl_xor_sync(0xffffffffu, v, m));
+  return __shfl_sync(0xffffffffu, v, 0, kPackedSide);
+}
+// lane_sum's order of term(c) over the row's keys (see key_tile_max).
+template <class M, class Term>
+__device__ __forceinline__ M key_tile_lane_sum(int L, Term term) {
+  const int tx = packed_tx();
+  M lo = M(0), hi = M(0);
+  if (tx < L) lo += term(0);
+  if (tx + 32 < L) lo += term(2);
+  if (tx + 16 < L) hi += term(1);
+  if (tx + 48 < L) hi += term(3);
+  M v = lo + hi;
+#pragma unroll
+  for (int h = kPackedSide / 2; h > 0; h >>= 1) v += __shfl_xor_sync(0xffffffffu, v, h);
+  return __shfl_sync(0xffffffffu, v, 0, kPackedSide);
+}
+
 // The pair's shared arrays (kernels/attention.h gives their sizes): "t" ones
-// transposed [Dh][lp], the others [L][dp] or [L][lp]. The backward's q and k
-// [L][dp] take q's and k's transposed place once the logits are done; dO has
-// no transposed copy (dP reads its rows as scalars), which keeps the ViT's
-// backward (L = 49, Dh = 32, f32) at 4 blocks an SM.
+// transposed, q's [Dh][lp], k's and v's [Dh][kp] in the key order
+// (packed_key_slot), the forward's probabilities [key][row] (pitch lp); the
+// others [L][dp] or [L][lp]. The backward's q and k [L][dp] take q's and k's
+// transposed place once the logits are done; dO has no transposed copy (dP
+// reads its rows as scalars), which keeps the ViT's backward (L = 49, Dh = 32,
+// f32) at 4 blocks an SM.
 template <class M>
 struct PackedLayout {
   int L, Dh, lp, dp;
+  static constexpr int kp = static_cast<int>(kPackedAttentionKeyPitch);
   M *qt, *kt, *vt, *q, *k, *v, *g, *p, *ds;
   __device__ PackedLayout(M* base, const PackedAttention& a, bool backward)
       : L(static_cast<int>(a.L)), Dh(static_cast<int>(a.head_dim)),
@@ -206,14 +265,14 @@ struct PackedLayout {
     qt = q = base;
     kt = qt + Dh * lp;
     if (!backward) {
-      v = kt + Dh * lp;
+      v = kt + Dh * kp;
       p = v + L * dp;
       vt = k = g = ds = nullptr;
       return;
     }
     k = q + L * dp;
-    vt = base + max(2 * Dh * lp, 2 * L * dp);
-    g = vt + Dh * lp;
+    vt = base + max(Dh * (lp + kp), 2 * L * dp);
+    g = vt + Dh * kp;
     p = g + L * dp;
     ds = p + L * lp;
   }
@@ -227,24 +286,40 @@ __device__ __forceinline__ PackedLayout<M> packed_layout(const PackedAttention& 
 }
 
 // f(i, d) for the elements of an L x Dh matrix, consecutive threads on
-// consecutive d (coalesced reads of the packed rows).
-template <class F>
+// consecutive d (coalesced reads of the packed rows). A head dim of whole
+// column tiles (Dh = 16 kDh, the ViT's 32) divides by a constant.
+template <int kDh, class F>
 __device__ __forceinline__ void for_pair_elements(const PackedAttention& a, F f) {
   const int L = static_cast<int>(a.L), Dh = static_cast<int>(a.head_dim);
-  for (int idx = static_cast<int>(threadIdx.x); idx < L * Dh; idx += kPackedThreads) f(idx / Dh, idx % Dh);
+  if (Dh == kPackedSide * kDh) {
+    constexpr int kD = kPackedSide * kDh;
+    for (int idx = static_cast<int>(threadIdx.x); idx < L * kD; idx += kPackedThreads) f(idx / kD, idx % kD);
+  } else {
+    for (int idx = static_cast<int>(threadIdx.x); idx < L * Dh; idx += kPackedThreads) f(idx / Dh, idx % Dh);
+  }
 }
 
-// The pair's q and k, transposed, into s.qt and s.kt; place_v(i, d, v[i][d])
-// puts v where the kernel wants it.
-template <class T, class M, class F>
+// Element (i, d) of the pair's q at pair[i * row + d]; k and v follow W later.
+template <class T>
+struct PairRows {
+  const T* pair;
+  std::int64_t row, W;
+  __device__ PairRows(const T* qkv, const PackedAttention& a, std::int64_t n, std::int64_t h)
+      : pair(qkv + n * a.L * 3 * a.width() + h * a.head_dim), row(3 * a.width()), W(a.width()) {}
+  __device__ const T* operator()(int i, int d) const { return pair + i * row + d; }
+};
+
+// The pair's q transposed into s.qt and k transposed in the key order into
+// s.kt; place_v(i, d, v[i][d]) puts v where the kernel wants it.
+template <int kDh, class T, class M, class F>
 __device__ __forceinline__ void load_pair(const PackedLayout<M>& s, const T* qkv, const PackedAttention& a,
                                           std::int64_t n, std::int64_t h, F place_v) {
-  const std::int64_t W = a.width();
-  for_pair_elements(a, [&](int i, int d) {
-    const T* src = qkv + (n * a.L + i) * 3 * W + h * a.head_dim + d;
+  const PairRows<T> rows(qkv, a, n, h);
+  for_pair_elements<kDh>(a, [&](int i, int d) {
+    const T* src = rows(i, d);
     s.qt[d * s.lp + i] = M(src[0]);
-    s.kt[d * s.lp + i] = M(src[W]);
-    place_v(i, d, M(src[2 * W]));
+    s.kt[d * s.kp + packed_key_slot(i)] = M(src[rows.W]);
+    place_v(i, d, M(src[2 * rows.W]));
   });
 }
 
@@ -268,37 +343,38 @@ __global__ void __launch_bounds__(kPackedThreads)
   using M = op_math_t<T>;
   const std::int64_t n = blockIdx.x / a.heads, h = blockIdx.x % a.heads, W = a.width();
   const PackedLayout<M> s = packed_layout<M>(a, false);
-  load_pair(s, qkv, a, n, h, [&](int i, int d, M v) { s.v[i * s.dp + d] = v; });
+  load_pair<kDh>(s, qkv, a, n, h, [&](int i, int d, M v) { s.v[i * s.dp + d] = v; });
   __syncthreads();
-  if (packed_rows_active(s.L)) {  // logits [i][j] = q_i . k_j * scale
-    M acc[kPackedTile][kPackedTile];
-    tile_fma<kPackedTile>(acc, s.Dh, RowRuns<M>(s.qt, s.lp), ColRuns<kPackedTile, M>(s.kt, s.lp));
+  const bool active = packed_rows_active(s.L);
+  if (active) {  // logits [i][j] = q_i . k_j * scale, then each row's softmax from the tile
+    M z[kPackedTile][kPackedTile];
+    tile_fma<kPackedTile>(z, s.Dh, RowRuns<M>(s.qt, s.lp), ColRuns<kPackedTile, M>(s.kt, s.kp));
     const M scale = M(a.scale);
     const bool causal = a.causal;
-    tile_store<kPackedTile>(acc, s.L, s.L, [&](int, int i, int j, M dot) {
-      s.p[i * s.lp + j] = formulas::packed_logit(dot, scale, causal, i, j);
-    });
-  }
-  __syncthreads();
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (int i = warp; i < s.L; i += kPackedThreads / 32) {
-    M* row = s.p + i * s.lp;
-    M m = -std::numeric_limits<M>::infinity();
-    for (int j = lane; j < s.L; j += 32) m = formulas::max_nan(m, row[j]);
-    const M mx = warp_max(m);
-    M part = M(0);
-    for (int j = lane; j < s.L; j += 32) part += formulas::exp_m(row[j] - mx);
-    const M sum = warp_lane_sum(part);
-    for (int j = lane; j < s.L; j += 32) row[j] = formulas::attention_prob(row[j], mx, sum);
-    if (lane == 0) {
-      row_max[(n * a.heads + h) * a.L + i] = mx;
-      row_sum[(n * a.heads + h) * a.L + i] = sum;
+    const int tx = packed_tx();
+#pragma unroll
+    for (int t = 0; t < kPackedTile; ++t) {
+      const int i = kPackedTile * packed_ty() + t;
+#pragma unroll
+      for (int c = 0; c < kPackedTile; ++c) z[t][c] = formulas::packed_logit(z[t][c], scale, causal, i, packed_key(tx, c));
+      const M mx = key_tile_max(z[t], s.L);
+#pragma unroll
+      for (int c = 0; c < kPackedTile; ++c) z[t][c] = formulas::exp_m(z[t][c] - mx);  // attention_prob's exp
+      const M sum = key_tile_lane_sum<M>(s.L, [&](int c) { return z[t][c]; });
+#pragma unroll
+      for (int c = 0; c < kPackedTile; ++c) z[t][c] = formulas::attention_prob_of_exp(z[t][c], mx, sum);
+      if (tx == 0 && i < s.L) {
+        row_max[(n * a.heads + h) * a.L + i] = mx;
+        row_sum[(n * a.heads + h) * a.L + i] = sum;
+      }
     }
+    // P transposed [key][row]: the product below reads a thread's 4 rows as one run.
+    key_tile_store(z, s.L, s.L, [&](int, int i, int j, M p) { s.p[j * s.lp + i] = p; });
   }
   __syncthreads();
-  if (!packed_rows_active(s.L)) return;
+  if (!active) return;
   M acc[kPackedTile][kDh];  // O[i][d] = sum_j P[i][j] v[j][d]
-  tile_fma<kDh>(acc, s.L, RowScalars<M>(s.p, s.lp, s.L), ColRuns<kDh, M>(s.v, s.dp));
+  tile_fma<kDh>(acc, s.L, RowRuns<M>(s.p, s.lp), ColRuns<kDh, M>(s.v, s.dp));
   tile_store<kDh>(acc, s.L, s.Dh, [&](int, int i, int d, M o) { out[(n * a.L + i) * W + h * a.head_dim + d] = T(o); });
 }
 
@@ -311,8 +387,8 @@ __global__ void __launch_bounds__(kPackedThreads, packed_backward_min_blocks<T>(
   using M = op_math_t<T>;
   const std::int64_t n = blockIdx.x / a.heads, h = blockIdx.x % a.heads, W = a.width();
   const PackedLayout<M> s = packed_layout<M>(a, true);
-  load_pair(s, qkv, a, n, h, [&](int i, int d, M v) {
-    s.vt[d * s.lp + i] = v;
+  load_pair<kDh>(s, qkv, a, n, h, [&](int i, int d, M v) {
+    s.vt[d * s.kp + packed_key_slot(i)] = v;
     s.g[i * s.dp + d] = formulas::masked_grad(dout, dout_mask, (n * a.L + i) * W + h * a.head_dim + d);
   });
   __syncthreads();
@@ -327,16 +403,17 @@ __global__ void __launch_bounds__(kPackedThreads, packed_backward_min_blocks<T>(
       sum[t] = row_sum[stats + i];
     }
     M acc[kPackedTile][kPackedTile];
-    tile_fma<kPackedTile>(acc, s.Dh, RowRuns<M>(s.qt, s.lp), ColRuns<kPackedTile, M>(s.kt, s.lp));
+    tile_fma<kPackedTile>(acc, s.Dh, RowRuns<M>(s.qt, s.lp), ColRuns<kPackedTile, M>(s.kt, s.kp));
     const M scale = M(a.scale);
     const bool causal = a.causal;
-    tile_store<kPackedTile>(acc, s.L, s.L, [&](int t, int i, int j, M dot) {
+    key_tile_store(acc, s.L, s.L, [&](int t, int i, int j, M dot) {
       s.p[i * s.lp + j] = formulas::attention_prob(formulas::packed_logit(dot, scale, causal, i, j), mx[t], sum[t]);
     });
   }
   __syncthreads();
-  for_pair_elements(a, [&](int i, int d) {  // q and k [L][dp] over their transposed copies
-    const T* src = qkv + (n * a.L + i) * 3 * W + h * a.head_dim + d;
+  const PairRows<T> rows(qkv, a, n, h);
+  for_pair_elements<kDh>(a, [&](int i, int d) {  // q and k [L][dp] over their transposed copies
+    const T* src = rows(i, d);
     s.q[i * s.dp + d] = M(src[0]);
     s.k[i * s.dp + d] = M(src[W]);
   });
@@ -346,19 +423,23 @@ __global__ void __launch_bounds__(kPackedThreads, packed_backward_min_blocks<T>(
     tile_fma<kDh>(acc, s.L, RowRuns<M>(s.p, s.lp), ColRuns<kDh, M>(s.g, s.dp));
     tile_store<kDh>(acc, s.L, s.Dh, [&](int, int j, int d, M dv) { base[j * 3 * W + 2 * W + d] = T(dv); });
     M dp[kPackedTile][kPackedTile];  // dP[i][j] = sum_d dO[i][d] v[j][d]
-    tile_fma<kPackedTile>(dp, s.Dh, RowScalars<M>(s.g, s.dp, s.L), ColRuns<kPackedTile, M>(s.vt, s.lp));
-    tile_store<kPackedTile>(dp, s.L, s.L, [&](int, int i, int j, M v) { s.ds[i * s.lp + j] = v; });
-  }
-  __syncthreads();
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const M scale = M(a.scale);
-  for (int i = warp; i < s.L; i += kPackedThreads / 32) {
-    const M* p = s.p + i * s.lp;
-    M* ds = s.ds + i * s.lp;
-    M part = M(0);
-    for (int j = lane; j < s.L; j += 32) part += ds[j] * p[j];
-    const M dot = warp_lane_sum(part);
-    for (int j = lane; j < s.L; j += 32) ds[j] = formulas::packed_logit_grad(p[j], ds[j], dot, scale);
+    tile_fma<kPackedTile>(dp, s.Dh, RowScalars<M>(s.g, s.dp, s.L), ColRuns<kPackedTile, M>(s.vt, s.kp));
+    // dS = P (dP - rowsum(dP . P)) scale, the row sums from the tile; P at the
+    // tile's own places, written by this thread above (rows and keys past L
+    // are not read into a sum and not stored).
+    const M scale = M(a.scale);
+    const int tx = packed_tx();
+#pragma unroll
+    for (int t = 0; t < kPackedTile; ++t) {
+      const int i = min(kPackedTile * packed_ty() + t, s.L - 1);
+      M p[kPackedTile];
+#pragma unroll
+      for (int c = 0; c < kPackedTile; ++c) p[c] = s.p[i * s.lp + min(packed_key(tx, c), s.L - 1)];
+      const M dot = key_tile_lane_sum<M>(s.L, [&](int c) { return dp[t][c] * p[c]; });
+#pragma unroll
+      for (int c = 0; c < kPackedTile; ++c) dp[t][c] = formulas::packed_logit_grad(p[c], dp[t][c], dot, scale);
+    }
+    key_tile_store(dp, s.L, s.L, [&](int, int i, int j, M v) { s.ds[i * s.lp + j] = v; });
   }
   __syncthreads();
   if (!active) return;

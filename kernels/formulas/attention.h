@@ -34,9 +34,14 @@ QGRAD_HD op_math_t<T> attention_logit(const kernels::AttentionRows& a, const T* 
 // The probability from the logit, the row max and the row sum: exp(z - max) /
 // sum, or 0 for a row where every column is masked (max == -inf).
 template <class M>
+QGRAD_HD M attention_prob_of_exp(M e, M mx, M sum) {
+  return mx == -std::numeric_limits<M>::infinity() ? M(0) : e / sum;
+}
+// The same from the logit z, e = exp(z - max).
+template <class M>
 QGRAD_HD M attention_prob(M z, M mx, M sum) {
   if (mx == -std::numeric_limits<M>::infinity()) return M(0);
-  return exp_m(z - mx) / sum;
+  return attention_prob_of_exp(exp_m(z - mx), mx, sum);
 }
 
 // packed_attention's logit of query i and key j from their dot product (summed

@@ -2,7 +2,10 @@
 // forward/backward, the observer's min/max, the fused SGD step, cross-entropy
 // forward + backward, linear forward + backward and scaled_dot_product_attention
 // forward / backward (a ViT shape and sequence length 1024; the L = 1024 case
-// is also timed on the CPU, with a small B * H, before the CUDA rows).
+// is also timed on the CPU, with a small B * H, before the CUDA rows); then
+// the transformer ops of issue #13 (layer_norm, rms_norm, gelu in both forms,
+// silu, softmax, dropout, embedding, batched matmul, permute, cat, slice),
+// each forward (no grad) and backward (its node's rule alone).
 // Memory-bound cases report
 // GB/s and the fraction of the copy bandwidth measured in the same run;
 // linear reports TFLOP/s and the fraction of the f32 (non-tensor-core) peak.
@@ -71,6 +74,88 @@ void sdpa_rows(const std::string& tag, std::int64_t B, std::int64_t H, std::int6
   Tensor y = scaled_dot_product_attention(q, k, v);
   Tensor dy = randn(y.shape(), gen, opt);
   report_flops("sdpa_bw_" + tag, time([&](int) { y.grad_fn()->backward(dy); }), sdpa_flops(B * H, L, D, true), dev);
+}
+
+// Forward (no grad) and backward (the node's rule alone) of y = op(inputs):
+// rows "<name>_fw" and "<name>_bw" with their bytes (memory-bound ops) or
+// FLOPs (flops > 0). Each is timed eagerly and as a replay of its capture in
+// a CudaGraph (no host work per call: the kernels alone, as PyTorch's
+// captured rows); the faster is the row, both are also "<row>_eager" and
+// "<row>_graph".
+template <class Op>
+void fw_bw_rows(const std::string& name, std::vector<Tensor> inputs, Op op, double fw_bytes, double bw_bytes,
+                double copy, const std::string& dev, double fw_flops = 0, double bw_flops = 0) {
+  auto emit_rows = [&](const std::string& row, const std::function<void()>& call, double bytes, double flops) {
+    const Timing eager = time_cuda([&](int) { call(); }, 30, 3);
+    CudaGraph graph;
+    graph.capture(call);
+    const Timing replay = time_cuda([&](int) { graph.replay(); }, 30, 3);
+    auto one = [&](const std::string& n, const Timing& t) {
+      if (flops > 0) report_flops(n, t, flops, dev);
+      else report(n, t, bytes, copy, dev);
+    };
+    one(row + "_eager", eager);
+    one(row + "_graph", replay);
+    one(row, replay.median_ms < eager.median_ms ? replay : eager);
+  };
+  {
+    NoGradGuard ng;
+    emit_rows(name + "_fw", [&] { op(inputs); }, fw_bytes, fw_flops);
+  }
+  for (Tensor& t : inputs)
+    if (is_floating(t.dtype())) t.set_requires_grad(true);
+  Tensor y = op(inputs);
+  Generator gen(0x9c);
+  Tensor dy = randn(y.shape(), gen, TensorOptions{}.with_dtype(y.dtype()).with_device(y.device()));
+  emit_rows(name + "_bw", [&] { y.grad_fn()->backward(dy); }, bw_bytes, bw_flops);
+}
+
+// The transformer ops (issue #13 item 5) at sizes where their kernels, not
+// launches, are timed: rows [8192, 1024] f32 (32 MiB) for the row and
+// elementwise ops; bytes count each tensor read or written once.
+void transformer_rows(double copy, const std::string& dev) {
+  const std::int64_t R = 8192, D = 1024;
+  const double f = 4.0 * static_cast<double>(R * D), row_stats = 8.0 * static_cast<double>(R);
+  Generator gen(0x3e);
+  const Tensor x = randn({R, D}, gen, on_gpu()), w = randn({D}, gen, on_gpu()), b = randn({D}, gen, on_gpu());
+  using V = std::vector<Tensor>;
+  fw_bw_rows("layer_norm_8192x1024", V{x, w, b}, [&](const V& in) { return layer_norm(in[0], {D}, in[1], in[2]); },
+             2 * f + row_stats, 3 * f + row_stats, copy, dev);
+  fw_bw_rows("rms_norm_8192x1024", V{x, w}, [&](const V& in) { return rms_norm(in[0], {D}, in[1]); },
+             2 * f + row_stats / 2, 3 * f + row_stats / 2, copy, dev);
+  fw_bw_rows("gelu_8192x1024", V{x}, [](const V& in) { return gelu(in[0]); }, 2 * f, 3 * f, copy, dev);
+  fw_bw_rows("gelu_tanh_8192x1024", V{x}, [](const V& in) { return gelu(in[0], GeluApproximate::tanh); }, 2 * f,
+             3 * f, copy, dev);
+  fw_bw_rows("silu_8192x1024", V{x}, [](const V& in) { return silu(in[0]); }, 2 * f, 3 * f, copy, dev);
+  fw_bw_rows("softmax_8192x1024", V{x}, [](const V& in) { return softmax(in[0], -1); }, 2 * f, 3 * f, copy, dev);
+  // dropout: the forward writes y and its mask (1 bit an element); the backward reads dy and the mask.
+  fw_bw_rows("dropout_p0.1_8192x1024", V{x}, [&](const V& in) { return dropout(in[0], 0.1, true, gen); },
+             2 * f + f / 32, 2 * f + f / 32, copy, dev);
+  {  // embedding: 65536 lookups of rows of 256 in a [32768, 256] table; the backward's dense gradient
+    const std::int64_t V_ = 32768, E = 256, N = 65536;
+    const Tensor table = randn({V_, E}, gen, on_gpu());
+    const Tensor idx = randint(0, V_, {N}, gen, on_gpu(DType::s64));
+    const double rows = 4.0 * static_cast<double>(N * E);
+    fw_bw_rows("embedding_32768x256_n65536", V{table, idx}, [](const V& in) { return embedding(in[0], in[1]); },
+               2 * rows + 8.0 * N, rows + 4.0 * static_cast<double>(V_ * E) + 8.0 * N, copy, dev);
+  }
+  {  // batched matmul [512, 128, 64] x [512, 64, 128]
+    const std::int64_t Bm = 512, M = 128, K = 64, N = 128;
+    const double fl = 2.0 * static_cast<double>(Bm * M * K * N);
+    fw_bw_rows("matmul_b512_128x64x128", V{randn({Bm, M, K}, gen, on_gpu()), randn({Bm, K, N}, gen, on_gpu())},
+               [](const V& in) { return matmul(in[0], in[1]); }, 0, 0, copy, dev, fl, 2 * fl);
+  }
+  {  // permute [64, 256, 16, 64] -> (0, 2, 1, 3): a head split's copy
+    const Tensor t = randn({64, 256, 16, 64}, gen, on_gpu());
+    const double bytes = 2.0 * 4.0 * static_cast<double>(t.numel());
+    fw_bw_rows("permute_0213_64x256x16x64", V{t}, [](const V& in) { return permute(in[0], {0, 2, 1, 3}); }, bytes,
+               bytes, copy, dev);
+  }
+  fw_bw_rows("cat_2x8192x1024_dim1", V{x, randn({R, D}, gen, on_gpu())},
+             [](const V& in) { return cat({in[0], in[1]}, 1); }, 4 * f, 4 * f, copy, dev);
+  // slice x[:, 256:768]: the forward copies half of x; the backward writes x's shape (zeros outside).
+  fw_bw_rows("slice_8192x1024_cols256_768", V{x}, [](const V& in) { return slice(in[0], 1, 256, 768); }, f, f + f / 2,
+             copy, dev);
 }
 
 // Median wall time of `work` on the CPU.
@@ -159,5 +244,6 @@ int main() {
   auto gpu_timer = [](const std::function<void(int)>& w) { return time_cuda(w, 30, 3); };
   sdpa_rows("vit_b256_h4_l50_d32", 256, 4, 50, 32, on_gpu(), dev, gpu_timer);
   sdpa_rows("l1024_b8_h4_d32", 8, 4, 1024, 32, on_gpu(), dev, gpu_timer);
+  transformer_rows(copy, dev);
   return 0;
 }

@@ -75,7 +75,115 @@ def main():
     # default choice (flash / memory-efficient kernels where they apply).
     for tag, (Bs, H, L, D) in (("vit_b256_h4_l50_d32", (256, 4, 50, 32)), ("l1024_b8_h4_d32", (8, 4, 1024, 32))):
         sdpa_rows(tag, Bs, H, L, D)
+    transformer_rows("--no-compile" not in sys.argv)
     return 0
+
+
+DY_GEN = None
+
+
+def graphed(fn):
+    """fn captured in a CUDA graph (after warm-up on a side stream): its replay."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    # relaxed: a CUDA call of another thread (the autograd engine's, the
+    # allocator's) during the capture does not invalidate it.
+    with torch.cuda.graph(g, capture_error_mode="relaxed"):
+        fn()
+    return g.replay
+
+
+def fw_bw_rows(name, inputs, op, fw_bytes, bw_bytes, compile_too, fw_flops=0.0, bw_flops=0.0):
+    """bench_train_ops' fw_bw_rows: the forward without grad and the backward
+    alone (autograd.grad of a recorded output), eager, eager captured in a CUDA
+    graph (no launch or autograd-engine overhead: the kernels alone) and, where
+    compile_too, under torch.compile; the fastest under the case's own name
+    (config says which), each under <case>_<config> (eager, graph, compiled: the suffixes of bench_train_ops' rows)."""
+    def rate(ms, bytes_, flops):
+        return {"tflops": flops / (ms * 1e-3) / 1e12} if flops else {"gbs": gbs(bytes_, ms)}
+
+    configs = [("eager", op, False), ("graph", op, True)]
+    if compile_too:
+        configs.append(("compiled", torch.compile(op, dynamic=False), False))
+    best = {}
+    for config, fn, graph in configs:
+        try:
+            with torch.no_grad():
+                fw_call = (lambda: fn(*inputs))
+                if graph:
+                    fw_call = graphed(fw_call)
+                fw = time_cuda(fw_call, reps=30, warmup=3)
+            grads = [t.detach().requires_grad_(True) if t.is_floating_point() else t for t in inputs]
+            y = fn(*grads)
+            # A generator of its own: a failed capture leaves the default one unusable.
+            dy = torch.randn(y.shape, device=y.device, dtype=y.dtype, generator=DY_GEN)
+            wrt = [t for t in grads if t.requires_grad]
+            bw_call = (lambda: torch.autograd.grad(y, wrt, dy, retain_graph=True))
+            if graph:
+                bw_call = graphed(bw_call)
+            bw = time_cuda(bw_call, reps=30, warmup=3)
+        except Exception as e:  # a configuration that cannot run is named, not fatal
+            print(f"peer_train_ops: {name} {config}: {type(e).__name__}: {e}", file=sys.stderr)
+            continue
+        for kind, ms, bytes_, flops in (("fw", fw, fw_bytes, fw_flops), ("bw", bw, bw_bytes, bw_flops)):
+            case = f"{name}_{kind}"
+            emit(f"{case}_{config}", ms, config=config, **rate(ms, bytes_, flops))
+            if case not in best or ms < best[case][0]:
+                best[case] = (ms, config, bytes_, flops)
+    for case, (ms, config, bytes_, flops) in best.items():
+        emit(case, ms, config=config, note="fastest of eager, eager captured, compiled", **rate(ms, bytes_, flops))
+
+
+def transformer_rows(compile_too):
+    """bench_train_ops.cpp's transformer_rows: the same cases, shapes and byte counts.
+    PyTorch's permute and cat backward return views of dy (no kernel: their
+    captured graphs are empty)."""
+    global DY_GEN
+    DY_GEN = torch.Generator(device="cuda")
+    DY_GEN.manual_seed(0x9C)
+    try:  # a first capture of a plain op, in case the process's first capture is the one that fails
+        graphed(lambda: torch.ones(4, device="cuda") * 2)()
+    except Exception as e:
+        print(f"peer_train_ops: warm-up capture: {type(e).__name__}: {e}", file=sys.stderr)
+    R, D = 8192, 1024
+    f = 4.0 * R * D
+    stats = 8.0 * R
+    x = torch.randn(R, D, device="cuda")
+    w = torch.randn(D, device="cuda")
+    b = torch.randn(D, device="cuda")
+    fw_bw_rows("layer_norm_8192x1024", [x, w, b], lambda x, w, b: F.layer_norm(x, (D,), w, b),
+               2 * f + stats, 3 * f + stats, compile_too)
+    fw_bw_rows("rms_norm_8192x1024", [x, w], lambda x, w: F.rms_norm(x, (D,), w),
+               2 * f + stats / 2, 3 * f + stats / 2, compile_too)
+    fw_bw_rows("gelu_8192x1024", [x], lambda x: F.gelu(x), 2 * f, 3 * f, compile_too)
+    fw_bw_rows("gelu_tanh_8192x1024", [x], lambda x: F.gelu(x, approximate="tanh"), 2 * f, 3 * f, compile_too)
+    fw_bw_rows("silu_8192x1024", [x], lambda x: F.silu(x), 2 * f, 3 * f, compile_too)
+    fw_bw_rows("softmax_8192x1024", [x], lambda x: torch.softmax(x, -1), 2 * f, 3 * f, compile_too)
+    fw_bw_rows("dropout_p0.1_8192x1024", [x], lambda x: F.dropout(x, 0.1, training=True),
+               2 * f + f / 32, 2 * f + f / 32, compile_too)
+    V, E, N = 32768, 256, 65536
+    table = torch.randn(V, E, device="cuda")
+    idx = torch.randint(0, V, (N,), device="cuda")
+    rows = 4.0 * N * E
+    fw_bw_rows("embedding_32768x256_n65536", [table, idx], lambda t, i: F.embedding(i, t),
+               2 * rows + 8.0 * N, rows + 4.0 * V * E + 8.0 * N, compile_too)
+    Bm, M, K, Nn = 512, 128, 64, 128
+    fl = 2.0 * Bm * M * K * Nn
+    fw_bw_rows("matmul_b512_128x64x128", [torch.randn(Bm, M, K, device="cuda"), torch.randn(Bm, K, Nn, device="cuda")],
+               torch.matmul, 0, 0, compile_too, fl, 2 * fl)
+    # PyTorch's permute and slice are views: the rows time them made contiguous
+    # (the copy qgrad's ops write), which is what a consumer of a view pays.
+    t = torch.randn(64, 256, 16, 64, device="cuda")
+    pb = 2.0 * 4.0 * t.numel()
+    fw_bw_rows("permute_0213_64x256x16x64", [t], lambda t: t.permute(0, 2, 1, 3).contiguous(), pb, pb, compile_too)
+    fw_bw_rows("cat_2x8192x1024_dim1", [x, torch.randn(R, D, device="cuda")], lambda a, c: torch.cat((a, c), 1),
+               4 * f, 4 * f, compile_too)
+    fw_bw_rows("slice_8192x1024_cols256_768", [x], lambda x: x[:, 256:768].contiguous(), f, f + f / 2, compile_too)
 
 
 def sdpa_rows(tag, B, H, L, D):

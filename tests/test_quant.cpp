@@ -637,6 +637,15 @@ std::vector<float> float_form_inputs(std::uint32_t seed, int drawn) {
   for (int i = 0; i < drawn; ++i) xs.push_back(unit(rng) * std::pow(10.0f, static_cast<float>(i % 9) - 2.0f));
   return xs;
 }
+// The qparams of a channel as the kernels form them from (scale, zp).
+formulas::ChannelParams channel_params(float scale, std::int32_t zp) {
+  formulas::ChannelParams p;
+  p.scale = scale;
+  p.zp = zp;
+  p.inv_scale = formulas::inv_scale_of(scale);
+  return p;
+}
+
 }  // namespace
 
 TEST_CASE("quantize and dequantize formulas: the float form equals the int64 form") {
@@ -649,10 +658,7 @@ TEST_CASE("quantize and dequantize formulas: the float form equals the int64 for
   for (float scale : scales)
     for (std::int32_t zp : zps)
       for (auto [qmin, qmax] : ranges) {
-        f::ChannelParams p;
-        p.scale = scale;
-        p.zp = zp;
-        p.inv_scale = f::inv_scale_of(scale);
+        const f::ChannelParams p = channel_params(scale, zp);
         const f::QuantizeOp<float, std::int32_t> op{qmin, qmax};
         for (float x : xs) {
           std::int64_t qc = 0;
@@ -722,10 +728,7 @@ TEST_CASE("fake quantize formula: the float form equals the general form whereve
   for (float scale : scales)
     for (std::int32_t zp : zps)
       for (auto [qmin, qmax] : ranges) {
-        f::ChannelParams p;
-        p.scale = scale;
-        p.zp = zp;
-        p.inv_scale = f::inv_scale_of(scale);
+        const f::ChannelParams p = channel_params(scale, zp);
         compare(std::type_identity<float>{}, std::true_type{}, p, qmin, qmax);
         compare(std::type_identity<float>{}, std::false_type{}, p, qmin, qmax);
         compare(std::type_identity<bfloat16>{}, std::true_type{}, p, qmin, qmax);

@@ -212,39 +212,36 @@ __device__ __forceinline__ void key_tile_store(const M (&acc)[kPackedTile][kPack
     }
 }
 
-// A row's reductions over its keys j < L from the row's 16 threads, with the
+// A row's reduction over its keys j < L from the row's 16 threads, with the
 // bits of the warp pass over a stored row (warp_max, warp_lane_sum): lane l's
-// part (keys l, then l + 32) is thread l's columns 0 and 2 for l < 16 and
-// thread l - 16's columns 1 and 3 otherwise; the butterfly's first step (lane
-// l with l + 16) is then inside the thread, its steps 8 ... 1 among the 16
-// threads (one half of the warp: the row's), and the result is the value of
-// the half's lane 0. Every thread of the warp calls it.
-template <class M>
-__device__ __forceinline__ M key_tile_max(const M (&z)[kPackedTile], int L) {
+// part (identity, then keys l and l + 32 in order) is thread l's columns 0
+// and 2 for l < 16 and thread l - 16's columns 1 and 3 otherwise; the
+// butterfly's first step (lane l with l + 16) is then inside the thread, its
+// steps 8 ... 1 among the 16 threads (one half of the warp: the row's), and
+// the result is the value of the half's lane 0. Every thread of the warp calls it.
+template <class M, class Combine, class Term>
+__device__ __forceinline__ M key_tile_reduce(int L, M identity, Combine combine, Term term) {
   const int tx = packed_tx();
-  M lo = -std::numeric_limits<M>::infinity(), hi = lo;
-  if (tx < L) lo = formulas::max_nan(lo, z[0]);
-  if (tx + 32 < L) lo = formulas::max_nan(lo, z[2]);
-  if (tx + 16 < L) hi = formulas::max_nan(hi, z[1]);
-  if (tx + 48 < L) hi = formulas::max_nan(hi, z[3]);
-  M v = formulas::max_nan(lo, hi);
+  M lo = identity, hi = identity;
+  if (tx < L) lo = combine(lo, term(0));
+  if (tx + 32 < L) lo = combine(lo, term(2));
+  if (tx + 16 < L) hi = combine(hi, term(1));
+  if (tx + 48 < L) hi = combine(hi, term(3));
+  M v = combine(lo, hi);
 #pragma unroll
-  for (int m = kPackedSide / 2; m > 0; m >>= 1) v = formulas::max_nan(v, __shfl_xor_sync(0xffffffffu, v, m));
+  for (int m = kPackedSide / 2; m > 0; m >>= 1) v = combine(v, __shfl_xor_sync(0xffffffffu, v, m));
   return __shfl_sync(0xffffffffu, v, 0, kPackedSide);
 }
-// lane_sum's order of term(c) over the row's keys (see key_tile_max).
+// The row max (warp_max's) of z over the row's keys.
+template <class M>
+__device__ __forceinline__ M key_tile_max(const M (&z)[kPackedTile], int L) {
+  return key_tile_reduce(L, -std::numeric_limits<M>::infinity(), [](M a, M b) { return formulas::max_nan(a, b); },
+                         [&](int c) { return z[c]; });
+}
+// lane_sum's order of term(c) over the row's keys.
 template <class M, class Term>
 __device__ __forceinline__ M key_tile_lane_sum(int L, Term term) {
-  const int tx = packed_tx();
-  M lo = M(0), hi = M(0);
-  if (tx < L) lo += term(0);
-  if (tx + 32 < L) lo += term(2);
-  if (tx + 16 < L) hi += term(1);
-  if (tx + 48 < L) hi += term(3);
-  M v = lo + hi;
-#pragma unroll
-  for (int h = kPackedSide / 2; h > 0; h >>= 1) v += __shfl_xor_sync(0xffffffffu, v, h);
-  return __shfl_sync(0xffffffffu, v, 0, kPackedSide);
+  return key_tile_reduce(L, M(0), [](M a, M b) { return a + b; }, term);
 }
 
 // The pair's shared arrays (kernels/attention.h gives their sizes): "t" ones

@@ -383,10 +383,10 @@ Tensor fake_quantize_per_tensor(const Tensor& x, double scale, std::int64_t zero
 
 namespace {
 Tensor fake_quantize_op(const char* op, const Tensor& x, const Tensor& scale, const Tensor& zero_point,
-                        QuantScope scope, std::int64_t qmin, std::int64_t qmax) {
+                        QuantScope scope, std::int64_t qmin, std::int64_t qmax, bool check_values = true) {
   check::floating(x, op, "x");
   check_range(qmin, qmax, op);
-  return fake_quant_forward(op, x, scope_of(scope, x, scale, zero_point, qmin, qmax, op), qmin, qmax);
+  return fake_quant_forward(op, x, scope_of(scope, x, scale, zero_point, qmin, qmax, op, check_values), qmin, qmax);
 }
 }  // namespace
 
@@ -398,9 +398,7 @@ Tensor fake_quantize(const Tensor& x, const Tensor& scale, const Tensor& zero_po
 Tensor detail::fake_quantize_computed_qparams(const char* op, const Tensor& x, const Tensor& scale,
                                               const Tensor& zero_point, QuantScope scope, std::int64_t qmin,
                                               std::int64_t qmax) {
-  check::floating(x, op, "x");
-  check_range(qmin, qmax, op);
-  return fake_quant_forward(op, x, scope_of(scope, x, scale, zero_point, qmin, qmax, op, false), qmin, qmax);
+  return fake_quantize_op(op, x, scale, zero_point, scope, qmin, qmax, false);
 }
 
 Tensor fake_quantize_per_tensor(const Tensor& x, const Tensor& scale, const Tensor& zero_point, std::int64_t qmin,

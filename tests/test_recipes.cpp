@@ -417,9 +417,8 @@ TEST_CASE("recipes: the per-token row kernels on +-0, ties, huge and subnormal v
   // against the CPU, values and input gradients (the masks). The GELU
   // prologue against gelu then fake_quantize_dynamic on the same device
   // (gelu's erf is libdevice's on CUDA and glibc's on the CPU: not the same
-  // bits, docs/ops.md). Finite values only: a row's NaN or infinite scale is
-  // an error on the CPU (fake_quantize's check of its scale), which CUDA's
-  // kernels do not read back.
+  // bits, docs/ops.md). Finite values only: rows holding NaN or an infinity
+  // are the next test's.
   const auto tok = QuantScope::per_token();
   for (const std::int64_t d : {128, 256})
     for (const DType dt : {DType::f32, DType::bf16, DType::f16}) {

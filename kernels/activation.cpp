@@ -1,12 +1,12 @@
-// relu, one source for both devices (kernels/loop.h); the forward on CUDA
-// (with or without its mask) is the kernel of kernels/cuda/activation.cu.
+// relu, one source for both devices (kernels/loop.h). The forward on CUDA
+// writes its mask with map_elements_masked's warp ballots; the CPU writes the
+// values in one vectorised loop and then the mask a word at a time.
 #include "qgrad/kernels/activation.h"
 
 #include <type_traits>
 
 #include "qgrad/kernels/bitmask.h"
 #include "qgrad/kernels/cpu/masked_grad.h"
-#include "qgrad/kernels/cuda/entries.h"
 #include "qgrad/kernels/formulas/activation.h"
 #include "qgrad/kernels/loop.h"
 
@@ -24,6 +24,16 @@ struct Relu {
   }
 };
 
+// map_elements_masked's body: the value and its x > 0 bit.
+template <class T>
+struct ReluBit {
+  QGRAD_HD T operator()(std::int64_t, T x, bool& bit) const {
+    using M = op_math_t<T>;
+    bit = formulas::relu_mask(M(x));
+    return T(formulas::relu(M(x)));
+  }
+};
+
 template <class T>
 struct ReluBackward {
   const T* g;
@@ -35,14 +45,16 @@ struct ReluBackward {
 }  // namespace
 
 void relu(const Tensor& in, const Tensor& out, const Tensor& mask) {
-  if (out.is_cuda()) {
-    QGRAD_ON_CUDA(cuda::relu_masked(in, out, mask));
-    return;
-  }
   dispatch_floating(out.dtype(), "relu", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T* x = static_cast<const T*>(in.data_ptr());
     const std::int64_t n = out.numel();
+    if (out.is_cuda()) {
+      map_elements_masked(out.device(), n, x, static_cast<T*>(out.data_ptr()),
+                          mask.defined() ? static_cast<std::uint32_t*>(mask.data_ptr()) : nullptr, ReluBit<T>{},
+                          "relu");
+      return;
+    }
     for_each_index(out.device(), n, Relu<T>{x, static_cast<T*>(out.data_ptr())}, "relu");
     if (!mask.defined()) return;
     // CPU only (CUDA took the kernel above): one mask word per index.

@@ -1,10 +1,10 @@
 // gelu, silu, softmax, layer_norm, rms_norm, embedding and dropout, one
-// source for both devices (kernels/loop.h): one index per element for the
+// source for both devices (kernels/loop.h): map_elements for the
 // elementwise kernels, per row for softmax and the normalisations (the row
 // formulas of kernels/formulas/transformer.h, summed in their fixed lane
 // order), per (chunk, column) and then per column for the weight and bias
 // gradients, per (vocabulary row, column) for embedding's gradient, per mask
-// word for dropout's forward.
+// block for dropout's forward.
 #include "qgrad/kernels/transformer.h"
 
 #include <algorithm>
@@ -33,59 +33,35 @@ T* mdata(const Tensor& t) {
 }
 TensorOptions opts(DType dt, Device d) { return TensorOptions{}.with_dtype(dt).with_device(d); }
 
-// ---- elementwise activations ----
+// ---- elementwise activations (map_elements bodies) ----
 template <class T, bool kTanh>
 struct Gelu {
-  const T* x;
-  T* y;
-  QGRAD_HD void operator()(std::int64_t i) const {
+  QGRAD_HD T operator()(std::int64_t, T x) const {
     using M = op_math_t<T>;
-    y[i] = T(kTanh ? formulas::gelu_tanh(M(x[i])) : formulas::gelu_erf(M(x[i])));
+    return T(kTanh ? formulas::gelu_tanh(M(x)) : formulas::gelu_erf(M(x)));
   }
 };
 // With a mask (gelu_fake_quantize_dynamic's), dy is first masked as the fake
 // quant's straight-through backward masks it (formulas::FakeQuantGradOp: dy * bit).
 template <class T, bool kTanh>
 struct GeluBackward {
-  const T* dy;
-  const T* x;
-  T* dx;
   const std::uint32_t* mask;
-  QGRAD_HD T at(std::int64_t i, T dyv, T xv) const {
+  QGRAD_HD T operator()(std::int64_t i, T dyv, T xv) const {
     using M = op_math_t<T>;
     M g = M(dyv);
     if (mask != nullptr) g = M(T(g * M(bitmask_get(mask, i) ? 1 : 0)));
     return T(kTanh ? formulas::gelu_tanh_backward(g, M(xv)) : formulas::gelu_erf_backward(g, M(xv)));
   }
-  QGRAD_HD void operator()(std::int64_t i) const { dx[i] = at(i, dy[i], x[i]); }
-};
-// CUDA: four elements an index through Vec4 accesses (one a thread left too
-// few loads in flight: 15.5 us for the ViT's 3.2 M-element bf16 fc1 output,
-// H200, caches flushed); the same formula per element, so the same bits.
-template <class T, bool kTanh>
-struct GeluBackwardFour {
-  GeluBackward<T, kTanh> e;
-  QGRAD_HD void operator()(std::int64_t q) const {
-    const Vec4<T> g = reinterpret_cast<const Vec4<T>*>(e.dy)[q], xv = reinterpret_cast<const Vec4<T>*>(e.x)[q];
-    Vec4<T> r;
-    for (int k = 0; k < 4; ++k) r.v[k] = e.at(4 * q + k, g.v[k], xv.v[k]);
-    reinterpret_cast<Vec4<T>*>(e.dx)[q] = r;
-  }
 };
 template <class T>
 struct Silu {
-  const T* x;
-  T* y;
-  QGRAD_HD void operator()(std::int64_t i) const { y[i] = T(formulas::silu(op_math_t<T>(x[i]))); }
+  QGRAD_HD T operator()(std::int64_t, T x) const { return T(formulas::silu(op_math_t<T>(x))); }
 };
 template <class T>
 struct SiluBackward {
-  const T* dy;
-  const T* x;
-  T* dx;
-  QGRAD_HD void operator()(std::int64_t i) const {
+  QGRAD_HD T operator()(std::int64_t, T dyv, T xv) const {
     using M = op_math_t<T>;
-    dx[i] = T(formulas::silu_backward(M(dy[i]), M(x[i])));
+    return T(formulas::silu_backward(M(dyv), M(xv)));
   }
 };
 
@@ -200,6 +176,22 @@ struct EmbeddingGather {
     out[i] = (k >= 0 && k < V) ? w[k * D + j] : T(formulas::quiet_nan<op_math_t<T>>());
   }
 };
+// CUDA, rows of a multiple of 4 on aligned storage: four consecutive
+// elements of one row an index, one Vec4 load and store (one element a thread
+// ran the gather at 56% of copy bandwidth); the same values.
+template <class T, class L>
+struct EmbeddingGatherFour {
+  EmbeddingGather<T, L> e;
+  QGRAD_HD void operator()(std::int64_t q) const {
+    const std::int64_t i = 4 * q, n = i / e.D, j = i - n * e.D;
+    const auto k = static_cast<std::int64_t>(e.idx[n]);
+    Vec4<T> r;
+    if (k >= 0 && k < e.V) r = *reinterpret_cast<const Vec4<T>*>(e.w + k * e.D + j);
+    else
+      for (int c = 0; c < 4; ++c) r.v[c] = T(formulas::quiet_nan<op_math_t<T>>());
+    reinterpret_cast<Vec4<T>*>(e.out)[q] = r;
+  }
+};
 template <class L>
 struct ToKeys {
   const L* idx;
@@ -241,33 +233,21 @@ struct EmbeddingRowGrad {
 
 // ---- dropout ----
 template <class T>
-struct DropoutWord {
-  using M = op_math_t<T>;
-  const T* x;
-  T* y;
-  std::uint32_t* words;  // null: no mask kept
-  std::int64_t n;
+struct Dropout {
   std::uint64_t seed, offset;
   double p;
-  M scale;
-  QGRAD_HD void operator()(std::int64_t w) const {
-    const std::uint32_t word = bitmask_pack_word(w, n, [&](std::int64_t i) {
-      const bool keep = formulas::dropout_keep(seed, offset, i, p);
-      y[i] = T(formulas::dropout_apply(M(x[i]), keep, scale));
-      return keep;
-    });
-    if (words != nullptr) words[w] = word;
+  op_math_t<T> scale;
+  QGRAD_HD T operator()(std::int64_t i, T x, bool& keep) const {
+    keep = formulas::dropout_keep(seed, offset, i, p);
+    return T(formulas::dropout_apply(op_math_t<T>(x), keep, scale));
   }
 };
 template <class T>
 struct DropoutBackward {
-  using M = op_math_t<T>;
-  const T* dy;
   const std::uint32_t* words;
-  T* dx;
-  M scale;
-  QGRAD_HD void operator()(std::int64_t i) const {
-    dx[i] = T(formulas::dropout_apply(M(dy[i]), bitmask_get(words, i), scale));
+  op_math_t<T> scale;
+  QGRAD_HD T operator()(std::int64_t i, T dyv) const {
+    return T(formulas::dropout_apply(op_math_t<T>(dyv), bitmask_get(words, i), scale));
   }
 };
 
@@ -279,40 +259,35 @@ double dropout_scale(double p) { return p < 1.0 ? 1.0 / (1.0 - p) : 0.0; }
 void gelu(const Tensor& x, const Tensor& y, bool tanh) {
   dispatch_floating(y.dtype(), "gelu", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    if (tanh) for_each_index(y.device(), y.numel(), Gelu<T, true>{cdata<T>(x), mdata<T>(y)}, "gelu");
-    else for_each_index(y.device(), y.numel(), Gelu<T, false>{cdata<T>(x), mdata<T>(y)}, "gelu");
+    if (tanh) map_elements(y.device(), y.numel(), cdata<T>(x), mdata<T>(y), Gelu<T, true>{}, "gelu");
+    else map_elements(y.device(), y.numel(), cdata<T>(x), mdata<T>(y), Gelu<T, false>{}, "gelu");
   });
 }
 
 void gelu_backward(const Tensor& dy, const Tensor& x, const Tensor& dx, bool tanh, const std::uint32_t* mask) {
   dispatch_floating(dx.dtype(), "gelu_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    const std::int64_t n = dx.numel();
-    const bool four = dx.is_cuda() && n % 4 == 0 && vec4_aligned<T>(dy.data_ptr()) && vec4_aligned<T>(x.data_ptr()) &&
-                      vec4_aligned<T>(dx.data_ptr());
-    auto run = [&](auto tanh_form) {
-      constexpr bool kTanh = decltype(tanh_form)::value;
-      const GeluBackward<T, kTanh> rule{cdata<T>(dy), cdata<T>(x), mdata<T>(dx), mask};
-      if (four) for_each_index(dx.device(), n / 4, GeluBackwardFour<T, kTanh>{rule}, "gelu_backward");
-      else for_each_index(dx.device(), n, rule, "gelu_backward");
-    };
-    if (tanh) run(std::true_type{});
-    else run(std::false_type{});
+    if (tanh)
+      map_elements(dx.device(), dx.numel(), cdata<T>(dy), cdata<T>(x), mdata<T>(dx), GeluBackward<T, true>{mask},
+                   "gelu_backward");
+    else
+      map_elements(dx.device(), dx.numel(), cdata<T>(dy), cdata<T>(x), mdata<T>(dx), GeluBackward<T, false>{mask},
+                   "gelu_backward");
   });
 }
 
 void silu(const Tensor& x, const Tensor& y) {
   dispatch_floating(y.dtype(), "silu", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    for_each_index(y.device(), y.numel(), Silu<T>{cdata<T>(x), mdata<T>(y)}, "silu");
+    map_elements(y.device(), y.numel(), cdata<T>(x), mdata<T>(y), Silu<T>{}, "silu");
   });
 }
 
 void silu_backward(const Tensor& dy, const Tensor& x, const Tensor& dx) {
   dispatch_floating(dx.dtype(), "silu_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    for_each_index(dx.device(), dx.numel(), SiluBackward<T>{cdata<T>(dy), cdata<T>(x), mdata<T>(dx)},
-                   "silu_backward");
+    map_elements(dx.device(), dx.numel(), cdata<T>(dy), cdata<T>(x), mdata<T>(dx), SiluBackward<T>{},
+                 "silu_backward");
   });
 }
 
@@ -441,10 +416,12 @@ void embedding(const Tensor& weight, const Tensor& indices, const Tensor& out) {
   dispatch_floating_label(weight.dtype(), indices.dtype(), "embedding", [&](auto tag, auto ltag) {
     using T = typename decltype(tag)::type;
     using L = typename decltype(ltag)::type;
-    for_each_index(out.device(), out.numel(),
-                   EmbeddingGather<T, L>{cdata<T>(weight), cdata<L>(indices), mdata<T>(out), weight.size(0),
-                                         weight.size(1)},
-                   "embedding");
+    const EmbeddingGather<T, L> gather{cdata<T>(weight), cdata<L>(indices), mdata<T>(out), weight.size(0),
+                                       weight.size(1)};
+    if (out.is_cuda() && gather.D % 4 == 0 && vec4_aligned<T>(gather.w) && vec4_aligned<T>(gather.out))
+      for_each_index(out.device(), out.numel() / 4, EmbeddingGatherFour<T, L>{gather}, "embedding");
+    else
+      for_each_index(out.device(), out.numel(), gather, "embedding");
   });
 }
 
@@ -488,11 +465,8 @@ void dropout(const Tensor& x, const Tensor& y, const Tensor& mask, std::uint64_t
   dispatch_floating(y.dtype(), "dropout", [&](auto tag) {
     using T = typename decltype(tag)::type;
     using M = op_math_t<T>;
-    const std::int64_t n = y.numel();
-    for_each_index(y.device(), bitmask_words(n),
-                   DropoutWord<T>{cdata<T>(x), mdata<T>(y), mdata<std::uint32_t>(mask), n, seed, offset, p,
-                                  M(dropout_scale(p))},
-                   "dropout");
+    map_elements_masked(y.device(), y.numel(), cdata<T>(x), mdata<T>(y), mdata<std::uint32_t>(mask),
+                        Dropout<T>{seed, offset, p, M(dropout_scale(p))}, "dropout");
   });
 }
 
@@ -500,9 +474,8 @@ void dropout_backward(const Tensor& dy, const Tensor& mask, const Tensor& dx, do
   dispatch_floating(dx.dtype(), "dropout_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
     using M = op_math_t<T>;
-    for_each_index(dx.device(), dx.numel(),
-                   DropoutBackward<T>{cdata<T>(dy), cdata<std::uint32_t>(mask), mdata<T>(dx), M(dropout_scale(p))},
-                   "dropout_backward");
+    map_elements(dx.device(), dx.numel(), cdata<T>(dy), mdata<T>(dx),
+                 DropoutBackward<T>{cdata<std::uint32_t>(mask), M(dropout_scale(p))}, "dropout_backward");
   });
 }
 

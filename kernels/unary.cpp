@@ -1,5 +1,5 @@
-// sqrt and its backward, one source for both devices (kernels/loop.h): one
-// index per element, computed in the dtype's op math (f32 for f16/bf16).
+// sqrt and its backward, one source for both devices (kernels/loop.h's
+// map_elements), computed in the dtype's op math (f32 for f16/bf16).
 #include "qgrad/kernels/unary.h"
 
 #include <cmath>
@@ -17,18 +17,13 @@ QGRAD_HD double sqrt_of(double x) { return ::sqrt(x); }
 
 template <class T>
 struct Sqrt {
-  const T* x;
-  T* y;
-  QGRAD_HD void operator()(std::int64_t i) const { y[i] = T(sqrt_of(op_math_t<T>(x[i]))); }
+  QGRAD_HD T operator()(std::int64_t, T x) const { return T(sqrt_of(op_math_t<T>(x))); }
 };
 template <class T>
 struct SqrtBackward {
-  const T* dy;
-  const T* y;
-  T* dx;
-  QGRAD_HD void operator()(std::int64_t i) const {
+  QGRAD_HD T operator()(std::int64_t, T dyv, T yv) const {
     using M = op_math_t<T>;
-    dx[i] = T(M(dy[i]) * M(0.5) / M(y[i]));
+    return T(M(dyv) * M(0.5) / M(yv));
   }
 };
 
@@ -37,18 +32,16 @@ struct SqrtBackward {
 void sqrt(const Tensor& x, const Tensor& y) {
   dispatch_floating(y.dtype(), "sqrt", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    for_each_index(y.device(), y.numel(),
-                   Sqrt<T>{static_cast<const T*>(x.data_ptr()), static_cast<T*>(y.data_ptr())}, "sqrt");
+    map_elements(y.device(), y.numel(), static_cast<const T*>(x.data_ptr()), static_cast<T*>(y.data_ptr()), Sqrt<T>{},
+                 "sqrt");
   });
 }
 
 void sqrt_backward(const Tensor& dy, const Tensor& y, const Tensor& dx) {
   dispatch_floating(dx.dtype(), "sqrt_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    for_each_index(dx.device(), dx.numel(),
-                   SqrtBackward<T>{static_cast<const T*>(dy.data_ptr()), static_cast<const T*>(y.data_ptr()),
-                                   static_cast<T*>(dx.data_ptr())},
-                   "sqrt_backward");
+    map_elements(dx.device(), dx.numel(), static_cast<const T*>(dy.data_ptr()), static_cast<const T*>(y.data_ptr()),
+                 static_cast<T*>(dx.data_ptr()), SqrtBackward<T>{}, "sqrt_backward");
   });
 }
 

@@ -1,6 +1,6 @@
 // Four consecutive elements as one aligned unit: one 16-byte access for f32
 // (8 for f16 / bf16, 32 for f64), for the elementwise kernels that move four
-// elements a thread (binary.cpp, cuda/activation.cu, cuda/lerp.cu,
+// elements a thread (binary.cpp, loop.h's maps, cuda/lerp.cu,
 // cuda/quantize.cu).
 #pragma once
 

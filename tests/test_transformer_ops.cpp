@@ -102,21 +102,31 @@ TEST_CASE("gelu (erf and tanh forms): PyTorch's formulas at special values, forw
   CHECK(d < 1e-3);
 }
 
-// CUDA's gelu backward takes four elements an index where the size is a
-// multiple of 4 and one otherwise: the same formula, so the same bits (the
-// first 4096 of 4097 elements, both forms, f32 and bf16).
-TEST_CASE("gelu backward on CUDA: four elements an index and one give the same bits") {
+// CUDA's elementwise maps (kernels/loop.h map_elements) take four elements
+// an index through vector accesses where every pointer is 16-byte aligned,
+// and one an index otherwise: the same formula, so the same bits. Elements
+// 1 .. 4096 of 4097 computed from the aligned tensor (vector path, a
+// ragged tail) must equal the same op on the view that starts at element 1
+// (unaligned: the scalar path), forward and backward, f32 and bf16.
+TEST_CASE("elementwise maps on CUDA: four elements an index and one give the same bits (gelu, silu, sqrt)") {
   QGRAD_REQUIRE_GPU();
+  const std::vector<std::pair<const char*, std::function<Tensor(const Tensor&)>>> ops = {
+      {"gelu", [](const Tensor& t) { return gelu(t); }},
+      {"gelu tanh", [](const Tensor& t) { return gelu(t, GeluApproximate::tanh); }},
+      {"silu", [](const Tensor& t) { return silu(t); }},
+      {"sqrt", [](const Tensor& t) { return qgrad::sqrt(add(mul(t, t), 0.5)); }},
+  };
   for (const DType dt : {DType::f32, DType::bf16})
-    for (const GeluApproximate a : {GeluApproximate::none, GeluApproximate::tanh}) {
+    for (const auto& [name, f] : ops) {
       CAPTURE(dtype_name(dt));
+      CAPTURE(name);
       const Tensor x = rnd({4097}, 13, dt, 3.0).cuda(), dy = rnd({4097}, 14, dt).cuda();
-      auto grad = [&](std::int64_t n) {
-        const Tensor xn = narrow(x, 0, 0, n), dyn = narrow(dy, 0, 0, n);
-        prepoison({n}, dt);
-        return grad_of([a](const Tensor& t) { return gelu(t, a); }, xn, dyn).cpu();
-      };
-      CHECK(bit_equal(narrow(grad(4097), 0, 0, 4096), grad(4096)));
+      prepoison({4097}, dt);
+      const Tensor y_vec = narrow(f(x), 0, 1, 4096).cpu(), g_vec = narrow(grad_of(f, x, dy), 0, 1, 4096).cpu();
+      prepoison({4096}, dt);
+      const Tensor xs = narrow(x, 0, 1, 4096), dys = narrow(dy, 0, 1, 4096);
+      CHECK(bit_equal(y_vec, f(xs).cpu()));
+      CHECK(bit_equal(g_vec, grad_of(f, xs, dys).cpu()));
     }
 }
 
@@ -332,7 +342,7 @@ TEST_CASE("layer_norm, rms_norm, softmax: warp-per-row CUDA rows (d >= 32, with 
   // 200 rows: the weight and bias gradients sum 4 chunks of kNormChunkRows
   // rows, the last one short (the CUDA column-sum kernel's tails).
   for (const std::int64_t rows : {17LL, 200LL})
-  for (const std::int64_t d : {31LL, 32LL, 300LL, 1027LL}) {
+  for (const std::int64_t d : {31LL, 32LL, 300LL, 1024LL, 1027LL}) {
     CAPTURE(rows);
     CAPTURE(d);
     const Tensor x = rnd({rows, d}, 65, DType::f64, 2.0), w = rnd({d}, 66), b = rnd({d}, 67);

@@ -68,10 +68,6 @@ bool fake_quantize_dynamic_rows(const Tensor& x, const Tensor& y, std::uint32_t*
 bool fake_quantize_dynamic_rows_batch(const std::vector<RowsBatchItem>& items, std::int64_t row_len, int qmin,
                                       int qmax, bool symmetric, float eps);
 
-// relu with its x > 0 mask in one pass, one warp ballot per mask word
-// (train_ops relu_fw; the generic loop would pack each word in one thread).
-void relu_masked(const Tensor& in, const Tensor& out, const Tensor& mask);
-
 // lerp with 16-byte vector loads when every operand has the output's shape
 // and is 16-byte aligned (quant lerp_fw / lerp_bw: 93-100% of copy). Return
 // false, launching nothing, when that does not hold.

@@ -6,6 +6,7 @@
 
 #include "qgrad/core/cuda/common.cuh"
 #include "qgrad/kernels/bitmask.h"
+#include "qgrad/kernels/vec4.h"
 
 namespace qgrad::kernels::cuda {
 
@@ -51,6 +52,62 @@ __device__ __forceinline__ void store_mask_block(std::uint32_t* mask, std::int64
   words.z = __ballot_sync(0xffffffffu, bit[2]);
   words.w = __ballot_sync(0xffffffffu, bit[3]);
   if (lane == 0) *reinterpret_cast<uint4*>(mask + b * kBitmaskWordsPerBlock) = words;
+}
+
+// map_elements_masked on CUDA (kernels/loop.h): one warp per 128-element
+// mask block (kernels/bitmask.h), each lane four consecutive elements (one
+// Vec4 load and store when aligned and whole): out[i] = f(i, a[i], bit), and
+// mask word k of the block is one __ballot_sync over the lanes' k-th bits,
+// stored by lane 0 (no atomics; words null: no ballots). One block a warp on a
+// grid that covers the tensor once: relu's 64M f32 took 0.1813 ms this way on
+// an H100, the copy rate, against 0.1886 ms with four blocks a warp on four
+// waves of resident blocks.
+template <class T, class F, bool kVec>
+__global__ void masked_map_kernel(const T* __restrict__ a, T* __restrict__ out, std::uint32_t* __restrict__ words,
+                                  std::int64_t n, F f) {
+  ::qgrad::cuda::wait_for_prior_kernels();
+  const unsigned lane = threadIdx.x & 31u;
+  const std::int64_t nwarps = (static_cast<std::int64_t>(gridDim.x) * blockDim.x) >> 5;
+  const std::int64_t nblocks = bitmask_blocks(n);
+  for (std::int64_t b = (static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5; b < nblocks;
+       b += nwarps) {  // b depends on the warp only: whole warps iterate together
+    const std::int64_t i0 = b * kBitmaskBlock + 4 * static_cast<std::int64_t>(lane);
+    const bool whole = kVec && i0 + 3 < n;
+    Vec4<T> v;
+    if (whole) {
+      v = *reinterpret_cast<const Vec4<T>*>(a + i0);
+    } else {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) v.v[k] = i0 + k < n ? a[i0 + k] : T{};
+    }
+    Vec4<T> o;
+    bool bit[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      bit[k] = false;
+      o.v[k] = f(i0 + k, v.v[k], bit[k]);
+      bit[k] = bit[k] && i0 + k < n;
+    }
+    if (whole) {
+      *reinterpret_cast<Vec4<T>*>(out + i0) = o;
+    } else {
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+        if (i0 + k < n) out[i0 + k] = o.v[k];
+    }
+    if (words != nullptr) store_mask_block(words, b, bit, lane);  // uniform across the warp
+  }
+}
+
+template <class T, class F>
+void launch_masked_map(int device, std::int64_t n, const T* a, T* out, std::uint32_t* words, F f) {
+  if (n <= 0) return;
+  constexpr unsigned threads = 256;
+  const unsigned blocks = ::qgrad::cuda::blocks_for(bitmask_blocks(n) * 32, threads);
+  if (vec4_aligned<T>(a) && vec4_aligned<T>(out))
+    ::qgrad::cuda::launch_kernel(device, masked_map_kernel<T, F, true>, blocks, threads, 0, a, out, words, n, f);
+  else
+    ::qgrad::cuda::launch_kernel(device, masked_map_kernel<T, F, false>, blocks, threads, 0, a, out, words, n, f);
 }
 
 // Past 48 KiB a kernel's dynamic shared memory must be allowed

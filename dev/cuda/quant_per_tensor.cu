@@ -16,15 +16,20 @@
 //
 // Dequantize also: blocks of 128, 256 or 512 threads, with and without
 // evict-first (st.global.cs) stores of the output, U in {2, 4}, one pass.
+// "lib_kernel": the library's kernels (kernels::quantize / dequantize) into
+// preallocated outputs, without the op around them. QGRAD_DEV_QUICK=1 runs
+// only the library rows, U = 4 on one pass and the U = 2 shapes.
 //
 // Output: one line per check, then JSON lines {"bench":"dev_quant_per_tensor",
-// "case":"quantize_per_tensor"|"dequantize_per_tensor","impl":"lib"|"u<U>_w<W>",...}.
+// "case":"quantize_per_tensor"|"dequantize_per_tensor","impl":"lib"|"lib_kernel"|"u<U>_w<W>"|"u<U>_t<T>[_cs]",...}.
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
 #include "../../bench/bench_common.h"
 #include "qgrad/kernels/formulas/quantize.h"
+#include "qgrad/kernels/quantize.h"
 
 using namespace qgrad;
 using namespace qgrad::bench;
@@ -139,13 +144,14 @@ unsigned grid_of(K kernel, std::int64_t nv, int U, int waves) {
 
 template <int U>
 void sweep(const Tensor& x, const Tensor& q_lib, const Tensor& q, const Tensor& y_lib, const Tensor& y,
-           std::int64_t nv, double copy_gbs, bool& all_ok) {
+           std::int64_t nv, double copy_gbs, bool& all_ok, bool one_pass_only = false) {
   const formulas::ChannelParams p = formulas::ParamSource{nullptr, nullptr, 0.02f, 3}.get(0);
   const QOp qop{-128, 127};
   const DOp dop{-128, 127};
   cudaStream_t s = qgrad::cuda::stream(0);
   const double n = static_cast<double>(nv) * 4;
   for (const int waves : {0, 1, 2, 4, 8, 16}) {
+    if (one_pass_only && waves != 0) break;
     char impl[32];  // (snprintf: GCC 12 warns falsely on std::string concatenation here)
     std::snprintf(impl, sizeof impl, "u%d_w%d", U, waves);
     const unsigned gq = grid_of(quantize_kernel<U>, nv, U, waves), gd = grid_of(dequantize_kernel<U>, nv, U, waves);
@@ -220,7 +226,26 @@ int main() {
       copy_gbs);
   row("dequantize_per_tensor", "lib", time_cuda([&](int) { dequantize_per_tensor(q_lib, 0.02, 3); }), 5 * n,
       copy_gbs);
-  bool ok = true;
+  // The library's kernels alone, into the same preallocated outputs as the
+  // variants (no op validation, no allocation): what separates the op's row
+  // from its kernel's.
+  kernels::QuantParams params;
+  params.layout.outer = kN;
+  params.source = formulas::ParamSource{nullptr, nullptr, 0.02f, 3};
+  params.qmin = -128;
+  params.qmax = 127;
+  row("quantize_per_tensor", "lib_kernel", time_cuda([&](int) { kernels::quantize(x, q, params, nullptr); }), 5 * n,
+      copy_gbs);
+  row("dequantize_per_tensor", "lib_kernel", time_cuda([&](int) { kernels::dequantize(q_lib, y, params); }), 5 * n,
+      copy_gbs);
+  bool ok = same_bytes(q, q_lib) && same_bytes(y, y_lib);
+  std::printf("check lib_kernel: %s\n", ok ? "same bytes as the library ops" : "DIFFERS");
+  if (std::getenv("QGRAD_DEV_QUICK") != nullptr) {  // the library's rows, 4 vectors on one pass, the 2-vector shapes
+    sweep<4>(x, q_lib, q, y_lib, y, kN / 4, copy_gbs, ok, true);
+    shapes<2>(q_lib, y_lib, y, kN / 4, copy_gbs, ok);
+    std::printf("copy bandwidth %.1f GB/s; every variant %s\n", copy_gbs, ok ? "matched" : "did NOT match");
+    return ok ? 0 : 1;
+  }
   sweep<1>(x, q_lib, q, y_lib, y, kN / 4, copy_gbs, ok);
   sweep<2>(x, q_lib, q, y_lib, y, kN / 4, copy_gbs, ok);
   sweep<4>(x, q_lib, q, y_lib, y, kN / 4, copy_gbs, ok);

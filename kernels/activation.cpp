@@ -34,12 +34,11 @@ struct ReluBit {
   }
 };
 
+// map_elements' body: dy where the saved bit is set, else +0.
 template <class T>
 struct ReluBackward {
-  const T* g;
   const std::uint32_t* words;
-  T* d;
-  QGRAD_HD void operator()(std::int64_t i) const { d[i] = bitmask_get(words, i) ? g[i] : T(op_math_t<T>(0)); }
+  QGRAD_HD T operator()(std::int64_t i, T g) const { return bitmask_get(words, i) ? g : T(op_math_t<T>(0)); }
 };
 
 }  // namespace
@@ -76,10 +75,8 @@ void relu_backward(const Tensor& g, const Tensor& mask, const Tensor& dx) {
         return;
       }
     }
-    for_each_index(dx.device(), dx.numel(),
-                   ReluBackward<T>{static_cast<const T*>(g.data_ptr()),
-                                   static_cast<const std::uint32_t*>(mask.data_ptr()), static_cast<T*>(dx.data_ptr())},
-                   "relu_backward");
+    map_elements(dx.device(), dx.numel(), static_cast<const T*>(g.data_ptr()), static_cast<T*>(dx.data_ptr()),
+                 ReluBackward<T>{static_cast<const std::uint32_t*>(mask.data_ptr())}, "relu_backward");
   });
 }
 

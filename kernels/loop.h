@@ -89,19 +89,19 @@ struct MapFour {
   std::int64_t n;
   QGRAD_HD void operator()(std::int64_t q) const {
     const std::int64_t i0 = 4 * q;
-    if (i0 + 3 >= n) {
+    if (i0 + 3 < n) {
+      Vec4<T> x[kInputs];
+      for (int k = 0; k < kInputs; ++k) x[k] = reinterpret_cast<const Vec4<T>*>(m.in[k])[q];
+      Vec4<T> r;
+      for (int e = 0; e < 4; ++e) {
+        T v[kInputs];
+        for (int k = 0; k < kInputs; ++k) v[k] = x[k].v[e];
+        r.v[e] = m.at(i0 + e, v);
+      }
+      reinterpret_cast<Vec4<T>*>(m.out)[q] = r;
+    } else {
       for (std::int64_t i = i0; i < n; ++i) m(i);
-      return;
     }
-    Vec4<T> x[kInputs];
-    for (int k = 0; k < kInputs; ++k) x[k] = reinterpret_cast<const Vec4<T>*>(m.in[k])[q];
-    Vec4<T> r;
-    for (int e = 0; e < 4; ++e) {
-      T v[kInputs];
-      for (int k = 0; k < kInputs; ++k) v[k] = x[k].v[e];
-      r.v[e] = m.at(i0 + e, v);
-    }
-    reinterpret_cast<Vec4<T>*>(m.out)[q] = r;
   }
 };
 template <class T, class F, int kInputs>

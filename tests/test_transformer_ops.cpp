@@ -102,29 +102,37 @@ TEST_CASE("gelu (erf and tanh forms): PyTorch's formulas at special values, forw
   CHECK(d < 1e-3);
 }
 
-// CUDA's elementwise maps (kernels/loop.h map_elements) take four elements
-// an index through vector accesses where every pointer is 16-byte aligned,
-// and one an index otherwise: the same formula, so the same bits. Elements
-// 1 .. 4096 of 4097 computed from the aligned tensor (vector path, a
-// ragged tail) must equal the same op on the view that starts at element 1
-// (unaligned: the scalar path), forward and backward, f32 and bf16.
-TEST_CASE("elementwise maps on CUDA: four elements an index and one give the same bits (gelu, silu, sqrt)") {
+// CUDA's elementwise maps (kernels/loop.h map_elements, map_elements_masked)
+// take four elements an index through vector accesses where every pointer
+// is 16-byte aligned, and one an index otherwise: the same formula, so the
+// same bits. A view that starts one element in (unaligned: the scalar path)
+// and its aligned copy (the vector path; 4095 elements, so a ragged tail)
+// must give the same values, gradients and masks (the masked maps' backward
+// reads them), f32 and bf16.
+TEST_CASE("elementwise maps on CUDA: four elements an index and one give the same bits (gelu, silu, sqrt, relu, "
+          "dropout)") {
   QGRAD_REQUIRE_GPU();
   const std::vector<std::pair<const char*, std::function<Tensor(const Tensor&)>>> ops = {
       {"gelu", [](const Tensor& t) { return gelu(t); }},
       {"gelu tanh", [](const Tensor& t) { return gelu(t, GeluApproximate::tanh); }},
       {"silu", [](const Tensor& t) { return silu(t); }},
       {"sqrt", [](const Tensor& t) { return qgrad::sqrt(add(mul(t, t), 0.5)); }},
+      {"relu", [](const Tensor& t) { return relu(t); }},
+      {"dropout", [](const Tensor& t) {
+         Generator g(9);
+         return dropout(t, 0.3, true, g);
+       }},
   };
   for (const DType dt : {DType::f32, DType::bf16})
     for (const auto& [name, f] : ops) {
       CAPTURE(dtype_name(dt));
       CAPTURE(name);
-      const Tensor x = rnd({4097}, 13, dt, 3.0).cuda(), dy = rnd({4097}, 14, dt).cuda();
-      prepoison({4097}, dt);
-      const Tensor y_vec = narrow(f(x), 0, 1, 4096).cpu(), g_vec = narrow(grad_of(f, x, dy), 0, 1, 4096).cpu();
-      prepoison({4096}, dt);
-      const Tensor xs = narrow(x, 0, 1, 4096), dys = narrow(dy, 0, 1, 4096);
+      const Tensor x = rnd({4096}, 13, dt, 3.0).cuda(), dy = rnd({4096}, 14, dt).cuda();
+      const Tensor xs = narrow(x, 0, 1, 4095), dys = narrow(dy, 0, 1, 4095);
+      const Tensor xa = xs.clone(), dya = dys.clone();
+      prepoison({4095}, dt);
+      const Tensor y_vec = f(xa).cpu(), g_vec = grad_of(f, xa, dya).cpu();
+      prepoison({4095}, dt);
       CHECK(bit_equal(y_vec, f(xs).cpu()));
       CHECK(bit_equal(g_vec, grad_of(f, xs, dys).cpu()));
     }

@@ -124,7 +124,9 @@ TEST_CASE("elementwise maps on CUDA: four elements an index and one give the sam
        }},
   };
   for (const DType dt : {DType::f32, DType::bf16})
-    for (const auto& [name, f] : ops) {
+    for (const auto& op : ops) {
+      const char* name = op.first;  // (not a structured binding: CAPTURE's lambda cannot capture one in clang 14)
+      const auto& f = op.second;
       CAPTURE(dtype_name(dt));
       CAPTURE(name);
       const Tensor x = rnd({4096}, 13, dt, 3.0).cuda(), dy = rnd({4096}, 14, dt).cuda();

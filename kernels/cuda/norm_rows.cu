@@ -187,7 +187,10 @@ void rms_norm_launch(const Tensor& x, const Tensor& w, const Tensor& y, const Te
 }
 
 // dx = rstd * (g - [centered] sum(g) / d - xhat * sum(g * xhat) / d), g = dy * w.
-template <class T, bool kHeld>
+// Rows are walked in memory: x and dy both held in registers (up to 141 of
+// them) measured slower (rms_norm's [8192, 1024] backward 0.1001 against
+// 0.0767 ms, H200).
+template <class T>
 void norm_backward_launch(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd, const Tensor& dy,
                           const Tensor& dx, std::int64_t d, const std::uint32_t* dy_mask, const Tensor& dx_pending) {
   using M = op_math_t<T>;
@@ -200,7 +203,7 @@ void norm_backward_launch(const Tensor& x, const Tensor& w, const Tensor& mean, 
   T* pd = static_cast<T*>(dx.data_ptr());
   launch_warp_rows(dx.device().index, dx.numel() / d, [=] __device__(std::int64_t r, int lane) {
     const std::int64_t base = r * d;
-    const LaneRow<T, kHeld> xr(px + base, d, lane), gr(pg + base, d, lane);
+    const LaneRow<T, false> xr(px + base, d, lane), gr(pg + base, d, lane);
     const M mu = pm != nullptr ? pm[r] : M(0), rs = pr[r];
     auto g = [&](int t) {  // formulas::masked_grad of the held dy, times w
       const std::int64_t j = gr.index(t);
@@ -372,13 +375,17 @@ bool norm_backward_chunks_impl(const Tensor& x, const Tensor& w, const Tensor& m
   }
 }
 
-template <class T, bool kHeld>
+// Rows are walked in memory: held in registers (the exps kept there too),
+// rows of 1024 f32 ran 0.0675 ms against 0.0380 (H200, two calls), though a
+// build that chose between keeping and recomputing the exps at run time ran
+// 0.0328 / 0.0365 held; not understood, so not taken.
+template <class T>
 void softmax_launch(const Tensor& x, const Tensor& y, std::int64_t n) {
   using M = op_math_t<T>;
   const T* px = static_cast<const T*>(x.data_ptr());
   T* py = static_cast<T*>(y.data_ptr());
   launch_warp_rows(y.device().index, y.numel() / n, [=] __device__(std::int64_t r, int lane) {
-    const LaneRow<T, kHeld> xr(px + r * n, n, lane);
+    const LaneRow<T, false> xr(px + r * n, n, lane);
     M m = M(px[r * n]);
     xr.each([&](int t) { m = formulas::max_nan(m, xr[t]); });
     const M mx = warp_max(m);
@@ -426,10 +433,7 @@ void norm_backward_warp_rows(const Tensor& x, const Tensor& w, const Tensor& mea
                              const Tensor& dx_pending) {
   dispatch_floating(dx.dtype(), "norm_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    // Not held: x and dy both in registers (up to 141 of them) measured slower
-    // than walking memory (rms_norm's [8192, 1024] backward 0.1001 against
-    // 0.0767 ms, H200).
-    norm_backward_launch<T, false>(x, w, mean, rstd, dy, dx, d, dy_mask, dx_pending);
+    norm_backward_launch<T>(x, w, mean, rstd, dy, dx, d, dy_mask, dx_pending);
   });
 }
 bool norm_backward_chunks(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd, const Tensor& dy,
@@ -461,11 +465,7 @@ bool layer_norm_fake_quantize_dynamic_rows(const Tensor& x, const Tensor& w, con
 void softmax_warp_rows(const Tensor& x, const Tensor& y, std::int64_t n) {
   dispatch_floating(y.dtype(), "softmax", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    // Not held: rows of 1024 f32 held in registers (the exps kept there too)
-    // ran 0.0675 ms against 0.0380 walking memory (H200, two calls), though a
-    // build that chose between keeping and recomputing the exps at run time
-    // ran 0.0328 / 0.0365 held; not understood, so not taken.
-    softmax_launch<T, false>(x, y, n);
+    softmax_launch<T>(x, y, n);
   });
 }
 void softmax_backward_warp_rows(const Tensor& y, const Tensor& dy, const Tensor& dx, std::int64_t n) {

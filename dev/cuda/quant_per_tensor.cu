@@ -18,7 +18,9 @@
 // evict-first (st.global.cs) stores of the output, U in {2, 4}, one pass.
 // "lib_kernel": the library's kernels (kernels::quantize / dequantize) into
 // preallocated outputs, without the op around them. QGRAD_DEV_QUICK=1 runs
-// only the library rows, U = 4 on one pass and the U = 2 shapes.
+// only the library rows, the library's kernel before 2026-11-27 ("old_lib"),
+// U = 4 on one pass (also with its resident blocks capped by unused shared
+// memory) and the U = 2 shapes.
 //
 // Output: one line per check, then JSON lines {"bench":"dev_quant_per_tensor",
 // "case":"quantize_per_tensor"|"dequantize_per_tensor","impl":"lib"|"lib_kernel"|"u<U>_w<W>"|"u<U>_t<T>[_cs]",...}.
@@ -30,6 +32,7 @@
 #include "../../bench/bench_common.h"
 #include "qgrad/kernels/formulas/quantize.h"
 #include "qgrad/kernels/quantize.h"
+#include "qgrad/kernels/vec4.h"
 
 using namespace qgrad;
 using namespace qgrad::bench;
@@ -193,6 +196,91 @@ void shape_row(const Tensor& q_lib, const Tensor& y_lib, const Tensor& y, std::i
   row("dequantize_per_tensor", impl, time_cuda(run), 5.0 * static_cast<double>(nv) * 4, copy_gbs);
 }
 
+// The library's per-tensor kernel before 2026-11-27 (kernels/cuda/quantize.cu
+// at 865c760): the op's operator() per element (float or general form chosen
+// per element), the n % 4 tail after the loop. 64 registers for s8 -> f32,
+// 76 for f32 -> s8; its s8 -> f32 ran 0.330-0.332 ms on H200s.
+template <class Op>
+__global__ void __launch_bounds__(256)
+    old_lib_kernel(Op op, const typename Op::In* __restrict__ in, typename Op::Out* __restrict__ out, std::int64_t n,
+                   formulas::ParamSource ps) {
+  using In = typename Op::In;
+  using Out = typename Op::Out;
+  const formulas::ChannelParams p = ps.get(0);
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x * 4;
+  const std::int64_t full = n / 4;
+  bool bit = false;
+  for (std::int64_t v0 = static_cast<std::int64_t>(blockIdx.x) * blockDim.x * 4 + threadIdx.x; v0 < full;
+       v0 += stride) {
+    kernels::Vec4<In> x[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const std::int64_t v = v0 + static_cast<std::int64_t>(u) * blockDim.x;
+      if (v < full) x[u] = reinterpret_cast<const kernels::Vec4<In>*>(in)[v];
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const std::int64_t v = v0 + static_cast<std::int64_t>(u) * blockDim.x;
+      if (v >= full) continue;
+      kernels::Vec4<Out> y;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) y.v[k] = op(x[u].v[k], p, false, bit);
+      reinterpret_cast<kernels::Vec4<Out>*>(out)[v] = y;
+    }
+  }
+  const std::int64_t tail = 4 * full + static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (tail < n) out[tail] = op(in[tail], p, false, bit);
+}
+
+void old_lib_rows(const Tensor& x, const Tensor& q_lib, const Tensor& q, const Tensor& y_lib, const Tensor& y,
+                  std::int64_t n, double copy_gbs, bool& all_ok) {
+  const formulas::ParamSource ps{nullptr, nullptr, 0.02f, 3};
+  cudaStream_t s = qgrad::cuda::stream(0);
+  const auto blocks = static_cast<unsigned>(((n + 3) / 4 + 1023) / 1024);
+  auto run_q = [&](int) {
+    old_lib_kernel<QOp><<<blocks, 256, 0, s>>>(QOp{-128, 127}, static_cast<const float*>(x.data_ptr()),
+                                               static_cast<std::int8_t*>(q.data_ptr()), n, ps);
+  };
+  auto run_d = [&](int) {
+    old_lib_kernel<DOp><<<blocks, 256, 0, s>>>(DOp{-128, 127}, static_cast<const std::int8_t*>(q_lib.data_ptr()),
+                                               static_cast<float*>(y.data_ptr()), n, ps);
+  };
+  run_q(0);
+  run_d(0);
+  const bool ok = same_bytes(q, q_lib) && same_bytes(y, y_lib);
+  all_ok = all_ok && ok;
+  std::printf("check old_lib: %s\n", ok ? "same bytes as the library ops" : "DIFFERS");
+  row("quantize_per_tensor", "old_lib", time_cuda(run_q), 5.0 * static_cast<double>(n), copy_gbs);
+  row("dequantize_per_tensor", "old_lib", time_cuda(run_d), 5.0 * static_cast<double>(n), copy_gbs);
+}
+
+// dequantize_kernel<U> on one pass with `smem` bytes of dynamic shared
+// memory a block, unused, to cap the resident blocks an SM (the library's
+// per-tensor kernel ran s8 -> f32 faster at 64 registers, 4 blocks an SM,
+// than at 48, 5 blocks: 0.332 against 0.339 ms on H200s).
+template <int U>
+void occupancy_row(const Tensor& q_lib, const Tensor& y_lib, const Tensor& y, std::int64_t nv, double copy_gbs,
+                   int smem, bool& all_ok) {
+  const formulas::ChannelParams p = formulas::ParamSource{nullptr, nullptr, 0.02f, 3}.get(0);
+  const DOp dop{-128, 127};
+  cudaStream_t s = qgrad::cuda::stream(0);
+  QGRAD_CUDA_CHECK(cudaFuncSetAttribute(dequantize_kernel<U>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  int per_sm = 0;
+  QGRAD_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, dequantize_kernel<U>, 256, smem));
+  const auto blocks = static_cast<unsigned>((nv + 256LL * U - 1) / (256LL * U));
+  auto run = [&](int) {
+    dequantize_kernel<U><<<blocks, 256, smem, s>>>(dop, p, static_cast<const char4*>(q_lib.data_ptr()),
+                                                   static_cast<float4*>(y.data_ptr()), nv);
+  };
+  run(0);
+  const bool ok = same_bytes(y, y_lib);
+  all_ok = all_ok && ok;
+  char impl[48];
+  std::snprintf(impl, sizeof impl, "u%d_w0_occ%d", U, per_sm);
+  std::printf("check %s: %s\n", impl, ok ? "same bytes as the library ops" : "DIFFERS");
+  row("dequantize_per_tensor", impl, time_cuda(run), 5.0 * static_cast<double>(nv) * 4, copy_gbs);
+}
+
 // Block sizes 128 / 256 / 512 and streaming stores, one pass, U vectors a thread.
 template <int U>
 void shapes(const Tensor& q_lib, const Tensor& y_lib, const Tensor& y, std::int64_t nv, double copy_gbs,
@@ -243,6 +331,9 @@ int main() {
   if (std::getenv("QGRAD_DEV_QUICK") != nullptr) {  // the library's rows, 4 vectors on one pass, the 2-vector shapes
     sweep<4>(x, q_lib, q, y_lib, y, kN / 4, copy_gbs, ok, true);
     shapes<2>(q_lib, y_lib, y, kN / 4, copy_gbs, ok);
+    old_lib_rows(x, q_lib, q, y_lib, y, kN, copy_gbs, ok);
+    for (const int smem : {44 << 10, 56 << 10, 72 << 10})
+      occupancy_row<4>(q_lib, y_lib, y, kN / 4, copy_gbs, smem, ok);
     std::printf("copy bandwidth %.1f GB/s; every variant %s\n", copy_gbs, ok ? "matched" : "did NOT match");
     return ok ? 0 : 1;
   }

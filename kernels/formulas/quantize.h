@@ -223,18 +223,24 @@ struct QuantizeOp {
   using In = T;
   using Out = I;
   static constexpr bool kParams = true, kReadsMask = false, kWritesMask = true;
+  static constexpr bool kHasFloatForm = std::is_same_v<op_math_t<T>, float>;
   std::int64_t qmin, qmax;
   QGRAD_HD Out operator()(In x, const ChannelParams& p, bool, bool& bit) const {
-    if constexpr (std::is_same_v<op_math_t<T>, float>) {
-      if (float_exact_int(qmin) && float_exact_int(qmax) && float_exact_int(p.zp)) {
-        const float lo = static_cast<float>(qmin), hi = static_cast<float>(qmax);
-        const float r = round_half_even(static_cast<float>(x) * p.inv_scale) + static_cast<float>(p.zp);
-        bit = r >= lo && r <= hi;
-        return static_cast<I>(static_cast<std::int32_t>(fminf(fmaxf(r, lo), hi)));
-      }
+    if constexpr (kHasFloatForm) {
+      if (float_form_exact(p)) return float_form(x, p, bit);
     }
     std::int64_t qc;
     return static_cast<I>(clamped_quant(x, p, qmin, qmax, qc, bit) ? qc : qmin);
+  }
+  QGRAD_HD bool float_form_exact(const ChannelParams& p) const {
+    return kHasFloatForm && float_exact_int(qmin) && float_exact_int(qmax) && float_exact_int(p.zp);
+  }
+  // Requires float_form_exact(p).
+  QGRAD_HD Out float_form(In x, const ChannelParams& p, bool& bit) const {
+    const float lo = static_cast<float>(qmin), hi = static_cast<float>(qmax);
+    const float r = round_half_even(static_cast<float>(x) * p.inv_scale) + static_cast<float>(p.zp);
+    bit = r >= lo && r <= hi;
+    return static_cast<I>(static_cast<std::int32_t>(fminf(fmaxf(r, lo), hi)));
   }
 };
 
@@ -246,16 +252,22 @@ struct DequantizeOp {
   using In = I;
   using Out = T;
   static constexpr bool kParams = true, kReadsMask = false, kWritesMask = false;
+  // 8/16-bit q and a zero point inside +-2^24: float(q) - float(zp) is
+  // float(q - zp), rounded once, as dequant_value forms it from int64
+  // (whose conversion is a slow instruction on CUDA); then the same
+  // product (for f32 results the two product forms are the same number).
+  static constexpr bool kHasFloatForm = sizeof(I) <= 2 && !std::is_same_v<T, double>;
   std::int64_t qmin, qmax;
-  QGRAD_HD Out operator()(In q, const ChannelParams& p, bool, bool&) const {
-    // 8/16-bit q and a zero point inside +-2^24: float(q) - float(zp) is
-    // float(q - zp), rounded once, as dequant_value forms it from int64
-    // (whose conversion is a slow instruction on CUDA); then the same
-    // product (for f32 results the two product forms are the same number).
-    if constexpr (sizeof(I) <= 2 && !std::is_same_v<T, double>) {
-      if (float_exact_int(p.zp)) return T((static_cast<float>(q) - static_cast<float>(p.zp)) * p.scale);
+  QGRAD_HD Out operator()(In q, const ChannelParams& p, bool, bool& bit) const {
+    if constexpr (kHasFloatForm) {
+      if (float_form_exact(p)) return float_form(q, p, bit);
     }
     return dequant_value<T, kDoubleProduct || std::is_same_v<T, double>>(static_cast<std::int64_t>(q), p.zp, p.scale);
+  }
+  QGRAD_HD bool float_form_exact(const ChannelParams& p) const { return kHasFloatForm && float_exact_int(p.zp); }
+  // Requires float_form_exact(p).
+  QGRAD_HD Out float_form(In q, const ChannelParams& p, bool&) const {
+    return T((static_cast<float>(q) - static_cast<float>(p.zp)) * p.scale);
   }
 };
 

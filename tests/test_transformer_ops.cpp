@@ -350,9 +350,12 @@ TEST_CASE("layer_norm and rms_norm: f16/bf16 accumulate in f32, and CUDA is bit-
 TEST_CASE("layer_norm, rms_norm, softmax: warp-per-row CUDA rows (d >= 32, with tails) against the CPU") {
   QGRAD_REQUIRE_GPU();
   // 200 rows: the weight and bias gradients sum 4 chunks of kNormChunkRows
-  // rows, the last one short (the CUDA column-sum kernel's tails).
+  // rows, the last one short (the CUDA column-sum kernel's tails). d: below
+  // a warp's row (31), every held shape (4, 8, 16 and 32 elements a lane,
+  // full: 128, 256, 512, 1024, and ragged: 32, 100, 200, 300, 700), and rows
+  // walked in memory (1027).
   for (const std::int64_t rows : {17LL, 200LL})
-  for (const std::int64_t d : {31LL, 32LL, 300LL, 1024LL, 1027LL}) {
+  for (const std::int64_t d : {31LL, 32LL, 100LL, 128LL, 200LL, 256LL, 300LL, 512LL, 700LL, 1024LL, 1027LL}) {
     CAPTURE(rows);
     CAPTURE(d);
     const Tensor x = rnd({rows, d}, 65, DType::f64, 2.0), w = rnd({d}, 66), b = rnd({d}, 67);

@@ -19,7 +19,7 @@ namespace qgrad::kernels::cuda {
 
 namespace {
 
-template <class T, bool kHeld>
+template <class T, class Shape>
 void layer_norm_launch(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y, const Tensor& mean,
                        const Tensor& rstd, std::int64_t d, double eps_d) {
   using M = op_math_t<T>;
@@ -30,8 +30,8 @@ void layer_norm_launch(const Tensor& x, const Tensor& w, const Tensor& b, const 
   M* pm = static_cast<M*>(mean.data_ptr());
   M* pr = static_cast<M*>(rstd.data_ptr());
   const M eps = M(eps_d);
-  launch_warp_rows(y.device().index, y.numel() / d, [=] __device__(std::int64_t r, int lane) {
-    const LaneRow<T, kHeld> xr(px + r * d, d, lane);
+  launch_lane_rows<Shape::per>(y.device().index, y.numel() / d, [=] __device__(std::int64_t r, int lane) {
+    const LaneRow<T, Shape::per, Shape::full> xr(px + r * d, d, lane);
     M s = M(0);
     xr.each([&](int t) { s += xr[t]; });
     const M mu = warp_lane_sum(s) / M(d);
@@ -42,12 +42,11 @@ void layer_norm_launch(const Tensor& x, const Tensor& w, const Tensor& b, const 
     });
     const M var = warp_lane_sum(s2) / M(d);
     const M rs = M(1) / formulas::sqrt_m(var + eps);
-    xr.each([&](int t) {
-      const std::int64_t j = xr.index(t);
+    xr.each_with(pw, pb, [&](int t, M wt, M bt) {
       M v = (xr[t] - mu) * rs;
-      if (pw != nullptr) v = v * M(pw[j]);
-      if (pb != nullptr) v = v + M(pb[j]);
-      py[r * d + j] = T(v);
+      if (pw != nullptr) v = v * wt;
+      if (pb != nullptr) v = v + bt;
+      py[r * d + xr.index(t)] = T(v);
     });
     if (lane == 0) {
       pm[r] = mu;
@@ -161,7 +160,7 @@ bool layer_norm_fake_quantize_impl(const Tensor& x, const Tensor& w, const Tenso
   }
 }
 
-template <class T, bool kHeld>
+template <class T, class Shape>
 void rms_norm_launch(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& rstd, std::int64_t d,
                      double eps_d) {
   using M = op_math_t<T>;
@@ -170,17 +169,16 @@ void rms_norm_launch(const Tensor& x, const Tensor& w, const Tensor& y, const Te
   T* py = static_cast<T*>(y.data_ptr());
   M* pr = static_cast<M*>(rstd.data_ptr());
   const M eps = M(eps_d);
-  launch_warp_rows(y.device().index, y.numel() / d, [=] __device__(std::int64_t r, int lane) {
-    const LaneRow<T, kHeld> xr(px + r * d, d, lane);
+  launch_lane_rows<Shape::per>(y.device().index, y.numel() / d, [=] __device__(std::int64_t r, int lane) {
+    const LaneRow<T, Shape::per, Shape::full> xr(px + r * d, d, lane);
     M s = M(0);
     xr.each([&](int t) { s += xr[t] * xr[t]; });
     const M ms = warp_lane_sum(s) / M(d);
     const M rs = M(1) / formulas::sqrt_m(ms + eps);
-    xr.each([&](int t) {
-      const std::int64_t j = xr.index(t);
+    xr.each_with(pw, nullptr, [&](int t, M wt, M) {
       M v = xr[t] * rs;
-      if (pw != nullptr) v = v * M(pw[j]);
-      py[r * d + j] = T(v);
+      if (pw != nullptr) v = v * wt;
+      py[r * d + xr.index(t)] = T(v);
     });
     if (lane == 0) pr[r] = rs;
   });
@@ -203,7 +201,7 @@ void norm_backward_launch(const Tensor& x, const Tensor& w, const Tensor& mean, 
   T* pd = static_cast<T*>(dx.data_ptr());
   launch_warp_rows(dx.device().index, dx.numel() / d, [=] __device__(std::int64_t r, int lane) {
     const std::int64_t base = r * d;
-    const LaneRow<T, false> xr(px + base, d, lane), gr(pg + base, d, lane);
+    const LaneRow<T, 0> xr(px + base, d, lane), gr(pg + base, d, lane);
     const M mu = pm != nullptr ? pm[r] : M(0), rs = pr[r];
     auto g = [&](int t) {  // formulas::masked_grad of the held dy, times w
       const std::int64_t j = gr.index(t);
@@ -375,36 +373,40 @@ bool norm_backward_chunks_impl(const Tensor& x, const Tensor& w, const Tensor& m
   }
 }
 
-// Rows are walked in memory: held in registers (the exps kept there too),
-// rows of 1024 f32 ran 0.0675 ms against 0.0380 (H200, two calls), though a
-// build that chose between keeping and recomputing the exps at run time ran
-// 0.0328 / 0.0365 held; not understood, so not taken.
-template <class T>
+// Held rows (Shape::per > 0) keep their exps in the registers of x.
+template <class T, class Shape>
 void softmax_launch(const Tensor& x, const Tensor& y, std::int64_t n) {
   using M = op_math_t<T>;
   const T* px = static_cast<const T*>(x.data_ptr());
   T* py = static_cast<T*>(y.data_ptr());
-  launch_warp_rows(y.device().index, y.numel() / n, [=] __device__(std::int64_t r, int lane) {
-    const LaneRow<T, false> xr(px + r * n, n, lane);
+  launch_lane_rows<Shape::per>(y.device().index, y.numel() / n, [=] __device__(std::int64_t r, int lane) {
+    LaneRow<T, Shape::per, Shape::full> xr(px + r * n, n, lane);
     M m = M(px[r * n]);
     xr.each([&](int t) { m = formulas::max_nan(m, xr[t]); });
     const M mx = warp_max(m);
     M s = M(0);
-    xr.each([&](int t) { s += formulas::exp_m(xr[t] - mx); });
+    xr.each([&](int t) {
+      const M e = formulas::exp_m(xr[t] - mx);
+      s += e;
+      if constexpr (Shape::per > 0) xr.v[t] = e;
+    });
     const M sum = warp_lane_sum(s);
-    xr.each([&](int t) { py[r * n + xr.index(t)] = T(formulas::exp_m(xr[t] - mx) / sum); });
+    xr.each([&](int t) {
+      const M e = Shape::per > 0 ? xr.v[t] : formulas::exp_m(xr[t] - mx);
+      py[r * n + xr.index(t)] = T(e / sum);
+    });
   });
 }
 
-template <class T, bool kHeld>
+template <class T, class Shape>
 void softmax_backward_launch(const Tensor& y, const Tensor& dy, const Tensor& dx, std::int64_t n) {
   using M = op_math_t<T>;
   const T* py = static_cast<const T*>(y.data_ptr());
   const T* pg = static_cast<const T*>(dy.data_ptr());
   T* pd = static_cast<T*>(dx.data_ptr());
-  launch_warp_rows(dx.device().index, dx.numel() / n, [=] __device__(std::int64_t r, int lane) {
+  launch_lane_rows<Shape::per>(dx.device().index, dx.numel() / n, [=] __device__(std::int64_t r, int lane) {
     const std::int64_t base = r * n;
-    const LaneRow<T, kHeld> yr(py + base, n, lane), gr(pg + base, n, lane);
+    const LaneRow<T, Shape::per, Shape::full> yr(py + base, n, lane), gr(pg + base, n, lane);
     M s = M(0);
     yr.each([&](int t) { s += gr[t] * yr[t]; });
     const M dot = warp_lane_sum(s);
@@ -418,14 +420,14 @@ void layer_norm_warp_rows(const Tensor& x, const Tensor& w, const Tensor& b, con
                           const Tensor& rstd, std::int64_t d, double eps) {
   dispatch_floating(y.dtype(), "layer_norm", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    with_lane_row<T>(d, [&](auto held) { layer_norm_launch<T, decltype(held)::value>(x, w, b, y, mean, rstd, d, eps); });
+    with_lane_row<T>(d, [&](auto per) { layer_norm_launch<T, decltype(per)>(x, w, b, y, mean, rstd, d, eps); });
   });
 }
 void rms_norm_warp_rows(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& rstd, std::int64_t d,
                         double eps) {
   dispatch_floating(y.dtype(), "rms_norm", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    with_lane_row<T>(d, [&](auto held) { rms_norm_launch<T, decltype(held)::value>(x, w, y, rstd, d, eps); });
+    with_lane_row<T>(d, [&](auto per) { rms_norm_launch<T, decltype(per)>(x, w, y, rstd, d, eps); });
   });
 }
 void norm_backward_warp_rows(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
@@ -465,13 +467,13 @@ bool layer_norm_fake_quantize_dynamic_rows(const Tensor& x, const Tensor& w, con
 void softmax_warp_rows(const Tensor& x, const Tensor& y, std::int64_t n) {
   dispatch_floating(y.dtype(), "softmax", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    softmax_launch<T>(x, y, n);
+    with_lane_row<T>(n, [&](auto per) { softmax_launch<T, decltype(per)>(x, y, n); });
   });
 }
 void softmax_backward_warp_rows(const Tensor& y, const Tensor& dy, const Tensor& dx, std::int64_t n) {
   dispatch_floating(dx.dtype(), "softmax_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    with_lane_row<T>(n, [&](auto held) { softmax_backward_launch<T, decltype(held)::value>(y, dy, dx, n); });
+    with_lane_row<T>(n, [&](auto per) { softmax_backward_launch<T, decltype(per)>(y, dy, dx, n); });
   });
 }
 

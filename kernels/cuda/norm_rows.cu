@@ -185,10 +185,11 @@ void rms_norm_launch(const Tensor& x, const Tensor& w, const Tensor& y, const Te
 }
 
 // dx = rstd * (g - [centered] sum(g) / d - xhat * sum(g * xhat) / d), g = dy * w.
-// Rows are walked in memory: x and dy both held in registers (up to 141 of
-// them) measured slower (rms_norm's [8192, 1024] backward 0.1001 against
-// 0.0767 ms, H200).
-template <class T>
+// Full rows of up to 1024 elements are held (x and dy, dy replaced by g in
+// the first walk, so the output walk loads neither dy, its mask nor w);
+// ragged rows are walked in memory (held with their clamped loads, x and dy
+// took 128-222 registers).
+template <class T, class Shape>
 void norm_backward_launch(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd, const Tensor& dy,
                           const Tensor& dx, std::int64_t d, const std::uint32_t* dy_mask, const Tensor& dx_pending) {
   using M = op_math_t<T>;
@@ -199,11 +200,12 @@ void norm_backward_launch(const Tensor& x, const Tensor& w, const Tensor& mean, 
   const M* pr = static_cast<const M*>(rstd.data_ptr());
   const T* pg = static_cast<const T*>(dy.data_ptr());
   T* pd = static_cast<T*>(dx.data_ptr());
-  launch_warp_rows(dx.device().index, dx.numel() / d, [=] __device__(std::int64_t r, int lane) {
+  launch_lane_rows<Shape::per>(dx.device().index, dx.numel() / d, [=] __device__(std::int64_t r, int lane) {
     const std::int64_t base = r * d;
-    const LaneRow<T, 0> xr(px + base, d, lane), gr(pg + base, d, lane);
+    const LaneRow<T, Shape::per, Shape::full> xr(px + base, d, lane);
+    LaneRow<T, Shape::per, Shape::full> gr(pg + base, d, lane);
     const M mu = pm != nullptr ? pm[r] : M(0), rs = pr[r];
-    auto g = [&](int t) {  // formulas::masked_grad of the held dy, times w
+    auto g = [&](int t) {  // formulas::masked_grad of dy, times w
       const std::int64_t j = gr.index(t);
       const M dyj = dy_mask == nullptr ? gr[t] : gr[t] * M(bitmask_get(dy_mask, base + j) ? 1 : 0);
       return pw != nullptr ? dyj * M(pw[j]) : dyj;
@@ -211,14 +213,17 @@ void norm_backward_launch(const Tensor& x, const Tensor& w, const Tensor& mean, 
     auto xhat = [&](int t) { return (xr[t] - mu) * rs; };
     M s = M(0), sx = M(0);
     xr.each([&](int t) {
-      if (pm != nullptr) s += g(t);
-      sx += g(t) * xhat(t);
+      const M gt = g(t);
+      if constexpr (Shape::per > 0) gr.v[t] = gt;
+      if (pm != nullptr) s += gt;
+      sx += gt * xhat(t);
     });
     const M mean_g = pm != nullptr ? warp_lane_sum(s) / M(d) : M(0);
     const M mean_gx = warp_lane_sum(sx) / M(d);
     xr.each([&](int t) {
       const std::int64_t j = base + xr.index(t);
-      pd[j] = formulas::fold_pending(T(rs * ((g(t) - mean_g) - xhat(t) * mean_gx)), pp, j);
+      const M gt = Shape::per > 0 ? gr.v[t] : g(t);
+      pd[j] = formulas::fold_pending(T(rs * ((gt - mean_g) - xhat(t) * mean_gx)), pp, j);
     });
   });
 }
@@ -435,7 +440,12 @@ void norm_backward_warp_rows(const Tensor& x, const Tensor& w, const Tensor& mea
                              const Tensor& dx_pending) {
   dispatch_floating(dx.dtype(), "norm_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    norm_backward_launch<T>(x, w, mean, rstd, dy, dx, d, dy_mask, dx_pending);
+    with_lane_row<T>(d, [&](auto shape) {
+      using Shape = decltype(shape);
+      using Walked = LaneRowShape<0, false>;
+      norm_backward_launch<T, std::conditional_t<Shape::full, Shape, Walked>>(x, w, mean, rstd, dy, dx, d, dy_mask,
+                                                                              dx_pending);
+    });
   });
 }
 bool norm_backward_chunks(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd, const Tensor& dy,

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
+#include <utility>
 
 #include "qgrad/kernels/linalg.h"
 #include "qgrad/kernels/loop.h"
@@ -163,20 +164,51 @@ void permute_copy(const Tensor& in, const Tensor& out, const PermuteIndex& index
   });
 }
 
-// The slice copies move whole runs of `inner` elements: copy units of up to
-// 16 bytes where inner splits into them. `indices`: the elements the copy
-// walks (of dst, or of the part for cat); `extent`: the largest tensor.
+// The copy unit (up to 16 bytes) of a slice copy and its layout in those
+// units. A step-1 selection is, for each outer index, one run of count *
+// inner consecutive elements at start * inner in a row of n * inner: the same
+// selection with inner 1, whose units may span positions wherever the row,
+// the start and the run split into them (cat along the last dim: 16-byte
+// units, where units of whole `inner` runs were single elements). Other
+// steps move whole runs of `inner` elements, in units where inner splits.
+std::pair<std::size_t, SliceLayout> slice_units(std::size_t elem, const SliceLayout& s,
+                                                std::initializer_list<const void*> ptrs) {
+  if (s.step != 1) {
+    const std::size_t unit = copy_unit(elem, s.inner, ptrs);
+    return {unit, in_units(s, static_cast<std::int64_t>(unit / elem))};
+  }
+  SliceLayout r{s.outer, s.n * s.inner, 1, s.start * s.inner, s.count * s.inner, 1};
+  for (std::size_t w = 16; w > elem; w /= 2) {
+    if (w % elem != 0) continue;
+    const auto k = static_cast<std::int64_t>(w / elem);
+    if (r.n % k != 0 || r.start % k != 0 || r.count % k != 0) continue;
+    bool aligned = true;
+    for (const void* p : ptrs) aligned = aligned && reinterpret_cast<std::uintptr_t>(p) % w == 0;
+    if (!aligned) continue;
+    r.n /= k;
+    r.start /= k;
+    r.count /= k;
+    return {w, r};
+  }
+  return {elem, r};
+}
+
+// `indices`: the elements the copy walks (of dst, or of the part for cat);
+// `extent`: the largest tensor.
 template <template <class, class> class Copy>
 void slice_copy(const Tensor& src, const Tensor& dst, const SliceLayout& s, std::int64_t indices,
                 std::int64_t extent, const char* where) {
-  const std::size_t elem = dtype_size(dst.dtype()), unit = copy_unit(elem, s.inner, {src.data_ptr(), dst.data_ptr()});
+  const std::size_t elem = dtype_size(dst.dtype());
+  // (no structured binding: clang 14, the sanitizer build's, cannot capture one)
+  const std::pair<std::size_t, SliceLayout> units = slice_units(elem, s, {src.data_ptr(), dst.data_ptr()});
+  const std::size_t unit = units.first;
+  const SliceLayout layout = units.second;
   const auto k = static_cast<std::int64_t>(unit / elem);
   by_unit(unit, extent, [&](auto u, auto ix) {
     using U = typename decltype(u)::type;
     using I = typename decltype(ix)::type;
     for_each_index(dst.device(), indices / k,
-                   Copy<U, I>{static_cast<const U*>(src.data_ptr()), static_cast<U*>(dst.data_ptr()), in_units(s, k)},
-                   where);
+                   Copy<U, I>{static_cast<const U*>(src.data_ptr()), static_cast<U*>(dst.data_ptr()), layout}, where);
   });
 }
 

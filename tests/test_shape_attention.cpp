@@ -217,6 +217,67 @@ TEST_CASE("slice and narrow: a host reference; the gradient is zero outside the 
   CHECK(slice(x, 0, 0, 3, 100).shape() == Shape{1, 7, 2});
 }
 
+TEST_CASE("slice and cat with step 1 along the last dim: copy units across positions (16, 8, 4 bytes), against a "
+          "host reference, on every device") {
+  // A step-1 selection copies runs of count elements in rows of n: its copy
+  // units span positions where n, start and count split into them (start 4:
+  // 16-byte units of f32; start 2: 8 bytes; start 1: single elements).
+  std::vector<Device> devices{Device::cpu()};
+  if (cuda_available()) devices.push_back(Device::cuda(0));
+  const Tensor x = rnd({5, 24}, 91, DType::f32, 10.0);
+  const auto xv = values(x.to(DType::f64));
+  for (const Device dev : devices) {
+    CAPTURE(dev.str());
+    for (const std::int64_t start : {4LL, 2LL, 1LL}) {
+      CAPTURE(start);
+      Tensor xd = param(x.to(dev).clone());  // a leaf of its own: gradients do not accumulate across starts
+      if (dev.is_cuda()) prepoison({5, 24}, DType::f32);
+      const Tensor y = slice(xd, 1, start, 20);
+      const std::int64_t n = 20 - start;
+      const auto yv = values(y.cpu().to(DType::f64));
+      std::int64_t bad = 0;
+      for (std::int64_t o = 0; o < 5; ++o)
+        for (std::int64_t j = 0; j < n; ++j)
+          bad += yv[static_cast<std::size_t>(o * n + j)] != xv[static_cast<std::size_t>(o * 24 + start + j)];
+      CHECK(bad == 0);
+      const Tensor dy = rnd({5, n}, 92, DType::f32);
+      if (dev.is_cuda()) prepoison({5, 24}, DType::f32);
+      y.backward(dy.to(dev));  // slice_backward: dy in place, zero elsewhere
+      const auto g = values(xd.grad().cpu().to(DType::f64)), dv = values(dy.to(DType::f64));
+      bad = 0;
+      for (std::int64_t o = 0; o < 5; ++o)
+        for (std::int64_t c = 0; c < 24; ++c) {
+          const double want = c >= start && c < 20 ? dv[static_cast<std::size_t>(o * n + c - start)] : 0.0;
+          bad += g[static_cast<std::size_t>(o * 24 + c)] != want;
+        }
+      CHECK(bad == 0);
+    }
+    // cat along the last dim: pieces of 8, 4, 8 (16-byte units) and 6, 2 (8-byte units).
+    for (const std::vector<std::int64_t>& widths : {std::vector<std::int64_t>{8, 4, 8}, std::vector<std::int64_t>{6, 2}}) {
+      std::vector<Tensor> pieces;
+      std::vector<std::vector<double>> pv;
+      std::int64_t total = 0;
+      for (std::size_t i = 0; i < widths.size(); ++i) {
+        pieces.push_back(rnd({5, widths[i]}, 93 + static_cast<std::uint64_t>(i), DType::f32).to(dev));
+        pv.push_back(values(pieces.back().cpu().to(DType::f64)));
+        total += widths[i];
+      }
+      if (dev.is_cuda()) prepoison({5, total}, DType::f32);
+      const auto yv = values(cat(pieces, -1).cpu().to(DType::f64));
+      std::int64_t bad = 0;
+      for (std::int64_t o = 0; o < 5; ++o) {
+        std::int64_t c0 = 0;
+        for (std::size_t i = 0; i < widths.size(); ++i) {
+          for (std::int64_t j = 0; j < widths[i]; ++j)
+            bad += yv[static_cast<std::size_t>(o * total + c0 + j)] != pv[i][static_cast<std::size_t>(o * widths[i] + j)];
+          c0 += widths[i];
+        }
+      }
+      CHECK(bad == 0);
+    }
+  }
+}
+
 TEST_CASE("cat: a host reference along every dim, gradients are the matching slices, errors name the operand") {
   for (std::int64_t dim = 0; dim < 3; ++dim) {
     CAPTURE(dim);

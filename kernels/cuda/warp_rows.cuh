@@ -37,8 +37,9 @@ void launch_warp_rows(int device, std::int64_t rows, F f) {
 // (LaneRow with kPer > 0). Measured on softmax's forward over [8192, 1024]
 // f32 (dev/cuda/softmax_rows.cu, H200): 0.0212 ms on blocks of 128 covering
 // the rows once, 0.0215-0.0218 on blocks of 256 or 512 or on launch_warp_rows'
-// grid; a row count known only at run time (the library's held rows before,
-// 54-112 registers under no launch bound) ran the norms at half the copy rate.
+// grid. (The held rows before, with a per-lane element count known only at
+// run time, on launch_warp_rows' unbounded kernel at 54-112 registers, ran
+// the norms at half the copy rate.)
 constexpr unsigned kHeldRowThreads = 128;
 
 template <class F>

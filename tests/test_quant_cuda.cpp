@@ -2,6 +2,8 @@
 // inputs, exact halves, +-inf, NaN and the range edges; forward and backward;
 // sizes that exercise the vectorised path, the scalar tail and misaligned
 // views; device-resident qparams. All tests skip without a GPU.
+#include <limits>
+
 #include "qgrad/kernels/bitmask.h"
 #include "qgrad/kernels/quantize.h"
 #include "test_quant_ref.h"
@@ -157,7 +159,8 @@ TEST_CASE("CUDA quantize / dequantize (tensor, channel, token, group) are bit-id
   }
 }
 
-TEST_CASE("CUDA per-tensor dequantize and no-grad fake quantize: every size, aligned or not, bit-identical to the CPU") {
+TEST_CASE("CUDA per-tensor dequantize and no-grad fake quantize: every size, aligned or not, float and general forms, "
+          "bit-identical to the CPU") {
   QGRAD_REQUIRE_GPU();
   // The per-tensor kernel (one vector of four per thread, a scalar tail) and,
   // for views one element off 16-byte alignment, the engine.
@@ -177,6 +180,16 @@ TEST_CASE("CUDA per-tensor dequantize and no-grad fake quantize: every size, ali
                       "n ", n, " offset ", offset);
       }
     }
+  }
+  // The int32 range with a zero point past 2^24: no float form, so the
+  // per-tensor kernel's general-form loop (one vector a thread, int64 math).
+  const std::int64_t qmin = std::numeric_limits<std::int32_t>::min(), qmax = std::numeric_limits<std::int32_t>::max();
+  const std::int64_t zp = std::int64_t{1} << 25;
+  for (std::int64_t n : kSizes) {
+    const Tensor x = mixed_input(n, DType::f32, 0.0625, zp, qmin, qmax, static_cast<std::uint64_t>(n) + 71);
+    CHECK_MESSAGE(bit_equal(fake_quantize_per_tensor(x, 0.0625, zp, qmin, qmax),
+                            fake_quantize_per_tensor(x.cuda(), 0.0625, zp, qmin, qmax)),
+                  "n ", n, " (general form)");
   }
 }
 

@@ -207,7 +207,7 @@ void norm_backward_launch(const Tensor& x, const Tensor& w, const Tensor& mean, 
     const M mu = pm != nullptr ? pm[r] : M(0), rs = pr[r];
     auto g = [&](int t) {  // formulas::masked_grad of dy, times w
       const std::int64_t j = gr.index(t);
-      const M dyj = dy_mask == nullptr ? gr[t] : gr[t] * M(bitmask_get(dy_mask, base + j) ? 1 : 0);
+      const M dyj = formulas::mask_product(gr[t], dy_mask, base + j);
       return pw != nullptr ? dyj * M(pw[j]) : dyj;
     };
     auto xhat = [&](int t) { return (xr[t] - mu) * rs; };
@@ -425,14 +425,14 @@ void layer_norm_warp_rows(const Tensor& x, const Tensor& w, const Tensor& b, con
                           const Tensor& rstd, std::int64_t d, double eps) {
   dispatch_floating(y.dtype(), "layer_norm", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    with_lane_row<T>(d, [&](auto per) { layer_norm_launch<T, decltype(per)>(x, w, b, y, mean, rstd, d, eps); });
+    with_lane_row<T>(d, [&](auto shape) { layer_norm_launch<T, decltype(shape)>(x, w, b, y, mean, rstd, d, eps); });
   });
 }
 void rms_norm_warp_rows(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& rstd, std::int64_t d,
                         double eps) {
   dispatch_floating(y.dtype(), "rms_norm", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    with_lane_row<T>(d, [&](auto per) { rms_norm_launch<T, decltype(per)>(x, w, y, rstd, d, eps); });
+    with_lane_row<T>(d, [&](auto shape) { rms_norm_launch<T, decltype(shape)>(x, w, y, rstd, d, eps); });
   });
 }
 void norm_backward_warp_rows(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
@@ -477,13 +477,13 @@ bool layer_norm_fake_quantize_dynamic_rows(const Tensor& x, const Tensor& w, con
 void softmax_warp_rows(const Tensor& x, const Tensor& y, std::int64_t n) {
   dispatch_floating(y.dtype(), "softmax", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    with_lane_row<T>(n, [&](auto per) { softmax_launch<T, decltype(per)>(x, y, n); });
+    with_lane_row<T>(n, [&](auto shape) { softmax_launch<T, decltype(shape)>(x, y, n); });
   });
 }
 void softmax_backward_warp_rows(const Tensor& y, const Tensor& dy, const Tensor& dx, std::int64_t n) {
   dispatch_floating(dx.dtype(), "softmax_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    with_lane_row<T>(n, [&](auto per) { softmax_backward_launch<T, decltype(per)>(y, dy, dx, n); });
+    with_lane_row<T>(n, [&](auto shape) { softmax_backward_launch<T, decltype(shape)>(y, dy, dx, n); });
   });
 }
 

@@ -196,13 +196,18 @@ QGRAD_HD void rms_norm_row(const T* x, const T* w, T* y, std::int64_t d, op_math
   }
   *rstd_out = rstd;
 }
-// dy[i], or with a fake quant's saved mask dy[i] * bit i (its straight-through
-// backward, FakeQuantGradOp's product: -0.0 kept), so that a norm whose output
-// was fake-quantized reads the masked gradient without a pass writing it.
+// g (element i's gradient in op math), or with a fake quant's saved mask
+// g * bit i (its straight-through backward, FakeQuantGradOp's product: -0.0
+// kept), so that a norm whose output was fake-quantized reads the masked
+// gradient without a pass writing it.
+template <class M>
+QGRAD_HD M mask_product(M g, const std::uint32_t* mask, std::int64_t i) {
+  return mask == nullptr ? g : g * M(bitmask_get(mask, i) ? 1 : 0);
+}
+// mask_product of dy[i].
 template <class T>
 QGRAD_HD op_math_t<T> masked_grad(const T* dy, const std::uint32_t* mask, std::int64_t i) {
-  using M = op_math_t<T>;
-  return mask == nullptr ? M(dy[i]) : M(dy[i]) * M(bitmask_get(mask, i) ? 1 : 0);
+  return mask_product(op_math_t<T>(dy[i]), mask, i);
 }
 
 // masked_grad of a gradient held in S, converted to T first (kernels::cast's
@@ -212,8 +217,7 @@ QGRAD_HD op_math_t<T> masked_grad(const T* dy, const std::uint32_t* mask, std::i
 template <class T, class S>
 QGRAD_HD op_math_t<T> masked_grad_cast(const S* dy, const std::uint32_t* mask, std::int64_t i) {
   using M = op_math_t<T>;
-  const M g = M(cast_value<T>(dy[i]));
-  return mask == nullptr ? g : g * M(bitmask_get(mask, i) ? 1 : 0);
+  return mask_product(M(cast_value<T>(dy[i])), mask, i);
 }
 
 // A gradient v (already in T) plus the gradient `pending` (null: none)

@@ -54,6 +54,7 @@
 #include "qgrad/kernels/cuda/blas.cuh"
 #include "qgrad/kernels/cuda/entries.h"
 #include "qgrad/kernels/cuda/launch.cuh"
+#include "qgrad/kernels/cuda/mbarrier.cuh"
 #include "qgrad/kernels/cuda/mma.cuh"
 #include "qgrad/kernels/formulas/lowbit_linear.h"
 #include "qgrad/kernels/linalg.h"
@@ -108,38 +109,6 @@ constexpr int kStageRowBytes = kStageCols / 2;       // packed bytes of one row 
 // Row pitch in a stage: a quarter-warp's 16-byte reads cover rows g and g + 1
 // at the same 64 columns, which the extra 64 bytes put on disjoint banks.
 constexpr int kStagePitch = kStageRowBytes + 64;
-
-__device__ __forceinline__ std::uint32_t smem_u32(const void* p) {
-  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void mbar_init(std::uint64_t* bar, unsigned count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_expect_tx(std::uint64_t* bar, unsigned bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(std::uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(std::uint64_t* bar, unsigned parity) {
-  const std::uint32_t a = smem_u32(bar);
-  std::uint32_t done = 0;
-  while (!done) {
-    asm volatile(
-        "{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\tselp.u32 %0, 1, 0, p;\n\t}"
-        : "=r"(done)
-        : "r"(a), "r"(parity)
-        : "memory");
-  }
-}
-// bytes (a multiple of 16) from global src (16-byte aligned) to shared dst
-// (16-byte aligned), counted on bar's transaction count.
-__device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned bytes, std::uint64_t* bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                   smem_u32(dst)),
-               "l"(src), "r"(bytes), "r"(smem_u32(bar))
-               : "memory");
-}
 
 // Nibble E (0..4) of word as (u - off) in f32 with one LOP3 and one FADD:
 // the bits (2^(23 - 4E) as an f32) | (u << 4E) are the float 2^(23 - 4E) + u

@@ -130,7 +130,7 @@ int main(int argc, char** argv) {
   if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) return 1;
   for (auto [M, N, K] : {std::tuple{8192, 8192, 8192}, std::tuple{4096, 4096, 4096}, std::tuple{1, 4096, 4096},
                          std::tuple{16, 4096, 4096}, std::tuple{32, 4096, 4096}, std::tuple{64, 4096, 4096},
-                         std::tuple{128, 4096, 4096}})
+                         std::tuple{128, 4096, 4096}, std::tuple{512, 4096, 4096}, std::tuple{1024, 4096, 4096}})
     if (wanted("w8a8_" + std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K))) bench_w8a8(h, M, N, K);
   cublasDestroy(h);
 #else

@@ -42,7 +42,8 @@ def main():
         emit(case=f"dynquant_token_{n}x{d}", impl="torch_compile", skipped=str(e)[:200])
     del x
 
-    for m, nn, k in [(8192, 8192, 8192), (4096, 4096, 4096), (1, 4096, 4096), (16, 4096, 4096), (128, 4096, 4096)]:
+    for m, nn, k in [(8192, 8192, 8192), (4096, 4096, 4096), (1, 4096, 4096), (16, 4096, 4096), (128, 4096, 4096), (512, 4096, 4096),
+                     (1024, 4096, 4096)]:
         ops = 2.0 * m * nn * k
         reps = 20 if m * nn * k >= (1 << 36) else 50
         xb = torch.randn(m, k, device=dev, dtype=torch.bfloat16)

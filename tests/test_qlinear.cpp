@@ -351,6 +351,20 @@ TEST_CASE("CUDA past the GEMV (16 < M <= 128) matches the CPU bit for bit, call 
     check_dynamic_cuda_matches_cpu(M, N, K, 43, {DType::bf16, DType::f32}, 2);
 }
 
+TEST_CASE("CUDA mid-size shapes (the Hopper fused GEMM) and large ones match the CPU bit for bit") {
+  QGRAD_REQUIRE_GPU();
+  // The first three take the sm_90a GEMM with the epilogue fused on an H100
+  // or H200 (66 ... 132 tiles of 128 x 128), every edge ragged: M past a
+  // 128-row tile, N past a 128-column tile (even: pair stores; odd: single
+  // stores), K past a 128-byte stage (136 -> 144 padded), K of one partial
+  // stage (40). The last runs cuBLASLt's GEMM and the epilogue pass.
+  // (dev/cuda/w8a8_fused_gemm checks every configuration, CTAs taking
+  // several tiles included, against cuBLASLt's sums.)
+  for (auto [M, N, K] : {std::tuple{1000, 1300, 136}, std::tuple{900, 1281, 200}, std::tuple{700, 2050, 40},
+                         std::tuple{2100, 4097, 136}})
+    check_dynamic_cuda_matches_cpu(M, N, K, 47, {DType::bf16, DType::f32}, 2);
+}
+
 TEST_CASE("CUDA every input dtype and static activations (device and host qparams) match the CPU") {
   QGRAD_REQUIRE_GPU();
   Layer l = make_layer(48, 80, 24);

@@ -1,6 +1,8 @@
 // CUDA W8A8 linear: the int8 GEMM on the tensor cores through cuBLASLt
 // (lt_gemm.cuh) into an int32 [M, ldc] buffer, then one epilogue kernel that
-// reads it once and writes the output (formulas/qlinear.h).
+// reads it once and writes the output (formulas/qlinear.h). On compute
+// capability 9.0, the shapes where it measured faster take the Hopper GEMM
+// with the epilogue fused instead (qlinear_sm90a.cu).
 //
 // Why not cuBLASLt's own epilogue: its per-row alpha vector
 // (CUBLASLT_POINTER_MODE_ALPHA_DEVICE_VECTOR_BETA_ZERO) covers only the
@@ -24,6 +26,7 @@
 #include "qgrad/kernels/cuda/entries.h"
 #include "qgrad/kernels/cuda/launch.cuh"
 #include "qgrad/kernels/cuda/lt_gemm.cuh"
+#include "qgrad/kernels/cuda/qlinear_out.cuh"
 #include "qgrad/kernels/formulas/qlinear.h"
 #include "qgrad/kernels/qlinear.h"
 
@@ -56,51 +59,25 @@ __global__ void fallback_gemm_kernel(const std::int8_t* __restrict__ a, std::int
   }
 }
 
-// The activation scale as the kernel sees it: a device pointer (f32 or
-// f64; stride 1 per row, 0 for a device scalar) or a host value.
-struct ScaleArg {
-  const float* f32 = nullptr;
-  const double* f64 = nullptr;
-  double host = 0;
-  bool host_is_f64 = false;
-  std::int64_t stride = 0;
-
-  template <class M>
-  __device__ M at(std::int64_t m) const {
-    if (f32) return M(f32[m * stride]);
-    if (f64) return M(f64[m * stride]);
-    return host_is_f64 ? M(host) : M(static_cast<float>(host));
-  }
-};
-
 // One row per blockIdx.y (grid-stride), V consecutive outputs per thread:
 // a 16-byte int32 load and a V-element store when V = 4.
 template <class T, int V>
-__global__ void epilogue_kernel(const std::int32_t* __restrict__ c, std::int64_t ldc, T* __restrict__ o,
-                                std::int64_t M, std::int64_t N, ScaleArg sa_arg, const float* __restrict__ sw,
-                                const op_math_t<T>* __restrict__ bias, const std::int32_t* __restrict__ za,
-                                const std::int32_t* __restrict__ wsum) {
+__global__ void epilogue_kernel(const std::int32_t* __restrict__ c, std::int64_t ldc, std::int64_t M, std::int64_t N,
+                                QLinearOut<T> ep) {
   ::qgrad::cuda::wait_for_prior_kernels();
-  using Mt = op_math_t<T>;
   using CP = Pack<std::int32_t, V>;
   using OP = Pack<T, V>;
   const std::int64_t nvec = N / V;
   for (std::int64_t m = blockIdx.y; m < M; m += gridDim.y) {
-    const Mt sa = sa_arg.at<Mt>(m);
-    const std::int32_t zm = za ? za[m] : 0;
+    const auto row = ep.row(m);
     const CP* cr = reinterpret_cast<const CP*>(c + m * ldc);
-    OP* orow = reinterpret_cast<OP*>(o + m * N);
+    OP* orow = reinterpret_cast<OP*>(ep.out + m * N);
     for (std::int64_t v = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; v < nvec;
          v += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
       const CP acc = cr[v];
       OP out;
 #pragma unroll
-      for (int e = 0; e < V; ++e) {
-        const std::int64_t n = v * V + e;
-        const Mt b = bias ? bias[n] : Mt(0);
-        out.v[e] = za ? T(formulas::qlinear_epilogue_zp<Mt>(acc.v[e], zm, wsum[n], sa, Mt(sw[n]), b, bias != nullptr))
-                      : T(formulas::qlinear_epilogue<Mt>(acc.v[e], sa, Mt(sw[n]), b, bias != nullptr));
-      }
+      for (int e = 0; e < V; ++e) out.v[e] = ep.at(row, acc.v[e], v * V + e);
       orow[v] = out;
     }
   }
@@ -135,10 +112,8 @@ __device__ __forceinline__ void mma_s8(int (&d)[4], unsigned a0, unsigned a1, un
 template <class T, int NT>
 __global__ void __launch_bounds__(kGemvWarps * 32, 2)
     gemv_kernel(const std::int8_t* __restrict__ a, const std::int8_t* __restrict__ w, int M, int N, int K,
-                ScaleArg sa_arg, const float* __restrict__ sw, const op_math_t<T>* __restrict__ bias,
-                const std::int32_t* __restrict__ za, const std::int32_t* __restrict__ wsum, T* __restrict__ out) {
+                QLinearOut<T> ep) {
   ::qgrad::cuda::wait_for_prior_kernels();
-  using Mt = op_math_t<T>;
   __shared__ int part[kGemvWarps][NT][4][32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -184,72 +159,42 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 2)
     int sum = 0;
 #pragma unroll
     for (int wq = 0; wq < kGemvWarps; ++wq) sum += part[wq][j][r][ln];
-    const Mt sa = sa_arg.at<Mt>(m);
-    const Mt b = bias ? bias[n] : Mt(0);
-    out[static_cast<std::int64_t>(m) * N + n] =
-        za ? T(formulas::qlinear_epilogue_zp<Mt>(sum, za[m], wsum[n], sa, Mt(sw[n]), b, bias != nullptr))
-           : T(formulas::qlinear_epilogue<Mt>(sum, sa, Mt(sw[n]), b, bias != nullptr));
+    ep.out[static_cast<std::int64_t>(m) * N + n] = ep.at(ep.row(m), sum, n);
   }
-}
-
-ScaleArg scale_arg(const QLinearEpilogue& ep) {
-  ScaleArg sa;
-  if (ep.sa.is_cuda()) {
-    if (ep.sa.dtype() == DType::f64) sa.f64 = static_cast<const double*>(ep.sa.data_ptr());
-    else sa.f32 = static_cast<const float*>(ep.sa.data_ptr());
-  } else {  // a host scalar (static scale kept on the host): read here, no sync
-    sa.host_is_f64 = ep.sa.dtype() == DType::f64;
-    sa.host = sa.host_is_f64 ? static_cast<const double*>(ep.sa.data_ptr())[0]
-                             : static_cast<const float*>(ep.sa.data_ptr())[0];
-  }
-  sa.stride = ep.per_row ? 1 : 0;
-  return sa;
 }
 
 template <class T>
 void gemv_impl(const Tensor& a, std::int64_t ld, const Tensor& w, const QLinearEpilogue& ep, const Tensor& out) {
-  using Mt = op_math_t<T>;
   const std::int64_t M = out.shape()[0], N = out.shape()[1];
   const auto* ap = static_cast<const std::int8_t*>(a.data_ptr());
   const auto* wp = static_cast<const std::int8_t*>(w.data_ptr());
-  const float* sw = static_cast<const float*>(ep.sw.data_ptr());
-  const Mt* bias = ep.bias.defined() ? static_cast<const Mt*>(ep.bias.data_ptr()) : nullptr;
-  const std::int32_t* za = ep.za.defined() ? static_cast<const std::int32_t*>(ep.za.data_ptr()) : nullptr;
-  const std::int32_t* wsum = za ? static_cast<const std::int32_t*>(ep.wsum.data_ptr()) : nullptr;
-  T* o = static_cast<T*>(out.data_ptr());
   const auto blocks = static_cast<unsigned>((N + 15) / 16);
   const int d = out.device().index;
   const auto m = static_cast<int>(M), n = static_cast<int>(N), k = static_cast<int>(ld);
   if (M <= 8)
-    ::qgrad::cuda::launch_kernel(d, gemv_kernel<T, 1>, blocks, kGemvWarps * 32, 0, ap, wp, m, n, k, scale_arg(ep), sw,
-                                 bias, za, wsum, o);
+    ::qgrad::cuda::launch_kernel(d, gemv_kernel<T, 1>, blocks, kGemvWarps * 32, 0, ap, wp, m, n, k,
+                                 qlinear_out<T>(ep, out));
   else
-    ::qgrad::cuda::launch_kernel(d, gemv_kernel<T, 2>, blocks, kGemvWarps * 32, 0, ap, wp, m, n, k, scale_arg(ep), sw,
-                                 bias, za, wsum, o);
+    ::qgrad::cuda::launch_kernel(d, gemv_kernel<T, 2>, blocks, kGemvWarps * 32, 0, ap, wp, m, n, k,
+                                 qlinear_out<T>(ep, out));
 }
 
 template <class T>
 void epilogue_impl(const Tensor& c, std::int64_t ldc, const QLinearEpilogue& ep, const Tensor& out) {
-  using Mt = op_math_t<T>;
   const std::int64_t M = out.shape()[0], N = out.shape()[1];
-  const ScaleArg sa = scale_arg(ep);
-  const float* sw = static_cast<const float*>(ep.sw.data_ptr());
-  const Mt* bias = ep.bias.defined() ? static_cast<const Mt*>(ep.bias.data_ptr()) : nullptr;
-  T* o = static_cast<T*>(out.data_ptr());
+  const QLinearOut<T> o = qlinear_out<T>(ep, out);
   const std::int32_t* cp = static_cast<const std::int32_t*>(c.data_ptr());
-  const std::int32_t* za = ep.za.defined() ? static_cast<const std::int32_t*>(ep.za.data_ptr()) : nullptr;
-  const std::int32_t* wsum = za ? static_cast<const std::int32_t*>(ep.wsum.data_ptr()) : nullptr;
-  const bool vec = N % 4 == 0 && (reinterpret_cast<std::uintptr_t>(o) % (4 * sizeof(T))) == 0;
+  const bool vec = N % 4 == 0 && (reinterpret_cast<std::uintptr_t>(o.out) % (4 * sizeof(T))) == 0;
   const std::int64_t nvec = vec ? N / 4 : N;
   constexpr unsigned threads = 256;
   const unsigned gx = static_cast<unsigned>(std::min<std::int64_t>((nvec + threads - 1) / threads, 1024));
   const unsigned gy = static_cast<unsigned>(std::min<std::int64_t>(M, 65535));
   if (vec)
-    ::qgrad::cuda::launch_kernel(out.device().index, epilogue_kernel<T, 4>, dim3(gx, gy), threads, 0, cp, ldc, o, M, N,
-                                 sa, sw, bias, za, wsum);
+    ::qgrad::cuda::launch_kernel(out.device().index, epilogue_kernel<T, 4>, dim3(gx, gy), threads, 0, cp, ldc, M, N,
+                                 o);
   else
-    ::qgrad::cuda::launch_kernel(out.device().index, epilogue_kernel<T, 1>, dim3(gx, gy), threads, 0, cp, ldc, o, M, N,
-                                 sa, sw, bias, za, wsum);
+    ::qgrad::cuda::launch_kernel(out.device().index, epilogue_kernel<T, 1>, dim3(gx, gy), threads, 0, cp, ldc, M, N,
+                                 o);
 }
 
 }  // namespace
@@ -291,6 +236,15 @@ void qlinear(const Tensor& a, std::int64_t lda, std::int64_t K, const Tensor& w,
                       [&](auto tag) { gemv_impl<typename decltype(tag)::type>(a, lda, wpad, ep, out); });
     return;
   }
+#ifdef QGRAD_HAVE_SM90A
+  bool fused = false;
+  dispatch_floating(out.dtype(), "quantized_linear", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    fused = qlinear_sm90a<T>(d, static_cast<const std::int8_t*>(a.data_ptr()), lda,
+                             static_cast<const std::int8_t*>(wpad.data_ptr()), ldw, M, N, K, qlinear_out<T>(ep, out));
+  });
+  if (fused) return;
+#endif
   const std::int64_t ldc = (N + 3) / 4 * 4;  // 16-byte rows: the epilogue's int4 loads
   Tensor c = Tensor::empty({M, ldc}, TensorOptions(on).with_dtype(DType::s32));
   int8_gemm(d, static_cast<const std::int8_t*>(a.data_ptr()), lda, static_cast<const std::int8_t*>(wpad.data_ptr()),

@@ -1,0 +1,153 @@
+// The Hopper W8A8 GEMM with its epilogue fused (kernels/cuda/w8a8_wgmma.cuh)
+// in every configuration measured, against cuBLASLt's int8 GEMM alone (the
+// int32 product the unfused path then reads back in its epilogue pass), per
+// shape: which shapes the library's configuration should take
+// (kernels/cuda/qlinear_sm90a.cu), and how far each is from cuBLASLt's
+// kernel. Each fused output (bf16, NaN-poisoned before the launch) is checked
+// against cuBLASLt's int32 sums through the same formula on the host, bit for
+// bit. Compiled for sm_90a (dev/CMakeLists.txt). Run by hand on the GPU
+// machine: build/dev/dev_w8a8_fused_gemm [M N K]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstdio>
+#include <vector>
+
+#include "qgrad/core/cuda/common.cuh"
+#include "qgrad/core/device.h"
+#include "qgrad/kernels/cuda/entries.h"
+#include "qgrad/kernels/cuda/lt_gemm.cuh"
+#include "qgrad/kernels/cuda/qlinear_out.cuh"
+#include "qgrad/kernels/cuda/w8a8_wgmma.cuh"
+#include "qgrad/qgrad.h"
+
+#ifdef QGRAD_HAVE_SM90A
+using namespace qgrad;
+
+namespace {
+
+// Median over 7 batches of `reps` back-to-back calls, ms per call.
+template <class F>
+double time_ms(F call, int reps) {
+  cudaStream_t s = ::qgrad::cuda::stream(0);
+  cudaEvent_t a, b;
+  QGRAD_CUDA_CHECK(cudaEventCreate(&a));
+  QGRAD_CUDA_CHECK(cudaEventCreate(&b));
+  for (int i = 0; i < 3; ++i) call(i);
+  std::vector<float> ms;
+  for (int batch = 0; batch < 7; ++batch) {
+    QGRAD_CUDA_CHECK(cudaEventRecord(a, s));
+    for (int r = 0; r < reps; ++r) call(r);
+    QGRAD_CUDA_CHECK(cudaEventRecord(b, s));
+    QGRAD_CUDA_CHECK(cudaEventSynchronize(b));
+    float t = 0;
+    QGRAD_CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
+    ms.push_back(t / static_cast<float>(reps));
+  }
+  std::sort(ms.begin(), ms.end());
+  QGRAD_CUDA_CHECK(cudaEventDestroy(a));
+  QGRAD_CUDA_CHECK(cudaEventDestroy(b));
+  return ms[3];
+}
+
+namespace hw = kernels::cuda::hopper_w8a8;
+using Launcher = bool (*)(int, const std::int8_t*, std::int64_t, const std::int8_t*, std::int64_t, std::int64_t,
+                          std::int64_t, std::int64_t, const kernels::cuda::QLinearOut<bfloat16>&);
+struct Variant {
+  const char* name;
+  Launcher launch;
+};
+// The library's configuration first.
+const Variant kVariants[] = {
+    {"128x128 tiles, 7 stages (the library's)", hw::launch<bfloat16, hw::Config<128, 1, 7>>},
+    {"128x128, pairs sharing W by multicast", hw::launch<bfloat16, hw::Config<128, 2, 7>>},
+    {"128x256 tiles, 4 stages", hw::launch<bfloat16, hw::Config<256, 1, 4>>},
+    {"128x256, pairs sharing W by multicast", hw::launch<bfloat16, hw::Config<256, 2, 4>>},
+};
+
+void run_shape(std::int64_t M, std::int64_t N, std::int64_t K) {
+  Generator g(5);
+  const TensorOptions on = TensorOptions{}.with_device(Device::cuda());
+  // Weights rotate over copies past the 50 MB L2 where one copy is small.
+  const int copies = N * K < (std::int64_t(64) << 20) ? 4 : 1;
+  Tensor a = randint(-127, 128, {M, K}, g, TensorOptions(on).with_dtype(DType::s8));
+  std::vector<Tensor> w;
+  for (int i = 0; i < copies; ++i) w.push_back(randint(-127, 128, {N, K}, g, TensorOptions(on).with_dtype(DType::s8)));
+  Tensor sa = rand({M}, g, on, 0.01, 0.02);
+  Tensor sw = rand({N}, g, on, 0.001, 0.01);
+  Tensor bias = randn({N}, g, on);
+  Tensor c = Tensor::empty({M, N}, TensorOptions(on).with_dtype(DType::s32));
+  Tensor y = Tensor::empty({M, N}, TensorOptions(on).with_dtype(DType::bf16));
+  Tensor ws = Tensor::empty({static_cast<std::int64_t>(kernels::cuda::kLtWorkspaceBytes)},
+                            TensorOptions(on).with_dtype(DType::u8));
+  kernels::QLinearEpilogue ep;
+  ep.sa = sa;
+  ep.sw = sw;
+  ep.bias = bias;
+  const auto out = kernels::cuda::qlinear_out<bfloat16>(ep, y);
+  const auto* ap = a.data<std::int8_t>();
+  const int reps = M * N * K >= (std::int64_t(1) << 36) ? 10 : 50;
+  const double flop = 2.0 * static_cast<double>(M) * N * K;
+
+  const double t_lt = time_ms(
+      [&](int r) {
+        kernels::cuda::lt_int8_gemm(0, ap, K, w[r % copies].data<std::int8_t>(), K, c.data<std::int32_t>(), N, M, N, K,
+                                    ws.data_ptr(), kernels::cuda::kLtWorkspaceBytes);
+      },
+      reps);
+  std::printf("M=%lld N=%lld K=%lld  cublaslt int8 gemm alone %.4f ms (%.0f TOPS)", static_cast<long long>(M),
+              static_cast<long long>(N), static_cast<long long>(K), t_lt, flop / t_lt * 1e-9);
+  // Check: the fused bf16 output against the formula over cuBLASLt's sums (copy 0).
+  kernels::cuda::lt_int8_gemm(0, ap, K, w[0].data<std::int8_t>(), K, c.data<std::int32_t>(), N, M, N, K, ws.data_ptr(),
+                              kernels::cuda::kLtWorkspaceBytes);
+  const Tensor c_host = c.cpu(), sa_h = sa.cpu(), sw_h = sw.cpu(), b_h = bias.cpu();
+  for (const Variant& v : kVariants) {
+    QGRAD_CUDA_CHECK(cudaMemset(y.data_ptr(), 0xff, static_cast<std::size_t>(M * N) * 2));  // NaN poison
+    if (!v.launch(0, ap, K, w[0].data<std::int8_t>(), K, M, N, K, out)) {
+      std::printf("\n  %s: not launched", v.name);
+      continue;
+    }
+    const Tensor yh = y.cpu();
+    std::int64_t bad = 0;
+    for (std::int64_t m = 0; m < M; ++m)
+      for (std::int64_t n = 0; n < N; ++n) {
+        const float v = formulas::qlinear_epilogue<float>(c_host.data<std::int32_t>()[m * N + n], sa_h.data<float>()[m],
+                                                          sw_h.data<float>()[n], b_h.data<float>()[n], true);
+        const bfloat16 ref(v), got = yh.data<bfloat16>()[m * N + n];
+        if (ref.bits != got.bits) ++bad;
+      }
+    const double t = time_ms(
+        [&](int r) {
+          (void)v.launch(0, ap, K, w[r % copies].data<std::int8_t>(), K, M, N, K, out);
+        },
+        reps);
+    std::printf("\n  %s %.4f ms (%.0f TOPS, %.2fx lt)%s", v.name, t, flop / t * 1e-9, t_lt / t,
+                bad ? " MISMATCH" : " exact");
+    if (bad) std::printf(" (%lld of %lld differ)", static_cast<long long>(bad), static_cast<long long>(M * N));
+  }
+  std::printf("\n");
+}
+
+}  // namespace
+
+// No arguments: every shape below; M N K: that shape alone (for ncu).
+int main(int argc, char** argv) {
+  if (!qgrad::cuda_available()) {
+    std::printf("no CUDA device\n");
+    return 0;
+  }
+  if (argc == 4) {
+    run_shape(std::atoll(argv[1]), std::atoll(argv[2]), std::atoll(argv[3]));
+    return 0;
+  }
+  for (std::int64_t M : {128, 256, 512, 1024, 2048, 4096}) run_shape(M, 4096, 4096);
+  run_shape(8192, 8192, 8192);
+  return 0;
+}
+#else
+int main() {
+  std::printf("built without sm_90a kernels (CUDA architectures without 90)\n");
+  return 0;
+}
+#endif

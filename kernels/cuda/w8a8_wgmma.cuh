@@ -1,0 +1,394 @@
+// The Hopper int8 GEMM with the W8A8 epilogue fused (wgmma fed by TMA),
+// declared once: qlinear_sm90a.cu launches the configuration the library
+// takes, dev/cuda/w8a8_fused_gemm.cu every configuration that was measured.
+// Include only from sources compiled for sm_90a (the *_sm90a.cu files and
+// that dev program); the kernel body is empty for any other target.
+//
+// Shape of the kernel (persistent, one CTA per SM, 384 threads):
+//   warpgroup 0, one thread: the producer. For each tile and each 128-column
+//     step of K it waits for a free stage, then loads A's 128 x 128 and W's
+//     BN x 128 bytes with TMA (128-byte swizzle: the layout wgmma reads
+//     without bank conflicts; rows and columns past M, N, K arrive as zeros,
+//     so ragged tiles need no masking in the main loop). In a cluster of two
+//     CTAs along M, each loads half of the W tile for both (multicast).
+//   warpgroups 1 and 2: consumers, rows [64 c, 64 c + 64) of the tile. Per
+//     stage, four wgmma m64nBNk32 (s8 x s8 -> s32, exact), committed as one
+//     group; once the next stage's group is issued, the previous group is
+//     waited for and its stage released (one arrival per warp, on every CTA
+//     that wrote it). The tile's end waits for all, then each thread applies
+//     the epilogue to its accumulators (rows 16 w + lane / 4 and + 8, column
+//     pairs 8 j + 2 (lane % 4)) and stores y directly.
+// int32 sums are exact, so y is the cuBLASLt path's (and the CPU's) bit for bit.
+#pragma once
+
+#include <cuda.h>  // CUtensorMap and its encoder's types (the encoder itself via the runtime)
+#include <cudaTypedefs.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <mutex>
+
+#include "qgrad/core/cuda/common.cuh"
+#include "qgrad/kernels/cuda/mbarrier.cuh"
+#include "qgrad/kernels/cuda/qlinear_out.cuh"
+
+namespace qgrad::kernels::cuda::hopper_w8a8 {
+
+constexpr int kBM = 128;  // tile rows: two consumer warpgroups of 64
+constexpr int kBK = 128;  // bytes of K per stage: one 128-byte swizzle row
+constexpr int kThreads = 384;
+constexpr int kStageBytesA = kBM * kBK;
+constexpr int kGroupM = 8;  // tiles run in groups of 8 along M (A rows shared in L2)
+
+// A kernel configuration: tile width BN (128 or 256), CTAs per cluster along
+// M sharing the weight tile by multicast (1 or 2), and stages in the ring.
+template <int BN_, int kCluster_, int kStages_>
+struct Config {
+  static constexpr int BN = BN_, kCluster = kCluster_, S = kStages_;
+  static constexpr int kStageBytes = kStageBytesA + BN * kBK;
+  static constexpr std::size_t kSmem = static_cast<std::size_t>(S) * kStageBytes + 1024 + 2 * S * sizeof(std::uint64_t);
+  static_assert(kSmem <= 227 * 1024, "shared memory per block");
+};
+
+// Shared-memory matrix descriptor (PTX ISA, "wgmma matrix descriptor") for a
+// K-major tile of 128-byte rows, 128-byte swizzle: 8-row atoms 1024 bytes
+// apart (the stride byte offset); the leading offset is unused by this layout.
+__device__ __forceinline__ std::uint64_t smem_desc(std::uint32_t addr) {
+  return static_cast<std::uint64_t>((addr & 0x3FFFF) >> 4) | (std::uint64_t{1} << 16) |
+         (std::uint64_t{1024 >> 4} << 32) | (std::uint64_t{1} << 62);
+}
+
+__device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, int col, int row, std::uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(
+          smem_u32(dst)),
+      "l"(reinterpret_cast<std::uint64_t>(map)), "r"(col), "r"(row), "r"(smem_u32(bar))
+      : "memory");
+}
+// The same box written at dst's offset in every CTA of cta_mask, each
+// completing on its own barrier at bar's offset.
+__device__ __forceinline__ void tma_load_2d_multicast(void* dst, const CUtensorMap* map, int col, int row,
+                                                      std::uint64_t* bar, std::uint16_t cta_mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, "
+      "%3}], [%4], %5;" ::"r"(smem_u32(dst)),
+      "l"(reinterpret_cast<std::uint64_t>(map)), "r"(col), "r"(row), "r"(smem_u32(bar)), "h"(cta_mask)
+      : "memory");
+}
+// An arrival on the barrier at bar's offset in cluster CTA `rank`.
+__device__ __forceinline__ void mbar_arrive_cluster(std::uint64_t* bar, unsigned rank) {
+  asm volatile(
+      "{\n\t.reg .b32 remote;\n\tmapa.shared::cluster.u32 remote, %0, %1;\n\tmbarrier.arrive.release.cluster."
+      "shared::cluster.b64 _, [remote];\n\t}" ::"r"(smem_u32(bar)),
+      "r"(rank)
+      : "memory");
+}
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+__device__ __forceinline__ unsigned cluster_rank() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+
+// d (+)= a (64 x 32 from a_desc) * b (128 x 32 from b_desc)^T, s8 in, s32
+// accumulate; scale_d = 0 starts d from zero.
+__device__ __forceinline__ void wgmma_s8_n128(int (&d)[64], std::uint64_t a_desc, std::uint64_t b_desc, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+      "}, %64, %65, p;\n}\n"
+      :
+        "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]),
+        "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]),
+        "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]),
+        "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]),
+        "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]),
+        "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]),
+        "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]),
+        "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63])
+      : "l"(a_desc), "l"(b_desc), "r"(scale_d)
+      : "memory");
+}
+
+// d (+)= a (64 x 32 from a_desc) * b (256 x 32 from b_desc)^T, s8 in, s32
+// accumulate; scale_d = 0 starts d from zero.
+__device__ __forceinline__ void wgmma_s8_n256(int (&d)[128], std::uint64_t a_desc, std::uint64_t b_desc, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k32.s32.s8.s8 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+      "}, %128, %129, p;\n}\n"
+      :
+        "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]),
+        "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]),
+        "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]),
+        "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]),
+        "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]),
+        "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]),
+        "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]),
+        "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63]),
+        "+r"(d[64]), "+r"(d[65]), "+r"(d[66]), "+r"(d[67]), "+r"(d[68]), "+r"(d[69]), "+r"(d[70]), "+r"(d[71]),
+        "+r"(d[72]), "+r"(d[73]), "+r"(d[74]), "+r"(d[75]), "+r"(d[76]), "+r"(d[77]), "+r"(d[78]), "+r"(d[79]),
+        "+r"(d[80]), "+r"(d[81]), "+r"(d[82]), "+r"(d[83]), "+r"(d[84]), "+r"(d[85]), "+r"(d[86]), "+r"(d[87]),
+        "+r"(d[88]), "+r"(d[89]), "+r"(d[90]), "+r"(d[91]), "+r"(d[92]), "+r"(d[93]), "+r"(d[94]), "+r"(d[95]),
+        "+r"(d[96]), "+r"(d[97]), "+r"(d[98]), "+r"(d[99]), "+r"(d[100]), "+r"(d[101]), "+r"(d[102]), "+r"(d[103]),
+        "+r"(d[104]), "+r"(d[105]), "+r"(d[106]), "+r"(d[107]), "+r"(d[108]), "+r"(d[109]), "+r"(d[110]), "+r"(d[111]),
+        "+r"(d[112]), "+r"(d[113]), "+r"(d[114]), "+r"(d[115]), "+r"(d[116]), "+r"(d[117]), "+r"(d[118]), "+r"(d[119]),
+        "+r"(d[120]), "+r"(d[121]), "+r"(d[122]), "+r"(d[123]), "+r"(d[124]), "+r"(d[125]), "+r"(d[126]), "+r"(d[127])
+      : "l"(a_desc), "l"(b_desc), "r"(scale_d)
+      : "memory");
+}
+
+template <int BN>
+__device__ __forceinline__ void wgmma_s8(int (&d)[BN / 2], std::uint64_t a_desc, std::uint64_t b_desc, int scale_d) {
+  if constexpr (BN == 256) wgmma_s8_n256(d, a_desc, b_desc, scale_d);
+  else wgmma_s8_n128(d, a_desc, b_desc, scale_d);
+}
+
+template <int BN>
+__device__ __forceinline__ void fence_accumulators(int (&d)[BN / 2]) {
+#pragma unroll
+  for (int i = 0; i < BN / 2; ++i) asm volatile("" : "+r"(d[i])::"memory");
+}
+
+struct TileGrid {
+  int tiles_m, tiles_n;
+  // Tile t's coordinates: groups of kGroupM tiles along M, N-major inside a
+  // group, so the CTAs running at once share A's rows and W's rows in L2.
+  __device__ void coords(int t, int& tm, int& tn) const {
+    const int per_group = kGroupM * tiles_n;
+    const int first_m = (t / per_group) * kGroupM;
+    const int rows = min(tiles_m - first_m, kGroupM);
+    const int in_group = t % per_group;
+    tm = first_m + in_group % rows;
+    tn = in_group / rows;
+  }
+};
+
+template <class T, class C>
+__global__ void __launch_bounds__(kThreads, 1)
+    w8a8_wgmma_kernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap w_map, int M,
+                      int N, int K, TileGrid grid, bool pair_stores, QLinearOut<T> ep) {
+  ::qgrad::cuda::wait_for_prior_kernels();
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int BN = C::BN, S = C::S, kCluster = C::kCluster;
+  constexpr int kStageBytes = C::kStageBytes;
+  constexpr int kPartW = BN / kCluster * kBK;  // the weight rows each CTA of a cluster loads for all
+  extern __shared__ unsigned char smem_raw[];
+  // 128-byte swizzled tiles want 1024-byte aligned stages (the same offset in both CTAs).
+  unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<std::uintptr_t>(smem_raw) + 1023) &
+                                                         ~std::uintptr_t{1023});
+  std::uint64_t* full = reinterpret_cast<std::uint64_t*>(smem + S * kStageBytes);
+  std::uint64_t* empty = full + S;
+  const int warpgroup = threadIdx.x / 128;
+  const unsigned rank = kCluster > 1 ? cluster_rank() : 0, peer = rank ^ 1;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < S; ++s) {
+      mbar_init(full + s, 1);
+      mbar_init(empty + s, 8 * kCluster);  // one arrival per consumer warp of each CTA the stage is written for
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<std::uint64_t>(&a_map)) : "memory");
+    asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<std::uint64_t>(&w_map)) : "memory");
+  }
+  if constexpr (kCluster > 1) cluster_sync();  // the peer's barriers exist before anything is sent to them
+  else __syncthreads();
+  // The pair walks the same tiles: pair tile p is rows 2 tm2 + rank of M's
+  // 128-row tiles, columns tn (a rank-1 tile past M loads zeros, stores nothing).
+  const int pairs = grid.tiles_m * grid.tiles_n;
+  const int cluster = blockIdx.x / kCluster, clusters = gridDim.x / kCluster;
+  const int ksteps = (K + kBK - 1) / kBK;
+  if (warpgroup == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;" ::: "memory");
+    if (threadIdx.x == 0) {
+      int it = 0;
+      for (int p = cluster; p < pairs; p += clusters) {
+        int tm2, tn;
+        grid.coords(p, tm2, tn);
+        const int tm = kCluster * tm2 + static_cast<int>(rank);
+        for (int ks = 0; ks < ksteps; ++ks, ++it) {
+          const int s = it % S;
+          mbar_wait(empty + s, ((it / S) & 1) ^ 1);
+          mbar_expect_tx(full + s, kStageBytes);
+          unsigned char* stage = smem + s * kStageBytes;
+          tma_load_2d(stage, &a_map, ks * kBK, tm * kBM, full + s);
+          if constexpr (kCluster > 1)
+            tma_load_2d_multicast(stage + kStageBytesA + rank * kPartW, &w_map, ks * kBK,
+                                  tn * BN + static_cast<int>(rank) * (BN / kCluster), full + s, (1u << kCluster) - 1);
+          else
+            tma_load_2d(stage + kStageBytesA, &w_map, ks * kBK, tn * BN, full + s);
+        }
+      }
+    }
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;" ::: "memory");
+    const int consumer = warpgroup - 1;
+    const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+    const std::uint32_t smem_base = smem_u32(smem);
+    int acc[BN / 2];
+    int it = 0;
+    auto release = [&](int s) {
+      if (lane == 0) {
+        mbar_arrive(empty + s);
+        if constexpr (kCluster > 1) mbar_arrive_cluster(empty + s, peer);
+      }
+    };
+    for (int p = cluster; p < pairs; p += clusters) {
+      int tm2, tn;
+      grid.coords(p, tm2, tn);
+      const int tm = kCluster * tm2 + static_cast<int>(rank);
+      int prev = -1;
+      for (int ks = 0; ks < ksteps; ++ks, ++it) {
+        const int s = it % S;
+        mbar_wait(full + s, (it / S) & 1);
+        const std::uint32_t a_addr = smem_base + s * kStageBytes + consumer * 64 * kBK;
+        const std::uint32_t w_addr = smem_base + s * kStageBytes + kStageBytesA;
+        fence_accumulators<BN>(acc);
+        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+        for (int kk = 0; kk < kBK / 32; ++kk)
+          wgmma_s8<BN>(acc, smem_desc(a_addr + kk * 32), smem_desc(w_addr + kk * 32), ks > 0 || kk > 0);
+        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+        asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+        fence_accumulators<BN>(acc);
+        if (prev >= 0) release(prev);
+        prev = s;
+      }
+      asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+      fence_accumulators<BN>(acc);
+      release(prev);
+
+      // Epilogue: this thread's rows m0 and m0 + 8, column pairs 8 j + 2 (lane % 4).
+      const std::int64_t m0 = static_cast<std::int64_t>(tm) * kBM + consumer * 64 + warp * 16 + lane / 4;
+      const int n0 = tn * BN + (lane % 4) * 2;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const std::int64_t m = m0 + 8 * half;
+        if (m >= M) continue;
+        const auto row = ep.row(m);
+        T* orow = ep.out + m * N;
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) {
+          const int n = n0 + 8 * j;
+          const T v0 = ep.at(row, acc[4 * j + 2 * half], n);
+          if (pair_stores && n + 1 < N) {
+            const T v1 = ep.at(row, acc[4 * j + 2 * half + 1], n + 1);
+            struct alignas(2 * sizeof(T)) Two {
+              T a, b;
+            };
+            *reinterpret_cast<Two*>(orow + n) = Two{v0, v1};
+          } else {
+            if (n < N) orow[n] = v0;
+            if (n + 1 < N) orow[n + 1] = ep.at(row, acc[4 * j + 2 * half + 1], n + 1);
+          }
+        }
+      }
+    }
+  }
+  // Neither CTA leaves while the other may still write its stages or barriers.
+  if constexpr (kCluster > 1) {
+    __syncwarp();
+    cluster_sync();
+  }
+#else
+  (void)a_map, (void)w_map, (void)M, (void)N, (void)K, (void)grid, (void)pair_stores, (void)ep;
+#endif
+}
+
+inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      p = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+  }();
+  return fn;
+}
+
+// s8 [rows, ld] (K columns used), boxes of box_rows x 128 bytes, 128-byte swizzle.
+inline bool encode(CUtensorMap& map, const std::int8_t* p, std::int64_t rows, std::int64_t ld, std::int64_t K, int box_rows) {
+  const auto fn = tensor_map_encoder();
+  if (!fn) return false;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(K), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld)};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(kBK), static_cast<cuuint32_t>(box_rows)};
+  const cuuint32_t elem[2] = {1, 1};
+  return fn(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<std::int8_t*>(p), dims, strides, box, elem,
+            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+inline int sm_count(int device) {
+  static std::array<std::atomic<int>, 64> cached{};
+  if (device < 0 || device >= 64) return 0;
+  int v = cached[static_cast<std::size_t>(device)].load(std::memory_order_relaxed);
+  if (v == 0) {
+    QGRAD_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, device));
+    cached[static_cast<std::size_t>(device)].store(v, std::memory_order_relaxed);
+  }
+  return v;
+}
+
+template <class T, class C>
+bool launch(int device, const std::int8_t* a, std::int64_t lda, const std::int8_t* w, std::int64_t ldw, std::int64_t M,
+            std::int64_t N, std::int64_t K, const QLinearOut<T>& ep) {
+  constexpr auto kernel = w8a8_wgmma_kernel<T, C>;
+  CUtensorMap a_map, w_map;
+  // The weight map's box is a cluster's share of a tile: each CTA loads it for all.
+  if (!encode(a_map, a, M, lda, K, kBM) || !encode(w_map, w, N, ldw, K, C::BN / C::kCluster)) return false;
+  const TileGrid grid{static_cast<int>((M + C::kCluster * kBM - 1) / (C::kCluster * kBM)),
+                      static_cast<int>((N + C::BN - 1) / C::BN)};
+  const bool pair = N % 2 == 0 && reinterpret_cast<std::uintptr_t>(ep.out) % (2 * sizeof(T)) == 0;
+  cudaLaunchAttribute attribute[2];
+  attribute[0].id = cudaLaunchAttributeClusterDimension;
+  attribute[0].val.clusterDim.x = C::kCluster;
+  attribute[0].val.clusterDim.y = 1;
+  attribute[0].val.clusterDim.z = 1;
+  attribute[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[1].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.blockDim = kThreads;
+  config.dynamicSmemBytes = C::kSmem;
+  config.stream = ::qgrad::cuda::stream(device);
+  config.attrs = attribute;
+  config.numAttrs = ::qgrad::cuda::programmatic_launch(device) ? 2 : 1;
+  // Once per device: the opt-in to more than 48 KiB of shared memory, and how
+  // many clusters fit at once (a GPC with an odd count of free SMs leaves one
+  // idle under pairs).
+  static std::array<std::once_flag, 64> once;
+  static std::array<int, 64> resident{};
+  std::call_once(once[static_cast<std::size_t>(device)], [&] {
+    ::qgrad::cuda::DeviceGuard guard(device);
+    QGRAD_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(C::kSmem)));
+    cudaLaunchConfig_t probe = config;
+    probe.gridDim = static_cast<unsigned>(C::kCluster * sm_count(device));
+    probe.numAttrs = 1;
+    int clusters = 0;
+    QGRAD_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &probe));
+    resident[static_cast<std::size_t>(device)] = std::max(clusters, 1);
+  });
+  config.gridDim =
+      static_cast<unsigned>(C::kCluster * std::min(grid.tiles_m * grid.tiles_n, resident[static_cast<std::size_t>(device)]));
+  QGRAD_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, a_map, w_map, static_cast<int>(M), static_cast<int>(N),
+                                      static_cast<int>(K), grid, pair, ep));
+  return true;
+}
+
+}  // namespace qgrad::kernels::cuda::hopper_w8a8

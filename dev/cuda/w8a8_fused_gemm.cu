@@ -53,18 +53,54 @@ double time_ms(F call, int reps) {
 
 namespace hw = kernels::cuda::hopper_w8a8;
 using Launcher = bool (*)(int, const std::int8_t*, std::int64_t, const std::int8_t*, std::int64_t, std::int64_t,
-                          std::int64_t, std::int64_t, const kernels::cuda::QLinearOut<bfloat16>&);
+                          std::int64_t, std::int64_t, const kernels::cuda::QLinearOut<bfloat16>&, unsigned long long*);
 struct Variant {
   const char* name;
   Launcher launch;
+  int tile_n;
 };
 // The library's configuration first.
 const Variant kVariants[] = {
-    {"128x128 tiles, 7 stages (the library's)", hw::launch<bfloat16, hw::Config<128, 1, 7>>},
-    {"128x128, pairs sharing W by multicast", hw::launch<bfloat16, hw::Config<128, 2, 7>>},
-    {"128x256 tiles, 4 stages", hw::launch<bfloat16, hw::Config<256, 1, 4>>},
-    {"128x256, pairs sharing W by multicast", hw::launch<bfloat16, hw::Config<256, 2, 4>>},
+    {"128x128 tiles, 7 stages (the library's)", hw::launch<bfloat16, hw::Config<128, 1, 7>>, 128},
+    {"128x128, pairs sharing W by multicast", hw::launch<bfloat16, hw::Config<128, 2, 7>>, 128},
+    {"128x256 tiles, 4 stages", hw::launch<bfloat16, hw::Config<256, 1, 4>>, 256},
+    {"128x256, pairs sharing W by multicast", hw::launch<bfloat16, hw::Config<256, 2, 4>>, 256},
 };
+// The same kernels counting their waits (clock64 around each barrier wait,
+// wgmma group wait and epilogue; run once, after the timings).
+const Variant kProbed[] = {
+    {"128x128 tiles, 7 stages (the library's)", hw::launch<bfloat16, hw::Config<128, 1, 7, true>>, 128},
+    {"128x128, pairs sharing W by multicast", hw::launch<bfloat16, hw::Config<128, 2, 7, true>>, 128},
+    {"128x256 tiles, 4 stages", hw::launch<bfloat16, hw::Config<256, 1, 4, true>>, 256},
+    {"128x256, pairs sharing W by multicast", hw::launch<bfloat16, hw::Config<256, 2, 4, true>>, 256},
+};
+
+// Cycles per step of K (mean over the CTAs): where the producer and the
+// first consumer thread spend a step.
+void report_probe(const Variant& v, const std::int8_t* ap, const std::int8_t* wp, std::int64_t M, std::int64_t N,
+                  std::int64_t K, const kernels::cuda::QLinearOut<bfloat16>& out) {
+  const int ctas = 2 * 132;
+  const TensorOptions on = TensorOptions{}.with_device(Device::cuda()).with_dtype(DType::s64);
+  Tensor probe = zeros({ctas, hw::kProbeSlots}, on);
+  auto* pp = reinterpret_cast<unsigned long long*>(probe.data_ptr());
+  if (!v.launch(0, ap, K, wp, K, M, N, K, out, pp)) return;
+  const Tensor h = probe.cpu();
+  const auto* c = h.data<std::int64_t>();
+  double sum[hw::kProbeSlots] = {};
+  int used = 0;
+  for (int b = 0; b < ctas; ++b) {
+    if (c[b * hw::kProbeSlots + hw::kConsumerTotal] == 0) continue;
+    ++used;
+    for (int i = 0; i < hw::kProbeSlots; ++i) sum[i] += static_cast<double>(c[b * hw::kProbeSlots + i]);
+  }
+  if (used == 0) return;
+  const double tiles = static_cast<double>((M + 127) / 128) * static_cast<double>((N + v.tile_n - 1) / v.tile_n);
+  const double steps = static_cast<double>((K + 127) / 128) * tiles / used;  // 128-byte steps of K a CTA
+  std::printf("\n  probe %s: %d CTAs, per CTA %.0f cycles; per step of K: producer waits %.0f, consumer waits"
+              " for data %.0f, for its wgmma group %.0f; epilogues %.0f a CTA",
+              v.name, used, sum[hw::kConsumerTotal] / used, sum[hw::kProducerWait] / used / steps,
+              sum[hw::kFullWait] / used / steps, sum[hw::kGroupWait] / used / steps, sum[hw::kEpilogue] / used);
+}
 
 void run_shape(std::int64_t M, std::int64_t N, std::int64_t K) {
   Generator g(5);
@@ -104,7 +140,7 @@ void run_shape(std::int64_t M, std::int64_t N, std::int64_t K) {
   const Tensor c_host = c.cpu(), sa_h = sa.cpu(), sw_h = sw.cpu(), b_h = bias.cpu();
   for (const Variant& v : kVariants) {
     QGRAD_CUDA_CHECK(cudaMemset(y.data_ptr(), 0xff, static_cast<std::size_t>(M * N) * 2));  // NaN poison
-    if (!v.launch(0, ap, K, w[0].data<std::int8_t>(), K, M, N, K, out)) {
+    if (!v.launch(0, ap, K, w[0].data<std::int8_t>(), K, M, N, K, out, nullptr)) {
       std::printf("\n  %s: not launched", v.name);
       continue;
     }
@@ -119,13 +155,14 @@ void run_shape(std::int64_t M, std::int64_t N, std::int64_t K) {
       }
     const double t = time_ms(
         [&](int r) {
-          (void)v.launch(0, ap, K, w[r % copies].data<std::int8_t>(), K, M, N, K, out);
+          (void)v.launch(0, ap, K, w[r % copies].data<std::int8_t>(), K, M, N, K, out, nullptr);
         },
         reps);
     std::printf("\n  %s %.4f ms (%.0f TOPS, %.2fx lt)%s", v.name, t, flop / t * 1e-9, t_lt / t,
                 bad ? " MISMATCH" : " exact");
     if (bad) std::printf(" (%lld of %lld differ)", static_cast<long long>(bad), static_cast<long long>(M * N));
   }
+  for (const Variant& v : kProbed) report_probe(v, ap, w[0].data<std::int8_t>(), M, N, K, out);
   std::printf("\n");
 }
 

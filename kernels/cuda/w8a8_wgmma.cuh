@@ -42,10 +42,12 @@ constexpr int kStageBytesA = kBM * kBK;
 constexpr int kGroupM = 8;  // tiles run in groups of 8 along M (A rows shared in L2)
 
 // A kernel configuration: tile width BN (128 or 256), CTAs per cluster along
-// M sharing the weight tile by multicast (1 or 2), and stages in the ring.
-template <int BN_, int kCluster_, int kStages_>
+// M sharing the weight tile by multicast (1 or 2), stages in the ring, and
+// whether the kernel counts its waits (kProbe: the dev program's, below).
+template <int BN_, int kCluster_, int kStages_, bool kProbe_ = false>
 struct Config {
   static constexpr int BN = BN_, kCluster = kCluster_, S = kStages_;
+  static constexpr bool kProbe = kProbe_;
   static constexpr int kStageBytes = kStageBytesA + BN * kBK;
   static constexpr std::size_t kSmem = static_cast<std::size_t>(S) * kStageBytes + 1024 + 2 * S * sizeof(std::uint64_t);
   static_assert(kSmem <= 227 * 1024, "shared memory per block");
@@ -165,6 +167,24 @@ __device__ __forceinline__ void fence_accumulators(int (&d)[BN / 2]) {
   for (int i = 0; i < BN / 2; ++i) asm volatile("" : "+r"(d[i])::"memory");
 }
 
+// Per-CTA cycle counts of a kProbe configuration (dev/cuda/w8a8_fused_gemm.cu
+// splits a step of K into waiting for data, waiting for the tensor cores and
+// the epilogue): the producer thread's and the first consumer thread's.
+enum ProbeSlot : int {
+  kProducerWait,   // producer: waiting for a free stage
+  kProducerTotal,  // producer: from its first wait to its last copy issued
+  kFullWait,       // consumer: waiting for a stage's data
+  kGroupWait,      // consumer: waiting for the previous wgmma group
+  kEpilogue,       // consumer: applying the formula and storing
+  kConsumerTotal,  // consumer: from its first wait to its last store
+  kProbeSlots = 8
+};
+template <bool kOn>
+__device__ __forceinline__ long long probe_clock() {
+  if constexpr (kOn) return clock64();
+  else return 0;
+}
+
 struct TileGrid {
   int tiles_m, tiles_n;
   // Tile t's coordinates: groups of kGroupM tiles along M, N-major inside a
@@ -182,7 +202,8 @@ struct TileGrid {
 template <class T, class C>
 __global__ void __launch_bounds__(kThreads, 1)
     w8a8_wgmma_kernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap w_map, int M,
-                      int N, int K, TileGrid grid, bool pair_stores, QLinearOut<T> ep) {
+                      int N, int K, TileGrid grid, bool pair_stores, QLinearOut<T> ep,
+                      unsigned long long* __restrict__ probe) {
   ::qgrad::cuda::wait_for_prior_kernels();
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int BN = C::BN, S = C::S, kCluster = C::kCluster;
@@ -215,6 +236,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (warpgroup == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;" ::: "memory");
     if (threadIdx.x == 0) {
+      long long waited = 0;
+      const long long start = probe_clock<C::kProbe>();
       int it = 0;
       for (int p = cluster; p < pairs; p += clusters) {
         int tm2, tn;
@@ -222,7 +245,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int tm = kCluster * tm2 + static_cast<int>(rank);
         for (int ks = 0; ks < ksteps; ++ks, ++it) {
           const int s = it % S;
+          const long long t = probe_clock<C::kProbe>();
           mbar_wait(empty + s, ((it / S) & 1) ^ 1);
+          waited += probe_clock<C::kProbe>() - t;
           mbar_expect_tx(full + s, kStageBytes);
           unsigned char* stage = smem + s * kStageBytes;
           tma_load_2d(stage, &a_map, ks * kBK, tm * kBM, full + s);
@@ -232,6 +257,10 @@ __global__ void __launch_bounds__(kThreads, 1)
           else
             tma_load_2d(stage + kStageBytesA, &w_map, ks * kBK, tn * BN, full + s);
         }
+      }
+      if constexpr (C::kProbe) {
+        probe[blockIdx.x * kProbeSlots + kProducerWait] = static_cast<unsigned long long>(waited);
+        probe[blockIdx.x * kProbeSlots + kProducerTotal] = static_cast<unsigned long long>(clock64() - start);
       }
     }
   } else {
@@ -247,6 +276,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         if constexpr (kCluster > 1) mbar_arrive_cluster(empty + s, peer);
       }
     };
+    long long full_wait = 0, group_wait = 0, epilogue = 0;
+    const long long start = probe_clock<C::kProbe>();
     for (int p = cluster; p < pairs; p += clusters) {
       int tm2, tn;
       grid.coords(p, tm2, tn);
@@ -254,7 +285,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       int prev = -1;
       for (int ks = 0; ks < ksteps; ++ks, ++it) {
         const int s = it % S;
+        long long t = probe_clock<C::kProbe>();
         mbar_wait(full + s, (it / S) & 1);
+        full_wait += probe_clock<C::kProbe>() - t;
         const std::uint32_t a_addr = smem_base + s * kStageBytes + consumer * 64 * kBK;
         const std::uint32_t w_addr = smem_base + s * kStageBytes + kStageBytesA;
         fence_accumulators<BN>(acc);
@@ -263,14 +296,19 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int kk = 0; kk < kBK / 32; ++kk)
           wgmma_s8<BN>(acc, smem_desc(a_addr + kk * 32), smem_desc(w_addr + kk * 32), ks > 0 || kk > 0);
         asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+        t = probe_clock<C::kProbe>();
         asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
         fence_accumulators<BN>(acc);
+        group_wait += probe_clock<C::kProbe>() - t;
         if (prev >= 0) release(prev);
         prev = s;
       }
+      long long t = probe_clock<C::kProbe>();
       asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
       fence_accumulators<BN>(acc);
+      group_wait += probe_clock<C::kProbe>() - t;
       release(prev);
+      t = probe_clock<C::kProbe>();
 
       // Epilogue: this thread's rows m0 and m0 + 8, column pairs 8 j + 2 (lane % 4).
       const std::int64_t m0 = static_cast<std::int64_t>(tm) * kBM + consumer * 64 + warp * 16 + lane / 4;
@@ -297,6 +335,16 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
         }
       }
+      epilogue += probe_clock<C::kProbe>() - t;
+    }
+    if constexpr (C::kProbe) {
+      if (threadIdx.x == 128) {
+        unsigned long long* slot = probe + blockIdx.x * kProbeSlots;
+        slot[kFullWait] = static_cast<unsigned long long>(full_wait);
+        slot[kGroupWait] = static_cast<unsigned long long>(group_wait);
+        slot[kEpilogue] = static_cast<unsigned long long>(epilogue);
+        slot[kConsumerTotal] = static_cast<unsigned long long>(clock64() - start);
+      }
     }
   }
   // Neither CTA leaves while the other may still write its stages or barriers.
@@ -305,7 +353,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     cluster_sync();
   }
 #else
-  (void)a_map, (void)w_map, (void)M, (void)N, (void)K, (void)grid, (void)pair_stores, (void)ep;
+  (void)a_map, (void)w_map, (void)M, (void)N, (void)K, (void)grid, (void)pair_stores, (void)ep, (void)probe;
 #endif
 }
 
@@ -347,7 +395,7 @@ inline int sm_count(int device) {
 
 template <class T, class C>
 bool launch(int device, const std::int8_t* a, std::int64_t lda, const std::int8_t* w, std::int64_t ldw, std::int64_t M,
-            std::int64_t N, std::int64_t K, const QLinearOut<T>& ep) {
+            std::int64_t N, std::int64_t K, const QLinearOut<T>& ep, unsigned long long* probe = nullptr) {
   constexpr auto kernel = w8a8_wgmma_kernel<T, C>;
   CUtensorMap a_map, w_map;
   // The weight map's box is a cluster's share of a tile: each CTA loads it for all.
@@ -377,17 +425,17 @@ bool launch(int device, const std::int8_t* a, std::int64_t lda, const std::int8_
     ::qgrad::cuda::DeviceGuard guard(device);
     QGRAD_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(C::kSmem)));
-    cudaLaunchConfig_t probe = config;
-    probe.gridDim = static_cast<unsigned>(C::kCluster * sm_count(device));
-    probe.numAttrs = 1;
+    cudaLaunchConfig_t trial = config;
+    trial.gridDim = static_cast<unsigned>(C::kCluster * sm_count(device));
+    trial.numAttrs = 1;
     int clusters = 0;
-    QGRAD_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &probe));
+    QGRAD_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &trial));
     resident[static_cast<std::size_t>(device)] = std::max(clusters, 1);
   });
   config.gridDim =
       static_cast<unsigned>(C::kCluster * std::min(grid.tiles_m * grid.tiles_n, resident[static_cast<std::size_t>(device)]));
   QGRAD_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, a_map, w_map, static_cast<int>(M), static_cast<int>(N),
-                                      static_cast<int>(K), grid, pair, ep));
+                                      static_cast<int>(K), grid, pair, ep, probe));
   return true;
 }
 

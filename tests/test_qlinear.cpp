@@ -362,7 +362,7 @@ TEST_CASE("CUDA mid-size shapes (the Hopper fused GEMM) and large ones match the
   // several tiles included, against cuBLASLt's sums.)
   for (auto [M, N, K] : {std::tuple{1000, 1300, 136}, std::tuple{900, 1281, 200}, std::tuple{700, 2050, 40},
                          std::tuple{2100, 4097, 136}})
-    check_dynamic_cuda_matches_cpu(M, N, K, 47, {DType::bf16, DType::f32}, 2);
+    check_dynamic_cuda_matches_cpu(M, N, K, 47, {DType::bf16, DType::f32, DType::f64, DType::f16}, 2);
 }
 
 TEST_CASE("CUDA every input dtype and static activations (device and host qparams) match the CPU") {

@@ -38,6 +38,9 @@ inline unsigned blocks_for(std::int64_t n, unsigned threads, std::int64_t max_bl
   return static_cast<unsigned>(b);
 }
 
+// The device's streaming multiprocessors; cached per device.
+int multiprocessor_count(int device);
+
 // Number of resident blocks that fill the device for a given block size
 // (for grid-stride kernels).
 unsigned fill_blocks(int device, unsigned threads);

@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
@@ -125,15 +126,20 @@ DeviceGuard::~DeviceGuard() { cudaSetDevice(previous_); }
 
 std::uint32_t* block_counters(int device) { return state(device).block_counters; }
 
-unsigned fill_blocks(int device, unsigned threads) {
-  static std::vector<int> sms(16, 0);
-  if (device < 16 && sms[static_cast<std::size_t>(device)] == 0) {
-    int n = 0;
+int multiprocessor_count(int device) {
+  static std::array<std::atomic<int>, 64> cached{};
+  const bool cacheable = device >= 0 && device < 64;
+  int n = cacheable ? cached[static_cast<std::size_t>(device)].load(std::memory_order_relaxed) : 0;
+  if (n == 0) {
     QGRAD_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
-    sms[static_cast<std::size_t>(device)] = n;
+    if (cacheable) cached[static_cast<std::size_t>(device)].store(n, std::memory_order_relaxed);
   }
+  return n;
+}
+
+unsigned fill_blocks(int device, unsigned threads) {
   const int per_sm = static_cast<int>(2048 / threads);
-  return static_cast<unsigned>(std::max(1, sms[static_cast<std::size_t>(std::min(device, 15))] * per_sm));
+  return static_cast<unsigned>(std::max(1, multiprocessor_count(device) * per_sm));
 }
 
 namespace {

@@ -79,7 +79,7 @@ const Variant kProbed[] = {
 // first consumer thread spend a step.
 void report_probe(const Variant& v, const std::int8_t* ap, const std::int8_t* wp, std::int64_t M, std::int64_t N,
                   std::int64_t K, const kernels::cuda::QLinearOut<bfloat16>& out) {
-  const int ctas = 2 * 132;
+  const int ctas = 2 * ::qgrad::cuda::multiprocessor_count(0);  // a grid never exceeds 2 CTAs a SM
   const TensorOptions on = TensorOptions{}.with_device(Device::cuda()).with_dtype(DType::s64);
   Tensor probe = zeros({ctas, hw::kProbeSlots}, on);
   auto* pp = reinterpret_cast<unsigned long long*>(probe.data_ptr());

@@ -27,7 +27,6 @@
 #include "qgrad/kernels/cuda/launch.cuh"
 #include "qgrad/kernels/cuda/lt_gemm.cuh"
 #include "qgrad/kernels/cuda/qlinear_out.cuh"
-#include "qgrad/kernels/formulas/qlinear.h"
 #include "qgrad/kernels/qlinear.h"
 
 namespace qgrad::kernels::cuda {

@@ -22,7 +22,6 @@ namespace qgrad::kernels::cuda {
 using hopper_w8a8::Config;
 using hopper_w8a8::kBM;
 using hopper_w8a8::launch;
-using hopper_w8a8::sm_count;
 
 template <class T>
 bool qlinear_sm90a(int device, const std::int8_t* a, std::int64_t lda, const std::int8_t* w, std::int64_t ldw,
@@ -40,7 +39,7 @@ bool qlinear_sm90a(int device, const std::int8_t* a, std::int64_t lda, const std
   // M = 1024 on, cuBLASLt's path is faster: its GEMM runs at 1.7-1.9x this
   // kernel's tensor-core rate once the SMs are full.
   const std::int64_t tiles = ((M + kBM - 1) / kBM) * ((N + 127) / 128);
-  const int sms = sm_count(device);
+  const int sms = ::qgrad::cuda::multiprocessor_count(device);
   if (tiles < sms / 2 || tiles > sms) return false;
   return launch<T, Config<128, 1, 7>>(device, a, lda, w, ldw, M, N, K, out);
 }

@@ -228,21 +228,25 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   if constexpr (kCluster > 1) cluster_sync();  // the peer's barriers exist before anything is sent to them
   else __syncthreads();
-  // The pair walks the same tiles: pair tile p is rows 2 tm2 + rank of M's
-  // 128-row tiles, columns tn (a rank-1 tile past M loads zeros, stores nothing).
-  const int pairs = grid.tiles_m * grid.tiles_n;
+  // A cluster's CTAs walk the same cluster tiles: cluster tile p is M's
+  // 128-row tile kCluster * (p's row) + rank, columns tn (a tile past M
+  // loads zeros and stores nothing).
+  const int cluster_tiles = grid.tiles_m * grid.tiles_n;
   const int cluster = blockIdx.x / kCluster, clusters = gridDim.x / kCluster;
   const int ksteps = (K + kBK - 1) / kBK;
+  auto tile_of = [&](int p, int& tm, int& tn) {
+    grid.coords(p, tm, tn);
+    tm = kCluster * tm + static_cast<int>(rank);
+  };
   if (warpgroup == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;" ::: "memory");
     if (threadIdx.x == 0) {
       long long waited = 0;
       const long long start = probe_clock<C::kProbe>();
       int it = 0;
-      for (int p = cluster; p < pairs; p += clusters) {
-        int tm2, tn;
-        grid.coords(p, tm2, tn);
-        const int tm = kCluster * tm2 + static_cast<int>(rank);
+      for (int p = cluster; p < cluster_tiles; p += clusters) {
+        int tm, tn;
+        tile_of(p, tm, tn);
         for (int ks = 0; ks < ksteps; ++ks, ++it) {
           const int s = it % S;
           const long long t = probe_clock<C::kProbe>();
@@ -278,10 +282,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     };
     long long full_wait = 0, group_wait = 0, epilogue = 0;
     const long long start = probe_clock<C::kProbe>();
-    for (int p = cluster; p < pairs; p += clusters) {
-      int tm2, tn;
-      grid.coords(p, tm2, tn);
-      const int tm = kCluster * tm2 + static_cast<int>(rank);
+    for (int p = cluster; p < cluster_tiles; p += clusters) {
+      int tm, tn;
+      tile_of(p, tm, tn);
       int prev = -1;
       for (int ks = 0; ks < ksteps; ++ks, ++it) {
         const int s = it % S;
@@ -382,16 +385,6 @@ inline bool encode(CUtensorMap& map, const std::int8_t* p, std::int64_t rows, st
             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-inline int sm_count(int device) {
-  static std::array<std::atomic<int>, 64> cached{};
-  if (device < 0 || device >= 64) return 0;
-  int v = cached[static_cast<std::size_t>(device)].load(std::memory_order_relaxed);
-  if (v == 0) {
-    QGRAD_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, device));
-    cached[static_cast<std::size_t>(device)].store(v, std::memory_order_relaxed);
-  }
-  return v;
-}
 
 template <class T, class C>
 bool launch(int device, const std::int8_t* a, std::int64_t lda, const std::int8_t* w, std::int64_t ldw, std::int64_t M,
@@ -426,7 +419,7 @@ bool launch(int device, const std::int8_t* a, std::int64_t lda, const std::int8_
     QGRAD_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(C::kSmem)));
     cudaLaunchConfig_t trial = config;
-    trial.gridDim = static_cast<unsigned>(C::kCluster * sm_count(device));
+    trial.gridDim = static_cast<unsigned>(C::kCluster * ::qgrad::cuda::multiprocessor_count(device));
     trial.numAttrs = 1;
     int clusters = 0;
     QGRAD_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &trial));

@@ -353,16 +353,44 @@ TEST_CASE("CUDA past the GEMV (16 < M <= 128) matches the CPU bit for bit, call 
 
 TEST_CASE("CUDA mid-size shapes (the Hopper fused GEMM) and large ones match the CPU bit for bit") {
   QGRAD_REQUIRE_GPU();
-  // The first three take the sm_90a GEMM with the epilogue fused on an H100
-  // or H200 (66 ... 132 tiles of 128 x 128), every edge ragged: M past a
-  // 128-row tile, N past a 128-column tile (even: pair stores; odd: single
-  // stores), K past a 128-byte stage (136 -> 144 padded), K of one partial
-  // stage (40). The last runs cuBLASLt's GEMM and the epilogue pass.
-  // (dev/cuda/w8a8_fused_gemm checks every configuration, CTAs taking
-  // several tiles included, against cuBLASLt's sums.)
+  // All take the sm_90a GEMM with the epilogue fused on an H100 or H200
+  // (132 SMs), every edge ragged: M past a 128-row tile, N past a tile (even:
+  // pair stores; odd: single stores), K past a 128-byte stage (136 -> 144
+  // padded), K of one partial stage (40). The first four run 128 x 128 tiles
+  // in ping-pong (the fourth: CTAs of two tiles, so both consumers, and more
+  // steps of K than stages, so the consumers' turns matter), the last 128 x
+  // 256 tiles cooperatively. (dev/cuda/w8a8_fused_gemm checks every
+  // configuration at large shapes against cuBLASLt's sums.)
   for (auto [M, N, K] : {std::tuple{1000, 1300, 136}, std::tuple{900, 1281, 200}, std::tuple{700, 2050, 40},
-                         std::tuple{2100, 4097, 136}})
+                         std::tuple{1500, 1700, 1000}, std::tuple{2100, 4097, 136}})
     check_dynamic_cuda_matches_cpu(M, N, K, 47, {DType::bf16, DType::f32, DType::f64, DType::f16}, 2);
+}
+
+TEST_CASE("CUDA outputs at the edges of each dtype (subnormal, overflowing) match the CPU bit for bit") {
+  QGRAD_REQUIRE_GPU();
+  // Weight scales from 1e-44 to 1e37 across the columns put outputs below
+  // f16's, bf16's and f32's normal ranges, past f16's and f32's largest
+  // values, and through every rounding between: the Hopper GEMM's hardware
+  // conversions (first shape, in its window; full and ragged tiles) and the
+  // epilogue pass (second) against the library's encoders on the host.
+  for (auto [M, N, K] : {std::tuple{1000, 1300, 136}, std::tuple{100, 1300, 136}})
+    for (bool with_bias : {false, true}) {
+      CAPTURE(M);
+      CAPTURE(with_bias);
+      Layer l = make_layer(N, K, 53, with_bias);
+      std::vector<float> sw(static_cast<std::size_t>(N));
+      for (std::int64_t n = 0; n < N; ++n)
+        sw[static_cast<std::size_t>(n)] = std::pow(10.0f, -44.0f + 81.0f * static_cast<float>(n % 97) / 96.0f);
+      l.w_scale = Tensor::from_vector<float>(sw, {N});
+      Tensor x = make_x({M, K}, DType::bf16, 54) * 3.0;
+      for (DType out : {DType::bf16, DType::f16, DType::f32}) {
+        CAPTURE(out);
+        Tensor c = quantized_linear(x, l.w_q, l.w_scale, l.bias, ActivationQuant::dynamic(), out);
+        Tensor g = quantized_linear(x.cuda(), l.w_q.cuda(), l.w_scale.cuda(), with_bias ? l.bias.cuda() : Tensor(),
+                                    ActivationQuant::dynamic(), out);
+        CHECK(bit_equal(c, g));
+      }
+    }
 }
 
 TEST_CASE("CUDA every input dtype and static activations (device and host qparams) match the CPU") {

@@ -30,14 +30,21 @@ struct ScaleArg {
   }
 };
 
-// y[m, n] from acc = sum_k a[m, k] w[n, k]: row(m) reads the row's terms once,
-// at(row, acc, n) applies the formula.
+// y[m, n] from acc = sum_k a[m, k] w[n, k]: row(m) and col(n) read a row's
+// and a column's terms, at(row, col, acc) applies the formula. A kernel that
+// stores between its reads (the Hopper GEMM's epilogue) reads the terms first:
+// out may alias them as far as the compiler knows, so a read after a store
+// waits for the store's turn.
 template <class T>
 struct QLinearOut {
   using Mt = op_math_t<T>;
   struct Row {
     Mt sa;
     std::int32_t za;
+  };
+  struct Col {
+    Mt sw, bias;
+    std::int32_t wsum;
   };
   ScaleArg sa;
   const float* sw = nullptr;
@@ -47,11 +54,18 @@ struct QLinearOut {
   T* out = nullptr;
 
   __device__ Row row(std::int64_t m) const { return Row{sa.at<Mt>(m), za ? za[m] : 0}; }
-  __device__ T at(const Row& r, std::int32_t acc, std::int64_t n) const {
-    const Mt b = bias ? bias[n] : Mt(0);
-    return za ? T(formulas::qlinear_epilogue_zp<Mt>(acc, r.za, wsum[n], r.sa, Mt(sw[n]), b, bias != nullptr))
-              : T(formulas::qlinear_epilogue<Mt>(acc, r.sa, Mt(sw[n]), b, bias != nullptr));
+  __device__ Col col(std::int64_t n) const { return Col{Mt(sw[n]), bias ? bias[n] : Mt(0), za ? wsum[n] : 0}; }
+  // The value before its rounding to T; kZeroPoint: za != nullptr, decided
+  // once by the caller rather than per element.
+  template <bool kZeroPoint>
+  __device__ Mt value(const Row& r, const Col& c, std::int32_t acc) const {
+    if constexpr (kZeroPoint) return formulas::qlinear_epilogue_zp<Mt>(acc, r.za, c.wsum, r.sa, c.sw, c.bias, bias != nullptr);
+    else return formulas::qlinear_epilogue<Mt>(acc, r.sa, c.sw, c.bias, bias != nullptr);
   }
+  __device__ T at(const Row& r, const Col& c, std::int32_t acc) const {
+    return za ? T(value<true>(r, c, acc)) : T(value<false>(r, c, acc));
+  }
+  __device__ T at(const Row& r, std::int32_t acc, std::int64_t n) const { return at(r, col(n), acc); }
 };
 
 inline ScaleArg scale_arg(const QLinearEpilogue& ep) {

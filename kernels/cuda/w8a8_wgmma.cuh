@@ -11,13 +11,18 @@
 //     without bank conflicts; rows and columns past M, N, K arrive as zeros,
 //     so ragged tiles need no masking in the main loop). In a cluster of two
 //     CTAs along M, each loads half of the W tile for both (multicast).
-//   warpgroups 1 and 2: consumers, rows [64 c, 64 c + 64) of the tile. Per
-//     stage, four wgmma m64nBNk32 (s8 x s8 -> s32, exact), committed as one
-//     group; once the next stage's group is issued, the previous group is
-//     waited for and its stage released (one arrival per warp, on every CTA
-//     that wrote it). The tile's end waits for all, then each thread applies
-//     the epilogue to its accumulators (rows 16 w + lane / 4 and + 8, column
-//     pairs 8 j + 2 (lane % 4)) and stores y directly.
+//   warpgroups 1 and 2: consumers. Cooperative: both on every tile, rows
+//     [64 c, 64 c + 64) each; ping-pong: each a whole tile, alternate tiles,
+//     taking turns at the main loop (named barriers), so one's epilogue runs
+//     under the other's wgmma. Per stage, wgmma m64nBNk32 (s8 x s8 -> s32,
+//     exact; four per 64-row block), committed as one group; once the next
+//     stage's group is issued, the previous group is waited for and its stage
+//     released (one arrival per warp, on every CTA that wrote it). The tile's
+//     end waits for all, then each thread applies the epilogue to its
+//     accumulators (ThreadTile: the row and column terms read before the main
+//     loop and before any store; per-element checks only on ragged tiles;
+//     16-bit outputs converted two at a time in hardware) and stores y
+//     directly.
 // int32 sums are exact, so y is the cuBLASLt path's (and the CPU's) bit for bit.
 #pragma once
 
@@ -28,6 +33,7 @@
 #include <array>
 #include <atomic>
 #include <mutex>
+#include <type_traits>
 
 #include "qgrad/core/cuda/common.cuh"
 #include "qgrad/kernels/cuda/mbarrier.cuh"
@@ -41,16 +47,27 @@ constexpr int kThreads = 384;
 constexpr int kStageBytesA = kBM * kBK;
 constexpr int kGroupM = 8;  // tiles run in groups of 8 along M (A rows shared in L2)
 
+// How the two consumer warpgroups share the work.
+//   cooperative: both on each tile, rows [64 c, 64 c + 64) each; the tensor
+//     cores idle while they apply the epilogue.
+//   ping-pong: each a whole 128-row tile, on alternate tiles: one applies its
+//     epilogue while the other's wgmma run (the stages arrive in tile order,
+//     so their main loops take turns). Twice the accumulators a thread: BN 128.
+enum class Schedule { cooperative, ping_pong };
+
 // A kernel configuration: tile width BN (128 or 256), CTAs per cluster along
-// M sharing the weight tile by multicast (1 or 2), stages in the ring, and
-// whether the kernel counts its waits (kProbe: the dev program's, below).
-template <int BN_, int kCluster_, int kStages_, bool kProbe_ = false>
+// M sharing the weight tile by multicast (1 or 2), stages in the ring, the
+// consumers' schedule, and whether the kernel counts its waits (kProbe: the
+// dev program's, below).
+template <int BN_, int kCluster_, int kStages_, Schedule kSchedule_ = Schedule::cooperative, bool kProbe_ = false>
 struct Config {
   static constexpr int BN = BN_, kCluster = kCluster_, S = kStages_;
+  static constexpr bool kPingPong = kSchedule_ == Schedule::ping_pong;
   static constexpr bool kProbe = kProbe_;
   static constexpr int kStageBytes = kStageBytesA + BN * kBK;
   static constexpr std::size_t kSmem = static_cast<std::size_t>(S) * kStageBytes + 1024 + 2 * S * sizeof(std::uint64_t);
   static_assert(kSmem <= 227 * 1024, "shared memory per block");
+  static_assert(!kPingPong || BN == 128, "ping-pong holds two 64 x BN accumulator blocks a thread: BN 128");
 };
 
 // Shared-memory matrix descriptor (PTX ISA, "wgmma matrix descriptor") for a
@@ -185,6 +202,98 @@ __device__ __forceinline__ long long probe_clock() {
   else return 0;
 }
 
+// Two outputs stored as one 2-element access. The 16-bit types convert in
+// hardware (cvt.rn, round to nearest even, two values an instruction): equal
+// to their encoders (core/half.h) for every non-NaN value, subnormal results
+// and overflow to infinity included; a NaN takes the encoders' rule.
+template <class T, class Mt>
+__device__ __forceinline__ void store_two(T* p, Mt v0, Mt v1) {
+  if constexpr (std::is_same_v<T, bfloat16> || std::is_same_v<T, half>) {
+    std::uint32_t r;
+    if constexpr (std::is_same_v<T, bfloat16>) asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(v1), "f"(v0));
+    else asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(v1), "f"(v0));
+    if (v0 != v0 || v1 != v1)
+      r = static_cast<std::uint32_t>(T(v0).bits) | static_cast<std::uint32_t>(T(v1).bits) << 16;
+    *reinterpret_cast<std::uint32_t*>(p) = r;
+  } else {
+    struct alignas(2 * sizeof(T)) Two {
+      T a, b;
+    };
+    *reinterpret_cast<Two*>(p) = Two{T(v0), T(v1)};
+  }
+}
+
+// A consumer thread's share of a tile's outputs: kBlocks blocks of 64 rows
+// (block b: rows m0 + 64 b and + 8), column pairs n0 + 8 j (+ 1); accumulator
+// 4 j + 2 h (+ 1) of a block is its row + 8 h, column pair j.
+template <class T, int BN, int kBlocks, int kChunk>
+struct ThreadTile {
+  using Out = QLinearOut<T>;
+  std::int64_t m0;
+  int n0;
+  typename Out::Row rows[kBlocks][2];
+  typename Out::Col cols[kChunk][2];
+
+  __device__ void read_rows(const Out& ep, int M) {
+#pragma unroll
+    for (int b = 0; b < kBlocks; ++b)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const std::int64_t m = m0 + 64 * b + 8 * h;
+        rows[b][h] = m < M ? ep.row(m) : typename Out::Row{};
+      }
+  }
+  __device__ void read_cols(const Out& ep, int N, int j0) {
+#pragma unroll
+    for (int j = 0; j < kChunk; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int n = n0 + 8 * (j0 + j) + e;
+        cols[j][e] = n < N ? ep.col(n) : typename Out::Col{};
+      }
+  }
+  // kFull: every row and column in range and pair stores aligned, so nothing
+  // is checked per element. Column chunk 0 is read by the caller (before the
+  // tile's main loop); each later chunk's reads precede all of its stores.
+  template <bool kZeroPoint, bool kFull>
+  __device__ void store(const Out& ep, const int (&acc)[kBlocks][BN / 2], int M, int N, bool pair_stores) {
+#pragma unroll
+    for (int j0 = 0; j0 < BN / 8; j0 += kChunk) {
+      if (j0 > 0) read_cols(ep, N, j0);
+#pragma unroll
+      for (int b = 0; b < kBlocks; ++b)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const std::int64_t m = m0 + 64 * b + 8 * h;
+          if (!kFull && m >= M) continue;
+          T* orow = ep.out + m * N;
+#pragma unroll
+          for (int j = 0; j < kChunk; ++j) {
+            const int n = n0 + 8 * (j0 + j);
+            const int a = 4 * (j0 + j) + 2 * h;
+            const auto v0 = ep.template value<kZeroPoint>(rows[b][h], cols[j][0], acc[b][a]);
+            const auto v1 = ep.template value<kZeroPoint>(rows[b][h], cols[j][1], acc[b][a + 1]);
+            if (kFull || (pair_stores && n + 1 < N)) {
+              store_two(orow + n, v0, v1);
+            } else {
+              if (n < N) orow[n] = T(v0);
+              if (n + 1 < N) orow[n + 1] = T(v1);
+            }
+          }
+        }
+    }
+  }
+};
+
+// Named barriers (ids 1 and up; 0 is __syncthreads'): sync waits for
+// `threads` arrivals in all, counting its own warps'.
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
 struct TileGrid {
   int tiles_m, tiles_n;
   // Tile t's coordinates: groups of kGroupM tiles along M, N-major inside a
@@ -220,7 +329,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < S; ++s) {
       mbar_init(full + s, 1);
-      mbar_init(empty + s, 8 * kCluster);  // one arrival per consumer warp of each CTA the stage is written for
+      // One arrival per consumer warp reading the stage, of each CTA it is written for.
+      mbar_init(empty + s, (C::kPingPong ? 4 : 8) * kCluster);
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<std::uint64_t>(&a_map)) : "memory");
@@ -272,8 +382,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int consumer = warpgroup - 1;
     const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
     const std::uint32_t smem_base = smem_u32(smem);
-    int acc[BN / 2];
-    int it = 0;
+    // Cooperative: one 64-row block of each tile (this consumer's half);
+    // ping-pong: both blocks of every other tile.
+    constexpr int kBlocks = C::kPingPong ? 2 : 1;
+    constexpr int kTileStep = C::kPingPong ? 2 : 1;
+    // Column pairs whose terms one batch of reads covers: all of them (read
+    // before the main loop) where the registers allow.
+    constexpr int kChunk =
+        (BN == 128 && !C::kPingPong ? 16 : 8) * 4 / static_cast<int>(sizeof(typename QLinearOut<T>::Mt));
+    ThreadTile<T, BN, kBlocks, kChunk> out;
+    int acc[kBlocks][BN / 2];
     auto release = [&](int s) {
       if (lane == 0) {
         mbar_arrive(empty + s);
@@ -282,61 +400,66 @@ __global__ void __launch_bounds__(kThreads, 1)
     };
     long long full_wait = 0, group_wait = 0, epilogue = 0;
     const long long start = probe_clock<C::kProbe>();
-    for (int p = cluster; p < cluster_tiles; p += clusters) {
+    // Tile L of this CTA (its L-th, in the producer's order) fills stages
+    // L * ksteps ... of the ring.
+    for (int L = C::kPingPong ? consumer : 0;; L += kTileStep) {
+      const int p = cluster + L * clusters;
+      if (p >= cluster_tiles) break;
       int tm, tn;
       tile_of(p, tm, tn);
+      // The tile's row and column terms are read now, while its sums
+      // accumulate, and before any store (see QLinearOut): read between
+      // stores, each waited its latency out in turn.
+      out.m0 = static_cast<std::int64_t>(tm) * kBM + (C::kPingPong ? 0 : 64 * consumer) + warp * 16 + lane / 4;
+      out.n0 = tn * BN + (lane % 4) * 2;
+      out.read_rows(ep, M);
+      out.read_cols(ep, N, 0);
+      // Ping-pong: tile L's main loop waits for the other consumer's tile
+      // L - 1 main loop to have taken all its stages. A stage's full barrier
+      // is waited on by parity, which tells apart only adjacent phases: run
+      // ahead, this consumer would take a phase two behind for its own.
+      if (C::kPingPong && L > 0) named_barrier_sync(1 + consumer, 256);
       int prev = -1;
-      for (int ks = 0; ks < ksteps; ++ks, ++it) {
+      for (int ks = 0, it = L * ksteps; ks < ksteps; ++ks, ++it) {
         const int s = it % S;
         long long t = probe_clock<C::kProbe>();
         mbar_wait(full + s, (it / S) & 1);
         full_wait += probe_clock<C::kProbe>() - t;
-        const std::uint32_t a_addr = smem_base + s * kStageBytes + consumer * 64 * kBK;
+        const std::uint32_t a_addr = smem_base + s * kStageBytes + (C::kPingPong ? 0 : consumer * 64 * kBK);
         const std::uint32_t w_addr = smem_base + s * kStageBytes + kStageBytesA;
-        fence_accumulators<BN>(acc);
+#pragma unroll
+        for (int b = 0; b < kBlocks; ++b) fence_accumulators<BN>(acc[b]);
         asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
         for (int kk = 0; kk < kBK / 32; ++kk)
-          wgmma_s8<BN>(acc, smem_desc(a_addr + kk * 32), smem_desc(w_addr + kk * 32), ks > 0 || kk > 0);
+#pragma unroll
+          for (int b = 0; b < kBlocks; ++b)
+            wgmma_s8<BN>(acc[b], smem_desc(a_addr + b * 64 * kBK + kk * 32), smem_desc(w_addr + kk * 32),
+                         ks > 0 || kk > 0);
         asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
         t = probe_clock<C::kProbe>();
         asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
-        fence_accumulators<BN>(acc);
+#pragma unroll
+        for (int b = 0; b < kBlocks; ++b) fence_accumulators<BN>(acc[b]);
         group_wait += probe_clock<C::kProbe>() - t;
         if (prev >= 0) release(prev);
         prev = s;
       }
+      if (C::kPingPong && p + clusters < cluster_tiles) named_barrier_arrive(2 - consumer, 256);  // the other's turn
       long long t = probe_clock<C::kProbe>();
       asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-      fence_accumulators<BN>(acc);
+#pragma unroll
+      for (int b = 0; b < kBlocks; ++b) fence_accumulators<BN>(acc[b]);
       group_wait += probe_clock<C::kProbe>() - t;
       release(prev);
       t = probe_clock<C::kProbe>();
-
-      // Epilogue: this thread's rows m0 and m0 + 8, column pairs 8 j + 2 (lane % 4).
-      const std::int64_t m0 = static_cast<std::int64_t>(tm) * kBM + consumer * 64 + warp * 16 + lane / 4;
-      const int n0 = tn * BN + (lane % 4) * 2;
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const std::int64_t m = m0 + 8 * half;
-        if (m >= M) continue;
-        const auto row = ep.row(m);
-        T* orow = ep.out + m * N;
-#pragma unroll
-        for (int j = 0; j < BN / 8; ++j) {
-          const int n = n0 + 8 * j;
-          const T v0 = ep.at(row, acc[4 * j + 2 * half], n);
-          if (pair_stores && n + 1 < N) {
-            const T v1 = ep.at(row, acc[4 * j + 2 * half + 1], n + 1);
-            struct alignas(2 * sizeof(T)) Two {
-              T a, b;
-            };
-            *reinterpret_cast<Two*>(orow + n) = Two{v0, v1};
-          } else {
-            if (n < N) orow[n] = v0;
-            if (n + 1 < N) orow[n + 1] = ep.at(row, acc[4 * j + 2 * half + 1], n + 1);
-          }
-        }
+      const bool full_tile = (tm + 1) * kBM <= M && (tn + 1) * BN <= N && pair_stores;
+      if (ep.za) {
+        if (full_tile) out.template store<true, true>(ep, acc, M, N, pair_stores);
+        else out.template store<true, false>(ep, acc, M, N, pair_stores);
+      } else {
+        if (full_tile) out.template store<false, true>(ep, acc, M, N, pair_stores);
+        else out.template store<false, false>(ep, acc, M, N, pair_stores);
       }
       epilogue += probe_clock<C::kProbe>() - t;
     }

@@ -59,13 +59,19 @@ enum class Schedule { cooperative, ping_pong };
 // M sharing the weight tile by multicast (1 or 2), stages in the ring, the
 // consumers' schedule, and whether the kernel counts its waits (kProbe: the
 // dev program's, below).
-template <int BN_, int kCluster_, int kStages_, Schedule kSchedule_ = Schedule::cooperative, bool kProbe_ = false>
+template <int BN_, int kCluster_, int kStages_, Schedule kSchedule_ = Schedule::cooperative, bool kProbe_ = false,
+          bool kTmaStore_ = false>
 struct Config {
   static constexpr int BN = BN_, kCluster = kCluster_, S = kStages_;
   static constexpr bool kPingPong = kSchedule_ == Schedule::ping_pong;
   static constexpr bool kProbe = kProbe_;
+  // kTmaStore: the epilogue stages y through shared memory and stores it by
+  // TMA (ThreadTile::store_tma), two 8 KiB buffers per consumer.
+  static constexpr bool kTmaStore = kTmaStore_;
   static constexpr int kStageBytes = kStageBytesA + BN * kBK;
-  static constexpr std::size_t kSmem = static_cast<std::size_t>(S) * kStageBytes + 1024 + 2 * S * sizeof(std::uint64_t);
+  static constexpr int kStagingBytes = kTmaStore ? 2 * 2 * 8192 : 0;
+  static constexpr std::size_t kSmem =
+      static_cast<std::size_t>(S) * kStageBytes + kStagingBytes + 1024 + 2 * S * sizeof(std::uint64_t);
   static_assert(kSmem <= 227 * 1024, "shared memory per block");
   static_assert(!kPingPong || BN == 128, "ping-pong holds two 64 x BN accumulator blocks a thread: BN 128");
 };
@@ -202,25 +208,62 @@ __device__ __forceinline__ long long probe_clock() {
   else return 0;
 }
 
-// Two outputs stored as one 2-element access. The 16-bit types convert in
-// hardware (cvt.rn, round to nearest even, two values an instruction): equal
-// to their encoders (core/half.h) for every non-NaN value, subnormal results
-// and overflow to infinity included; a NaN takes the encoders' rule.
+// Two 16-bit outputs packed lo | hi << 16, converted in hardware (cvt.rn,
+// round to nearest even, two values an instruction): equal to their encoders
+// (core/half.h) for every non-NaN value, subnormal results and overflow to
+// infinity included; a NaN takes the encoders' rule.
+template <class T>
+__device__ __forceinline__ std::uint32_t pack_two(float v0, float v1) {
+  static_assert(std::is_same_v<T, bfloat16> || std::is_same_v<T, half>);
+  std::uint32_t r;
+  if constexpr (std::is_same_v<T, bfloat16>) asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(v1), "f"(v0));
+  else asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(v1), "f"(v0));
+  if (v0 != v0 || v1 != v1) r = static_cast<std::uint32_t>(T(v0).bits) | static_cast<std::uint32_t>(T(v1).bits) << 16;
+  return r;
+}
+template <class T>
+constexpr bool is_16bit_v = std::is_same_v<T, bfloat16> || std::is_same_v<T, half>;
+
+// Two outputs stored as one 2-element access, to global memory ...
 template <class T, class Mt>
 __device__ __forceinline__ void store_two(T* p, Mt v0, Mt v1) {
-  if constexpr (std::is_same_v<T, bfloat16> || std::is_same_v<T, half>) {
-    std::uint32_t r;
-    if constexpr (std::is_same_v<T, bfloat16>) asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(v1), "f"(v0));
-    else asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(v1), "f"(v0));
-    if (v0 != v0 || v1 != v1)
-      r = static_cast<std::uint32_t>(T(v0).bits) | static_cast<std::uint32_t>(T(v1).bits) << 16;
-    *reinterpret_cast<std::uint32_t*>(p) = r;
+  if constexpr (is_16bit_v<T>) {
+    *reinterpret_cast<std::uint32_t*>(p) = pack_two<T>(v0, v1);
   } else {
     struct alignas(2 * sizeof(T)) Two {
       T a, b;
     };
     *reinterpret_cast<Two*>(p) = Two{T(v0), T(v1)};
   }
+}
+// ... or to shared memory (addr: a shared-window address).
+template <class T, class Mt>
+__device__ __forceinline__ void st_shared_two(std::uint32_t addr, Mt v0, Mt v1) {
+  if constexpr (is_16bit_v<T>)
+    asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(pack_two<T>(v0, v1)) : "memory");
+  else if constexpr (std::is_same_v<T, float>)
+    asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(addr), "f"(v0), "f"(v1) : "memory");
+  else
+    asm volatile("st.shared.v2.f64 [%0], {%1, %2};" ::"r"(addr), "d"(v0), "d"(v1) : "memory");
+}
+
+// A box of shared memory stored to the global tensor `map` at (col, row)
+// (elements past its extent are not written), as one bulk group.
+__device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, std::uint32_t src, int col, int row) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];" ::"l"(
+                   reinterpret_cast<std::uint64_t>(map)),
+               "r"(col), "r"(row), "r"(src)
+               : "memory");
+  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+}
+
+// Named barriers (ids 1 and up; 0 is __syncthreads'): sync waits for
+// `threads` arrivals in all, counting its own warps'.
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
 // A consumer thread's share of a tile's outputs: kBlocks blocks of 64 rows
@@ -283,16 +326,51 @@ struct ThreadTile {
         }
     }
   }
+  // Through shared memory and TMA: each 64-row block in boxes of 64 rows x
+  // 128 bytes (kBoxCols outputs), written in the 128-byte swizzle out_map
+  // names (conflict-free: a warp's 8 rows land in 8 different 16-byte chunks)
+  // into one of this consumer's two 8 KiB buffers, then stored by its leader
+  // thread; the TMA unit drops rows and columns past M and N, so ragged
+  // tiles need no checks. A buffer is rewritten once the store from it two
+  // boxes back has read it (a tile's box count is even, so this holds across
+  // tiles too). Column chunk 0 is read by the caller, as for store().
+  template <bool kZeroPoint>
+  __device__ void store_tma(const Out& ep, const int (&acc)[kBlocks][BN / 2], int N, std::uint32_t staging,
+                            const CUtensorMap* out_map, int block_row0, int tile_col0, int bar_id, bool leader) {
+    constexpr int kBoxCols = 128 / static_cast<int>(sizeof(T));
+    constexpr int kBoxJ = kBoxCols / 8;  // column pairs j (8 columns each) a box covers
+    static_assert(kChunk % kBoxJ == 0 && (BN / kBoxCols * kBlocks) % 2 == 0);
+    const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
+#pragma unroll
+    for (int j0 = 0; j0 < BN / 8; j0 += kChunk) {
+      if (j0 > 0) read_cols(ep, N, j0);
+#pragma unroll
+      for (int jb = 0; jb < kChunk; jb += kBoxJ)
+#pragma unroll
+        for (int b = 0; b < kBlocks; ++b) {
+          const int box = (j0 + jb) / kBoxJ * kBlocks + b;
+          const std::uint32_t buf = staging + (box % 2) * 8192;
+          if (leader) asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");
+          named_barrier_sync(bar_id, 128);
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int row = warp * 16 + lane / 4 + 8 * h;  // in the box
+#pragma unroll
+            for (int jj = 0; jj < kBoxJ; ++jj) {
+              const int a = 4 * (j0 + jb + jj) + 2 * h;
+              const auto v0 = ep.template value<kZeroPoint>(rows[b][h], cols[jb + jj][0], acc[b][a]);
+              const auto v1 = ep.template value<kZeroPoint>(rows[b][h], cols[jb + jj][1], acc[b][a + 1]);
+              const int byte = (8 * jj + 2 * (lane % 4)) * static_cast<int>(sizeof(T));
+              st_shared_two<T>(buf + row * 128 + (((byte >> 4) ^ (row & 7)) << 4) + (byte & 15), v0, v1);
+            }
+          }
+          asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the writes, to the TMA unit
+          named_barrier_sync(bar_id, 128);
+          if (leader) tma_store_2d(out_map, buf, tile_col0 + 8 * (j0 + jb), block_row0 + 64 * b);
+        }
+    }
+  }
 };
-
-// Named barriers (ids 1 and up; 0 is __syncthreads'): sync waits for
-// `threads` arrivals in all, counting its own warps'.
-__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
 
 struct TileGrid {
   int tiles_m, tiles_n;
@@ -310,9 +388,9 @@ struct TileGrid {
 
 template <class T, class C>
 __global__ void __launch_bounds__(kThreads, 1)
-    w8a8_wgmma_kernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap w_map, int M,
-                      int N, int K, TileGrid grid, bool pair_stores, QLinearOut<T> ep,
-                      unsigned long long* __restrict__ probe) {
+    w8a8_wgmma_kernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap w_map,
+                      const __grid_constant__ CUtensorMap out_map, int M, int N, int K, TileGrid grid, bool pair_stores,
+                      bool tma_store, QLinearOut<T> ep, unsigned long long* __restrict__ probe) {
   ::qgrad::cuda::wait_for_prior_kernels();
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int BN = C::BN, S = C::S, kCluster = C::kCluster;
@@ -322,7 +400,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   // 128-byte swizzled tiles want 1024-byte aligned stages (the same offset in both CTAs).
   unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<std::uintptr_t>(smem_raw) + 1023) &
                                                          ~std::uintptr_t{1023});
-  std::uint64_t* full = reinterpret_cast<std::uint64_t*>(smem + S * kStageBytes);
+  const std::uint32_t staging = smem_u32(smem + S * kStageBytes);  // C::kTmaStore: 16 KiB per consumer
+  std::uint64_t* full = reinterpret_cast<std::uint64_t*>(smem + S * kStageBytes + C::kStagingBytes);
   std::uint64_t* empty = full + S;
   const int warpgroup = threadIdx.x / 128;
   const unsigned rank = kCluster > 1 ? cluster_rank() : 0, peer = rank ^ 1;
@@ -454,7 +533,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       release(prev);
       t = probe_clock<C::kProbe>();
       const bool full_tile = (tm + 1) * kBM <= M && (tn + 1) * BN <= N && pair_stores;
-      if (ep.za) {
+      if (C::kTmaStore && tma_store) {
+        const int block_row0 = tm * kBM + (C::kPingPong ? 0 : 64 * consumer);
+        const std::uint32_t mine = staging + consumer * 16384;
+        const bool leader = threadIdx.x % 128 == 0;
+        if (ep.za) out.template store_tma<true>(ep, acc, N, mine, &out_map, block_row0, tn * BN, 3 + consumer, leader);
+        else out.template store_tma<false>(ep, acc, N, mine, &out_map, block_row0, tn * BN, 3 + consumer, leader);
+      } else if (ep.za) {
         if (full_tile) out.template store<true, true>(ep, acc, M, N, pair_stores);
         else out.template store<true, false>(ep, acc, M, N, pair_stores);
       } else {
@@ -463,6 +548,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       epilogue += probe_clock<C::kProbe>() - t;
     }
+    // The last stores still read shared memory and write y: the CTA stays
+    // until they are done.
+    if (C::kTmaStore && tma_store && threadIdx.x % 128 == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
     if constexpr (C::kProbe) {
       if (threadIdx.x == 128) {
         unsigned long long* slot = probe + blockIdx.x * kProbeSlots;
@@ -479,7 +567,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     cluster_sync();
   }
 #else
-  (void)a_map, (void)w_map, (void)M, (void)N, (void)K, (void)grid, (void)pair_stores, (void)ep, (void)probe;
+  (void)a_map, (void)w_map, (void)out_map, (void)M, (void)N, (void)K, (void)grid, (void)pair_stores, (void)tma_store,
+      (void)ep, (void)probe;
 #endif
 }
 
@@ -509,13 +598,34 @@ inline bool encode(CUtensorMap& map, const std::int8_t* p, std::int64_t rows, st
 }
 
 
+// y [M, N] of T in boxes of 64 rows x 128 bytes, 128-byte swizzle (the TMA
+// store's map); false where TMA cannot take it (rows not a multiple of 16
+// bytes, y not 16-byte aligned).
+template <class T>
+bool encode_out(CUtensorMap& map, T* y, std::int64_t M, std::int64_t N) {
+  const auto fn = tensor_map_encoder();
+  if (!fn || (N * static_cast<std::int64_t>(sizeof(T))) % 16 != 0 || reinterpret_cast<std::uintptr_t>(y) % 16 != 0)
+    return false;
+  CUtensorMapDataType type = CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
+  if constexpr (std::is_same_v<T, bfloat16>) type = CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  else if constexpr (std::is_same_v<T, half>) type = CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  else if constexpr (std::is_same_v<T, double>) type = CU_TENSOR_MAP_DATA_TYPE_FLOAT64;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(N), static_cast<cuuint64_t>(M)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(N) * sizeof(T)};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(128 / sizeof(T)), 64};
+  const cuuint32_t elem[2] = {1, 1};
+  return fn(&map, type, 2, y, dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+            CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 template <class T, class C>
 bool launch(int device, const std::int8_t* a, std::int64_t lda, const std::int8_t* w, std::int64_t ldw, std::int64_t M,
             std::int64_t N, std::int64_t K, const QLinearOut<T>& ep, unsigned long long* probe = nullptr) {
   constexpr auto kernel = w8a8_wgmma_kernel<T, C>;
-  CUtensorMap a_map, w_map;
+  CUtensorMap a_map, w_map, out_map{};
   // The weight map's box is a cluster's share of a tile: each CTA loads it for all.
   if (!encode(a_map, a, M, lda, K, kBM) || !encode(w_map, w, N, ldw, K, C::BN / C::kCluster)) return false;
+  const bool tma_store = C::kTmaStore && encode_out(out_map, ep.out, M, N);
   const TileGrid grid{static_cast<int>((M + C::kCluster * kBM - 1) / (C::kCluster * kBM)),
                       static_cast<int>((N + C::BN - 1) / C::BN)};
   const bool pair = N % 2 == 0 && reinterpret_cast<std::uintptr_t>(ep.out) % (2 * sizeof(T)) == 0;
@@ -550,8 +660,8 @@ bool launch(int device, const std::int8_t* a, std::int64_t lda, const std::int8_
   });
   config.gridDim =
       static_cast<unsigned>(C::kCluster * std::min(grid.tiles_m * grid.tiles_n, resident[static_cast<std::size_t>(device)]));
-  QGRAD_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, a_map, w_map, static_cast<int>(M), static_cast<int>(N),
-                                      static_cast<int>(K), grid, pair, ep, probe));
+  QGRAD_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, a_map, w_map, out_map, static_cast<int>(M), static_cast<int>(N),
+                                      static_cast<int>(K), grid, pair, tma_store, ep, probe));
   return true;
 }
 

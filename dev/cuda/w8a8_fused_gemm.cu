@@ -59,29 +59,41 @@ struct Variant {
   Launcher launch;
   int tile_n;
 };
+// Split K's workspace for the current shape (run_shape sets it; configurations
+// without split K ignore it).
+hw::SplitK g_split;
+template <class C>
+bool launch_dev(int device, const std::int8_t* a, std::int64_t lda, const std::int8_t* w, std::int64_t ldw,
+                  std::int64_t M, std::int64_t N, std::int64_t K, const kernels::cuda::QLinearOut<bfloat16>& ep,
+                  unsigned long long* probe) {
+  return hw::launch<bfloat16, C>(device, a, lda, w, ldw, M, N, K, ep, probe, g_split);
+}
+
 // The library takes ping-pong from half a wave of 128 x 128 tiles and
 // 128 x 256 where those fill the SMs (kernels/cuda/qlinear_sm90a.cu). The two
-// "y stored by TMA" ones were added after the twenty-ninth session's last GPU
-// call: not yet run.
+// "y stored by TMA" ones and split K were added after the twenty-ninth
+// session's last GPU call: not yet run.
 using hw::Schedule;
 constexpr Schedule kCoop = Schedule::cooperative, kPing = Schedule::ping_pong;
 const Variant kVariants[] = {
-    {"128x128 cooperative, 7 stages", hw::launch<bfloat16, hw::Config<128, 1, 7>>, 128},
-    {"128x128 ping-pong, 7 stages (library)", hw::launch<bfloat16, hw::Config<128, 1, 7, kPing>>, 128},
-    {"128x128, pairs sharing W by multicast", hw::launch<bfloat16, hw::Config<128, 2, 7>>, 128},
-    {"128x256 cooperative, 4 stages (library)", hw::launch<bfloat16, hw::Config<256, 1, 4>>, 256},
-    {"128x256, pairs sharing W by multicast", hw::launch<bfloat16, hw::Config<256, 2, 4>>, 256},
-    {"128x256, y stored by TMA", hw::launch<bfloat16, hw::Config<256, 1, 4, kCoop, false, true>>, 256},
-    {"128x128 ping-pong, 6 stages, y stored by TMA", hw::launch<bfloat16, hw::Config<128, 1, 6, kPing, false, true>>,
+    {"128x128 cooperative, 7 stages", launch_dev<hw::Config<128, 1, 7>>, 128},
+    {"128x128 ping-pong, 7 stages (library)", launch_dev<hw::Config<128, 1, 7, kPing>>, 128},
+    {"128x128, pairs sharing W by multicast", launch_dev<hw::Config<128, 2, 7>>, 128},
+    {"128x256 cooperative, 4 stages (library)", launch_dev<hw::Config<256, 1, 4>>, 256},
+    {"128x256, pairs sharing W by multicast", launch_dev<hw::Config<256, 2, 4>>, 256},
+    {"128x256, y stored by TMA", launch_dev<hw::Config<256, 1, 4, kCoop, false, true>>, 256},
+    {"128x128 ping-pong, 6 stages, y stored by TMA", launch_dev<hw::Config<128, 1, 6, kPing, false, true>>,
      128},
+    {"128x128 cooperative, split K (units fill the SMs once)",
+     launch_dev<hw::Config<128, 1, 7, kCoop, false, false, true>>, 128},
 };
 // The same kernels counting their waits (clock64 around each barrier wait,
 // wgmma group wait and epilogue; run once, after the timings).
 const Variant kProbed[] = {
-    {"128x128 cooperative, 7 stages", hw::launch<bfloat16, hw::Config<128, 1, 7, kCoop, true>>, 128},
-    {"128x128 ping-pong, 7 stages (library)", hw::launch<bfloat16, hw::Config<128, 1, 7, kPing, true>>, 128},
-    {"128x256 cooperative, 4 stages (library)", hw::launch<bfloat16, hw::Config<256, 1, 4, kCoop, true>>, 256},
-    {"128x256, y stored by TMA", hw::launch<bfloat16, hw::Config<256, 1, 4, kCoop, true, true>>, 256},
+    {"128x128 cooperative, 7 stages", launch_dev<hw::Config<128, 1, 7, kCoop, true>>, 128},
+    {"128x128 ping-pong, 7 stages (library)", launch_dev<hw::Config<128, 1, 7, kPing, true>>, 128},
+    {"128x256 cooperative, 4 stages (library)", launch_dev<hw::Config<256, 1, 4, kCoop, true>>, 256},
+    {"128x256, y stored by TMA", launch_dev<hw::Config<256, 1, 4, kCoop, true, true>>, 256},
 };
 
 // Cycles per step of K (mean over the CTAs): where the producer and the
@@ -133,6 +145,15 @@ void run_shape(std::int64_t M, std::int64_t N, std::int64_t K) {
   const auto out = kernels::cuda::qlinear_out<bfloat16>(ep, y);
   const auto* ap = a.data<std::int8_t>();
   const int reps = M * N * K >= (std::int64_t(1) << 36) ? 10 : 50;
+  // Split K: as many splits of each 128 x 128 tile's steps of K as fill the
+  // SMs once (1 ... 8).
+  const std::int64_t tiles = ((M + 127) / 128) * ((N + 127) / 128), ksteps = (K + 127) / 128;
+  const std::int64_t splits =
+      std::max<std::int64_t>(1, std::min({std::int64_t(8), ksteps, ::qgrad::cuda::multiprocessor_count(0) / tiles}));
+  Tensor partials = Tensor::empty({tiles * splits * 128 * 128}, TensorOptions(on).with_dtype(DType::s32));
+  Tensor semaphores = zeros({tiles}, TensorOptions(on).with_dtype(DType::s32));
+  g_split = hw::SplitK{static_cast<int>(splits), partials.data<std::int32_t>(), semaphores.data<std::int32_t>()};
+  std::printf("(split K: %lld splits) ", static_cast<long long>(splits));
   const double flop = 2.0 * static_cast<double>(M) * N * K;
 
   const double t_lt = time_ms(

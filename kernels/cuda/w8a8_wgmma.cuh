@@ -22,7 +22,11 @@
 //     accumulators (ThreadTile: the row and column terms read before the main
 //     loop and before any store; per-element checks only on ragged tiles;
 //     16-bit outputs converted two at a time in hardware) and stores y
-//     directly.
+//     directly, or (Config::kTmaStore) stages it in shared memory and stores
+//     it by TMA.
+//   Split K (Config::kSplitK, cooperative): a tile's steps of K shared by
+//   several CTAs, the last to finish adding the others' partial sums
+//   (SplitK). kTmaStore and kSplitK are the dev program's so far.
 // int32 sums are exact, so y is the cuBLASLt path's (and the CPU's) bit for bit.
 #pragma once
 
@@ -60,11 +64,14 @@ enum class Schedule { cooperative, ping_pong };
 // consumers' schedule, and whether the kernel counts its waits (kProbe: the
 // dev program's, below).
 template <int BN_, int kCluster_, int kStages_, Schedule kSchedule_ = Schedule::cooperative, bool kProbe_ = false,
-          bool kTmaStore_ = false>
+          bool kTmaStore_ = false, bool kSplitK_ = false>
 struct Config {
   static constexpr int BN = BN_, kCluster = kCluster_, S = kStages_;
   static constexpr bool kPingPong = kSchedule_ == Schedule::ping_pong;
   static constexpr bool kProbe = kProbe_;
+  // kSplitK: a tile's steps of K may be split over several CTAs (SplitK).
+  static constexpr bool kSplitK = kSplitK_;
+  static_assert(!kSplitK || (!kPingPong && kCluster == 1), "split K: cooperative, no clusters");
   // kTmaStore: the epilogue stages y through shared memory and stores it by
   // TMA (ThreadTile::store_tma), two 8 KiB buffers per consumer.
   static constexpr bool kTmaStore = kTmaStore_;
@@ -372,6 +379,53 @@ struct ThreadTile {
   }
 };
 
+// Split K (Config::kSplitK): each tile's steps of K in `splits` nearly equal
+// ranges, one work unit each, taken by different CTAs at once. A unit writes
+// its int32 partial tile to `partials` ([tile][split][int4 e][consumer
+// thread], 128 x BN int32 a unit) and counts itself in semaphores[tile]; the
+// unit that counts last adds the others' partials to its own accumulators
+// (exact: int32 sums) and applies the epilogue, then sets the semaphore back
+// to zero. Nothing waits on another CTA, so any number of units can run.
+// semaphores: zero before the first launch (each launch leaves them zero).
+struct SplitK {
+  int splits = 1;
+  int* partials = nullptr;
+  int* semaphores = nullptr;
+};
+
+// One unit's end (SplitK), by the 256 consumer threads (t: 0 ... 255): its
+// partial sums out, its count in; true, with the tile's whole sums in acc,
+// for the unit that counted last.
+template <int BN>
+__device__ __forceinline__ bool split_k_reduce(int (&acc)[BN / 2], const SplitK& sk, int tile, int part, int splits,
+                                               int t, int& last_flag) {
+  constexpr int kVecs = BN / 8;  // int4 a thread
+  int4* mine = reinterpret_cast<int4*>(sk.partials) + (static_cast<std::int64_t>(tile) * splits + part) * kVecs * 256;
+#pragma unroll
+  for (int e = 0; e < kVecs; ++e) mine[e * 256 + t] = make_int4(acc[4 * e], acc[4 * e + 1], acc[4 * e + 2], acc[4 * e + 3]);
+  __threadfence();  // this thread's partials, device-wide before the count
+  named_barrier_sync(5, 256);
+  if (t == 0) last_flag = atomicAdd(sk.semaphores + tile, 1) == splits - 1;
+  named_barrier_sync(5, 256);
+  if (!last_flag) return false;
+  __threadfence();  // the other units' partials, as they were before their counts
+  for (int other = 0; other < splits; ++other) {
+    if (other == part) continue;
+    const int4* theirs =
+        reinterpret_cast<const int4*>(sk.partials) + (static_cast<std::int64_t>(tile) * splits + other) * kVecs * 256;
+#pragma unroll
+    for (int e = 0; e < kVecs; ++e) {
+      const int4 v = __ldcg(theirs + e * 256 + t);  // from L2: another SM wrote it
+      acc[4 * e] += v.x;
+      acc[4 * e + 1] += v.y;
+      acc[4 * e + 2] += v.z;
+      acc[4 * e + 3] += v.w;
+    }
+  }
+  if (t == 0) sk.semaphores[tile] = 0;  // for the next launch
+  return true;
+}
+
 struct TileGrid {
   int tiles_m, tiles_n;
   // Tile t's coordinates: groups of kGroupM tiles along M, N-major inside a
@@ -390,13 +444,14 @@ template <class T, class C>
 __global__ void __launch_bounds__(kThreads, 1)
     w8a8_wgmma_kernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap w_map,
                       const __grid_constant__ CUtensorMap out_map, int M, int N, int K, TileGrid grid, bool pair_stores,
-                      bool tma_store, QLinearOut<T> ep, unsigned long long* __restrict__ probe) {
+                      bool tma_store, SplitK split_k, QLinearOut<T> ep, unsigned long long* __restrict__ probe) {
   ::qgrad::cuda::wait_for_prior_kernels();
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int BN = C::BN, S = C::S, kCluster = C::kCluster;
   constexpr int kStageBytes = C::kStageBytes;
   constexpr int kPartW = BN / kCluster * kBK;  // the weight rows each CTA of a cluster loads for all
   extern __shared__ unsigned char smem_raw[];
+  __shared__ int split_last;  // C::kSplitK: whether this unit counted last
   // 128-byte swizzled tiles want 1024-byte aligned stages (the same offset in both CTAs).
   unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<std::uintptr_t>(smem_raw) + 1023) &
                                                          ~std::uintptr_t{1023});
@@ -427,16 +482,25 @@ __global__ void __launch_bounds__(kThreads, 1)
     grid.coords(p, tm, tn);
     tm = kCluster * tm + static_cast<int>(rank);
   };
+  // Work unit u: cluster tile u / splits, its steps of K [k_begin, k_end).
+  const int splits = C::kSplitK ? split_k.splits : 1;
+  const int units = cluster_tiles * splits;
+  auto k_range = [&](int u, int& k_begin, int& k_end) {
+    const int part = u % splits;
+    k_begin = static_cast<int>(static_cast<long long>(ksteps) * part / splits);
+    k_end = static_cast<int>(static_cast<long long>(ksteps) * (part + 1) / splits);
+  };
   if (warpgroup == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;" ::: "memory");
     if (threadIdx.x == 0) {
       long long waited = 0;
       const long long start = probe_clock<C::kProbe>();
       int it = 0;
-      for (int p = cluster; p < cluster_tiles; p += clusters) {
-        int tm, tn;
-        tile_of(p, tm, tn);
-        for (int ks = 0; ks < ksteps; ++ks, ++it) {
+      for (int u = cluster; u < units; u += clusters) {
+        int tm, tn, k_begin, k_end;
+        tile_of(u / splits, tm, tn);
+        k_range(u, k_begin, k_end);
+        for (int ks = k_begin; ks < k_end; ++ks, ++it) {
           const int s = it % S;
           const long long t = probe_clock<C::kProbe>();
           mbar_wait(empty + s, ((it / S) & 1) ^ 1);
@@ -481,11 +545,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     const long long start = probe_clock<C::kProbe>();
     // Tile L of this CTA (its L-th, in the producer's order) fills stages
     // L * ksteps ... of the ring.
+    int it_next = 0;  // cooperative: the ring position of the unit's first step
     for (int L = C::kPingPong ? consumer : 0;; L += kTileStep) {
-      const int p = cluster + L * clusters;
-      if (p >= cluster_tiles) break;
-      int tm, tn;
+      const int u = cluster + L * clusters;
+      if (u >= units) break;
+      const int p = u / splits;
+      int tm, tn, k_begin, k_end;
       tile_of(p, tm, tn);
+      k_range(u, k_begin, k_end);
       // The tile's row and column terms are read now, while its sums
       // accumulate, and before any store (see QLinearOut): read between
       // stores, each waited its latency out in turn.
@@ -499,7 +566,15 @@ __global__ void __launch_bounds__(kThreads, 1)
       // ahead, this consumer would take a phase two behind for its own.
       if (C::kPingPong && L > 0) named_barrier_sync(1 + consumer, 256);
       int prev = -1;
-      for (int ks = 0, it = L * ksteps; ks < ksteps; ++ks, ++it) {
+      const int it_first = C::kPingPong ? L * ksteps : it_next;
+      it_next = it_first + (k_end - k_begin);
+      if (k_begin == k_end) {  // a split with no step of K (fewer steps than splits)
+#pragma unroll
+        for (int b = 0; b < kBlocks; ++b)
+#pragma unroll
+          for (int i = 0; i < BN / 2; ++i) acc[b][i] = 0;
+      }
+      for (int ks = k_begin, it = it_first; ks < k_end; ++ks, ++it) {
         const int s = it % S;
         long long t = probe_clock<C::kProbe>();
         mbar_wait(full + s, (it / S) & 1);
@@ -514,7 +589,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
           for (int b = 0; b < kBlocks; ++b)
             wgmma_s8<BN>(acc[b], smem_desc(a_addr + b * 64 * kBK + kk * 32), smem_desc(w_addr + kk * 32),
-                         ks > 0 || kk > 0);
+                         ks > k_begin || kk > 0);
         asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
         t = probe_clock<C::kProbe>();
         asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
@@ -524,14 +599,20 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (prev >= 0) release(prev);
         prev = s;
       }
-      if (C::kPingPong && p + clusters < cluster_tiles) named_barrier_arrive(2 - consumer, 256);  // the other's turn
+      if (C::kPingPong && u + clusters < units) named_barrier_arrive(2 - consumer, 256);  // the other's turn
       long long t = probe_clock<C::kProbe>();
       asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
 #pragma unroll
       for (int b = 0; b < kBlocks; ++b) fence_accumulators<BN>(acc[b]);
       group_wait += probe_clock<C::kProbe>() - t;
-      release(prev);
+      if (prev >= 0) release(prev);
       t = probe_clock<C::kProbe>();
+      if constexpr (C::kSplitK) {
+        if (splits > 1 && !split_k_reduce<BN>(acc[0], split_k, p, u % splits, splits, threadIdx.x - 128, split_last)) {
+          epilogue += probe_clock<C::kProbe>() - t;
+          continue;  // another unit of this tile applies the epilogue
+        }
+      }
       const bool full_tile = (tm + 1) * kBM <= M && (tn + 1) * BN <= N && pair_stores;
       if (C::kTmaStore && tma_store) {
         const int block_row0 = tm * kBM + (C::kPingPong ? 0 : 64 * consumer);
@@ -568,7 +649,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 #else
   (void)a_map, (void)w_map, (void)out_map, (void)M, (void)N, (void)K, (void)grid, (void)pair_stores, (void)tma_store,
-      (void)ep, (void)probe;
+      (void)split_k, (void)ep, (void)probe;
 #endif
 }
 
@@ -620,8 +701,10 @@ bool encode_out(CUtensorMap& map, T* y, std::int64_t M, std::int64_t N) {
 
 template <class T, class C>
 bool launch(int device, const std::int8_t* a, std::int64_t lda, const std::int8_t* w, std::int64_t ldw, std::int64_t M,
-            std::int64_t N, std::int64_t K, const QLinearOut<T>& ep, unsigned long long* probe = nullptr) {
+            std::int64_t N, std::int64_t K, const QLinearOut<T>& ep, unsigned long long* probe = nullptr,
+            SplitK split_k = {}) {
   constexpr auto kernel = w8a8_wgmma_kernel<T, C>;
+  if (!C::kSplitK) split_k = SplitK{};
   CUtensorMap a_map, w_map, out_map{};
   // The weight map's box is a cluster's share of a tile: each CTA loads it for all.
   if (!encode(a_map, a, M, lda, K, kBM) || !encode(w_map, w, N, ldw, K, C::BN / C::kCluster)) return false;
@@ -658,10 +741,10 @@ bool launch(int device, const std::int8_t* a, std::int64_t lda, const std::int8_
     QGRAD_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &trial));
     resident[static_cast<std::size_t>(device)] = std::max(clusters, 1);
   });
-  config.gridDim =
-      static_cast<unsigned>(C::kCluster * std::min(grid.tiles_m * grid.tiles_n, resident[static_cast<std::size_t>(device)]));
+  config.gridDim = static_cast<unsigned>(
+      C::kCluster * std::min(grid.tiles_m * grid.tiles_n * split_k.splits, resident[static_cast<std::size_t>(device)]));
   QGRAD_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, a_map, w_map, out_map, static_cast<int>(M), static_cast<int>(N),
-                                      static_cast<int>(K), grid, pair, tma_store, ep, probe));
+                                      static_cast<int>(K), grid, pair, tma_store, split_k, ep, probe));
   return true;
 }
 

@@ -375,7 +375,8 @@ TEST_CASE("CUDA outputs at the edges of each dtype (subnormal, overflowing) matc
   // epilogue pass (second) against the library's encoders on the host.
   for (auto [M, N, K] : {std::tuple{1000, 1300, 136}, std::tuple{100, 1300, 136}})
     for (bool with_bias : {false, true}) {
-      CAPTURE(M);
+      const int rows = M;  // CAPTURE takes a copy: a structured binding cannot be captured (clang)
+      CAPTURE(rows);
       CAPTURE(with_bias);
       Layer l = make_layer(N, K, 53, with_bias);
       std::vector<float> sw(static_cast<std::size_t>(N));

@@ -220,16 +220,16 @@ __device__ __forceinline__ long long probe_clock() {
 // (core/half.h) for every non-NaN value, subnormal results and overflow to
 // infinity included; a NaN takes the encoders' rule.
 template <class T>
+constexpr bool is_16bit_v = std::is_same_v<T, bfloat16> || std::is_same_v<T, half>;
+template <class T>
 __device__ __forceinline__ std::uint32_t pack_two(float v0, float v1) {
-  static_assert(std::is_same_v<T, bfloat16> || std::is_same_v<T, half>);
+  static_assert(is_16bit_v<T>);
   std::uint32_t r;
   if constexpr (std::is_same_v<T, bfloat16>) asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(v1), "f"(v0));
   else asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(v1), "f"(v0));
   if (v0 != v0 || v1 != v1) r = static_cast<std::uint32_t>(T(v0).bits) | static_cast<std::uint32_t>(T(v1).bits) << 16;
   return r;
 }
-template <class T>
-constexpr bool is_16bit_v = std::is_same_v<T, bfloat16> || std::is_same_v<T, half>;
 
 // Two outputs stored as one 2-element access, to global memory ...
 template <class T, class Mt>
@@ -400,9 +400,12 @@ template <int BN>
 __device__ __forceinline__ bool split_k_reduce(int (&acc)[BN / 2], const SplitK& sk, int tile, int part, int splits,
                                                int t, int& last_flag) {
   constexpr int kVecs = BN / 8;  // int4 a thread
-  int4* mine = reinterpret_cast<int4*>(sk.partials) + (static_cast<std::int64_t>(tile) * splits + part) * kVecs * 256;
+  auto slot = [&](int of) {  // unit `of`'s partials, this thread's first int4
+    return reinterpret_cast<int4*>(sk.partials) + (static_cast<std::int64_t>(tile) * splits + of) * kVecs * 256 + t;
+  };
+  int4* mine = slot(part);
 #pragma unroll
-  for (int e = 0; e < kVecs; ++e) mine[e * 256 + t] = make_int4(acc[4 * e], acc[4 * e + 1], acc[4 * e + 2], acc[4 * e + 3]);
+  for (int e = 0; e < kVecs; ++e) mine[e * 256] = make_int4(acc[4 * e], acc[4 * e + 1], acc[4 * e + 2], acc[4 * e + 3]);
   __threadfence();  // this thread's partials, device-wide before the count
   named_barrier_sync(5, 256);
   if (t == 0) last_flag = atomicAdd(sk.semaphores + tile, 1) == splits - 1;
@@ -411,11 +414,10 @@ __device__ __forceinline__ bool split_k_reduce(int (&acc)[BN / 2], const SplitK&
   __threadfence();  // the other units' partials, as they were before their counts
   for (int other = 0; other < splits; ++other) {
     if (other == part) continue;
-    const int4* theirs =
-        reinterpret_cast<const int4*>(sk.partials) + (static_cast<std::int64_t>(tile) * splits + other) * kVecs * 256;
+    const int4* theirs = slot(other);
 #pragma unroll
     for (int e = 0; e < kVecs; ++e) {
-      const int4 v = __ldcg(theirs + e * 256 + t);  // from L2: another SM wrote it
+      const int4 v = __ldcg(theirs + e * 256);  // from L2: another SM wrote it
       acc[4 * e] += v.x;
       acc[4 * e + 1] += v.y;
       acc[4 * e + 2] += v.z;

@@ -6,15 +6,18 @@
 //   case dynquant_token_<N>x<D>        qgrad per-token symmetric s8 of f32 x (the library's kernel;
 //                                     its variants: dev/cuda/dynamic_quant_token.cu)
 //   case w8a8_<M>x<N>x<K>             impl qgrad (end to end, bf16 in/out),
+//                                     impl qgrad_act_quant (its per-token activation quantization only),
 //                                     impl qgrad_int8_gemm (cuBLASLt s8 GEMM only),
 //                                     impl cublas_bf16 (cublasGemmEx bf16, f32 accumulate)
 // TOPS = 2 M N K / time; int8 fraction against 1979 TOPS (H100 SXM dense).
 // bench_w8a8 [substring]: only the cases whose name contains it.
+#include <chrono>
 #include <cstdio>
 #include <string>
 #include <vector>
 
 #include "bench_common.h"
+#include "qgrad/kernels/dynamic_quant.h"
 
 #if QGRAD_WITH_CUDA
 #include <cublas_v2.h>
@@ -79,10 +82,41 @@ void bench_w8a8(cublasHandle_t h, std::int64_t M, std::int64_t N, std::int64_t K
   Tensor yb = Tensor::empty({M, N}, TensorOptions(on).with_dtype(DType::bf16));
   const int reps = M * N * K >= (std::int64_t(1) << 36) ? 20 : 100;
 
-  Timing tq = time_cuda(
-      [&](int rep) { (void)quantized_linear(x, w[pick(rep)], sw, Tensor(), ActivationQuant::dynamic(), DType::bf16); },
-      reps, 5);
+  const auto qgrad_call = [&](int rep) {
+    (void)quantized_linear(x, w[pick(rep)], sw, Tensor(), ActivationQuant::dynamic(), DType::bf16);
+  };
+  Timing tq = time_cuda(qgrad_call, reps, 5);
   emit_gemm("qgrad", M, N, K, tq, true);
+  // Where a small call's time goes: the host's time to issue one call (no
+  // events between calls) against the stream's time per call over the same
+  // back-to-back run. Host >= stream: the call is bound by its launches.
+  {
+    qgrad::cuda_synchronize(0);
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int rep = 0; rep < reps; ++rep) qgrad_call(rep);
+    const auto t1 = std::chrono::steady_clock::now();
+    qgrad::cuda_synchronize(0);
+    const auto t2 = std::chrono::steady_clock::now();
+    const double issue_us = std::chrono::duration<double, std::micro>(t1 - t0).count() / reps;
+    const double wall_us = std::chrono::duration<double, std::micro>(t2 - t0).count() / reps;
+    char line[256];
+    std::snprintf(line, sizeof line,
+                  "{\"bench\":\"w8a8\",\"case\":\"w8a8_call_cost_%lldx%lldx%lld\",\"impl\":\"qgrad\","
+                  "\"host_issue_us\":%.2f,\"back_to_back_us\":%.2f,\"event_us\":%.2f}",
+                  static_cast<long long>(M), static_cast<long long>(N), static_cast<long long>(K), issue_us, wall_us,
+                  tq.median_ms * 1e3);
+    emit(line);
+  }
+
+  // The activation quantization alone (per-token symmetric s8 of x into a
+  // preallocated [M, K] s8 and f32 [M] scales): the end-to-end row's first pass.
+  {
+    Tensor aq = Tensor::empty({M, K}, TensorOptions(on).with_dtype(DType::s8));
+    Tensor sa = Tensor::empty({M}, TensorOptions(on).with_dtype(DType::f32));
+    const kernels::QuantSpec spec{true, -128, 127};
+    Timing ta = time_cuda([&](int) { kernels::quantize_rows_dynamic(x, K, spec, aq, K, sa, Tensor()); }, reps, 5);
+    emit_gemm("qgrad_act_quant", M, N, K, ta, false);
+  }
 
   // The int8 GEMM alone (padded K is K here: the shapes are multiples of 16).
   Tensor a = randint(-127, 128, {M, K}, g, TensorOptions(on).with_dtype(DType::s8));

@@ -340,11 +340,12 @@ TEST_CASE("CUDA decode sizes (the GEMV, M <= 16) match the CPU bit for bit") {
 
 TEST_CASE("CUDA past the GEMV (16 < M <= 128) matches the CPU bit for bit, call after call") {
   QGRAD_REQUIRE_GPU();
-  // The int8 GEMM + epilogue path just past the GEMV's reach: row counts on
-  // both sides of 32 and 64; N not a multiple of 16; K in one 64-column
-  // block (48), padded (1000 -> 1008) and long (4160, ragged); N = K = 4096
-  // at M = 128, the benchmark's shape. Every shape runs twice (a cached
-  // plan's second call).
+  // Just past the GEMV's reach: row counts on both sides of 32 and 64; N not
+  // a multiple of 16; K in one 64-column block (48), padded (1000 -> 1008)
+  // and long (4160, ragged). These few tiles take cuBLASLt's int8 GEMM + the
+  // epilogue pass; N = K = 4096 at M = 128 (the benchmark's shape; 32 tiles)
+  // takes the Hopper fused GEMM on an H100 or H200. Every shape runs twice
+  // (a cached plan's second call).
   for (auto [M, N, K] : {std::tuple{17, 200, 4160}, std::tuple{32, 65, 48}, std::tuple{33, 33, 1000},
                          std::tuple{64, 130, 4160}, std::tuple{65, 1, 256}, std::tuple{100, 200, 512},
                          std::tuple{128, 4096, 4096}})
@@ -356,14 +357,25 @@ TEST_CASE("CUDA mid-size shapes (the Hopper fused GEMM) and large ones match the
   // All take the sm_90a GEMM with the epilogue fused on an H100 or H200
   // (132 SMs), every edge ragged: M past a 128-row tile, N past a tile (even:
   // pair stores; odd: single stores), K past a 128-byte stage (136 -> 144
-  // padded), K of one partial stage (40). The first four run 128 x 128 tiles
+  // padded), K of one partial stage (40). The first three fill at most one
+  // wave of 128 x 128 tiles (cooperative); the last two run 128 x 128 tiles
   // in ping-pong (the fourth: CTAs of two tiles, so both consumers, and more
-  // steps of K than stages, so the consumers' turns matter), the last 128 x
-  // 256 tiles cooperatively. (dev/cuda/w8a8_fused_gemm checks every
-  // configuration at large shapes against cuBLASLt's sums.)
+  // steps of K than stages, so the consumers' turns matter; its f32 and f64
+  // rows are 16-byte multiples, stored by TMA). (dev/cuda/w8a8_fused_gemm
+  // checks every configuration at large shapes against cuBLASLt's sums.)
   for (auto [M, N, K] : {std::tuple{1000, 1300, 136}, std::tuple{900, 1281, 200}, std::tuple{700, 2050, 40},
                          std::tuple{1500, 1700, 1000}, std::tuple{2100, 4097, 136}})
     check_dynamic_cuda_matches_cpu(M, N, K, 47, {DType::bf16, DType::f32, DType::f64, DType::f16}, 2);
+}
+
+TEST_CASE("CUDA fused GEMM storing y by TMA (ragged tiles) matches the CPU bit for bit") {
+  QGRAD_REQUIRE_GPU();
+  // Rows of y in 16-byte multiples for every out dtype (N % 8 == 0), M and N
+  // past a tile: the TMA unit clips the boxes. The first: ping-pong 128 x 128
+  // tiles (11 x 15 > one wave), CTAs of two tiles; the second: 128 x 256
+  // tiles filling the SMs 8 times over (33 x 33), the 8192^3 kernel.
+  check_dynamic_cuda_matches_cpu(1300, 1864, 1000, 59, {DType::bf16, DType::f32, DType::f64, DType::f16}, 2);
+  check_dynamic_cuda_matches_cpu(4200, 8200, 40, 61, {DType::bf16, DType::f32}, 1);
 }
 
 TEST_CASE("CUDA outputs at the edges of each dtype (subnormal, overflowing) match the CPU bit for bit") {
@@ -371,9 +383,11 @@ TEST_CASE("CUDA outputs at the edges of each dtype (subnormal, overflowing) matc
   // Weight scales from 1e-44 to 1e37 across the columns put outputs below
   // f16's, bf16's and f32's normal ranges, past f16's and f32's largest
   // values, and through every rounding between: the Hopper GEMM's hardware
-  // conversions (first shape, in its window; full and ragged tiles) and the
-  // epilogue pass (second) against the library's encoders on the host.
-  for (auto [M, N, K] : {std::tuple{1000, 1300, 136}, std::tuple{100, 1300, 136}})
+  // conversions (first shape, in its window, stored directly; second, past
+  // one wave, staged in shared memory and stored by TMA; full and ragged
+  // tiles) and the epilogue pass (third) against the library's encoders on
+  // the host.
+  for (auto [M, N, K] : {std::tuple{1000, 1300, 136}, std::tuple{1300, 1864, 136}, std::tuple{100, 1300, 136}})
     for (bool with_bias : {false, true}) {
       const int rows = M;  // CAPTURE takes a copy: a structured binding cannot be captured (clang)
       CAPTURE(rows);

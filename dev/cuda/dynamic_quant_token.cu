@@ -16,6 +16,9 @@
 //   4  as 2, persistent grid, next row prefetched
 //   5  as 1, LEAN: symmetric abs-max reduction, branch-free quantize clamp
 //   6  as 3, LEAN
+// (Since the thirtieth session the library's kernel, variant 1, also takes
+// the abs-max reduction for symmetric rows, and quantize_value is
+// branch-free: 1 and 5 differ only in the clamp's instructions.)
 // Measured on an H100 (docs/benchmarks.md, f32 16384 x 8192): variant 1 the
 // fastest or within noise of the fastest; 0 at 62% of copy bandwidth.
 //
@@ -59,26 +62,11 @@ __device__ __forceinline__ float fmax_nn(float a, float b) { return fmaxf(a, b);
 __device__ __forceinline__ double fmax_nn(double a, double b) { return fmax(a, b); }
 __device__ __forceinline__ float fmin_nn(float a, float b) { return fminf(a, b); }
 __device__ __forceinline__ double fmin_nn(double a, double b) { return fmin(a, b); }
-__device__ __forceinline__ float fabs_of(float a) { return fabsf(a); }
-__device__ __forceinline__ double fabs_of(double a) { return fabs(a); }
 
 template <class M>
 __device__ __forceinline__ int quantize_lean(M x, M inv_scale, int zero_point, int qmin, int qmax) {
   const M r = formulas::round_even(x * inv_scale) + M(zero_point);
   return static_cast<int>(fmin_nn(fmax_nn(r, M(qmin)), M(qmax)));  // fmax(NaN, qmin) = qmin
-}
-
-template <class M, int ITEMS, class XP>
-__device__ __forceinline__ Range<M> absmax_range(const XP (&c)[ITEMS]) {
-  M m = M(0);
-#pragma unroll
-  for (int it = 0; it < ITEMS; ++it)
-#pragma unroll
-    for (int e = 0; e < static_cast<int>(sizeof(XP::v) / sizeof(XP::v[0])); ++e) {
-      const M a = fabs_of(M(c[it].v[e]));
-      m = fmax_nn(m, a < std::numeric_limits<M>::infinity() ? a : M(0));  // NaN, inf: compare false
-    }
-  return Range<M>{-m, m};
 }
 
 // Variants 3..6: rows_reg_kernel with a persistent grid (PERSIST: the next
@@ -89,7 +77,7 @@ __global__ void __launch_bounds__(512)
                       std::int64_t ldq, quant_math_t<X>* __restrict__ scale, std::int32_t* __restrict__ zp,
                       bool symmetric, int qmin, int qmax) {
   using M = quant_math_t<X>;
-  using XP = rows::Pack<X, VEC>;
+  using XP = rows::Vec<X, VEC>;
   __shared__ Range<M> sh[2][16];
   rows::RowGroup g = rows::row_group();
   const int nvec = static_cast<int>(D / VEC);
@@ -103,7 +91,7 @@ __global__ void __launch_bounds__(512)
   for (; g.r0 < nrows; g.r0 += g.step, g.r += g.step) {
     XP nxt[ITEMS];
     if constexpr (PERSIST) rows::load_row<ITEMS>(nxt, row(g.r + g.step), g.r + g.step < nrows, nvec, g.tx, g.G);
-    const Range<M> mine = LEAN && symmetric ? absmax_range<M>(cur) : rows::register_range<M>(cur);
+    const Range<M> mine = LEAN && symmetric ? rows::register_absmax<M>(cur) : rows::register_range<M>(cur);
     const QParams<M> p = formulas::qparams_from_range<M>(rows::group_reduce(mine, sh, parity, g), symmetric, qmin,
                                                          qmax);
     if (g.r < nrows) rows::store_row<Q>(cur, p, g.r, D, nvec, q, ldq, scale, zp, g, quant);

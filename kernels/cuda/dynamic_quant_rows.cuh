@@ -22,6 +22,8 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
+#include <type_traits>
 
 #include "qgrad/core/cuda/common.cuh"
 #include "qgrad/kernels/formulas/qlinear.h"
@@ -160,27 +162,62 @@ __device__ __forceinline__ RowGroup row_group() {
   return g;
 }
 
+// One vector of a row (VEC elements of X, 16 bytes or one element) held as
+// it was loaded. 16-bit X stays in its four 32-bit words and is unpacked
+// element by element where used, so a thread's ITEMS loads all issue before
+// the first unpack waits on one: held as Pack<bfloat16, 8>, each vector was
+// split into eight registers as it arrived, each load waited for the one
+// before, and bf16 rows quantized at 1.4 TB/s (docs/benchmarks.md,
+// thirtieth session). 32- and 64-bit X stay a Pack (their registers are the
+// words themselves).
+template <class X, int VEC>
+struct Vec {
+  using M = quant_math_t<X>;
+  static constexpr bool kWords = sizeof(X) == 2 && VEC * sizeof(X) == 16;
+  using Raw = std::conditional_t<kWords, uint4, Pack<X, VEC>>;
+  Raw raw;
+  __device__ __forceinline__ M get(int e) const {
+    if constexpr (!kWords) {
+      return M(raw.v[e]);
+    } else {
+      const unsigned word = (&raw.x)[e / 2];
+      if constexpr (std::is_same_v<X, bfloat16>) {
+        return __uint_as_float(e % 2 ? word & 0xffff0000u : word << 16);  // exact: bf16 is binary32's top half
+      } else {
+        static_assert(std::is_same_v<X, half>);
+        // The hardware conversion: exact for every finite value (subnormals
+        // included), as half_bits_to_float; NaN and inf leave the range and
+        // quantize to qmin / the ends either way.
+        const unsigned short bits = static_cast<unsigned short>(e % 2 ? word >> 16 : word & 0xffffu);
+        float f;
+        asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(bits));
+        return f;
+      }
+    }
+  }
+};
+
 // Loads the group's share of row xr (zero-filled past the row end, and
 // for an invalid row).
-template <int ITEMS, class XP>
-__device__ __forceinline__ void load_row(XP (&c)[ITEMS], const XP* __restrict__ xr, bool valid, int nvec, int tx,
+template <int ITEMS, class V>
+__device__ __forceinline__ void load_row(V (&c)[ITEMS], const V* __restrict__ xr, bool valid, int nvec, int tx,
                                          int G) {
 #pragma unroll
   for (int it = 0; it < ITEMS; ++it) {
     const int v = it * G + tx;
     if (valid && v < nvec) c[it] = xr[v];
-    else c[it] = XP{};
+    else c[it] = V{};
   }
 }
 
 // min/max over the registers of a row.
-template <class M, int ITEMS, class XP>
-__device__ __forceinline__ Range<M> register_range(const XP (&c)[ITEMS]) {
+template <class M, int ITEMS, class X, int VEC>
+__device__ __forceinline__ Range<M> register_range(const Vec<X, VEC> (&c)[ITEMS]) {
   Range<M> range = Range<M>::empty();
 #pragma unroll
   for (int it = 0; it < ITEMS; ++it)
 #pragma unroll
-    for (int e = 0; e < static_cast<int>(sizeof(XP::v) / sizeof(XP::v[0])); ++e) range.add(M(c[it].v[e]));
+    for (int e = 0; e < VEC; ++e) range.add(c[it].get(e));
   return range;
 }
 
@@ -200,13 +237,28 @@ __device__ __forceinline__ Range<M> group_reduce(Range<M> range, Range<M> (&sh)[
   return range;
 }
 
+// Symmetric qparams need only max |v| over the finite values: the range
+// {-m, m} gives qparams_from_range the same amax (hence the same bits) as the
+// row's true min/max, in three instructions a value instead of five.
+template <class M, int ITEMS, class X, int VEC>
+__device__ __forceinline__ Range<M> register_absmax(const Vec<X, VEC> (&c)[ITEMS]) {
+  M m = M(0);
+#pragma unroll
+  for (int it = 0; it < ITEMS; ++it)
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+      const M a = fabs(c[it].get(e));
+      m = a < std::numeric_limits<M>::infinity() && a > m ? a : m;  // NaN and inf compare false
+    }
+  return Range<M>{-m, m};
+}
+
 // Writes row r's qparams (thread 0) and its quantized registers,
 // quant(x, inv_scale, zero_point) each, then the pad columns [D, ldq).
-template <class Q, int ITEMS, class XP, class M, class Quant>
-__device__ __forceinline__ void store_row(const XP (&c)[ITEMS], const QParams<M>& p, std::int64_t r, std::int64_t D,
+template <class Q, int ITEMS, class X, int VEC, class M, class Quant>
+__device__ __forceinline__ void store_row(const Vec<X, VEC> (&c)[ITEMS], const QParams<M>& p, std::int64_t r, std::int64_t D,
                                           int nvec, Q* __restrict__ q, std::int64_t ldq, M* __restrict__ scale,
                                           std::int32_t* __restrict__ zp, const RowGroup& g, Quant quant) {
-  constexpr int VEC = static_cast<int>(sizeof(XP::v) / sizeof(XP::v[0]));
   using QP = Pack<Q, VEC>;
   if (g.tx == 0) {
     scale[r] = p.scale;
@@ -220,7 +272,7 @@ __device__ __forceinline__ void store_row(const XP (&c)[ITEMS], const QParams<M>
     if (v < nvec) {
       QP out;
 #pragma unroll
-      for (int e = 0; e < VEC; ++e) out.v[e] = static_cast<Q>(quant(M(c[it].v[e]), inv, p.zero_point));
+      for (int e = 0; e < VEC; ++e) out.v[e] = static_cast<Q>(quant(c[it].get(e), inv, p.zero_point));
       qr[v] = out;
     }
   }
@@ -237,20 +289,21 @@ __global__ void __launch_bounds__(512)
                     int qmax) {
   ::qgrad::cuda::wait_for_prior_kernels();
   using M = quant_math_t<X>;
-  using XP = Pack<X, VEC>;
+  using XV = Vec<X, VEC>;
   __shared__ Range<M> sh[2][16];  // [row parity][warp of the block]
   RowGroup g = row_group();
   const int nvec = static_cast<int>(D / VEC);
   auto quant = [=](M v, M inv, int z) { return formulas::quantize_value<M>(v, inv, z, qmin, qmax); };
-  XP cur[ITEMS];
-  load_row<ITEMS>(cur, reinterpret_cast<const XP*>(x + g.r * D), g.r < rows, nvec, g.tx, g.G);
+  XV cur[ITEMS];
+  load_row<ITEMS>(cur, reinterpret_cast<const XV*>(x + g.r * D), g.r < rows, nvec, g.tx, g.G);
   int parity = 0;
   for (; g.r0 < rows; g.r0 += g.step, g.r += g.step) {
-    const Range<M> range = group_reduce(register_range<M>(cur), sh, parity, g);
+    const Range<M> mine = symmetric ? register_absmax<M>(cur) : register_range<M>(cur);
+    const Range<M> range = group_reduce(mine, sh, parity, g);
     const QParams<M> p = formulas::qparams_from_range<M>(range, symmetric, qmin, qmax);
     if (g.r < rows) store_row<Q>(cur, p, g.r, D, nvec, q, ldq, scale, zp, g, quant);
     if (g.r0 + g.step < rows)
-      load_row<ITEMS>(cur, reinterpret_cast<const XP*>(x + (g.r + g.step) * D), g.r + g.step < rows, nvec, g.tx,
+      load_row<ITEMS>(cur, reinterpret_cast<const XV*>(x + (g.r + g.step) * D), g.r + g.step < rows, nvec, g.tx,
                       g.G);
   }
 }

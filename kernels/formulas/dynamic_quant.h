@@ -44,7 +44,13 @@ QGRAD_HD double round_even(double v) {
 
 template <class M>
 QGRAD_HD bool is_finite_value(M v) {
-  return v == v && v - v == M(0);  // false for NaN and +-inf, without <cmath> differences
+  // false for NaN (every comparison is) and +-inf; fabs is exact everywhere
+  // (one compare with an absolute-value operand on the GPU)
+#if QGRAD_DEVICE_CODE && defined(__CUDA_ARCH__)
+  return fabs(v) < std::numeric_limits<M>::infinity();
+#else
+  return std::fabs(v) < std::numeric_limits<M>::infinity();
+#endif
 }
 
 // Running min/max of a segment over its finite values. Starts empty
@@ -55,9 +61,9 @@ struct Range {
   M lo, hi;
   QGRAD_HD static Range empty() { return {std::numeric_limits<M>::infinity(), -std::numeric_limits<M>::infinity()}; }
   QGRAD_HD void add(M v) {
-    if (!is_finite_value(v)) return;
-    lo = v < lo ? v : lo;
-    hi = v > hi ? v : hi;
+    const bool finite = is_finite_value(v);  // selects, not a branch
+    lo = finite && v < lo ? v : lo;
+    hi = finite && v > hi ? v : hi;
   }
   QGRAD_HD void merge(const Range& o) {
     lo = o.lo < lo ? o.lo : lo;
@@ -118,9 +124,10 @@ QGRAD_HD M inverse_scale(M scale) {
 template <class M>
 QGRAD_HD int quantize_value(M x, M inv_scale, int zero_point, int qmin, int qmax) {
   const M r = round_even(x * inv_scale) + M(zero_point);
-  if (r >= M(qmax)) return qmax;
-  if (r >= M(qmin)) return static_cast<int>(r);
-  return qmin;  // below the range, or NaN
+  // Selects, not branches (the row kernels quantize 64 values a thread);
+  // below the range, or NaN: qmin.
+  const M clamped = r >= M(qmax) ? M(qmax) : (r >= M(qmin) ? r : M(qmin));
+  return static_cast<int>(clamped);
 }
 
 // Running abs-max over finite values (SmoothQuant calibration).

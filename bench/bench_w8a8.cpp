@@ -115,7 +115,14 @@ void bench_w8a8(cublasHandle_t h, std::int64_t M, std::int64_t N, std::int64_t K
     Tensor sa = Tensor::empty({M}, TensorOptions(on).with_dtype(DType::f32));
     const kernels::QuantSpec spec{true, -128, 127};
     Timing ta = time_cuda([&](int) { kernels::quantize_rows_dynamic(x, K, spec, aq, K, sa, Tensor()); }, reps, 5);
-    emit_gemm("qgrad_act_quant", M, N, K, ta, false);
+    const double bytes = static_cast<double>(M * K) * (2 + 1) + static_cast<double>(M) * 4;  // bf16 in, s8 + scale out
+    char line[256];
+    std::snprintf(line, sizeof line,
+                  "{\"bench\":\"w8a8\",\"case\":\"w8a8_%lldx%lldx%lld\",\"impl\":\"qgrad_act_quant\",\"ms\":%.4f,"
+                  "\"gbs\":%.1f}",
+                  static_cast<long long>(M), static_cast<long long>(N), static_cast<long long>(K), ta.median_ms,
+                  bytes / (ta.median_ms * 1e-3) / 1e9);
+    emit(line);
   }
 
   // The int8 GEMM alone (padded K is K here: the shapes are multiples of 16).

@@ -77,19 +77,19 @@ __global__ void __launch_bounds__(512)
                       std::int64_t ldq, quant_math_t<X>* __restrict__ scale, std::int32_t* __restrict__ zp,
                       bool symmetric, int qmin, int qmax) {
   using M = quant_math_t<X>;
-  using XP = rows::Vec<X, VEC>;
+  using XV = rows::Vec<X, VEC>;
   __shared__ Range<M> sh[2][16];
   rows::RowGroup g = rows::row_group();
   const int nvec = static_cast<int>(D / VEC);
   auto quant = [=](M v, M inv, int z) {
     return LEAN ? quantize_lean<M>(v, inv, z, qmin, qmax) : formulas::quantize_value<M>(v, inv, z, qmin, qmax);
   };
-  auto row = [&](std::int64_t r) { return reinterpret_cast<const XP*>(x + r * D); };
-  XP cur[ITEMS];
+  auto row = [&](std::int64_t r) { return reinterpret_cast<const XV*>(x + r * D); };
+  XV cur[ITEMS];
   rows::load_row<ITEMS>(cur, row(g.r), g.r < nrows, nvec, g.tx, g.G);
   int parity = 0;
   for (; g.r0 < nrows; g.r0 += g.step, g.r += g.step) {
-    XP nxt[ITEMS];
+    XV nxt[ITEMS];
     if constexpr (PERSIST) rows::load_row<ITEMS>(nxt, row(g.r + g.step), g.r + g.step < nrows, nvec, g.tx, g.G);
     const Range<M> mine = LEAN && symmetric ? rows::register_absmax<M>(cur) : rows::register_range<M>(cur);
     const QParams<M> p = formulas::qparams_from_range<M>(rows::group_reduce(mine, sh, parity, g), symmetric, qmin,

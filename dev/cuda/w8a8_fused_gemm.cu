@@ -64,25 +64,24 @@ struct Variant {
 hw::SplitK g_split;
 template <class C>
 bool launch_dev(int device, const std::int8_t* a, std::int64_t lda, const std::int8_t* w, std::int64_t ldw,
-                  std::int64_t M, std::int64_t N, std::int64_t K, const kernels::cuda::QLinearOut<bfloat16>& ep,
-                  unsigned long long* probe) {
+                std::int64_t M, std::int64_t N, std::int64_t K, const kernels::cuda::QLinearOut<bfloat16>& ep,
+                unsigned long long* probe) {
   return hw::launch<bfloat16, C>(device, a, lda, w, ldw, M, N, K, ep, probe, g_split);
 }
 
-// The library takes ping-pong from half a wave of 128 x 128 tiles and
-// 128 x 256 where those fill the SMs (kernels/cuda/qlinear_sm90a.cu). The two
-// "y stored by TMA" ones and split K were added after the twenty-ninth
-// session's last GPU call: not yet run.
+// "(library)": the configurations kernels/cuda/qlinear_sm90a.cu takes
+// (cooperative 128 x 128 up to one wave of tiles, ping-pong by TMA past it,
+// 128 x 256 by TMA where those tiles fill the SMs 8 times).
 using hw::Schedule;
 constexpr Schedule kCoop = Schedule::cooperative, kPing = Schedule::ping_pong;
 const Variant kVariants[] = {
-    {"128x128 cooperative, 7 stages", launch_dev<hw::Config<128, 1, 7>>, 128},
-    {"128x128 ping-pong, 7 stages (library)", launch_dev<hw::Config<128, 1, 7, kPing>>, 128},
+    {"128x128 cooperative, 7 stages (library)", launch_dev<hw::Config<128, 1, 7>>, 128},
+    {"128x128 ping-pong, 7 stages", launch_dev<hw::Config<128, 1, 7, kPing>>, 128},
     {"128x128, pairs sharing W by multicast", launch_dev<hw::Config<128, 2, 7>>, 128},
-    {"128x256 cooperative, 4 stages (library)", launch_dev<hw::Config<256, 1, 4>>, 256},
+    {"128x256 cooperative, 4 stages", launch_dev<hw::Config<256, 1, 4>>, 256},
     {"128x256, pairs sharing W by multicast", launch_dev<hw::Config<256, 2, 4>>, 256},
-    {"128x256, y stored by TMA", launch_dev<hw::Config<256, 1, 4, kCoop, false, true>>, 256},
-    {"128x128 ping-pong, 6 stages, y stored by TMA", launch_dev<hw::Config<128, 1, 6, kPing, false, true>>,
+    {"128x256, y stored by TMA (library)", launch_dev<hw::Config<256, 1, 4, kCoop, false, true>>, 256},
+    {"128x128 ping-pong, 6 stages, y stored by TMA (library)", launch_dev<hw::Config<128, 1, 6, kPing, false, true>>,
      128},
     {"128x128 cooperative, split K (units fill the SMs once)",
      launch_dev<hw::Config<128, 1, 7, kCoop, false, false, true>>, 128},
@@ -90,10 +89,10 @@ const Variant kVariants[] = {
 // The same kernels counting their waits (clock64 around each barrier wait,
 // wgmma group wait and epilogue; run once, after the timings).
 const Variant kProbed[] = {
-    {"128x128 cooperative, 7 stages", launch_dev<hw::Config<128, 1, 7, kCoop, true>>, 128},
-    {"128x128 ping-pong, 7 stages (library)", launch_dev<hw::Config<128, 1, 7, kPing, true>>, 128},
-    {"128x256 cooperative, 4 stages (library)", launch_dev<hw::Config<256, 1, 4, kCoop, true>>, 256},
-    {"128x256, y stored by TMA", launch_dev<hw::Config<256, 1, 4, kCoop, true, true>>, 256},
+    {"128x128 cooperative, 7 stages (library)", launch_dev<hw::Config<128, 1, 7, kCoop, true>>, 128},
+    {"128x128 ping-pong, 7 stages", launch_dev<hw::Config<128, 1, 7, kPing, true>>, 128},
+    {"128x256 cooperative, 4 stages", launch_dev<hw::Config<256, 1, 4, kCoop, true>>, 256},
+    {"128x256, y stored by TMA (library)", launch_dev<hw::Config<256, 1, 4, kCoop, true, true>>, 256},
 };
 
 // Cycles per step of K (mean over the CTAs): where the producer and the

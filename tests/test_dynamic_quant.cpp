@@ -8,6 +8,7 @@
 
 #include "helpers.h"
 #include "qgrad/kernels/dynamic_quant.h"
+#include "qgrad/kernels/formulas/dynamic_quant.h"
 
 using namespace qgrad;
 using namespace qgrad::testing;
@@ -274,6 +275,37 @@ TEST_CASE("round half to even at the quantization step") {
   auto r = dynamic_range_quantize(x, QuantScope::per_tensor());
   CHECK(r.scale.item() == 1.0);
   CHECK(values(r.q) == std::vector<double>{0, 2, 2, 0, -2, 127});
+}
+
+TEST_CASE("quantize_byte (the row kernels' form) equals quantize_value for every kind of input") {
+  // Ties at every half integer of the range, values just beside them,
+  // the ends and past them, +-0, subnormals, inf, NaN, and seeded random
+  // values, through scales that make x * inv_scale land anywhere.
+  std::vector<float> xs = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, -NAN, 1e-45f, -1e-45f, 3.0e38f, -3.0e38f};
+  for (int k = -600; k <= 600; ++k) {
+    const float t = static_cast<float>(k) + 0.5f;
+    xs.insert(xs.end(), {t, std::nextafter(t, 1e9f), std::nextafter(t, -1e9f), static_cast<float>(k)});
+  }
+  Generator g(41);
+  const Tensor r = randn({20000}, g, TensorOptions{}, 0.0, 200.0);
+  for (std::int64_t i = 0; i < r.numel(); ++i) xs.push_back(r.data<float>()[i]);
+  const struct {
+    int qmin, qmax, zp;
+  } ranges[] = {{-128, 127, 0}, {-127, 127, 0}, {0, 255, 128}, {0, 255, 0}, {0, 255, 37}, {-128, 127, -5}, {0, 127, 3}};
+  const float invs[] = {1.0f, 0.3f, 7.77f, 1.0f / 3.0f, 1e-30f, 1e30f};
+  std::int64_t mismatches = 0;
+  for (const auto& rg : ranges)
+    for (const float inv : invs)
+      for (const float x : xs) {
+        const int want = formulas::quantize_value<float>(x, inv, rg.zp, rg.qmin, rg.qmax);
+        const std::uint32_t b =
+            formulas::quantize_byte(x, inv, static_cast<float>(rg.qmin - rg.zp), static_cast<float>(rg.qmax - rg.zp)) +
+            static_cast<std::uint32_t>(rg.zp);
+        const int got = rg.qmin < 0 ? static_cast<int>(static_cast<std::int8_t>(b & 0xffu)) : static_cast<int>(b & 0xffu);
+        if (got != want) ++mismatches;
+      }
+  CHECK(mismatches == 0);
+  CHECK(xs.size() > 24000);
 }
 
 TEST_CASE("row kernel with a padded row stride writes zeros into the pad") {

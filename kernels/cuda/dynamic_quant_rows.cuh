@@ -11,7 +11,8 @@
 // warp has ITEMS 16-byte loads in flight; the group reduces min/max (warp
 // shuffle, then one shared-memory stage behind a single barrier, double
 // buffered by row parity), then quantizes its registers and stores packed
-// words.
+// words (float math: formulas::quantize_byte, no float-to-int conversion;
+// symmetric 16-bit rows reduce |v| in integers, two values an instruction).
 //
 // rows_kernel (the fallback for longer rows): one block per row
 // (grid-stride), up to kItems vectors cached per thread, the remainder
@@ -237,20 +238,55 @@ __device__ __forceinline__ Range<M> group_reduce(Range<M> range, Range<M> (&sh)[
   return range;
 }
 
+// Signed 16-bit lane-wise max of two words (one instruction on sm_90).
+__device__ __forceinline__ unsigned max_s16x2(unsigned a, unsigned b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  unsigned d;
+  asm("max.s16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+#else
+  return __vmaxs2(a, b);
+#endif
+}
+
 // Symmetric qparams need only max |v| over the finite values: the range
 // {-m, m} gives qparams_from_range the same amax (hence the same bits) as the
-// row's true min/max, in three instructions a value instead of five.
+// row's true min/max. 16-bit rows held as words reduce two values an
+// instruction in integers: |v|'s bits (sign cleared) order as the values do,
+// and adding kBias to them keeps every finite value below 0x8000 while inf
+// and NaN reach 0x8000 and above, negative as s16, so a signed max passes
+// them over (bf16: largest finite 0x7F7F, inf 0x7F80, bias 0x80; f16:
+// 0x7BFF, 0x7C00, 0x400). Exact, as max is.
 template <class M, int ITEMS, class X, int VEC>
 __device__ __forceinline__ Range<M> register_absmax(const Vec<X, VEC> (&c)[ITEMS]) {
-  M m = M(0);
+  if constexpr (Vec<X, VEC>::kWords) {
+    constexpr unsigned kBias = std::is_same_v<X, bfloat16> ? 0x0080u : 0x0400u;
+    constexpr unsigned kBias2 = kBias * 0x10001u;
+    unsigned m = kBias2;  // |v| = 0 in both lanes
 #pragma unroll
-  for (int it = 0; it < ITEMS; ++it)
+    for (int it = 0; it < ITEMS; ++it)
 #pragma unroll
-    for (int e = 0; e < VEC; ++e) {
-      const M a = fabs(c[it].get(e));
-      m = a < std::numeric_limits<M>::infinity() && a > m ? a : m;  // NaN and inf compare false
+      for (int w = 0; w < 4; ++w) m = max_s16x2(m, ((&c[it].raw.x)[w] & 0x7fff7fffu) + kBias2);
+    const unsigned bits = max(m & 0xffffu, m >> 16) - kBias;
+    M a;
+    if constexpr (std::is_same_v<X, bfloat16>) {
+      a = __uint_as_float(bits << 16);
+    } else {
+      const unsigned short h = static_cast<unsigned short>(bits);
+      asm("cvt.f32.f16 %0, %1;" : "=f"(a) : "h"(h));
     }
-  return Range<M>{-m, m};
+    return Range<M>{-a, a};
+  } else {
+    M m = M(0);
+#pragma unroll
+    for (int it = 0; it < ITEMS; ++it)
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        const M a = fabs(c[it].get(e));
+        m = a < std::numeric_limits<M>::infinity() && a > m ? a : m;  // NaN and inf compare false
+      }
+    return Range<M>{-m, m};
+  }
 }
 
 // Writes row r's qparams (thread 0) and its quantized registers,
@@ -280,6 +316,49 @@ __device__ __forceinline__ void store_row(const Vec<X, VEC> (&c)[ITEMS], const Q
   for (std::int64_t j = D + g.tx; j < ldq; j += g.G) qs[j] = Q(0);
 }
 
+// store_row for float math and 8-bit codes, by formulas::quantize_byte (no
+// float-to-int conversion; the same codes as quantize_value), four codes
+// packed into a word by byte permutes. kZeroPoint: the row's zero point is
+// not 0 (decided once a row).
+template <bool kZeroPoint, class Q, int ITEMS, class X, int VEC>
+__device__ __forceinline__ void store_row_bytes(const Vec<X, VEC> (&c)[ITEMS], const QParams<float>& p,
+                                                std::int64_t r, std::int64_t D, int nvec, Q* __restrict__ q,
+                                                std::int64_t ldq, float* __restrict__ scale,
+                                                std::int32_t* __restrict__ zp, const RowGroup& g, int qmin, int qmax) {
+  static_assert(sizeof(Q) == 1 && (VEC == 1 || VEC % 4 == 0));
+  if (g.tx == 0) {
+    scale[r] = p.scale;
+    if (zp) zp[r] = p.zero_point;
+  }
+  const float inv = formulas::inverse_scale<float>(p.scale);
+  const float lo = static_cast<float>(qmin - p.zero_point), hi = static_cast<float>(qmax - p.zero_point);
+  const std::uint32_t z = static_cast<std::uint32_t>(p.zero_point);
+  auto code = [&](float v) {
+    const std::uint32_t b = formulas::quantize_byte(v, inv, lo, hi);
+    return kZeroPoint ? b + z : b;
+  };
+  Q* qr = q + r * ldq;
+#pragma unroll
+  for (int it = 0; it < ITEMS; ++it) {
+    const int v = it * g.G + g.tx;
+    if (v < nvec) {
+      if constexpr (VEC == 1) {
+        qr[v] = static_cast<Q>(code(c[it].get(0)));
+      } else {
+        Pack<std::uint32_t, VEC / 4> out;
+#pragma unroll
+        for (int w = 0; w < VEC / 4; ++w) {
+          const std::uint32_t lo2 = __byte_perm(code(c[it].get(4 * w)), code(c[it].get(4 * w + 1)), 0x0040);
+          const std::uint32_t hi2 = __byte_perm(code(c[it].get(4 * w + 2)), code(c[it].get(4 * w + 3)), 0x0040);
+          out.v[w] = __byte_perm(lo2, hi2, 0x5410);
+        }
+        reinterpret_cast<Pack<std::uint32_t, VEC / 4>*>(qr)[v] = out;
+      }
+    }
+  }
+  for (std::int64_t j = D + g.tx; j < ldq; j += g.G) qr[j] = Q(0);
+}
+
 // The library's row kernel (launched with blockDim (G, rb) from
 // row_group_shape(nvec, ITEMS)).
 template <class X, class Q, int VEC, int ITEMS>
@@ -293,7 +372,6 @@ __global__ void __launch_bounds__(512)
   __shared__ Range<M> sh[2][16];  // [row parity][warp of the block]
   RowGroup g = row_group();
   const int nvec = static_cast<int>(D / VEC);
-  auto quant = [=](M v, M inv, int z) { return formulas::quantize_value<M>(v, inv, z, qmin, qmax); };
   XV cur[ITEMS];
   load_row<ITEMS>(cur, reinterpret_cast<const XV*>(x + g.r * D), g.r < rows, nvec, g.tx, g.G);
   int parity = 0;
@@ -301,7 +379,15 @@ __global__ void __launch_bounds__(512)
     const Range<M> mine = symmetric ? register_absmax<M>(cur) : register_range<M>(cur);
     const Range<M> range = group_reduce(mine, sh, parity, g);
     const QParams<M> p = formulas::qparams_from_range<M>(range, symmetric, qmin, qmax);
-    if (g.r < rows) store_row<Q>(cur, p, g.r, D, nvec, q, ldq, scale, zp, g, quant);
+    if (g.r < rows) {
+      if constexpr (std::is_same_v<M, float>) {
+        if (p.zero_point == 0) store_row_bytes<false>(cur, p, g.r, D, nvec, q, ldq, scale, zp, g, qmin, qmax);
+        else store_row_bytes<true>(cur, p, g.r, D, nvec, q, ldq, scale, zp, g, qmin, qmax);
+      } else {
+        auto quant = [=](M v, M inv, int z) { return formulas::quantize_value<M>(v, inv, z, qmin, qmax); };
+        store_row<Q>(cur, p, g.r, D, nvec, q, ldq, scale, zp, g, quant);
+      }
+    }
     if (g.r0 + g.step < rows)
       load_row<ITEMS>(cur, reinterpret_cast<const XV*>(x + (g.r + g.step) * D), g.r + g.step < rows, nvec, g.tx,
                       g.G);

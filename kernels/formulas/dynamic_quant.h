@@ -130,6 +130,33 @@ QGRAD_HD int quantize_value(M x, M inv_scale, int zero_point, int qmin, int qmax
   return static_cast<int>(clamped);
 }
 
+// quantize_value for float math and an 8-bit code, without a float-to-int
+// conversion (the row kernels' form: on Hopper a conversion issues at a
+// quarter of the arithmetic rate, and quantize_value takes two, FRND and
+// F2I). Returns a word whose low byte is q - zero_point (two's complement);
+// the caller adds zero_point where it is not 0. lo = qmin - zero_point,
+// hi = qmax - zero_point.
+//   p = x * inv_scale                  (the same product, rounded once)
+//   c = min(max(p, lo), hi)            (max returns lo for NaN: NaN -> qmin)
+//   c + 1.5 * 2^23                     (|c| <= 2^9, so the sum lies in
+//                                       [2^23, 2^24), whose spacing is 1: the
+//                                       add rounds c to nearest even, as
+//                                       nearbyint, and leaves the integer n
+//                                       in the low bits, 0x4B400000 + n)
+// Clamping to the integers lo, hi before rounding equals rounding first,
+// so q = clamp(nearbyint(p) + zp, qmin, qmax) as quantize_value, for every
+// x (tests/test_dynamic_quant.cpp compares the two).
+QGRAD_HD std::uint32_t quantize_byte(float x, float inv_scale, float lo, float hi) {
+  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23 (even, so ties stay to even)
+  const float p = x * inv_scale;
+#if QGRAD_DEVICE_CODE && defined(__CUDA_ARCH__)
+  const float c = fminf(fmaxf(p, lo), hi);
+#else
+  const float c = std::fmin(std::fmax(p, lo), hi);
+#endif
+  return float_to_bits(c + kRound);
+}
+
 // Running abs-max over finite values (SmoothQuant calibration).
 template <class M>
 QGRAD_HD M absmax_update(M running, M v) {

@@ -4,6 +4,7 @@
 // activation quantization with a zero point, bad inputs, CPU/CUDA identity.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "helpers.h"
 
@@ -406,6 +407,61 @@ TEST_CASE("CUDA outputs at the edges of each dtype (subnormal, overflowing) matc
         CHECK(bit_equal(c, g));
       }
     }
+}
+
+TEST_CASE("CUDA NaN outputs: one NaN encoding on every kernel path, the rest bit for bit") {
+  QGRAD_REQUIRE_GPU();
+  // Biases that are NaN (quiet and signalling payloads, either sign) and
+  // +-inf, weight scales whose products overflow to inf and meet the
+  // opposite infinite bias: NaN outputs on the host keep a payload, on the
+  // GPU every f32 NaN result is 0x7FFFFFFF, stored as 0x7FFF in f16 and
+  // bf16 (the hardware conversions of the Hopper GEMM's epilogue, first two
+  // shapes: stored directly, and by TMA; the encoders of the epilogue pass,
+  // third). Every other output matches the host bit for bit.
+  const std::uint32_t specials[] = {0x7fc00001u, 0xffc12345u, 0x7f800001u, 0xff800010u, 0x7f800000u, 0xff800000u};
+  for (auto [M, N, K] : {std::tuple{1000, 1300, 136}, std::tuple{1300, 1864, 136}, std::tuple{100, 1300, 136}}) {
+    const int rows = M;  // CAPTURE takes a copy: a structured binding cannot be captured (clang)
+    CAPTURE(rows);
+    Layer l = make_layer(N, K, 57);
+    float* b = l.bias.data<float>();
+    float* sw = l.w_scale.data<float>();
+    for (std::int64_t n = 0; n < N; n += 7) {
+      const std::size_t k = static_cast<std::size_t>(n / 7) % 6;
+      std::memcpy(&b[n], &specials[k], sizeof specials[k]);
+      if (k >= 4) sw[n] = 3e38f;  // +-inf bias: the products overflow, and inf + -inf is NaN
+    }
+    Tensor x = make_x({M, K}, DType::bf16, 58) * 3.0;
+    for (DType out : {DType::bf16, DType::f16, DType::f32}) {
+      CAPTURE(out);
+      const Tensor c16 = quantized_linear(x, l.w_q, l.w_scale, l.bias, ActivationQuant::dynamic(), out);
+      const Tensor c = c16.to(DType::f32);
+      const Tensor g16 = quantized_linear(x.cuda(), l.w_q.cuda(), l.w_scale.cuda(), l.bias.cuda(),
+                                          ActivationQuant::dynamic(), out)
+                             .cpu();
+      std::int64_t nans = 0, bad = 0;
+      for (std::int64_t i = 0; i < M * N; ++i) {
+        std::uint32_t got = 0, want = 0;
+        if (out == DType::f32) {
+          std::memcpy(&got, &g16.data<float>()[i], 4);
+          std::memcpy(&want, &c16.data<float>()[i], 4);
+        } else if (out == DType::bf16) {
+          got = g16.data<bfloat16>()[i].bits;
+          want = c16.data<bfloat16>()[i].bits;
+        } else {
+          got = g16.data<half>()[i].bits;
+          want = c16.data<half>()[i].bits;
+        }
+        if (std::isnan(c.data<float>()[i])) {
+          ++nans;
+          if (got != (out == DType::f32 ? 0x7fffffffu : 0x7fffu)) ++bad;
+        } else if (got != want) {
+          ++bad;
+        }
+      }
+      CHECK(nans > M);  // NaN in many columns
+      CHECK(bad == 0);
+    }
+  }
 }
 
 TEST_CASE("CUDA every input dtype and static activations (device and host qparams) match the CPU") {

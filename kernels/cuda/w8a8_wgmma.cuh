@@ -217,8 +217,17 @@ __device__ __forceinline__ long long probe_clock() {
 
 // Two 16-bit outputs packed lo | hi << 16, converted in hardware (cvt.rn,
 // round to nearest even, two values an instruction): equal to their encoders
-// (core/half.h) for every non-NaN value, subnormal results and overflow to
-// infinity included; a NaN takes the encoders' rule.
+// (core/half.h) for every value the epilogue produces. For non-NaN values
+// the conversion and the encoders round alike (subnormal results and
+// overflow to infinity included). A NaN output is the result of f32
+// arithmetic (the product by sa * sw, the bias add), and the GPU's f32
+// arithmetic returns one NaN, 0x7FFFFFFF, whatever NaN went in; the encoders
+// take it to 0x7FFF, as the conversion takes every NaN (tests/test_qlinear.cpp
+// checks NaN outputs on every kernel path). No per-pair NaN branch, then: an
+// epilogue runs once a tile, so its code is fetched cold, and with that
+// branch (the encoders inline behind it) the executed instructions lay spread
+// over four times their size; at M = 128 instruction-fetch stalls took 35% of
+// the kernel's warp samples (ncu, docs/benchmarks.md, thirty-first session).
 template <class T>
 constexpr bool is_16bit_v = std::is_same_v<T, bfloat16> || std::is_same_v<T, half>;
 template <class T>
@@ -227,7 +236,6 @@ __device__ __forceinline__ std::uint32_t pack_two(float v0, float v1) {
   std::uint32_t r;
   if constexpr (std::is_same_v<T, bfloat16>) asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(v1), "f"(v0));
   else asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(v1), "f"(v0));
-  if (v0 != v0 || v1 != v1) r = static_cast<std::uint32_t>(T(v0).bits) | static_cast<std::uint32_t>(T(v1).bits) << 16;
   return r;
 }
 

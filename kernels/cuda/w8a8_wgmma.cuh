@@ -207,12 +207,26 @@ enum ProbeSlot : int {
   kGroupWait,      // consumer: waiting for the previous wgmma group
   kEpilogue,       // consumer: applying the formula and storing
   kConsumerTotal,  // consumer: from its first wait to its last store
-  kProbeSlots = 8
+  // The first consumer thread's global times (ns, %globaltimer: one clock
+  // for all SMs, so the CTAs' spans compare with each other and with the
+  // kernel's): past the kernel's wait for the kernel before it, its first
+  // stage's data in, its last wgmma group done, its last store issued.
+  kEntryNs,
+  kFirstDataNs,
+  kMainLoopEndNs,
+  kExitNs,
+  kProbeSlots = 12
 };
 template <bool kOn>
 __device__ __forceinline__ long long probe_clock() {
   if constexpr (kOn) return clock64();
   else return 0;
+}
+template <bool kOn>
+__device__ __forceinline__ unsigned long long probe_ns() {
+  unsigned long long t = 0;
+  if constexpr (kOn) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
 }
 
 // Two 16-bit outputs packed lo | hi << 16, converted in hardware (cvt.rn,
@@ -457,6 +471,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                       bool tma_store, SplitK split_k, QLinearOut<T> ep, unsigned long long* __restrict__ probe) {
   ::qgrad::cuda::wait_for_prior_kernels();
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  [[maybe_unused]] const unsigned long long entry_ns = probe_ns<C::kProbe>();
   constexpr int BN = C::BN, S = C::S, kCluster = C::kCluster;
   constexpr int kStageBytes = C::kStageBytes;
   constexpr int kPartW = BN / kCluster * kBK;  // the weight rows each CTA of a cluster loads for all
@@ -552,6 +567,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     };
     long long full_wait = 0, group_wait = 0, epilogue = 0;
+    [[maybe_unused]] unsigned long long first_data_ns = 0, main_end_ns = 0;
     const long long start = probe_clock<C::kProbe>();
     // Tile L of this CTA (its L-th, in the producer's order) fills stages
     // L * ksteps ... of the ring.
@@ -589,6 +605,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         long long t = probe_clock<C::kProbe>();
         mbar_wait(full + s, (it / S) & 1);
         full_wait += probe_clock<C::kProbe>() - t;
+        if (C::kProbe && first_data_ns == 0) first_data_ns = probe_ns<C::kProbe>();
         const std::uint32_t a_addr = smem_base + s * kStageBytes + (C::kPingPong ? 0 : consumer * 64 * kBK);
         const std::uint32_t w_addr = smem_base + s * kStageBytes + kStageBytesA;
 #pragma unroll
@@ -615,6 +632,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int b = 0; b < kBlocks; ++b) fence_accumulators<BN>(acc[b]);
       group_wait += probe_clock<C::kProbe>() - t;
+      main_end_ns = probe_ns<C::kProbe>();
       if (prev >= 0) release(prev);
       t = probe_clock<C::kProbe>();
       if constexpr (C::kSplitK) {
@@ -649,6 +667,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         slot[kGroupWait] = static_cast<unsigned long long>(group_wait);
         slot[kEpilogue] = static_cast<unsigned long long>(epilogue);
         slot[kConsumerTotal] = static_cast<unsigned long long>(clock64() - start);
+        slot[kEntryNs] = entry_ns;
+        slot[kFirstDataNs] = first_data_ns;
+        slot[kMainLoopEndNs] = main_end_ns;
+        slot[kExitNs] = probe_ns<true>();
       }
     }
   }

@@ -70,11 +70,13 @@ bool launch_dev(int device, const std::int8_t* a, std::int64_t lda, const std::i
 }
 
 // "(library)": the configurations kernels/cuda/qlinear_sm90a.cu takes
-// (cooperative 128 x 128 up to one wave of tiles, ping-pong by TMA past it,
-// 128 x 256 by TMA where those tiles fill the SMs 8 times).
+// (cooperative 128 x 64 up to half a wave of 128 x 128 tiles, cooperative
+// 128 x 128 up to one wave, ping-pong by TMA past it, 128 x 256 by TMA where
+// those tiles fill the SMs 8 times).
 using hw::Schedule;
 constexpr Schedule kCoop = Schedule::cooperative, kPing = Schedule::ping_pong;
 const Variant kVariants[] = {
+    {"128x64 cooperative, 8 stages (library)", launch_dev<hw::Config<64, 1, 8>>, 64},
     {"128x128 cooperative, 7 stages (library)", launch_dev<hw::Config<128, 1, 7>>, 128},
     {"128x128 ping-pong, 7 stages", launch_dev<hw::Config<128, 1, 7, kPing>>, 128},
     {"128x128, pairs sharing W by multicast", launch_dev<hw::Config<128, 2, 7>>, 128},
@@ -89,6 +91,7 @@ const Variant kVariants[] = {
 // The same kernels counting their waits (clock64 around each barrier wait,
 // wgmma group wait and epilogue; run twice after the timings, the second counted; and each CTA's global times).
 const Variant kProbed[] = {
+    {"128x64 cooperative, 8 stages (library)", launch_dev<hw::Config<64, 1, 8, kCoop, true>>, 64},
     {"128x128 cooperative, 7 stages (library)", launch_dev<hw::Config<128, 1, 7, kCoop, true>>, 128},
     {"128x128 ping-pong, 7 stages", launch_dev<hw::Config<128, 1, 7, kPing, true>>, 128},
     {"128x256 cooperative, 4 stages", launch_dev<hw::Config<256, 1, 4, kCoop, true>>, 256},

@@ -31,6 +31,12 @@ bool qlinear_sm90a(int device, const std::int8_t* a, std::int64_t lda, const std
     return false;
   // Which kernel (docs/benchmarks.md, thirtieth session, call 1, H200,
   // N = K = 4096 unless named: each fused kernel alone, ms):
+  // - up to half a wave of 128 x 128 tiles, 128 x 64 tiles, cooperative, 8
+  //   stages (thirty-first session): at M = 16 ... 128 the 32 CTAs of 128 x
+  //   128 tiles spent about 590 cycles a step of K, bound by their tensor
+  //   cores (512 cycles a 128 x 128 x 128 step), 9.5 of their 13-14 us;
+  //   twice the CTAs halve that work a CTA without split K's exchange of
+  //   partial sums;
   // - up to one wave of 128 x 128 tiles, cooperative (both consumers on each
   //   tile): M = 128 0.0143, 256 0.0146, 512 0.0164 (ping-pong 0.0160,
   //   0.0171); cuBLASLt's GEMM alone 0.0112, 0.0188, 0.0279 before its
@@ -48,6 +54,7 @@ bool qlinear_sm90a(int device, const std::int8_t* a, std::int64_t lda, const std
   const std::int64_t wide_tiles = ((M + kBM - 1) / kBM) * ((N + 255) / 256);
   const int sms = ::qgrad::cuda::multiprocessor_count(device);
   if (tiles * 8 < sms) return false;
+  if (tiles * 2 <= sms) return launch<T, Config<64, 1, 8>>(device, a, lda, w, ldw, M, N, K, out);
   if (tiles <= sms) return launch<T, Config<128, 1, 7>>(device, a, lda, w, ldw, M, N, K, out);
   constexpr bool kProbe = false, kTmaStore = true;
   if (wide_tiles >= 8 * static_cast<std::int64_t>(sms))

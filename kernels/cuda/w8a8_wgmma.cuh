@@ -59,7 +59,7 @@ constexpr int kGroupM = 8;  // tiles run in groups of 8 along M (A rows shared i
 //     so their main loops take turns). Twice the accumulators a thread: BN 128.
 enum class Schedule { cooperative, ping_pong };
 
-// A kernel configuration: tile width BN (128 or 256), CTAs per cluster along
+// A kernel configuration: tile width BN (64, 128 or 256), CTAs per cluster along
 // M sharing the weight tile by multicast (1 or 2), stages in the ring, the
 // consumers' schedule, and whether the kernel counts its waits (kProbe: the
 // dev program's, below).
@@ -125,6 +125,24 @@ __device__ __forceinline__ unsigned cluster_rank() {
   return r;
 }
 
+// d (+)= a (64 x 32 from a_desc) * b (64 x 32 from b_desc)^T, s8 in, s32
+// accumulate; scale_d = 0 starts d from zero.
+__device__ __forceinline__ void wgmma_s8_n64(int (&d)[32], std::uint64_t a_desc, std::uint64_t b_desc, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.s8 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+      "}, %32, %33, p;\n}\n"
+      :
+        "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]),
+        "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]),
+        "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]),
+        "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31])
+      : "l"(a_desc), "l"(b_desc), "r"(scale_d)
+      : "memory");
+}
+
 // d (+)= a (64 x 32 from a_desc) * b (128 x 32 from b_desc)^T, s8 in, s32
 // accumulate; scale_d = 0 starts d from zero.
 __device__ __forceinline__ void wgmma_s8_n128(int (&d)[64], std::uint64_t a_desc, std::uint64_t b_desc, int scale_d) {
@@ -188,7 +206,8 @@ __device__ __forceinline__ void wgmma_s8_n256(int (&d)[128], std::uint64_t a_des
 template <int BN>
 __device__ __forceinline__ void wgmma_s8(int (&d)[BN / 2], std::uint64_t a_desc, std::uint64_t b_desc, int scale_d) {
   if constexpr (BN == 256) wgmma_s8_n256(d, a_desc, b_desc, scale_d);
-  else wgmma_s8_n128(d, a_desc, b_desc, scale_d);
+  else if constexpr (BN == 128) wgmma_s8_n128(d, a_desc, b_desc, scale_d);
+  else wgmma_s8_n64(d, a_desc, b_desc, scale_d);
 }
 
 template <int BN>
@@ -353,6 +372,18 @@ struct ThreadTile {
             }
           }
         }
+    }
+  }
+  // store() in the form the tile takes: with or without zero points, full
+  // or ragged.
+  __device__ __forceinline__ void store_direct(const Out& ep, const int (&acc)[kBlocks][BN / 2], int M, int N,
+                                               bool pair_stores, bool full_tile) {
+    if (ep.za) {
+      if (full_tile) store<true, true>(ep, acc, M, N, pair_stores);
+      else store<true, false>(ep, acc, M, N, pair_stores);
+    } else {
+      if (full_tile) store<false, true>(ep, acc, M, N, pair_stores);
+      else store<false, false>(ep, acc, M, N, pair_stores);
     }
   }
   // Through shared memory and TMA: each 64-row block in boxes of 64 rows x
@@ -642,18 +673,20 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
       const bool full_tile = (tm + 1) * kBM <= M && (tn + 1) * BN <= N && pair_stores;
-      if (C::kTmaStore && tma_store) {
-        const int block_row0 = tm * kBM + (C::kPingPong ? 0 : 64 * consumer);
-        const std::uint32_t mine = staging + consumer * 16384;
-        const bool leader = threadIdx.x % 128 == 0;
-        if (ep.za) out.template store_tma<true>(ep, acc, N, mine, &out_map, block_row0, tn * BN, 3 + consumer, leader);
-        else out.template store_tma<false>(ep, acc, N, mine, &out_map, block_row0, tn * BN, 3 + consumer, leader);
-      } else if (ep.za) {
-        if (full_tile) out.template store<true, true>(ep, acc, M, N, pair_stores);
-        else out.template store<true, false>(ep, acc, M, N, pair_stores);
+      if constexpr (C::kTmaStore) {  // instantiated only there (its boxes need a BN of two 128-byte rows at least)
+        if (tma_store) {
+          const int block_row0 = tm * kBM + (C::kPingPong ? 0 : 64 * consumer);
+          const std::uint32_t mine = staging + consumer * 16384;
+          const bool leader = threadIdx.x % 128 == 0;
+          if (ep.za)
+            out.template store_tma<true>(ep, acc, N, mine, &out_map, block_row0, tn * BN, 3 + consumer, leader);
+          else
+            out.template store_tma<false>(ep, acc, N, mine, &out_map, block_row0, tn * BN, 3 + consumer, leader);
+        } else {
+          out.store_direct(ep, acc, M, N, pair_stores, full_tile);
+        }
       } else {
-        if (full_tile) out.template store<false, true>(ep, acc, M, N, pair_stores);
-        else out.template store<false, false>(ep, acc, M, N, pair_stores);
+        out.store_direct(ep, acc, M, N, pair_stores, full_tile);
       }
       epilogue += probe_clock<C::kProbe>() - t;
     }

@@ -163,6 +163,15 @@ __device__ __forceinline__ RowGroup row_group() {
   return g;
 }
 
+// f16 bits to float by the hardware conversion: exact for every finite
+// value (subnormals included), as half_bits_to_float; NaN and inf leave the
+// range and quantize to qmin / the ends either way.
+__device__ __forceinline__ float f16_bits_to_float(unsigned short bits) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(bits));
+  return f;
+}
+
 // One vector of a row (VEC elements of X, 16 bytes or one element) held as
 // it was loaded. 16-bit X stays in its four 32-bit words and is unpacked
 // element by element where used, so a thread's ITEMS loads all issue before
@@ -186,13 +195,7 @@ struct Vec {
         return __uint_as_float(e % 2 ? word & 0xffff0000u : word << 16);  // exact: bf16 is binary32's top half
       } else {
         static_assert(std::is_same_v<X, half>);
-        // The hardware conversion: exact for every finite value (subnormals
-        // included), as half_bits_to_float; NaN and inf leave the range and
-        // quantize to qmin / the ends either way.
-        const unsigned short bits = static_cast<unsigned short>(e % 2 ? word >> 16 : word & 0xffffu);
-        float f;
-        asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(bits));
-        return f;
+        return f16_bits_to_float(static_cast<unsigned short>(e % 2 ? word >> 16 : word & 0xffffu));
       }
     }
   }
@@ -268,13 +271,8 @@ __device__ __forceinline__ Range<M> register_absmax(const Vec<X, VEC> (&c)[ITEMS
 #pragma unroll
       for (int w = 0; w < 4; ++w) m = max_s16x2(m, ((&c[it].raw.x)[w] & 0x7fff7fffu) + kBias2);
     const unsigned bits = max(m & 0xffffu, m >> 16) - kBias;
-    M a;
-    if constexpr (std::is_same_v<X, bfloat16>) {
-      a = __uint_as_float(bits << 16);
-    } else {
-      const unsigned short h = static_cast<unsigned short>(bits);
-      asm("cvt.f32.f16 %0, %1;" : "=f"(a) : "h"(h));
-    }
+    const M a = std::is_same_v<X, bfloat16> ? __uint_as_float(bits << 16)
+                                             : f16_bits_to_float(static_cast<unsigned short>(bits));
     return Range<M>{-a, a};
   } else {
     M m = M(0);
@@ -289,17 +287,24 @@ __device__ __forceinline__ Range<M> register_absmax(const Vec<X, VEC> (&c)[ITEMS
   }
 }
 
-// Writes row r's qparams (thread 0) and its quantized registers,
+// Row r's qparams, by the group's thread 0.
+template <class M>
+__device__ __forceinline__ void write_qparams(const QParams<M>& p, std::int64_t r, M* __restrict__ scale,
+                                              std::int32_t* __restrict__ zp, const RowGroup& g) {
+  if (g.tx == 0) {
+    scale[r] = p.scale;
+    if (zp) zp[r] = p.zero_point;
+  }
+}
+
+// Writes row r's qparams and its quantized registers,
 // quant(x, inv_scale, zero_point) each, then the pad columns [D, ldq).
 template <class Q, int ITEMS, class X, int VEC, class M, class Quant>
 __device__ __forceinline__ void store_row(const Vec<X, VEC> (&c)[ITEMS], const QParams<M>& p, std::int64_t r, std::int64_t D,
                                           int nvec, Q* __restrict__ q, std::int64_t ldq, M* __restrict__ scale,
                                           std::int32_t* __restrict__ zp, const RowGroup& g, Quant quant) {
   using QP = Pack<Q, VEC>;
-  if (g.tx == 0) {
-    scale[r] = p.scale;
-    if (zp) zp[r] = p.zero_point;
-  }
+  write_qparams(p, r, scale, zp, g);
   const M inv = formulas::inverse_scale<M>(p.scale);
   QP* qr = reinterpret_cast<QP*>(q + r * ldq);
 #pragma unroll
@@ -326,10 +331,7 @@ __device__ __forceinline__ void store_row_bytes(const Vec<X, VEC> (&c)[ITEMS], c
                                                 std::int64_t ldq, float* __restrict__ scale,
                                                 std::int32_t* __restrict__ zp, const RowGroup& g, int qmin, int qmax) {
   static_assert(sizeof(Q) == 1 && (VEC == 1 || VEC % 4 == 0));
-  if (g.tx == 0) {
-    scale[r] = p.scale;
-    if (zp) zp[r] = p.zero_point;
-  }
+  write_qparams(p, r, scale, zp, g);
   const float inv = formulas::inverse_scale<float>(p.scale);
   const float lo = static_cast<float>(qmin - p.zero_point), hi = static_cast<float>(qmax - p.zero_point);
   const std::uint32_t z = static_cast<std::uint32_t>(p.zero_point);

@@ -207,7 +207,10 @@ template <int BN>
 __device__ __forceinline__ void wgmma_s8(int (&d)[BN / 2], std::uint64_t a_desc, std::uint64_t b_desc, int scale_d) {
   if constexpr (BN == 256) wgmma_s8_n256(d, a_desc, b_desc, scale_d);
   else if constexpr (BN == 128) wgmma_s8_n128(d, a_desc, b_desc, scale_d);
-  else wgmma_s8_n64(d, a_desc, b_desc, scale_d);
+  else {
+    static_assert(BN == 64, "tile widths: 64, 128, 256");
+    wgmma_s8_n64(d, a_desc, b_desc, scale_d);
+  }
 }
 
 template <int BN>

@@ -21,6 +21,12 @@ struct QLinearEpilogue {
   // (row sums of the weight), both on the output's device; undefined otherwise.
   Tensor za;
   Tensor wsum;
+  // True where the kernel launched just before qlinear() on the stream writes
+  // no weight (quantized_linear's own activation quantization, which writes
+  // only a, sa, za): the GEMM may then start loading w before waiting for that
+  // kernel (core/cuda/common.cuh, DeferredPriorWait). Never set it where a
+  // kernel writing w may run just before.
+  bool w_untouched_by_prior_kernel = false;
 };
 
 // wsum[n] = sum_k w[n, k] for w s8 [N, K] contiguous, into s32 [N] (w's device).

@@ -142,6 +142,7 @@ Tensor quantized_linear(const Tensor& x, const Tensor& w_q, const Tensor& w_scal
     kernels::quantize_rows_static(x, K, act.scale, act.zero_point, static_cast<int>(act.qmin),
                                   static_cast<int>(act.qmax), a, lda);
   }
+  ep.w_untouched_by_prior_kernel = true;  // the activation quantization just launched writes a and its qparams only
   kernels::qlinear(a, lda, K, w_q, ep, out.reshape({M, N}));
   return out;
 }

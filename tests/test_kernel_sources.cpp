@@ -54,6 +54,9 @@ Finding scan(const fs::path& path, const std::string& rel) {
   for (std::size_t p = text.find("<<<"); p != std::string::npos; p = text.find("<<<", p + 3))
     f.problems.push_back(rel + ":" + line_of(p) + ": a launch by <<<...>>> (use ::qgrad::cuda::launch_kernel)");
   static const std::regex first_statement(R"(^\s*(::qgrad::)?(cuda::)?wait_for_prior_kernels\(\);)");
+  // The sanctioned exception (core/cuda/common.cuh): a DeferredPriorWait
+  // declared first, whose wait() the body calls.
+  static const std::regex deferred(R"(^\s*(const\s+)?(::qgrad::)?(cuda::)?DeferredPriorWait\s+(\w+)\s*;)");
   for (std::size_t p = text.find("__global__"); p != std::string::npos; p = text.find("__global__", p + 10)) {
     // The body's brace: the first '{' outside parentheses (attributes and
     // the parameter list come before it); a ';' first means a declaration.
@@ -67,8 +70,20 @@ Finding scan(const fs::path& path, const std::string& rel) {
     }
     if (q >= text.size() || text[q] == ';') continue;
     ++f.kernels;
-    if (!std::regex_search(text.begin() + static_cast<std::ptrdiff_t>(q) + 1, text.end(), first_statement,
-                           std::regex_constants::match_continuous))
+    const auto body = text.begin() + static_cast<std::ptrdiff_t>(q) + 1;
+    std::smatch m;
+    if (std::regex_search(body, text.end(), m, deferred, std::regex_constants::match_continuous)) {
+      // Its wait() before the body's end (the brace closing the body).
+      int braces = 1;
+      std::size_t end = q + 1;
+      for (; end < text.size() && braces > 0; ++end) braces += text[end] == '{' ? 1 : text[end] == '}' ? -1 : 0;
+      const std::string call = m[4].str() + ".wait()";
+      const std::size_t at = text.find(call, q);
+      if (at == std::string::npos || at >= end)
+        f.problems.push_back(rel + ":" + line_of(p) + ": a kernel that defers its wait and never calls " + call);
+      continue;
+    }
+    if (!std::regex_search(body, text.end(), first_statement, std::regex_constants::match_continuous))
       f.problems.push_back(rel + ":" + line_of(p) + ": a kernel whose first statement is not wait_for_prior_kernels()");
   }
   return f;
@@ -111,12 +126,15 @@ TEST_CASE("the kernel-source check flags a kernel that touches memory before wai
            "  ::qgrad::cuda::wait_for_prior_kernels();\n}\n"
            "__global__ void good(int* p) {\n  ::qgrad::cuda::wait_for_prior_kernels();\n  *p = 0;\n}\n"
            "__global__ void declared(int* p);\n"
+           "__global__ void deferred_ok(int* p) {\n  ::qgrad::cuda::DeferredPriorWait prior;\n  prior.wait();\n}\n"
+           "__global__ void deferred_bad(int* p) {\n  ::qgrad::cuda::DeferredPriorWait prior;\n  *p = 0;\n}\n"
            "void host() { k<<<1, 1>>>(nullptr); }\n";
   }
   const Finding f = scan(bad, "bad.cu");
-  CHECK(f.kernels == 2);
-  REQUIRE(f.problems.size() == 2);
-  CHECK(f.problems[0].find("bad.cu:12: a launch by <<<") == 0);
+  CHECK(f.kernels == 4);
+  REQUIRE(f.problems.size() == 3);
+  CHECK(f.problems[0].find("bad.cu:20: a launch by <<<") == 0);
   CHECK(f.problems[1].find("bad.cu:3: a kernel whose first statement") == 0);
+  CHECK(f.problems[2].find("bad.cu:16: a kernel that defers its wait and never calls prior.wait()") == 0);
   fs::remove_all(dir);
 }

@@ -345,7 +345,7 @@ TEST_CASE("CUDA past the GEMV (16 < M <= 128) matches the CPU bit for bit, call 
   // a multiple of 16; K in one 64-column block (48), padded (1000 -> 1008)
   // and long (4160, ragged). These few tiles take cuBLASLt's int8 GEMM + the
   // epilogue pass; N = K = 4096 at M = 128 (the benchmark's shape; 32 tiles)
-  // takes the Hopper fused GEMM (128 x 64 tiles) on an H100 or H200. Every
+  // takes the Hopper fused GEMM (128 x 32 tiles) on an H100 or H200. Every
   // shape runs twice (a cached plan's second call).
   for (auto [M, N, K] : {std::tuple{17, 200, 4160}, std::tuple{32, 65, 48}, std::tuple{33, 33, 1000},
                          std::tuple{64, 130, 4160}, std::tuple{65, 1, 256}, std::tuple{100, 200, 512},
@@ -369,13 +369,15 @@ TEST_CASE("CUDA mid-size shapes (the Hopper fused GEMM) and large ones match the
     check_dynamic_cuda_matches_cpu(M, N, K, 47, {DType::bf16, DType::f32, DType::f64, DType::f16}, 2);
 }
 
-TEST_CASE("CUDA fused GEMM of 128 x 64 tiles (up to half a wave of 128 x 128) matches the CPU bit for bit") {
+TEST_CASE("CUDA fused GEMM of 128 x 64 and 128 x 32 tiles (up to half a wave of 128 x 128) matches the CPU") {
   QGRAD_REQUIRE_GPU();
   // Between an eighth and a half of a wave of 128 x 128 tiles (132 SMs): 128 x
-  // 64 tiles. Ragged M and N (even: pair stores; odd: single stores), K of
-  // one stage and a half (200), of several stages and ragged (1000, 4160:
-  // more steps than the 8 stages).
-  for (auto [M, N, K] : {std::tuple{200, 2050, 200}, std::tuple{130, 4097, 1000}, std::tuple{100, 2400, 4160}})
+  // 64 tiles (the first two), and up to a quarter of a wave with M > 64, 128 x
+  // 32 tiles (the last two). Ragged M and N (even: pair stores; odd: single
+  // stores), K of one stage and a half (200), of several stages and ragged
+  // (1000, 4160: more steps than the 8 or 10 stages). Bit for bit.
+  for (auto [M, N, K] : {std::tuple{200, 2050, 200}, std::tuple{130, 4097, 1000}, std::tuple{100, 2400, 4160},
+                         std::tuple{128, 4097, 1000}})
     check_dynamic_cuda_matches_cpu(M, N, K, 67, {DType::bf16, DType::f32, DType::f64, DType::f16}, 2);
 }
 
@@ -395,7 +397,7 @@ TEST_CASE("CUDA outputs at the edges of each dtype (subnormal, overflowing) matc
   // f16's, bf16's and f32's normal ranges, past f16's and f32's largest
   // values, and through every rounding between: the Hopper GEMM's hardware
   // conversions (first shape, in its window, stored directly; second, past
-  // one wave, staged in shared memory and stored by TMA; fourth, 128 x 64
+  // one wave, staged in shared memory and stored by TMA; fourth, 128 x 32
   // tiles, stored directly; full and ragged tiles) and the epilogue pass
   // (third) against the library's encoders on the host.
   for (auto [M, N, K] : {std::tuple{1000, 1300, 136}, std::tuple{1300, 1864, 136}, std::tuple{100, 1300, 136},
@@ -428,7 +430,7 @@ TEST_CASE("CUDA NaN outputs: one NaN encoding on every kernel path, the rest bit
   // GPU every f32 NaN result is 0x7FFFFFFF, stored as 0x7FFF in f16 and
   // bf16 (the hardware conversions of the Hopper GEMM's epilogue, first two
   // shapes: stored directly, and by TMA; the encoders of the epilogue pass,
-  // third; fourth: 128 x 64 tiles). Every other output matches the host bit
+  // third; fourth: 128 x 32 tiles). Every other output matches the host bit
   // for bit.
   const std::uint32_t specials[] = {0x7fc00001u, 0xffc12345u, 0x7f800001u, 0xff800010u, 0x7f800000u, 0xff800000u};
   for (auto [M, N, K] : {std::tuple{1000, 1300, 136}, std::tuple{1300, 1864, 136}, std::tuple{100, 1300, 136},

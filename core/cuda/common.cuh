@@ -40,6 +40,8 @@ inline unsigned blocks_for(std::int64_t n, unsigned threads, std::int64_t max_bl
 
 // The device's streaming multiprocessors; cached per device.
 int multiprocessor_count(int device);
+// The device's L2 cache in bytes; cached per device.
+int l2_cache_bytes(int device);
 
 // Number of resident blocks that fill the device for a given block size
 // (for grid-stride kernels).
@@ -86,6 +88,19 @@ __device__ __forceinline__ void wait_for_prior_kernels() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
+
+// The one exception to waiting first. A kernel may do work before the wait
+// that touches no global memory a running grid could write: its shared
+// memory, its parameters, and inputs that its launcher knows the grid just
+// before it does not write (an op that launched that grid itself, and knows
+// what it writes). Every qgrad kernel signals its dependents only after its
+// own wait, so once this kernel runs, only the grid just before it can still
+// be running: every earlier grid has finished. Declared as the kernel's
+// first statement (tests/test_kernel_sources.cpp accepts it there and looks
+// for its wait()); every thread calls wait() before any other access.
+struct DeferredPriorWait {
+  __device__ __forceinline__ void wait() const { wait_for_prior_kernels(); }
+};
 
 // Launches kernel<<<grid, block, smem, stream(device)>>>(args...) (with the
 // programmatic-dependent-launch attribute where programmatic_launch(device))

@@ -126,16 +126,22 @@ DeviceGuard::~DeviceGuard() { cudaSetDevice(previous_); }
 
 std::uint32_t* block_counters(int device) { return state(device).block_counters; }
 
-int multiprocessor_count(int device) {
+namespace {
+template <cudaDeviceAttr kAttribute>
+int cached_attribute(int device) {
   static std::array<std::atomic<int>, 64> cached{};
   const bool cacheable = device >= 0 && device < 64;
   int n = cacheable ? cached[static_cast<std::size_t>(device)].load(std::memory_order_relaxed) : 0;
   if (n == 0) {
-    QGRAD_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
+    QGRAD_CUDA_CHECK(cudaDeviceGetAttribute(&n, kAttribute, device));
     if (cacheable) cached[static_cast<std::size_t>(device)].store(n, std::memory_order_relaxed);
   }
   return n;
 }
+}  // namespace
+
+int multiprocessor_count(int device) { return cached_attribute<cudaDevAttrMultiProcessorCount>(device); }
+int l2_cache_bytes(int device) { return cached_attribute<cudaDevAttrL2CacheSize>(device); }
 
 unsigned fill_blocks(int device, unsigned threads) {
   const int per_sm = static_cast<int>(2048 / threads);

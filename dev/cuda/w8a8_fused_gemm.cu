@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstdio>
 #include <vector>
@@ -17,6 +18,7 @@
 #include "qgrad/core/cuda/common.cuh"
 #include "qgrad/core/device.h"
 #include "qgrad/kernels/cuda/entries.h"
+#include "qgrad/kernels/dynamic_quant.h"
 #include "qgrad/kernels/cuda/lt_gemm.cuh"
 #include "qgrad/kernels/cuda/qlinear_out.cuh"
 #include "qgrad/kernels/cuda/w8a8_wgmma.cuh"
@@ -66,7 +68,7 @@ template <class C>
 bool launch_dev(int device, const std::int8_t* a, std::int64_t lda, const std::int8_t* w, std::int64_t ldw,
                 std::int64_t M, std::int64_t N, std::int64_t K, const kernels::cuda::QLinearOut<bfloat16>& ep,
                 unsigned long long* probe) {
-  return hw::launch<bfloat16, C>(device, a, lda, w, ldw, M, N, K, ep, probe, g_split);
+  return hw::launch<bfloat16, C>(device, a, lda, w, ldw, M, N, K, ep, {}, probe, g_split);
 }
 
 // "(library)": the configurations kernels/cuda/qlinear_sm90a.cu takes
@@ -76,6 +78,7 @@ bool launch_dev(int device, const std::int8_t* a, std::int64_t lda, const std::i
 using hw::Schedule;
 constexpr Schedule kCoop = Schedule::cooperative, kPing = Schedule::ping_pong;
 const Variant kVariants[] = {
+    {"128x32 cooperative, 10 stages (library)", launch_dev<hw::Config<32, 1, 10>>, 32},
     {"128x64 cooperative, 8 stages (library)", launch_dev<hw::Config<64, 1, 8>>, 64},
     {"128x128 cooperative, 7 stages (library)", launch_dev<hw::Config<128, 1, 7>>, 128},
     {"128x128 ping-pong, 7 stages", launch_dev<hw::Config<128, 1, 7, kPing>>, 128},
@@ -91,6 +94,7 @@ const Variant kVariants[] = {
 // The same kernels counting their waits (clock64 around each barrier wait,
 // wgmma group wait and epilogue; run twice after the timings, the second counted; and each CTA's global times).
 const Variant kProbed[] = {
+    {"128x32 cooperative, 10 stages (library)", launch_dev<hw::Config<32, 1, 10, kCoop, true>>, 32},
     {"128x64 cooperative, 8 stages (library)", launch_dev<hw::Config<64, 1, 8, kCoop, true>>, 64},
     {"128x128 cooperative, 7 stages (library)", launch_dev<hw::Config<128, 1, 7, kCoop, true>>, 128},
     {"128x128 ping-pong, 7 stages", launch_dev<hw::Config<128, 1, 7, kPing, true>>, 128},
@@ -145,6 +149,59 @@ void report_probe(const Variant& v, const std::int8_t* ap, const std::int8_t* wp
               " to first data %.2f us, first data to last wgmma %.2f us, then to exit %.2f us",
               static_cast<double>(last_exit - first_entry) * 1e-3, static_cast<double>(last_entry - first_entry) * 1e-3,
               to_data / used * 1e-3, main_loop / used * 1e-3, tail / used * 1e-3);
+}
+
+__global__ void noop_kernel() { ::qgrad::cuda::wait_for_prior_kernels(); }
+
+// Host microseconds per call (issue only: `calls` back to back, then one
+// sync outside the clock) of what quantized_linear's call is made of.
+template <class F>
+double host_us(F call, int calls = 400) {
+  for (int i = 0; i < 20; ++i) call();
+  ::qgrad::cuda_synchronize(0);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < calls; ++i) call();
+  const auto t1 = std::chrono::steady_clock::now();
+  ::qgrad::cuda_synchronize(0);
+  return std::chrono::duration<double, std::micro>(t1 - t0).count() / calls;
+}
+
+void host_costs(std::int64_t M, std::int64_t N, std::int64_t K) {
+  Generator g(9);
+  const TensorOptions on = TensorOptions{}.with_device(Device::cuda());
+  Tensor x = randn({M, K}, g, TensorOptions(on).with_dtype(DType::bf16));
+  Tensor w = randint(-127, 128, {N, K}, g, TensorOptions(on).with_dtype(DType::s8));
+  Tensor sw = rand({N}, g, on, 0.001, 0.01);
+  Tensor aq = Tensor::empty({M, K}, TensorOptions(on).with_dtype(DType::s8));
+  Tensor sa = Tensor::empty({M}, on);
+  Tensor y = Tensor::empty({M, N}, TensorOptions(on).with_dtype(DType::bf16));
+  kernels::QLinearEpilogue ep;
+  ep.sa = sa;
+  ep.sw = sw;
+  const auto out = kernels::cuda::qlinear_out<bfloat16>(ep, y);
+  const kernels::QuantSpec spec{true, -128, 127};
+  const auto* ap = aq.data<std::int8_t>();
+  const auto* wp = w.data<std::int8_t>();
+  const double op =
+      host_us([&] { (void)quantized_linear(x, w, sw, Tensor(), ActivationQuant::dynamic(), DType::bf16); });
+  const double alloc = host_us([&] {
+    Tensor o = Tensor::empty({M, N}, TensorOptions(on).with_dtype(DType::bf16));
+    Tensor a = Tensor::empty({M, K}, TensorOptions(on).with_dtype(DType::s8));
+    Tensor s = Tensor::empty({M}, on);
+  });
+  const double quant = host_us([&] { kernels::quantize_rows_dynamic(x, K, spec, aq, K, sa, Tensor()); });
+  const double gemm =
+      host_us([&] { (void)kernels::cuda::qlinear_sm90a<bfloat16>(0, ap, K, wp, K, M, N, K, out, true); });
+  CUtensorMap m1, m2, m3;
+  const double maps = host_us([&] {
+    (void)hw::encode(m1, ap, M, K, K, hw::kBM);
+    (void)hw::encode(m2, wp, N, K, K, 64);
+    (void)hw::encode_out(m3, out.out, M, N);
+  });
+  const double empty_launch = host_us([&] { ::qgrad::cuda::launch_kernel(0, noop_kernel, 1, 32, 0); });
+  std::printf("\n  host us per call: quantized_linear %.2f; three Tensor::empty %.2f; quantize_rows_dynamic %.2f;"
+              " qlinear_sm90a %.2f; three tensor maps encoded %.2f; an empty kernel launched %.2f",
+              op, alloc, quant, gemm, maps, empty_launch);
 }
 
 void run_shape(std::int64_t M, std::int64_t N, std::int64_t K) {
@@ -226,6 +283,41 @@ void run_shape(std::int64_t M, std::int64_t N, std::int64_t K) {
     if (bad) std::printf(" (%lld of 2 x %lld differ)", static_cast<long long>(bad), static_cast<long long>(M * N));
   }
   for (const Variant& v : kProbed) report_probe(v, ap, w[0].data<std::int8_t>(), M, N, K, out);
+
+  // End to end as quantized_linear runs it: bf16 x quantized per token into
+  // a (and sa), then the library's GEMM, with the weight loaded after the
+  // wait for the quantization kernel or before it (EarlyWeight, the
+  // library's choice for this shape); both outputs compared bit for bit.
+  if (K % 16 == 0) {
+    Tensor x = randn({M, K}, g, TensorOptions(on).with_dtype(DType::bf16));
+    Tensor aq = Tensor::empty({M, K}, TensorOptions(on).with_dtype(DType::s8));
+    const kernels::QuantSpec spec{true, -128, 127};
+    auto e2e = [&](int r, bool early) {
+      kernels::quantize_rows_dynamic(x, K, spec, aq, K, sa, Tensor());
+      (void)kernels::cuda::qlinear_sm90a<bfloat16>(0, aq.data<std::int8_t>(), K, w[r % copies].data<std::int8_t>(), K,
+                                                   M, N, K, out, early);
+    };
+    Tensor y_late, y_early;
+    for (const bool early : {false, true}) {
+      QGRAD_CUDA_CHECK(cudaMemset(y.data_ptr(), 0xff, static_cast<std::size_t>(M * N) * 2));
+      e2e(0, early);
+      (early ? y_early : y_late) = y.cpu();
+    }
+    const bfloat16* late_p = y_late.data<bfloat16>();
+    const bfloat16* early_p = y_early.data<bfloat16>();
+    bool same = true;
+    for (std::int64_t i = 0; i < M * N; ++i) same = same && late_p[i].bits == early_p[i].bits;
+    const double t_quant = time_ms([&](int) { kernels::quantize_rows_dynamic(x, K, spec, aq, K, sa, Tensor()); }, reps);
+    double t_late = 0, t_early = 0;
+    for (int round = 0; round < 3; ++round) {  // alternating: the machine's drift falls on both
+      t_late += time_ms([&](int r) { e2e(r, false); }, reps) / 3;
+      t_early += time_ms([&](int r) { e2e(r, true); }, reps) / 3;
+    }
+    std::printf("\n  end to end (bf16 x quantized, library GEMM): quantization alone %.4f ms; weight after the wait "
+                "%.4f ms, weight early %.4f ms (%.2fx)%s",
+                t_quant, t_late, t_early, t_late / t_early, same ? " same bits" : " MISMATCH");
+  }
+  host_costs(M, N, K);
   std::printf("\n");
 }
 

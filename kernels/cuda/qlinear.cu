@@ -219,7 +219,8 @@ void qlinear(const Tensor& a, std::int64_t lda, std::int64_t K, const Tensor& w,
   // Weight rows padded to lda (a multiple of 16) and 16-byte aligned.
   Tensor wpad = w;
   std::int64_t ldw = K;
-  if (K != lda || !aligned16(w.data_ptr())) {
+  const bool padded = K != lda || !aligned16(w.data_ptr());  // then the copy kernel writes wpad just before
+  if (padded) {
     wpad = Tensor::empty({N, lda}, TensorOptions(on).with_dtype(DType::s8));
     const std::int8_t* src = static_cast<const std::int8_t*>(w.data_ptr());
     std::int8_t* dst = static_cast<std::int8_t*>(wpad.data_ptr());
@@ -240,7 +241,8 @@ void qlinear(const Tensor& a, std::int64_t lda, std::int64_t K, const Tensor& w,
   dispatch_floating(out.dtype(), "quantized_linear", [&](auto tag) {
     using T = typename decltype(tag)::type;
     fused = qlinear_sm90a<T>(d, static_cast<const std::int8_t*>(a.data_ptr()), lda,
-                             static_cast<const std::int8_t*>(wpad.data_ptr()), ldw, M, N, K, qlinear_out<T>(ep, out));
+                             static_cast<const std::int8_t*>(wpad.data_ptr()), ldw, M, N, K, qlinear_out<T>(ep, out),
+                             ep.w_untouched_by_prior_kernel && !padded);
   });
   if (fused) return;
 #endif

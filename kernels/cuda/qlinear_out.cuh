@@ -99,8 +99,11 @@ QLinearOut<T> qlinear_out(const QLinearEpilogue& ep, const Tensor& out) {
 // launching nothing, where it does not apply: no sm_90a build, a device other
 // than compute capability 9.0, or a shape it does not take (see the source).
 // a: s8 [M, lda], w: s8 [N, ldw] (16-byte aligned rows; columns K..ld ignored).
+// w_ready: the kernel launched just before on the stream does not write w
+// (see QLinearEpilogue::w_untouched_by_prior_kernel), so the GEMM may load
+// its first weight stages before waiting for that kernel.
 template <class T>
 bool qlinear_sm90a(int device, const std::int8_t* a, std::int64_t lda, const std::int8_t* w, std::int64_t ldw,
-                   std::int64_t M, std::int64_t N, std::int64_t K, const QLinearOut<T>& out);
+                   std::int64_t M, std::int64_t N, std::int64_t K, const QLinearOut<T>& out, bool w_ready);
 
 }  // namespace qgrad::kernels::cuda

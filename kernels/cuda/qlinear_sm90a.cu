@@ -22,7 +22,7 @@ using hopper_w8a8::launch;
 
 template <class T>
 bool qlinear_sm90a(int device, const std::int8_t* a, std::int64_t lda, const std::int8_t* w, std::int64_t ldw,
-                   std::int64_t M, std::int64_t N, std::int64_t K, const QLinearOut<T>& out) {
+                   std::int64_t M, std::int64_t N, std::int64_t K, const QLinearOut<T>& out, bool w_ready) {
   if (cuda_compute_capability(device) != 90 || device >= 64) return false;
   // int coordinates for TMA and the tile grid; 16-byte aligned rows for TMA.
   if (M <= 0 || N <= 0 || K <= 0 || M > INT_MAX / 2 || N > INT_MAX / 2 || K > INT_MAX / 2) return false;
@@ -31,6 +31,14 @@ bool qlinear_sm90a(int device, const std::int8_t* a, std::int64_t lda, const std
     return false;
   // Which kernel (docs/benchmarks.md, thirtieth session, call 1, H200,
   // N = K = 4096 unless named: each fused kernel alone, ms):
+  // - up to a quarter of a wave of 128 x 128 tiles with M > 64, 128 x 32
+  //   tiles, cooperative, 10 stages (thirty-second session): a CTA's main
+  //   loop is bound by its shared memory (per step of K the TMA writes of A
+  //   and W and both consumers' wgmma reads, about 128 bytes a cycle), which
+  //   four times the CTAs share out: M = 128 0.0098 against 0.0110 (128 x
+  //   64), end to end 0.0153 against bf16 cuBLAS's 0.0162. At M = 32 and 64
+  //   they measured slower end to end (0.0199 and 0.0188 against 0.0172 and
+  //   0.0158 with 128 x 64 tiles), so those keep 128 x 64;
   // - up to half a wave of 128 x 128 tiles, 128 x 64 tiles, cooperative, 8
   //   stages (thirty-first session): at M = 16 ... 128 the 32 CTAs of 128 x
   //   128 tiles spent about 590 cycles a step of K, bound by their tensor
@@ -55,22 +63,32 @@ bool qlinear_sm90a(int device, const std::int8_t* a, std::int64_t lda, const std
   const std::int64_t wide_tiles = ((M + kBM - 1) / kBM) * ((N + 255) / 256);
   const int sms = ::qgrad::cuda::multiprocessor_count(device);
   if (tiles * 8 < sms) return false;
-  if (tiles * 2 <= sms) return launch<T, Config<64, 1, 8>>(device, a, lda, w, ldw, M, N, K, out);
-  if (tiles <= sms) return launch<T, Config<128, 1, 7>>(device, a, lda, w, ldw, M, N, K, out);
+  // A weight the kernel just before does not write: each CTA's first stages
+  // of it load before the wait, and where the grid is one wave (each CTA's
+  // only tile) and the weight takes at most a quarter of L2, the rest of its
+  // rows go to L2 too: the weight streams from HBM while the activations are
+  // quantized (docs/benchmarks.md, thirty-second session).
+  hopper_w8a8::EarlyWeight early;
+  early.stages = w_ready;
+  early.l2 = w_ready && tiles <= sms && N * K <= ::qgrad::cuda::l2_cache_bytes(device) / 4;
+  if (tiles * 4 <= sms && M > 64) return launch<T, Config<32, 1, 10>>(device, a, lda, w, ldw, M, N, K, out, early);
+  if (tiles * 2 <= sms) return launch<T, Config<64, 1, 8>>(device, a, lda, w, ldw, M, N, K, out, early);
+  if (tiles <= sms) return launch<T, Config<128, 1, 7>>(device, a, lda, w, ldw, M, N, K, out, early);
   constexpr bool kProbe = false, kTmaStore = true;
   if (wide_tiles >= 8 * static_cast<std::int64_t>(sms))
     return launch<T, Config<256, 1, 4, Schedule::cooperative, kProbe, kTmaStore>>(device, a, lda, w, ldw, M, N, K,
-                                                                                  out);
-  return launch<T, Config<128, 1, 6, Schedule::ping_pong, kProbe, kTmaStore>>(device, a, lda, w, ldw, M, N, K, out);
+                                                                                  out, early);
+  return launch<T, Config<128, 1, 6, Schedule::ping_pong, kProbe, kTmaStore>>(device, a, lda, w, ldw, M, N, K, out,
+                                                                              early);
 }
 
 template bool qlinear_sm90a<float>(int, const std::int8_t*, std::int64_t, const std::int8_t*, std::int64_t,
-                                   std::int64_t, std::int64_t, std::int64_t, const QLinearOut<float>&);
+                                   std::int64_t, std::int64_t, std::int64_t, const QLinearOut<float>&, bool);
 template bool qlinear_sm90a<double>(int, const std::int8_t*, std::int64_t, const std::int8_t*, std::int64_t,
-                                    std::int64_t, std::int64_t, std::int64_t, const QLinearOut<double>&);
+                                    std::int64_t, std::int64_t, std::int64_t, const QLinearOut<double>&, bool);
 template bool qlinear_sm90a<bfloat16>(int, const std::int8_t*, std::int64_t, const std::int8_t*, std::int64_t,
-                                      std::int64_t, std::int64_t, std::int64_t, const QLinearOut<bfloat16>&);
+                                      std::int64_t, std::int64_t, std::int64_t, const QLinearOut<bfloat16>&, bool);
 template bool qlinear_sm90a<half>(int, const std::int8_t*, std::int64_t, const std::int8_t*, std::int64_t,
-                                  std::int64_t, std::int64_t, std::int64_t, const QLinearOut<half>&);
+                                  std::int64_t, std::int64_t, std::int64_t, const QLinearOut<half>&, bool);
 
 }  // namespace qgrad::kernels::cuda

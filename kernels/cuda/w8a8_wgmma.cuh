@@ -59,7 +59,7 @@ constexpr int kGroupM = 8;  // tiles run in groups of 8 along M (A rows shared i
 //     so their main loops take turns). Twice the accumulators a thread: BN 128.
 enum class Schedule { cooperative, ping_pong };
 
-// A kernel configuration: tile width BN (64, 128 or 256), CTAs per cluster along
+// A kernel configuration: tile width BN (32, 64, 128 or 256), CTAs per cluster along
 // M sharing the weight tile by multicast (1 or 2), stages in the ring, the
 // consumers' schedule, and whether the kernel counts its waits (kProbe: the
 // dev program's, below).
@@ -98,6 +98,12 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, i
       "l"(reinterpret_cast<std::uint64_t>(map)), "r"(col), "r"(row), "r"(smem_u32(bar))
       : "memory");
 }
+// The box brought into L2 only (no shared memory, no barrier).
+__device__ __forceinline__ void tma_prefetch_l2(const CUtensorMap* map, int col, int row) {
+  asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global [%0, {%1, %2}];" ::"l"(reinterpret_cast<std::uint64_t>(map)),
+               "r"(col), "r"(row)
+               : "memory");
+}
 // The same box written at dst's offset in every CTA of cta_mask, each
 // completing on its own barrier at bar's offset.
 __device__ __forceinline__ void tma_load_2d_multicast(void* dst, const CUtensorMap* map, int col, int row,
@@ -123,6 +129,20 @@ __device__ __forceinline__ unsigned cluster_rank() {
   unsigned r;
   asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
   return r;
+}
+
+// d (+)= a (64 x 32 from a_desc) * b (32 x 32 from b_desc)^T, s8 in, s32
+// accumulate; scale_d = 0 starts d from zero.
+__device__ __forceinline__ void wgmma_s8_n32(int (&d)[16], std::uint64_t a_desc, std::uint64_t b_desc, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k32.s32.s8.s8 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+      "}, %16, %17, p;\n}\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), "+r"(d[8]),
+        "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15])
+      : "l"(a_desc), "l"(b_desc), "r"(scale_d)
+      : "memory");
 }
 
 // d (+)= a (64 x 32 from a_desc) * b (64 x 32 from b_desc)^T, s8 in, s32
@@ -207,9 +227,10 @@ template <int BN>
 __device__ __forceinline__ void wgmma_s8(int (&d)[BN / 2], std::uint64_t a_desc, std::uint64_t b_desc, int scale_d) {
   if constexpr (BN == 256) wgmma_s8_n256(d, a_desc, b_desc, scale_d);
   else if constexpr (BN == 128) wgmma_s8_n128(d, a_desc, b_desc, scale_d);
+  else if constexpr (BN == 64) wgmma_s8_n64(d, a_desc, b_desc, scale_d);
   else {
-    static_assert(BN == 64, "tile widths: 64, 128, 256");
-    wgmma_s8_n64(d, a_desc, b_desc, scale_d);
+    static_assert(BN == 32, "tile widths: 32, 64, 128, 256");
+    wgmma_s8_n32(d, a_desc, b_desc, scale_d);
   }
 }
 
@@ -484,6 +505,21 @@ __device__ __forceinline__ bool split_k_reduce(int (&acc)[BN / 2], const SplitK&
   return true;
 }
 
+// What of the weight the kernel loads before waiting for the grid before it
+// (DeferredPriorWait): only where the launcher knows that grid does not
+// write w (quantized_linear's own activation quantization; never a padding
+// copy of w). Clusterless configurations without split K; a CTA's first
+// tile only.
+//   stages: its first S stages of W into shared memory;
+//   l2: the rest of its W rows over all of K into L2 (where they fit with
+//     room to spare: the launcher decides).
+// The weight's bytes then stream from HBM while the activations are being
+// quantized; the A loads wait as before.
+struct EarlyWeight {
+  bool stages = false;
+  bool l2 = false;
+};
+
 struct TileGrid {
   int tiles_m, tiles_n;
   // Tile t's coordinates: groups of kGroupM tiles along M, N-major inside a
@@ -502,10 +538,11 @@ template <class T, class C>
 __global__ void __launch_bounds__(kThreads, 1)
     w8a8_wgmma_kernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap w_map,
                       const __grid_constant__ CUtensorMap out_map, int M, int N, int K, TileGrid grid, bool pair_stores,
-                      bool tma_store, SplitK split_k, QLinearOut<T> ep, unsigned long long* __restrict__ probe) {
-  ::qgrad::cuda::wait_for_prior_kernels();
+                      bool tma_store, SplitK split_k, EarlyWeight early, QLinearOut<T> ep,
+                      unsigned long long* __restrict__ probe) {
+  // Until the wait: shared memory, the parameters and (early) the weight.
+  const ::qgrad::cuda::DeferredPriorWait prior;
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  [[maybe_unused]] const unsigned long long entry_ns = probe_ns<C::kProbe>();
   constexpr int BN = C::BN, S = C::S, kCluster = C::kCluster;
   constexpr int kStageBytes = C::kStageBytes;
   constexpr int kPartW = BN / kCluster * kBK;  // the weight rows each CTA of a cluster loads for all
@@ -531,6 +568,25 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   if constexpr (kCluster > 1) cluster_sync();  // the peer's barriers exist before anything is sent to them
   else __syncthreads();
+  // The early weight loads of this CTA's first unit (its cluster index, split K absent).
+  constexpr bool kEarly = kCluster == 1 && !C::kSplitK;
+  int early_stages = 0;
+  if (kEarly && early.stages && static_cast<int>(blockIdx.x) < grid.tiles_m * grid.tiles_n) {
+    const int ksteps = (K + kBK - 1) / kBK;
+    early_stages = min(S, ksteps);
+    if (threadIdx.x == 0) {
+      int tm, tn;
+      grid.coords(static_cast<int>(blockIdx.x), tm, tn);
+      for (int ks = 0; ks < early_stages; ++ks) {
+        mbar_expect_tx(full + ks, kStageBytes);  // A's bytes too: its load joins the same phase below
+        tma_load_2d(smem + ks * kStageBytes + kStageBytesA, &w_map, ks * kBK, tn * BN, full + ks);
+      }
+      if (early.l2)
+        for (int ks = early_stages; ks < ksteps; ++ks) tma_prefetch_l2(&w_map, ks * kBK, tn * BN);
+    }
+  }
+  prior.wait();
+  [[maybe_unused]] const unsigned long long entry_ns = probe_ns<C::kProbe>();
   // A cluster's CTAs walk the same cluster tiles: cluster tile p is M's
   // 128-row tile kCluster * (p's row) + rank, columns tn (a tile past M
   // loads zeros and stores nothing).
@@ -561,11 +617,15 @@ __global__ void __launch_bounds__(kThreads, 1)
         k_range(u, k_begin, k_end);
         for (int ks = k_begin; ks < k_end; ++ks, ++it) {
           const int s = it % S;
+          unsigned char* stage = smem + s * kStageBytes;
+          if (it < early_stages) {  // W's part already on its way, the barrier expecting both
+            tma_load_2d(stage, &a_map, ks * kBK, tm * kBM, full + s);
+            continue;
+          }
           const long long t = probe_clock<C::kProbe>();
           mbar_wait(empty + s, ((it / S) & 1) ^ 1);
           waited += probe_clock<C::kProbe>() - t;
           mbar_expect_tx(full + s, kStageBytes);
-          unsigned char* stage = smem + s * kStageBytes;
           tma_load_2d(stage, &a_map, ks * kBK, tm * kBM, full + s);
           if constexpr (kCluster > 1)
             tma_load_2d_multicast(stage + kStageBytesA + rank * kPartW, &w_map, ks * kBK,
@@ -590,8 +650,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     constexpr int kTileStep = C::kPingPong ? 2 : 1;
     // Column pairs whose terms one batch of reads covers: all of them (read
     // before the main loop) where the registers allow.
-    constexpr int kChunk =
-        (BN == 128 && !C::kPingPong ? 16 : 8) * 4 / static_cast<int>(sizeof(typename QLinearOut<T>::Mt));
+    constexpr int kChunk = std::min(
+        BN / 8, (BN == 128 && !C::kPingPong ? 16 : 8) * 4 / static_cast<int>(sizeof(typename QLinearOut<T>::Mt)));
     ThreadTile<T, BN, kBlocks, kChunk> out;
     int acc[kBlocks][BN / 2];
     auto release = [&](int s) {
@@ -716,8 +776,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     cluster_sync();
   }
 #else
+  prior.wait();
   (void)a_map, (void)w_map, (void)out_map, (void)M, (void)N, (void)K, (void)grid, (void)pair_stores, (void)tma_store,
-      (void)split_k, (void)ep, (void)probe;
+      (void)split_k, (void)early, (void)ep, (void)probe;
 #endif
 }
 
@@ -769,8 +830,8 @@ bool encode_out(CUtensorMap& map, T* y, std::int64_t M, std::int64_t N) {
 
 template <class T, class C>
 bool launch(int device, const std::int8_t* a, std::int64_t lda, const std::int8_t* w, std::int64_t ldw, std::int64_t M,
-            std::int64_t N, std::int64_t K, const QLinearOut<T>& ep, unsigned long long* probe = nullptr,
-            SplitK split_k = {}) {
+            std::int64_t N, std::int64_t K, const QLinearOut<T>& ep, EarlyWeight early = {},
+            unsigned long long* probe = nullptr, SplitK split_k = {}) {
   constexpr auto kernel = w8a8_wgmma_kernel<T, C>;
   if (!C::kSplitK) split_k = SplitK{};
   CUtensorMap a_map, w_map, out_map{};
@@ -812,7 +873,7 @@ bool launch(int device, const std::int8_t* a, std::int64_t lda, const std::int8_
   config.gridDim = static_cast<unsigned>(
       C::kCluster * std::min(grid.tiles_m * grid.tiles_n * split_k.splits, resident[static_cast<std::size_t>(device)]));
   QGRAD_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, a_map, w_map, out_map, static_cast<int>(M), static_cast<int>(N),
-                                      static_cast<int>(K), grid, pair, tma_store, split_k, ep, probe));
+                                      static_cast<int>(K), grid, pair, tma_store, split_k, early, ep, probe));
   return true;
 }
 

@@ -32,12 +32,11 @@ bool qlinear_sm90a(int device, const std::int8_t* a, std::int64_t lda, const std
   // Which kernel (docs/benchmarks.md, thirtieth session, call 1, H200,
   // N = K = 4096 unless named: each fused kernel alone, ms):
   // - up to a quarter of a wave of 128 x 128 tiles with M > 64, 128 x 32
-  //   tiles, cooperative, 10 stages (thirty-second session): a CTA's main
-  //   loop is bound by its shared memory (per step of K the TMA writes of A
-  //   and W and both consumers' wgmma reads, about 128 bytes a cycle), which
-  //   four times the CTAs share out: M = 128 0.0098 against 0.0110 (128 x
-  //   64), end to end 0.0153 against bf16 cuBLAS's 0.0162. At M = 32 and 64
-  //   they measured slower end to end (0.0199 and 0.0188 against 0.0172 and
+  //   tiles, cooperative, 10 stages (thirty-second session): M = 128 0.0098
+  //   against 0.0110 (128 x 64). Their main loop takes as long (7.9 us in
+  //   the probe); the gain is each CTA's shorter epilogue (0.48 us after the
+  //   last wgmma against 1.26) and first stage. At M = 32 and 64 they
+  //   measured slower end to end (0.0199 and 0.0188 against 0.0172 and
   //   0.0158 with 128 x 64 tiles), so those keep 128 x 64;
   // - up to half a wave of 128 x 128 tiles, 128 x 64 tiles, cooperative, 8
   //   stages (thirty-first session): at M = 16 ... 128 the 32 CTAs of 128 x

@@ -23,6 +23,9 @@
 #include "qgrad/kernels/cuda/qlinear_out.cuh"
 #include "qgrad/kernels/cuda/w8a8_wgmma.cuh"
 #include "qgrad/qgrad.h"
+// After the kernel headers (their formulas call ::sqrt unqualified, which
+// qgrad.h's ops would hide).
+#include "../../bench/bench_common.h"
 
 #ifdef QGRAD_HAVE_SM90A
 using namespace qgrad;
@@ -152,6 +155,66 @@ void report_probe(const Variant& v, const std::int8_t* ap, const std::int8_t* wp
 }
 
 __global__ void noop_kernel() { ::qgrad::cuda::wait_for_prior_kernels(); }
+
+// The experiment of Config::kFusedQuant (w8a8_wgmma.cuh, FusedQuant): one
+// launch per call, the kernel quantizing bf16 x itself, against the
+// library's op (two launches), both timed per call (events around each) and
+// back to back; the fused output checked against the op's bit for bit.
+template <class C>
+void fused_quant_ab(std::int64_t M, std::int64_t N, std::int64_t K) {
+  Generator g(11);
+  const TensorOptions on = TensorOptions{}.with_device(Device::cuda());
+  const int copies = 4;  // 4 x N x K bytes past L2 at N = K = 4096, as bench_w8a8
+  Tensor x = randn({M, K}, g, TensorOptions(on).with_dtype(DType::bf16));
+  std::vector<Tensor> w;
+  for (int i = 0; i < copies; ++i) w.push_back(randint(-127, 128, {N, K}, g, TensorOptions(on).with_dtype(DType::s8)));
+  Tensor sw = rand({N}, g, on, 0.001, 0.01);
+  Tensor aq = Tensor::empty({M, K}, TensorOptions(on).with_dtype(DType::s8));
+  Tensor sa = Tensor::empty({M}, on);
+  Tensor flags = zeros({M}, TensorOptions(on).with_dtype(DType::s32));
+  Tensor y = Tensor::empty({M, N}, TensorOptions(on).with_dtype(DType::bf16));
+  kernels::QLinearEpilogue ep;
+  ep.sa = sa;
+  ep.sw = sw;
+  const auto out = kernels::cuda::qlinear_out<bfloat16>(ep, y);
+  hw::FusedQuant fq;
+  fq.x = reinterpret_cast<const std::uint16_t*>(x.data_ptr());
+  fq.aq = aq.data<std::int8_t>();
+  fq.lda = K;
+  fq.sa = sa.data<float>();
+  fq.flags = reinterpret_cast<unsigned*>(flags.data_ptr());
+  unsigned epoch = 0;
+  hw::EarlyWeight early;
+  early.stages = true;
+  early.l2 = N * K <= ::qgrad::cuda::l2_cache_bytes(0) / 4;
+  auto fused = [&](int r) {
+    fq.epoch = ++epoch;
+    (void)hw::launch<bfloat16, C>(0, aq.data<std::int8_t>(), K, w[r % copies].data<std::int8_t>(), K, M, N, K, out,
+                                  early, nullptr, {}, fq);
+  };
+  auto op = [&](int r) {
+    (void)quantized_linear(x, w[r % copies], sw, Tensor(), ActivationQuant::dynamic(), DType::bf16);
+  };
+  QGRAD_CUDA_CHECK(cudaMemset(y.data_ptr(), 0xff, static_cast<std::size_t>(M * N) * 2));
+  fused(0);
+  const Tensor got = y.cpu();
+  const Tensor want = quantized_linear(x, w[0], sw, Tensor(), ActivationQuant::dynamic(), DType::bf16).cpu();
+  std::int64_t bad = 0;
+  for (std::int64_t i = 0; i < M * N; ++i) bad += got.data<bfloat16>()[i].bits != want.data<bfloat16>()[i].bits;
+  double op_call = 0, fused_call = 0, op_b2b = 0, fused_b2b = 0;
+  for (int round = 0; round < 3; ++round) {  // alternating: the machine's drift falls on both
+    // Events around each call, as bench_w8a8 times the op.
+    op_call += bench::time_cuda(op, 100).median_ms / 3;
+    fused_call += bench::time_cuda(fused, 100).median_ms / 3;
+    op_b2b += time_ms(op, 50) / 3;
+    fused_b2b += time_ms(fused, 50) / 3;
+  }
+  std::printf("\n  one launch (quantization fused, %d-column tiles): per call %.4f ms against the op's %.4f (%.2fx); "
+              "back to back %.4f against %.4f; %s",
+              C::BN, fused_call, op_call, op_call / fused_call, fused_b2b, op_b2b,
+              bad ? "MISMATCH" : "same bits as the op");
+  if (bad) std::printf(" (%lld of %lld differ)", static_cast<long long>(bad), static_cast<long long>(M * N));
+}
 
 // Host microseconds per call (issue only: `calls` back to back, then one
 // sync outside the clock) of what quantized_linear's call is made of.
@@ -318,6 +381,10 @@ void run_shape(std::int64_t M, std::int64_t N, std::int64_t K) {
                 t_quant, t_late, t_early, t_late / t_early, same ? " same bits" : " MISMATCH");
   }
   host_costs(M, N, K);
+  if (K % 16 == 0 && M <= 128) {
+    if (M > 64) fused_quant_ab<hw::Config<32, 1, 10, kCoop, false, false, false, true>>(M, N, K);
+    else fused_quant_ab<hw::Config<64, 1, 8, kCoop, false, false, false, true>>(M, N, K);
+  }
   std::printf("\n");
 }
 

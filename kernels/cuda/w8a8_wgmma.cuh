@@ -64,13 +64,16 @@ enum class Schedule { cooperative, ping_pong };
 // consumers' schedule, and whether the kernel counts its waits (kProbe: the
 // dev program's, below).
 template <int BN_, int kCluster_, int kStages_, Schedule kSchedule_ = Schedule::cooperative, bool kProbe_ = false,
-          bool kTmaStore_ = false, bool kSplitK_ = false>
+          bool kTmaStore_ = false, bool kSplitK_ = false, bool kFusedQuant_ = false>
 struct Config {
   static constexpr int BN = BN_, kCluster = kCluster_, S = kStages_;
   static constexpr bool kPingPong = kSchedule_ == Schedule::ping_pong;
   static constexpr bool kProbe = kProbe_;
   // kSplitK: a tile's steps of K may be split over several CTAs (SplitK).
   static constexpr bool kSplitK = kSplitK_;
+  // kFusedQuant (the dev program's only, unmeasured): the kernel quantizes
+  // bf16 activations itself (FusedQuant) before its main loop.
+  static constexpr bool kFusedQuant = kFusedQuant_;
   static_assert(!kSplitK || (!kPingPong && kCluster == 1), "split K: cooperative, no clusters");
   // kTmaStore: the epilogue stages y through shared memory and stores it by
   // TMA (ThreadTile::store_tma), two 8 KiB buffers per consumer.
@@ -520,6 +523,87 @@ struct EarlyWeight {
   bool l2 = false;
 };
 
+// An experiment of the dev program (Config::kFusedQuant): the symmetric
+// per-token s8 quantization of bf16 x done by the GEMM's own CTAs, so that a
+// call is one launch. CTA b quantizes rows b, b + gridDim.x, ... into aq and
+// sa (the library's formulas: Range, qparams_from_range, quantize_byte),
+// publishes each row by writing the call's epoch to flags[row], then waits
+// until every row carries it before its TMA loads read aq. Every CTA must be
+// resident at once (the grid is at most one wave; nothing else may hold SMs
+// indefinitely), which the library's launches do not promise: dev only.
+struct FusedQuant {
+  const std::uint16_t* x = nullptr;  // bf16 bits [M, K]; K % 8 == 0, 16-byte aligned rows
+  std::int8_t* aq = nullptr;         // [M, lda]: a_map's matrix
+  std::int64_t lda = 0;
+  float* sa = nullptr;               // [M]: the epilogue's row scales
+  unsigned* flags = nullptr;         // [M]
+  unsigned epoch = 0;                // this call's, never 0
+};
+
+__device__ __forceinline__ void fused_quantize_rows(const FusedQuant& fq, int M, int K) {
+  using formulas::Range;
+  __shared__ Range<float> warp_range[kThreads / 32];
+  const int tid = static_cast<int>(threadIdx.x), lane = tid % 32, warp = tid / 32;
+  const int nvec = K / 8;
+  for (int r = static_cast<int>(blockIdx.x); r < M; r += static_cast<int>(gridDim.x)) {
+    const uint4* xr = reinterpret_cast<const uint4*>(fq.x + static_cast<std::int64_t>(r) * K);
+    auto value = [](unsigned word, int half) { return __uint_as_float(half ? word & 0xFFFF0000u : word << 16); };
+    Range<float> range = Range<float>::empty();
+    for (int v = tid; v < nvec; v += kThreads) {
+      const uint4 p = xr[v];
+      const unsigned w4[4] = {p.x, p.y, p.z, p.w};
+#pragma unroll
+      for (int e = 0; e < 8; ++e) range.add(value(w4[e / 2], e % 2));
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+      Range<float> o;
+      o.lo = __shfl_xor_sync(0xffffffffu, range.lo, off);
+      o.hi = __shfl_xor_sync(0xffffffffu, range.hi, off);
+      range.merge(o);
+    }
+    if (lane == 0) warp_range[warp] = range;
+    __syncthreads();
+    range = Range<float>::empty();
+    for (int w = 0; w < kThreads / 32; ++w) range.merge(warp_range[w]);
+    const formulas::QParams<float> q = formulas::qparams_from_range<float>(range, true, -128, 127);
+    const float inv = formulas::inverse_scale<float>(q.scale);
+    if (tid == 0) fq.sa[r] = q.scale;
+    std::int8_t* out = fq.aq + static_cast<std::int64_t>(r) * fq.lda;
+    for (int v = tid; v < nvec; v += kThreads) {
+      const uint4 p = xr[v];  // again, from L1/L2
+      const unsigned w4[4] = {p.x, p.y, p.z, p.w};
+      unsigned packed[2] = {0, 0};
+#pragma unroll
+      for (int e = 0; e < 8; ++e)
+        packed[e / 4] |= (formulas::quantize_byte(value(w4[e / 2], e % 2), inv, -128.0f, 127.0f) & 0xFFu)
+                         << (8 * (e % 4));
+      *reinterpret_cast<uint2*>(out + 8 * v) = make_uint2(packed[0], packed[1]);
+    }
+    __syncthreads();  // warp_range reused
+  }
+  // Each thread's stores, to the async proxy (the TMA loads of other CTAs),
+  // then the CTA's rows published (release at GPU scope).
+  asm volatile("fence.proxy.async.global;" ::: "memory");
+  __syncthreads();
+  if (tid == 0) {
+    __threadfence();
+    for (int r = static_cast<int>(blockIdx.x); r < M; r += static_cast<int>(gridDim.x))
+      asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(fq.flags + r), "r"(fq.epoch) : "memory");
+  }
+  // Every row, from every CTA, before any TMA load of aq.
+  if (warp == 0) {
+    for (int r = lane; r < M; r += 32) {
+      unsigned seen = 0;
+      do {
+        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(fq.flags + r) : "memory");
+      } while (seen != fq.epoch);
+    }
+  }
+  __syncthreads();
+  asm volatile("fence.proxy.async.global;" ::: "memory");
+}
+
 struct TileGrid {
   int tiles_m, tiles_n;
   // Tile t's coordinates: groups of kGroupM tiles along M, N-major inside a
@@ -539,7 +623,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     w8a8_wgmma_kernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap w_map,
                       const __grid_constant__ CUtensorMap out_map, int M, int N, int K, TileGrid grid, bool pair_stores,
                       bool tma_store, SplitK split_k, EarlyWeight early, QLinearOut<T> ep,
-                      unsigned long long* __restrict__ probe) {
+                      unsigned long long* __restrict__ probe, FusedQuant fused_quant) {
   // Until the wait: shared memory, the parameters and (early) the weight.
   const ::qgrad::cuda::DeferredPriorWait prior;
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -586,6 +670,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   }
   prior.wait();
+  if constexpr (C::kFusedQuant) fused_quantize_rows(fused_quant, M, K);
   [[maybe_unused]] const unsigned long long entry_ns = probe_ns<C::kProbe>();
   // A cluster's CTAs walk the same cluster tiles: cluster tile p is M's
   // 128-row tile kCluster * (p's row) + rank, columns tn (a tile past M
@@ -778,7 +863,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #else
   prior.wait();
   (void)a_map, (void)w_map, (void)out_map, (void)M, (void)N, (void)K, (void)grid, (void)pair_stores, (void)tma_store,
-      (void)split_k, (void)early, (void)ep, (void)probe;
+      (void)split_k, (void)early, (void)ep, (void)probe, (void)fused_quant;
 #endif
 }
 
@@ -831,7 +916,7 @@ bool encode_out(CUtensorMap& map, T* y, std::int64_t M, std::int64_t N) {
 template <class T, class C>
 bool launch(int device, const std::int8_t* a, std::int64_t lda, const std::int8_t* w, std::int64_t ldw, std::int64_t M,
             std::int64_t N, std::int64_t K, const QLinearOut<T>& ep, EarlyWeight early = {},
-            unsigned long long* probe = nullptr, SplitK split_k = {}) {
+            unsigned long long* probe = nullptr, SplitK split_k = {}, FusedQuant fused_quant = {}) {
   constexpr auto kernel = w8a8_wgmma_kernel<T, C>;
   if (!C::kSplitK) split_k = SplitK{};
   CUtensorMap a_map, w_map, out_map{};
@@ -873,7 +958,8 @@ bool launch(int device, const std::int8_t* a, std::int64_t lda, const std::int8_
   config.gridDim = static_cast<unsigned>(
       C::kCluster * std::min(grid.tiles_m * grid.tiles_n * split_k.splits, resident[static_cast<std::size_t>(device)]));
   QGRAD_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, a_map, w_map, out_map, static_cast<int>(M), static_cast<int>(N),
-                                      static_cast<int>(K), grid, pair, tma_store, split_k, early, ep, probe));
+                                      static_cast<int>(K), grid, pair, tma_store, split_k, early, ep, probe,
+                                      fused_quant));
   return true;
 }
 

@@ -19,6 +19,7 @@
 #include "qgrad/core/device.h"
 #include "qgrad/kernels/cuda/entries.h"
 #include "qgrad/kernels/dynamic_quant.h"
+#include "qgrad/kernels/lowbit_linear.h"
 #include "qgrad/kernels/cuda/lt_gemm.cuh"
 #include "qgrad/kernels/cuda/qlinear_out.cuh"
 #include "qgrad/kernels/cuda/w8a8_wgmma.cuh"
@@ -229,6 +230,53 @@ double host_us(F call, int calls = 400) {
   return std::chrono::duration<double, std::micro>(t1 - t0).count() / calls;
 }
 
+// The experiment of Config::kInt4W (w8a8_wgmma.cuh): W4A8 per channel with
+// the weight read packed (half the bytes) and widened in shared memory,
+// against the W8A8 kernel C8 on the weight widened beforehand
+// (kernels::int4_widen), both kernels alone; outputs compared bit for bit.
+template <class C8, class C4>
+void int4_ab(std::int64_t M, std::int64_t N, std::int64_t K) {
+  Generator g(13);
+  const TensorOptions on = TensorOptions{}.with_device(Device::cuda());
+  Tensor a = randint(-127, 128, {M, K}, g, TensorOptions(on).with_dtype(DType::s8));
+  Tensor bytes = randint(-128, 128, {N, K / 2}, g, TensorOptions(on).with_dtype(DType::s8));  // any byte: two s4
+  Tensor w4 = Tensor::empty({N, K}, TensorOptions(on).with_dtype(DType::s4));
+  QGRAD_CUDA_CHECK(cudaMemcpy(w4.data_ptr(), bytes.data_ptr(), static_cast<std::size_t>(N * K / 2),
+                              cudaMemcpyDeviceToDevice));
+  Tensor w8 = Tensor::empty({N, K}, TensorOptions(on).with_dtype(DType::s8));
+  kernels::int4_widen(w4, w8);
+  kernels::QLinearEpilogue ep;
+  ep.sa = rand({M}, g, on, 0.01, 0.02);
+  ep.sw = rand({N}, g, on, 0.001, 0.01);
+  ep.bias = randn({N}, g, on);
+  Tensor y8 = Tensor::empty({M, N}, TensorOptions(on).with_dtype(DType::bf16));
+  Tensor y4 = Tensor::empty({M, N}, TensorOptions(on).with_dtype(DType::bf16));
+  const auto out8 = kernels::cuda::qlinear_out<bfloat16>(ep, y8);
+  const auto out4 = kernels::cuda::qlinear_out<bfloat16>(ep, y4);
+  const auto* ap = a.data<std::int8_t>();
+  const auto* w8p = w8.data<std::int8_t>();
+  const auto* w4p = static_cast<const std::int8_t*>(w4.data_ptr());
+  auto run8 = [&](int) { (void)hw::launch<bfloat16, C8>(0, ap, K, w8p, K, M, N, K, out8); };
+  auto run4 = [&](int) { (void)hw::launch<bfloat16, C4>(0, ap, K, w4p, K / 2, M, N, K, out4); };
+  QGRAD_CUDA_CHECK(cudaMemset(y4.data_ptr(), 0xff, static_cast<std::size_t>(M * N) * 2));
+  run8(0);
+  const bool launched = hw::launch<bfloat16, C4>(0, ap, K, w4p, K / 2, M, N, K, out4);
+  const Tensor h8 = y8.cpu(), h4 = y4.cpu();
+  std::int64_t bad = 0;
+  for (std::int64_t i = 0; i < M * N; ++i) bad += h8.data<bfloat16>()[i].bits != h4.data<bfloat16>()[i].bits;
+  const int reps = M * N * K >= (std::int64_t(1) << 36) ? 10 : 50;
+  double t8 = 0, t4 = 0;
+  for (int round = 0; round < 3; ++round) {
+    t8 += time_ms(run8, reps) / 3;
+    t4 += time_ms(run4, reps) / 3;
+  }
+  std::printf("\n  W4A8 packed, widened in shared memory (%d-column tiles, %d stages): %.4f ms against W8A8's %.4f "
+              "(%d stages) (%.2fx); %s",
+              C4::BN, C4::S, t4, t8, C8::S, t8 / t4,
+              !launched ? "NOT LAUNCHED" : bad ? "MISMATCH" : "same bits as W8A8 on the widened weight");
+  if (bad) std::printf(" (%lld of %lld differ)", static_cast<long long>(bad), static_cast<long long>(M * N));
+}
+
 void host_costs(std::int64_t M, std::int64_t N, std::int64_t K) {
   Generator g(9);
   const TensorOptions on = TensorOptions{}.with_device(Device::cuda());
@@ -381,6 +429,15 @@ void run_shape(std::int64_t M, std::int64_t N, std::int64_t K) {
                 t_quant, t_late, t_early, t_late / t_early, same ? " same bits" : " MISMATCH");
   }
   host_costs(M, N, K);
+  if (K % 32 == 0) {
+    constexpr bool kInt4 = true, kTma = true;
+    using W4Big = hw::Config<256, 1, 3, kCoop, false, kTma, false, false, kInt4>;
+    using W4Mid = hw::Config<128, 1, 4, kPing, false, kTma, false, false, kInt4>;
+    using W4Small = hw::Config<32, 1, 10, kCoop, false, false, false, false, kInt4>;
+    if (M >= 4096 && N >= 8192) int4_ab<hw::Config<256, 1, 4, kCoop, false, kTma>, W4Big>(M, N, K);
+    else if (M >= 1024) int4_ab<hw::Config<128, 1, 6, kPing, false, kTma>, W4Mid>(M, N, K);
+    else if (M > 64 && M <= 128) int4_ab<hw::Config<32, 1, 10>, W4Small>(M, N, K);
+  }
   if (K % 16 == 0 && M <= 128) {
     if (M > 64) fused_quant_ab<hw::Config<32, 1, 10, kCoop, false, false, false, true>>(M, N, K);
     else fused_quant_ab<hw::Config<64, 1, 8, kCoop, false, false, false, true>>(M, N, K);

@@ -170,7 +170,8 @@ Tensor linear_w4a8(const Tensor& x, const Tensor& w_q, const Tensor& w_scale, st
     ep.per_row = true;
     ep.sw = w_scale.reshape({N});
     ep.bias = b;
-    // A caller's w_s8: the activation quantization is the kernel just before.
+    // A caller's w_s8: the kernels launched here (the activations' quantization,
+    // the bias's cast) do not write it.
     ep.w_untouched_by_prior_kernel = w_s8.defined();
     kernels::qlinear(a, lda, K, w8, ep, out2);
   } else {

@@ -157,6 +157,14 @@ void report_probe(const Variant& v, const std::int8_t* ap, const std::int8_t* wp
 
 __global__ void noop_kernel() { ::qgrad::cuda::wait_for_prior_kernels(); }
 
+// How many outputs of two bf16 tensors (same shape) differ in their bits.
+std::int64_t differing_bits(const Tensor& a, const Tensor& b) {
+  const Tensor ha = a.cpu(), hb = b.cpu();
+  std::int64_t n = 0;
+  for (std::int64_t i = 0; i < ha.numel(); ++i) n += ha.data<bfloat16>()[i].bits != hb.data<bfloat16>()[i].bits;
+  return n;
+}
+
 // The experiment of Config::kFusedQuant (w8a8_wgmma.cuh, FusedQuant): one
 // launch per call, the kernel quantizing bf16 x itself, against the
 // library's op (two launches), both timed per call (events around each) and
@@ -198,10 +206,8 @@ void fused_quant_ab(std::int64_t M, std::int64_t N, std::int64_t K) {
   };
   QGRAD_CUDA_CHECK(cudaMemset(y.data_ptr(), 0xff, static_cast<std::size_t>(M * N) * 2));
   fused(0);
-  const Tensor got = y.cpu();
-  const Tensor want = quantized_linear(x, w[0], sw, Tensor(), ActivationQuant::dynamic(), DType::bf16).cpu();
-  std::int64_t bad = 0;
-  for (std::int64_t i = 0; i < M * N; ++i) bad += got.data<bfloat16>()[i].bits != want.data<bfloat16>()[i].bits;
+  const std::int64_t bad =
+      differing_bits(y, quantized_linear(x, w[0], sw, Tensor(), ActivationQuant::dynamic(), DType::bf16));
   double op_call = 0, fused_call = 0, op_b2b = 0, fused_b2b = 0;
   for (int round = 0; round < 3; ++round) {  // alternating: the machine's drift falls on both
     // Events around each call, as bench_w8a8 times the op.
@@ -261,9 +267,7 @@ void int4_ab(std::int64_t M, std::int64_t N, std::int64_t K) {
   QGRAD_CUDA_CHECK(cudaMemset(y4.data_ptr(), 0xff, static_cast<std::size_t>(M * N) * 2));
   run8(0);
   const bool launched = hw::launch<bfloat16, C4>(0, ap, K, w4p, K / 2, M, N, K, out4);
-  const Tensor h8 = y8.cpu(), h4 = y4.cpu();
-  std::int64_t bad = 0;
-  for (std::int64_t i = 0; i < M * N; ++i) bad += h8.data<bfloat16>()[i].bits != h4.data<bfloat16>()[i].bits;
+  const std::int64_t bad = differing_bits(y8, y4);
   const int reps = M * N * K >= (std::int64_t(1) << 36) ? 10 : 50;
   double t8 = 0, t4 = 0;
   for (int round = 0; round < 3; ++round) {
@@ -414,10 +418,7 @@ void run_shape(std::int64_t M, std::int64_t N, std::int64_t K) {
       e2e(0, early);
       (early ? y_early : y_late) = y.cpu();
     }
-    const bfloat16* late_p = y_late.data<bfloat16>();
-    const bfloat16* early_p = y_early.data<bfloat16>();
-    bool same = true;
-    for (std::int64_t i = 0; i < M * N; ++i) same = same && late_p[i].bits == early_p[i].bits;
+    const bool same = differing_bits(y_late, y_early) == 0;
     const double t_quant = time_ms([&](int) { kernels::quantize_rows_dynamic(x, K, spec, aq, K, sa, Tensor()); }, reps);
     double t_late = 0, t_early = 0;
     for (int round = 0; round < 3; ++round) {  // alternating: the machine's drift falls on both

@@ -77,7 +77,7 @@ struct Config {
   // kInt4W (the dev program's only, unmeasured): W arrives as packed s4
   // (two values a byte, low nibble first) into a raw buffer of the stage,
   // and the producer warpgroup's other three warps widen it to the s8 tile
-  // wgmma reads (s4x8_to_s8x8), in the 128-byte swizzle TMA would have used.
+  // wgmma reads (s4x16_to_s8x16), in the 128-byte swizzle TMA would have used.
   static constexpr bool kInt4W = kInt4W_;
   static_assert(!kInt4W || (kCluster == 1 && !kSplitK), "packed int4 weights: no clusters, no split K");
   static constexpr int kRawBytes = kInt4W ? BN * kBK / 2 : 0;

@@ -19,14 +19,10 @@
 #include "qgrad/core/device.h"
 #include "qgrad/kernels/cuda/entries.h"
 #include "qgrad/kernels/dynamic_quant.h"
-#include "qgrad/kernels/lowbit_linear.h"
 #include "qgrad/kernels/cuda/lt_gemm.cuh"
 #include "qgrad/kernels/cuda/qlinear_out.cuh"
 #include "qgrad/kernels/cuda/w8a8_wgmma.cuh"
 #include "qgrad/qgrad.h"
-// After the kernel headers (their formulas call ::sqrt unqualified, which
-// qgrad.h's ops would hide).
-#include "../../bench/bench_common.h"
 
 #ifdef QGRAD_HAVE_SM90A
 using namespace qgrad;
@@ -157,72 +153,6 @@ void report_probe(const Variant& v, const std::int8_t* ap, const std::int8_t* wp
 
 __global__ void noop_kernel() { ::qgrad::cuda::wait_for_prior_kernels(); }
 
-// How many outputs of two bf16 tensors (same shape) differ in their bits.
-std::int64_t differing_bits(const Tensor& a, const Tensor& b) {
-  const Tensor ha = a.cpu(), hb = b.cpu();
-  std::int64_t n = 0;
-  for (std::int64_t i = 0; i < ha.numel(); ++i) n += ha.data<bfloat16>()[i].bits != hb.data<bfloat16>()[i].bits;
-  return n;
-}
-
-// The experiment of Config::kFusedQuant (w8a8_wgmma.cuh, FusedQuant): one
-// launch per call, the kernel quantizing bf16 x itself, against the
-// library's op (two launches), both timed per call (events around each) and
-// back to back; the fused output checked against the op's bit for bit.
-template <class C>
-void fused_quant_ab(std::int64_t M, std::int64_t N, std::int64_t K) {
-  Generator g(11);
-  const TensorOptions on = TensorOptions{}.with_device(Device::cuda());
-  const int copies = 4;  // 4 x N x K bytes past L2 at N = K = 4096, as bench_w8a8
-  Tensor x = randn({M, K}, g, TensorOptions(on).with_dtype(DType::bf16));
-  std::vector<Tensor> w;
-  for (int i = 0; i < copies; ++i) w.push_back(randint(-127, 128, {N, K}, g, TensorOptions(on).with_dtype(DType::s8)));
-  Tensor sw = rand({N}, g, on, 0.001, 0.01);
-  Tensor aq = Tensor::empty({M, K}, TensorOptions(on).with_dtype(DType::s8));
-  Tensor sa = Tensor::empty({M}, on);
-  Tensor flags = zeros({M}, TensorOptions(on).with_dtype(DType::s32));
-  Tensor y = Tensor::empty({M, N}, TensorOptions(on).with_dtype(DType::bf16));
-  kernels::QLinearEpilogue ep;
-  ep.sa = sa;
-  ep.sw = sw;
-  const auto out = kernels::cuda::qlinear_out<bfloat16>(ep, y);
-  hw::FusedQuant fq;
-  fq.x = reinterpret_cast<const std::uint16_t*>(x.data_ptr());
-  fq.aq = aq.data<std::int8_t>();
-  fq.lda = K;
-  fq.sa = sa.data<float>();
-  fq.flags = reinterpret_cast<unsigned*>(flags.data_ptr());
-  unsigned epoch = 0;
-  hw::EarlyWeight early;
-  early.stages = true;
-  early.l2 = N * K <= ::qgrad::cuda::l2_cache_bytes(0) / 4;
-  auto fused = [&](int r) {
-    fq.epoch = ++epoch;
-    (void)hw::launch<bfloat16, C>(0, aq.data<std::int8_t>(), K, w[r % copies].data<std::int8_t>(), K, M, N, K, out,
-                                  early, nullptr, {}, fq);
-  };
-  auto op = [&](int r) {
-    (void)quantized_linear(x, w[r % copies], sw, Tensor(), ActivationQuant::dynamic(), DType::bf16);
-  };
-  QGRAD_CUDA_CHECK(cudaMemset(y.data_ptr(), 0xff, static_cast<std::size_t>(M * N) * 2));
-  fused(0);
-  const std::int64_t bad =
-      differing_bits(y, quantized_linear(x, w[0], sw, Tensor(), ActivationQuant::dynamic(), DType::bf16));
-  double op_call = 0, fused_call = 0, op_b2b = 0, fused_b2b = 0;
-  for (int round = 0; round < 3; ++round) {  // alternating: the machine's drift falls on both
-    // Events around each call, as bench_w8a8 times the op.
-    op_call += bench::time_cuda(op, 100).median_ms / 3;
-    fused_call += bench::time_cuda(fused, 100).median_ms / 3;
-    op_b2b += time_ms(op, 50) / 3;
-    fused_b2b += time_ms(fused, 50) / 3;
-  }
-  std::printf("\n  one launch (quantization fused, %d-column tiles): per call %.4f ms against the op's %.4f (%.2fx); "
-              "back to back %.4f against %.4f; %s",
-              C::BN, fused_call, op_call, op_call / fused_call, fused_b2b, op_b2b,
-              bad ? "MISMATCH" : "same bits as the op");
-  if (bad) std::printf(" (%lld of %lld differ)", static_cast<long long>(bad), static_cast<long long>(M * N));
-}
-
 // Host microseconds per call (issue only: `calls` back to back, then one
 // sync outside the clock) of what quantized_linear's call is made of.
 template <class F>
@@ -234,51 +164,6 @@ double host_us(F call, int calls = 400) {
   const auto t1 = std::chrono::steady_clock::now();
   ::qgrad::cuda_synchronize(0);
   return std::chrono::duration<double, std::micro>(t1 - t0).count() / calls;
-}
-
-// The experiment of Config::kInt4W (w8a8_wgmma.cuh): W4A8 per channel with
-// the weight read packed (half the bytes) and widened in shared memory,
-// against the W8A8 kernel C8 on the weight widened beforehand
-// (kernels::int4_widen), both kernels alone; outputs compared bit for bit.
-template <class C8, class C4>
-void int4_ab(std::int64_t M, std::int64_t N, std::int64_t K) {
-  Generator g(13);
-  const TensorOptions on = TensorOptions{}.with_device(Device::cuda());
-  Tensor a = randint(-127, 128, {M, K}, g, TensorOptions(on).with_dtype(DType::s8));
-  Tensor bytes = randint(-128, 128, {N, K / 2}, g, TensorOptions(on).with_dtype(DType::s8));  // any byte: two s4
-  Tensor w4 = Tensor::empty({N, K}, TensorOptions(on).with_dtype(DType::s4));
-  QGRAD_CUDA_CHECK(cudaMemcpy(w4.data_ptr(), bytes.data_ptr(), static_cast<std::size_t>(N * K / 2),
-                              cudaMemcpyDeviceToDevice));
-  Tensor w8 = Tensor::empty({N, K}, TensorOptions(on).with_dtype(DType::s8));
-  kernels::int4_widen(w4, w8);
-  kernels::QLinearEpilogue ep;
-  ep.sa = rand({M}, g, on, 0.01, 0.02);
-  ep.sw = rand({N}, g, on, 0.001, 0.01);
-  ep.bias = randn({N}, g, on);
-  Tensor y8 = Tensor::empty({M, N}, TensorOptions(on).with_dtype(DType::bf16));
-  Tensor y4 = Tensor::empty({M, N}, TensorOptions(on).with_dtype(DType::bf16));
-  const auto out8 = kernels::cuda::qlinear_out<bfloat16>(ep, y8);
-  const auto out4 = kernels::cuda::qlinear_out<bfloat16>(ep, y4);
-  const auto* ap = a.data<std::int8_t>();
-  const auto* w8p = w8.data<std::int8_t>();
-  const auto* w4p = static_cast<const std::int8_t*>(w4.data_ptr());
-  auto run8 = [&](int) { (void)hw::launch<bfloat16, C8>(0, ap, K, w8p, K, M, N, K, out8); };
-  auto run4 = [&](int) { (void)hw::launch<bfloat16, C4>(0, ap, K, w4p, K / 2, M, N, K, out4); };
-  QGRAD_CUDA_CHECK(cudaMemset(y4.data_ptr(), 0xff, static_cast<std::size_t>(M * N) * 2));
-  run8(0);
-  const bool launched = hw::launch<bfloat16, C4>(0, ap, K, w4p, K / 2, M, N, K, out4);
-  const std::int64_t bad = differing_bits(y8, y4);
-  const int reps = M * N * K >= (std::int64_t(1) << 36) ? 10 : 50;
-  double t8 = 0, t4 = 0;
-  for (int round = 0; round < 3; ++round) {
-    t8 += time_ms(run8, reps) / 3;
-    t4 += time_ms(run4, reps) / 3;
-  }
-  std::printf("\n  W4A8 packed, widened in shared memory (%d-column tiles, %d stages): %.4f ms against W8A8's %.4f "
-              "(%d stages) (%.2fx); %s",
-              C4::BN, C4::S, t4, t8, C8::S, t8 / t4,
-              !launched ? "NOT LAUNCHED" : bad ? "MISMATCH" : "same bits as W8A8 on the widened weight");
-  if (bad) std::printf(" (%lld of %lld differ)", static_cast<long long>(bad), static_cast<long long>(M * N));
 }
 
 void host_costs(std::int64_t M, std::int64_t N, std::int64_t K) {
@@ -418,7 +303,10 @@ void run_shape(std::int64_t M, std::int64_t N, std::int64_t K) {
       e2e(0, early);
       (early ? y_early : y_late) = y.cpu();
     }
-    const bool same = differing_bits(y_late, y_early) == 0;
+    const bfloat16* late_p = y_late.data<bfloat16>();
+    const bfloat16* early_p = y_early.data<bfloat16>();
+    bool same = true;
+    for (std::int64_t i = 0; i < M * N; ++i) same = same && late_p[i].bits == early_p[i].bits;
     const double t_quant = time_ms([&](int) { kernels::quantize_rows_dynamic(x, K, spec, aq, K, sa, Tensor()); }, reps);
     double t_late = 0, t_early = 0;
     for (int round = 0; round < 3; ++round) {  // alternating: the machine's drift falls on both
@@ -430,19 +318,6 @@ void run_shape(std::int64_t M, std::int64_t N, std::int64_t K) {
                 t_quant, t_late, t_early, t_late / t_early, same ? " same bits" : " MISMATCH");
   }
   host_costs(M, N, K);
-  if (K % 32 == 0) {
-    constexpr bool kInt4 = true, kTma = true;
-    using W4Big = hw::Config<256, 1, 3, kCoop, false, kTma, false, false, kInt4>;
-    using W4Mid = hw::Config<128, 1, 4, kPing, false, kTma, false, false, kInt4>;
-    using W4Small = hw::Config<32, 1, 10, kCoop, false, false, false, false, kInt4>;
-    if (M >= 4096 && N >= 8192) int4_ab<hw::Config<256, 1, 4, kCoop, false, kTma>, W4Big>(M, N, K);
-    else if (M >= 1024) int4_ab<hw::Config<128, 1, 6, kPing, false, kTma>, W4Mid>(M, N, K);
-    else if (M > 64 && M <= 128) int4_ab<hw::Config<32, 1, 10>, W4Small>(M, N, K);
-  }
-  if (K % 16 == 0 && M <= 128) {
-    if (M > 64) fused_quant_ab<hw::Config<32, 1, 10, kCoop, false, false, false, true>>(M, N, K);
-    else fused_quant_ab<hw::Config<64, 1, 8, kCoop, false, false, false, true>>(M, N, K);
-  }
   std::printf("\n");
 }
 

@@ -64,31 +64,21 @@ enum class Schedule { cooperative, ping_pong };
 // consumers' schedule, and whether the kernel counts its waits (kProbe: the
 // dev program's, below).
 template <int BN_, int kCluster_, int kStages_, Schedule kSchedule_ = Schedule::cooperative, bool kProbe_ = false,
-          bool kTmaStore_ = false, bool kSplitK_ = false, bool kFusedQuant_ = false, bool kInt4W_ = false>
+          bool kTmaStore_ = false, bool kSplitK_ = false>
 struct Config {
   static constexpr int BN = BN_, kCluster = kCluster_, S = kStages_;
   static constexpr bool kPingPong = kSchedule_ == Schedule::ping_pong;
   static constexpr bool kProbe = kProbe_;
   // kSplitK: a tile's steps of K may be split over several CTAs (SplitK).
   static constexpr bool kSplitK = kSplitK_;
-  // kFusedQuant (the dev program's only, unmeasured): the kernel quantizes
-  // bf16 activations itself (FusedQuant) before its main loop.
-  static constexpr bool kFusedQuant = kFusedQuant_;
-  // kInt4W (the dev program's only, unmeasured): W arrives as packed s4
-  // (two values a byte, low nibble first) into a raw buffer of the stage,
-  // and the producer warpgroup's other three warps widen it to the s8 tile
-  // wgmma reads (s4x16_to_s8x16), in the 128-byte swizzle TMA would have used.
-  static constexpr bool kInt4W = kInt4W_;
-  static_assert(!kInt4W || (kCluster == 1 && !kSplitK), "packed int4 weights: no clusters, no split K");
-  static constexpr int kRawBytes = kInt4W ? BN * kBK / 2 : 0;
   static_assert(!kSplitK || (!kPingPong && kCluster == 1), "split K: cooperative, no clusters");
   // kTmaStore: the epilogue stages y through shared memory and stores it by
   // TMA (ThreadTile::store_tma), two 8 KiB buffers per consumer.
   static constexpr bool kTmaStore = kTmaStore_;
-  static constexpr int kStageBytes = kStageBytesA + BN * kBK + kRawBytes;
+  static constexpr int kStageBytes = kStageBytesA + BN * kBK;
   static constexpr int kStagingBytes = kTmaStore ? 2 * 2 * 8192 : 0;
   static constexpr std::size_t kSmem =
-      static_cast<std::size_t>(S) * kStageBytes + kStagingBytes + 1024 + (kInt4W ? 3 : 2) * S * sizeof(std::uint64_t);
+      static_cast<std::size_t>(S) * kStageBytes + kStagingBytes + 1024 + 2 * S * sizeof(std::uint64_t);
   static_assert(kSmem <= 227 * 1024, "shared memory per block");
   static_assert(!kPingPong || BN == 128, "ping-pong holds two 64 x BN accumulator blocks a thread: BN 128");
 };
@@ -530,104 +520,6 @@ struct EarlyWeight {
   bool l2 = false;
 };
 
-// An experiment of the dev program (Config::kFusedQuant): the symmetric
-// per-token s8 quantization of bf16 x done by the GEMM's own CTAs, so that a
-// call is one launch. CTA b quantizes rows b, b + gridDim.x, ... into aq and
-// sa (the library's formulas: Range, qparams_from_range, quantize_byte),
-// publishes each row by writing the call's epoch to flags[row], then waits
-// until every row carries it before its TMA loads read aq. Every CTA must be
-// resident at once (the grid is at most one wave; nothing else may hold SMs
-// indefinitely), which the library's launches do not promise: dev only.
-struct FusedQuant {
-  const std::uint16_t* x = nullptr;  // bf16 bits [M, K]; K % 8 == 0, 16-byte aligned rows
-  std::int8_t* aq = nullptr;         // [M, lda]: a_map's matrix
-  std::int64_t lda = 0;
-  float* sa = nullptr;               // [M]: the epilogue's row scales
-  unsigned* flags = nullptr;         // [M]
-  unsigned epoch = 0;                // this call's, never 0
-};
-
-__device__ __forceinline__ void fused_quantize_rows(const FusedQuant& fq, int M, int K) {
-  using formulas::Range;
-  __shared__ Range<float> warp_range[kThreads / 32];
-  const int tid = static_cast<int>(threadIdx.x), lane = tid % 32, warp = tid / 32;
-  const int nvec = K / 8;
-  for (int r = static_cast<int>(blockIdx.x); r < M; r += static_cast<int>(gridDim.x)) {
-    const uint4* xr = reinterpret_cast<const uint4*>(fq.x + static_cast<std::int64_t>(r) * K);
-    auto value = [](unsigned word, int half) { return __uint_as_float(half ? word & 0xFFFF0000u : word << 16); };
-    Range<float> range = Range<float>::empty();
-    for (int v = tid; v < nvec; v += kThreads) {
-      const uint4 p = xr[v];
-      const unsigned w4[4] = {p.x, p.y, p.z, p.w};
-#pragma unroll
-      for (int e = 0; e < 8; ++e) range.add(value(w4[e / 2], e % 2));
-    }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-      Range<float> o;
-      o.lo = __shfl_xor_sync(0xffffffffu, range.lo, off);
-      o.hi = __shfl_xor_sync(0xffffffffu, range.hi, off);
-      range.merge(o);
-    }
-    if (lane == 0) warp_range[warp] = range;
-    __syncthreads();
-    range = Range<float>::empty();
-    for (int w = 0; w < kThreads / 32; ++w) range.merge(warp_range[w]);
-    const formulas::QParams<float> q = formulas::qparams_from_range<float>(range, true, -128, 127);
-    const float inv = formulas::inverse_scale<float>(q.scale);
-    if (tid == 0) fq.sa[r] = q.scale;
-    std::int8_t* out = fq.aq + static_cast<std::int64_t>(r) * fq.lda;
-    for (int v = tid; v < nvec; v += kThreads) {
-      const uint4 p = xr[v];  // again, from L1/L2
-      const unsigned w4[4] = {p.x, p.y, p.z, p.w};
-      unsigned packed[2] = {0, 0};
-#pragma unroll
-      for (int e = 0; e < 8; ++e)
-        packed[e / 4] |= (formulas::quantize_byte(value(w4[e / 2], e % 2), inv, -128.0f, 127.0f) & 0xFFu)
-                         << (8 * (e % 4));
-      *reinterpret_cast<uint2*>(out + 8 * v) = make_uint2(packed[0], packed[1]);
-    }
-    __syncthreads();  // warp_range reused
-  }
-  // Each thread's stores, to the async proxy (the TMA loads of other CTAs),
-  // then the CTA's rows published (release at GPU scope).
-  asm volatile("fence.proxy.async.global;" ::: "memory");
-  __syncthreads();
-  if (tid == 0) {
-    __threadfence();
-    for (int r = static_cast<int>(blockIdx.x); r < M; r += static_cast<int>(gridDim.x))
-      asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(fq.flags + r), "r"(fq.epoch) : "memory");
-  }
-  // Every row, from every CTA, before any TMA load of aq.
-  if (warp == 0) {
-    for (int r = lane; r < M; r += 32) {
-      unsigned seen = 0;
-      do {
-        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(fq.flags + r) : "memory");
-      } while (seen != fq.epoch);
-    }
-  }
-  __syncthreads();
-  asm volatile("fence.proxy.async.global;" ::: "memory");
-}
-
-// 16 packed s4 values (two words, low nibble first) as 16 s8 bytes: the
-// nibbles of each word split into the even and odd elements' bytes, each
-// sign-extended without borrows ((v ^ 8) + 0x78, then ^ 0x80, per byte:
-// v ^ 8 - 8 in two's complement), then interleaved back into order.
-__device__ __forceinline__ uint4 s4x16_to_s8x16(uint2 x) {
-  auto widen = [](unsigned w, unsigned& first, unsigned& second) {
-    const unsigned even = ((((w & 0x0F0F0F0Fu) ^ 0x08080808u) + 0x78787878u) ^ 0x80808080u);
-    const unsigned odd = (((((w >> 4) & 0x0F0F0F0Fu) ^ 0x08080808u) + 0x78787878u) ^ 0x80808080u);
-    first = __byte_perm(even, odd, 0x5140);
-    second = __byte_perm(even, odd, 0x7362);
-  };
-  uint4 r;
-  widen(x.x, r.x, r.y);
-  widen(x.y, r.z, r.w);
-  return r;
-}
-
 struct TileGrid {
   int tiles_m, tiles_n;
   // Tile t's coordinates: groups of kGroupM tiles along M, N-major inside a
@@ -647,7 +539,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     w8a8_wgmma_kernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap w_map,
                       const __grid_constant__ CUtensorMap out_map, int M, int N, int K, TileGrid grid, bool pair_stores,
                       bool tma_store, SplitK split_k, EarlyWeight early, QLinearOut<T> ep,
-                      unsigned long long* __restrict__ probe, FusedQuant fused_quant) {
+                      unsigned long long* __restrict__ probe) {
   // Until the wait: shared memory, the parameters and (early) the weight.
   const ::qgrad::cuda::DeferredPriorWait prior;
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -662,14 +554,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   const std::uint32_t staging = smem_u32(smem + S * kStageBytes);  // C::kTmaStore: 16 KiB per consumer
   std::uint64_t* full = reinterpret_cast<std::uint64_t*>(smem + S * kStageBytes + C::kStagingBytes);
   std::uint64_t* empty = full + S;
-  [[maybe_unused]] std::uint64_t* raw_full = empty + S;  // C::kInt4W: a stage's packed weight in
   const int warpgroup = threadIdx.x / 128;
   const unsigned rank = kCluster > 1 ? cluster_rank() : 0, peer = rank ^ 1;
   if (threadIdx.x == 0) {
     for (int s = 0; s < S; ++s) {
-      // kInt4W: the producer's (A's bytes) and one per widening warp.
-      mbar_init(full + s, C::kInt4W ? 4 : 1);
-      if constexpr (C::kInt4W) mbar_init(raw_full + s, 1);
+      mbar_init(full + s, 1);
       // One arrival per consumer warp reading the stage, of each CTA it is written for.
       mbar_init(empty + s, (C::kPingPong ? 4 : 8) * kCluster);
     }
@@ -680,7 +569,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if constexpr (kCluster > 1) cluster_sync();  // the peer's barriers exist before anything is sent to them
   else __syncthreads();
   // The early weight loads of this CTA's first unit (its cluster index, split K absent).
-  constexpr bool kEarly = kCluster == 1 && !C::kSplitK && !C::kInt4W;
+  constexpr bool kEarly = kCluster == 1 && !C::kSplitK;
   int early_stages = 0;
   if (kEarly && early.stages && static_cast<int>(blockIdx.x) < grid.tiles_m * grid.tiles_n) {
     const int ksteps = (K + kBK - 1) / kBK;
@@ -697,7 +586,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   }
   prior.wait();
-  if constexpr (C::kFusedQuant) fused_quantize_rows(fused_quant, M, K);
   [[maybe_unused]] const unsigned long long entry_ns = probe_ns<C::kProbe>();
   // A cluster's CTAs walk the same cluster tiles: cluster tile p is M's
   // 128-row tile kCluster * (p's row) + rank, columns tn (a tile past M
@@ -737,13 +625,6 @@ __global__ void __launch_bounds__(kThreads, 1)
           const long long t = probe_clock<C::kProbe>();
           mbar_wait(empty + s, ((it / S) & 1) ^ 1);
           waited += probe_clock<C::kProbe>() - t;
-          if constexpr (C::kInt4W) {
-            mbar_expect_tx(full + s, kStageBytesA);
-            tma_load_2d(stage, &a_map, ks * kBK, tm * kBM, full + s);
-            mbar_expect_tx(raw_full + s, C::kRawBytes);
-            tma_load_2d(stage + kStageBytesA + BN * kBK, &w_map, ks * (kBK / 2), tn * BN, raw_full + s);
-            continue;
-          }
           mbar_expect_tx(full + s, kStageBytes);
           tma_load_2d(stage, &a_map, ks * kBK, tm * kBM, full + s);
           if constexpr (kCluster > 1)
@@ -756,31 +637,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       if constexpr (C::kProbe) {
         probe[blockIdx.x * kProbeSlots + kProducerWait] = static_cast<unsigned long long>(waited);
         probe[blockIdx.x * kProbeSlots + kProducerTotal] = static_cast<unsigned long long>(clock64() - start);
-      }
-    }
-    if constexpr (C::kInt4W) if (threadIdx.x >= 32) {
-      // The widening warps: each stage's packed rows (64 bytes each) into the
-      // s8 tile, unit (row r, 16-byte chunk c) at r * 128 + ((c ^ r % 8) * 16).
-      const int t = static_cast<int>(threadIdx.x) - 32;
-      int it = 0;
-      for (int u = cluster; u < units; u += clusters) {
-        int k_begin, k_end;
-        k_range(u, k_begin, k_end);
-        for (int ks = k_begin; ks < k_end; ++ks, ++it) {
-          const int s = it % S;
-          mbar_wait(raw_full + s, (it / S) & 1);
-          unsigned char* stage = smem + s * kStageBytes;
-          const unsigned char* raw = stage + kStageBytesA + BN * kBK;
-          unsigned char* tile = stage + kStageBytesA;
-          for (int unit = t; unit < BN * 8; unit += 96) {
-            const int r = unit / 8, c = unit % 8;
-            const uint2 packed = *reinterpret_cast<const uint2*>(raw + r * 64 + 8 * c);
-            *reinterpret_cast<uint4*>(tile + r * 128 + ((c ^ (r % 8)) * 16)) = s4x16_to_s8x16(packed);
-          }
-          asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the writes, to wgmma's proxy
-          __syncwarp();
-          if (threadIdx.x % 32 == 0) mbar_arrive(full + s);
-        }
       }
     }
   } else {
@@ -922,7 +778,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #else
   prior.wait();
   (void)a_map, (void)w_map, (void)out_map, (void)M, (void)N, (void)K, (void)grid, (void)pair_stores, (void)tma_store,
-      (void)split_k, (void)early, (void)ep, (void)probe, (void)fused_quant;
+      (void)split_k, (void)early, (void)ep, (void)probe;
 #endif
 }
 
@@ -952,21 +808,6 @@ inline bool encode(CUtensorMap& map, const std::int8_t* p, std::int64_t rows, st
 }
 
 
-// Packed s4 [rows, K] (ld bytes a row, K / 2 used) in boxes of box_rows x
-// 64 bytes (128 values), unswizzled: the widening warps' raw buffer.
-inline bool encode_int4(CUtensorMap& map, const std::int8_t* p, std::int64_t rows, std::int64_t ld, std::int64_t K,
-                        int box_rows) {
-  const auto fn = tensor_map_encoder();
-  if (!fn) return false;
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(K / 2), static_cast<cuuint64_t>(rows)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld)};
-  const cuuint32_t box[2] = {static_cast<cuuint32_t>(kBK / 2), static_cast<cuuint32_t>(box_rows)};
-  const cuuint32_t elem[2] = {1, 1};
-  return fn(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<std::int8_t*>(p), dims, strides, box, elem,
-            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
-
 // y [M, N] of T in boxes of 64 rows x 128 bytes, 128-byte swizzle (the TMA
 // store's map); false where TMA cannot take it (rows not a multiple of 16
 // bytes, y not 16-byte aligned).
@@ -990,15 +831,12 @@ bool encode_out(CUtensorMap& map, T* y, std::int64_t M, std::int64_t N) {
 template <class T, class C>
 bool launch(int device, const std::int8_t* a, std::int64_t lda, const std::int8_t* w, std::int64_t ldw, std::int64_t M,
             std::int64_t N, std::int64_t K, const QLinearOut<T>& ep, EarlyWeight early = {},
-            unsigned long long* probe = nullptr, SplitK split_k = {}, FusedQuant fused_quant = {}) {
+            unsigned long long* probe = nullptr, SplitK split_k = {}) {
   constexpr auto kernel = w8a8_wgmma_kernel<T, C>;
   if (!C::kSplitK) split_k = SplitK{};
   CUtensorMap a_map, w_map, out_map{};
   // The weight map's box is a cluster's share of a tile: each CTA loads it for all.
-  // C::kInt4W: w is packed s4, ldw bytes a row.
-  const bool w_ok =
-      C::kInt4W ? encode_int4(w_map, w, N, ldw, K, C::BN) : encode(w_map, w, N, ldw, K, C::BN / C::kCluster);
-  if (!encode(a_map, a, M, lda, K, kBM) || !w_ok) return false;
+  if (!encode(a_map, a, M, lda, K, kBM) || !encode(w_map, w, N, ldw, K, C::BN / C::kCluster)) return false;
   const bool tma_store = C::kTmaStore && encode_out(out_map, ep.out, M, N);
   const TileGrid grid{static_cast<int>((M + C::kCluster * kBM - 1) / (C::kCluster * kBM)),
                       static_cast<int>((N + C::BN - 1) / C::BN)};
@@ -1035,8 +873,7 @@ bool launch(int device, const std::int8_t* a, std::int64_t lda, const std::int8_
   config.gridDim = static_cast<unsigned>(
       C::kCluster * std::min(grid.tiles_m * grid.tiles_n * split_k.splits, resident[static_cast<std::size_t>(device)]));
   QGRAD_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, a_map, w_map, out_map, static_cast<int>(M), static_cast<int>(N),
-                                      static_cast<int>(K), grid, pair, tma_store, split_k, early, ep, probe,
-                                      fused_quant));
+                                      static_cast<int>(K), grid, pair, tma_store, split_k, early, ep, probe));
   return true;
 }
 

@@ -41,15 +41,18 @@ struct Gelu {
     return T(kTanh ? formulas::gelu_tanh(M(x)) : formulas::gelu_erf(M(x)));
   }
 };
-// With a mask (gelu_fake_quantize_dynamic's), dy is first masked as the fake
-// quant's straight-through backward masks it (formulas::FakeQuantGradOp: dy * bit).
-template <class T, bool kTanh>
+// kMasked (gelu_fake_quantize_dynamic's): dy is first masked as the fake
+// quant's straight-through backward masks it (formulas::FakeQuantGradOp:
+// dy * bit). A compile-time switch, not a null test: the test's mask loads
+// sat between the vector loads of dy and x, and the erf form ran at 0.84-0.88x
+// of PyTorch (0.0323 ms against 0.0271 for the same math without them, H200).
+template <class T, bool kTanh, bool kMasked>
 struct GeluBackward {
   const std::uint32_t* mask;
-  QGRAD_HD T operator()(std::int64_t i, T dyv, T xv) const {
+  QGRAD_HD T operator()([[maybe_unused]] std::int64_t i, T dyv, T xv) const {
     using M = op_math_t<T>;
     M g = M(dyv);
-    if (mask != nullptr) g = M(T(g * M(bitmask_get(mask, i) ? 1 : 0)));
+    if constexpr (kMasked) g = M(T(g * M(bitmask_get(mask, i) ? 1 : 0)));
     return T(kTanh ? formulas::gelu_tanh_backward(g, M(xv)) : formulas::gelu_erf_backward(g, M(xv)));
   }
 };
@@ -267,12 +270,16 @@ void gelu(const Tensor& x, const Tensor& y, bool tanh) {
 void gelu_backward(const Tensor& dy, const Tensor& x, const Tensor& dx, bool tanh, const std::uint32_t* mask) {
   dispatch_floating(dx.dtype(), "gelu_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    if (tanh)
-      map_elements(dx.device(), dx.numel(), cdata<T>(dy), cdata<T>(x), mdata<T>(dx), GeluBackward<T, true>{mask},
-                   "gelu_backward");
-    else
-      map_elements(dx.device(), dx.numel(), cdata<T>(dy), cdata<T>(x), mdata<T>(dx), GeluBackward<T, false>{mask},
-                   "gelu_backward");
+    auto run = [&](auto body) {
+      map_elements(dx.device(), dx.numel(), cdata<T>(dy), cdata<T>(x), mdata<T>(dx), body, "gelu_backward");
+    };
+    if (mask != nullptr) {
+      if (tanh) run(GeluBackward<T, true, true>{mask});
+      else run(GeluBackward<T, false, true>{mask});
+    } else {
+      if (tanh) run(GeluBackward<T, true, false>{nullptr});
+      else run(GeluBackward<T, false, false>{nullptr});
+    }
   });
 }
 

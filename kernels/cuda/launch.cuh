@@ -17,18 +17,59 @@ __global__ void elementwise_kernel(std::int64_t n, F f) {
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) f(i);
 }
 
+// launch_elementwise_once's kernel: the same loop, run once by each thread
+// of a one-pass grid, not unrolled: unrolling needs the trip count, a 64-bit
+// division before the first index (cat's one-pass copies paid 5% for it:
+// 0.0383 ms against 0.0363, H200). (A loop, not an `if`: without one ptxas
+// sank MapFour's second vector load below the math on the first.)
+template <class F>
+__global__ void elementwise_once_kernel(std::int64_t n, F f) {
+  ::qgrad::cuda::wait_for_prior_kernels();
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+#pragma unroll 1
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) f(i);
+}
+
+// Blocks of `threads` threads that one SM holds at once with `kernel`'s
+// registers and shared memory.
+template <class K>
+int resident_blocks(K kernel, unsigned threads) {
+  int blocks = 0;
+  QGRAD_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, static_cast<int>(threads), 0));
+  return blocks > 0 ? blocks : 1;
+}
+
 // Runs f(i) for i in [0, n) on the device's stream (grid-stride loop over
 // four waves of resident blocks). One element per thread is too little work
 // for a grid that covers the range once: relu's backward over 64M f32 took
 // 0.370 ms that way against 0.258 on this grid (H100, 2026-11-24); the
-// vectorised kernels (four elements per thread) are the ones that gain from
-// a single pass.
+// vectorised bodies take launch_elementwise_once. The waves count the
+// blocks this kernel's registers let an SM hold (asked once per
+// instantiation), not 2048 / 256: a body over 32 registers a thread fits
+// fewer, and a grid sized for 8 a SM would end in a partial wave.
 template <class F>
 void launch_elementwise(int device, std::int64_t n, F f) {
   if (n <= 0) return;
   constexpr unsigned threads = 256;
-  const unsigned blocks = ::qgrad::cuda::blocks_for(n, threads, ::qgrad::cuda::fill_blocks(device, threads) * 4LL);
+  static const int per_sm = resident_blocks(elementwise_kernel<F>, threads);
+  const unsigned blocks =
+      ::qgrad::cuda::blocks_for(n, threads, 4LL * per_sm * ::qgrad::cuda::multiprocessor_count(device));
   ::qgrad::cuda::launch_kernel(device, elementwise_kernel<F>, blocks, threads, 0, n, f);
+}
+
+// launch_elementwise for bodies that move 16 bytes per operand an index (a
+// Vec4 of f32, a 16-byte copy unit): a grid that covers [0, n) once, one
+// index a thread, as PyTorch's vectorised kernels run. gelu's backward over
+// [8192, 1024] f32: 0.0271 ms against 0.0278 on four whole waves; cat's
+// 16-byte copies 0.0360 against 0.0371 (H200, dev/cuda/elementwise_pass.cu).
+template <class F>
+void launch_elementwise_once(int device, std::int64_t n, F f) {
+  if (n <= 0) return;
+  constexpr unsigned threads = 256;
+  constexpr std::int64_t kMaxBlocks = (std::int64_t{1} << 31) - 1;
+  if (n > kMaxBlocks * threads) return launch_elementwise(device, n, f);  // past one grid: grid-stride
+  const unsigned blocks = ::qgrad::cuda::blocks_for(n, threads, kMaxBlocks);
+  ::qgrad::cuda::launch_kernel(device, elementwise_once_kernel<F>, blocks, threads, 0, n, f);
 }
 
 // 16 bytes of a weight stream read once: not kept in L1 (no other warp of the

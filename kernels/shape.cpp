@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <utility>
+#include <vector>
 
 #include "qgrad/kernels/linalg.h"
 #include "qgrad/kernels/loop.h"
@@ -62,13 +63,6 @@ struct SliceGather {
   QGRAD_HD void operator()(std::int64_t i) const { part[i] = full[full_offset(s, static_cast<I>(i))]; }
 };
 
-template <class U, class I>
-struct SlicePut {
-  const U* part;
-  U* full;
-  SliceLayout s;
-  QGRAD_HD void operator()(std::int64_t i) const { full[full_offset(s, static_cast<I>(i))] = part[i]; }
-};
 
 // Every element of full: its part element when selected, else zero bits.
 // (start, the offset d and its quotient stay signed: d < 0 is "before".)
@@ -86,6 +80,40 @@ struct SliceBackward {
     if (d >= 0 && d % s.step == 0 && d / s.step < s.count)
       v = part[(static_cast<std::int64_t>(o) * s.count + d / s.step) * s.inner + static_cast<std::int64_t>(in)];
     full[f] = v;
+  }
+};
+
+// cat's copies: up to kCatBatch operands in one launch. Index i walks the
+// batch's columns [first, first + width) of each of full's `outer` rows (in
+// copy units), so full is written (forward) or read (backward) in order;
+// operand j holds the batch's columns [ends[j - 1], ends[j]) (ends[-1] = 0).
+constexpr int kCatBatch = 8;
+template <class U, class I, bool kIntoFull>
+struct CatCopy {
+  U* parts[kCatBatch];
+  I ends[kCatBatch];
+  int count;
+  I width, row, first;
+  U* full;
+  QGRAD_HD void operator()(std::int64_t idx) const {
+    const auto i = static_cast<I>(idx);
+    const I o = i / width, c = i % width;
+    U* part = parts[0];
+    I begin = 0, end = ends[0];
+    // Unrolled over the batch, so the parameters are indexed statically.
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+    for (int k = 1; k < kCatBatch; ++k)
+      if (k < count && c >= end) {
+        part = parts[k];
+        begin = end;
+        end = ends[k];
+      }
+    U& p = part[o * (end - begin) + (c - begin)];
+    U& f = full[o * row + first + c];
+    if constexpr (kIntoFull) f = p;
+    else p = f;
   }
 };
 
@@ -212,6 +240,59 @@ void slice_copy(const Tensor& src, const Tensor& dst, const SliceLayout& s, std:
   });
 }
 
+// cat's copies between the operands (each `outer` rows of run_j elements,
+// the runs summing to full's row) and full: the empty operands dropped, the
+// rest kCatBatch a launch, each launch in the widest unit (up to 16 bytes)
+// that full's row, the batch's first column, every run and every pointer
+// split into.
+template <bool kIntoFull>
+void cat_copies(const std::vector<Tensor>& parts, const Tensor& full, std::int64_t outer, const char* where) {
+  if (full.numel() == 0) return;
+  const std::size_t elem = dtype_size(full.dtype());
+  const std::int64_t row = full.numel() / outer;
+  std::vector<std::pair<void*, std::int64_t>> operands;  // data, run
+  for (const Tensor& p : parts)
+    if (p.numel() > 0) operands.emplace_back(p.data_ptr(), p.numel() / outer);
+  std::int64_t first = 0;
+  for (std::size_t b = 0; b < operands.size(); b += kCatBatch) {
+    const std::size_t count = std::min<std::size_t>(kCatBatch, operands.size() - b);
+    std::int64_t width = 0;
+    for (std::size_t j = b; j < b + count; ++j) width += operands[j].second;
+    std::size_t unit = elem;
+    for (std::size_t w = 16; w > elem; w /= 2) {
+      const auto k = static_cast<std::int64_t>(w / elem);
+      bool fits = w % elem == 0 && row % k == 0 && first % k == 0 &&
+                  reinterpret_cast<std::uintptr_t>(full.data_ptr()) % w == 0;
+      for (std::size_t j = b; fits && j < b + count; ++j)
+        fits = operands[j].second % k == 0 && reinterpret_cast<std::uintptr_t>(operands[j].first) % w == 0;
+      if (fits) {
+        unit = w;
+        break;
+      }
+    }
+    const auto k = static_cast<std::int64_t>(unit / elem);
+    by_unit(unit, full.numel(), [&](auto u, auto ix) {
+      using U = typename decltype(u)::type;
+      using I = typename decltype(ix)::type;
+      CatCopy<U, I, kIntoFull> c{};
+      std::int64_t end = 0;
+      for (std::size_t j = 0; j < count; ++j) {
+        c.parts[j] = static_cast<U*>(operands[b + j].first);
+        end += operands[b + j].second / k;
+        c.ends[j] = static_cast<I>(end);
+      }
+      c.count = static_cast<int>(count);
+      c.width = static_cast<I>(width / k);
+      c.row = static_cast<I>(row / k);
+      c.first = static_cast<I>(first / k);
+      c.full = static_cast<U*>(full.data_ptr());
+      if (unit == 16) for_each_index_once(full.device(), outer * (width / k), c, where);
+      else for_each_index(full.device(), outer * (width / k), c, where);
+    });
+    first += width;
+  }
+}
+
 }  // namespace
 
 void permute(const Tensor& in, const Tensor& out, const std::vector<std::int64_t>& perm) {
@@ -245,8 +326,12 @@ void slice_backward(const Tensor& part, const Tensor& full, const SliceLayout& s
   if (full.numel() > 0) slice_copy<SliceBackward>(part, full, s, full.numel(), full.numel(), "slice_backward");
 }
 
-void slice_put(const Tensor& part, const Tensor& full, const SliceLayout& s) {
-  if (part.numel() > 0) slice_copy<SlicePut>(part, full, s, part.numel(), full.numel(), "cat");
+void cat_into(const std::vector<Tensor>& parts, const Tensor& full, std::int64_t outer) {
+  cat_copies<true>(parts, full, outer, "cat");
+}
+
+void cat_split(const Tensor& full, const std::vector<Tensor>& parts, std::int64_t outer) {
+  cat_copies<false>(parts, full, outer, "cat_backward");
 }
 
 }  // namespace qgrad::kernels

@@ -1,10 +1,11 @@
 // Kernels of the shape ops (ops/shape.h): permute, slice and its gradient,
-// and the copy of one cat operand into its place. Element copies only: any
+// and cat's copies in both directions. Element copies only: any
 // dtype with an element type (not the packed s4 / u4), written once over
 // kernels/loop.h for both devices; bit-identical by construction.
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "qgrad/core/tensor.h"
 #include "qgrad/kernels/linalg.h"
@@ -32,8 +33,11 @@ void slice_gather(const Tensor& in, const Tensor& out, const SliceLayout& s);
 // full [outer, n, inner]: part at the selected positions, zero elsewhere
 // (one pass: slice's gradient).
 void slice_backward(const Tensor& part, const Tensor& full, const SliceLayout& s);
-// The selection of full [outer, n, inner] = part; the rest of full is not
-// touched (cat: each operand into its place, step 1).
-void slice_put(const Tensor& part, const Tensor& full, const SliceLayout& s);
+// cat's copies, full viewed as [outer, row] and parts[j] as [outer, run_j]
+// (the runs summing to row, in order): the parts into full (cat) or full
+// into the parts (its backward). One launch per eight non-empty parts, each
+// walking full in order.
+void cat_into(const std::vector<Tensor>& parts, const Tensor& full, std::int64_t outer);
+void cat_split(const Tensor& full, const std::vector<Tensor>& parts, std::int64_t outer);
 
 }  // namespace qgrad::kernels

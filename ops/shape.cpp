@@ -102,7 +102,8 @@ Tensor narrow(const Tensor& x, std::int64_t dim, std::int64_t start, std::int64_
   return slice_checked(op, x, d, b, length, 1);
 }
 
-// Backward: each input gets its slice of dy. Saves the sizes along dim.
+// Backward: each input gets its slice of dy, all in one pass over dy (eight
+// operands a launch). Saves the operands' shapes.
 Tensor cat(const std::vector<Tensor>& tensors, std::int64_t dim) {
   constexpr const char* op = "cat";
   QGRAD_CHECK(!tensors.empty(), op, "tensors", "empty list");
@@ -129,31 +130,21 @@ Tensor cat(const std::vector<Tensor>& tensors, std::int64_t dim) {
   out_shape[static_cast<std::size_t>(d)] = total;
   shape_numel(out_shape, op);
   Tensor out = Tensor::empty(out_shape, like(first));
-  std::vector<std::int64_t> sizes;
-  sizes.reserve(tensors.size());
-  kernels::SliceLayout s = layout_of(out_shape, d);
-  for (const Tensor& t : tensors) {
-    s.count = t.size(d);
-    kernels::slice_put(t, out, s);
-    s.start += s.count;
-    sizes.push_back(s.count);
-  }
-  if (any_requires_grad(tensors))
-    record(op, out, tensors, [sizes, d](const Tensor& g) {
+  std::int64_t outer = 1;
+  for (std::int64_t k = 0; k < d; ++k) outer *= out_shape[static_cast<std::size_t>(k)];
+  kernels::cat_into(tensors, out, outer);
+  if (any_requires_grad(tensors)) {
+    std::vector<Shape> shapes;
+    shapes.reserve(tensors.size());
+    for (const Tensor& t : tensors) shapes.push_back(t.shape());
+    record(op, out, tensors, [shapes, outer](const Tensor& g) {
       std::vector<Tensor> grads;
-      grads.reserve(sizes.size());
-      kernels::SliceLayout part = layout_of(g.shape(), d);
-      for (std::int64_t size : sizes) {
-        Shape shape = g.shape();
-        shape[static_cast<std::size_t>(d)] = size;
-        Tensor gi = Tensor::empty(shape, like(g));
-        part.count = size;
-        kernels::slice_gather(g, gi, part);
-        part.start += size;
-        grads.push_back(gi);
-      }
+      grads.reserve(shapes.size());
+      for (const Shape& shape : shapes) grads.push_back(Tensor::empty(shape, like(g)));
+      kernels::cat_split(g, grads, outer);
       return grads;
     });
+  }
   return out;
 }
 

@@ -278,6 +278,62 @@ TEST_CASE("slice and cat with step 1 along the last dim: copy units across posit
   }
 }
 
+TEST_CASE("cat of more than one launch's eight operands, empty ones among them: forward and backward against a host "
+          "reference, f32 and f16, on every device") {
+  std::vector<Device> devices{Device::cpu()};
+  if (cuda_available()) devices.push_back(Device::cuda(0));
+  // Along dim 1 of [3, w, 5] (runs of 5w elements: single-element units),
+  // and along the last dim of [3, w] with w multiples of 8 (16-byte units
+  // for f16, 16 and 8 for f32 within each batch of eight).
+  struct Case {
+    std::vector<std::int64_t> widths;
+    bool inner;
+  };
+  const std::vector<Case> cases{{{3, 0, 4, 8, 1, 2, 16, 5, 0, 7, 2}, true},
+                                {{8, 16, 0, 8, 24, 8, 8, 16, 8, 8, 0, 40}, false}};
+  for (const Device dev : devices)
+    for (const DType dt : {DType::f32, DType::f16})
+      for (const Case& cs : cases) {
+        CAPTURE(dev.str());
+        CAPTURE(dtype_name(dt));
+        CAPTURE(cs.inner);
+        auto shape_of = [&](std::int64_t w) { return cs.inner ? Shape{3, w, 5} : Shape{3, w}; };
+        std::vector<Tensor> parts;
+        std::vector<std::vector<double>> pv;
+        std::int64_t total = 0;
+        for (std::size_t i = 0; i < cs.widths.size(); ++i) {
+          parts.push_back(param(rnd(shape_of(cs.widths[i]), 200 + i, dt).to(dev)));
+          pv.push_back(values(parts.back().cpu().to(DType::f64)));
+          total += cs.widths[i];
+        }
+        const std::int64_t inner = cs.inner ? 5 : 1, row = total * inner;
+        if (dev.is_cuda()) prepoison(shape_of(total), dt);
+        Tensor y = cat(parts, 1);
+        REQUIRE(y.shape() == shape_of(total));
+        const auto yv = values(y.cpu().to(DType::f64));
+        const Tensor dy = rnd(shape_of(total), 300, dt);
+        const auto dyv = values(dy.to(DType::f64));
+        if (dev.is_cuda())
+          for (const std::int64_t w : cs.widths) prepoison(shape_of(w), dt);
+        y.backward(dy.to(dev));
+        std::int64_t bad = 0, bad_grad = 0, c0 = 0;
+        for (std::size_t i = 0; i < parts.size(); ++i) {
+          const std::int64_t run = cs.widths[i] * inner;
+          const auto gv = values(parts[i].grad().cpu().to(DType::f64));
+          REQUIRE(gv.size() == static_cast<std::size_t>(3 * run));
+          for (std::int64_t o = 0; o < 3; ++o)
+            for (std::int64_t j = 0; j < run; ++j) {
+              const auto at = static_cast<std::size_t>(o * row + c0 + j), in = static_cast<std::size_t>(o * run + j);
+              bad += yv[at] != pv[i][in];
+              bad_grad += gv[in] != dyv[at];
+            }
+          c0 += run;
+        }
+        CHECK(bad == 0);
+        CHECK(bad_grad == 0);
+      }
+}
+
 TEST_CASE("cat: a host reference along every dim, gradients are the matching slices, errors name the operand") {
   for (std::int64_t dim = 0; dim < 3; ++dim) {
     CAPTURE(dim);

@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -82,9 +83,20 @@ void sdpa_rows(const std::string& tag, std::int64_t B, std::int64_t H, std::int6
 // a CudaGraph (no host work per call: the kernels alone, as PyTorch's
 // captured rows); the faster is the row, both are also "<row>_eager" and
 // "<row>_graph".
+// QGRAD_BENCH_ONLY (comma-separated parts of names; peer_train_ops.py reads
+// it too) keeps only the matching rows of this form.
 template <class Op>
 void fw_bw_rows(const std::string& name, std::vector<Tensor> inputs, Op op, double fw_bytes, double bw_bytes,
                 double copy, const std::string& dev, double fw_flops = 0, double bw_flops = 0) {
+  if (const char* only = std::getenv("QGRAD_BENCH_ONLY")) {
+    bool selected = false;
+    for (std::string rest = only; !selected && !rest.empty();) {
+      const std::size_t comma = rest.find(',');
+      selected = !rest.substr(0, comma).empty() && name.find(rest.substr(0, comma)) != std::string::npos;
+      rest = comma == std::string::npos ? "" : rest.substr(comma + 1);
+    }
+    if (!selected) return;
+  }
   auto emit_rows = [&](const std::string& row, const std::function<void()>& call, double bytes, double flops) {
     const Timing eager = time_cuda([&](int) { call(); }, 30, 3);
     CudaGraph graph;

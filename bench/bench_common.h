@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <vector>
@@ -87,6 +88,27 @@ inline double copy_bandwidth_gbs(std::size_t bytes) {
 inline void emit(const std::string& json_line) {
   std::printf("%s\n", json_line.c_str());
   std::fflush(stdout);
+}
+
+// Whether two tensors (any devices) hold the same bytes: the dev programs'
+// check of a variant against the library.
+inline bool same_bytes(const Tensor& a, const Tensor& b) {
+  const Tensor ha = a.cpu(), hb = b.cpu();
+  return ha.nbytes() == hb.nbytes() && std::memcmp(ha.data_ptr(), hb.data_ptr(), ha.nbytes()) == 0;
+}
+
+// A dev program's row of a memory-bound variant: {"bench", ["case",] "impl",
+// "ms", "min_ms", "gbs", "frac_copy"} (kase null: no "case").
+inline void memory_row(const char* bench, const char* kase, const char* impl, const Timing& t, double bytes,
+                       double copy_gbs) {
+  const double gbs = bytes / (t.median_ms * 1e-3) / 1e9;
+  char case_field[160] = "";
+  if (kase != nullptr) std::snprintf(case_field, sizeof case_field, "\"case\":\"%s\",", kase);
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "{\"bench\":\"%s\",%s\"impl\":\"%s\",\"ms\":%.4f,\"min_ms\":%.4f,\"gbs\":%.1f,\"frac_copy\":%.3f}",
+                bench, case_field, impl, t.median_ms, t.min_ms, gbs, gbs / copy_gbs);
+  emit(buf);
 }
 
 }  // namespace qgrad::bench

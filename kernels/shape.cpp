@@ -63,7 +63,6 @@ struct SliceGather {
   QGRAD_HD void operator()(std::int64_t i) const { part[i] = full[full_offset(s, static_cast<I>(i))]; }
 };
 
-
 // Every element of full: its part element when selected, else zero bits.
 // (start, the offset d and its quotient stay signed: d < 0 is "before".)
 template <class U, class I>
@@ -119,19 +118,23 @@ struct CatCopy {
 
 bool index_fits(std::int64_t n) { return n < (std::int64_t{1} << 32); }
 
-// The widest copy unit (up to 16 bytes) of whole elements that `inner`
-// consecutive elements split into, with every pointer aligned to it; the
-// element size when none is wider.
-std::size_t copy_unit(std::size_t elem, std::int64_t inner, std::initializer_list<const void*> ptrs) {
+// The widest copy unit (up to 16 bytes) of whole elements that every count
+// (in elements) splits into, with every pointer aligned to it; the element
+// size when none is wider.
+template <class Counts, class Pointers>
+std::size_t widest_unit(std::size_t elem, const Counts& counts, const Pointers& ptrs) {
   for (std::size_t w = 16; w > elem; w /= 2) {
     if (w % elem != 0) continue;
     const auto k = static_cast<std::int64_t>(w / elem);
-    if (inner % k != 0) continue;
-    bool aligned = true;
-    for (const void* p : ptrs) aligned = aligned && reinterpret_cast<std::uintptr_t>(p) % w == 0;
-    if (aligned) return w;
+    bool fits = true;
+    for (const std::int64_t c : counts) fits = fits && c % k == 0;
+    for (const void* p : ptrs) fits = fits && reinterpret_cast<std::uintptr_t>(p) % w == 0;
+    if (fits) return w;
   }
   return elem;
+}
+std::size_t copy_unit(std::size_t elem, std::int64_t inner, std::initializer_list<const void*> ptrs) {
+  return widest_unit(elem, std::initializer_list<std::int64_t>{inner}, ptrs);
 }
 
 // Runs f(TypeTag<U>, TypeTag<I>) for copy unit `unit` and an index type
@@ -206,19 +209,12 @@ std::pair<std::size_t, SliceLayout> slice_units(std::size_t elem, const SliceLay
     return {unit, in_units(s, static_cast<std::int64_t>(unit / elem))};
   }
   SliceLayout r{s.outer, s.n * s.inner, 1, s.start * s.inner, s.count * s.inner, 1};
-  for (std::size_t w = 16; w > elem; w /= 2) {
-    if (w % elem != 0) continue;
-    const auto k = static_cast<std::int64_t>(w / elem);
-    if (r.n % k != 0 || r.start % k != 0 || r.count % k != 0) continue;
-    bool aligned = true;
-    for (const void* p : ptrs) aligned = aligned && reinterpret_cast<std::uintptr_t>(p) % w == 0;
-    if (!aligned) continue;
-    r.n /= k;
-    r.start /= k;
-    r.count /= k;
-    return {w, r};
-  }
-  return {elem, r};
+  const std::size_t w = widest_unit(elem, std::initializer_list<std::int64_t>{r.n, r.start, r.count}, ptrs);
+  const auto k = static_cast<std::int64_t>(w / elem);
+  r.n /= k;
+  r.start /= k;
+  r.count /= k;
+  return {w, r};
 }
 
 // `indices`: the elements the copy walks (of dst, or of the part for cat);
@@ -258,18 +254,13 @@ void cat_copies(const std::vector<Tensor>& parts, const Tensor& full, std::int64
     const std::size_t count = std::min<std::size_t>(kCatBatch, operands.size() - b);
     std::int64_t width = 0;
     for (std::size_t j = b; j < b + count; ++j) width += operands[j].second;
-    std::size_t unit = elem;
-    for (std::size_t w = 16; w > elem; w /= 2) {
-      const auto k = static_cast<std::int64_t>(w / elem);
-      bool fits = w % elem == 0 && row % k == 0 && first % k == 0 &&
-                  reinterpret_cast<std::uintptr_t>(full.data_ptr()) % w == 0;
-      for (std::size_t j = b; fits && j < b + count; ++j)
-        fits = operands[j].second % k == 0 && reinterpret_cast<std::uintptr_t>(operands[j].first) % w == 0;
-      if (fits) {
-        unit = w;
-        break;
-      }
+    std::vector<std::int64_t> counts{row, first};
+    std::vector<const void*> ptrs{full.data_ptr()};
+    for (std::size_t j = b; j < b + count; ++j) {
+      counts.push_back(operands[j].second);
+      ptrs.push_back(operands[j].first);
     }
+    const std::size_t unit = widest_unit(elem, counts, ptrs);
     const auto k = static_cast<std::int64_t>(unit / elem);
     by_unit(unit, full.numel(), [&](auto u, auto ix) {
       using U = typename decltype(u)::type;

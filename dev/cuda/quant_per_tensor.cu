@@ -26,7 +26,6 @@
 // "case":"quantize_per_tensor"|"dequantize_per_tensor","impl":"lib"|"lib_kernel"|"u<U>_w<W>"|"u<U>_t<T>[_cs]",...}.
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <vector>
 
 #include "../../bench/bench_common.h"
@@ -119,19 +118,8 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-bool same_bytes(const Tensor& a, const Tensor& b) {
-  Tensor ha = a.cpu(), hb = b.cpu();
-  return ha.nbytes() == hb.nbytes() && std::memcmp(ha.data_ptr(), hb.data_ptr(), ha.nbytes()) == 0;
-}
-
 void row(const char* kase, const char* impl, const Timing& t, double bytes, double copy_gbs) {
-  const double gbs = bytes / (t.median_ms * 1e-3) / 1e9;
-  char buf[512];
-  std::snprintf(buf, sizeof buf,
-                "{\"bench\":\"dev_quant_per_tensor\",\"case\":\"%s\",\"impl\":\"%s\",\"ms\":%.4f,\"min_ms\":%.4f,"
-                "\"gbs\":%.1f,\"frac_copy\":%.3f}",
-                kase, impl, t.median_ms, t.min_ms, gbs, gbs / copy_gbs);
-  emit(buf);
+  memory_row("dev_quant_per_tensor", kase, impl, t, bytes, copy_gbs);
 }
 
 // Blocks of 256 threads: one pass (each thread U vectors once), or `waves`

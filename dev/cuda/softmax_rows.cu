@@ -20,7 +20,6 @@
 // Output: one check line per variant, then JSON lines
 // {"bench":"dev_softmax_rows","impl":...,"ms":...,"gbs":...,"frac_copy":...}.
 #include <cstdio>
-#include <cstring>
 #include <limits>
 
 #include "../../bench/bench_common.h"
@@ -90,19 +89,8 @@ __global__ void __launch_bounds__(256) walk_kernel(const float* __restrict__ x, 
   for (int c = lane; c < kD; c += 32) y[r * kD + c] = formulas::exp_m(xr[c] - mx) / sum;
 }
 
-bool same_bytes(const Tensor& a, const Tensor& b) {
-  Tensor ha = a.cpu(), hb = b.cpu();
-  return ha.nbytes() == hb.nbytes() && std::memcmp(ha.data_ptr(), hb.data_ptr(), ha.nbytes()) == 0;
-}
-
 void row(const char* impl, const Timing& t, double bytes, double copy_gbs) {
-  const double gbs = bytes / (t.median_ms * 1e-3) / 1e9;
-  char buf[384];
-  std::snprintf(buf, sizeof buf,
-                "{\"bench\":\"dev_softmax_rows\",\"impl\":\"%s\",\"ms\":%.4f,\"min_ms\":%.4f,\"gbs\":%.1f,"
-                "\"frac_copy\":%.3f}",
-                impl, t.median_ms, t.min_ms, gbs, gbs / copy_gbs);
-  emit(buf);
+  memory_row("dev_softmax_rows", nullptr, impl, t, bytes, copy_gbs);
 }
 
 struct Inputs {

@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -90,11 +91,9 @@ void fw_bw_rows(const std::string& name, std::vector<Tensor> inputs, Op op, doub
                 double copy, const std::string& dev, double fw_flops = 0, double bw_flops = 0) {
   if (const char* only = std::getenv("QGRAD_BENCH_ONLY")) {
     bool selected = false;
-    for (std::string rest = only; !selected && !rest.empty();) {
-      const std::size_t comma = rest.find(',');
-      selected = !rest.substr(0, comma).empty() && name.find(rest.substr(0, comma)) != std::string::npos;
-      rest = comma == std::string::npos ? "" : rest.substr(comma + 1);
-    }
+    std::istringstream parts(only);
+    for (std::string part; !selected && std::getline(parts, part, ',');)
+      selected = !part.empty() && name.find(part) != std::string::npos;
     if (!selected) return;
   }
   auto emit_rows = [&](const std::string& row, const std::function<void()>& call, double bytes, double flops) {

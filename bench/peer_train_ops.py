@@ -106,7 +106,7 @@ def fw_bw_rows(name, inputs, op, fw_bytes, bw_bytes, compile_too, fw_flops=0.0, 
     compile_too, under torch.compile; the fastest under the case's own name
     (config says which), each under <case>_<config> (eager, graph, compiled: the suffixes of bench_train_ops' rows)."""
     only = os.environ.get("QGRAD_BENCH_ONLY")  # comma-separated parts of row names, as bench_train_ops
-    if only and not any(part in name for part in only.split(",")):
+    if only and not any(part and part in name for part in only.split(",")):
         return
     def rate(ms, bytes_, flops):
         return {"tflops": flops / (ms * 1e-3) / 1e12} if flops else {"gbs": gbs(bytes_, ms)}

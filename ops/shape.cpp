@@ -130,8 +130,7 @@ Tensor cat(const std::vector<Tensor>& tensors, std::int64_t dim) {
   out_shape[static_cast<std::size_t>(d)] = total;
   shape_numel(out_shape, op);
   Tensor out = Tensor::empty(out_shape, like(first));
-  std::int64_t outer = 1;
-  for (std::int64_t k = 0; k < d; ++k) outer *= out_shape[static_cast<std::size_t>(k)];
+  const std::int64_t outer = layout_of(out_shape, d).outer;
   kernels::cat_into(tensors, out, outer);
   if (any_requires_grad(tensors)) {
     std::vector<Shape> shapes;

@@ -1,8 +1,8 @@
 // CUDA kernels of the int4 linear layers (kernels/lowbit_linear.h).
 //
-// W4A16, decode sizes (M <= kW4A16GemvMaxM, bf16/f16 x): a tensor-core GEMV
+// W4A16, decode sizes (8 < M <= kW4A16GemvMaxM, bf16/f16 x): a tensor-core GEMV
 // fed by bulk copies. A block of 9 warps owns 32 output channels and 8 NC
-// rows of x (NC = 1, 2, 4, 8 for M up to 8, 16, 32, 64) over the whole of K.
+// rows of x (NC = 2, 4, 8 for M up to 16, 32, 64) over the whole of K.
 // Its producer warp streams the block's 32 packed weight rows through a ring
 // of 4 shared-memory stages of 1024 columns (cp.async.bulk, one row per lane,
 // completing on an mbarrier; a slot is refilled once the 8 consumer warps
@@ -26,10 +26,11 @@
 // With scales of x's dtype T (not f32) the dequantization is packed T x 2
 // arithmetic (dequant_word: per value half a LOP3, half a subtract, half a
 // multiply, plus the shifts: the same bits, since (q - zp) * s is exact in f32
-// for a T scale), in the kernel above for 8 < M <= 64 and, for M <= 8, in a
-// split-K GEMV without a producer (w4a16_packed_kernel: a block per 16
-// channels, 8 warps splitting K, each issuing its 16-byte weight loads of 4
-// iterations at once, two blocks per SM).
+// for a T scale), in the kernel above and in the split-K GEMV.
+// M <= 8, f32 or T scales: a split-K GEMV without a producer
+// (w4a16_splitk_kernel: a block per 16 channels, 8 warps splitting K, each
+// issuing its 16-byte weight loads of 4 iterations at once, two blocks per
+// SM), with the same per-value math.
 // W4A16, larger M: W dequantized to T into a scratch [N, K] (one pass, 8
 // values per thread) and cuBLAS (CUBLAS_COMPUTE_32F; 16-bit x: an f32
 // product, then bias and one rounding in one pass; f32 x: bias filled first
@@ -436,20 +437,24 @@ void launch_w4a16_gemv(const Tensor& x, const Tensor& w, const Tensor& scale, co
 
 // ------------------------------------------- W4A16 GEMV, 16-bit scales
 
-// Decode sizes (M <= 8) with T scales. A block owns one m16 tile of 16 output
-// channels (NSUB = 2 of gemv_math_packed) and 8 rows of x; its WARPS warps
-// split K by 128-column iterations (warp w takes w, w + WARPS, ...). Lane
-// (g, t) reads 16 bytes = 32 columns at k0 = 128 it + 32 t of channels g and
-// g + 8 of the tile. A warp issues the weight loads of U iterations at once
-// (U KiB in flight per warp; two blocks per SM, no producer warp), then runs
-// gemv_math_packed on each. The warps' partial tiles are added in warp order
-// (deterministic).
-template <class T, bool kSigned, int WARPS, int U>
+// Decode sizes (M <= 8). A block owns one m16 tile of 16 output channels
+// (NSUB = 2 of gemv_math / gemv_math_packed) and 8 rows of x; its WARPS warps
+// split K by 128-column iterations (warp w takes w, w + WARPS, ...). Lane (g, t) reads 16 bytes =
+// 32 columns at k0 = 128 it + 32 t of channels g and g + 8 of the tile. A
+// warp issues the weight loads of U iterations at once (U KiB in flight per
+// warp; two blocks per SM, no producer warp), then dequantizes and multiplies
+// each (S = T: the packed T x 2 math; S = float: the f32 math). The warps'
+// partial tiles are added in warp order (deterministic). With f32 scales it
+// replaced the bulk-copy GEMV at M = 1 (kernel 7.4 us against 8.9, H200); at
+// 8 < M <= 16 two 8-row chunks a block measured slower than the bulk-copy
+// GEMV (f32 scales 14.1 against 11.3 us, T scales 9.5 against 9.2).
+template <class T, bool kSigned, int WARPS, int U, class S>
 __global__ void __launch_bounds__(WARPS * 32, 2)
-    w4a16_packed_kernel(const T* __restrict__ x, const std::uint8_t* __restrict__ w, const T* __restrict__ scale,
+    w4a16_splitk_kernel(const T* __restrict__ x, const std::uint8_t* __restrict__ w, const S* __restrict__ scale,
                         const std::int32_t* __restrict__ zp, const T* __restrict__ bias, T* __restrict__ out, int M,
                         int N, int K, int G) {
   ::qgrad::cuda::wait_for_prior_kernels();
+  constexpr bool kPacked = !std::is_same_v<S, float>;
   __shared__ float part[WARPS][4][32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -474,14 +479,15 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
       const bool kin = k0 < K;
       wv[u][0] = kin ? ld_stream16(w_lo + static_cast<I64>(it) * 64) : zero4;
       wv[u][1] = kin ? ld_stream16(w_hi + static_cast<I64>(it) * 64) : zero4;
-      gemv_load<T, kSigned, 1, 2, false, T>(f[u], k0, K, G, groups, xr, nrow, scale, zp);
+      gemv_load<T, kSigned, 1, 2, false, S>(f[u], k0, K, G, groups, xr, nrow, scale, zp);
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int it = base + u * WARPS;
       if (it >= iters) break;  // uniform in the warp
       const int k0 = it * 128 + t * 32;
-      gemv_math_packed<T, kSigned, 1, 2, false>(f[u], wv[u], acc, k0, k0 < K, xr);
+      if constexpr (kPacked) gemv_math_packed<T, kSigned, 1, 2, false>(f[u], wv[u], acc, k0, k0 < K, xr);
+      else gemv_math<T, kSigned, 1, 2, false>(f[u], wv[u], acc, k0, k0 < K, xr);
     }
   }
 #pragma unroll
@@ -501,15 +507,15 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
   }
 }
 
-template <class T, bool kSigned>
-void launch_w4a16_packed(const Tensor& x, const Tensor& w, const Tensor& scale, const Tensor& zp, I64 G,
+template <class T, bool kSigned, class S>
+void launch_w4a16_splitk(const Tensor& x, const Tensor& w, const Tensor& scale, const Tensor& zp, I64 G,
                          const Tensor& bias, const Tensor& out) {
   constexpr int kWarps = 8, kU = 4;
   const I64 M = out.shape()[0], N = out.shape()[1], K = w.shape()[1];
   ::qgrad::cuda::launch_kernel(
-      out.device().index, w4a16_packed_kernel<T, kSigned, kWarps, kU>, static_cast<unsigned>((N + 15) / 16),
+      out.device().index, w4a16_splitk_kernel<T, kSigned, kWarps, kU, S>, static_cast<unsigned>((N + 15) / 16),
       kWarps * 32, 0, static_cast<const T*>(x.data_ptr()), static_cast<const std::uint8_t*>(w.data_ptr()),
-      static_cast<const T*>(scale.data_ptr()), zp.defined() ? static_cast<const std::int32_t*>(zp.data_ptr()) : nullptr,
+      static_cast<const S*>(scale.data_ptr()), zp.defined() ? static_cast<const std::int32_t*>(zp.data_ptr()) : nullptr,
       bias.defined() ? static_cast<const T*>(bias.data_ptr()) : nullptr, static_cast<T*>(out.data_ptr()),
       static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), static_cast<int>(G));
 }
@@ -529,23 +535,23 @@ bool w4a16_gemv(const Tensor& x, const Tensor& w, const Tensor& scale, const Ten
     // 8 NC rows of x per block: 8, 16, 32 or 64; f32 scales: 32 channels (NSUB = 4) per block.
     auto go = [&](auto nc) {
       constexpr int kNC = decltype(nc)::value;
-      // T scales at M <= 8: the split-K GEMV (measured faster there: more warps
-      // in flight, no producer); at 8 < M <= 64 the bulk-copy GEMV (x fragments
-      // and mma issue shared by 32 channels).
+      // M <= 8: the split-K GEMV (more warps in flight, no producer); 8 < M <= 64:
+      // the bulk-copy GEMV (x fragments and mma issue shared by 32 channels).
       if constexpr (kNC == 1) {
         if (packed) {
-          sg ? launch_w4a16_packed<T, true>(x, w, scale, zp, G, bias, out)
-             : launch_w4a16_packed<T, false>(x, w, scale, zp, G, bias, out);
-          return;
+          sg ? launch_w4a16_splitk<T, true, T>(x, w, scale, zp, G, bias, out)
+             : launch_w4a16_splitk<T, false, T>(x, w, scale, zp, G, bias, out);
+        } else {
+          sg ? launch_w4a16_splitk<T, true, float>(x, w, scale, zp, G, bias, out)
+             : launch_w4a16_splitk<T, false, float>(x, w, scale, zp, G, bias, out);
         }
-      }
-      if (packed) {
+      } else if (packed) {
         sg ? launch_w4a16_gemv<T, true, kNC, 4, T>(x, w, scale, zp, G, bias, out)
            : launch_w4a16_gemv<T, false, kNC, 4, T>(x, w, scale, zp, G, bias, out);
-        return;
+      } else {
+        sg ? launch_w4a16_gemv<T, true, kNC, 4, float>(x, w, scale, zp, G, bias, out)
+           : launch_w4a16_gemv<T, false, kNC, 4, float>(x, w, scale, zp, G, bias, out);
       }
-      sg ? launch_w4a16_gemv<T, true, kNC, 4, float>(x, w, scale, zp, G, bias, out)
-         : launch_w4a16_gemv<T, false, kNC, 4, float>(x, w, scale, zp, G, bias, out);
     };
     if (M <= 8) go(std::integral_constant<int, 1>{});
     else if (M <= 16) go(std::integral_constant<int, 2>{});

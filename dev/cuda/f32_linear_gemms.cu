@@ -34,11 +34,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <random>
 #include <vector>
 
 #include "qgrad/core/cuda/common.cuh"
 #include "qgrad/kernels/cuda/blas.cuh"
+
+#include "graph_timing.cuh"
 
 namespace {
 
@@ -49,23 +50,6 @@ int config(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttributes_
   std::size_t written = 0;
   cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &v, sizeof v, &written);
   return static_cast<int>(v);
-}
-
-float* dev_random(std::size_t n, unsigned seed, float scale) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> d(-scale, scale);
-  std::vector<float> h(n);
-  for (auto& v : h) v = d(rng);
-  float* p = nullptr;
-  QGRAD_CUDA_CHECK(cudaMalloc(&p, n * sizeof(float)));
-  QGRAD_CUDA_CHECK(cudaMemcpy(p, h.data(), n * sizeof(float), cudaMemcpyHostToDevice));
-  return p;
-}
-
-std::vector<float> to_host(const float* p, std::size_t n) {
-  std::vector<float> h(n);
-  QGRAD_CUDA_CHECK(cudaMemcpy(h.data(), p, n * sizeof(float), cudaMemcpyDeviceToHost));
-  return h;
 }
 
 // Median per-call ms of 7 rounds of 20 back-to-back calls.

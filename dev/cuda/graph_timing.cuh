@@ -1,7 +1,7 @@
-// Shared by the headers-only dev programs (compiled anywhere with nvcc, run
-// by hand on the GPU machine): a CUDA error check that exits, and the time of
-// one call of `launch`, 50 calls captured in a CUDA graph, median of 21
-// replays (the first replay is dropped).
+// Shared by the dev programs (compiled anywhere with nvcc, run by hand on the
+// GPU machine): a CUDA error check that exits, f32 test data to and from the
+// device, and the time of one call of `launch`, 50 calls captured in a CUDA
+// graph, median of 21 replays (the first replay is dropped).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <random>
 #include <vector>
 
 #define DEV_CHECK_CUDA(x)                                                                  \
@@ -19,6 +20,24 @@
       std::exit(1);                                                                        \
     }                                                                                      \
   } while (0)
+
+// n uniform floats in [-scale, scale) from seed, on the device (cudaFree them).
+inline float* dev_random(std::size_t n, unsigned seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> d(-scale, scale);
+  std::vector<float> h(n);
+  for (auto& v : h) v = d(rng);
+  float* p = nullptr;
+  DEV_CHECK_CUDA(cudaMalloc(&p, n * sizeof(float)));
+  DEV_CHECK_CUDA(cudaMemcpy(p, h.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+  return p;
+}
+
+inline std::vector<float> to_host(const float* p, std::size_t n) {
+  std::vector<float> h(n);
+  DEV_CHECK_CUDA(cudaMemcpy(h.data(), p, n * sizeof(float), cudaMemcpyDeviceToHost));
+  return h;
+}
 
 // launch(stream) enqueues one call; returns microseconds a call.
 template <class F>

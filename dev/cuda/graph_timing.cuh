@@ -1,7 +1,8 @@
 // Shared by the dev programs (compiled anywhere with nvcc, run by hand on the
 // GPU machine): a CUDA error check that exits, f32 test data to and from the
-// device, and the time of one call of `launch`, 50 calls captured in a CUDA
-// graph, median of 21 replays (the first replay is dropped).
+// device, the median of 21 replays of a captured graph (the first replay is
+// dropped), and with it the time of one call of `launch`, 50 calls captured
+// in a CUDA graph.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -39,6 +40,29 @@ inline std::vector<float> to_host(const float* p, std::size_t n) {
   return h;
 }
 
+// Median ms of 21 replays on stream s (one more first, dropped): replay()
+// enqueues one replay of a captured graph.
+template <class R>
+double replay_median_ms(cudaStream_t s, R replay) {
+  cudaEvent_t a, b;
+  DEV_CHECK_CUDA(cudaEventCreate(&a));
+  DEV_CHECK_CUDA(cudaEventCreate(&b));
+  std::vector<float> ms;
+  for (int rep = 0; rep < 22; ++rep) {
+    DEV_CHECK_CUDA(cudaEventRecord(a, s));
+    replay();
+    DEV_CHECK_CUDA(cudaEventRecord(b, s));
+    DEV_CHECK_CUDA(cudaEventSynchronize(b));
+    float t = 0;
+    DEV_CHECK_CUDA(cudaEventElapsedTime(&t, a, b));
+    if (rep > 0) ms.push_back(t);
+  }
+  std::sort(ms.begin(), ms.end());
+  DEV_CHECK_CUDA(cudaEventDestroy(a));
+  DEV_CHECK_CUDA(cudaEventDestroy(b));
+  return ms[ms.size() / 2];
+}
+
 // launch(stream) enqueues one call; returns microseconds a call.
 template <class F>
 double graph_us(F launch) {
@@ -51,24 +75,9 @@ double graph_us(F launch) {
   for (int i = 0; i < kCalls; ++i) launch(s);
   DEV_CHECK_CUDA(cudaStreamEndCapture(s, &g));
   DEV_CHECK_CUDA(cudaGraphInstantiate(&ge, g, 0));
-  cudaEvent_t a, b;
-  DEV_CHECK_CUDA(cudaEventCreate(&a));
-  DEV_CHECK_CUDA(cudaEventCreate(&b));
-  std::vector<float> ms;
-  for (int rep = 0; rep < 22; ++rep) {
-    DEV_CHECK_CUDA(cudaEventRecord(a, s));
-    DEV_CHECK_CUDA(cudaGraphLaunch(ge, s));
-    DEV_CHECK_CUDA(cudaEventRecord(b, s));
-    DEV_CHECK_CUDA(cudaEventSynchronize(b));
-    float t = 0;
-    DEV_CHECK_CUDA(cudaEventElapsedTime(&t, a, b));
-    if (rep > 0) ms.push_back(t);
-  }
-  std::sort(ms.begin(), ms.end());
-  DEV_CHECK_CUDA(cudaEventDestroy(a));
-  DEV_CHECK_CUDA(cudaEventDestroy(b));
+  const double ms = replay_median_ms(s, [&] { DEV_CHECK_CUDA(cudaGraphLaunch(ge, s)); });
   DEV_CHECK_CUDA(cudaGraphExecDestroy(ge));
   DEV_CHECK_CUDA(cudaGraphDestroy(g));
   DEV_CHECK_CUDA(cudaStreamDestroy(s));
-  return ms[ms.size() / 2] * 1000.0 / kCalls;
+  return ms * 1000.0 / kCalls;
 }

@@ -92,7 +92,8 @@ struct LtCall {
     cublasLtMatmulPreference_t pref;
     DEV_CHECK_BLAS(cublasLtMatmulPreferenceCreate(&pref));
     const std::size_t ws = kWorkspace;
-    DEV_CHECK_BLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    DEV_CHECK_BLAS(
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
     const cublasStatus_t s =
         cublasLtMatmulAlgoGetHeuristic(lt.h, op, a, b, ldc0 ? c : d, d, pref, kAlgos, algos, &count);
     if (s != CUBLAS_STATUS_SUCCESS) count = 0;
@@ -139,7 +140,8 @@ void run_shape(cublasHandle_t blas, Lt& lt, int M, int N, int K) {
   for (const bool ldc0 : {true, false}) {
     LtCall call(lt, M, N, K, ldc0, bias);
     if (call.count == 0)
-      std::printf("{\"bench\":\"linear_bias_broadcast\",\"M\":%d,\"N\":%d,\"K\":%d,\"impl\":\"%s\",\"unsupported\":true}\n",
+      std::printf("{\"bench\":\"linear_bias_broadcast\",\"M\":%d,\"N\":%d,\"K\":%d,\"impl\":\"%s\","
+                  "\"unsupported\":true}\n",
                   M, N, K, ldc0 ? "ldc0" : "epilogue");
     for (int i = 0; i < (ldc0 ? call.count : std::min(call.count, 1)); ++i) {
       DEV_CHECK_CUDA(cudaMemset(y, 0xff, std::size_t(n) * sizeof(float)));  // poisoned: NaN

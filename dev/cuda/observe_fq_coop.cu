@@ -28,7 +28,7 @@
 #include <vector>
 
 #include "../../bench/bench_common.h"
-#include "graph_timing.cuh"
+#include "captured_timing.cuh"
 #include "qgrad/core/cuda/common.cuh"
 #include "qgrad/kernels/bitmask.h"
 #include "qgrad/kernels/cuda/minmax.cuh"
@@ -159,16 +159,6 @@ Tensor library_call(const Tensor& x, State& s) {
   u.run_max = s.run_max;
   u.averaging_constant = kAveraging;
   return observe_fake_quantize_per_tensor(x, s.scale, s.zp, kQmin, kQmax, u);
-}
-
-// µs a call: `calls` captured in one graph, median of 21 replays.
-template <class F>
-double captured_us(F call, int calls = 20) {
-  CudaGraph g(0);
-  g.capture([&] {
-    for (int i = 0; i < calls; ++i) call();
-  });
-  return replay_median_ms(::qgrad::cuda::stream(0), [&] { g.replay(); }) * 1000.0 / calls;
 }
 
 void run_shape(std::int64_t M, std::int64_t K) {

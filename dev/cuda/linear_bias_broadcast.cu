@@ -87,8 +87,12 @@ struct LtCall {
     }
     DEV_CHECK_BLAS(cublasLtMatrixLayoutCreate(&a, CUDA_R_32F, K, N, K));
     DEV_CHECK_BLAS(cublasLtMatrixLayoutCreate(&b, CUDA_R_32F, K, M, K));
-    DEV_CHECK_BLAS(cublasLtMatrixLayoutCreate(&c, CUDA_R_32F, N, M, ldc0 ? 0 : N));
     DEV_CHECK_BLAS(cublasLtMatrixLayoutCreate(&d, CUDA_R_32F, N, M, N));
+    // A leading dimension of 0 may be refused here or by the heuristic: then no algorithm ("unsupported").
+    if (cublasLtMatrixLayoutCreate(&c, CUDA_R_32F, N, M, ldc0 ? 0 : N) != CUBLAS_STATUS_SUCCESS) {
+      c = nullptr;
+      return;
+    }
     cublasLtMatmulPreference_t pref;
     DEV_CHECK_BLAS(cublasLtMatmulPreferenceCreate(&pref));
     const std::size_t ws = kWorkspace;
@@ -102,7 +106,7 @@ struct LtCall {
   ~LtCall() {
     cublasLtMatrixLayoutDestroy(a);
     cublasLtMatrixLayoutDestroy(b);
-    cublasLtMatrixLayoutDestroy(c);
+    if (c) cublasLtMatrixLayoutDestroy(c);
     cublasLtMatrixLayoutDestroy(d);
     cublasLtMatmulDescDestroy(op);
   }

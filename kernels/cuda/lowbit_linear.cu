@@ -435,15 +435,15 @@ void launch_w4a16_gemv(const Tensor& x, const Tensor& w, const Tensor& scale, co
                                static_cast<int>(K), static_cast<int>(G));
 }
 
-// ------------------------------------------- W4A16 GEMV, 16-bit scales
+// ------------------------------------------------- W4A16 split-K GEMV
 
 // Decode sizes (M <= 8). A block owns one m16 tile of 16 output channels
 // (NSUB = 2 of gemv_math / gemv_math_packed) and 8 rows of x; its WARPS warps
-// split K by 128-column iterations (warp w takes w, w + WARPS, ...). Lane (g, t) reads 16 bytes =
-// 32 columns at k0 = 128 it + 32 t of channels g and g + 8 of the tile. A
-// warp issues the weight loads of U iterations at once (U KiB in flight per
-// warp; two blocks per SM, no producer warp), then dequantizes and multiplies
-// each (S = T: the packed T x 2 math; S = float: the f32 math). The warps'
+// split K by 128-column iterations (warp w takes w, w + WARPS, ...). Lane
+// (g, t) reads 16 bytes = 32 columns at k0 = 128 it + 32 t of channels g and
+// g + 8 of the tile. A warp issues the weight loads of U iterations at once
+// (U KiB in flight per warp; two blocks per SM, no producer warp), then
+// dequantizes and multiplies each (S = T: the packed T x 2 math; S = float: the f32 math). The warps'
 // partial tiles are added in warp order (deterministic). With f32 scales it
 // replaced the bulk-copy GEMV at M = 1 (kernel 7.4 us against 8.9, H200); at
 // 8 < M <= 16 two 8-row chunks a block measured slower than the bulk-copy
@@ -532,7 +532,7 @@ bool w4a16_gemv(const Tensor& x, const Tensor& w, const Tensor& scale, const Ten
       return false;
     const bool sg = w.dtype() == DType::s4;
     const bool packed = scale.dtype() != DType::f32;  // T scales (the op allows f32 or x's dtype)
-    // 8 NC rows of x per block: 8, 16, 32 or 64; f32 scales: 32 channels (NSUB = 4) per block.
+    // Bulk-copy GEMV: 8 NC rows of x per block (16, 32 or 64), 32 channels (NSUB = 4).
     auto go = [&](auto nc) {
       constexpr int kNC = decltype(nc)::value;
       // M <= 8: the split-K GEMV (more warps in flight, no producer); 8 < M <= 64:

@@ -18,7 +18,6 @@
 
 #include <cstdint>
 #include <cstdio>
-#include <vector>
 
 #include "../../bench/bench_common.h"
 #include "captured_timing.cuh"
@@ -59,7 +58,7 @@ void launch_fused(const Tensor& x, const Tensor& labels, const Tensor& p, const 
 
 void run_shape(std::int64_t B, std::int64_t C) {
   Generator g(0xce);
-  TensorOptions on_gpu = TensorOptions{}.with_device(Device::cuda());
+  const TensorOptions on_gpu = TensorOptions{}.with_device(Device::cuda());
   const Tensor x = (randn({B, C}, g, on_gpu) * 4.0).detach();
   const Tensor labels = randint(0, C, {B}, g, TensorOptions{}.with_device(Device::cuda()).with_dtype(DType::s64));
   Tensor xg = x.detach();

@@ -67,7 +67,7 @@ struct Lt {
 
 // y [M, N] = x [M, K] · w [N, K]^T (+ bias), column-major: y^T (N x M) = op_T(w) · x^T.
 // ldc0: C = bias with ld 0, beta = 1; else the BIAS epilogue, beta = 0.
-// Returns the heuristic's algorithms (up to kAlgos) in *count.
+// algos[0 .. count): the heuristic's first algorithms (none: unsupported).
 struct LtCall {
   cublasLtMatmulDesc_t op{};
   cublasLtMatrixLayout_t a{}, b{}, c{}, d{};

@@ -130,7 +130,7 @@ unsigned coop_blocks(std::int64_t n) {
 }
 
 cudaError_t launch_coop(const Tensor& x, const Tensor& y, const Tensor& mask, const Tensor& partial, State& s,
-                        bool pdl) {
+                        unsigned blocks, bool pdl) {
   const std::int64_t n = x.numel();
   cudaLaunchAttribute attr[2];
   attr[0].id = cudaLaunchAttributeCooperative;
@@ -138,7 +138,7 @@ cudaError_t launch_coop(const Tensor& x, const Tensor& y, const Tensor& mask, co
   attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[1].val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t cfg{};
-  cfg.gridDim = coop_blocks(n);
+  cfg.gridDim = blocks;
   cfg.blockDim = kThreads;
   cfg.stream = ::qgrad::cuda::stream(0);
   cfg.attrs = attr;
@@ -176,11 +176,12 @@ void run_shape(std::int64_t M, std::int64_t K) {
   State cs = State::fresh();
   Tensor y = Tensor::empty(x.shape(), TensorOptions{}.with_device(Device::cuda()));
   Tensor mask = Tensor::empty({bitmask_words(n)}, TensorOptions{}.with_device(Device::cuda()).with_dtype(DType::s32));
-  Tensor partial = Tensor::empty({2 * static_cast<std::int64_t>(coop_blocks(n))},
+  const unsigned blocks = coop_blocks(n);
+  Tensor partial = Tensor::empty({2 * static_cast<std::int64_t>(blocks)},
                                  TensorOptions{}.with_device(Device::cuda()));
   DEV_CHECK_CUDA(cudaMemset(y.data_ptr(), 0xff, y.nbytes()));  // poisoned
   DEV_CHECK_CUDA(cudaMemset(mask.data_ptr(), 0xa5, mask.nbytes()));
-  const cudaError_t e = launch_coop(x, y, mask, partial, cs, false);
+  const cudaError_t e = launch_coop(x, y, mask, partial, cs, blocks, false);
   if (e != cudaSuccess) {
     std::printf("{\"bench\":\"observe_fq_coop\",\"M\":%lld,\"K\":%lld,\"error\":\"%s\"}\n",
                 static_cast<long long>(M), static_cast<long long>(K), cudaGetErrorString(e));
@@ -196,7 +197,7 @@ void run_shape(std::int64_t M, std::int64_t K) {
                           same_bytes(ls.scale, cs.scale) && same_bytes(ls.zp, cs.zp);
   std::printf("{\"bench\":\"observe_fq_coop\",\"M\":%lld,\"K\":%lld,\"blocks\":%u,\"y\":\"%s\",\"mask\":\"%s\","
               "\"state\":\"%s\"}\n",
-              static_cast<long long>(M), static_cast<long long>(K), coop_blocks(n),
+              static_cast<long long>(M), static_cast<long long>(K), blocks,
               same_bytes(y, y_lib) ? "same" : "DIFFERS", mask_same ? "same" : "DIFFERS",
               state_same ? "same" : "DIFFERS");
   // Times (the state keeps moving; the work per call does not depend on it).
@@ -205,7 +206,7 @@ void run_shape(std::int64_t M, std::int64_t K) {
   for (const bool pdl : {false, true}) {
     try {
       coop[pdl] = captured_us([&] {
-        const cudaError_t le = launch_coop(x, y, mask, partial, cs, pdl);
+        const cudaError_t le = launch_coop(x, y, mask, partial, cs, blocks, pdl);
         if (le != cudaSuccess) throw std::runtime_error(cudaGetErrorString(le));
       });
     } catch (const std::exception& ex) {

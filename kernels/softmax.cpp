@@ -120,6 +120,14 @@ void cross_entropy_forward(const Tensor& logits, const Tensor& labels, const Ten
   });
 }
 
+bool cross_entropy_mean(const Tensor& logits, const Tensor& labels, const Tensor& probs, const Tensor& mean) {
+  const std::int64_t B = logits.size(0), C = logits.size(1);
+  if (!mean.is_cuda() || B < 1 || B > std::int64_t{cuda::kSumBlockThreads} || cuda::use_warp_rows(AxisLayout{B, C, 1}))
+    return false;
+  QGRAD_ON_CUDA(cuda::cross_entropy_mean_one_block(logits, labels, probs, mean));
+  return true;
+}
+
 void cross_entropy_backward(const Tensor& probs, const Tensor& labels, const Tensor& g, const Tensor& dlogits) {
   dispatch_floating_label(probs.dtype(), labels.dtype(), "cross_entropy_backward", [&](auto tag, auto ltag) {
     using T = typename decltype(tag)::type;

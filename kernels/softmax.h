@@ -15,6 +15,11 @@ void log_softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx, c
 // the label is outside [0, C). probs [B, C] (logits' dtype) receives
 // softmax(logits) when defined.
 void cross_entropy_forward(const Tensor& logits, const Tensor& labels, const Tensor& probs, const Tensor& row_loss);
+// mean (a scalar of row_loss's dtype) = the batch mean of those row losses,
+// in one launch where the device has a path for it (CUDA, B <= 256, rows of
+// fewer than 33 classes), with the bits of cross_entropy_forward followed by
+// sum_axis's mean; returns false, writing nothing, otherwise.
+bool cross_entropy_mean(const Tensor& logits, const Tensor& labels, const Tensor& probs, const Tensor& mean);
 // dlogits[b, c] = (probs[b, c] - [c == label[b]]) * g / B, with g a
 // one-element tensor of probs' dtype on the same device (read on device).
 // Rows with an out-of-range label get NaN.

@@ -66,10 +66,13 @@ Tensor batch_mean(const Tensor& rows, DType dtype) {
   return loss.to(dtype);
 }
 
-Tensor row_losses(const Tensor& scores) {
+// The row losses' dtype: f32, or f64 for f64 scores.
+TensorOptions loss_math(const Tensor& scores) {
   const DType math = scores.dtype() == DType::f64 ? DType::f64 : DType::f32;
-  return Tensor::empty({scores.size(0)}, TensorOptions{}.with_dtype(math).with_device(scores.device()));
+  return TensorOptions{}.with_dtype(math).with_device(scores.device());
 }
+
+Tensor row_losses(const Tensor& scores) { return Tensor::empty({scores.size(0)}, loss_math(scores)); }
 
 }  // namespace
 
@@ -80,9 +83,15 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels) {
   check_scores_and_labels(logits, labels, op, "logits");
   const bool grad = any_requires_grad({logits});
   Tensor probs = grad ? Tensor::empty(logits.shape(), like(logits)) : Tensor();
-  Tensor rows = row_losses(logits);
-  kernels::cross_entropy_forward(logits, labels, probs, rows);
-  Tensor out = batch_mean(rows, logits.dtype());
+  Tensor out;
+  const Tensor mean = Tensor::empty({}, loss_math(logits));
+  if (kernels::cross_entropy_mean(logits, labels, probs, mean)) {  // one launch where the device has it
+    out = mean.to(logits.dtype());
+  } else {
+    Tensor rows = row_losses(logits);
+    kernels::cross_entropy_forward(logits, labels, probs, rows);
+    out = batch_mean(rows, logits.dtype());
+  }
   if (grad) {
     record(
         op, out, {logits, labels},

@@ -1,5 +1,7 @@
 // log_softmax and cross_entropy: references, gradcheck, CUDA vs CPU, errors,
 // and a tiny MLP whose loss must fall.
+#include "qgrad/kernels/reduce.h"
+#include "qgrad/kernels/softmax.h"
 #include "train_ops_helpers.h"
 
 using namespace qgrad;
@@ -286,6 +288,39 @@ TEST_CASE("cuda cross_entropy loss and gradient match the CPU") {
     auto [lh, gh] = loss_and_grad(ce, logits, labels);
     CHECK(lc == doctest::Approx(lh).epsilon(1e-5));
     CHECK(max_abs_diff(gc, gh) < 1e-6);
+  }
+}
+
+// B <= 256 short rows take one launch for the rows and their mean
+// (kernels::cross_entropy_mean); it must give the bits of the two-launch path
+// (the rows, then sum_axis's mean) on either side of the mean's order switch
+// at kSumThreadPerRowMax = 128 rows, and B = 257 takes the two launches.
+TEST_CASE("cuda cross_entropy in one launch gives the bits of its rows and their mean") {
+  QGRAD_REQUIRE_GPU();
+  for (DType d : {DType::f32, DType::f64, DType::bf16}) {
+    for (std::int64_t b : {1, 7, 128, 129, 200, 256, 257}) {
+      CAPTURE(dtype_name(d));
+      CAPTURE(b);
+      const Tensor logits = rnd({b, 10}, 60 + static_cast<std::uint64_t>(b), DType::f32, 3.0).to(d).cuda();
+      const Tensor labels = labels_for(b, 10, 61, b % 2 == 0 ? DType::s64 : DType::s32).cuda();
+      const DType math = d == DType::f64 ? DType::f64 : DType::f32;
+      // The two-launch path, by hand: the rows (and the softmax), then sum_axis's mean.
+      const Tensor rows = Tensor::empty({b}, opts(math, Device::cuda()));
+      const Tensor probs = Tensor::empty({b, 10}, opts(d, Device::cuda()));
+      const Tensor mean = Tensor::empty({}, opts(math, Device::cuda()));
+      kernels::cross_entropy_forward(logits, labels, probs, rows);
+      kernels::sum_axis(rows, mean, kernels::AxisLayout{1, b, 1}, true);
+      const Tensor dref = Tensor::empty({b, 10}, opts(d, Device::cuda()));
+      kernels::cross_entropy_backward(probs, labels, ones({}, opts(d, Device::cuda())), dref);
+      prepoison({}, math);
+      prepoison({b, 10}, d);
+      Tensor p = param(logits.detach());
+      const Tensor loss = cross_entropy(p, labels);
+      CHECK(bit_equal(loss, mean.to(d)));
+      loss.backward();  // dlogits from the saved softmax: the same bits only if the softmax is
+      CHECK(bit_equal(p.grad(), dref));
+      CHECK(bit_equal(cross_entropy(logits, labels), mean.to(d)));  // no softmax saved
+    }
   }
 }
 

@@ -77,7 +77,11 @@ bool linear_bias_lt(const GemmShape& s, const Tensor& x, const Tensor& w, const 
   // Small GEMMs keep fill + cublasGemmEx: measured on an H100 (bench_train_step,
   // same run), the epilogue path cost ~5 us more per layer of the b256 MLP
   // (M = 256, m*n*k <= 51M) and saved 22 us per b4096/h1024 step and 0.29 ms
-  // per ViT step (m*n*k >= 205M).
+  // per ViT step (m*n*k >= 205M). Measured again on an H200 (2026-11-28, the
+  // threshold at 0 against 2^27, two alternating rounds): b256 MLP step
+  // 0.1586 / 0.1588 -> 0.1754 / 0.1791 ms, CNN 0.714 -> 0.725-0.730, although
+  // the bias epilogue alone beat fill + GEMM at those shapes in
+  // dev/cuda/linear_bias_broadcast.cu (10.75 vs 12.51 us at 256 x 256 x 784).
   if (static_cast<double>(s.m) * static_cast<double>(s.n) * static_cast<double>(s.k) < kLtLinearMinMacs) return false;
   cudaDataType_t type;
   switch (out.dtype()) {

@@ -19,7 +19,7 @@ namespace qgrad::kernels::cuda {
 
 namespace {
 
-constexpr unsigned kReduceThreads = 256;
+constexpr unsigned kReduceThreads = kSumBlockThreads;
 // Rows longer than kChunk, when there are fewer than kChunkedMaxOutputs of
 // them, are summed in two passes: fixed chunks of kChunk elements into
 // partial sums (op math), then the partials. The split depends only on the

@@ -78,7 +78,45 @@ void cross_entropy_forward_impl(const Tensor& logits, const Tensor& labels, cons
   });
 }
 
+// One block: thread t the loss (and softmax) of row t, then the mean in the
+// order sum_axis would take over the B row losses (see entries.h).
+template <class T, class L>
+__global__ void __launch_bounds__(kSumBlockThreads)
+    cross_entropy_mean_kernel(const T* __restrict__ x, const L* __restrict__ lab, T* __restrict__ p,
+                              op_math_t<T>* __restrict__ mean, std::int64_t B, std::int64_t C) {
+  ::qgrad::cuda::wait_for_prior_kernels();
+  using M = op_math_t<T>;
+  __shared__ M rows[kSumBlockThreads];
+  const unsigned t = threadIdx.x;
+  M acc = M(0);  // sum_block_kernel's accumulator for its one row (0 past B)
+  if (t < B)
+    acc += formulas::cross_entropy_row(x + t * C, static_cast<std::int64_t>(lab[t]), C, p ? p + t * C : nullptr);
+  rows[t] = acc;
+  __syncthreads();
+  if (B <= kSumThreadPerRowMax) {  // SumRow (kernels/reduce.cpp): one thread, in order
+    if (t == 0) mean[0] = sum_strided(rows, B, 1) / M(B);
+    return;
+  }
+  for (unsigned s = kSumBlockThreads / 2; s > 0; s >>= 1) {  // sum_block_kernel's tree
+    if (t < s) rows[t] += rows[t + s];
+    __syncthreads();
+  }
+  if (t == 0) mean[0] = rows[0] / M(B);
+}
+
 }  // namespace
+
+void cross_entropy_mean_one_block(const Tensor& logits, const Tensor& labels, const Tensor& probs,
+                                  const Tensor& mean) {
+  dispatch_floating_label(logits.dtype(), labels.dtype(), "cross_entropy", [&](auto tag, auto ltag) {
+    using T = typename decltype(tag)::type;
+    using L = typename decltype(ltag)::type;
+    ::qgrad::cuda::launch_kernel(mean.device().index, cross_entropy_mean_kernel<T, L>, 1, kSumBlockThreads, 0,
+                                 static_cast<const T*>(logits.data_ptr()), static_cast<const L*>(labels.data_ptr()),
+                                 probs.defined() ? static_cast<T*>(probs.data_ptr()) : nullptr,
+                                 static_cast<op_math_t<T>*>(mean.data_ptr()), logits.size(0), logits.size(1));
+  });
+}
 
 void log_softmax_warp_rows(const Tensor& x, const Tensor& y, const AxisLayout& v) {
   dispatch_floating(y.dtype(), "log_softmax", [&](auto tag) { log_softmax_impl<typename decltype(tag)::type>(x, y, v); });

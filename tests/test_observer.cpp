@@ -520,6 +520,40 @@ TEST_CASE("observe + fake quantize: argument errors name the op and the argument
          pc, "run_min");
 }
 
+// Whole tensors the observer splits into parts run as one cooperative launch
+// (kernels/cuda/quantize.cu observe_tensor_kernel); with grad the case above
+// covers them ([256, 256], [4096, 1024], 2^20 + 7, bf16 [300, 70]), here
+// without grad (no mask written), poisoned outputs, state over three calls.
+TEST_CASE("CUDA observe + fake quantize of a whole tensor without grad matches the CPU bit for bit") {
+  QGRAD_REQUIRE_GPU();
+  Generator gen(14);
+  const auto gpu = TensorOptions{}.with_device(Device::cuda(0));
+  for (const ObserveCase& k : {ObserveCase{{256, 784}, -1, DType::f32, 0.01},
+                               ObserveCase{{(1 << 16) + 3}, -1, DType::f16, -1.0},
+                               ObserveCase{{4096, 1024}, -1, DType::f32, -1.0}}) {
+    CAPTURE(shape_str(k.shape));
+    CAPTURE(dtype_name(k.dtype));
+    const Tensor x0 = randn(k.shape, gen, TensorOptions{}.with_dtype(k.dtype), 0.2, 1.5);
+    ObserverUpdate cpu{full({1}, -0.5f), full({1}, 0.75f), k.c};
+    ObserverUpdate cuda{cpu.run_min.cuda(), cpu.run_max.cuda(), k.c};
+    for (int call = 0; call < 3; ++call) {
+      const Tensor x = mul(x0, 1.0 + 0.5 * call);
+      Tensor s_cpu = Tensor::empty({1}), z_cpu = Tensor::empty({1}, TensorOptions{}.with_dtype(DType::s32));
+      Tensor s_gpu = Tensor::empty({1}, gpu), z_gpu = Tensor::empty({1}, TensorOptions{gpu}.with_dtype(DType::s32));
+      testing::poison(s_gpu);
+      testing::poison(z_gpu);
+      testing::poison(Tensor::empty(k.shape, TensorOptions{}.with_dtype(k.dtype).with_device(Device::cuda(0))));
+      const Tensor a = observe_fake_quantize_per_tensor(x, s_cpu, z_cpu, 0, 255, cpu);
+      const Tensor b = observe_fake_quantize_per_tensor(x.cuda(), s_gpu, z_gpu, 0, 255, cuda);
+      CHECK(bit_equal(a, b));
+      CHECK(bit_equal(cpu.run_min, cuda.run_min));
+      CHECK(bit_equal(cpu.run_max, cuda.run_max));
+      CHECK(bit_equal(s_cpu, s_gpu));
+      CHECK(bit_equal(z_cpu, z_gpu));
+    }
+  }
+}
+
 TEST_CASE("CUDA observe + fake quantize (rows kernel and observer + engine) matches the CPU bit for bit") {
   QGRAD_REQUIRE_GPU();
   Generator gen(13);

@@ -42,6 +42,8 @@ inline unsigned blocks_for(std::int64_t n, unsigned threads, std::int64_t max_bl
 int multiprocessor_count(int device);
 // The device's L2 cache in bytes; cached per device.
 int l2_cache_bytes(int device);
+// Whether the device runs cooperative launches (launch_cooperative_kernel); cached.
+bool cooperative_launch(int device);
 
 // Number of resident blocks that fill the device for a given block size
 // (for grid-stride kernels).
@@ -103,21 +105,45 @@ struct DeferredPriorWait {
 };
 
 // Launches kernel<<<grid, block, smem, stream(device)>>>(args...) (with the
-// programmatic-dependent-launch attribute where programmatic_launch(device))
-// and checks the launch.
+// programmatic-dependent-launch attribute where programmatic_launch(device),
+// and the cooperative one where asked) and checks the launch.
 template <class... Params, class... Args>
-void launch_kernel(int device, void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t smem, Args&&... args) {
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+void launch_kernel_with(int device, bool cooperative, void (*kernel)(Params...), dim3 grid, dim3 block,
+                        std::size_t smem, Args&&... args) {
+  cudaLaunchAttribute attribute[2];
+  unsigned count = 0;
+  if (programmatic_launch(device)) {
+    attribute[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute[count++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (cooperative) {
+    attribute[count].id = cudaLaunchAttributeCooperative;
+    attribute[count++].val.cooperative = 1;
+  }
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = smem;
   config.stream = stream(device);
   config.attrs = attribute;
-  config.numAttrs = programmatic_launch(device) ? 1 : 0;
+  config.numAttrs = count;
   QGRAD_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+}
+
+template <class... Params, class... Args>
+void launch_kernel(int device, void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t smem, Args&&... args) {
+  launch_kernel_with(device, false, kernel, grid, block, smem, std::forward<Args>(args)...);
+}
+
+// launch_kernel with every block of `grid` resident at once, so the kernel
+// may wait at a grid-wide barrier (cooperative_groups::this_grid().sync()).
+// The caller sizes the grid to what stays resident
+// (cudaOccupancyMaxActiveBlocksPerMultiprocessor) and checks
+// cooperative_launch(device) first.
+template <class... Params, class... Args>
+void launch_cooperative_kernel(int device, void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t smem,
+                               Args&&... args) {
+  launch_kernel_with(device, true, kernel, grid, block, smem, std::forward<Args>(args)...);
 }
 
 }  // namespace qgrad::cuda

@@ -142,6 +142,7 @@ int cached_attribute(int device) {
 
 int multiprocessor_count(int device) { return cached_attribute<cudaDevAttrMultiProcessorCount>(device); }
 int l2_cache_bytes(int device) { return cached_attribute<cudaDevAttrL2CacheSize>(device); }
+bool cooperative_launch(int device) { return cached_attribute<cudaDevAttrCooperativeLaunch>(device) != 0; }
 
 unsigned fill_blocks(int device, unsigned threads) {
   const int per_sm = static_cast<int>(2048 / threads);

@@ -120,7 +120,8 @@ void cross_entropy_forward(const Tensor& logits, const Tensor& labels, const Ten
   });
 }
 
-bool cross_entropy_mean(const Tensor& logits, const Tensor& labels, const Tensor& probs, const Tensor& mean) {
+bool cross_entropy_mean(const Tensor& logits, [[maybe_unused]] const Tensor& labels,  // used on CUDA only
+                        [[maybe_unused]] const Tensor& probs, const Tensor& mean) {
   const std::int64_t B = logits.size(0), C = logits.size(1);
   if (!mean.is_cuda() || B < 1 || B > std::int64_t{cuda::kSumBlockThreads} || cuda::use_warp_rows(AxisLayout{B, C, 1}))
     return false;

@@ -11,6 +11,14 @@
 //            first algorithms;
 //   epilogue cublasLtMatmul with the BIAS epilogue, beta = 0 (the library's path
 //            above 2^27 multiply-adds), heuristic's first algorithm.
+// Then the question the thirty-fifth session left (the epilogue path at every
+// size slowed the b256 step by ~6 us a layer in the library while it beat fill
+// + GEMM here): the same calls captured on the library's stream in a
+// qgrad::CudaGraph (captured_timing.cuh), next to
+//   epilogue_4mib  the bare heuristic call with the library's 4 MiB workspace and
+//                  its operands' alignments as preferences;
+//   library_plan   kernels::cuda::lt_linear_bias, the library's own plan (tuned
+//                  once, outside the capture), as linear_bias_lt calls it.
 // Every variant's y is compared with the library's bytes ("same bits" or the
 // max relative difference). Times: 50 calls captured in a CUDA graph, median
 // of 21 replays (graph_timing.cuh), µs a call.
@@ -25,7 +33,11 @@
 #include <cstring>
 #include <vector>
 
+#include <stdexcept>
+
+#include "captured_timing.cuh"
 #include "graph_timing.cuh"
+#include "qgrad/kernels/cuda/lt_gemm.cuh"
 
 namespace {
 
@@ -74,8 +86,12 @@ struct LtCall {
   cublasLtMatmulHeuristicResult_t algos[kAlgos]{};
   int count = 0;
   bool ldc0 = true;
+  std::size_t ws_bytes = kWorkspace;
 
-  LtCall(Lt& lt, int M, int N, int K, bool ldc0_, const float* bias) : ldc0(ldc0_) {
+  // ws_limit, align: the workspace offered and the operands' alignment preferences (0: none).
+  LtCall(Lt& lt, int M, int N, int K, bool ldc0_, const float* bias, std::size_t ws_limit = kWorkspace,
+         std::uint32_t align = 0)
+      : ldc0(ldc0_), ws_bytes(ws_limit) {
     DEV_CHECK_BLAS(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
     DEV_CHECK_BLAS(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
@@ -95,9 +111,13 @@ struct LtCall {
     }
     cublasLtMatmulPreference_t pref;
     DEV_CHECK_BLAS(cublasLtMatmulPreferenceCreate(&pref));
-    const std::size_t ws = kWorkspace;
+    const std::size_t ws = ws_bytes;
     DEV_CHECK_BLAS(
         cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    if (align != 0)
+      for (const auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                              CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+        DEV_CHECK_BLAS(cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof align));
     const cublasStatus_t s =
         cublasLtMatmulAlgoGetHeuristic(lt.h, op, a, b, ldc0 ? c : d, d, pref, kAlgos, algos, &count);
     if (s != CUBLAS_STATUS_SUCCESS) count = 0;
@@ -113,7 +133,7 @@ struct LtCall {
   cublasStatus_t run(Lt& lt, int i, const float* x, const float* w, const float* bias, float* y, cudaStream_t s) {
     const float one = 1.0f, beta = ldc0 ? 1.0f : 0.0f;
     return cublasLtMatmul(lt.h, op, &one, w, a, x, b, &beta, ldc0 ? bias : y, ldc0 ? c : d, y, d, &algos[i].algo,
-                          lt.ws, kWorkspace, s);
+                          lt.ws, ws_bytes, s);
   }
 };
 
@@ -164,6 +184,29 @@ void run_shape(cublasHandle_t blas, Lt& lt, int M, int N, int K) {
       std::printf("}\n");
     }
   }
+  // The same on the library's stream, captured in a qgrad::CudaGraph: fill + GEMM, the bare epilogue
+  // (32 MiB, no alignment preferences), with the library's 4 MiB and alignments, and the library's plan.
+  cudaStream_t ls = ::qgrad::cuda::stream(0);
+  namespace kc = qgrad::kernels::cuda;
+  LtCall bare(lt, M, N, K, false, bias);
+  LtCall lib_like(lt, M, N, K, false, bias, kc::kLtLinearWorkspaceBytes, kc::lt_alignment(y));
+  auto plan = [&] {
+    if (!kc::lt_linear_bias(0, CUDA_R_32F, x, w, bias, y, M, N, K, lt.ws, kc::kLtLinearWorkspaceBytes, nullptr, false))
+      throw std::runtime_error("lt_linear_bias refused the shape");
+  };
+  DEV_CHECK_CUDA(cudaMemset(y, 0xff, std::size_t(n) * sizeof(float)));
+  plan();  // plans and tunes once, outside the capture
+  DEV_CHECK_CUDA(cudaStreamSynchronize(ls));
+  std::printf("{\"bench\":\"linear_bias_broadcast\",\"M\":%d,\"N\":%d,\"K\":%d,\"method\":\"captured\"", M, N,
+              K);
+  compare("library_plan_vs_library", to_host(y, std::size_t(n)), ref);
+  std::printf(",\"library_us\":%.2f", captured_us([&] { library(ls); }));
+  if (bare.count > 0)
+    std::printf(",\"epilogue_us\":%.2f", captured_us([&] { DEV_CHECK_BLAS(bare.run(lt, 0, x, w, bias, y, ls)); }));
+  if (lib_like.count > 0)
+    std::printf(",\"epilogue_4mib_us\":%.2f",
+                captured_us([&] { DEV_CHECK_BLAS(lib_like.run(lt, 0, x, w, bias, y, ls)); }));
+  std::printf(",\"library_plan_us\":%.2f}\n", captured_us(plan));
   DEV_CHECK_CUDA(cudaStreamDestroy(s0));
   cudaFree(x);
   cudaFree(w);

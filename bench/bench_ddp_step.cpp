@@ -20,6 +20,8 @@
 #include <string>
 #include <vector>
 
+#include <CLI/CLI.hpp>
+
 #include "qat_mlp.h"
 #include "qgrad/qgrad.h"
 
@@ -29,17 +31,12 @@ int main(int argc, char** argv) {
   std::int64_t batch = 4096, hidden = 4096;
   int reps = 30, warmup = 5;
   std::string device = "auto";
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--batch" && i + 1 < argc) batch = std::stoll(argv[++i]);
-    else if (a == "--hidden" && i + 1 < argc) hidden = std::stoll(argv[++i]);
-    else if (a == "--reps" && i + 1 < argc) reps = std::stoi(argv[++i]);
-    else if (a == "--device" && i + 1 < argc) device = argv[++i];
-    else {
-      std::fprintf(stderr, "usage: bench_ddp_step [--batch B] [--hidden H] [--reps N] [--device auto|cpu|cuda]\n");
-      return 2;
-    }
-  }
+  CLI::App app{"Weak scaling of a data-parallel QAT step: one rank of qgrad-run, or alone (one JSON line)"};
+  app.add_option("--batch", batch, "batch per rank")->check(CLI::PositiveNumber);
+  app.add_option("--hidden", hidden, "hidden width")->check(CLI::PositiveNumber);
+  app.add_option("--reps", reps, "steps timed")->check(CLI::PositiveNumber);
+  app.add_option("--device", device, "auto, cpu or cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  CLI11_PARSE(app, argc, argv);
   try {
     auto pg = dist::ProcessGroup::env_is_distributed() ? dist::ProcessGroup::from_env() : nullptr;
     const int local = pg ? pg->local_rank() : 0;

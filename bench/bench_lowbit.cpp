@@ -25,6 +25,8 @@
 #include <string>
 #include <tuple>
 
+#include <CLI/CLI.hpp>
+
 #include "bench_common.h"
 
 #if QGRAD_WITH_CUDA
@@ -193,9 +195,14 @@ void bench_w4a8(cublasHandle_t h, std::int64_t M, std::int64_t N, std::int64_t K
 }  // namespace
 
 int main(int argc, char** argv) {
-  // An argument "w4a16" runs the W4A16 cases alone; a second one, M, only that M (for a profiler).
-  const bool only_w4a16 = argc > 1 && std::string(argv[1]) == "w4a16";
-  const std::int64_t only_m = only_w4a16 && argc > 2 ? std::stoll(argv[2]) : 0;
+  // "w4a16" runs the W4A16 cases alone; a second argument, M, only that M (for a profiler).
+  std::string only;
+  std::int64_t only_m = 0;
+  CLI::App app{"int4 / int8 low-bit kernels against their peers (JSON lines)"};
+  app.add_option("cases", only, "w4a16: the W4A16 cases alone")->check(CLI::IsMember({"w4a16"}));
+  app.add_option("m", only_m, "with w4a16: only this M")->check(CLI::PositiveNumber);
+  CLI11_PARSE(app, argc, argv);
+  const bool only_w4a16 = only == "w4a16";
 #if QGRAD_WITH_CUDA
   if (!cuda_available()) {
     std::printf("{\"bench\":\"lowbit\",\"skipped\":\"no CUDA device\"}\n");

@@ -54,6 +54,8 @@
 #include <cuda_profiler_api.h>
 #endif
 
+#include <CLI/CLI.hpp>
+
 #include "bench_common.h"
 #include "qat_cnn.h"
 #include "qat_mlp.h"
@@ -276,9 +278,6 @@ void bench_cpu(const Net& net, std::int64_t batch, int reps, int threads) {
 
 }  // namespace
 
-// bench_train_step [--cpu-only] [--cpu-reps N] [--cpu-threads N (default 2)]
-//                  [--profile [REPLAYS]] [--profile-nets mlp,cnn,cnn_tf32,vit,vit_tf32,vit_bf16]
-//                  [--cuda-nets mlp,cnn,cnn_tf32,vit,vit_tf32,vit_bf16 (default: all)] [--cpu-nets mlp,cnn]
 int main(int argc, char** argv) {
   bool cpu_only = false;
   int profile_replays = 0;
@@ -286,16 +285,20 @@ int main(int argc, char** argv) {
   std::string cpu_nets = "mlp,cnn";  // the CPU cases to run (a profiler's run of one)
   std::string cuda_nets = "mlp,cnn,cnn_tf32,vit,vit_tf32,vit_bf16";  // the CUDA cases to run
   int cpu_reps = 50, cpu_threads = 2;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--cpu-only") cpu_only = true;
-    else if (a == "--cpu-reps" && i + 1 < argc) cpu_reps = std::stoi(argv[++i]);
-    else if (a == "--cpu-threads" && i + 1 < argc) cpu_threads = std::stoi(argv[++i]);
-    else if (a == "--profile") profile_replays = i + 1 < argc && argv[i + 1][0] != '-' ? std::stoi(argv[++i]) : 3;
-    else if (a == "--profile-nets" && i + 1 < argc) profile_nets = argv[++i];
-    else if (a == "--cpu-nets" && i + 1 < argc) cpu_nets = argv[++i];
-    else if (a == "--cuda-nets" && i + 1 < argc) cuda_nets = argv[++i];
-  }
+  CLI::App app{"The QAT training step of the examples' models, eager and captured in a CUDA graph (JSON lines)"};
+  app.add_flag("--cpu-only", cpu_only, "only the CPU cases");
+  app.add_option("--cpu-reps", cpu_reps, "steps timed per CPU case")->check(CLI::PositiveNumber);
+  app.add_option("--cpu-threads", cpu_threads, "OpenMP threads of the CPU cases")->check(CLI::PositiveNumber);
+  app.add_option("--profile", profile_replays,
+                 "capture the --profile-nets steps and replay each REPLAYS times for a profiler, nothing else")
+      ->expected(0, 1)
+      ->default_str("3")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--profile-nets", profile_nets,
+                 "nets --profile captures: mlp, cnn, cnn_tf32, vit, vit_tf32, vit_bf16");
+  app.add_option("--cuda-nets", cuda_nets, "CUDA cases to run: mlp, cnn, cnn_tf32, vit, vit_tf32, vit_bf16");
+  app.add_option("--cpu-nets", cpu_nets, "CPU cases to run: mlp, cnn (none: no CPU case)");
+  CLI11_PARSE(app, argc, argv);
 #if QGRAD_WITH_CUDA
   if (profile_replays > 0) {
     if (!cuda_available()) return 1;

@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include <CLI/CLI.hpp>
+
 #include "bench_common.h"
 #include "qgrad/kernels/dynamic_quant.h"
 
@@ -158,7 +160,10 @@ void bench_w8a8(cublasHandle_t h, std::int64_t M, std::int64_t N, std::int64_t K
 
 int main(int argc, char** argv) {
   // An optional argument keeps the cases whose name contains it (for ncu).
-  const std::string only = argc > 1 ? argv[1] : "";
+  std::string only;
+  CLI::App app{"W8A8: dynamic activation quantization, the int8 GEMM and its epilogue, bf16 cuBLAS (JSON lines)"};
+  app.add_option("filter", only, "run only the cases whose name contains this");
+  CLI11_PARSE(app, argc, argv);
   const auto wanted = [&](const std::string& name) { return name.find(only) != std::string::npos; };
 #if QGRAD_WITH_CUDA
   if (!cuda_available()) {

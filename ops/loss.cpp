@@ -83,15 +83,13 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels) {
   check_scores_and_labels(logits, labels, op, "logits");
   const bool grad = any_requires_grad({logits});
   Tensor probs = grad ? Tensor::empty(logits.shape(), like(logits)) : Tensor();
-  Tensor out;
   const Tensor mean = Tensor::empty({}, loss_math(logits));
-  if (kernels::cross_entropy_mean(logits, labels, probs, mean)) {  // one launch where the device has it
-    out = mean.to(logits.dtype());
-  } else {
-    Tensor rows = row_losses(logits);
+  if (!kernels::cross_entropy_mean(logits, labels, probs, mean)) {  // one launch where the device has it
+    const Tensor rows = row_losses(logits);
     kernels::cross_entropy_forward(logits, labels, probs, rows);
-    out = batch_mean(rows, logits.dtype());
+    kernels::sum_axis(rows, mean, kernels::AxisLayout{1, rows.numel(), 1}, true);
   }
+  Tensor out = mean.to(logits.dtype());
   if (grad) {
     record(
         op, out, {logits, labels},

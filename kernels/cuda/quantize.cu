@@ -411,8 +411,9 @@ std::int64_t rows_per_block(std::int64_t inner, std::int64_t channels, unsigned 
 // order-free), moves the running range it read before the barrier and
 // derives the qparams in registers (block 0 also stores them), and fake
 // quantizes its warps' mask blocks with them: the formulas of
-// observer_minmax + engine, so the same bits (test_quantize_ops "one
-// launch"). H200, captured (dev/cuda/observe_fq_coop.cu): [256, 784] f32
+// observer_minmax + engine, so the same bits (test_observer's CUDA-vs-CPU
+// cases). H200, captured (the dev program observe_fq_coop.cu, in git history
+// before 63a9f94): [256, 784] f32
 // 8.26 -> 7.11 us, [256, 256] 7.72 -> 6.63, [4096, 1024] 23.16 -> 21.02;
 // tensors that the observer reduces in one part (a warp: [256, 10]) keep
 // the two launches (4.31 us there against 6.47 in one).
@@ -489,7 +490,7 @@ bool observe_tensor_one_launch(const QuantLaunch& a, const ObserveArgs& o, const
       dev, kernel, static_cast<unsigned>(blocks), kMinmaxThreads, 0, Op{a.params.qmin, a.params.qmax}, in, out,
       a.mask_out, n, partial.data<float>(), o.run_min.data<float>(), o.run_max.data<float>(),
       static_cast<float>(o.averaging_constant), moving, q, ChannelIndexer(a.params.layout),
-      a.params.layout.channels == 1 || a.params.layout.inner % 4 == 0);
+      /*same4=*/true);  // one channel: its parameters hold for every element
   return true;
 }
 

@@ -13,8 +13,8 @@ void run(const QuantLaunch& l) {
 }
 }  // namespace
 
-void fake_quantize(const Tensor& x, const Tensor& y, const QuantParams& p, std::uint32_t* mask) {
-  run({QuantKernel::fake_quantize, x, y, nullptr, mask, p});
+void fake_quantize(const Tensor& x, const Tensor& y, const QuantParams& p, std::uint32_t* mask, bool relu) {
+  run({relu ? QuantKernel::fake_quantize_relu : QuantKernel::fake_quantize, x, y, nullptr, mask, p});
 }
 void quantize(const Tensor& x, const Tensor& q, const QuantParams& p, std::uint32_t* mask) {
   run({QuantKernel::quantize, x, q, nullptr, mask, p});
@@ -33,14 +33,15 @@ void dequantize_backward(const Tensor& dy, const Tensor& dq, const QuantParams& 
 }
 
 void observe_fake_quantize(const Tensor& x, const Tensor& y, const QuantParams& p, std::uint32_t* mask,
-                           const ObserveArgs& obs) {
+                           const ObserveArgs& obs, bool relu) {
+  const QuantKernel kernel = relu ? QuantKernel::fake_quantize_relu : QuantKernel::fake_quantize;
   if (y.is_cuda() && x.numel() > 0) {
-    QGRAD_ON_CUDA(cuda::observe_fake_quantize({QuantKernel::fake_quantize, x, y, nullptr, mask, p}, obs));
+    QGRAD_ON_CUDA(cuda::observe_fake_quantize({kernel, x, y, nullptr, mask, p}, obs));
     return;
   }
   const ObserverQparams q{obs.scale, obs.zero_point, p.qmin, p.qmax, obs.symmetric, obs.symmetric_zero_point};
   observer_minmax(x, obs.run_min, obs.run_max, obs.axis, obs.averaging_constant, &q);
-  fake_quantize(x, y, p, mask);
+  fake_quantize(x, y, p, mask, relu);
 }
 
 void lsq_backward(const LsqArgs& args) {

@@ -31,13 +31,14 @@ struct QuantParams {
 // u8; each pair has the same numel and device. A forward mask (null: none
 // written) and a backward mask hold bitmask_words(numel) words.
 //   fake_quantize:  y = (clamp(q, qmin, qmax) - zp) * scale, q = nearbyint(x / scale) + zp;
-//                   mask bit = qmin <= q <= qmax.
+//                   mask bit = qmin <= q <= qmax. With relu: y = relu(y), and
+//                   the bit also needs y > 0 (formulas::FakeQuantReluOp).
 //   quantize:       q_out = clamp(q, qmin, qmax); the same mask.
 //   dequantize:     y = (q - zp) * scale.
 //   fake_quantize_backward: dx = dy * bit (no qparams).
 //   quantize_backward:      dx = dy / scale * bit.
 //   dequantize_backward:    dq = dy * scale.
-void fake_quantize(const Tensor& x, const Tensor& y, const QuantParams& p, std::uint32_t* mask);
+void fake_quantize(const Tensor& x, const Tensor& y, const QuantParams& p, std::uint32_t* mask, bool relu = false);
 void quantize(const Tensor& x, const Tensor& q, const QuantParams& p, std::uint32_t* mask);
 void dequantize(const Tensor& q, const Tensor& y, const QuantParams& p);
 void fake_quantize_backward(const Tensor& dy, const Tensor& dx, const std::uint32_t* mask);
@@ -62,8 +63,9 @@ struct ObserveArgs {
   bool symmetric = false;
   std::int32_t symmetric_zero_point = 0;
 };
+// With relu, fake_quantize's relu form.
 void observe_fake_quantize(const Tensor& x, const Tensor& y, const QuantParams& p, std::uint32_t* mask,
-                           const ObserveArgs& obs);
+                           const ObserveArgs& obs, bool relu = false);
 
 // LSQ backward over an [outer, C, inner] layout: writes dx (x's dtype) and
 // the per-channel sums ds, dz (op-math dtype of x: f32, or f64 for f64).
@@ -84,6 +86,7 @@ void lsq_round_zero_point(const Tensor& zp, const Tensor& out, std::int64_t qmin
 // for the forward ones.
 enum class QuantKernel : std::uint8_t {
   fake_quantize,
+  fake_quantize_relu,
   quantize,
   dequantize,
   fake_quantize_backward,
@@ -123,6 +126,10 @@ void dispatch_quant_kernel(const QuantLaunch& l, F&& f) {
       case QuantKernel::fake_quantize:
         if (f64) f.template operator()<formulas::FakeQuantOp<T, true>>();
         else f.template operator()<formulas::FakeQuantOp<T, false>>();
+        break;
+      case QuantKernel::fake_quantize_relu:
+        if (f64) f.template operator()<formulas::FakeQuantReluOp<T, true>>();
+        else f.template operator()<formulas::FakeQuantReluOp<T, false>>();
         break;
       case QuantKernel::quantize:
         dispatch_int8(l.out.dtype(), "quantize", [&](auto itag) {

@@ -51,6 +51,12 @@ Tensor QATLinear::forward(const Tensor& x) {
   return act_fq_->forward(::qgrad::linear(to_compute(x), to_compute(weight_fq_->forward(weight_)), to_compute(bias_)));
 }
 
+std::optional<Tensor> QATLinear::forward_with_next(const Tensor& x, Module& next) {
+  if (next.type_name() != "ReLU") return std::nullopt;
+  return act_fq_->forward_relu(
+      ::qgrad::linear(to_compute(x), to_compute(weight_fq_->forward(weight_)), to_compute(bias_)));
+}
+
 QuantizedLayer::QuantizedLayer(const char* op, std::int64_t weight_rank, Tensor weight_q, Tensor weight_scale,
                                Tensor bias, Tensor input_scale, Tensor input_zero_point, Tensor output_scale,
                                Tensor output_zero_point, std::int64_t qmin, std::int64_t qmax)

@@ -5,6 +5,7 @@
 
 #include "qgrad/autograd/node.h"
 #include "qgrad/nn/pool_norm.h"
+#include "qgrad/ops/activation.h"
 #include "qgrad/ops/factory.h"
 #include "qgrad/ops/observer.h"
 #include "qgrad/ops/pool_norm.h"
@@ -111,8 +112,17 @@ void Observer::observe_and_calculate_qparams(const Tensor& x, const Tensor& scal
   observe_minmax_qparams_(x, update(), axis, scale, zero_point, qmin_, qmax_);
 }
 
-Tensor Observer::observe_and_fake_quantize(const Tensor& x, const Tensor& scale, const Tensor& zero_point) {
+Tensor Observer::observe_and_fake_quantize(const Tensor& x, const Tensor& scale, const Tensor& zero_point,
+                                           bool relu) {
   const std::int64_t axis = check_x(x);  // the op checks scale and zero_point
+  QGRAD_CHECK(!relu || axis < 0, "Observer::observe_and_fake_quantize", "relu", "per-tensor qparams only");
+  if (relu) {
+    if (range_sync_) {
+      observe_and_calculate_qparams(x.detach(), scale, zero_point);
+      return ::qgrad::fake_quantize_relu_per_tensor(x, scale, zero_point, qmin_, qmax_);
+    }
+    return observe_fake_quantize_relu_per_tensor(x, scale, zero_point, qmin_, qmax_, update());
+  }
   if (range_sync_) {
     observe_and_calculate_qparams(x.detach(), scale, zero_point);
     if (axis >= 0) return ::qgrad::fake_quantize_per_channel(x, scale, zero_point, axis, qmin_, qmax_);
@@ -183,6 +193,13 @@ Tensor FakeQuantize::forward(const Tensor& x) {
   if (is_per_channel(o.qscheme))
     return ::qgrad::fake_quantize_per_channel(x, scale_, zero_point_, o.ch_axis, qmin(), qmax());
   return ::qgrad::fake_quantize_per_tensor(x, scale_, zero_point_, qmin(), qmax());
+}
+
+Tensor FakeQuantize::forward_relu(const Tensor& x) {
+  const ObserverOptions& o = observer_->options();
+  if (!fake_quant_enabled_ || is_per_channel(o.qscheme)) return ::qgrad::relu(forward(x));
+  if (observer_enabled_) return observer_->observe_and_fake_quantize(x, scale_, zero_point_, true);
+  return ::qgrad::fake_quantize_relu_per_tensor(x, scale_, zero_point_, qmin(), qmax());
 }
 
 Tensor FakeQuantize::forward_max_pool(const Tensor& x, Size2 kernel_size, std::optional<Size2> stride, Size2 padding,

@@ -62,7 +62,10 @@ class Observer : public Module {
   // observe_and_calculate_qparams(x, scale, zero_point), then the fake
   // quantize of x with them (per tensor, or per channel on ch_axis), in one
   // op: observe_fake_quantize_per_{tensor,channel} (one launch on CUDA).
-  Tensor observe_and_fake_quantize(const Tensor& x, const Tensor& scale, const Tensor& zero_point);
+  // With relu (per tensor only): relu of that, in the same op
+  // (observe_fake_quantize_relu_per_tensor).
+  Tensor observe_and_fake_quantize(const Tensor& x, const Tensor& scale, const Tensor& zero_point,
+                                   bool relu = false);
   const ObserverOptions& options() const { return options_; }
   ObserverUpdate update() const;  // the running range, as the observer ops take it
   std::int64_t qmin() const { return qmin_; }
@@ -131,6 +134,13 @@ class FakeQuantize : public Module {
   // no range sync, one op (batch_norm_relu_fake_quantize_max_pool2d: no
   // normalised tensor, no observer pass over it).
   Tensor forward_batch_norm_relu_max_pool(const Tensor& x, const BatchNormArgs& bn, const MaxPool2dArgs& pool);
+  // relu(forward(x)), the same values and observer state: with fake quant on
+  // and per-tensor qparams, one op (observe_fake_quantize_relu_per_tensor, or
+  // fake_quantize_relu_per_tensor with the observer off; relu's pass and its
+  // backward pass folded into the fake quant's). Its gradient differs from
+  // the composition's only where q > qmax: +0 there, where the composition
+  // gives dy * 0 (ops/quantize.h).
+  Tensor forward_relu(const Tensor& x);
   std::string type_name() const override { return "FakeQuantize"; }
   void enable_observer(bool on = true) { observer_enabled_ = on; }
   void enable_fake_quant(bool on = true) { fake_quant_enabled_ = on; }

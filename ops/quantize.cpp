@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "qgrad/autograd/node.h"
+#include "qgrad/kernels/activation.h"
 #include "qgrad/kernels/bitmask.h"
 #include "qgrad/kernels/deferred.h"
 #include "qgrad/kernels/quantize.h"
@@ -142,15 +143,29 @@ Scope tensor_scope(const Tensor& ref, const Tensor& scale, const Tensor& zp, con
 
 // Fake quantize with straight-through backward: saves only the bit mask.
 // With `obs`, the observer update that writes sc's qparams runs first (the
-// same launch on CUDA).
+// same launch on CUDA). With relu, relu(fake quantize) in the same pass
+// (formulas::FakeQuantReluOp): the mask bit also needs y > 0 and the
+// backward selects on it, as relu's does (dx = bit ? dy : +0).
 Tensor fake_quant_forward(const char* name, const Tensor& x, const Scope& sc, std::int64_t qmin, std::int64_t qmax,
-                          const kernels::ObserveArgs* obs = nullptr) {
+                          const kernels::ObserveArgs* obs = nullptr, bool relu = false) {
   Tensor out = Tensor::empty(x.shape(), like(x, x.dtype()));
   const bool need = any_requires_grad({x});
   Tensor mask = need ? new_mask(x) : Tensor();
-  if (obs) kernels::observe_fake_quantize(x, out, sc.params(qmin, qmax), mask_words(mask), *obs);
-  else kernels::fake_quantize(x, out, sc.params(qmin, qmax), mask_words(mask));
-  if (need) detail::record_masked_backward(name, out, x, mask);
+  if (obs) kernels::observe_fake_quantize(x, out, sc.params(qmin, qmax), mask_words(mask), *obs, relu);
+  else kernels::fake_quantize(x, out, sc.params(qmin, qmax), mask_words(mask), relu);
+  if (!need) return out;
+  if (!relu) {
+    detail::record_masked_backward(name, out, x, mask);
+    return out;
+  }
+  record(
+      name, out, {x},
+      [mask](const Tensor& g) {
+        Tensor dx = Tensor::empty(g.shape(), like(g, g.dtype()));
+        kernels::relu_backward(g, mask, dx);
+        return std::vector<Tensor>{dx};
+      },
+      mask.nbytes());
   return out;
 }
 
@@ -406,6 +421,15 @@ Tensor fake_quantize_per_tensor(const Tensor& x, const Tensor& scale, const Tens
   return fake_quantize_op("fake_quantize_per_tensor", x, scale, zero_point, QuantScope::per_tensor(), qmin, qmax);
 }
 
+Tensor fake_quantize_relu_per_tensor(const Tensor& x, const Tensor& scale, const Tensor& zero_point,
+                                     std::int64_t qmin, std::int64_t qmax) {
+  const char* op = "fake_quantize_relu_per_tensor";
+  check::floating(x, op, "x");
+  check_range(qmin, qmax, op);
+  const Scope sc = tensor_scope(x, scale, zero_point, nullptr, qmin, qmax, op);
+  return fake_quant_forward(op, x, sc, qmin, qmax, nullptr, true);
+}
+
 Tensor fake_quantize_per_channel(const Tensor& x, const Tensor& scale, const Tensor& zero_point, std::int64_t axis,
                                  std::int64_t qmin, std::int64_t qmax) {
   return fake_quantize_op("fake_quantize_per_channel", x, scale, zero_point, QuantScope::per_channel(axis), qmin,
@@ -430,16 +454,27 @@ kernels::ObserveArgs observe_args(const Tensor& x, const Scope& sc, std::int64_t
   return o;
 }
 
-}  // namespace
-
-Tensor observe_fake_quantize_per_tensor(const Tensor& x, const Tensor& scale, const Tensor& zero_point,
-                                        std::int64_t qmin, std::int64_t qmax, const ObserverUpdate& observer) {
-  const char* op = "observe_fake_quantize_per_tensor";
+// The per-tensor observer-fused op, with or without the relu.
+Tensor observe_per_tensor(const char* op, const Tensor& x, const Tensor& scale, const Tensor& zero_point,
+                          std::int64_t qmin, std::int64_t qmax, const ObserverUpdate& observer, bool relu) {
   check::floating(x, op, "x");
   check_range(qmin, qmax, op);
   const Scope sc = tensor_scope(x, scale, zero_point, nullptr, qmin, qmax, op, false);
   const kernels::ObserveArgs o = observe_args(x, sc, -1, observer, op);
-  return fake_quant_forward(op, x, sc, qmin, qmax, &o);
+  return fake_quant_forward(op, x, sc, qmin, qmax, &o, relu);
+}
+
+}  // namespace
+
+Tensor observe_fake_quantize_per_tensor(const Tensor& x, const Tensor& scale, const Tensor& zero_point,
+                                        std::int64_t qmin, std::int64_t qmax, const ObserverUpdate& observer) {
+  return observe_per_tensor("observe_fake_quantize_per_tensor", x, scale, zero_point, qmin, qmax, observer, false);
+}
+
+Tensor observe_fake_quantize_relu_per_tensor(const Tensor& x, const Tensor& scale, const Tensor& zero_point,
+                                             std::int64_t qmin, std::int64_t qmax, const ObserverUpdate& observer) {
+  return observe_per_tensor("observe_fake_quantize_relu_per_tensor", x, scale, zero_point, qmin, qmax, observer,
+                            true);
 }
 
 Tensor observe_fake_quantize_per_channel(const Tensor& x, const Tensor& scale, const Tensor& zero_point,

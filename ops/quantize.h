@@ -57,6 +57,14 @@ Tensor fake_quantize_per_tensor(const Tensor& x, const Tensor& scale /*f32, 1 el
                                 const Tensor& zero_point /*s32, 1 element*/, std::int64_t qmin, std::int64_t qmax);
 Tensor fake_quantize_per_channel(const Tensor& x, const Tensor& scale /*f32 [C]*/, const Tensor& zero_point /*s32 [C]*/,
                                  std::int64_t axis, std::int64_t qmin, std::int64_t qmax);
+// relu(fake_quantize_per_tensor(x, scale, zero_point, qmin, qmax)) in one pass
+// (the activation fake quant of a QAT linear followed by a ReLU): the
+// composition's values; dx = dy where qmin <= q <= qmax and y > 0, else +0
+// (relu's select: where q > qmax the composition gives dy * 0 instead, -0
+// for a negative dy and NaN for a non-finite one). Saves one bit mask.
+Tensor fake_quantize_relu_per_tensor(const Tensor& x, const Tensor& scale /*f32, 1 element*/,
+                                     const Tensor& zero_point /*s32, 1 element*/, std::int64_t qmin,
+                                     std::int64_t qmax);
 
 // The observer update nn::FakeQuantize runs before its fake quantize: the
 // running range run_min / run_max (f32 [C]; C = 1 per tensor) moves to x's
@@ -77,6 +85,11 @@ Tensor observe_fake_quantize_per_tensor(const Tensor& x, const Tensor& scale, co
 Tensor observe_fake_quantize_per_channel(const Tensor& x, const Tensor& scale, const Tensor& zero_point,
                                          std::int64_t axis, std::int64_t qmin, std::int64_t qmax,
                                          const ObserverUpdate& observer);
+// observe_fake_quantize_per_tensor, then relu, in the same launch:
+// fake_quantize_relu_per_tensor's values, mask and gradient with the qparams
+// the observer writes (the observer sees x, before the relu).
+Tensor observe_fake_quantize_relu_per_tensor(const Tensor& x, const Tensor& scale, const Tensor& zero_point,
+                                             std::int64_t qmin, std::int64_t qmax, const ObserverUpdate& observer);
 
 // LSQ: gradients for x, scale and zero point with PyTorch's formulas.
 Tensor fake_quantize_learnable_per_tensor(const Tensor& x, const Tensor& scale /*float, 1 element*/,

@@ -256,6 +256,45 @@ TEST_CASE("prepare_qat: input stub, QATLinear with shared weights, PyTorch x86 q
   CHECK_THROWS_AS(prepare_qat(empty), qgrad::Error);
 }
 
+TEST_CASE("prepare_qat: QATLinear + ReLU runs fused and equals the two modules run one after the other") {
+  for (const Device dev : {Device::cpu(), Device::cuda(0)}) {
+    if (dev.is_cuda() && !cuda_available()) continue;
+    CAPTURE(dev.is_cuda());
+    Generator gen_a(31), gen_b(31), gen(32);  // two identical models
+    auto fused = mlp(gen_a), apart = mlp(gen_b);
+    for (auto* m : {fused.get(), apart.get()}) {
+      prepare_qat(*m);
+      m->to(dev);
+    }
+    for (int step = 0; step < 3; ++step) {
+      // Inputs growing past the moving-average ranges: both clamp bounds hit.
+      Tensor x = mul(randn({32, 12}, gen), 1.0 + step).to(dev);
+      Tensor g = randn({32, 4}, gen).to(dev);
+      Tensor y_fused = fused->forward(x);
+      Tensor h = x;
+      for (std::size_t i = 0; i < apart->size(); ++i) h = (*apart)[i]->forward(h);  // forward_with_next unused
+      CHECK(bit_equal(y_fused, h));
+      sum(mul(y_fused, g)).backward();
+      sum(mul(h, g)).backward();
+      const auto pa = fused->named_parameters(), pb = apart->named_parameters();
+      REQUIRE(pa.size() == pb.size());
+      for (std::size_t i = 0; i < pa.size(); ++i) {
+        CAPTURE(pa[i].first);
+        // Equal values; the sign of an all-zero sum may differ (ops/quantize.h).
+        CHECK(qgrad::testing::max_abs_diff(pa[i].second.grad(), pb[i].second.grad()) == 0.0);
+      }
+      fused->zero_grad();
+      apart->zero_grad();
+      const auto ba = fused->named_buffers(), bb = apart->named_buffers();
+      REQUIRE(ba.size() == bb.size());
+      for (std::size_t i = 0; i < ba.size(); ++i) {
+        CAPTURE(ba[i].first);
+        CHECK(bit_equal(ba[i].second, bb[i].second));
+      }
+    }
+  }
+}
+
 TEST_CASE("convert: int8 model agrees with the fake-quant model (host references)") {
   Generator gen(8);
   auto m = mlp(gen);

@@ -5,6 +5,7 @@
 
 #include "helpers.h"
 #include "qgrad/nn/quant.h"
+#include "qgrad/ops/activation.h"
 
 using namespace qgrad;
 using namespace qgrad::nn;
@@ -445,14 +446,24 @@ struct ObserveResult {
   Tensor out, dx, run_min, run_max, scale, zp;
 };
 
-ObserveResult run_fused(Observer& obs, const Tensor& x, const Tensor& g, Tensor scale, Tensor zp) {
+ObserveResult run_fused(Observer& obs, const Tensor& x, const Tensor& g, Tensor scale, Tensor zp, bool relu = false) {
   testing::poison(scale);  // the op must write every qparam before the fake quantize reads it
   testing::poison(zp);
   Tensor leaf = x.detach();
   leaf.set_requires_grad(true);
-  Tensor out = obs.observe_and_fake_quantize(leaf, scale, zp);
+  Tensor out = obs.observe_and_fake_quantize(leaf, scale, zp, relu);
   sum(mul(out, g)).backward();
   return {out.detach(), leaf.grad(), obs.min_val(), obs.max_val(), scale, zp};
+}
+
+// Every output and every piece of state of two runs bit for bit.
+void check_same(const ObserveResult& a, const ObserveResult& b) {
+  CHECK(bit_equal(a.out, b.out));
+  CHECK(bit_equal(a.dx, b.dx));
+  CHECK(bit_equal(a.run_min, b.run_min));
+  CHECK(bit_equal(a.run_max, b.run_max));
+  CHECK(bit_equal(a.scale, b.scale));
+  CHECK(bit_equal(a.zp, b.zp));
 }
 
 }  // namespace
@@ -486,6 +497,94 @@ TEST_CASE("observe + fake quantize equals the observer followed by the fake quan
       CHECK(bit_equal(r.run_max, two_step.max_val()));
       CHECK(bit_equal(r.scale, s));
       CHECK(bit_equal(r.zp, z));
+    }
+  }
+}
+
+// t with every zero (either sign) as +0: the relu form's gradient against the
+// composition's (ops/quantize.h: +0 where the composition gives dy * 0).
+Tensor zeros_positive(const Tensor& t) {
+  Tensor f = t.detach().to(DType::f64).cpu();
+  double* v = f.data<double>();
+  for (std::int64_t i = 0; i < f.numel(); ++i)
+    if (v[i] == 0) v[i] = 0.0;
+  return f.to(t.dtype());
+}
+
+TEST_CASE("observe + fake quantize + relu equals relu of the observer's fake quantize") {
+  Generator gen(15);
+  std::int64_t top_clamped_negative = 0;  // elements where the two gradients differ in the sign of zero
+  for (const ObserveCase& k : {ObserveCase{{1000}, -1, DType::f32, 0.01}, ObserveCase{{64, 33, 5}, -1, DType::f32, -1.0},
+                               ObserveCase{{16, 40}, -1, DType::f64, 0.01}, ObserveCase{{7, 9}, -1, DType::bf16, -1.0},
+                               ObserveCase{{8, 24}, -1, DType::f16, 0.01}}) {
+    CAPTURE(shape_str(k.shape));
+    CAPTURE(dtype_name(k.dtype));
+    Tensor x0 = randn(k.shape, gen, TensorOptions{}.with_dtype(k.dtype), 0.2, 1.5);
+    const ObserverOptions o = observe_options(k, x0);
+    Observer fused(o), two_step(o);
+    for (int call = 0; call < 3; ++call) {
+      // Growing inputs against a moving-average range: elements past the top clamp.
+      Tensor x = mul(x0, 1.0 + 0.5 * call);
+      Tensor g = randn(k.shape, gen, TensorOptions{}.with_dtype(k.dtype));
+      const ObserveResult r =
+          run_fused(fused, x, g, Tensor::empty({1}), Tensor::empty({1}, TensorOptions{}.with_dtype(DType::s32)), true);
+      Tensor s = Tensor::empty({1}), z = Tensor::empty({1}, TensorOptions{}.with_dtype(DType::s32));
+      two_step.observe_and_calculate_qparams(x, s, z);
+      Tensor leaf = x.detach();
+      leaf.set_requires_grad(true);
+      Tensor ref = relu(fake_quantize_per_tensor(leaf, s, z, two_step.qmin(), two_step.qmax()));
+      sum(mul(ref, g)).backward();
+      CHECK(bit_equal(r.out, ref));
+      CHECK(bit_equal(r.dx, zeros_positive(leaf.grad())));
+      CHECK(bit_equal(r.run_min, two_step.min_val()));
+      CHECK(bit_equal(r.run_max, two_step.max_val()));
+      CHECK(bit_equal(r.scale, s));
+      CHECK(bit_equal(r.zp, z));
+      // Without the observer: fake_quantize_relu_per_tensor with the same qparams.
+      Tensor leaf2 = x.detach();
+      leaf2.set_requires_grad(true);
+      Tensor y2 = fake_quantize_relu_per_tensor(leaf2, s, z, two_step.qmin(), two_step.qmax());
+      sum(mul(y2, g)).backward();
+      CHECK(bit_equal(y2, ref));
+      CHECK(bit_equal(leaf2.grad(), r.dx));
+      const Tensor dxc = leaf.grad().to(DType::f64);
+      for (std::int64_t i = 0; i < dxc.numel(); ++i)
+        top_clamped_negative += dxc.data<double>()[i] == 0 && std::signbit(dxc.data<double>()[i]);
+    }
+  }
+  CHECK(top_clamped_negative > 0);  // the documented difference was exercised
+}
+
+TEST_CASE("CUDA observe + fake quantize + relu matches the CPU bit for bit") {
+  QGRAD_REQUIRE_GPU();
+  Generator gen(16);
+  // The QAT MLP's activations (one launch and two), large, odd and 16-bit.
+  for (const ObserveCase& k :
+       {ObserveCase{{256, 256}, -1, DType::f32, 0.01}, ObserveCase{{256, 10}, -1, DType::f32, 0.01},
+        ObserveCase{{4096, 1024}, -1, DType::f32, 0.01}, ObserveCase{{(1 << 20) + 7}, -1, DType::f32, -1.0},
+        ObserveCase{{300, 70}, -1, DType::bf16, 0.01}, ObserveCase{{3}, -1, DType::f64, 0.01},
+        ObserveCase{{(1 << 16) + 3}, -1, DType::f16, -1.0}}) {
+    CAPTURE(shape_str(k.shape));
+    CAPTURE(dtype_name(k.dtype));
+    Tensor x0 = randn(k.shape, gen, TensorOptions{}.with_dtype(k.dtype), 0.2, 1.5);
+    const ObserverOptions o = observe_options(k, x0);
+    Observer on_cpu(o), on_gpu(o);
+    on_gpu.to(Device::cuda(0));
+    const auto gpu = TensorOptions{}.with_device(Device::cuda(0));
+    for (int call = 0; call < 3; ++call) {
+      Tensor x = mul(x0, 1.0 + 0.5 * call);
+      Tensor g = randn(k.shape, gen, TensorOptions{}.with_dtype(k.dtype));
+      testing::poison(Tensor::empty(k.shape, TensorOptions{gpu}.with_dtype(k.dtype)));
+      const ObserveResult a =
+          run_fused(on_cpu, x, g, Tensor::empty({1}), Tensor::empty({1}, TensorOptions{}.with_dtype(DType::s32)), true);
+      const ObserveResult b = run_fused(on_gpu, x.cuda(), g.cuda(), Tensor::empty({1}, gpu),
+                                        Tensor::empty({1}, TensorOptions{gpu}.with_dtype(DType::s32)), true);
+      check_same(a, b);
+      // Without grad (the per-tensor kernel without a mask) and without the observer.
+      NoGradGuard no_grad;
+      const Tensor c = fake_quantize_relu_per_tensor(x, a.scale, a.zp, on_cpu.qmin(), on_cpu.qmax());
+      const Tensor d = fake_quantize_relu_per_tensor(x.cuda(), b.scale, b.zp, on_cpu.qmin(), on_cpu.qmax());
+      CHECK(bit_equal(c, d));
     }
   }
 }
@@ -590,12 +689,7 @@ TEST_CASE("CUDA observe + fake quantize (rows kernel and observer + engine) matc
           run_fused(on_cpu, x, g, Tensor::empty({c}), Tensor::empty({c}, TensorOptions{}.with_dtype(DType::s32)));
       const ObserveResult b = run_fused(on_gpu, x.cuda(), g.cuda(), Tensor::empty({c}, gpu),
                                         Tensor::empty({c}, TensorOptions{}.with_device(Device::cuda(0)).with_dtype(DType::s32)));
-      CHECK(bit_equal(a.out, b.out));
-      CHECK(bit_equal(a.dx, b.dx));
-      CHECK(bit_equal(a.run_min, b.run_min));
-      CHECK(bit_equal(a.run_max, b.run_max));
-      CHECK(bit_equal(a.scale, b.scale));
-      CHECK(bit_equal(a.zp, b.zp));
+      check_same(a, b);
     }
   }
 }

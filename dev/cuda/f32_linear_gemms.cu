@@ -40,17 +40,11 @@
 #include "qgrad/kernels/cuda/blas.cuh"
 
 #include "graph_timing.cuh"
+#include "lt_dev.cuh"
 
 namespace {
 
 constexpr std::size_t kWorkspace = std::size_t(32) << 20;
-
-int config(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttributes_t attr) {
-  std::uint32_t v = 0;
-  std::size_t written = 0;
-  cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &v, sizeof v, &written);
-  return static_cast<int>(v);
-}
 
 // Median per-call ms of 7 rounds of 20 back-to-back calls.
 template <class F>

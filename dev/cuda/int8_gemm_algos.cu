@@ -18,17 +18,12 @@
 #include "qgrad/core/cuda/common.cuh"
 #include "qgrad/kernels/cuda/blas.cuh"
 
+#include "lt_dev.cuh"
+
 namespace {
 
 constexpr int kCopies = 4;  // 4 x 16 MiB of weights: past the 50 MB L2
 constexpr std::size_t kWorkspace = std::size_t(32) << 20;
-
-int config(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttributes_t attr) {
-  std::uint32_t v = 0;
-  std::size_t written = 0;
-  cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &v, sizeof v, &written);
-  return static_cast<int>(v);
-}
 
 void run_shape(cublasLtHandle_t h, int M, int N, int K) {
   std::mt19937 rng(7);

@@ -37,21 +37,13 @@
 
 #include "captured_timing.cuh"
 #include "graph_timing.cuh"
+#include "lt_dev.cuh"
 #include "qgrad/kernels/cuda/lt_gemm.cuh"
 
 namespace {
 
 constexpr std::size_t kWorkspace = std::size_t(32) << 20;
 constexpr int kAlgos = 6;
-
-#define DEV_CHECK_BLAS(x)                                                     \
-  do {                                                                        \
-    const int s_ = static_cast<int>(x);                                       \
-    if (s_ != 0) {                                                            \
-      std::printf("cuBLAS status %d at %s:%d\n", s_, __FILE__, __LINE__);     \
-      std::exit(1);                                                           \
-    }                                                                         \
-  } while (0)
 
 // The library's fill_rows: y[i] = bias[i % N].
 __global__ void fill_rows_kernel(const float* bias, float* y, std::int64_t n, std::int64_t N) {

@@ -23,6 +23,12 @@ template <class Op>
 inline constexpr bool kIsF32FakeQuant = false;
 template <bool kD>
 inline constexpr bool kIsF32FakeQuant<formulas::FakeQuantOp<float, kD>> = true;
+template <bool kD>
+inline constexpr bool kIsF32FakeQuant<formulas::FakeQuantReluOp<float, kD>> = true;
+template <class Op>
+inline constexpr bool kIsRelu = false;
+template <class T, bool kD>
+inline constexpr bool kIsRelu<formulas::FakeQuantReluOp<T, kD>> = true;
 
 // Fake quantize of f32 elements of one mask block that share one channel,
 // without integer conversions or branches (four SSE2 lanes a step): round half to even by adding and subtracting
@@ -138,6 +144,14 @@ void engine(const QuantLaunch& a) {
           for (std::int64_t i = i0; i < end; i = (i / inner + 1) * inner)
             fake_quant_block_run_f32(in + i0, out + i0, i - i0, std::min(end, (i / inner + 1) * inner) - i0,
                                      ps.get(map.channel(i)), qp.qmin, qp.qmax, words);
+          if constexpr (kIsRelu<Op>) {  // FakeQuantReluOp's relu over the block's fake-quantized values
+            for (std::int64_t i = i0; i < end; ++i) {
+              const std::uint32_t m = 1u << bitmask_bit_of(i);
+              bool bit = (words[i & 3] & m) != 0;
+              out[i] = Op::apply_relu(out[i], bit);
+              if (!bit) words[i & 3] &= ~m;
+            }
+          }
           if (mask_out)
             for (std::int64_t k = 0; k < kBitmaskWordsPerBlock; ++k) mask_out[b * kBitmaskWordsPerBlock + k] = words[k];
           return;

@@ -866,11 +866,14 @@ void quant_elementwise(const QuantLaunch& l) {
 
 void observe_fake_quantize(const QuantLaunch& fq, const ObserveArgs& obs) {
   dispatch_quant_kernel(fq, [&]<class Op>() {
-    if constexpr (std::is_same_v<Op, formulas::FakeQuantOp<typename Op::In, true>> ||
-                  std::is_same_v<Op, formulas::FakeQuantOp<typename Op::In, false>>)
+    using T = typename Op::In;
+    if constexpr (std::is_same_v<Op, formulas::FakeQuantOp<T, true>> ||
+                  std::is_same_v<Op, formulas::FakeQuantOp<T, false>> ||
+                  std::is_same_v<Op, formulas::FakeQuantReluOp<T, true>> ||
+                  std::is_same_v<Op, formulas::FakeQuantReluOp<T, false>>)
       observe_fake_quantize_impl<Op>(fq, obs);
     else
-      throw Error("observe_fake_quantize", "kernel", "only fake_quantize follows an observer");
+      throw Error("observe_fake_quantize", "kernel", "only fake_quantize (or its relu form) follows an observer");
   });
 }
 

@@ -23,6 +23,7 @@
 #include <type_traits>
 
 #include "qgrad/core/half.h"
+#include "qgrad/kernels/formulas/activation.h"
 #include "qgrad/kernels/layout.h"
 
 namespace qgrad::formulas {
@@ -207,6 +208,32 @@ struct FakeQuantOp {
       if (exact) return float_form(x, p, bit);
     }
     return (*this)(x, p, false, bit);
+  }
+};
+
+// relu(fake quantize) as one op: y = relu(FakeQuantOp's y) (formulas::relu:
+// NaN kept), bit = FakeQuantOp's bit and y > 0 (relu_mask). The values are
+// the composition's; its backward, a select on the bit (relu's), gives +0
+// where the composition gives dy * 0 (q > qmax: -0 for a negative dy, NaN
+// for a non-finite one).
+template <class T, bool kDoubleProduct>
+struct FakeQuantReluOp : FakeQuantOp<T, kDoubleProduct> {
+  using Base = FakeQuantOp<T, kDoubleProduct>;
+  using typename Base::In;
+  using typename Base::Out;
+  QGRAD_HD static Out apply_relu(Out y, bool& bit) {
+    using M = op_math_t<T>;
+    bit = bit && relu_mask(M(y));
+    return T(relu(M(y)));
+  }
+  QGRAD_HD Out operator()(In x, const ChannelParams& p, bool b, bool& bit) const {
+    return apply_relu(Base::operator()(x, p, b, bit), bit);
+  }
+  QGRAD_HD Out float_form(In x, const ChannelParams& p, bool& bit) const {
+    return apply_relu(Base::float_form(x, p, bit), bit);
+  }
+  QGRAD_HD Out row_value(In x, const ChannelParams& p, bool exact, bool& bit) const {
+    return apply_relu(Base::row_value(x, p, exact, bit), bit);
   }
 };
 

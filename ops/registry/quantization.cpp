@@ -41,6 +41,29 @@ Grads straight_through(const Tensor& x, const Tensor& dy, const std::vector<doub
   return {dx};
 }
 
+// relu(fake quantize) per tensor: y = max((clamp(q) - zp) * scale, 0) (the
+// product in f32, as the per-tensor fake quantize takes it) and dx = dy
+// where qmin <= q <= qmax and y > 0, else 0.
+std::vector<double> fake_quant_relu_values(const Tensor& x, float scale, double zp, std::int64_t qmin,
+                                           std::int64_t qmax) {
+  const auto xs = host(x);
+  std::vector<double> y(xs.size());
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    const double q = unclamped_q(xs[i], scale, zp, x.dtype() == DType::f64);
+    const double c = std::clamp(q, static_cast<double>(qmin), static_cast<double>(qmax));
+    y[i] = std::max(static_cast<double>(static_cast<float>(c - zp) * scale), 0.0);
+  }
+  return y;
+}
+Grads straight_through_relu(const Tensor& x, const Tensor& dy, float scale, double zp, std::int64_t qmin,
+                            std::int64_t qmax) {
+  const auto y = fake_quant_relu_values(x, scale, zp, qmin, qmax);
+  Grads g = straight_through(x, dy, {scale}, {zp}, qmin, qmax, [](std::size_t) { return 0; });
+  for (std::size_t i = 0; i < y.size(); ++i)
+    if (!(y[i] > 0)) g[0][i] = 0.0;
+  return g;
+}
+
 Tensor f32_on(const std::vector<float>& v, Device d) { return Tensor::from_vector(v, {static_cast<std::int64_t>(v.size())}, d); }
 Tensor s32_on(const std::vector<std::int32_t>& v, Device d) {
   return Tensor::from_vector(v, {static_cast<std::int64_t>(v.size())}, d);
@@ -256,6 +279,36 @@ std::vector<OpEntry> quantization_entries() {
                  errors.push_back({"fake_quantize_per_tensor", "x", [=] { fake_quantize_per_tensor(x.to(DType::s32), 0.1, 0, -128, 127); }});
                  return errors;
                }});
+  // relu(fake_quantize_per_tensor) as one op (u8 with zero point 100: values
+  // on both sides of the relu, and past both clamp bounds).
+  {
+    OpEntry r;
+    r.name = r.covers.emplace_back("fake_quantize_relu_per_tensor");
+    r.dtypes = kFloat;
+    r.inputs = [](Device d, DType dt, Generator& g) {
+      return Tensors{quant_input({300}, g, d, dt, 0.0625, 100, 0, 255), f32_on({0.0625f}, d), s32_on({100}, d)};
+    };
+    r.call = [](const Tensors& v) { return Tensors{fake_quantize_relu_per_tensor(v[0], v[1], v[2], 0, 255)}; };
+    r.promise = Promise::bit_identical();
+    r.grad = GradMethod::host_reference;
+    r.grad_reference = [](const Tensors& v, const Tensor& dy) {
+      return straight_through_relu(v[0], dy, 0.0625f, 100, 0, 255);
+    };
+    r.forward_reference = [](const Tensors& v) { return fake_quant_relu_values(v[0], 0.0625f, 100, 0, 255); };
+    r.bad_inputs = [](Device d) {
+      Tensor x = zeros({8}, on(d));
+      const char* op = "fake_quantize_relu_per_tensor";
+      auto call = [x](const Tensor& s, const Tensor& z) { fake_quantize_relu_per_tensor(x, s, z, 0, 255); };
+      auto errors = qparam_errors(op, call, d, 1);
+      const Tensor s1 = f32_on({0.1f}, d), z1 = s32_on({3}, d);
+      errors.push_back({op, "qmax", [=] { fake_quantize_relu_per_tensor(x, s1, z1, 5, 5); }});
+      errors.push_back({op, "x", [=] { fake_quantize_relu_per_tensor(x.to(DType::s32), s1, z1, 0, 255); }});
+      errors.push_back({op, "scale", [=] { fake_quantize_relu_per_tensor(x, f32_on({0.0f}, d), z1, 0, 255); }, true});
+      errors.push_back({op, "zero_point", [=] { fake_quantize_relu_per_tensor(x, s1, s32_on({300}, d), 0, 255); }, true});
+      return errors;
+    };
+    e.push_back(r);
+  }
   // fake_quantize over a QuantScope (here per token: one row of x [4, 50] a qparam).
   e.push_back({"fake_quantize (QuantScope)", {"fake_quantize"}, kFloat,
                [](Device d, DType dt, Generator& g) {
@@ -331,6 +384,37 @@ std::vector<OpEntry> quantization_entries() {
                        {name, "run_max", [=] { call({r, full({c + 1}, 1.0, on(d)), 0.1, false, 0}); }}};
                  }});
   }
+  // The observer-fused relu form: u8, so the zero point the observer writes
+  // is inside the range and the relu cuts there.
+  e.push_back({"observe_fake_quantize_relu_per_tensor", {"observe_fake_quantize_relu_per_tensor"}, kFloat,
+               [](Device d, DType dt, Generator& g) {
+                 Tensor run_min = full({1}, -0.5, on(d)), run_max = full({1}, 1.0, on(d));
+                 return Tensors{normal({4, 30}, g, d, dt, 3.0), run_min, run_max, zeros({1}, on(d)),
+                                zeros({1}, on(d, DType::s32))};
+               },
+               [](const Tensors& v) {
+                 const ObserverUpdate u{v[1], v[2], 0.25, false, 0};
+                 return Tensors{observe_fake_quantize_relu_per_tensor(v[0], v[3], v[4], 0, 255, u), v[1], v[2], v[3],
+                                v[4]};
+               },
+               Promise::bit_identical(), GradMethod::host_reference,
+               [](const Tensors& v, const Tensor& dy) {  // scale / zp as the op wrote them
+                 return straight_through_relu(v[0], dy, static_cast<float>(host(v[3])[0]), host(v[4])[0], 0, 255);
+               },
+               {}, [](Device d) {
+                 const char* op = "observe_fake_quantize_relu_per_tensor";
+                 Tensor x = zeros({4, 30}, on(d)), s = zeros({1}, on(d)), z = zeros({1}, on(d, DType::s32));
+                 auto call = [=](const ObserverUpdate& u) { observe_fake_quantize_relu_per_tensor(x, s, z, 0, 255, u); };
+                 Tensor r = full({1}, 1.0, on(d));
+                 return std::vector<BadInput>{
+                     {op, "averaging_constant", [=] { call({r, r, 2.0, false, 0}); }},
+                     {op, "run_min", [=] { call({r.to(DType::f64), r, 0.1, false, 0}); }},
+                     {op, "run_max", [=] { call({r, full({2}, 1.0, on(d)), 0.1, false, 0}); }},
+                     {op, "x", [=] { observe_fake_quantize_relu_per_tensor(x.to(DType::s32), s, z, 0, 255,
+                                                                            {r, r, 0.1, false, 0}); }},
+                     {op, "scale", [=] { observe_fake_quantize_relu_per_tensor(x, full({2}, 1.0, on(d)), z, 0, 255,
+                                                                                {r, r, 0.1, false, 0}); }}};
+               }});
   // LSQ: gradients for x, scale and zero point with PyTorch's formulas
   // (not the derivative of the step function), transcribed on the host.
   for (const bool per_channel : {false, true}) {

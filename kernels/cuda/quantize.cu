@@ -328,9 +328,10 @@ void engine(const QuantLaunch& a) {
 // updates that channel's running range and writes its qparams; after one
 // block barrier the block fake quantizes its rows with them. One launch, no
 // barrier between blocks; the same formulas as observer_minmax + engine,
-// so the same bits.
-template <class Op, bool kVec>
-__global__ void __launch_bounds__(kMinmaxThreads)
+// so the same bits. Blocks of kThreads: 256, or kWideRowsThreads where the
+// grid has fewer blocks than SMs (then several warps share each row).
+template <class Op, bool kVec, unsigned kThreads>
+__global__ void __launch_bounds__(kThreads)
     observe_rows_kernel(Op op, const typename Op::In* __restrict__ in, typename Op::Out* __restrict__ out,
                         std::uint32_t* __restrict__ mask_out, std::int64_t n, std::int64_t channels,
                         std::int64_t inner, std::int64_t rows, ChannelIndexer map, float* run_min,
@@ -360,7 +361,7 @@ __global__ void __launch_bounds__(kMinmaxThreads)
       if (lane == 0) update_channel(r, lo, hi, run_min, run_max, c, moving, q);
     }
   } else {  // few long rows (a linear head's weight): wpr warps share each row, then combine (exact, order-free)
-    __shared__ float s_lo[kMinmaxThreads / 32], s_hi[kMinmaxThreads / 32];
+    __shared__ float s_lo[kThreads / 32], s_hi[kThreads / 32];
     const unsigned wpr = nwarps / nrows, k = warp / wpr, part = warp % wpr;
     if (k < nrows) {
       const In* row = in + (r0 + k) * inner;
@@ -384,8 +385,13 @@ __global__ void __launch_bounds__(kMinmaxThreads)
   const formulas::ParamSource ps{q.scale, q.zero_point, 1.0f, 0};
   const std::int64_t first = r0 * inner / kBitmaskBlock;
   const std::int64_t last = r1 == channels ? bitmask_blocks(n) : r1 * inner / kBitmaskBlock;
-  engine_range<Op, kVec>(op, in, out, nullptr, mask_out, n, map, ps, same4, first, last, warp, nwarps);
+  // Wide blocks (few blocks on the GPU) take pairs of mask blocks a warp: more warps busy.
+  engine_range<Op, kVec, (kThreads > kMinmaxThreads ? 2 : kEngineUnroll)>(op, in, out, nullptr, mask_out, n, map, ps,
+                                                                         same4, first, last, warp, nwarps);
 }
+
+// observe_rows_kernel's blocks where there are fewer than SMs.
+constexpr unsigned kWideRowsThreads = 1024;
 
 // Channels per block for observe_rows_kernel: a multiple of the fewest
 // whole rows that end on a mask-block boundary, one row per warp when that
@@ -501,9 +507,8 @@ void observe_fake_quantize_impl(const QuantLaunch& a, const ObserveArgs& o) {
   const std::int64_t n = a.in.numel();
   const int dev = a.out.device().index;
   const AxisLayout v = AxisLayout::of(a.in.shape(), o.axis);
-  const std::int64_t rows =
-      o.axis >= 0 && v.outer == 1 ? rows_per_block(v.inner, v.channels, ::qgrad::cuda::fill_blocks(dev, 2048))
-                                  : 0;  // fill_blocks(dev, 2048): one block per SM
+  const unsigned sms = ::qgrad::cuda::fill_blocks(dev, 2048);  // one block per SM
+  const std::int64_t rows = o.axis >= 0 && v.outer == 1 ? rows_per_block(v.inner, v.channels, sms) : 0;
   const ObserverQparams qparams{o.scale, o.zero_point, a.params.qmin, a.params.qmax, o.symmetric,
                                 o.symmetric_zero_point};
   if (rows == 0) {  // one cooperative launch, or the observer (one launch), then the engine
@@ -524,12 +529,24 @@ void observe_fake_quantize_impl(const QuantLaunch& a, const ObserveArgs& o) {
   const bool moving = o.averaging_constant >= 0.0;
   float* mn = o.run_min.data<float>();
   float* mx = o.run_max.data<float>();
-  if (vec)
-    ::qgrad::cuda::launch_kernel(dev, observe_rows_kernel<Op, true>, blocks, kMinmaxThreads, 0, op, in, out, a.mask_out,
-                                 n, v.channels, v.inner, rows, map, mn, mx, c, moving, q, same4);
-  else
-    ::qgrad::cuda::launch_kernel(dev, observe_rows_kernel<Op, false>, blocks, kMinmaxThreads, 0, op, in, out,
-                                 a.mask_out, n, v.channels, v.inner, rows, map, mn, mx, c, moving, q, same4);
+  // Fewer blocks than SMs (the b256 MLP's [256, 784] weight: 32 blocks of 8
+  // rows, the fewest whose mask words are their own) take blocks of 1024
+  // threads: 4 warps a row instead of one, and twice the warps on the fake
+  // quantize. H200 (2026-11-28, bench_train_step, two alternating rounds
+  // against blocks of 256): MLP b256 0.1539 / 0.1558 -> 0.1484 / 0.1492 ms,
+  // b4096 1.0990 / 1.1010 -> 1.0725 / 1.0748, CNN 0.7168 / 0.7140 -> 0.6893 /
+  // 0.6921; under ncu the b256 weights 3 x 14.5 -> 3 x 10.5 us. The fewest rows
+  // for every shape (more blocks) measured no better.
+  auto launch = [&]<unsigned kThreads>() {
+    if (vec)
+      ::qgrad::cuda::launch_kernel(dev, observe_rows_kernel<Op, true, kThreads>, blocks, kThreads, 0, op, in, out,
+                                   a.mask_out, n, v.channels, v.inner, rows, map, mn, mx, c, moving, q, same4);
+    else
+      ::qgrad::cuda::launch_kernel(dev, observe_rows_kernel<Op, false, kThreads>, blocks, kThreads, 0, op, in, out,
+                                   a.mask_out, n, v.channels, v.inner, rows, map, mn, mx, c, moving, q, same4);
+  };
+  if (blocks < sms) launch.template operator()<kWideRowsThreads>();
+  else launch.template operator()<kMinmaxThreads>();
 }
 
 // The tree p[t] += p[t + s], s = 128, ..., 1, over the block's partials;

@@ -14,6 +14,15 @@
 // max relative difference). The question: a one-node algorithm as fast as the
 // library's pair, at the same bits or inside the linear's tolerance.
 // Run by hand on the GPU machine:  build-gpu/dev/dev_mlp_gemm_nodes [M H]
+//
+// H200, 2026-11-28 (docs/benchmarks.md, thirty-sixth session): at M = 256 the
+// library's call is 4 graph nodes for 7 of the 8 GEMMs (the split-K pair and
+// its memsets), 53.3 us for all 8; a one-node split-K-free algorithm is
+// within ~0.5 us of it at fw2, dx2, fw3, faster at dx3 (2.36 against 5.24),
+// slower at fw1 (15.5 against 10.6) and dw3 (6.4 against 4.9). With 4 MiB of
+// workspace the heuristic's first algorithm is often a split-K one with
+// in-place reduction (3 nodes): 20.3 us at fw1. At M = 4096 the library's
+// choices are the fastest offered.
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>

@@ -82,6 +82,11 @@ bool linear_bias_lt(const GemmShape& s, const Tensor& x, const Tensor& w, const 
   // 0.1586 / 0.1588 -> 0.1754 / 0.1791 ms, CNN 0.714 -> 0.725-0.730, although
   // the bias epilogue alone beat fill + GEMM at those shapes in
   // dev/cuda/linear_bias_broadcast.cu (10.75 vs 12.51 us at 256 x 256 x 784).
+  // Why (2026-11-28, same program): offered the library's 4 MiB workspace the
+  // heuristic's first algorithm there is a split-K one with in-place reduction
+  // (3 graph nodes, 20-23 us; dev/cuda/mlp_gemm_nodes.cu), not the 11 us one it
+  // picks with 32 MiB; the library's tuner keeps only algorithms with the first
+  // one's bits, so it cannot leave it. 256 x 10 x 256 likewise (15.9 vs 7.3 us).
   if (static_cast<double>(s.m) * static_cast<double>(s.n) * static_cast<double>(s.k) < kLtLinearMinMacs) return false;
   cudaDataType_t type;
   switch (out.dtype()) {

@@ -34,9 +34,9 @@ void dequantize_backward(const Tensor& dy, const Tensor& dq, const QuantParams& 
 
 void observe_fake_quantize(const Tensor& x, const Tensor& y, const QuantParams& p, std::uint32_t* mask,
                            const ObserveArgs& obs, bool relu) {
-  const QuantKernel kernel = relu ? QuantKernel::fake_quantize_relu : QuantKernel::fake_quantize;
   if (y.is_cuda() && x.numel() > 0) {
-    QGRAD_ON_CUDA(cuda::observe_fake_quantize({kernel, x, y, nullptr, mask, p}, obs));
+    QGRAD_ON_CUDA(cuda::observe_fake_quantize(
+        {relu ? QuantKernel::fake_quantize_relu : QuantKernel::fake_quantize, x, y, nullptr, mask, p}, obs));
     return;
   }
   const ObserverQparams q{obs.scale, obs.zero_point, p.qmin, p.qmax, obs.symmetric, obs.symmetric_zero_point};

@@ -6,6 +6,7 @@
 #include "helpers.h"
 #include "qgrad/nn/quant.h"
 #include "qgrad/ops/activation.h"
+#include "qgrad/ops/registry.h"
 
 using namespace qgrad;
 using namespace qgrad::nn;
@@ -553,6 +554,34 @@ TEST_CASE("observe + fake quantize + relu equals relu of the observer's fake qua
     }
   }
   CHECK(top_clamped_negative > 0);  // the documented difference was exercised
+}
+
+TEST_CASE("fake_quantize_relu_per_tensor equals relu of the fake quantize on edge values, every clamp range") {
+  // The CPU's f32 vector path (a raised clamp bound and mask bound) and the
+  // per-element formula (f64), on ties, clamp bounds, signed zeros, huge values.
+  Generator gen(17);
+  struct Range {
+    std::int64_t qmin, qmax, zp;
+  };
+  for (const DType dt : {DType::f32, DType::f64}) {
+    for (const Range r : {Range{0, 255, 100}, Range{0, 255, 0}, Range{0, 255, 255}, Range{-128, 127, -128},
+                          Range{-128, 127, 5}, Range{-8, 7, 7}}) {
+      CAPTURE(dtype_name(dt));
+      CAPTURE(r.zp);
+      const Tensor x = registry::quant_input({1000}, gen, Device::cpu(), dt, 0.0625, r.zp, r.qmin, r.qmax);
+      const Tensor g = randn({1000}, gen, TensorOptions{}.with_dtype(dt));
+      const Tensor s = full({1}, 0.0625f), z = full({1}, static_cast<double>(r.zp), TensorOptions{}.with_dtype(DType::s32));
+      Tensor a = x.detach(), b = x.detach();
+      a.set_requires_grad(true);
+      b.set_requires_grad(true);
+      const Tensor ya = fake_quantize_relu_per_tensor(a, s, z, r.qmin, r.qmax);
+      const Tensor yb = relu(fake_quantize_per_tensor(b, s, z, r.qmin, r.qmax));
+      sum(mul(ya, g)).backward();
+      sum(mul(yb, g)).backward();
+      CHECK(bit_equal(ya, yb));
+      CHECK(bit_equal(a.grad(), zeros_positive(b.grad())));
+    }
+  }
 }
 
 TEST_CASE("CUDA observe + fake quantize + relu matches the CPU bit for bit") {

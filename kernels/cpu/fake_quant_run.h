@@ -21,10 +21,11 @@ inline bool fake_quant_vector_exact(const formulas::ChannelParams& p, std::int64
 
 // y[k] = formulas::FakeQuantOp<float>'s value of x[k] for k in [begin, end)
 // (x and y at a mask block's start, end <= 128), each k's mask bit or-ed into
-// w in the block's layout (bit k >> 2 of word k & 3). Requires
+// w in the block's layout (bit k >> 2 of word k & 3); with relu,
+// formulas::FakeQuantReluOp's value and bit. Requires
 // fake_quant_vector_exact(p, qmin, qmax).
 void fake_quant_block_run_f32(const float* x, float* y, std::int64_t begin, std::int64_t end,
                               const formulas::ChannelParams& p, std::int64_t qmin, std::int64_t qmax,
-                              std::uint32_t (&w)[kBitmaskWordsPerBlock]);
+                              std::uint32_t (&w)[kBitmaskWordsPerBlock], bool relu = false);
 
 }  // namespace qgrad::kernels::cpu

@@ -1,5 +1,6 @@
 // CPU kernels of the quantization ops: the same formulas, mask layout and
 // reduction order as kernels/cuda/quantize.cu, so the two agree bit for bit.
+#include <algorithm>
 #include <cmath>
 #include <type_traits>
 #include <vector>
@@ -44,8 +45,9 @@ inline constexpr bool kIsRelu<formulas::FakeQuantReluOp<T, kD>> = true;
 // element not done.
 QGRAD_TARGET_AVX512 std::int64_t fake_quant_lanes16_f32(const float* x, float* y, std::int64_t k, std::int64_t end,
                                                         const formulas::ChannelParams& p, float lo, float hi,
-                                                        std::uint32_t (&w)[kBitmaskWordsPerBlock]) {
+                                                        float mask_lo, std::uint32_t (&w)[kBitmaskWordsPerBlock]) {
   const __m512 vbig = _mm512_set1_ps(8388608.0f), vlo = _mm512_set1_ps(lo), vhi = _mm512_set1_ps(hi);
+  const __m512 vmlo = _mm512_set1_ps(mask_lo);
   const __m512 vinv = _mm512_set1_ps(p.inv_scale), vscale = _mm512_set1_ps(p.scale), zero = _mm512_setzero_ps();
   const __m512i absmask = _mm512_set1_epi32(0x7fffffff);
   for (; k + 16 <= end; k += 16) {
@@ -55,7 +57,7 @@ QGRAD_TARGET_AVX512 std::int64_t fake_quant_lanes16_f32(const float* x, float* y
     const __m512 r0 = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(v, zero, _CMP_GE_OQ), rn, rp);
     const __m512 av = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v), absmask));
     const __m512 r = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(av, vbig, _CMP_LT_OQ), v, r0);
-    const __mmask16 in = _mm512_cmp_ps_mask(r, vlo, _CMP_GE_OQ) & _mm512_cmp_ps_mask(r, vhi, _CMP_LE_OQ);
+    const __mmask16 in = _mm512_cmp_ps_mask(r, vmlo, _CMP_GE_OQ) & _mm512_cmp_ps_mask(r, vhi, _CMP_LE_OQ);
     const __m512 above = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(r, vhi, _CMP_GT_OQ), r, vhi);
     const __m512 c = _mm512_add_ps(_mm512_mask_blend_ps(_mm512_cmp_ps_mask(r, vlo, _CMP_LT_OQ), above, vlo), zero);
     _mm512_storeu_ps(y + k, _mm512_mask_blend_ps(_mm512_cmp_ps_mask(v, v, _CMP_EQ_OQ), xv, _mm512_mul_ps(c, vscale)));
@@ -67,9 +69,11 @@ QGRAD_TARGET_AVX512 std::int64_t fake_quant_lanes16_f32(const float* x, float* y
 #endif
 
 // Elements [begin, end) of the block (x and y at its start), their mask bits
-// or-ed into w; the lanes from a multiple of 4 (lane j is word j's bit).
+// or-ed into w; the lanes from a multiple of 4 (lane j is word j's bit). The
+// values clamp to [lo, hi]; the bit is mask_lo <= r <= hi (mask_lo = lo for
+// the fake quantize; fake_quant_block_run_f32 raises both for its relu).
 void fake_quant_run_f32(const float* x, float* y, std::int64_t begin, std::int64_t end,
-                        const formulas::ChannelParams& p, float lo, float hi,
+                        const formulas::ChannelParams& p, float lo, float hi, float mask_lo,
                         std::uint32_t (&w)[kBitmaskWordsPerBlock]) {
   constexpr float big = 8388608.0f;
   auto scalar = [&](std::int64_t k) {
@@ -77,19 +81,19 @@ void fake_quant_run_f32(const float* x, float* y, std::int64_t begin, std::int64
     const float v = xv * p.inv_scale;
     const float r0 = v >= 0.0f ? (v + big) - big : (v - big) + big;
     const float r = std::fabs(v) < big ? r0 : v;
-    w[k & 3] |= static_cast<std::uint32_t>(r >= lo && r <= hi) << (k >> 2);
+    w[k & 3] |= static_cast<std::uint32_t>(r >= mask_lo && r <= hi) << (k >> 2);
     const float c = (r < lo ? lo : (r > hi ? hi : r)) + 0.0f;
     y[k] = v == v ? c * p.scale : xv;
   };
   std::int64_t k = begin;
   for (; k < end && (k & 3) != 0; ++k) scalar(k);
 #if QGRAD_CPU_AVX512
-  if (use_avx512()) k = fake_quant_lanes16_f32(x, y, k, end, p, lo, hi, w);
+  if (use_avx512()) k = fake_quant_lanes16_f32(x, y, k, end, p, lo, hi, mask_lo, w);
 #endif
 #if defined(__SSE2__)
   // The same steps four lanes at a time (SSE2 is in every x86-64 CPU; each
   // instruction is one IEEE single operation, as the scalar code below).
-  const __m128 vbig = _mm_set1_ps(big), vlo = _mm_set1_ps(lo), vhi = _mm_set1_ps(hi);
+  const __m128 vbig = _mm_set1_ps(big), vlo = _mm_set1_ps(lo), vhi = _mm_set1_ps(hi), vmlo = _mm_set1_ps(mask_lo);
   const __m128 vinv = _mm_set1_ps(p.inv_scale), vscale = _mm_set1_ps(p.scale), zero = _mm_setzero_ps();
   const __m128 absmask = _mm_castsi128_ps(_mm_set1_epi32(0x7fffffff));
   auto blend = [](__m128 m, __m128 a, __m128 b) { return _mm_or_ps(_mm_and_ps(m, a), _mm_andnot_ps(m, b)); };
@@ -99,7 +103,7 @@ void fake_quant_run_f32(const float* x, float* y, std::int64_t begin, std::int64
     const __m128 rp = _mm_sub_ps(_mm_add_ps(v, vbig), vbig), rn = _mm_add_ps(_mm_sub_ps(v, vbig), vbig);
     const __m128 r0 = blend(_mm_cmpge_ps(v, zero), rp, rn);
     const __m128 r = blend(_mm_cmplt_ps(_mm_and_ps(v, absmask), vbig), r0, v);
-    const __m128 in = _mm_and_ps(_mm_cmpge_ps(r, vlo), _mm_cmple_ps(r, vhi));
+    const __m128 in = _mm_and_ps(_mm_cmpge_ps(r, vmlo), _mm_cmple_ps(r, vhi));
     const __m128 c = _mm_add_ps(blend(_mm_cmplt_ps(r, vlo), vlo, blend(_mm_cmpgt_ps(r, vhi), vhi, r)), zero);
     _mm_storeu_ps(y + k, blend(_mm_cmpeq_ps(v, v), _mm_mul_ps(c, vscale), xv));
     const unsigned m = static_cast<unsigned>(_mm_movemask_ps(in));
@@ -143,15 +147,7 @@ void engine(const QuantLaunch& a) {
         if (fast) {
           for (std::int64_t i = i0; i < end; i = (i / inner + 1) * inner)
             fake_quant_block_run_f32(in + i0, out + i0, i - i0, std::min(end, (i / inner + 1) * inner) - i0,
-                                     ps.get(map.channel(i)), qp.qmin, qp.qmax, words);
-          if constexpr (kIsRelu<Op>) {  // FakeQuantReluOp's relu over the block's fake-quantized values
-            for (std::int64_t i = i0; i < end; ++i) {
-              const std::uint32_t m = 1u << bitmask_bit_of(i);
-              bool bit = (words[i & 3] & m) != 0;
-              out[i] = Op::apply_relu(out[i], bit);
-              if (!bit) words[i & 3] &= ~m;
-            }
-          }
+                                     ps.get(map.channel(i)), qp.qmin, qp.qmax, words, kIsRelu<Op>);
           if (mask_out)
             for (std::int64_t k = 0; k < kBitmaskWordsPerBlock; ++k) mask_out[b * kBitmaskWordsPerBlock + k] = words[k];
           return;
@@ -249,8 +245,13 @@ void lsq_backward_impl(const LsqArgs& a) {
 
 void fake_quant_block_run_f32(const float* x, float* y, std::int64_t begin, std::int64_t end,
                               const formulas::ChannelParams& p, std::int64_t qmin, std::int64_t qmax,
-                              std::uint32_t (&w)[kBitmaskWordsPerBlock]) {
-  fake_quant_run_f32(x, y, begin, end, p, static_cast<float>(qmin - p.zp), static_cast<float>(qmax - p.zp), w);
+                              std::uint32_t (&w)[kBitmaskWordsPerBlock], bool relu) {
+  const float lo = static_cast<float>(qmin - p.zp), hi = static_cast<float>(qmax - p.zp);
+  // relu(y) = y for c = clamp(r, lo, hi) > 0 and +0 for c <= 0, so it is the
+  // clamp to [max(lo, 0), hi] (0 * scale is +0); its bit also needs c > 0,
+  // which for the integer-valued r is r >= 1.
+  if (relu) fake_quant_run_f32(x, y, begin, end, p, std::max(lo, 0.0f), hi, std::max(lo, 1.0f), w);
+  else fake_quant_run_f32(x, y, begin, end, p, lo, hi, lo, w);
 }
 
 void quant_elementwise(const QuantLaunch& l) {

@@ -6,6 +6,7 @@
 #include "qgrad/kernels/bitmask.h"
 #include "qgrad/kernels/transformer.h"
 #include "qgrad/ops/check.h"
+#include "qgrad/ops/straight_through.h"
 
 namespace qgrad {
 
@@ -19,17 +20,19 @@ Tensor relu(const Tensor& x) {
   if (grad)
     mask = Tensor::empty({bitmask_words(x.numel())}, TensorOptions{}.with_dtype(DType::s32).with_device(x.device()));
   kernels::relu(x, out, mask);
-  if (grad) {
-    record(
-        op, out, {x},
-        [mask](const Tensor& g) {
-          Tensor dx = Tensor::empty(g.shape(), TensorOptions{}.with_dtype(g.dtype()).with_device(g.device()));
-          kernels::relu_backward(g, mask, dx);
-          return std::vector<Tensor>{dx};
-        },
-        mask.nbytes());
-  }
+  if (grad) detail::record_relu_backward(op, out, x, mask);
   return out;
+}
+
+void detail::record_relu_backward(const char* op, Tensor& out, const Tensor& x, const Tensor& mask) {
+  record(
+      op, out, {x},
+      [mask](const Tensor& g) {
+        Tensor dx = Tensor::empty(g.shape(), TensorOptions{}.with_dtype(g.dtype()).with_device(g.device()));
+        kernels::relu_backward(g, mask, dx);
+        return std::vector<Tensor>{dx};
+      },
+      mask.nbytes());
 }
 
 namespace {

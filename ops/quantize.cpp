@@ -9,7 +9,6 @@
 #include <vector>
 
 #include "qgrad/autograd/node.h"
-#include "qgrad/kernels/activation.h"
 #include "qgrad/kernels/bitmask.h"
 #include "qgrad/kernels/deferred.h"
 #include "qgrad/kernels/quantize.h"
@@ -153,19 +152,8 @@ Tensor fake_quant_forward(const char* name, const Tensor& x, const Scope& sc, st
   Tensor mask = need ? new_mask(x) : Tensor();
   if (obs) kernels::observe_fake_quantize(x, out, sc.params(qmin, qmax), mask_words(mask), *obs, relu);
   else kernels::fake_quantize(x, out, sc.params(qmin, qmax), mask_words(mask), relu);
-  if (!need) return out;
-  if (!relu) {
-    detail::record_masked_backward(name, out, x, mask);
-    return out;
-  }
-  record(
-      name, out, {x},
-      [mask](const Tensor& g) {
-        Tensor dx = Tensor::empty(g.shape(), like(g, g.dtype()));
-        kernels::relu_backward(g, mask, dx);
-        return std::vector<Tensor>{dx};
-      },
-      mask.nbytes());
+  if (need && relu) detail::record_relu_backward(name, out, x, mask);
+  else if (need) detail::record_masked_backward(name, out, x, mask);
   return out;
 }
 
@@ -398,10 +386,12 @@ Tensor fake_quantize_per_tensor(const Tensor& x, double scale, std::int64_t zero
 
 namespace {
 Tensor fake_quantize_op(const char* op, const Tensor& x, const Tensor& scale, const Tensor& zero_point,
-                        QuantScope scope, std::int64_t qmin, std::int64_t qmax, bool check_values = true) {
+                        QuantScope scope, std::int64_t qmin, std::int64_t qmax, bool check_values = true,
+                        bool relu = false) {
   check::floating(x, op, "x");
   check_range(qmin, qmax, op);
-  return fake_quant_forward(op, x, scope_of(scope, x, scale, zero_point, qmin, qmax, op, check_values), qmin, qmax);
+  return fake_quant_forward(op, x, scope_of(scope, x, scale, zero_point, qmin, qmax, op, check_values), qmin, qmax,
+                            nullptr, relu);
 }
 }  // namespace
 
@@ -423,11 +413,8 @@ Tensor fake_quantize_per_tensor(const Tensor& x, const Tensor& scale, const Tens
 
 Tensor fake_quantize_relu_per_tensor(const Tensor& x, const Tensor& scale, const Tensor& zero_point,
                                      std::int64_t qmin, std::int64_t qmax) {
-  const char* op = "fake_quantize_relu_per_tensor";
-  check::floating(x, op, "x");
-  check_range(qmin, qmax, op);
-  const Scope sc = tensor_scope(x, scale, zero_point, nullptr, qmin, qmax, op);
-  return fake_quant_forward(op, x, sc, qmin, qmax, nullptr, true);
+  return fake_quantize_op("fake_quantize_relu_per_tensor", x, scale, zero_point, QuantScope::per_tensor(), qmin, qmax,
+                          true, true);
 }
 
 Tensor fake_quantize_per_channel(const Tensor& x, const Tensor& scale, const Tensor& zero_point, std::int64_t axis,

@@ -22,6 +22,9 @@ std::uint32_t* mask_words(const Tensor& mask);
 // the backward's batch of parameter passes (autograd/node.h
 // deferred_gradient_passes), and the node reads its gradient only there.
 void record_masked_backward(const char* op, Tensor& out, const Tensor& x, const Tensor& mask);
+// Records relu's backward over `mask` (saved): dx = bit ? dy : +0, in dy's
+// dtype (ops/activation.cpp; relu and the fake quant ops' relu forms).
+void record_relu_backward(const char* op, Tensor& out, const Tensor& x, const Tensor& mask);
 
 // fake_quantize(x, scale, zero_point, scope, qmin, qmax) for qparams the
 // library has just computed from x (the dynamic fake quants' composition):

@@ -33,6 +33,7 @@ struct QatStep {
   void step(const Tensor& x, const Tensor& y) {
     opt->zero_grad();  // set to none
     if (stage_8da8w) nn::stage_8da8w_weights(*model);
+    nn::stage_weight_fake_quants(*model);  // the int8 weights' observers + fake quants in one launch
     nn::stage_compute_casts(*model);  // mixed precision: the parameters' casts in one launch
     Tensor logits = model->forward(x);
     if (logits.dtype() != DType::f32) logits = logits.to(DType::f32);  // mixed precision: the loss in f32

@@ -44,6 +44,17 @@ void observe_fake_quantize(const Tensor& x, const Tensor& y, const QuantParams& 
   fake_quantize(x, y, p, mask, relu);
 }
 
+void observe_fake_quantize_batch(const std::vector<ObserveLaunch>& items) {
+  std::vector<ObserveLaunch> on_cuda;
+  for (const ObserveLaunch& it : items) {
+    if (it.fq.in.numel() == 0) continue;
+    if (it.fq.out.is_cuda()) on_cuda.push_back(it);
+    else observe_fake_quantize(it.fq.in, it.fq.out, it.fq.params, it.fq.mask_out, it.obs,
+                               it.fq.kernel == QuantKernel::fake_quantize_relu);
+  }
+  if (!on_cuda.empty()) QGRAD_ON_CUDA(cuda::observe_fake_quantize_batch(on_cuda));
+}
+
 void lsq_backward(const LsqArgs& args) {
   if (args.dx.is_cuda()) QGRAD_ON_CUDA(cuda::lsq_backward(args));
   else cpu::lsq_backward(args);

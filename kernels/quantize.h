@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "qgrad/core/tensor.h"
 #include "qgrad/kernels/formulas/quantize.h"
@@ -101,6 +102,17 @@ struct QuantLaunch {
   QuantParams params;
 };
 
+// observe_fake_quantize of several tensors, each with its own observer
+// state (none shared: the op checks): on CUDA the axis-0 weights that take
+// the one-launch row kernel go in one launch per device, dtype, range and
+// averaging constant (8 tensors a launch), the rest one at a time; on the
+// CPU one at a time. Each tensor's bits are those of its own call.
+struct ObserveLaunch {
+  QuantLaunch fq;  // kernel fake_quantize or fake_quantize_relu
+  ObserveArgs obs;
+};
+void observe_fake_quantize_batch(const std::vector<ObserveLaunch>& items);
+
 namespace cpu {
 void quant_elementwise(const QuantLaunch& l);
 void lsq_backward(const LsqArgs& args);
@@ -109,6 +121,7 @@ void lsq_round_zero_point(const Tensor& zp, const Tensor& out, std::int64_t qmin
 namespace cuda {
 void quant_elementwise(const QuantLaunch& l);
 void observe_fake_quantize(const QuantLaunch& l, const ObserveArgs& obs);
+void observe_fake_quantize_batch(const std::vector<ObserveLaunch>& items);  // every item on CUDA
 void lsq_backward(const LsqArgs& args);
 void lsq_round_zero_point(const Tensor& zp, const Tensor& out, std::int64_t qmin, std::int64_t qmax);
 }  // namespace cuda

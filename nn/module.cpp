@@ -231,4 +231,9 @@ void Module::zero_grad() {
   for (auto& [n, c] : children_) c->zero_grad();
 }
 
+void for_each_module(Module& root, const std::function<void(Module&)>& f) {
+  f(root);
+  for (const auto& [name, child] : root.named_children()) for_each_module(*child, f);
+}
+
 }  // namespace qgrad::nn

@@ -9,6 +9,7 @@
 // swapped), so an optimizer built before the move still sees the model.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -150,6 +151,9 @@ class Module {
 // staged earlier and never taken are dropped first, and by train()/eval(),
 // to(device) and set_compute_dtype.
 void stage_compute_casts(Module& root);
+
+// f(m) for root and every module below it, each parent before its children.
+void for_each_module(Module& root, const std::function<void(Module&)>& f);
 
 // Moves a tensor's data to `device` in place: every handle sharing it sees
 // the move. Drops its gradient.

@@ -3,6 +3,7 @@
 #include "qgrad/nn/qat_conv.h"
 
 #include <utility>
+#include <vector>
 
 #include "qgrad/autograd/node.h"
 #include "qgrad/ops/linalg.h"
@@ -93,6 +94,22 @@ Tensor QuantizedLinear::forward(const Tensor& x) {
   Tensor y = ::qgrad::quantized_linear(x, weight_, weight_scale_, bias_,
                                         ActivationQuant::fixed(in_scale_, in_zp_, qmin_, qmax_), DType::f32);
   return ::qgrad::fake_quantize_per_tensor(y, out_scale_, out_zp_, qmin_, qmax_);
+}
+
+void stage_weight_fake_quants(Module& root) {
+  std::vector<FakeQuantize*> fake_quants;
+  std::vector<ChannelObserveArgs> args;
+  const auto take = [&](FakeQuantize& fq, const Tensor& weight) {
+    fq.drop_staged_output();  // one left from an earlier staging its forward never took
+    if (auto a = fq.observe_per_channel_args(weight)) fake_quants.push_back(&fq), args.push_back(std::move(*a));
+  };
+  for_each_module(root, [&](Module& m) {
+    if (auto* lin = dynamic_cast<QATLinear*>(&m)) take(lin->weight_fake_quant(), lin->weight());
+    if (auto* conv = dynamic_cast<QATConv2d*>(&m)) take(conv->weight_fake_quant(), conv->weight());
+  });
+  if (args.empty()) return;
+  const std::vector<Tensor> ys = observe_fake_quantize_per_channel_batch(args);
+  for (std::size_t i = 0; i < ys.size(); ++i) fake_quants[i]->stage_output(args[i].x, ys[i]);
 }
 
 void prepare_qat(Sequential& model, const QConfig& qconfig) {

@@ -52,6 +52,7 @@ class QATLinear : public Module {
   Tensor weight() const { return weight_; }
   Tensor bias() const { return bias_; }
   const FakeQuantize& weight_fake_quant() const { return *weight_fq_; }
+  FakeQuantize& weight_fake_quant() { return *weight_fq_; }
   const FakeQuantize& activation_fake_quant() const { return *act_fq_; }
 
  private:
@@ -103,6 +104,19 @@ class QuantizedLinear : public QuantizedLayer {
 // (-> ReLU) into ConvBn2d / ConvBnReLU2d / QATConv2d (nn/qat_conv.h).
 // Throws if already prepared.
 void prepare_qat(Sequential& model, const QConfig& qconfig = default_qat_qconfig());
+
+// The weight observers + fake quants of every QATLinear and QATConv2d under
+// root that would run observe_fake_quantize_per_channel in their forward
+// (FakeQuantize::observe_per_channel_args: observer and fake quant on) as
+// one observe_fake_quantize_per_channel_batch (on CUDA one launch for all of
+// them, where each forward launched its own), each result staged for that
+// layer's next forward (FakeQuantize::stage_output): the same values,
+// observer state and gradients as the forwards computing their own. Call
+// it once right before each forward, after the optimizer's step: it observes
+// the weights as they are when called, and each call is an observer update
+// (an output staged earlier and never taken is dropped, its update kept).
+// ConvBn2d's weight (folded in its forward) is left to its forward.
+void stage_weight_fake_quants(Module& root);
 
 // A new int8 Sequential from a prepared (and trained) model: "quant" is
 // folded into the first QuantizedLinear; QATLinear -> QuantizedLinear

@@ -29,11 +29,6 @@ ObserverOptions conv_weight_options(const QConfig& qconfig, std::int64_t out, co
   return w;
 }
 
-void for_each_module(Module& m, const std::function<void(Module&)>& f) {
-  f(m);
-  for (const auto& [name, child] : m.named_children()) for_each_module(*child, f);
-}
-
 }  // namespace
 
 QATConv2d::QATConv2d(const Conv2d& conv, const QConfig& qconfig, bool relu) : conv_(conv.options()), relu_(relu) {

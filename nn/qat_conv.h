@@ -63,6 +63,7 @@ class QATConv2d : public Module {
   const Conv2dOptions& options() const { return conv_; }
   bool relu() const { return relu_; }
   const FakeQuantize& weight_fake_quant() const { return *weight_fq_; }
+  FakeQuantize& weight_fake_quant() { return *weight_fq_; }
   const FakeQuantize& activation_fake_quant() const { return *act_fq_; }
 
  private:

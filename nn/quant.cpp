@@ -6,6 +6,7 @@
 #include "qgrad/autograd/node.h"
 #include "qgrad/nn/pool_norm.h"
 #include "qgrad/ops/activation.h"
+#include "qgrad/ops/check.h"
 #include "qgrad/ops/factory.h"
 #include "qgrad/ops/observer.h"
 #include "qgrad/ops/pool_norm.h"
@@ -185,7 +186,31 @@ FakeQuantize::FakeQuantize(const ObserverOptions& options) {
   zero_point_ = register_buffer("zero_point", zeros({c}, TensorOptions{}.with_dtype(DType::s32)));
 }
 
+std::optional<ChannelObserveArgs> FakeQuantize::observe_per_channel_args(const Tensor& x) const {
+  const ObserverOptions& o = observer_->options();
+  if (!observer_enabled_ || !fake_quant_enabled_ || !is_per_channel(o.qscheme) || observer_->has_range_sync())
+    return std::nullopt;
+  return ChannelObserveArgs{x, scale_, zero_point_, o.ch_axis, qmin(), qmax(), observer_->update()};
+}
+
+void FakeQuantize::stage_output(const Tensor& input, const Tensor& output) {
+  const char* op = "FakeQuantize::stage_output";
+  check::defined(input, op, "input");
+  QGRAD_CHECK(output.defined() && output.shape() == input.shape() && output.dtype() == input.dtype() &&
+                  output.device() == input.device(),
+              op, "output", "expected input's shape, dtype and device");
+  staged_input_ = input;
+  staged_output_ = output;
+}
+
 Tensor FakeQuantize::forward(const Tensor& x) {
+  if (staged_output_.defined()) {
+    QGRAD_CHECK(x.impl() == staged_input_.impl(), "FakeQuantize::forward", "x",
+                "an output was staged for another tensor (stage_output), whose observer update has already run");
+    Tensor y = staged_output_;
+    drop_staged_output();
+    return y;
+  }
   if (observer_enabled_ && fake_quant_enabled_) return observer_->observe_and_fake_quantize(x, scale_, zero_point_);
   if (observer_enabled_) observer_->observe_and_calculate_qparams(x.detach(), scale_, zero_point_);
   if (!fake_quant_enabled_) return x;
@@ -268,14 +293,6 @@ Tensor LearnableFakeQuantize::forward(const Tensor& x) {
     return ::qgrad::fake_quantize_learnable_per_channel(x, scale_, zero_point_, o.ch_axis, qmin(), qmax(), g);
   return ::qgrad::fake_quantize_learnable_per_tensor(x, scale_, zero_point_, qmin(), qmax(), g);
 }
-
-namespace {
-template <class F>
-void for_each_module(Module& m, F&& f) {
-  f(m);
-  for (auto& [n, c] : m.named_children()) for_each_module(*c, f);
-}
-}  // namespace
 
 void enable_observer(Module& root, bool on) {
   for_each_module(root, [&](Module& m) {

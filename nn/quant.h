@@ -141,6 +141,17 @@ class FakeQuantize : public Module {
   // the composition's only where q > qmax: +0 there, where the composition
   // gives dy * 0 (ops/quantize.h).
   Tensor forward_relu(const Tensor& x);
+  // The arguments of the observe_fake_quantize_per_channel that forward(x)
+  // runs, when it runs that op (observer and fake quant on, per-channel
+  // qparams, no range sync); nullopt otherwise.
+  std::optional<ChannelObserveArgs> observe_per_channel_args(const Tensor& x) const;
+  // Hands the next forward its output for `input`, computed elsewhere with
+  // observe_per_channel_args(input) (stage_weight_fake_quants batches the
+  // weights'): that forward must get `input` itself (the same tensor; its
+  // observer has already seen it, so another one is an error naming "x"),
+  // returns `output` and drops it.
+  void stage_output(const Tensor& input, const Tensor& output);
+  void drop_staged_output() { staged_input_ = staged_output_ = Tensor(); }
   std::string type_name() const override { return "FakeQuantize"; }
   void enable_observer(bool on = true) { observer_enabled_ = on; }
   void enable_fake_quant(bool on = true) { fake_quant_enabled_ = on; }
@@ -156,6 +167,7 @@ class FakeQuantize : public Module {
  private:
   std::shared_ptr<Observer> observer_;
   Tensor scale_, zero_point_;
+  Tensor staged_input_, staged_output_;  // stage_output's
   bool observer_enabled_ = true, fake_quant_enabled_ = true;
 };
 

@@ -21,12 +21,6 @@ namespace qgrad::nn {
 
 namespace {
 
-template <class F>
-void walk(Module& m, F&& f) {
-  f(m);
-  for (auto& [n, c] : m.named_children()) walk(*c, f);
-}
-
 bool is_recipe_qat(const Module& m) {
   return dynamic_cast<const Int8DynActInt4WeightQATLinear*>(&m) || dynamic_cast<const Float8QATLinear*>(&m) ||
          dynamic_cast<const Int8DynActInt8WeightQATLinear*>(&m);
@@ -307,7 +301,7 @@ std::shared_ptr<Module> Int8DynActInt8WeightQATLinear::clone() const {
 void stage_8da8w_weights(Module& root) {
   std::vector<Int8DynActInt8WeightQATLinear*> linears;
   std::vector<Tensor> weights;
-  walk(root, [&](Module& m) {
+  for_each_module(root, [&](Module& m) {
     auto* q = dynamic_cast<Int8DynActInt8WeightQATLinear*>(&m);
     if (q == nullptr) return;
     q->drop_staged_weight();  // one left from an earlier staging its forward never took
@@ -342,7 +336,7 @@ void stage_8da8w_weights(Module& root) {
 
 void enable_recipe_fake_quant(Module& root, bool on) {
   enable_fake_quant(root, on);
-  walk(root, [&](Module& m) {
+  for_each_module(root, [&](Module& m) {
     if (auto* a = dynamic_cast<Int8DynActInt4WeightQATLinear*>(&m)) a->enable_fake_quant(on);
     if (auto* b = dynamic_cast<Float8QATLinear*>(&m)) b->enable_fake_quant(on);
     if (auto* c = dynamic_cast<Int8DynActInt8WeightQATLinear*>(&m)) c->enable_fake_quant(on);
@@ -380,7 +374,7 @@ void prepare_tree(Module& model, Recipe recipe, const RecipeOptions& options) {
   });
   QGRAD_CHECK(eligible > 0, op, "model", "no Linear layer to prepare for recipe ", recipe_name(recipe));
   // Parents first: a replaced child is a leaf (its own children are not visited again).
-  walk(model, [&](Module& m) {
+  for_each_module(model, [&](Module& m) {
     const auto& children = m.named_children();
     for (std::size_t i = 0; i < children.size(); ++i) {
       const auto* lin = dynamic_cast<const Linear*>(children[i].second.get());
@@ -584,7 +578,7 @@ std::shared_ptr<Sequential> convert_tree(const Sequential& model, Recipe recipe)
               ")");
   NoGradGuard no_grad;
   auto out = std::dynamic_pointer_cast<Sequential>(model.clone());
-  walk(*out, [&](Module& m) {
+  for_each_module(*out, [&](Module& m) {
     const auto& children = m.named_children();
     for (std::size_t i = 0; i < children.size(); ++i)
       if (is_qat_of(*children[i].second, recipe)) m.replace_child(i, converted_layer(*children[i].second));

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cmath>
+#include <string>
 
 #include "qgrad/core/tensor.h"
 #include "qgrad/ops/dynamic_quant.h"  // QuantMode
@@ -99,5 +100,19 @@ inline void fp8_tensor_cores(int cc, const Device& device, const char* op, const
 
 // The broadcast of two shapes (numpy rules), or an error naming the op.
 Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op);
+
+// A batch op's checks of its i-th element, written as the single op's
+// checks: runs check(); an Error it throws comes back under `op`, its
+// argument renamed by rename(arg) (for example "x" -> "xs[2]"), its message kept.
+template <class Check, class Rename>
+void item(const char* op, Check&& check, Rename&& rename) {
+  try {
+    check();
+  } catch (const Error& err) {
+    const std::string prefix = err.op() + ": argument '" + err.arg() + "': ";
+    const std::string what = err.what();
+    throw Error(op, rename(err.arg()), what.rfind(prefix, 0) == 0 ? what.substr(prefix.size()) : what);
+  }
+}
 
 }  // namespace qgrad::check

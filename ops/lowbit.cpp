@@ -508,13 +508,9 @@ std::vector<Tensor> fake_quantize_dynamic_batch(const std::vector<Tensor>& xs, Q
   for (std::size_t i = 0; i < xs.size(); ++i) {
     const std::string arg = "xs[" + std::to_string(i) + "]";
     check::floating(xs[i], op, arg.c_str());
-    try {
-      blocks.push_back(scope_blocks(xs[i].shape(), scope, op));
-    } catch (const Error& err) {
-      const std::string prefix = std::string(op) + ": argument '" + err.arg() + "': ";
-      const std::string what = err.what();
-      throw Error(op, err.arg() == "x" ? arg : err.arg(), what.rfind(prefix, 0) == 0 ? what.substr(prefix.size()) : what);
-    }
+    check::item(
+        op, [&] { blocks.push_back(scope_blocks(xs[i].shape(), scope, op)); },
+        [&](const std::string& a) { return a == "x" ? arg : a; });
   }
   // The tensors the row kernel may take, grouped by device, dtype and row length.
   const bool row_scope = scope.kind == QuantScope::token || scope.kind == QuantScope::channel;

@@ -3,8 +3,10 @@
 #include "qgrad/ops/quantize.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -473,6 +475,61 @@ Tensor observe_fake_quantize_per_channel(const Tensor& x, const Tensor& scale, c
   const Scope sc = channel_scope(x, scale, zero_point, axis, qmin, qmax, op, false);
   const kernels::ObserveArgs o = observe_args(x, sc, check::axis(axis, x.dim(), op), observer, op);
   return fake_quant_forward(op, x, sc, qmin, qmax, &o);
+}
+
+std::vector<Tensor> observe_fake_quantize_per_channel_batch(const std::vector<ChannelObserveArgs>& items) {
+  const char* op = "observe_fake_quantize_per_channel_batch";
+  QGRAD_CHECK(!items.empty(), op, "items", "expected at least one tensor");
+  // Each item as observe_fake_quantize_per_channel checks it, the error naming items[i].
+  std::vector<Scope> scopes;
+  std::vector<kernels::ObserveArgs> observers;
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    const ChannelObserveArgs& it = items[i];
+    const std::string prefix = "items[" + std::to_string(i) + "].";
+    check::item(
+        op,
+        [&] {
+          const char* one = "observe_fake_quantize_per_channel";
+          check::floating(it.x, one, "x");
+          check_range(it.qmin, it.qmax, one);
+          scopes.push_back(channel_scope(it.x, it.scale, it.zero_point, it.axis, it.qmin, it.qmax, one, false));
+          observers.push_back(observe_args(it.x, scopes.back(), check::axis(it.axis, it.x.dim(), one), it.observer, one));
+        },
+        [&](const std::string& arg) { return prefix + arg; });
+  }
+  // No observer state shared between items.
+  const auto state = [&](std::size_t i) {
+    const ChannelObserveArgs& it = items[i];
+    return std::array<std::pair<const char*, const Tensor*>, 4>{{{"run_min", &it.observer.run_min},
+                                                                 {"run_max", &it.observer.run_max},
+                                                                 {"scale", &it.scale},
+                                                                 {"zero_point", &it.zero_point}}};
+  };
+  const auto overlap = [](const Tensor& a, const Tensor& b) {
+    const auto* pa = static_cast<const char*>(a.data_ptr());
+    const auto* pb = static_cast<const char*>(b.data_ptr());
+    return a.device() == b.device() && a.nbytes() > 0 && b.nbytes() > 0 && pa < pb + b.nbytes() && pb < pa + a.nbytes();
+  };
+  for (std::size_t j = 1; j < items.size(); ++j)
+    for (std::size_t i = 0; i < j; ++i)
+      for (const auto& [name_j, tj] : state(j))
+        for (const auto& [name_i, ti] : state(i))
+          QGRAD_CHECK(!overlap(*tj, *ti), op, "items[" + std::to_string(j) + "]." + name_j, "shares memory with items[",
+                      i, "].", name_i, ": each tensor needs its own observer state");
+  std::vector<Tensor> out(items.size()), masks(items.size());
+  std::vector<kernels::ObserveLaunch> launches;
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    const Tensor& x = items[i].x;
+    out[i] = Tensor::empty(x.shape(), like(x, x.dtype()));
+    if (any_requires_grad({x})) masks[i] = new_mask(x);
+    launches.push_back({{kernels::QuantKernel::fake_quantize, x, out[i], nullptr, mask_words(masks[i]),
+                         scopes[i].params(items[i].qmin, items[i].qmax)},
+                        observers[i]});
+  }
+  kernels::observe_fake_quantize_batch(launches);
+  for (std::size_t i = 0; i < items.size(); ++i)
+    if (masks[i].defined()) detail::record_masked_backward(op, out[i], items[i].x, masks[i]);
+  return out;
 }
 
 Tensor fake_quantize_learnable_per_tensor(const Tensor& x, const Tensor& scale, const Tensor& zero_point,

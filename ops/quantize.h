@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "qgrad/core/tensor.h"
 
@@ -90,6 +91,23 @@ Tensor observe_fake_quantize_per_channel(const Tensor& x, const Tensor& scale, c
 // the observer writes (the observer sees x, before the relu).
 Tensor observe_fake_quantize_relu_per_tensor(const Tensor& x, const Tensor& scale, const Tensor& zero_point,
                                              std::int64_t qmin, std::int64_t qmax, const ObserverUpdate& observer);
+
+// observe_fake_quantize_per_channel of several tensors, each with its own
+// observer: ys[i] = observe_fake_quantize_per_channel(items[i].x, ...) for
+// every i, the same values, observer state and gradients bit for bit, each
+// output its own autograd node with its own saved mask. On CUDA the axis-0
+// weights the one-launch row kernel takes share one launch (per device,
+// dtype, range and averaging constant): a training step's weights do not
+// depend on its batch (nn::stage_weight_fake_quants calls this before the
+// forward). No two items may share observer state (run_min, run_max, scale,
+// zero_point overlapping in memory): one after another they would see each
+// other's updates.
+struct ChannelObserveArgs {
+  Tensor x, scale, zero_point;
+  std::int64_t axis = 0, qmin = -128, qmax = 127;
+  ObserverUpdate observer;
+};
+std::vector<Tensor> observe_fake_quantize_per_channel_batch(const std::vector<ChannelObserveArgs>& items);
 
 // LSQ: gradients for x, scale and zero point with PyTorch's formulas.
 Tensor fake_quantize_learnable_per_tensor(const Tensor& x, const Tensor& scale /*float, 1 element*/,

@@ -116,6 +116,9 @@ struct ConformanceOptions {
   std::string only;                // run only entries whose name contains this
   bool cuda = true;                // also CUDA device 0, when one is present
   bool gradients_only = false;     // only the gradient rows (the gradcheck tour)
+  // Run only the entries whose index in the list is shard modulo shards
+  // (ctest runs the gradcheck tour as parallel shards).
+  std::size_t shard = 0, shards = 1;
 };
 ConformanceReport run_conformance(const ConformanceOptions& options = {});
 // The same driver over given entries (the harness's own tests).

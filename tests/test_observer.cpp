@@ -682,6 +682,91 @@ TEST_CASE("CUDA observe + fake quantize of a whole tensor without grad matches t
   }
 }
 
+// observe_fake_quantize_per_channel_batch against the single op on copies of
+// the same state, three calls (the moving averages move), on every device:
+// a group of ten f32 axis-0 weights of the row kernel (the b256 MLP's three,
+// a 3x3 conv's, six [16, 40]: two launches of 8 and 2 on CUDA), one without
+// grad (no mask), an f16 group of two, a bf16 running min/max alone, and two
+// the row kernel does not take (too long a row; axis 1), one at a time.
+TEST_CASE("observe_fake_quantize_per_channel_batch is observe_fake_quantize_per_channel of each tensor, bit for bit") {
+  struct Item {
+    Shape shape;
+    std::int64_t axis;
+    DType dtype;
+    double c;
+    bool grad;
+  };
+  std::vector<Item> items = {{{256, 784}, 0, DType::f32, 0.01, true}, {{256, 256}, 0, DType::f32, 0.01, true},
+                             {{10, 256}, 0, DType::f32, 0.01, true},  {{32, 1, 3, 3}, 0, DType::f32, 0.01, true},
+                             {{70, 300}, 0, DType::f16, 0.01, true},  {{3, 96}, 0, DType::bf16, -1.0, true},
+                             {{4, 70000}, 0, DType::f32, 0.01, true}, {{64, 33, 5}, 1, DType::f32, 0.01, true},
+                             {{70, 128}, 0, DType::f16, 0.01, true}};
+  for (int i = 0; i < 6; ++i) items.push_back({{16, 40}, 0, DType::f32, 0.01, i != 2});
+  for (const Device dev : testing::test_devices()) {
+    CAPTURE(dev.str());
+    Generator gen(17);
+    const auto on = [&](DType dt) { return TensorOptions{}.with_device(dev).with_dtype(dt); };
+    struct State {
+      Tensor run_min, run_max, scale, zp;
+    };
+    const auto fresh = [&](std::int64_t c) {
+      // Never observed: the first call takes x's range, the later ones (x scaled up) clamp some elements.
+      State s{full({c}, INFINITY, on(DType::f32)), full({c}, -INFINITY, on(DType::f32)), Tensor::empty({c}, on(DType::f32)),
+              Tensor::empty({c}, on(DType::s32))};
+      testing::poison(s.scale);  // the op must write every qparam before the fake quantize reads it
+      testing::poison(s.zp);
+      return s;
+    };
+    std::vector<Tensor> x0;
+    std::vector<State> batch_state, single_state;
+    for (const Item& it : items) {
+      x0.push_back(randn(it.shape, gen, on(it.dtype), 0.1, 1.5));
+      const std::int64_t c = it.shape[static_cast<std::size_t>(it.axis)];
+      batch_state.push_back(fresh(c));
+      single_state.push_back(fresh(c));
+    }
+    for (int call = 0; call < 3; ++call) {
+      CAPTURE(call);
+      std::vector<Tensor> leaves_batch, leaves_single, gs;
+      std::vector<ChannelObserveArgs> args;
+      for (std::size_t i = 0; i < items.size(); ++i) {
+        const Tensor x = mul(x0[i], 1.0 + 0.5 * call);
+        leaves_batch.push_back(x.detach());
+        leaves_single.push_back(x.detach());
+        leaves_batch.back().set_requires_grad(items[i].grad);
+        leaves_single.back().set_requires_grad(items[i].grad);
+        gs.push_back(randn(items[i].shape, gen, on(items[i].dtype)));
+        const State& s = batch_state[i];
+        args.push_back({leaves_batch[i], s.scale, s.zp, items[i].axis, -128, 127,
+                        {s.run_min, s.run_max, items[i].c, true, 0}});
+      }
+      const std::vector<Tensor> ys = observe_fake_quantize_per_channel_batch(args);
+      REQUIRE(ys.size() == items.size());
+      for (std::size_t i = 0; i < items.size(); ++i) {
+        CAPTURE(i);
+        const State& s = single_state[i];
+        const Tensor y = observe_fake_quantize_per_channel(leaves_single[i], s.scale, s.zp, items[i].axis, -128, 127,
+                                                           {s.run_min, s.run_max, items[i].c, true, 0});
+        CHECK(bit_equal(ys[i], y));
+        CHECK(bit_equal(batch_state[i].run_min, s.run_min));
+        CHECK(bit_equal(batch_state[i].run_max, s.run_max));
+        CHECK(bit_equal(batch_state[i].scale, s.scale));
+        CHECK(bit_equal(batch_state[i].zp, s.zp));
+        CHECK(ys[i].requires_grad() == items[i].grad);
+        if (!items[i].grad) continue;
+        sum(mul(ys[i], gs[i])).backward();
+        sum(mul(y, gs[i])).backward();
+        CHECK(bit_equal(leaves_batch[i].grad(), leaves_single[i].grad()));
+        // Not trivially equal: some elements clamp (gradient 0), most pass g.
+        const std::vector<double> dx = testing::values(leaves_batch[i].grad()), g = testing::values(gs[i]);
+        std::size_t passed = 0;
+        for (std::size_t e = 0; e < dx.size(); ++e) passed += dx[e] == g[e] && g[e] != 0;
+        CHECK(passed > dx.size() / 2);
+      }
+    }
+  }
+}
+
 TEST_CASE("CUDA observe + fake quantize (rows kernel and observer + engine) matches the CPU bit for bit") {
   QGRAD_REQUIRE_GPU();
   Generator gen(13);

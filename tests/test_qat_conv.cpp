@@ -14,6 +14,7 @@
 using namespace qgrad;
 using namespace qgrad::nn;
 using json = nlohmann::json;
+using qgrad::testing::bit_equal;
 using qgrad::testing::error_of;
 using qgrad::testing::values;
 
@@ -301,6 +302,62 @@ TEST_CASE("Sequential fuses a fused conv's activation fake quant with the MaxPoo
     enable_observer(*plain, false);
     const Tensor x = randn({8, 100}, data, o);
     CHECK(qgrad::testing::bit_equal((*fused)(x), child_by_child(*plain, x)));
+  }
+}
+
+// stage_weight_fake_quants: the weights of the QATConv2d (conv 7 + relu) and
+// the QATLinear observed and fake-quantized in one batch before the forward
+// (the ConvBn2d modules keep theirs); three SGD steps, each model's own.
+TEST_CASE("stage_weight_fake_quants: the staged QAT step equals the unstaged one bit for bit (every device)") {
+  for (const Device dev : testing::test_devices()) {
+    CAPTURE(dev.str());
+    Generator gen_a(41), gen_b(41), gen(42);  // two identical models
+    auto staged = pattern_model(gen_a), plain = pattern_model(gen_b);
+    std::vector<std::unique_ptr<SGD>> opts;
+    for (auto* m : {staged.get(), plain.get()}) {
+      prepare_qat(*m);
+      m->to(dev);
+      m->train();
+      SGDOptions o;
+      o.lr = 0.05;
+      o.momentum = 0.9;
+      opts.push_back(std::make_unique<SGD>(m->named_parameters(), o));
+    }
+    for (int step = 0; step < 3; ++step) {
+      CAPTURE(step);
+      const Tensor x = mul(randn({8, 36}, gen), 1.0 + step).to(dev);
+      const Tensor g = randn({8, 5}, gen).to(dev);
+      stage_weight_fake_quants(*staged);
+      const Tensor ya = staged->forward(x), yb = plain->forward(x);
+      CHECK(bit_equal(ya, yb));
+      for (auto* m : {staged.get(), plain.get()}) m->zero_grad();
+      sum(mul(ya, g)).backward();
+      sum(mul(yb, g)).backward();
+      const auto pa = staged->named_parameters(), pb = plain->named_parameters();
+      REQUIRE(pa.size() == pb.size());
+      for (std::size_t i = 0; i < pa.size(); ++i) {
+        CAPTURE(pa[i].first);
+        CHECK(bit_equal(pa[i].second.grad(), pb[i].second.grad()));
+      }
+      const auto ba = staged->named_buffers(), bb = plain->named_buffers();
+      REQUIRE(ba.size() == bb.size());
+      for (std::size_t i = 0; i < ba.size(); ++i) {
+        CAPTURE(ba[i].first);
+        CHECK(bit_equal(ba[i].second, bb[i].second));
+      }
+      for (auto& o : opts) o->step();
+    }
+    // Observer off: nothing staged, the forward runs its own fake quantize.
+    enable_observer(*staged, false);
+    enable_observer(*plain, false);
+    stage_weight_fake_quants(*staged);
+    const Tensor x = randn({8, 36}, gen).to(dev);
+    CHECK(bit_equal(staged->forward(x), plain->forward(x)));
+    // A staged output goes only to the tensor it was staged for.
+    enable_observer(*staged, true);
+    stage_weight_fake_quants(*staged);
+    auto& lin = dynamic_cast<QATLinear&>(*(*staged)[staged->size() - 1]);
+    testing::check_error([&] { lin.weight_fake_quant().forward(lin.weight().detach()); }, "FakeQuantize::forward", "x");
   }
 }
 

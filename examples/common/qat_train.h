@@ -279,6 +279,7 @@ class Trainer {
         // The 8da8w recipe's weights fake-quantized in one launch (a no-op without its linears), and
         // under mixed precision the parameters' casts in one more (a no-op without a compute dtype).
         stage_8da8w_weights(model);
+        stage_weight_fake_quants(model);  // the int8 recipe's weight observers + fake quants in one launch
         stage_compute_casts(model);
         Tensor logits = ddp ? (*ddp)(b.images) : model(b.images);
         Tensor loss = cross_entropy(logits.to(DType::f32), b.labels);  // f32 loss under --precision bf16

@@ -284,8 +284,10 @@ ConformanceReport run_conformance(const std::vector<OpEntry>& entries, const Con
   if (options.cuda && cuda_device_count() > 0) devices.push_back(Device::cuda(0));
   if (options.print_rows)
     std::printf("%-46s %-5s %-7s %-22s %-4s %9s\n", "op", "dtype", "device", "check", "ok", "worst");
-  for (const OpEntry& e : entries) {
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    const OpEntry& e = entries[i];
     if (!options.only.empty() && e.name.find(options.only) == std::string::npos) continue;
+    if (options.shards > 1 && i % options.shards != options.shard) continue;
     ++report.ops;
     for (DType dt : e.dtypes) {
       if (!options.gradients_only) {

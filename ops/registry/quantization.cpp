@@ -415,6 +415,71 @@ std::vector<OpEntry> quantization_entries() {
                      {op, "scale", [=] { observe_fake_quantize_relu_per_tensor(x, full({2}, 1.0, on(d)), z, 0, 255,
                                                                                 {r, r, 0.1, false, 0}); }}};
                }});
+  // observe_fake_quantize_per_channel_batch: x [4, 30] (4 channels), a view
+  // of it [12, 10] (12 channels; x's gradient is the two straight-throughs
+  // summed) and a detached view [2, 60] observed as running min/max (another
+  // averaging constant: on CUDA its own launch, the other two one batch
+  // launch). The states as the ops wrote them are outputs too.
+  e.push_back({"observe_fake_quantize_per_channel_batch", {"observe_fake_quantize_per_channel_batch"}, kFloat,
+               [](Device d, DType dt, Generator& g) {
+                 Tensors v{normal({4, 30}, g, d, dt, 3.0)};
+                 for (const std::int64_t c : {4, 12, 2}) {
+                   v.push_back(full({c}, -0.5, on(d)));  // run_min
+                   v.push_back(full({c}, 1.0, on(d)));   // run_max
+                   v.push_back(zeros({c}, on(d)));       // scale
+                   v.push_back(zeros({c}, on(d, DType::s32)));
+                 }
+                 return v;
+               },
+               [](const Tensors& v) {
+                 const std::vector<Tensor> y = observe_fake_quantize_per_channel_batch(
+                     {{v[0], v[3], v[4], 0, -128, 127, {v[1], v[2], 0.25, true, 0}},
+                      {v[0].reshape({12, 10}), v[7], v[8], 0, -128, 127, {v[5], v[6], 0.25, true, 0}},
+                      {v[0].detach().reshape({2, 60}), v[11], v[12], 0, 0, 255, {v[9], v[10], -1.0, false, 0}}});
+                 Tensors out{add(y[0], y[1].reshape({4, 30})), y[2]};
+                 out.insert(out.end(), v.begin() + 1, v.end());
+                 return out;
+               },
+               Promise::bit_identical(), GradMethod::host_reference,
+               [](const Tensors& v, const Tensor& dy) {  // scale / zp as the op wrote them
+                 Grads a = straight_through(v[0], dy, host(v[3]), host(v[4]), -128, 127,
+                                            [](std::size_t i) { return i / 30; });
+                 const Grads b = straight_through(v[0], dy, host(v[7]), host(v[8]), -128, 127,
+                                                  [](std::size_t i) { return i / 10; });
+                 for (std::size_t i = 0; i < a[0].size(); ++i) a[0][i] += b[0][i];
+                 return a;
+               },
+               {}, [](Device d) {
+                 const char* op = "observe_fake_quantize_per_channel_batch";
+                 const Tensor x = zeros({4, 30}, on(d)), r = full({4}, 1.0, on(d));
+                 const auto item = [x, d](const Tensor& run_min, const Tensor& scale) {  // by value: the cases outlive this scope
+                   return ChannelObserveArgs{x, scale, zeros({4}, on(d, DType::s32)), 0, -128, 127,
+                                             {run_min, full({4}, 1.0, on(d)), 0.1, true, 0}};
+                 };
+                 const ChannelObserveArgs ok = item(full({4}, 1.0, on(d)), zeros({4}, on(d)));
+                 ChannelObserveArgs no_x = item(r, zeros({4}, on(d)));
+                 no_x.x = Tensor();
+                 ChannelObserveArgs axis = item(full({4}, 1.0, on(d)), zeros({4}, on(d)));
+                 axis.axis = 2;
+                 ChannelObserveArgs average = item(full({4}, 1.0, on(d)), zeros({4}, on(d)));
+                 average.observer.averaging_constant = 2.0;
+                 const auto batch = [](std::vector<ChannelObserveArgs> items) {
+                   observe_fake_quantize_per_channel_batch(items);
+                 };
+                 return std::vector<BadInput>{
+                     {op, "items", [=] { batch({}); }},
+                     {op, "items[1].x", [=] { batch({ok, no_x}); }},
+                     {op, "items[1].axis", [=] { batch({ok, axis}); }},
+                     {op, "items[1].averaging_constant", [=] { batch({ok, average}); }},
+                     {op, "items[0].run_min", [=] { batch({item(r.to(DType::f64), zeros({4}, on(d)))}); }},
+                     {op, "items[0].scale", [=] { batch({item(r, zeros({5}, on(d)))}); }},
+                     // Shared observer state: the second item's run_min is the first's.
+                     {op, "items[1].run_min", [=] { batch({item(r, zeros({4}, on(d))), item(r, zeros({4}, on(d)))}); }},
+                     {op, "items[1].scale", [=] {
+                        const Tensor s = zeros({4}, on(d));
+                        batch({item(full({4}, 1.0, on(d)), s), item(full({4}, 1.0, on(d)), s)});
+                      }}};
+               }});
   // LSQ: gradients for x, scale and zero point with PyTorch's formulas
   // (not the derivative of the step function), transcribed on the host.
   for (const bool per_channel : {false, true}) {

@@ -58,37 +58,7 @@ step() {
 }
 
 # show CASE_RE IMPL_RE FILE...: one line per case, "case  impl=ms ..." (config / TOPS added).
-cat > "$O/show.py" <<'EOF'
-import json, re, sys
-case_re, impl_re = re.compile(sys.argv[1]), re.compile(sys.argv[2])
-rows = {}
-for path in sys.argv[3:]:
-    try:
-        lines = open(path, errors="replace").read().splitlines()
-    except OSError:
-        continue
-    for line in lines:
-        if not line.startswith("{"):
-            continue
-        try:
-            r = json.loads(line)
-        except ValueError:
-            continue
-        c, i = str(r.get("case", "")), str(r.get("impl", ""))
-        if not case_re.search(c) or not impl_re.search(i):
-            continue
-        if "ms" in r:
-            v = f"{r['ms']:.4f}" + (f"[{r['config']}]" if "config" in r else "") + \
-                (f"({r['tops']:.0f}T)" if isinstance(r.get("tops"), (int, float)) else "")
-        elif "error" in r:
-            v = "ERROR:" + str(r["error"])[:60]
-        else:
-            continue
-        rows.setdefault(c, []).append(f"{i}={v}")
-for c, vs in rows.items():
-    print(f"  {c}: " + " ".join(vs))
-EOF
-show() { "$PY" "$O/show.py" "$@"; }
+show() { "$PY" scripts/issue16_table.py --show "$@"; }
 
 # peer_train_step.py's main() with a device filter (its --net mlp runs the CUDA cases, then the
 # CPU case, which comes last):

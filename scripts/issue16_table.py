@@ -2,6 +2,7 @@
 """Issue #16's rows from the logs of scripts/issue16_rows.sh: one markdown table, a row per target.
 
     issue16_table.py LOGDIR [--pick conservative|median]
+    issue16_table.py --show CASE_RE IMPL_RE FILE...   (the run's progress lines)
 
 Reads every *.jsonl under LOGDIR (recursively) and keeps the JSON lines of
   bench_train_step ("bench":"train_step", "impl":"qgrad", "case", "ms", "peak_bytes", ...),
@@ -44,22 +45,52 @@ W8A8_PEER_NAMES = {
 }
 
 
+def records(path):
+    """The JSON objects of a benchmark log, one a line; other lines skipped."""
+    try:
+        f = open(path, encoding="utf-8", errors="replace")
+    except OSError:
+        return
+    with f:
+        for line in f:
+            line = line.strip()
+            if not line.startswith("{"):
+                continue
+            try:
+                r = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(r, dict):
+                yield r
+
+
+def show(case_re, impl_re, paths):
+    """One line per case, "case: impl=ms ..." (config / TOPS added): the run's progress lines."""
+    case_re, impl_re = re.compile(case_re), re.compile(impl_re)
+    rows = {}
+    for path in paths:
+        for r in records(path):
+            c, i = str(r.get("case", "")), str(r.get("impl", ""))
+            if not case_re.search(c) or not impl_re.search(i):
+                continue
+            if "ms" in r:
+                v = f"{r['ms']:.4f}" + (f"[{r['config']}]" if "config" in r else "") + \
+                    (f"({r['tops']:.0f}T)" if isinstance(r.get("tops"), (int, float)) else "")
+            elif "error" in r:
+                v = "ERROR:" + str(r["error"])[:60]
+            else:
+                continue
+            rows.setdefault(c, []).append(f"{i}={v}")
+    for c, vs in rows.items():
+        print(f"  {c}: " + " ".join(vs))
+
+
 def load(logdir):
     """(bench, impl, case) -> list of (record, file), in file order; errors; files read."""
     recs, errors, files = {}, [], []
     for path in sorted(glob.glob(os.path.join(logdir, "**", "*.jsonl"), recursive=True)):
         files.append(os.path.relpath(path, logdir))
-        with open(path, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                line = line.strip()
-                if not line.startswith("{"):
-                    continue
-                try:
-                    r = json.loads(line)
-                except ValueError:
-                    continue
-                if not isinstance(r, dict):
-                    continue
+        for r in records(path):
                 key = (str(r.get("bench", "")), str(r.get("impl", "")), str(r.get("case", "")))
                 if "error" in r:
                     errors.append((os.path.relpath(path, logdir), r))
@@ -262,6 +293,9 @@ ROWS = [
 
 
 def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "--show":  # --show CASE_RE IMPL_RE FILE...
+        show(sys.argv[2], sys.argv[3], sys.argv[4:])
+        return 0
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("logdir")
     ap.add_argument("--pick", choices=("conservative", "median"), default="conservative")

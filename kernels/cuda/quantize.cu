@@ -545,15 +545,22 @@ bool observe_tensor_one_launch(const QuantLaunch& a, const ObserveArgs& o, const
   return true;
 }
 
-// The observe_rows tensor of launch a, when its layout takes that kernel
-// (axis-0 channels of whole rows, rows_per_block > 0); false otherwise.
+// observe_rows_kernel's channels per block for launch a: 0 where its layout
+// does not take that kernel (axis-0 channels of whole rows, rows_per_block).
+std::int64_t observe_rows_per_block(const QuantLaunch& a, const ObserveArgs& o, unsigned sms) {
+  const AxisLayout v = AxisLayout::of(a.in.shape(), o.axis);
+  return a.in.numel() > 0 && o.axis >= 0 && v.outer == 1 ? rows_per_block(v.inner, v.channels, sms) : 0;
+}
+
+// The observe_rows tensor of launch a, when its layout takes that kernel;
+// false otherwise.
 template <class Op>
 bool observe_rows_of(const QuantLaunch& a, const ObserveArgs& o, unsigned sms, ObserveRows<Op>& g, bool& vec) {
   using In = typename Op::In;
   using Out = typename Op::Out;
-  const AxisLayout v = AxisLayout::of(a.in.shape(), o.axis);
-  const std::int64_t rows = o.axis >= 0 && v.outer == 1 ? rows_per_block(v.inner, v.channels, sms) : 0;
+  const std::int64_t rows = observe_rows_per_block(a, o, sms);
   if (rows == 0) return false;
+  const AxisLayout v = AxisLayout::of(a.in.shape(), o.axis);
   const ObserverQparams qparams{o.scale, o.zero_point, a.params.qmin, a.params.qmax, o.symmetric,
                                 o.symmetric_zero_point};
   g.in = static_cast<const In*>(a.in.data_ptr());
@@ -1010,11 +1017,8 @@ void observe_fake_quantize_batch(const std::vector<ObserveLaunch>& items) {
   std::map<Key, std::vector<const ObserveLaunch*>> groups;
   for (const ObserveLaunch& it : items) {
     const QuantLaunch& a = it.fq;
-    const AxisLayout v = AxisLayout::of(a.in.shape(), it.obs.axis);
     const unsigned sms = ::qgrad::cuda::fill_blocks(a.out.device().index, 2048);
-    const bool rows = a.in.numel() > 0 && it.obs.axis >= 0 && v.outer == 1 &&
-                      rows_per_block(v.inner, v.channels, sms) > 0;
-    if (!rows) {
+    if (observe_rows_per_block(a, it.obs, sms) == 0) {
       if (a.in.numel() > 0) observe_fake_quantize(a, it.obs);
       continue;
     }

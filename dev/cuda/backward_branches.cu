@@ -194,22 +194,6 @@ void backward_branched(const Mlp& m, Streams& st, cudaStream_t s) {
   sgd<<<blocks(m.param_count(), 256), 256, 0, s>>>(m.params(), 0.01f);
 }
 
-// The nodes of one backward captured alone.
-template <class F>
-std::size_t nodes_of(F backward) {
-  cudaStream_t s;
-  DEV_CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  cudaGraph_t g;
-  DEV_CHECK_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-  backward(s);
-  DEV_CHECK_CUDA(cudaStreamEndCapture(s, &g));
-  std::size_t n = 0;
-  DEV_CHECK_CUDA(cudaGraphGetNodes(g, nullptr, &n));
-  DEV_CHECK_CUDA(cudaGraphDestroy(g));
-  DEV_CHECK_CUDA(cudaStreamDestroy(s));
-  return n;
-}
-
 // The results of one backward (the gradients, dY1 and the parameters after
 // the SGD step), the parameters and momenta put back afterwards, so both
 // variants start from the same state.

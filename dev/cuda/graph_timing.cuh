@@ -2,7 +2,7 @@
 // GPU machine): a CUDA error check that exits, f32 test data to and from the
 // device, the median of 21 replays of a captured graph (the first replay is
 // dropped), and with it the time of one call of `launch`, 50 calls captured
-// in a CUDA graph.
+// in a CUDA graph, and the nodes one call adds to a captured graph.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -61,6 +61,22 @@ double replay_median_ms(cudaStream_t s, R replay) {
   DEV_CHECK_CUDA(cudaEventDestroy(a));
   DEV_CHECK_CUDA(cudaEventDestroy(b));
   return ms[ms.size() / 2];
+}
+
+// The nodes one launch(s) adds to a captured graph.
+template <class F>
+std::size_t nodes_of(F launch) {
+  cudaStream_t s;
+  DEV_CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cudaGraph_t g;
+  DEV_CHECK_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  launch(s);
+  DEV_CHECK_CUDA(cudaStreamEndCapture(s, &g));
+  std::size_t n = 0;
+  DEV_CHECK_CUDA(cudaGraphGetNodes(g, nullptr, &n));
+  DEV_CHECK_CUDA(cudaGraphDestroy(g));
+  DEV_CHECK_CUDA(cudaStreamDestroy(s));
+  return n;
 }
 
 // launch(stream) enqueues one call; returns microseconds a call.

@@ -42,22 +42,6 @@ namespace {
 constexpr std::size_t kWorkspace = std::size_t(4) << 20;
 constexpr int kMaxAlgos = 24;
 
-// The nodes one launch(s) adds to a captured graph.
-template <class F>
-std::size_t nodes_of(F launch) {
-  cudaStream_t s;
-  DEV_CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  cudaGraph_t g;
-  DEV_CHECK_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-  launch(s);
-  DEV_CHECK_CUDA(cudaStreamEndCapture(s, &g));
-  std::size_t n = 0;
-  DEV_CHECK_CUDA(cudaGraphGetNodes(g, nullptr, &n));
-  DEV_CHECK_CUDA(cudaGraphDestroy(g));
-  DEV_CHECK_CUDA(cudaStreamDestroy(s));
-  return n;
-}
-
 // "same" or the max |a - b| / (|b| + 1e-3).
 void compare(const char* what, const std::vector<float>& a, const std::vector<float>& b) {
   if (std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0) {

@@ -15,6 +15,9 @@
 //     launch off (cuda_set_programmatic_launch(false)), its replays
 //     alternating with those of ..._graph;
 //   qat_step_cpu_b256_h256: 2 OpenMP threads, wall-clock median;
+//   qat_step_cuda_b4096_h1024_tf32x3 (+ _graph): the b4096 MLP with its
+//     f32 products as tf32x3 (set_float32_matmul: f32's accuracy on TF32
+//     tensor cores, docs/ops.md "linear"); the peer's is qat_step_cuda_b4096_h1024;
 //   qat_cnn_step_cuda_b256_w32 (+ _graph), qat_cnn_step_cpu_b64_w32: the
 //     same for the CNN of bench/qat_cnn.h (two Conv-BN-ReLU-MaxPool blocks
 //     of 32 and 64 channels, fused into ConvBnReLU2d by prepare_qat, and a
@@ -75,8 +78,8 @@ struct Net {
   Shape example;
 };
 
-Net mlp(std::int64_t hidden) {
-  return {"qat_step", "_h" + std::to_string(hidden),
+Net mlp(std::int64_t hidden, const std::string& suffix = "") {
+  return {"qat_step", "_h" + std::to_string(hidden) + suffix,
           [hidden](Device d, Generator& g) { return std::make_unique<QatMlp>(d, hidden, g); }, {784}};
 }
 Net cnn(std::int64_t width, const std::string& suffix = "") {
@@ -108,6 +111,14 @@ void with_matmul_tf32(F&& f) {
   set_matmul_allow_tf32(true);
   f(vit("tf32"));
   set_matmul_allow_tf32(false);
+}
+// The b4096 MLP with its f32 products as tf32x3 (set_float32_matmul: f32's
+// accuracy on TF32 tensor cores; the peer runs f32): case ..._h1024_tf32x3.
+template <class F>
+void with_matmul_tf32x3(F&& f) {
+  set_float32_matmul(Float32Matmul::tf32x3);
+  f(mlp(1024, "_tf32x3"));
+  set_float32_matmul(Float32Matmul::ieee);
 }
 #endif
 std::string case_name(const Net& net, const std::string& device, std::int64_t batch) {
@@ -283,7 +294,7 @@ int main(int argc, char** argv) {
   int profile_replays = 0;
   std::string profile_nets = "mlp";  // comma-separated: mlp (b256 and b4096/h1024), cnn, vit
   std::string cpu_nets = "mlp,cnn";  // the CPU cases to run (a profiler's run of one)
-  std::string cuda_nets = "mlp,cnn,cnn_tf32,vit,vit_tf32,vit_bf16";  // the CUDA cases to run
+  std::string cuda_nets = "mlp,mlp_tf32x3,cnn,cnn_tf32,vit,vit_tf32,vit_bf16";  // the CUDA cases to run
   int cpu_reps = 50, cpu_threads = 2;
   CLI::App app{"The QAT training step of the examples' models, eager and captured in a CUDA graph (JSON lines)"};
   app.add_flag("--cpu-only", cpu_only, "only the CPU cases");
@@ -295,8 +306,8 @@ int main(int argc, char** argv) {
       ->default_str("3")
       ->check(CLI::PositiveNumber);
   app.add_option("--profile-nets", profile_nets,
-                 "nets --profile captures: mlp, cnn, cnn_tf32, vit, vit_tf32, vit_bf16");
-  app.add_option("--cuda-nets", cuda_nets, "CUDA cases to run: mlp, cnn, cnn_tf32, vit, vit_tf32, vit_bf16");
+                 "nets --profile captures: mlp, mlp_tf32x3, cnn, cnn_tf32, vit, vit_tf32, vit_bf16");
+  app.add_option("--cuda-nets", cuda_nets, "CUDA cases to run: mlp, mlp_tf32x3, cnn, cnn_tf32, vit, vit_tf32, vit_bf16");
   app.add_option("--cpu-nets", cpu_nets, "CPU cases to run: mlp, cnn (none: no CPU case)");
   CLI11_PARSE(app, argc, argv);
 #if QGRAD_WITH_CUDA
@@ -309,6 +320,7 @@ int main(int argc, char** argv) {
       profile_graph(mlp(256), 256, profile_replays);
       profile_graph(mlp(1024), 4096, profile_replays);
     }
+    if (wanted("mlp_tf32x3")) with_matmul_tf32x3([&](const Net& net) { profile_graph(net, 4096, profile_replays); });
     if (wanted("cnn")) profile_graph(cnn(32), 256, profile_replays);
     if (wanted("cnn_tf32")) with_conv_tf32([&](const Net& net) { profile_graph(net, 256, profile_replays); });
     if (wanted("vit")) profile_graph(vit(), 256, profile_replays);
@@ -324,6 +336,7 @@ int main(int argc, char** argv) {
       bench_cuda(mlp(256), 256, 300);
       bench_cuda(mlp(1024), 4096, 200);
     }
+    if (cuda_wanted("mlp_tf32x3")) with_matmul_tf32x3([](const Net& net) { bench_cuda(net, 4096, 200); });
     if (cuda_wanted("cnn")) bench_cuda(cnn(32), 256, 200);
     if (cuda_wanted("cnn_tf32")) with_conv_tf32([](const Net& net) { bench_cuda(net, 256, 200); });
     if (cuda_wanted("vit")) bench_cuda(vit(), 256, 100);

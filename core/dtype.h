@@ -20,6 +20,16 @@ namespace qgrad {
 // the quantization ops (ops/lowbit.h) and Tensor::to write and read.
 enum class DType : std::uint8_t { f32, f64, f16, bf16, s8, u8, s32, s64, boolean, s4, u4, f8e4m3, f8e5m2 };
 
+// How CUDA computes f32 matrix products (qgrad::set_float32_matmul,
+// ops/linalg.h; the CPU always runs f32 FMAs):
+//   ieee:   f32 FMAs (cuBLAS CUBLAS_COMPUTE_32F), the default;
+//   tf32:   each operand rounded to TF32 (10 mantissa bits) on the tensor
+//           cores, the products summed in f32 (PyTorch's allow_tf32);
+//   tf32x3: f32-level accuracy on the TF32 tensor cores: each operand split
+//           into a TF32 value and its remainder, three products summed in f32
+//           (the small ones first), the remainders' product dropped.
+enum class Float32Matmul : std::uint8_t { ieee, tf32, tf32x3 };
+
 constexpr bool is_packed_int4(DType t) { return t == DType::s4 || t == DType::u4; }
 constexpr bool is_fp8(DType t) { return t == DType::f8e4m3 || t == DType::f8e5m2; }
 

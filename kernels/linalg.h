@@ -13,15 +13,23 @@ namespace qgrad::kernels {
 // ([n, k] when trans_b). With accumulate, c[i] += instead of =. a, b, c share
 // a floating dtype and a device; m, n, k fit in int. k == 0 gives zeros.
 // broadcast_a / broadcast_b: that operand is one matrix used by every batch
-// (batch stride 0). allow_tf32: f32 on CUDA may run on TF32 tensor cores
-// (each operand rounded to 10 mantissa bits, products summed in f32:
-// qgrad::set_matmul_allow_tf32); no effect on the CPU or other dtypes.
+// (batch stride 0). f32_math: how f32 products run on CUDA (core/dtype.h
+// Float32Matmul; qgrad::set_float32_matmul); no effect on the CPU or other
+// dtypes. tf32x3 applies from kTf32x3MinMacs multiply-adds on; smaller f32
+// products stay ieee (the split passes cost more than they save there).
 struct GemmShape {
   std::int64_t batch = 1, m = 0, n = 0, k = 0;
   bool trans_a = false, trans_b = false;
   bool broadcast_a = false, broadcast_b = false;
-  bool allow_tf32 = false;
+  Float32Matmul f32_math = Float32Matmul::ieee;
 };
+inline constexpr double kTf32x3MinMacs = 134217728.0;  // 2^27
+// Whether an f32 GEMM of shape s runs as tf32x3 (its setting, and large enough).
+inline bool tf32x3_applies(const GemmShape& s) {
+  return s.f32_math == Float32Matmul::tf32x3 && static_cast<double>(s.batch) * static_cast<double>(s.m) *
+                                                        static_cast<double>(s.n) * static_cast<double>(s.k) >=
+                                                    kTf32x3MinMacs;
+}
 void gemm(const GemmShape& s, const Tensor& a, const Tensor& b, const Tensor& c, bool accumulate = false);
 // out[r, :] = row for every row r of out ([rows, row.numel()]); same dtype.
 void fill_rows(const Tensor& row, const Tensor& out);

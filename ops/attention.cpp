@@ -28,10 +28,10 @@ namespace {
 
 TensorOptions like(const Tensor& t) { return TensorOptions{}.with_dtype(t.dtype()).with_device(t.device()); }
 
-// tf32: GemmShape::allow_tf32 (the forward's matmul_allow_tf32(), kept for its backward).
-Tensor gemm_new(const Shape& shape, GemmShape s, const Tensor& a, const Tensor& b, bool tf32) {
+// math: GemmShape::f32_math (the forward's float32_matmul(), kept for its backward).
+Tensor gemm_new(const Shape& shape, GemmShape s, const Tensor& a, const Tensor& b, Float32Matmul math) {
   Tensor c = Tensor::empty(shape, like(a));
-  s.allow_tf32 = tf32;
+  s.f32_math = math;
   kernels::gemm(s, a, b, c);
   return c;
 }
@@ -127,12 +127,12 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   }
 
   // probs in place of the scores.
-  const bool tf32 = matmul_allow_tf32();
-  Tensor probs = gemm_new(score_shape, GemmShape{batch, L, S, D, false, true}, q, k, tf32);
+  const Float32Matmul math = float32_matmul();
+  Tensor probs = gemm_new(score_shape, GemmShape{batch, L, S, D, false, true}, q, k, math);
   Tensor attn;
   if (dropout_p > 0.0) attn = Tensor::empty(score_shape, like(q));
   kernels::attention_softmax(probs, attn_mask, probs, attn, a);
-  Tensor out = gemm_new(with_last2(lead, L, Dv), GemmShape{batch, L, Dv, S}, attn.defined() ? attn : probs, v, tf32);
+  Tensor out = gemm_new(with_last2(lead, L, Dv), GemmShape{batch, L, Dv, S}, attn.defined() ? attn : probs, v, math);
   attn = Tensor();
   if (any_requires_grad({q, k, v, attn_mask})) {
     const bool need_q = q.requires_grad(), need_k = k.requires_grad(), need_v = v.requires_grad();
@@ -144,7 +144,7 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
                               (sv.defined() ? v.nbytes() : 0);
     record(
         op, out, {q, k, v, attn_mask},
-        [sq, sk, sv, probs, a, tf32, batch, L, S, D, Dv, need_v, need_mask, need_scores, shape_q = q.shape(),
+        [sq, sk, sv, probs, a, math, batch, L, S, D, Dv, need_v, need_mask, need_scores, shape_q = q.shape(),
          shape_k = k.shape(), shape_v = v.shape(),
          shape_mask = attn_mask.defined() ? attn_mask.shape() : Shape{}](const Tensor& g) {
           Tensor dq, dk, dv, dmask;
@@ -154,15 +154,15 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
               A = Tensor::empty(probs.shape(), like(probs));
               kernels::attention_dropout(probs, A, a);
             }
-            dv = gemm_new(shape_v, GemmShape{batch, S, Dv, L, true, false}, A, g, tf32);
+            dv = gemm_new(shape_v, GemmShape{batch, S, Dv, L, true, false}, A, g, math);
           }
           if (need_scores) {
-            Tensor dattn = gemm_new(probs.shape(), GemmShape{batch, L, S, Dv, false, true}, g, sv, tf32);
+            Tensor dattn = gemm_new(probs.shape(), GemmShape{batch, L, S, Dv, false, true}, g, sv, math);
             Tensor dz = need_mask ? Tensor::empty(probs.shape(), like(probs)) : Tensor();
             // dS (scaled) in place of dA: a row is read before it is written.
             kernels::attention_softmax_backward(probs, dattn, dattn, dz, a);
-            if (sk.defined()) dq = gemm_new(shape_q, GemmShape{batch, L, D, S}, dattn, sk, tf32);
-            if (sq.defined()) dk = gemm_new(shape_k, GemmShape{batch, S, D, L, true, false}, dattn, sq, tf32);
+            if (sk.defined()) dq = gemm_new(shape_q, GemmShape{batch, L, D, S}, dattn, sk, math);
+            if (sq.defined()) dk = gemm_new(shape_k, GemmShape{batch, S, D, L, true, false}, dattn, sq, math);
             if (need_mask) dmask = dz.shape() == shape_mask ? dz : sum_to_shape(dz, shape_mask);
           }
           return std::vector<Tensor>{dq, dk, dv, dmask};

@@ -25,11 +25,11 @@ void fits_int(std::int64_t v, const char* op, const char* arg) {
   QGRAD_CHECK(v <= INT_MAX, op, arg, "dimension ", v, " exceeds the GEMM limit ", INT_MAX);
 }
 
-std::atomic<bool> g_matmul_allow_tf32{false};
+std::atomic<Float32Matmul> g_float32_matmul{Float32Matmul::ieee};
 
-// g with `of`'s math (a backward GEMM takes its forward's TF32 setting).
+// g with `of`'s math (a backward GEMM takes its forward's f32 setting).
 GemmShape math_of(GemmShape g, const GemmShape& of) {
-  g.allow_tf32 = of.allow_tf32;
+  g.f32_math = of.f32_math;
   return g;
 }
 
@@ -42,8 +42,10 @@ Tensor gemm_new(const Shape& shape, const GemmShape& s, const Tensor& a, const T
 
 }  // namespace
 
-void set_matmul_allow_tf32(bool allow) { g_matmul_allow_tf32.store(allow, std::memory_order_relaxed); }
-bool matmul_allow_tf32() { return g_matmul_allow_tf32.load(std::memory_order_relaxed); }
+void set_float32_matmul(Float32Matmul math) { g_float32_matmul.store(math, std::memory_order_relaxed); }
+Float32Matmul float32_matmul() { return g_float32_matmul.load(std::memory_order_relaxed); }
+void set_matmul_allow_tf32(bool allow) { set_float32_matmul(allow ? Float32Matmul::tf32 : Float32Matmul::ieee); }
+bool matmul_allow_tf32() { return float32_matmul() == Float32Matmul::tf32; }
 
 // [...batch_a, M, K] x [...batch_b, K, N] -> [...broadcast(batch_a, batch_b), M, N]
 // (torch.matmul for operands of rank >= 2). Three plans: b one matrix and
@@ -71,7 +73,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
               shape_str(b.shape()));
   const std::int64_t nb = shape_numel(batch, op), na = shape_numel(batch_a, op), nbb = shape_numel(batch_b, op);
   GemmShape s;
-  s.allow_tf32 = matmul_allow_tf32();
+  s.f32_math = float32_matmul();
   s.m = a.size(-2);
   s.k = a.size(-1);
   s.n = b.size(-1);
@@ -171,7 +173,7 @@ Tensor linear_forward(const char* op, const Tensor& x, const Tensor& w, const Te
                 ", got ", shape_str(residual->shape()));
   }
   s = GemmShape{};
-  s.allow_tf32 = matmul_allow_tf32();
+  s.f32_math = float32_matmul();
   s.k = w.size(1);
   s.n = w.size(0);
   s.m = shape_numel(Shape(x.shape().begin(), x.shape().end() - 1), op);

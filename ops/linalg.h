@@ -27,15 +27,24 @@ Tensor linear_relu(const Tensor& x, const Tensor& w, const Tensor& bias = Tensor
 // linear_bias_add). residual has the output's shape [..., N], dtype and
 // device; the gradients are linear's, and dy for the residual.
 Tensor linear_add(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& residual);
-// Whether f32 matmuls on CUDA (matmul, linear, linear_relu, linear_add,
-// scaled_dot_product_attention's products) may run on TF32 tensor cores:
-// each operand rounded to TF32 (10 mantissa bits), the products summed in
-// f32 (cuBLAS CUBLAS_COMPUTE_32F_FAST_TF32), as PyTorch's
-// torch.backends.cuda.matmul.allow_tf32 (off by default there too). Off by
-// default: f32 products agree with the CPU within docs/ops.md "linear"'s
-// bound; with TF32 on, within its TF32 bound. Read when the op runs; its
-// backward takes the forward's setting. Process-wide, thread-safe; no
-// effect on the CPU, f64, f16 or bf16.
+// How f32 matmuls on CUDA (matmul, linear, linear_relu, linear_add,
+// scaled_dot_product_attention's products) compute (core/dtype.h
+// Float32Matmul): ieee (the default) with f32 FMAs; tf32 on TF32 tensor
+// cores, each operand rounded to 10 mantissa bits (cuBLAS
+// CUBLAS_COMPUTE_32F_FAST_TF32, PyTorch's torch.backends.cuda.matmul.allow_tf32,
+// off by default there too); tf32x3 on the same tensor cores at f32's level
+// of accuracy: each operand a = big + small with big a TF32 value (a rounded
+// to nearest) and small = a - big exactly, c = small_a·big_b + big_a·small_b
+// + big_a·big_b, three cuBLAS TF32 products summed in f32 (the small terms
+// first), the small_a·small_b term (2^-22 of |a||b| at most) dropped.
+// tf32x3 applies to products of at least 2^27 multiply-adds (smaller ones
+// stay ieee) and costs two f32 copies of each operand for the GEMM's
+// duration. Bounds against the f64 product: docs/ops.md "linear". Read when
+// the op runs; its backward takes the forward's setting. Process-wide,
+// thread-safe; no effect on the CPU, f64, f16 or bf16.
+void set_float32_matmul(Float32Matmul math);
+Float32Matmul float32_matmul();
+// set_float32_matmul(allow ? tf32 : ieee); true when the setting is tf32.
 void set_matmul_allow_tf32(bool allow);
 bool matmul_allow_tf32();
 

@@ -21,6 +21,7 @@ std::set<std::string> public_ops() {
       "quant_min_of", "quant_max_of",  // the integer dtype's range, a constant lookup
       "set_conv_allow_tf32", "conv_allow_tf32",  // conv2d's math switch (tested in test_conv)
       "set_matmul_allow_tf32", "matmul_allow_tf32",  // the matmuls' math switch (tested in test_linalg)
+      "set_float32_matmul", "float32_matmul",
   };
   // The name before the first '(' of a line that starts with a type (no
   // std::regex: GCC 12 warns inside <regex> under the sanitizer build).

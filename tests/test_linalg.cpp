@@ -1,4 +1,5 @@
 // matmul, linear, transpose: host references, gradcheck, CUDA vs CPU, errors.
+#include "qgrad/kernels/formulas/cast.h"
 #include "qgrad/kernels/linalg.h"
 #include "train_ops_helpers.h"
 
@@ -569,6 +570,155 @@ TEST_CASE("matmul with TF32 allowed: f32 on CUDA within the TF32 bound, determin
     set_matmul_allow_tf32(false);
     const auto back = on(DType::f32, gpu);
     for (std::size_t i = 0; i < back.size(); ++i) CHECK(bit_equal(back[i], fma[i]));
+  }
+  if (!cuda_available()) MESSAGE("skipping the CUDA part: no GPU");
+}
+
+// tf32x3's operand split (kernels/formulas/cast.h): big + small == a
+// exactly, big a TF32 value (low 13 bits clear) within half a TF32 unit of
+// a (ties away from zero), small at most 2^-11 |a|; truncated where rounding
+// would overflow; non-finite values kept whole.
+TEST_CASE("tf32_split: a TF32 value and an exact remainder") {
+  auto bits = [](float f) { return float_to_bits(f); };
+  Generator gen(1301);
+  std::vector<float> xs = {1.0f, -1.0f, 0.0f, -0.0f, 1.00048828125f /* 1 + 2^-11: a tie */, 3.1415927f,
+                           std::numeric_limits<float>::max(), -std::numeric_limits<float>::max(),
+                           std::numeric_limits<float>::min(), std::numeric_limits<float>::denorm_min(), 1e-40f,
+                           0x1.fffffep0f, 0x1.fff000p0f};
+  for (double v : values(randn({2000}, gen)))  // every binade of the normal range, and subnormals
+    xs.push_back(static_cast<float>(std::ldexp(v, static_cast<int>(std::clamp(v * 60.0, -140.0, 125.0)))));
+  for (float a : xs) {
+    CAPTURE(a);
+    float big = 0, small = 0;
+    formulas::tf32_split(a, big, small);
+    CHECK((bits(big) & 0x1fffu) == 0u);
+    CHECK(std::isfinite(big));
+    CHECK(static_cast<double>(big) + static_cast<double>(small) == static_cast<double>(a));
+    const double rest = std::fabs(static_cast<double>(small)), size = std::fabs(static_cast<double>(a));
+    if (size < std::numeric_limits<float>::min()) CHECK(rest <= 0x1p-137);  // subnormal: half of 2^13 units of 2^-149
+    else if (size < 0x1p127) CHECK(rest <= size * 0x1p-11);
+    else CHECK(rest <= size * 0x1p-10);  // truncated near the top of the range
+  }
+  float big = 0, small = 0;
+  formulas::tf32_split(1.00048828125f, big, small);  // the tie rounds away from zero
+  CHECK(big == 1.0009765625f);
+  formulas::tf32_split(std::numeric_limits<float>::max(), big, small);  // would round to inf: truncated
+  CHECK(bits(big) == (bits(std::numeric_limits<float>::max()) & 0xffffe000u));
+  for (float a : {std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                  std::numeric_limits<float>::quiet_NaN()}) {
+    formulas::tf32_split(a, big, small);
+    CHECK(bits(big) == bits(a));
+    CHECK(small == 0.0f);
+  }
+}
+
+// set_float32_matmul(tf32x3): from 2^27 multiply-adds on, f32 products on
+// CUDA at f32's accuracy on TF32 tensor cores. Every path (linear with and
+// without bias above and below the size, linear_add, batched matmul, the
+// gradients' products) is deterministic; above the size its error against
+// the f64 product is within a few times the ieee path's and far below
+// TF32's, and its bits differ from ieee's somewhere (the path ran); below
+// the size it gives the ieee bits. The CPU and f64 ignore the setting.
+TEST_CASE("matmul with tf32x3: f32's accuracy on CUDA from 2^27 multiply-adds, the ieee bits below; the CPU unchanged") {
+  struct Restore {
+    Float32Matmul was = float32_matmul();
+    ~Restore() { set_float32_matmul(was); }
+  } restore;
+  set_float32_matmul(Float32Matmul::tf32x3);
+  CHECK(float32_matmul() == Float32Matmul::tf32x3);
+  CHECK_FALSE(matmul_allow_tf32());
+  set_matmul_allow_tf32(true);
+  CHECK(float32_matmul() == Float32Matmul::tf32);
+  set_matmul_allow_tf32(false);
+  CHECK(float32_matmul() == Float32Matmul::ieee);
+  auto abs_of = [](const Tensor& t) {
+    std::vector<double> v = values(t);
+    for (double& e : v) e = std::fabs(e);
+    return Tensor::from_vector(v, t.shape());
+  };
+  // The forward (linear / linear_add, or matmul when w is rank 3) and both gradients.
+  auto run = [](const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& r, const Tensor& dy) {
+    Tensor px = param(x.detach()), pw = param(w.detach());
+    Tensor y = w.dim() == 3 ? matmul(px, pw) : r.defined() ? linear_add(px, pw, b, r) : linear(px, pw, b);
+    y.backward(dy);
+    return std::vector<Tensor>{y.cpu(), px.grad().cpu(), pw.grad().cpu()};
+  };
+  struct Case {
+    Shape x, w;
+    bool bias, residual, large;  // large: every product >= 2^27 multiply-adds
+  };
+  const Case cases[] = {{{2048, 256}, {512, 256}, true, false, true},
+                        {{2048, 256}, {512, 256}, false, false, true},
+                        {{2048, 256}, {512, 256}, true, true, true},
+                        {{4, 512, 256}, {4, 256, 512}, false, false, true},
+                        {{256, 784}, {256, 784}, true, false, false}};
+  std::uint64_t seed = 1310;
+  for (const Case& c : cases) {
+    CAPTURE(shape_str(c.x));
+    CAPTURE(shape_str(c.w));
+    const bool batched = c.w.size() == 3;
+    Shape out_shape = c.x;
+    out_shape.back() = batched ? c.w.back() : c.w.front();
+    const Tensor x = rnd(c.x, seed++), w = rnd(c.w, seed++), b = c.bias ? rnd({c.w.front()}, seed++) : Tensor(),
+                 r = c.residual ? rnd(out_shape, seed++) : Tensor(), dy = rnd(out_shape, seed++);
+    auto on = [&](Float32Matmul math, DType d, Device dev) {
+      set_float32_matmul(math);
+      auto to = [&](const Tensor& t) { return t.defined() ? t.to(d).to(dev) : Tensor(); };
+      return run(to(x), to(w), to(b), to(r), to(dy));
+    };
+    if (!c.large) {  // the CPU and f64 ignore the setting (once: the large shapes take long on the host)
+      for (DType d : {DType::f32, DType::f64}) {
+        const auto off = on(Float32Matmul::ieee, d, Device::cpu());
+        const auto with = on(Float32Matmul::tf32x3, d, Device::cpu());
+        for (std::size_t i = 0; i < off.size(); ++i) CHECK(bit_equal(with[i], off[i]));
+      }
+    }
+    if (!cuda_available()) continue;
+    const Device gpu = Device::cuda(0);
+    const auto ieee = on(Float32Matmul::ieee, DType::f32, gpu);
+    prepoison(out_shape, DType::f32);
+    const auto x3 = on(Float32Matmul::tf32x3, DType::f32, gpu);
+    const auto again = on(Float32Matmul::tf32x3, DType::f32, gpu);
+    for (std::size_t i = 0; i < x3.size(); ++i) CHECK(bit_equal(again[i], x3[i]));
+    if (!c.large) {
+      for (std::size_t i = 0; i < x3.size(); ++i) CHECK(bit_equal(x3[i], ieee[i]));
+      continue;
+    }
+    const auto tf32 = on(Float32Matmul::tf32, DType::f32, gpu);
+    // f64 references and the magnitudes of their terms.
+    std::vector<Tensor> want, mag;
+    if (batched) {
+      const Tensor wt = transpose(w, 1, 2), dyt = transpose(dy, 1, 2), xt = transpose(x, 1, 2);
+      want = {matmul(x, w), matmul(dy, wt), matmul(xt, dy)};
+      mag = {matmul(abs_of(x), abs_of(w)), matmul(abs_of(dy), abs_of(wt)), matmul(abs_of(xt), abs_of(dy))};
+    } else {
+      Tensor y_ref = linear(x, w, b);
+      if (c.residual) y_ref = add(y_ref, r);
+      want = {y_ref, matmul(dy, w), matmul(transpose(dy, 0, 1), x)};
+      mag = {linear(abs_of(x), abs_of(w)), matmul(abs_of(dy), abs_of(w)),
+             matmul(transpose(abs_of(dy), 0, 1), abs_of(x))};
+    }
+    // Worst |error| in units of 2^-24 of the terms' magnitude (plus the output's own rounding).
+    auto worst = [&](const std::vector<Tensor>& got, std::size_t i) {
+      const std::vector<double> g = values(got[i]), ref = values(want[i]), size = values(mag[i]);
+      REQUIRE(g.size() == ref.size());
+      double e = 0;
+      for (std::size_t j = 0; j < g.size(); ++j)
+        e = std::max(e, std::fabs(g[j] - ref[j]) / ((size[j] + std::fabs(ref[j])) * 0x1p-24 + 1e-30));
+      return e;
+    };
+    bool differs = false;
+    for (std::size_t i = 0; i < x3.size(); ++i) {
+      CAPTURE(i);
+      const double e_ieee = worst(ieee, i), e_x3 = worst(x3, i), e_tf32 = worst(tf32, i);
+      MESSAGE("worst error (2^-24 of the terms' magnitude), output ", i, ": ieee ", e_ieee, ", tf32x3 ", e_x3,
+              ", tf32 ", e_tf32);
+      CHECK(e_x3 <= std::max(4.0 * e_ieee, 16.0));
+      CHECK(e_x3 * 16.0 <= e_tf32);
+      const std::vector<double> a = values(x3[i]), f = values(ieee[i]);
+      for (std::size_t j = 0; j < a.size(); ++j) differs = differs || a[j] != f[j];
+    }
+    CHECK(differs);
   }
   if (!cuda_available()) MESSAGE("skipping the CUDA part: no GPU");
 }

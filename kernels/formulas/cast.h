@@ -78,4 +78,24 @@ QGRAD_HD int int4_from(From v_in, bool is_signed) {
   }
 }
 
+// tf32x3's operand split (core/dtype.h Float32Matmul): a = big + small
+// exactly, big a TF32 value (a rounded to 10 mantissa bits, ties away from
+// zero) and small = a - big (exact: both lie in a's binade or the next, and
+// |small| <= 2^-11 |a|). Where rounding would overflow, big is a truncated
+// (rounded toward zero). A non-finite a is big with small 0 (not inf - inf):
+// its products are non-finite, though NaN where f32's could be inf (inf
+// times another operand's remainder of 0).
+QGRAD_HD void tf32_split(float a, float& big, float& small) {
+  const std::uint32_t bits = float_to_bits(a);
+  if ((bits & 0x7f800000u) == 0x7f800000u) {
+    big = a;
+    small = 0.0f;
+    return;
+  }
+  std::uint32_t rounded = (bits + 0x1000u) & 0xffffe000u;
+  if ((rounded & 0x7f800000u) == 0x7f800000u) rounded = bits & 0xffffe000u;
+  big = bits_to_float(rounded);
+  small = a - big;
+}
+
 }  // namespace qgrad::formulas

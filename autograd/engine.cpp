@@ -36,6 +36,8 @@ class DeferredScope {
   // Runs the queue when it writes t (any t: `everything`).
   void flush_if_writes(const Tensor& t, bool everything = false) {
     if (passes_.empty() || !(everything || passes_.writes(t))) return;
+    MainStreamScope main;      // called inside a side node's scope too
+    cuda_join_side_streams();  // a queued pass may read a side-stream gradient
     g_deferred.fetch_add(passes_.size(), std::memory_order_relaxed);
     passes_.flush();
   }
@@ -43,6 +45,26 @@ class DeferredScope {
  private:
   kernels::DeferredPasses passes_;
   kernels::DeferredPasses* previous_;
+};
+
+// Joins the side streams when the backward pass ends, by return or by
+// exception (before the deferred queue's leftovers run: they may read them).
+struct SideJoin {
+  SideJoin() = default;
+  SideJoin(const SideJoin&) = delete;
+  SideJoin& operator=(const SideJoin&) = delete;
+  ~SideJoin() {
+    try {
+      cuda_join_side_streams();
+    } catch (...) {  // unwinding or done: the error resurfaces at the next CUDA call
+    }
+  }
+};
+
+// A gradient waiting for its node, and whether it was made on a side stream.
+struct Pending {
+  Tensor g;
+  bool side = false;
 };
 
 void run_hooks(const AutogradMeta& m) {
@@ -224,19 +246,26 @@ void run_backward(const Tensor& root, const Tensor& grad_in, bool retain_graph) 
 
   // Kahn's order: a node runs once every consumer has passed its gradient.
   DeferredScope deferred(gradient_deferral_enabled());
-  std::unordered_map<Node*, Tensor> pending;
-  pending[root_node.get()] = grad;
+  SideJoin side_join;  // declared after `deferred`: joins before its destructor runs leftovers
+  std::unordered_map<Node*, Pending> pending;
+  pending[root_node.get()] = {grad, false};
   std::vector<Node*> ready{root_node.get()};
   while (!ready.empty()) {
     Node* n = ready.back();
     ready.pop_back();
-    Tensor g = std::move(pending[n]);
+    Tensor g = std::move(pending[n].g);
+    const bool on_side = pending[n].side && g.defined();
     pending.erase(n);
     QGRAD_CHECK(!n->released, "backward", n->name,
                 "the graph's saved state was already freed by an earlier backward; "
                 "pass retain_graph=true to the first backward to run it twice");
     std::vector<Tensor> input_grads;
     std::vector<char> folded(n->inputs.size(), 0);
+    {
+    // A node whose gradient came from a side stream runs its rule there too
+    // (its launches on g's device, after the side's earlier work); the
+    // engine's own adds below run on the main stream.
+    SideStreamScope side_scope(g.defined() ? g.device() : Device::cpu(), on_side, /*fork=*/false);
     if (g.defined() && n->folding_backward && gradient_folding_enabled()) {
       // Offer each input's pending gradient, except where one producer
       // feeds several of this node's inputs (a fold would count it twice).
@@ -248,7 +277,7 @@ void run_backward(const Tensor& root, const Tensor& grad_in, bool retain_graph) 
         for (std::size_t j = 0; j < n->inputs.size(); ++j)
           shared = shared || (j != i && n->inputs[j].node.get() == p);
         const auto it = pending.find(n->inputs[i].node.get());
-        if (!shared && it != pending.end()) offered[i] = it->second;
+        if (!shared && it != pending.end() && it->second.side == on_side) offered[i] = it->second.g;
       }
       for (const Tensor& o : offered) deferred.flush_if_writes(o);  // the rule may read them
       input_grads = n->folding_backward(g, offered, folded);
@@ -262,38 +291,55 @@ void run_backward(const Tensor& root, const Tensor& grad_in, bool retain_graph) 
     } else if (g.defined()) {
       input_grads = n->backward(g);
     }
+    }
     QGRAD_CHECK(!g.defined() || input_grads.size() == n->inputs.size(), "backward", n->name,
                 "backward rule returned ", input_grads.size(), " gradients for ", n->inputs.size(), " inputs");
     for (std::size_t i = 0; i < n->inputs.size(); ++i) {
       const Edge& e = n->inputs[i];
       const Tensor gi = i < input_grads.size() ? input_grads[i] : Tensor();
       if (gi.defined() && e.needs_grad()) check_grad(*n, i, gi);
+      // Made on a side stream: by this node's rule there, or by its own fork.
+      const bool gi_side = gi.defined() && (on_side || ((n->side_inputs >> i) & 1u) != 0) &&
+                           (!g.defined() || gi.device() == g.device()) && gi.is_cuda();
       if (e.node) {
-        Tensor& slot = pending[e.node.get()];
+        Pending& slot = pending[e.node.get()];
         // Another rule reads it, unless that rule only queues passes reading
         // it and it arrives alone (an add into a pending gradient reads both).
-        const bool alone = !slot.defined() || folded[i];
+        const bool alone = !slot.g.defined() || folded[i];
         if (!(e.node->reads_gradient_deferred && alone)) deferred.flush_if_writes(gi);
-        if (gi.defined() && !folded[i]) deferred.flush_if_writes(slot);
-        if (gi.defined()) slot = folded[i] ? gi : accumulate(slot, gi);
+        if (gi.defined() && !folded[i]) deferred.flush_if_writes(slot.g);
+        if (gi.defined()) {
+          if (folded[i] || !slot.g.defined()) {
+            slot = {gi, gi_side};
+          } else {
+            // The add runs on the main stream: the side's gradient must be written first.
+            if (slot.side || gi_side) cuda_join_side_streams();
+            slot = {accumulate(slot.g, gi), false};
+          }
+        }
         if (--dependencies[e.node.get()] == 0) ready.push_back(e.node.get());
       } else if (e.leaf) {
         if (gi.defined()) {
-          if (e.leaf->grad.defined()) {  // the add reads both
+          if (e.leaf->grad.defined()) {  // the add reads both, on the main stream
             deferred.flush_if_writes(gi);
             deferred.flush_if_writes(e.leaf->grad);
+            if (gi_side) cuda_join_side_streams();
+            e.leaf->grad = accumulate(e.leaf->grad, gi);
+          } else {
+            e.leaf->grad = gi;
           }
-          e.leaf->grad = accumulate(e.leaf->grad, gi);
         }
         auto it = leaf_edges.find(e.leaf.get());
         if (it != leaf_edges.end() && --it->second == 0) {
           deferred.flush_if_writes(e.leaf->grad);  // the hooks read it
+          cuda_join_side_streams();
           run_hooks(*e.leaf);
         }
       }
     }
     if (!retain_graph) n->release();
   }
+  cuda_join_side_streams();
   deferred.flush_if_writes(Tensor(), /*everything=*/true);
 }
 

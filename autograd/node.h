@@ -54,6 +54,11 @@ struct Node {
   // gradient that a queued pass has yet to write without running the queue
   // first, and a rule above may queue its last pass for it as for a leaf.
   bool reads_gradient_deferred = false;
+  // Bit i: the rule computes input i's gradient on the device's side stream
+  // (core/device.h SideStreamScope: a parameter gradient off the critical
+  // path). The engine then runs the nodes that gradient reaches there too,
+  // and joins before anything on the main stream reads it.
+  std::uint32_t side_inputs = 0;
   bool released = false;
   Node() = default;
   Node(const Node&) = delete;

@@ -23,6 +23,14 @@ int cuda_compute_capability(int) { no_cuda("cuda_compute_capability"); }
 void cuda_synchronize(int) { no_cuda("cuda_synchronize"); }
 void cuda_set_programmatic_launch(bool) {}
 bool cuda_programmatic_launch() { return false; }
+SideStreamScope::SideStreamScope(Device, bool, bool) {}
+SideStreamScope::~SideStreamScope() = default;
+MainStreamScope::MainStreamScope() = default;
+MainStreamScope::~MainStreamScope() = default;
+void cuda_join_side_streams() {}
+void cuda_set_side_stream(bool) {}
+bool cuda_side_stream() { return false; }
+std::uint64_t cuda_side_stream_fork_count() { return 0; }
 AllocatorStats cuda_allocator_stats(int) { no_cuda("cuda_allocator_stats"); }
 void cuda_reset_peak_stats(int) { no_cuda("cuda_reset_peak_stats"); }
 void cuda_empty_cache(int) { no_cuda("cuda_empty_cache"); }

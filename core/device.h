@@ -1,6 +1,7 @@
 // Devices: the host CPU, or CUDA device n.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -41,6 +42,51 @@ void cuda_synchronize(int index = 0);
 // call; a no-op in a build without CUDA.
 void cuda_set_programmatic_launch(bool enabled);
 bool cuda_programmatic_launch();
+
+// The side stream: a second stream per device for work off a backward's
+// critical path (a linear's weight and bias gradients, and what runs on
+// them up to their leaves: docs/design.md "Memory and streams"). While a
+// SideStreamScope lives, the calling thread's launches on its device go to
+// the side stream, which first waits for everything queued on the main
+// stream so far (the fork). cuda_join_side_streams makes each main stream
+// wait for everything queued on its side stream so far (the join); the
+// backward engine joins before any other work reads such a gradient and at
+// its end, so user code never sees an open fork. Between a fork and its join
+// every block freed on the device is held out of the allocator's pools (a
+// side kernel may still read it). Results are the same bits either way
+// (the same kernels on the same data). On by default; QGRAD_SIDE_STREAM=0
+// turns it off at start-up. A scope on the CPU, with the switch off, not
+// wanted, or on a thread already in one does nothing.
+// fork = false: fork only where no fork of the device is open (the backward
+// engine's continuation of a side gradient, already ordered on the side).
+class SideStreamScope {
+ public:
+  explicit SideStreamScope(Device device, bool wanted = true, bool fork = true);
+  ~SideStreamScope();
+  SideStreamScope(const SideStreamScope&) = delete;
+  SideStreamScope& operator=(const SideStreamScope&) = delete;
+
+ private:
+  [[maybe_unused]] int device_ = -1;  // the device forked, or -1 (unused without CUDA)
+};
+// The calling thread's launches back on the main streams for the scope
+// (inside a SideStreamScope: the engine's flush of queued passes); where the
+// scope it interrupted has been joined meanwhile, it forks again on exit.
+class MainStreamScope {
+ public:
+  MainStreamScope();
+  ~MainStreamScope();
+  MainStreamScope(const MainStreamScope&) = delete;
+  MainStreamScope& operator=(const MainStreamScope&) = delete;
+
+ private:
+  [[maybe_unused]] int side_device_ = -1;  // unused without CUDA
+};
+void cuda_join_side_streams();
+void cuda_set_side_stream(bool enabled);
+bool cuda_side_stream();
+// Forks since the process started (every thread): what tests read to see a rule forked.
+std::uint64_t cuda_side_stream_fork_count();
 
 struct AllocatorStats {
   long long bytes_in_use = 0;     // handed out to live tensors

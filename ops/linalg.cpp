@@ -209,25 +209,34 @@ void linear_record(const char* op, Tensor& out, const Tensor& x, const Tensor& w
   const bool leaf_bias = need_b && gradient_deferrable(bias);
   Tensor sx = need_w ? x.detach() : Tensor(), sw = need_x ? w.detach() : Tensor();
   const bool need_r = residual.defined() && residual.requires_grad();
+  // The weight and bias gradients on the side stream (core/device.h): only
+  // dx leads on to the layers before; dW and db wait for the optimizer.
+  const bool side = x.is_cuda() && (need_w || need_b) && cuda_side_stream();
   record(
       op, out, {x, w, bias, residual},
-      [sx, sw, s, need_b, need_r, leaf_bias, mask, shape_x = x.shape(), shape_w = w.shape()](const Tensor& dy) {
+      [sx, sw, s, need_b, need_r, leaf_bias, mask, side, shape_x = x.shape(), shape_w = w.shape()](
+          const Tensor& dy) {
         Tensor g = dy;
         if (mask.defined()) {
           g = Tensor::empty(dy.shape(), like(dy));
           kernels::relu_backward(dy, mask, g);
         }
         Tensor gx, gw, gb;
-        if (sw.defined()) gx = gemm_new(shape_x, math_of({1, s.m, s.k, s.n, false, false}, s), g, sw);
+        SideStreamScope parameters(g.device(), side);  // the fork: once g is queued
         if (sx.defined()) gw = gemm_new(shape_w, math_of({1, s.n, s.k, s.m, true, false}, s), g, sx);
         if (need_b) {
           gb = Tensor::empty({s.n}, like(g));
           kernels::sum_axis(g, gb, kernels::AxisLayout{1, s.m, s.n}, false,
                             leaf_bias ? deferred_gradient_passes() : nullptr);
         }
+        if (sw.defined()) {  // dx on the main stream, beside them
+          MainStreamScope main;
+          gx = gemm_new(shape_x, math_of({1, s.m, s.k, s.n, false, false}, s), g, sw);
+        }
         return std::vector<Tensor>{gx, gw, gb, need_r ? dy : Tensor()};
       },
       (need_x ? w.nbytes() : 0) + (need_w ? x.nbytes() : 0) + (mask.defined() ? mask.nbytes() : 0));
+  if (side) out.grad_fn()->side_inputs = 0b0110u;  // w, bias
 }
 
 // residual: null for linear and linear_relu; linear_add's (checked, even undefined).

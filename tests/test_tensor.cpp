@@ -148,3 +148,45 @@ TEST_CASE("CUDA: allocator caches blocks and keeps statistics") {
   CHECK(after.bytes_in_use == before.bytes_in_use);
   CHECK(after.peak_bytes_in_use >= (4 << 20));
 }
+
+TEST_CASE("CUDA: the side stream: launches go there in its scope, blocks freed before the join are held") {
+  // core/device.h SideStreamScope: between a fork and its join a freed block
+  // is not handed out again (a side kernel may still read it); at the join
+  // it is, and its bytes leave bytes_in_use only then. A kernel on the side
+  // stream sees what the main stream queued before the fork, and the main
+  // stream sees the side's work after the join.
+  QGRAD_REQUIRE_GPU();
+  struct Restore {
+    bool was = cuda_side_stream();
+    ~Restore() { cuda_set_side_stream(was); }
+  } restore;
+  cuda_set_side_stream(true);
+  const auto on = TensorOptions{}.with_device(Device::cuda());
+  cuda_synchronize();
+  Tensor a = full({1 << 20}, 3.0, on);  // main stream
+  const std::uint64_t forks = cuda_side_stream_fork_count();
+  void* freed = nullptr;
+  Tensor b;
+  long long in_use = 0;
+  {
+    SideStreamScope side(Device::cuda());
+    CHECK(cuda_side_stream_fork_count() == forks + 1);
+    b = mul(a, a);  // on the side stream, after a's fill
+    Tensor scratch = full({1 << 20}, 1.0, on);
+    freed = scratch.data_ptr();
+    in_use = cuda_allocator_stats().bytes_in_use;
+  }  // scratch freed: held
+  CHECK(cuda_allocator_stats().bytes_in_use == in_use);
+  {
+    Tensor again = Tensor::empty({1 << 20}, on);
+    CHECK(again.data_ptr() != freed);
+  }
+  cuda_join_side_streams();
+  CHECK(cuda_allocator_stats().bytes_in_use < in_use);
+  Tensor c = add(b, a);  // main stream, after the join
+  CHECK(values(c) == std::vector<double>(1 << 20, 12.0));
+  // Off: the scope does nothing.
+  cuda_set_side_stream(false);
+  { SideStreamScope side(Device::cuda()); }
+  CHECK(cuda_side_stream_fork_count() == forks + 1);
+}

@@ -88,15 +88,34 @@ struct ProgrammaticLaunch {
   ~ProgrammaticLaunch() { cuda_set_programmatic_launch(before); }
 };
 
+// Sets cuda_set_side_stream for the scope.
+struct SideStream {
+  bool before = cuda_side_stream();
+  explicit SideStream(bool on) { cuda_set_side_stream(on); }
+  SideStream(const SideStream&) = delete;
+  SideStream& operator=(const SideStream&) = delete;
+  ~SideStream() { cuda_set_side_stream(before); }
+};
+
 // Eager steps against the same steps captured once and replayed: the
 // parameters, buffers (observer ranges, qparams, batch-norm running
 // statistics) and momentum buffers end bit for bit equal. With
 // eager_in_order, the eager steps launch without programmatic dependent
-// launch (plain stream order) and the graph is captured with it.
+// launch (plain stream order) and the graph is captured with it; with
+// eager_one_stream, the eager steps run every gradient on the main stream
+// and the graph's take the side stream.
 template <class Make>
-void check_capture_matches_eager(Make make, std::int64_t batch, const Shape& example, bool eager_in_order = false) {
+void check_capture_matches_eager(Make make, std::int64_t batch, const Shape& example, bool eager_in_order = false,
+                                 bool eager_one_stream = false) {
   const Device dev = Device::cuda();
-  const auto eager_launch = [&] { return ProgrammaticLaunch(eager_in_order ? false : cuda_programmatic_launch()); };
+  struct EagerLaunch {
+    ProgrammaticLaunch order;
+    SideStream side;
+  };
+  const auto eager_launch = [&] {
+    return EagerLaunch{ProgrammaticLaunch(eager_in_order ? false : cuda_programmatic_launch()),
+                       SideStream(eager_one_stream ? false : cuda_side_stream())};
+  };
   constexpr int kWarmup = 3, kSteps = 6;
   Batches b(kWarmup + kSteps, batch, dev, example);
   auto eager = make(dev), graphed = make(dev);
@@ -105,7 +124,7 @@ void check_capture_matches_eager(Make make, std::int64_t batch, const Shape& exa
   // have seen data, so no host-side branch changes after this point.
   for (int i = 0; i < kWarmup; ++i) {
     {
-      const ProgrammaticLaunch in_order = eager_launch();
+      const auto in_order = eager_launch();
       eager.step(b.xs[static_cast<std::size_t>(i)], b.ys[static_cast<std::size_t>(i)]);
     }
     x_static.copy_(b.xs[static_cast<std::size_t>(i)]);
@@ -113,12 +132,14 @@ void check_capture_matches_eager(Make make, std::int64_t batch, const Shape& exa
     graphed.step(x_static, y_static);
   }
   CudaGraph graph;
+  const std::uint64_t forks = cuda_side_stream_fork_count();
   graph.capture([&] { graphed.step(x_static, y_static); });  // throws on a host sync
   REQUIRE(graph.captured());
+  if (eager_one_stream) CHECK(cuda_side_stream_fork_count() > forks);  // the captured step forked
   for (int i = kWarmup; i < kWarmup + kSteps; ++i) {
     const auto k = static_cast<std::size_t>(i);
     {
-      const ProgrammaticLaunch in_order = eager_launch();
+      const auto in_order = eager_launch();
       eager.step(b.xs[k], b.ys[k]);
     }
     x_static.copy_(b.xs[k]);
@@ -186,6 +207,24 @@ TEST_CASE("CUDA: steps captured with programmatic dependent launch equal eager s
         return t;
       },
       64, {784}, true);
+}
+
+TEST_CASE("CUDA: steps whose parameter gradients run on the side stream equal steps on one stream") {
+  // A linear's dW and db, and the weight fake quant's backward after them,
+  // on the side stream, joined before the deferred passes and the optimizer
+  // (core/device.h SideStreamScope); the allocator holds every block freed
+  // meanwhile. The same kernels on the same data: the same bits.
+  QGRAD_REQUIRE_GPU();
+  const SideStream on(true);
+  check_capture_matches_eager([](Device d) { return make_trainer(d, 64); }, 64, {784}, false, true);
+  check_capture_matches_eager([](Device d) { return make_cnn_trainer(d); }, 16, {1, 28, 28}, false, true);
+  check_capture_matches_eager(
+      [](Device d) {
+        bench::QatMlp t = make_trainer(d, 64);
+        t.clip_grad_norm = 0.5;
+        return t;
+      },
+      64, {784}, false, true);
 }
 
 TEST_CASE("CUDA: replaying the captured QAT step allocates no device memory") {

@@ -15,9 +15,14 @@ namespace qgrad::cuda {
 
 [[noreturn]] void throw_cuda_error(cudaError_t err, const char* what, const char* file, int line);
 
-// The stream every qgrad op on `device` runs on (created on first use,
-// non-blocking). Also makes `device` current for the calling thread.
+// The stream every qgrad op on `device` runs on: the device's main stream,
+// or its side stream inside a SideStreamScope of this thread (core/device.h;
+// both created on first use, non-blocking). Also makes `device` current for
+// the calling thread.
 cudaStream_t stream(int device);
+// Whether this thread's launches on `device` go to its side stream now
+// (library handles bound to a stream keep one per stream).
+bool on_side_stream(int device);
 
 // Makes `device` current for the scope.
 class DeviceGuard {

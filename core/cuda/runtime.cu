@@ -2,9 +2,11 @@
 //
 // The allocator keeps freed blocks in per-device pools keyed by size and
 // hands them out again, so a training step in steady state makes no
-// cudaMalloc call. Every tensor of a device runs on that device's single
+// cudaMalloc call. Every tensor of a device runs on that device's main
 // stream, so a block freed on the host can be reused by the next kernel in
-// stream order without synchronisation.
+// stream order without synchronisation. The one exception, the side stream
+// (a backward's parameter gradients, SideStreamScope), holds every block
+// freed between its fork and its join until the join.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -51,8 +53,20 @@ struct LiveBlock {
   std::shared_ptr<Pool> pool;  // null: the general pool
 };
 
+struct HeldBlock {
+  void* ptr = nullptr;
+  LiveBlock block;
+};
+
 struct DeviceState {
   cudaStream_t stream = nullptr;
+  // The side stream and its fork / join events; side_open from a fork to
+  // the join, while `held` keeps every block freed meanwhile out of the pools.
+  cudaStream_t side_stream = nullptr;
+  cudaEvent_t fork_event = nullptr, join_event = nullptr;
+  bool side_open = false;
+  std::vector<HeldBlock> held;
+  std::uint32_t* side_block_counters = nullptr;
   Pool general;
   std::shared_ptr<Pool> capture_pool;  // set while a graph is being captured
   std::unordered_map<void*, LiveBlock> live_blocks;
@@ -71,8 +85,13 @@ std::vector<DeviceState>& states() {
       QGRAD_CUDA_CHECK(cudaSetDevice(d));
       DeviceState& st = v[static_cast<std::size_t>(d)];
       QGRAD_CUDA_CHECK(cudaStreamCreateWithFlags(&st.stream, cudaStreamNonBlocking));
+      QGRAD_CUDA_CHECK(cudaStreamCreateWithFlags(&st.side_stream, cudaStreamNonBlocking));
+      QGRAD_CUDA_CHECK(cudaEventCreateWithFlags(&st.fork_event, cudaEventDisableTiming));
+      QGRAD_CUDA_CHECK(cudaEventCreateWithFlags(&st.join_event, cudaEventDisableTiming));
       QGRAD_CUDA_CHECK(cudaMalloc(&st.block_counters, kBlockCounters * sizeof(std::uint32_t)));
       QGRAD_CUDA_CHECK(cudaMemset(st.block_counters, 0, kBlockCounters * sizeof(std::uint32_t)));
+      QGRAD_CUDA_CHECK(cudaMalloc(&st.side_block_counters, kBlockCounters * sizeof(std::uint32_t)));
+      QGRAD_CUDA_CHECK(cudaMemset(st.side_block_counters, 0, kBlockCounters * sizeof(std::uint32_t)));
       QGRAD_CUDA_CHECK(cudaDeviceSynchronize());
     }
     cudaSetDevice(previous);
@@ -96,6 +115,13 @@ std::size_t round_size(std::size_t bytes) {
   return (bytes + unit - 1) / unit * unit;
 }
 
+// A block no tensor holds back into its pool (the graph's while it lives).
+void pool_block(DeviceState& st, void* ptr, const LiveBlock& b) {
+  st.stats.bytes_in_use -= static_cast<long long>(b.size);
+  Pool& pool = b.pool && b.pool->alive ? *b.pool : st.general;
+  pool.free_blocks.emplace(b.size, ptr);
+}
+
 void release_cache_locked(int device, DeviceState& st) {
   if (st.general.free_blocks.empty() || st.capture_pool) return;
   DeviceGuard guard(device);
@@ -109,13 +135,20 @@ void release_cache_locked(int device, DeviceState& st) {
 
 }  // namespace
 
+namespace {
+// The device whose launches go to its side stream on this thread (-1: none).
+thread_local int t_side_device = -1;
+}  // namespace
+
+bool on_side_stream(int device) { return device == t_side_device; }
+
 cudaStream_t stream(int device) {
   DeviceState& st = state(device);
   QGRAD_CHECK(st.stream != nullptr, "cuda", "device", "no CUDA device ", device);
   int current = -1;
   QGRAD_CUDA_CHECK(cudaGetDevice(&current));
   if (current != device) QGRAD_CUDA_CHECK(cudaSetDevice(device));
-  return st.stream;
+  return device == t_side_device ? st.side_stream : st.stream;
 }
 
 DeviceGuard::DeviceGuard(int device) {
@@ -124,7 +157,10 @@ DeviceGuard::DeviceGuard(int device) {
 }
 DeviceGuard::~DeviceGuard() { cudaSetDevice(previous_); }
 
-std::uint32_t* block_counters(int device) { return state(device).block_counters; }
+std::uint32_t* block_counters(int device) {
+  DeviceState& st = state(device);
+  return device == t_side_device ? st.side_block_counters : st.block_counters;
+}
 
 namespace {
 template <cudaDeviceAttr kAttribute>
@@ -174,6 +210,84 @@ bool programmatic_launch(int device) {
 
 void cuda_set_programmatic_launch(bool enabled) { cuda::programmatic_launch_enabled().store(enabled); }
 bool cuda_programmatic_launch() { return cuda::programmatic_launch_enabled().load(); }
+
+namespace {
+std::atomic<bool>& side_stream_enabled() {
+  static std::atomic<bool> enabled = [] {
+    const char* env = std::getenv("QGRAD_SIDE_STREAM");
+    return !(env && std::strcmp(env, "0") == 0);
+  }();
+  return enabled;
+}
+std::atomic<std::uint64_t> g_side_forks{0};
+std::atomic<int> g_open_sides{0};  // devices with a fork not yet joined
+}  // namespace
+
+void cuda_set_side_stream(bool enabled) { side_stream_enabled().store(enabled); }
+bool cuda_side_stream() { return side_stream_enabled().load(std::memory_order_relaxed); }
+std::uint64_t cuda_side_stream_fork_count() { return g_side_forks.load(std::memory_order_relaxed); }
+
+namespace {
+// The side stream of `device` waits for everything queued on its main stream so far.
+void fork_side(int device) {
+  auto& st = cuda::state(device);
+  cuda::DeviceGuard guard(device);
+  QGRAD_CUDA_CHECK(cudaEventRecord(st.fork_event, st.stream));
+  QGRAD_CUDA_CHECK(cudaStreamWaitEvent(st.side_stream, st.fork_event, 0));
+  std::lock_guard<std::mutex> lock(cuda::g_mutex);
+  if (!st.side_open) g_open_sides.fetch_add(1);
+  st.side_open = true;
+  g_side_forks.fetch_add(1, std::memory_order_relaxed);
+}
+bool side_open(int device) {
+  std::lock_guard<std::mutex> lock(cuda::g_mutex);
+  return cuda::state(device).side_open;
+}
+}  // namespace
+
+SideStreamScope::SideStreamScope(Device device, bool wanted, bool fork) {
+  // Already on a side stream (a node whose gradient came from one): stay there.
+  if (!wanted || !device.is_cuda() || !cuda_side_stream() || cuda::t_side_device >= 0) return;
+  if (fork || !side_open(device.index)) fork_side(device.index);
+  device_ = device.index;
+  cuda::t_side_device = device_;
+}
+
+SideStreamScope::~SideStreamScope() {
+  if (device_ >= 0) cuda::t_side_device = -1;
+}
+
+MainStreamScope::MainStreamScope() : side_device_(cuda::t_side_device) { cuda::t_side_device = -1; }
+
+MainStreamScope::~MainStreamScope() {
+  if (side_device_ < 0) return;
+  // While launches go to a side stream its fork must be open: the allocator holds frees until the join.
+  try {
+    if (!side_open(side_device_)) fork_side(side_device_);
+  } catch (...) {  // a CUDA error: it resurfaces at the next call
+  }
+  cuda::t_side_device = side_device_;
+}
+
+void cuda_join_side_streams() {
+  if (g_open_sides.load() == 0) return;
+  for (int d = 0; d < cuda_device_count(); ++d) {
+    auto& st = cuda::state(d);
+    {
+      std::lock_guard<std::mutex> lock(cuda::g_mutex);
+      if (!st.side_open) continue;
+    }
+    cuda::DeviceGuard guard(d);
+    // The join: the main stream's next work waits for everything queued on the side stream.
+    QGRAD_CUDA_CHECK(cudaEventRecord(st.join_event, st.side_stream));
+    QGRAD_CUDA_CHECK(cudaStreamWaitEvent(st.stream, st.join_event, 0));
+    std::lock_guard<std::mutex> lock(cuda::g_mutex);
+    st.side_open = false;
+    g_open_sides.fetch_sub(1);
+    for (const cuda::HeldBlock& h : st.held) cuda::pool_block(st, h.ptr, h.block);
+    st.held.clear();
+  }
+}
 
 bool cuda_available() { return cuda_device_count() > 0; }
 
@@ -398,10 +512,12 @@ void cuda_release(void* ptr, int device) noexcept {
   auto& st = cuda::state(device);
   auto it = st.live_blocks.find(ptr);
   if (it == st.live_blocks.end()) return;
-  const cuda::LiveBlock& b = it->second;
-  st.stats.bytes_in_use -= static_cast<long long>(b.size);
-  cuda::Pool& pool = b.pool && b.pool->alive ? *b.pool : st.general;
-  pool.free_blocks.emplace(b.size, ptr);
+  if (st.side_open) {  // a side-stream kernel may still read it: back to a pool at the join
+    st.held.push_back({ptr, it->second});
+    st.live_blocks.erase(it);
+    return;
+  }
+  cuda::pool_block(st, ptr, it->second);
   st.live_blocks.erase(it);
 }
 }  // namespace

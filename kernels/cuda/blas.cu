@@ -13,21 +13,21 @@ void throw_cublas_error(cublasStatus_t status, const char* what, const char* fil
 
 cublasHandle_t blas_handle(int device) {
   static std::mutex mutex;
-  static std::vector<cublasHandle_t> handles;
+  static std::vector<cublasHandle_t> handles;  // [device][main, side]: one workspace per stream
   std::lock_guard<std::mutex> lock(mutex);
   if (device < 0) throw Error("cublas", "device", "negative device index " + std::to_string(device));
-  const auto d = static_cast<std::size_t>(device);
-  if (handles.size() <= d) handles.resize(d + 1, nullptr);
-  if (handles[d] == nullptr) {
+  const auto slot = 2 * static_cast<std::size_t>(device) + (on_side_stream(device) ? 1 : 0);
+  if (handles.size() <= slot) handles.resize(slot + 1, nullptr);
+  if (handles[slot] == nullptr) {
     DeviceGuard guard(device);
     cublasHandle_t h = nullptr;
     QGRAD_CUBLAS_CHECK(cublasCreate(&h));
     QGRAD_CUBLAS_CHECK(cublasSetStream(h, stream(device)));
     QGRAD_CUBLAS_CHECK(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH));
     QGRAD_CUBLAS_CHECK(cublasSetPointerMode(h, CUBLAS_POINTER_MODE_HOST));
-    handles[d] = h;
+    handles[slot] = h;
   }
-  return handles[d];
+  return handles[slot];
 }
 
 }  // namespace qgrad::cuda

@@ -1,5 +1,5 @@
-// cuBLAS for qgrad's kernels: one handle per device, created on first use,
-// bound to qgrad::cuda::stream(device), default math mode (no TF32).
+// cuBLAS for qgrad's kernels: one handle per device and stream (main, side),
+// created on first use, bound to that stream, default math mode (no TF32).
 #pragma once
 
 #include <cublas_v2.h>
@@ -8,7 +8,7 @@
 
 namespace qgrad::cuda {
 
-// The handle of `device`. Thread-safe; the handles live until the process
+// The handle of `device` for the stream its launches go to now. Thread-safe; the handles live until the process
 // ends (never destroyed, so no teardown-order hazard with the runtime).
 cublasHandle_t blas_handle(int device);
 

@@ -67,20 +67,21 @@ namespace {
     if (qgrad_st_ != CUDNN_STATUS_SUCCESS) throw_cudnn(qgrad_st_, #expr, __FILE__, __LINE__); \
   } while (0)
 
+// One handle per device and stream (main, side: core/device.h SideStreamScope).
 cudnnHandle_t dnn_handle(int device) {
   static std::mutex mutex;
   static std::vector<cudnnHandle_t> handles;
   std::lock_guard<std::mutex> lock(mutex);
-  const auto d = static_cast<std::size_t>(device);
-  if (handles.size() <= d) handles.resize(d + 1, nullptr);
-  if (handles[d] == nullptr) {
+  const auto slot = 2 * static_cast<std::size_t>(device) + (::qgrad::cuda::on_side_stream(device) ? 1 : 0);
+  if (handles.size() <= slot) handles.resize(slot + 1, nullptr);
+  if (handles[slot] == nullptr) {
     ::qgrad::cuda::DeviceGuard guard(device);
     cudnnHandle_t h = nullptr;
     QGRAD_CUDNN_CHECK(cudnnCreate(&h));
     QGRAD_CUDNN_CHECK(cudnnSetStream(h, ::qgrad::cuda::stream(device)));
-    handles[d] = h;
+    handles[slot] = h;
   }
-  return handles[d];
+  return handles[slot];
 }
 
 cudnnDataType_t data_type(DType dt) {

@@ -41,7 +41,7 @@ struct QatFlags {
   std::int64_t abort_at_step = 0;                // hidden: SIGKILL itself during training step N (testing)
   bool probe_cuda = false;                       // hidden: --probe-cuda
   double clip_grad_norm = 0;                     // --clip-grad-norm X (global L2 norm, fused into the step; 0: off)
-  std::string precision = "f32";                 // --precision f32|tf32|bf16 (bf16: Module::set_compute_dtype)
+  std::string precision = "f32";                 // --precision f32|tf32|tf32x3|bf16 (bf16: Module::set_compute_dtype)
 };
 
 template <class Flags>
@@ -80,10 +80,11 @@ void add_qat_options(CLI::App& app, Flags& f) {
       ->capture_default_str()
       ->check(number_in(0, 1e9));
   app.add_option("--precision", f.precision,
-                 "f32; tf32 (f32, with matmuls and convolutions on CUDA on TF32 tensor cores); or bf16 mixed "
-                 "precision (bf16 matmuls and activations)")
+                 "f32; tf32 (f32, with matmuls and convolutions on CUDA on TF32 tensor cores); tf32x3 (f32, "
+                 "the large matmuls on CUDA on TF32 tensor cores at f32's accuracy, operands split in three); or "
+                 "bf16 mixed precision (bf16 matmuls and activations)")
       ->capture_default_str()
-      ->check(one_of({"f32", "tf32", "bf16"}));
+      ->check(one_of({"f32", "tf32", "tf32x3", "bf16"}));
   app.add_option("--limit-train", f.limit_train, "use only the first N training images (testing; 0: all)")
       ->check(integer_in(0, 60000))
       ->group("Testing options");
@@ -146,8 +147,11 @@ RunSetup run_setup(const Flags& f) {
     std::printf("distributed: %d ranks (Gloo/NCCL), global batch %lld = %lld per rank x %d\n", s.pg->world_size(),
                 static_cast<long long>(f.batch) * s.pg->world_size(), static_cast<long long>(f.batch),
                 s.pg->world_size());
-  // tf32: PyTorch's torch.backends.cuda.matmul.allow_tf32 and cudnn.allow_tf32 (no effect on the CPU).
-  qgrad::set_matmul_allow_tf32(f.precision == "tf32");
+  // tf32: PyTorch's torch.backends.cuda.matmul.allow_tf32 and cudnn.allow_tf32; tf32x3: the matmuls
+  // only, at f32's accuracy (ops/linalg.h; convolutions stay f32). No effect on the CPU.
+  qgrad::set_float32_matmul(f.precision == "tf32"     ? qgrad::Float32Matmul::tf32
+                            : f.precision == "tf32x3" ? qgrad::Float32Matmul::tf32x3
+                                                      : qgrad::Float32Matmul::ieee);
   qgrad::set_conv_allow_tf32(f.precision == "tf32");
   s.format = f.plot_format == "png"   ? PlotFormat::png
              : f.plot_format == "svg" ? PlotFormat::svg

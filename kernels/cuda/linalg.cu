@@ -48,23 +48,88 @@ struct CublasGemm {
   }
 };
 
+// The tf32x3 split of `batches` row-major [rows, cols] matrices written
+// transposed ([cols, rows] each) into big and small: the K-major copy of an
+// operand whose reduction runs over its rows (the weight gradient's dy and
+// x), which Hopper's TF32 wgmma needs (it reads TF32 operands K-major only:
+// cuBLAS otherwise takes sm80 kernels at about twice the time,
+// dev/cuda/tf32_layouts.cu). 32 x 32 tiles through shared memory, coalesced
+// both ways; blockIdx.z is the batch.
+__global__ void tf32_split_transposed_kernel(const float* __restrict__ in, float* __restrict__ big,
+                                             float* __restrict__ small, int rows, int cols) {
+  ::qgrad::cuda::wait_for_prior_kernels();
+  __shared__ float tile[32][33];
+  const long long base = static_cast<long long>(blockIdx.z) * rows * cols;
+  const int r0 = static_cast<int>(blockIdx.y) * 32, c0 = static_cast<int>(blockIdx.x) * 32;
+  for (int dy = static_cast<int>(threadIdx.y); dy < 32; dy += 8) {
+    const int r = r0 + dy, c = c0 + static_cast<int>(threadIdx.x);
+    if (r < rows && c < cols) tile[dy][threadIdx.x] = in[base + static_cast<long long>(r) * cols + c];
+  }
+  __syncthreads();
+  for (int dy = static_cast<int>(threadIdx.y); dy < 32; dy += 8) {
+    const int c = c0 + dy, r = r0 + static_cast<int>(threadIdx.x);  // out[c][r] = in[r][c]
+    if (r < rows && c < cols) {
+      const long long o = base + static_cast<long long>(c) * rows + r;
+      formulas::tf32_split(tile[threadIdx.x][dy], big[o], small[o]);
+    }
+  }
+}
+
+// Splits n elements of `in` into big and small in place order (16-byte
+// loads and stores where every pointer allows), or, with `transpose`, each
+// of `batches` [rows, cols] matrices transposed (above).
+void split_operand(int dev, const float* in, float* big, float* small, std::int64_t n, std::int64_t batches,
+                   std::int64_t rows, std::int64_t cols, bool transpose) {
+  if (transpose) {
+    const dim3 grid(static_cast<unsigned>((cols + 31) / 32), static_cast<unsigned>((rows + 31) / 32),
+                    static_cast<unsigned>(batches));
+    ::qgrad::cuda::launch_kernel(dev, tf32_split_transposed_kernel, grid, dim3(32, 8), 0, in, big, small,
+                                 static_cast<int>(rows), static_cast<int>(cols));
+  } else if (n % 4 == 0 && vec4_aligned<float>(in) && vec4_aligned<float>(big) && vec4_aligned<float>(small)) {
+    const auto* in4 = reinterpret_cast<const float4*>(in);
+    auto* big4 = reinterpret_cast<float4*>(big);
+    auto* small4 = reinterpret_cast<float4*>(small);
+    launch_elementwise(dev, n / 4, [=] __device__(std::int64_t i) {
+      const float4 v = in4[i];
+      float4 b, s;
+      formulas::tf32_split(v.x, b.x, s.x);
+      formulas::tf32_split(v.y, b.y, s.y);
+      formulas::tf32_split(v.z, b.z, s.z);
+      formulas::tf32_split(v.w, b.w, s.w);
+      big4[i] = b;
+      small4[i] = s;
+    });
+  } else {
+    launch_elementwise(dev, n, [=] __device__(std::int64_t i) { formulas::tf32_split(in[i], big[i], small[i]); });
+  }
+}
+
 // Float32Matmul::tf32x3 (core/dtype.h): each operand split into its TF32
-// value and remainder (formulas::tf32_split, both operands in one launch),
-// then three TF32 products into c, the remainders' terms first.
-void gemm_tf32x3(int dev, cublasHandle_t h, const GemmShape& s, const CublasGemm& g, const Tensor& a, const Tensor& b,
-                 const Tensor& c, bool accumulate) {
-  const std::int64_t na = (s.broadcast_a ? 1 : s.batch) * s.m * s.k, nb = (s.broadcast_b ? 1 : s.batch) * s.k * s.n;
+// value and remainder (formulas::tf32_split), an operand whose reduction
+// runs over its rows (A stored [k, m], B stored [k, n]) written transposed so
+// that both reach cuBLAS K-major; then three TF32 products into c, the
+// remainders' terms first.
+void gemm_tf32x3(int dev, cublasHandle_t h, const GemmShape& s, const Tensor& a, const Tensor& b, const Tensor& c,
+                 bool accumulate) {
+  const std::int64_t batches_a = s.broadcast_a ? 1 : s.batch, batches_b = s.broadcast_b ? 1 : s.batch;
+  const std::int64_t na = batches_a * s.m * s.k, nb = batches_b * s.k * s.n;
+  // The transposing split's grid: a tile row per 32 rows (the reduction dim k), a batch per z.
+  constexpr std::int64_t kMaxGridYZ = 65535;
+  const bool tiles_fit = (s.k + 31) / 32 <= kMaxGridYZ;
+  const bool transpose_a = s.trans_a && tiles_fit && batches_a <= kMaxGridYZ;
+  const bool transpose_b = !s.trans_b && tiles_fit && batches_b <= kMaxGridYZ;
+  // Four parts; each starts 16-byte aligned when the counts allow the vector split.
   Tensor parts = Tensor::empty({2 * (na + nb)}, TensorOptions{}.with_device(c.device()));
   float* big_a = static_cast<float*>(parts.data_ptr());
   float* small_a = big_a + na;
   float* big_b = small_a + na;
   float* small_b = big_b + nb;
-  const float* pa = static_cast<const float*>(a.data_ptr());
-  const float* pb = static_cast<const float*>(b.data_ptr());
-  launch_elementwise(dev, na + nb, [=] __device__(std::int64_t i) {
-    if (i < na) formulas::tf32_split(pa[i], big_a[i], small_a[i]);
-    else formulas::tf32_split(pb[i - na], big_b[i - na], small_b[i - na]);
-  });
+  split_operand(dev, static_cast<const float*>(a.data_ptr()), big_a, small_a, na, batches_a, s.k, s.m, transpose_a);
+  split_operand(dev, static_cast<const float*>(b.data_ptr()), big_b, small_b, nb, batches_b, s.k, s.n, transpose_b);
+  GemmShape parts_shape = s;
+  if (transpose_a) parts_shape.trans_a = false;  // now [m, k]
+  if (transpose_b) parts_shape.trans_b = true;   // now [n, k]
+  const CublasGemm g(parts_shape);
   constexpr cublasComputeType_t tf32 = CUBLAS_COMPUTE_32F_FAST_TF32;
   g.run(h, CUDA_R_32F, tf32, small_a, big_b, c.data_ptr(), accumulate);
   g.run(h, CUDA_R_32F, tf32, big_a, small_b, c.data_ptr(), true);
@@ -92,7 +157,7 @@ void gemm_impl(const GemmShape& s, const Tensor& a, const Tensor& b, const Tenso
                                                  static_cast<const double*>(a.data_ptr()), g.ld_second, g.stride_a,
                                                  &beta, pc, g.m, g.stride_c, g.batch));
   } else if constexpr (std::is_same_v<T, float>) {
-    if (tf32x3_applies(s)) return gemm_tf32x3(dev, h, s, g, a, b, c, accumulate);
+    if (tf32x3_applies(s)) return gemm_tf32x3(dev, h, s, a, b, c, accumulate);
     g.run(h, CUDA_R_32F, s.f32_math == Float32Matmul::tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F,
           a.data_ptr(), b.data_ptr(), pc, accumulate);
   } else {

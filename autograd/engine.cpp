@@ -262,35 +262,35 @@ void run_backward(const Tensor& root, const Tensor& grad_in, bool retain_graph) 
     std::vector<Tensor> input_grads;
     std::vector<char> folded(n->inputs.size(), 0);
     {
-    // A node whose gradient came from a side stream runs its rule there too
-    // (its launches on g's device, after the side's earlier work); the
-    // engine's own adds below run on the main stream.
-    SideStreamScope side_scope(g.defined() ? g.device() : Device::cpu(), on_side, /*fork=*/false);
-    if (g.defined() && n->folding_backward && gradient_folding_enabled()) {
-      // Offer each input's pending gradient, except where one producer
-      // feeds several of this node's inputs (a fold would count it twice).
-      std::vector<Tensor> offered(n->inputs.size());
-      for (std::size_t i = 0; i < n->inputs.size(); ++i) {
-        const Node* p = n->inputs[i].node.get();
-        if (p == nullptr) continue;
-        bool shared = false;
-        for (std::size_t j = 0; j < n->inputs.size(); ++j)
-          shared = shared || (j != i && n->inputs[j].node.get() == p);
-        const auto it = pending.find(n->inputs[i].node.get());
-        if (!shared && it != pending.end() && it->second.side == on_side) offered[i] = it->second.g;
+      // A node whose gradient came from a side stream runs its rule there too
+      // (its launches on g's device, after the side's earlier work); the
+      // engine's own adds below run on the main stream.
+      SideStreamScope side_scope(g.defined() ? g.device() : Device::cpu(), on_side, /*fork=*/false);
+      if (g.defined() && n->folding_backward && gradient_folding_enabled()) {
+        // Offer each input's pending gradient, except where one producer
+        // feeds several of this node's inputs (a fold would count it twice).
+        std::vector<Tensor> offered(n->inputs.size());
+        for (std::size_t i = 0; i < n->inputs.size(); ++i) {
+          const Node* p = n->inputs[i].node.get();
+          if (p == nullptr) continue;
+          bool shared = false;
+          for (std::size_t j = 0; j < n->inputs.size(); ++j)
+            shared = shared || (j != i && n->inputs[j].node.get() == p);
+          const auto it = pending.find(n->inputs[i].node.get());
+          if (!shared && it != pending.end() && it->second.side == on_side) offered[i] = it->second.g;
+        }
+        for (const Tensor& o : offered) deferred.flush_if_writes(o);  // the rule may read them
+        input_grads = n->folding_backward(g, offered, folded);
+        QGRAD_CHECK(folded.size() == n->inputs.size(), "backward", n->name, "folding rule resized its folded flags");
+        for (std::size_t i = 0; i < folded.size(); ++i) {
+          if (!folded[i]) continue;
+          QGRAD_CHECK(offered[i].defined() && i < input_grads.size() && input_grads[i].defined(), "backward", n->name,
+                      "folded a gradient for input ", i, " where none was pending or returned none");
+          g_folded.fetch_add(1, std::memory_order_relaxed);
+        }
+      } else if (g.defined()) {
+        input_grads = n->backward(g);
       }
-      for (const Tensor& o : offered) deferred.flush_if_writes(o);  // the rule may read them
-      input_grads = n->folding_backward(g, offered, folded);
-      QGRAD_CHECK(folded.size() == n->inputs.size(), "backward", n->name, "folding rule resized its folded flags");
-      for (std::size_t i = 0; i < folded.size(); ++i) {
-        if (!folded[i]) continue;
-        QGRAD_CHECK(offered[i].defined() && i < input_grads.size() && input_grads[i].defined(), "backward", n->name,
-                    "folded a gradient for input ", i, " where none was pending or returned none");
-        g_folded.fetch_add(1, std::memory_order_relaxed);
-      }
-    } else if (g.defined()) {
-      input_grads = n->backward(g);
-    }
     }
     QGRAD_CHECK(!g.defined() || input_grads.size() == n->inputs.size(), "backward", n->name,
                 "backward rule returned ", input_grads.size(), " gradients for ", n->inputs.size(), " inputs");

@@ -65,9 +65,12 @@ class SideStreamScope {
   ~SideStreamScope();
   SideStreamScope(const SideStreamScope&) = delete;
   SideStreamScope& operator=(const SideStreamScope&) = delete;
+  // Whether this scope moved the thread's launches to the side stream (false
+  // where it did nothing, e.g. inside another scope: the thread stays there).
+  bool switched() const { return device_ >= 0; }
 
  private:
-  [[maybe_unused]] int device_ = -1;  // the device forked, or -1 (unused without CUDA)
+  int device_ = -1;  // the device switched to, or -1
 };
 // The calling thread's launches back on the main streams for the scope
 // (inside a SideStreamScope: the engine's flush of queued passes); where the

@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <climits>
+#include <optional>
 
 #include "qgrad/autograd/node.h"
 #include "qgrad/kernels/activation.h"
@@ -229,8 +230,11 @@ void linear_record(const char* op, Tensor& out, const Tensor& x, const Tensor& w
           kernels::sum_axis(g, gb, kernels::AxisLayout{1, s.m, s.n}, false,
                             leaf_bias ? deferred_gradient_passes() : nullptr);
         }
-        if (sw.defined()) {  // dx on the main stream, beside them
-          MainStreamScope main;
+        if (sw.defined()) {
+          // dx on the main stream beside them; where this node itself runs on
+          // the side stream (g was made there), dx stays there after g.
+          std::optional<MainStreamScope> main;
+          if (parameters.switched()) main.emplace();
           gx = gemm_new(shape_x, math_of({1, s.m, s.k, s.n, false, false}, s), g, sw);
         }
         return std::vector<Tensor>{gx, gw, gb, need_r ? dy : Tensor()};

@@ -299,8 +299,8 @@ void run_backward(const Tensor& root, const Tensor& grad_in, bool retain_graph) 
       const Tensor gi = i < input_grads.size() ? input_grads[i] : Tensor();
       if (gi.defined() && e.needs_grad()) check_grad(*n, i, gi);
       // Made on a side stream: by this node's rule there, or by its own fork.
-      const bool gi_side = gi.defined() && (on_side || ((n->side_inputs >> i) & 1u) != 0) &&
-                           (!g.defined() || gi.device() == g.device()) && gi.is_cuda();
+      const bool gi_side = gi.defined() && gi.is_cuda() && gi.device() == g.device() &&
+                           (on_side || ((n->side_inputs >> i) & 1u) != 0);
       if (e.node) {
         Pending& slot = pending[e.node.get()];
         // Another rule reads it, unless that rule only queues passes reading

@@ -79,23 +79,17 @@ TEST_CASE("the QAT step changes the model (CPU)") {
 
 namespace {
 
-// Sets cuda_set_programmatic_launch for the scope.
-struct ProgrammaticLaunch {
-  bool before = cuda_programmatic_launch();
-  explicit ProgrammaticLaunch(bool on) { cuda_set_programmatic_launch(on); }
-  ProgrammaticLaunch(const ProgrammaticLaunch&) = delete;
-  ProgrammaticLaunch& operator=(const ProgrammaticLaunch&) = delete;
-  ~ProgrammaticLaunch() { cuda_set_programmatic_launch(before); }
+// A process-wide switch (Get / Set) held at a value for the scope.
+template <bool (*Get)(), void (*Set)(bool)>
+struct ScopedSwitch {
+  bool before = Get();
+  explicit ScopedSwitch(bool on) { Set(on); }
+  ScopedSwitch(const ScopedSwitch&) = delete;
+  ScopedSwitch& operator=(const ScopedSwitch&) = delete;
+  ~ScopedSwitch() { Set(before); }
 };
-
-// Sets cuda_set_side_stream for the scope.
-struct SideStream {
-  bool before = cuda_side_stream();
-  explicit SideStream(bool on) { cuda_set_side_stream(on); }
-  SideStream(const SideStream&) = delete;
-  SideStream& operator=(const SideStream&) = delete;
-  ~SideStream() { cuda_set_side_stream(before); }
-};
+using ProgrammaticLaunch = ScopedSwitch<cuda_programmatic_launch, cuda_set_programmatic_launch>;
+using SideStream = ScopedSwitch<cuda_side_stream, cuda_set_side_stream>;
 
 // Eager steps against the same steps captured once and replayed: the
 // parameters, buffers (observer ranges, qparams, batch-norm running

@@ -186,11 +186,13 @@ unsigned fill_blocks(int device, unsigned threads) {
 }
 
 namespace {
+// A process-wide switch's start-up value: on unless the environment variable `name` is "0".
+bool on_unless_env_zero(const char* name) {
+  const char* env = std::getenv(name);
+  return !(env && std::strcmp(env, "0") == 0);
+}
 std::atomic<bool>& programmatic_launch_enabled() {
-  static std::atomic<bool> enabled = [] {
-    const char* env = std::getenv("QGRAD_PROGRAMMATIC_LAUNCH");
-    return !(env && std::strcmp(env, "0") == 0);
-  }();
+  static std::atomic<bool> enabled{on_unless_env_zero("QGRAD_PROGRAMMATIC_LAUNCH")};
   return enabled;
 }
 }  // namespace
@@ -213,10 +215,7 @@ bool cuda_programmatic_launch() { return cuda::programmatic_launch_enabled().loa
 
 namespace {
 std::atomic<bool>& side_stream_enabled() {
-  static std::atomic<bool> enabled = [] {
-    const char* env = std::getenv("QGRAD_SIDE_STREAM");
-    return !(env && std::strcmp(env, "0") == 0);
-  }();
+  static std::atomic<bool> enabled{cuda::on_unless_env_zero("QGRAD_SIDE_STREAM")};
   return enabled;
 }
 std::atomic<std::uint64_t> g_side_forks{0};

@@ -8,33 +8,18 @@
 // (the ieee path), TF32 in the library's layout, and TF32 on K-major copies
 // of the operands (what a split pass that writes its parts transposed would
 // hand cuBLAS), plus a tiled transpose of an operand (that pass's extra
-// cost), all captured in CUDA graphs of 20 products, median of 11 replays.
-// Self-contained (cuBLAS only), so it also builds with one nvcc line:
+// cost), each call_us below (graph_timing.cuh: 50 calls captured in a
+// graph, median of 21 replays; the thirty-eighth session's table in
+// docs/benchmarks.md was taken with 20 calls and 11 replays). It needs only
+// cuBLAS and the dev headers, so it also builds with one nvcc line:
 //   nvcc -O3 -arch=sm_90 dev/cuda/tf32_layouts.cu -lcublas -o tf32_layouts
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstdio>
-#include <cstdlib>
-#include <vector>
 
-#define CHECK_CUDA(x)                                                                        \
-  do {                                                                                       \
-    cudaError_t e_ = (x);                                                                    \
-    if (e_ != cudaSuccess) {                                                                 \
-      std::fprintf(stderr, "%s: %s (%s:%d)\n", #x, cudaGetErrorString(e_), __FILE__, __LINE__); \
-      std::exit(1);                                                                          \
-    }                                                                                        \
-  } while (0)
-#define CHECK_BLAS(x)                                                         \
-  do {                                                                        \
-    cublasStatus_t s_ = (x);                                                  \
-    if (s_ != CUBLAS_STATUS_SUCCESS) {                                        \
-      std::fprintf(stderr, "%s: status %d (%s:%d)\n", #x, static_cast<int>(s_), __FILE__, __LINE__); \
-      std::exit(1);                                                           \
-    }                                                                         \
-  } while (0)
+#include "graph_timing.cuh"
+#include "lt_dev.cuh"
 
 namespace {
 
@@ -43,7 +28,7 @@ namespace {
 void gemm(cublasHandle_t h, cublasComputeType_t compute, bool ta, bool tb, int m, int n, int k, const float* A,
           const float* B, float* C) {
   const float one = 1.0f, zero = 0.0f;
-  CHECK_BLAS(cublasGemmEx(h, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &one, B,
+  DEV_CHECK_BLAS(cublasGemmEx(h, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &one, B,
                           CUDA_R_32F, tb ? k : n, A, CUDA_R_32F, ta ? m : k, &zero, C, CUDA_R_32F, n, compute,
                           CUBLAS_GEMM_DEFAULT));
 }
@@ -64,34 +49,13 @@ __global__ void transpose(const float* in, float* out, int rows, int cols) {
   }
 }
 
-// Median µs of one `body` call: 20 calls captured in a graph, 11 replays.
+// µs of one `body(stream)` call (graph_timing.cuh: 50 calls captured, median
+// of 21 replays), after one call outside capture (cuBLAS picks its kernel).
 template <class F>
-float time_us(cudaStream_t s, F body) {
-  body();  // warm-up (cuBLAS picks its kernel, outside capture)
-  CHECK_CUDA(cudaStreamSynchronize(s));
-  cudaGraph_t g;
-  CHECK_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-  for (int i = 0; i < 20; ++i) body();
-  CHECK_CUDA(cudaStreamEndCapture(s, &g));
-  cudaGraphExec_t exec;
-  CHECK_CUDA(cudaGraphInstantiate(&exec, g, 0));
-  cudaEvent_t a, b;
-  CHECK_CUDA(cudaEventCreate(&a));
-  CHECK_CUDA(cudaEventCreate(&b));
-  std::vector<float> ms;
-  for (int r = 0; r < 12; ++r) {
-    CHECK_CUDA(cudaEventRecord(a, s));
-    CHECK_CUDA(cudaGraphLaunch(exec, s));
-    CHECK_CUDA(cudaEventRecord(b, s));
-    CHECK_CUDA(cudaEventSynchronize(b));
-    float t = 0;
-    CHECK_CUDA(cudaEventElapsedTime(&t, a, b));
-    if (r > 0) ms.push_back(t);
-  }
-  std::sort(ms.begin(), ms.end());
-  CHECK_CUDA(cudaGraphExecDestroy(exec));
-  CHECK_CUDA(cudaGraphDestroy(g));
-  return ms[ms.size() / 2] * 1000.0f / 20.0f;
+double call_us(F body) {
+  body(static_cast<cudaStream_t>(nullptr));
+  DEV_CHECK_CUDA(cudaDeviceSynchronize());
+  return graph_us(body);
 }
 
 struct Shape {
@@ -109,32 +73,35 @@ int main() {
       {"dx2 dy·W2", 4096, 1024, 1024, false, false},  {"dW2 dyᵀ·h", 1024, 1024, 4096, true, false},
       {"dW1 dyᵀ·x", 1024, 784, 4096, true, false},
   };
-  cudaStream_t s;
-  CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   cublasHandle_t h;
-  CHECK_BLAS(cublasCreate(&h));
-  CHECK_BLAS(cublasSetStream(h, s));
+  DEV_CHECK_BLAS(cublasCreate(&h));
   const std::size_t most = std::size_t(4096) * 4096;
-  float *A, *B, *C, *At, *Bt;
-  for (float** p : {&A, &B, &C, &At, &Bt}) CHECK_CUDA(cudaMalloc(p, most * sizeof(float)));
-  std::vector<float> host(most);
-  for (std::size_t i = 0; i < most; ++i) host[i] = static_cast<float>((i * 2654435761u) % 1000) / 1000.0f - 0.5f;
-  for (float* p : {A, B, At, Bt}) CHECK_CUDA(cudaMemcpy(p, host.data(), most * sizeof(float), cudaMemcpyHostToDevice));
+  float* A = dev_random(most, 1);
+  float* B = dev_random(most, 2);
+  float* At = dev_random(most, 3);
+  float* Bt = dev_random(most, 4);
+  float* C = dev_random(most, 5);
   std::printf("%-12s %6s %6s %6s %6s | %9s %9s %9s %9s %9s\n", "gemm", "m", "n", "k", "layout", "f32_us", "tf32_us",
               "tf32_kmaj", "transp_us", "GFLOP");
   for (const Shape& sh : shapes) {
-    const float f32 = time_us(s, [&] { gemm(h, CUBLAS_COMPUTE_32F, sh.ta, sh.tb, sh.m, sh.n, sh.k, A, B, C); });
-    const float tf32 =
-        time_us(s, [&] { gemm(h, CUBLAS_COMPUTE_32F_FAST_TF32, sh.ta, sh.tb, sh.m, sh.n, sh.k, A, B, C); });
-    // K-major: A as [m, k] (no trans), B as [n, k] (trans): the copies At, Bt stand for them.
-    const float kmaj =
-        time_us(s, [&] { gemm(h, CUBLAS_COMPUTE_32F_FAST_TF32, false, true, sh.m, sh.n, sh.k, At, Bt, C); });
+    // One product on stream st: in the library's layout, or (kmajor) on the K-major copies At
+    // ([m, k], no trans) and Bt ([n, k], trans).
+    auto product = [&](cublasComputeType_t compute, bool kmajor) {
+      return [&, compute, kmajor](cudaStream_t st) {
+        DEV_CHECK_BLAS(cublasSetStream(h, st));
+        if (kmajor) gemm(h, compute, false, true, sh.m, sh.n, sh.k, At, Bt, C);
+        else gemm(h, compute, sh.ta, sh.tb, sh.m, sh.n, sh.k, A, B, C);
+      };
+    };
+    const double f32 = call_us(product(CUBLAS_COMPUTE_32F, false));
+    const double tf32 = call_us(product(CUBLAS_COMPUTE_32F_FAST_TF32, false));
+    const double kmaj = call_us(product(CUBLAS_COMPUTE_32F_FAST_TF32, true));
     // The transpose a K-major copy of a non-K-major operand costs (the larger operand).
-    float tr = 0;
+    double tr = 0;
     if (sh.ta || !sh.tb) {
       const int rows = sh.k, cols = sh.ta ? sh.m : sh.n;
       const dim3 grid((cols + 31) / 32, (rows + 31) / 32), block(32, 8);
-      tr = time_us(s, [&] { transpose<<<grid, block, 0, s>>>(A, At, rows, cols); });
+      tr = call_us([&](cudaStream_t st) { transpose<<<grid, block, 0, st>>>(A, At, rows, cols); });
     }
     std::printf("%-12s %6d %6d %6d %3s%3s | %9.2f %9.2f %9.2f %9.2f %9.2f\n", sh.name, sh.m, sh.n, sh.k,
                 sh.ta ? "T" : "N", sh.tb ? "T" : "N", f32, tf32, kmaj, tr, 2.0 * sh.m * sh.n * sh.k / 1e9);

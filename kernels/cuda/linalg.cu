@@ -49,66 +49,94 @@ struct CublasGemm {
 };
 
 // The tf32x3 split of `batches` row-major [rows, cols] matrices written
-// transposed ([cols, rows] each) into big and small: the K-major copy of an
-// operand whose reduction runs over its rows (the weight gradient's dy and
-// x), which Hopper's TF32 wgmma needs (it reads TF32 operands K-major only:
-// cuBLAS otherwise takes sm80 kernels at about twice the time,
-// dev/cuda/tf32_layouts.cu). 32 x 32 tiles through shared memory, coalesced
-// both ways; blockIdx.z is the batch.
+// transposed ([cols, rows] each, rows `ld` apart) into big and small: the
+// K-major copy of an operand whose reduction runs over its rows (the weight
+// gradient's dy and x), which Hopper's TF32 wgmma needs (it reads TF32
+// operands K-major only: cuBLAS otherwise takes sm80 kernels at about twice
+// the time, dev/cuda/tf32_layouts.cu). 32 x 32 tiles through shared memory,
+// coalesced both ways; blockIdx.z is the batch.
 __global__ void tf32_split_transposed_kernel(const float* __restrict__ in, float* __restrict__ big,
-                                             float* __restrict__ small, int rows, int cols) {
+                                             float* __restrict__ small, int rows, int cols, long long ld) {
   ::qgrad::cuda::wait_for_prior_kernels();
   __shared__ float tile[32][33];
-  const long long base = static_cast<long long>(blockIdx.z) * rows * cols;
+  const long long in_base = static_cast<long long>(blockIdx.z) * rows * cols;
+  const long long out_base = static_cast<long long>(blockIdx.z) * cols * ld;
   const int r0 = static_cast<int>(blockIdx.y) * 32, c0 = static_cast<int>(blockIdx.x) * 32;
   for (int dy = static_cast<int>(threadIdx.y); dy < 32; dy += 8) {
     const int r = r0 + dy, c = c0 + static_cast<int>(threadIdx.x);
-    if (r < rows && c < cols) tile[dy][threadIdx.x] = in[base + static_cast<long long>(r) * cols + c];
+    if (r < rows && c < cols) tile[dy][threadIdx.x] = in[in_base + static_cast<long long>(r) * cols + c];
   }
   __syncthreads();
   for (int dy = static_cast<int>(threadIdx.y); dy < 32; dy += 8) {
     const int c = c0 + dy, r = r0 + static_cast<int>(threadIdx.x);  // out[c][r] = in[r][c]
     if (r < rows && c < cols) {
-      const long long o = base + static_cast<long long>(c) * rows + r;
+      const long long o = out_base + static_cast<long long>(c) * ld + r;
       formulas::tf32_split(tile[threadIdx.x][dy], big[o], small[o]);
     }
   }
 }
 
-// Splits n elements of `in` into big and small in place order (16-byte
-// loads and stores where every pointer allows), or, with `transpose`, each
-// of `batches` [rows, cols] matrices transposed (above).
-void split_operand(int dev, const float* in, float* big, float* small, std::int64_t n, std::int64_t batches,
-                   std::int64_t rows, std::int64_t cols, bool transpose) {
+// Splits `batches` row-major [rows, cols] matrices of `in` into big and
+// small, each written [rows, cols] with rows `ld` apart (16-byte loads and
+// stores where every pointer and stride allows), or, with `transpose`,
+// [cols, rows] (above).
+void split_operand(int dev, const float* in, float* big, float* small, std::int64_t batches, std::int64_t rows,
+                   std::int64_t cols, bool transpose, std::int64_t ld) {
   if (transpose) {
     const dim3 grid(static_cast<unsigned>((cols + 31) / 32), static_cast<unsigned>((rows + 31) / 32),
                     static_cast<unsigned>(batches));
     ::qgrad::cuda::launch_kernel(dev, tf32_split_transposed_kernel, grid, dim3(32, 8), 0, in, big, small,
-                                 static_cast<int>(rows), static_cast<int>(cols));
-  } else if (n % 4 == 0 && vec4_aligned<float>(in) && vec4_aligned<float>(big) && vec4_aligned<float>(small)) {
+                                 static_cast<int>(rows), static_cast<int>(cols), static_cast<long long>(ld));
+    return;
+  }
+  const std::int64_t all_rows = batches * rows;  // the batches' rows follow each other at the same stride
+  if (cols % 4 == 0 && ld % 4 == 0 && vec4_aligned<float>(in) && vec4_aligned<float>(big) &&
+      vec4_aligned<float>(small)) {
     const auto* in4 = reinterpret_cast<const float4*>(in);
     auto* big4 = reinterpret_cast<float4*>(big);
     auto* small4 = reinterpret_cast<float4*>(small);
-    launch_elementwise(dev, n / 4, [=] __device__(std::int64_t i) {
+    const std::int64_t cols4 = cols / 4, ld4 = ld / 4;
+    launch_elementwise(dev, all_rows * cols4, [=] __device__(std::int64_t i) {
+      const std::int64_t r = i / cols4, o = r * ld4 + (i - r * cols4);
       const float4 v = in4[i];
       float4 b, s;
       formulas::tf32_split(v.x, b.x, s.x);
       formulas::tf32_split(v.y, b.y, s.y);
       formulas::tf32_split(v.z, b.z, s.z);
       formulas::tf32_split(v.w, b.w, s.w);
-      big4[i] = b;
-      small4[i] = s;
+      big4[o] = b;
+      small4[o] = s;
     });
   } else {
-    launch_elementwise(dev, n, [=] __device__(std::int64_t i) { formulas::tf32_split(in[i], big[i], small[i]); });
+    launch_elementwise(dev, all_rows * cols, [=] __device__(std::int64_t i) {
+      const std::int64_t r = i / cols, o = r * ld + (i - r * cols);
+      formulas::tf32_split(in[i], big[o], small[o]);
+    });
   }
 }
 
+// c (+)= a · b^T in TF32 for K-major row-major a [m, k] and b [n, k] whose
+// rows lie `ld` apart (batches m * ld and n * ld apart, or 0 where
+// broadcast): cuBLAS's column-major c^T = b · a^T.
+void gemm_k_major_tf32(cublasHandle_t h, const GemmShape& s, std::int64_t k, const float* a, const float* b,
+                       std::int64_t ld, float* c, bool accumulate) {
+  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+  const long long stride_a = s.broadcast_a ? 0 : s.m * ld, stride_b = s.broadcast_b ? 0 : s.n * ld;
+  QGRAD_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+      h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(s.n), static_cast<int>(s.m), static_cast<int>(k), &alpha, b,
+      CUDA_R_32F, static_cast<int>(ld), stride_b, a, CUDA_R_32F, static_cast<int>(ld), stride_a, &beta, c, CUDA_R_32F,
+      static_cast<int>(s.n), s.m * s.n, static_cast<int>(s.batch), CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT));
+}
+
 // Float32Matmul::tf32x3 (core/dtype.h): each operand split into its TF32
-// value and remainder (formulas::tf32_split), an operand whose reduction
-// runs over its rows (A stored [k, m], B stored [k, n]) written transposed so
-// that both reach cuBLAS K-major; then three TF32 products into c, the
-// remainders' terms first.
+// value and remainder (formulas::tf32_split), an operand whose reduction runs
+// over its rows (A stored [k, m], B stored [k, n]) written transposed so that
+// both reach cuBLAS K-major, each row of A as [small | big] and of B as
+// [big | small]. Then two TF32 products into c: the remainders' two terms as
+// one product over 2k (a_small · b_big + a_big · b_small: one pass over c
+// fewer than a product each), then big · big on top (rows 2k apart).
+// Operands too large for the transposing split's grid keep three products
+// over plain copies.
 void gemm_tf32x3(int dev, cublasHandle_t h, const GemmShape& s, const Tensor& a, const Tensor& b, const Tensor& c,
                  bool accumulate) {
   const std::int64_t batches_a = s.broadcast_a ? 1 : s.batch, batches_b = s.broadcast_b ? 1 : s.batch;
@@ -116,24 +144,32 @@ void gemm_tf32x3(int dev, cublasHandle_t h, const GemmShape& s, const Tensor& a,
   // The transposing split's grid: a tile row per 32 rows (the reduction dim k), a batch per z.
   constexpr std::int64_t kMaxGridYZ = 65535;
   const bool tiles_fit = (s.k + 31) / 32 <= kMaxGridYZ;
-  const bool transpose_a = s.trans_a && tiles_fit && batches_a <= kMaxGridYZ;
-  const bool transpose_b = !s.trans_b && tiles_fit && batches_b <= kMaxGridYZ;
-  // Four parts; each starts 16-byte aligned when the counts allow the vector split.
+  const bool k_major = tiles_fit && batches_a <= kMaxGridYZ && batches_b <= kMaxGridYZ;
   Tensor parts = Tensor::empty({2 * (na + nb)}, TensorOptions{}.with_device(c.device()));
-  float* big_a = static_cast<float*>(parts.data_ptr());
-  float* small_a = big_a + na;
-  float* big_b = small_a + na;
-  float* small_b = big_b + nb;
-  split_operand(dev, static_cast<const float*>(a.data_ptr()), big_a, small_a, na, batches_a, s.k, s.m, transpose_a);
-  split_operand(dev, static_cast<const float*>(b.data_ptr()), big_b, small_b, nb, batches_b, s.k, s.n, transpose_b);
-  GemmShape parts_shape = s;
-  if (transpose_a) parts_shape.trans_a = false;  // now [m, k]
-  if (transpose_b) parts_shape.trans_b = true;   // now [n, k]
-  const CublasGemm g(parts_shape);
+  const auto* pa = static_cast<const float*>(a.data_ptr());
+  const auto* pb = static_cast<const float*>(b.data_ptr());
+  auto* pc = static_cast<float*>(c.data_ptr());
+  float* a_parts = static_cast<float*>(parts.data_ptr());
+  float* b_parts = a_parts + 2 * na;
+  if (k_major) {
+    // A stored [m, k] (or [k, m] when trans_a), B stored [n, k] (or [k, n] unless trans_b).
+    const std::int64_t ld = 2 * s.k;
+    split_operand(dev, pa, a_parts + s.k, a_parts, batches_a, s.trans_a ? s.k : s.m, s.trans_a ? s.m : s.k,
+                  s.trans_a, ld);
+    split_operand(dev, pb, b_parts, b_parts + s.k, batches_b, s.trans_b ? s.n : s.k, s.trans_b ? s.k : s.n,
+                  !s.trans_b, ld);
+    gemm_k_major_tf32(h, s, 2 * s.k, a_parts, b_parts, ld, pc, accumulate);
+    gemm_k_major_tf32(h, s, s.k, a_parts + s.k, b_parts, ld, pc, true);
+    return;
+  }
+  float *big_a = a_parts, *small_a = a_parts + na, *big_b = b_parts, *small_b = b_parts + nb;
+  split_operand(dev, pa, big_a, small_a, 1, 1, na, false, na);  // as one row: no strides
+  split_operand(dev, pb, big_b, small_b, 1, 1, nb, false, nb);
+  const CublasGemm g(s);
   constexpr cublasComputeType_t tf32 = CUBLAS_COMPUTE_32F_FAST_TF32;
-  g.run(h, CUDA_R_32F, tf32, small_a, big_b, c.data_ptr(), accumulate);
-  g.run(h, CUDA_R_32F, tf32, big_a, small_b, c.data_ptr(), true);
-  g.run(h, CUDA_R_32F, tf32, big_a, big_b, c.data_ptr(), true);
+  g.run(h, CUDA_R_32F, tf32, small_a, big_b, pc, accumulate);
+  g.run(h, CUDA_R_32F, tf32, big_a, small_b, pc, true);
+  g.run(h, CUDA_R_32F, tf32, big_a, big_b, pc, true);
 }
 
 template <class T>

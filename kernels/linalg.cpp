@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
+#include <type_traits>
 
 #include "qgrad/kernels/binary.h"
 #include "qgrad/kernels/cpu/gemm.h"
@@ -33,12 +35,16 @@ PermuteIndex make_transpose_index(const Shape& shape, std::int64_t dim0, std::in
 
 namespace {
 
-template <class U>
+// I: the index type of the modulo (32 bits where the count fits). A 64-bit
+// modulo and a 4-byte store per element left the bias fill of a [4096, 1024]
+// f32 output at 10.5 us, under half the bandwidth (H200, ncu); fill_rows
+// copies 16-byte units where it can.
+template <class U, class I = std::int64_t>
 struct FillRows {
   const U* r;
   U* o;
-  std::int64_t len;
-  QGRAD_HD void operator()(std::int64_t i) const { o[i] = r[i % len]; }
+  I len;
+  QGRAD_HD void operator()(std::int64_t i) const { o[i] = r[static_cast<I>(i) % len]; }
 };
 
 template <class U>
@@ -126,11 +132,24 @@ void fill_rows(const Tensor& row, const Tensor& out) {
     for (std::int64_t r = 0; r < rows; ++r) std::memcpy(dst + static_cast<std::size_t>(r) * bytes, src, bytes);
     return;
   }
-  dispatch_size(dtype_size(out.dtype()), [&](auto tag) {
+  // Rows of whole 16-byte units copy as those (one 128-bit load and store an index).
+  const std::size_t unit = row.nbytes() % 16 == 0 && reinterpret_cast<std::uintptr_t>(row.data_ptr()) % 16 == 0 &&
+                                   reinterpret_cast<std::uintptr_t>(out.data_ptr()) % 16 == 0
+                               ? 16
+                               : dtype_size(out.dtype());
+  const std::int64_t n = out.nbytes() / unit, per_row = row.nbytes() / unit;
+  dispatch_size(unit, [&](auto tag) {
     using U = typename decltype(tag)::type;
-    for_each_index(out.device(), out.numel(),
-                   FillRows<U>{static_cast<const U*>(row.data_ptr()), static_cast<U*>(out.data_ptr()), len},
-                   "fill_rows");
+    const auto* r = static_cast<const U*>(row.data_ptr());
+    auto* o = static_cast<U*>(out.data_ptr());
+    auto run = [&](auto f) {
+      if constexpr (std::is_same_v<U, Bytes16>) for_each_index_once(out.device(), n, f, "fill_rows");
+      else for_each_index(out.device(), n, f, "fill_rows");
+    };
+    if (n <= std::numeric_limits<std::uint32_t>::max())
+      run(FillRows<U, std::uint32_t>{r, o, static_cast<std::uint32_t>(per_row)});
+    else
+      run(FillRows<U>{r, o, per_row});
   });
 }
 

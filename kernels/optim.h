@@ -22,22 +22,26 @@ struct OptimElems {
   T* b1;
   T* b2;
   formulas::OptimTensorScalars<M> ts;
-  // `scale`: the gradient is first multiplied by it and rounded to T (the
-  // clip coefficient; the same bits as grad_scale_ before the step).
+  // The step on values already loaded (bv1 / bv2: the state buffers' values,
+  // ignored where a buffer is absent). `scale`: the gradient is first
+  // multiplied by it and rounded to T (the clip coefficient; the same bits as
+  // grad_scale_ before the step).
+  QGRAD_HD void update_values(M& pv, M gv, M& bv1, M& bv2, const formulas::OptimScalars<M>& s, bool scaled,
+                              M scale) const {
+    if (scaled) gv = M(T(gv * scale));
+    if (s.kind == OptimizerKind::sgd) {
+      if (!b1) bv1 = M(0);
+      formulas::sgd_update<M>(pv, gv, bv1, s, ts);
+    } else {
+      formulas::adamw_update<M>(pv, gv, bv1, bv2, s, ts);
+    }
+  }
   QGRAD_HD void update(std::int64_t i, const formulas::OptimScalars<M>& s, bool scaled = false,
                        M scale = M(1)) const {
-    M pv = M(p[i]);
-    const M gv = scaled ? M(T(M(g[i]) * scale)) : M(g[i]);
-    if (s.kind == OptimizerKind::sgd) {
-      M bv = b1 ? M(b1[i]) : M(0);
-      formulas::sgd_update<M>(pv, gv, bv, s, ts);
-      if (b1) b1[i] = T(bv);
-    } else {
-      M mv = M(b1[i]), vv = M(b2[i]);
-      formulas::adamw_update<M>(pv, gv, mv, vv, s, ts);
-      b1[i] = T(mv);
-      b2[i] = T(vv);
-    }
+    M pv = M(p[i]), bv1 = b1 ? M(b1[i]) : M(0), bv2 = b2 ? M(b2[i]) : M(0);
+    update_values(pv, M(g[i]), bv1, bv2, s, scaled, scale);
+    if (b1) b1[i] = T(bv1);
+    if (b2) b2[i] = T(bv2);
     p[i] = T(pv);
   }
 };

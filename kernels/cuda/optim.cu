@@ -4,6 +4,8 @@
 // TensorListMetadata), so nothing is copied to the device and the host
 // never waits.
 #include <algorithm>
+#include <cstdint>
+#include <type_traits>
 
 #include "qgrad/core/cuda/common.cuh"
 #include "qgrad/kernels/cuda/entries.h"
@@ -34,8 +36,34 @@ __global__ void optim_kernel(OptimTable<T> table, formulas::OptimScalars<op_math
   const std::int64_t n = table.numel[t];
   const OptimElems<T> e = table.elems[t];
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
-    e.update(i, s, scaled, scale);
+  const std::int64_t first = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if constexpr (std::is_same_v<T, float>) {
+    // Four elements an index where every buffer is 16-byte aligned: a
+    // thread's loads of p, g and the state issue together (one element at a
+    // time, SGD with momentum over the b4096 MLP's 1.86M parameters took
+    // 21 us, half the bandwidth, H200); update_values is the formula of
+    // update(), so the same bits.
+    const auto aligned = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; };
+    if (aligned(e.p) && aligned(e.g) && aligned(e.b1) && aligned(e.b2)) {
+      const std::int64_t n4 = n / 4;
+      for (std::int64_t q = first; q < n4; q += stride) {
+        float4 p4 = reinterpret_cast<const float4*>(e.p)[q];
+        const float4 g4 = reinterpret_cast<const float4*>(e.g)[q];
+        float4 b4 = e.b1 ? reinterpret_cast<const float4*>(e.b1)[q] : float4{};
+        float4 v4 = e.b2 ? reinterpret_cast<const float4*>(e.b2)[q] : float4{};
+        e.update_values(p4.x, g4.x, b4.x, v4.x, s, scaled, scale);
+        e.update_values(p4.y, g4.y, b4.y, v4.y, s, scaled, scale);
+        e.update_values(p4.z, g4.z, b4.z, v4.z, s, scaled, scale);
+        e.update_values(p4.w, g4.w, b4.w, v4.w, s, scaled, scale);
+        reinterpret_cast<float4*>(e.p)[q] = p4;
+        if (e.b1) reinterpret_cast<float4*>(e.b1)[q] = b4;
+        if (e.b2) reinterpret_cast<float4*>(e.b2)[q] = v4;
+      }
+      for (std::int64_t i = 4 * n4 + first; i < n; i += stride) e.update(i, s, scaled, scale);  // n % 4 left
+      return;
+    }
+  }
+  for (std::int64_t i = first; i < n; i += stride) e.update(i, s, scaled, scale);
 }
 
 template <class T>
@@ -59,7 +87,9 @@ void optim_impl(const OptimizerHyper& hyper, const std::vector<OptimizerSlot>& s
       largest = std::max(largest, slot.param.numel());
     }
     if (largest == 0) continue;
-    const dim3 grid(::qgrad::cuda::blocks_for(largest, threads, max_x), static_cast<unsigned>(count));
+    // f32 takes four elements an index (optim_kernel): a quarter of the grid.
+    const std::int64_t indices = std::is_same_v<T, float> ? (largest + 3) / 4 : largest;
+    const dim3 grid(::qgrad::cuda::blocks_for(indices, threads, max_x), static_cast<unsigned>(count));
     ::qgrad::cuda::launch_kernel(dev, optim_kernel<T>, grid, threads, 0, table, s, gs, sk);
   }
 }

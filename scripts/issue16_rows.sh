@@ -44,6 +44,17 @@ left() { echo $(( LIMIT - (SECONDS - T0) )); }
 # ISSUE16_SECTIONS: which numbered sections below run (default all).
 SECTIONS=" ${ISSUE16_SECTIONS:-1 2 3 4 5 6} "
 want() { [[ "$SECTIONS" == *" $1 "* ]]; }
+# The seconds each section keeps in reserve for the ones after it (its share of the budget, not its
+# whole run time), so that a step reserves for the wanted sections only: after N prints the sum over
+# the wanted sections after N.
+declare -A SECTION_RESERVE=([2]=70 [3]=25 [4]=15 [5]=80 [6]=0)
+after() {
+  local sum=0 j
+  for j in 2 3 4 5 6; do
+    if [ "$j" -gt "$1" ] && want "$j"; then sum=$((sum + SECTION_RESERVE[$j])); fi
+  done
+  echo $sum
+}
 # step NAME CAP RESERVE OUTFILE CMD...: CMD under timeout min(CAP, left - RESERVE), stdout to
 # OUTFILE, stderr to OUTFILE.err; skipped (OUTFILE.skipped) when under 5 s would be left.
 step() {
@@ -127,9 +138,9 @@ STEP_ARGS=(--cuda-nets mlp,mlp_tf32x3 --cpu-nets none)
 if want 1; then
 # ---- 1. item 2, CUDA: the MLP step, qgrad / peer / qgrad ----
 echo "== item 2 (CUDA step)"
-step "bench_train_step mlp r1" 60 330 "$O/step_cuda_1.jsonl" "$B/bench/bench_train_step" "${STEP_ARGS[@]}"
-step "peer_train_step cuda" 240 200 "$O/peer_step_cuda.jsonl" "$PY" "$O/peer_step_wrap.py" cuda --net mlp
-step "bench_train_step mlp r2" 60 190 "$O/step_cuda_2.jsonl" "$B/bench/bench_train_step" "${STEP_ARGS[@]}"
+step "bench_train_step mlp r1" 60 $((140 + $(after 1))) "$O/step_cuda_1.jsonl" "$B/bench/bench_train_step" "${STEP_ARGS[@]}"
+step "peer_train_step cuda" 240 $((10 + $(after 1))) "$O/peer_step_cuda.jsonl" "$PY" "$O/peer_step_wrap.py" cuda --net mlp
+step "bench_train_step mlp r2" 60 "$(after 1)" "$O/step_cuda_2.jsonl" "$B/bench/bench_train_step" "${STEP_ARGS[@]}"
 show 'qat_step_cuda' '.' "$O/step_cuda_1.jsonl" "$O/peer_step_cuda.jsonl" "$O/step_cuda_2.jsonl"
 fi
 
@@ -137,25 +148,25 @@ if want 2; then
 # ---- 2. item 3: W8A8 ----
 echo "== item 3 (W8A8)"
 W8=('^w8a8_(8192x8192x8192|4096x4096x4096|1x4096x4096|16x4096x4096|128x4096x4096)$' '^(qgrad|cublas_bf16|torch_bf16)$')
-step "bench_w8a8 r1" 60 160 "$O/w8a8_1.jsonl" "$B/bench/bench_w8a8"
-step "peer_w8a8" 120 130 "$O/peer_w8a8.jsonl" bash -c "cd bench && exec '$PY' peer_w8a8.py"
-step "bench_w8a8 r2" 60 120 "$O/w8a8_2.jsonl" "$B/bench/bench_w8a8"
+step "bench_w8a8 r1" 60 $((40 + $(after 2))) "$O/w8a8_1.jsonl" "$B/bench/bench_w8a8"
+step "peer_w8a8" 120 $((10 + $(after 2))) "$O/peer_w8a8.jsonl" bash -c "cd bench && exec '$PY' peer_w8a8.py"
+step "bench_w8a8 r2" 60 "$(after 2)" "$O/w8a8_2.jsonl" "$B/bench/bench_w8a8"
 show "${W8[@]}" "$O/w8a8_1.jsonl" "$O/peer_w8a8.jsonl" "$O/w8a8_2.jsonl"
 fi
 
 if want 3; then
 # ---- 3. item 4: the ops ----
 echo "== item 4 (ops)"
-step "bench_quant r1" 60 120 "$O/quant_1.jsonl" "$B/bench/bench_quant"
-step "peer_quant" 90 110 "$O/peer_quant.jsonl" bash -c "cd bench && exec '$PY' peer_quant.py"
-step "bench_quant r2" 60 110 "$O/quant_2.jsonl" "$B/bench/bench_quant"
+step "bench_quant r1" 60 $((25 + $(after 3))) "$O/quant_1.jsonl" "$B/bench/bench_quant"
+step "peer_quant" 90 $((15 + $(after 3))) "$O/peer_quant.jsonl" bash -c "cd bench && exec '$PY' peer_quant.py"
+step "bench_quant r2" 60 $((15 + $(after 3))) "$O/quant_2.jsonl" "$B/bench/bench_quant"
 show '^(quantize_per_tensor|dequantize_per_tensor|lerp_fw)$' '.' "$O/quant_1.jsonl" "$O/peer_quant.jsonl" "$O/quant_2.jsonl"
 # QGRAD_BENCH_ONLY: a part of no transformer row's name (both sides read it; the #16 rows,
 # relu / observers / linear, and the attention rows are outside the filter and always run).
 export QGRAD_BENCH_ONLY=__no_transformer_rows__
-step "bench_train_ops r1" 60 110 "$O/train_ops_1.jsonl" "$B/bench/bench_train_ops"
-step "peer_train_ops" 90 100 "$O/peer_train_ops.jsonl" bash -c "cd bench && exec '$PY' peer_train_ops.py --no-compile"
-step "bench_train_ops r2" 60 100 "$O/train_ops_2.jsonl" "$B/bench/bench_train_ops"
+step "bench_train_ops r1" 60 $((15 + $(after 3))) "$O/train_ops_1.jsonl" "$B/bench/bench_train_ops"
+step "peer_train_ops" 90 $((5 + $(after 3))) "$O/peer_train_ops.jsonl" bash -c "cd bench && exec '$PY' peer_train_ops.py --no-compile"
+step "bench_train_ops r2" 60 $((5 + $(after 3))) "$O/train_ops_2.jsonl" "$B/bench/bench_train_ops"
 unset QGRAD_BENCH_ONLY
 show '^(relu_fw|observer_minmax_per_tensor|observer_minmax_per_channel|linear_fwbw_4096x1024x1024)$' '.' \
   "$O/train_ops_1.jsonl" "$O/peer_train_ops.jsonl" "$O/train_ops_2.jsonl"
@@ -165,7 +176,7 @@ if want 4; then
 # ---- 4. item 5: the profile of the captured step (b256, b4096/h1024) ----
 echo "== profile (ncu)"
 if command -v ncu >/dev/null; then
-  step "profile_step.sh mlp" 150 95 "$O/profile.log" bash scripts/profile_step.sh "$B" "$O/profile" mlp,mlp_tf32x3
+  step "profile_step.sh mlp" 150 $((15 + $(after 4))) "$O/profile.log" bash scripts/profile_step.sh "$B" "$O/profile" mlp,mlp_tf32x3
   grep -E '^### |replay without|one at a time|GEMM kernels' "$O/profile/profile.md" 2>/dev/null | cut -c1-150
 else
   echo "ncu not found: no profile"
@@ -176,10 +187,10 @@ if want 5; then
 # ---- 5. item 2, CPU: b256, 2 threads, both sides on cores $CPUS ----
 echo "== item 2 (CPU step, cores $CPUS: ${PIN[*]:-not pinned})"
 CPU_ARGS=(--cpu-only --cpu-nets mlp --cpu-threads 2)
-step "bench_train_step cpu r1" 30 80 "$O/step_cpu_1.jsonl" "${PIN[@]}" "$B/bench/bench_train_step" "${CPU_ARGS[@]}"
-step "peer_train_step cpu r1" 150 15 "$O/peer_step_cpu_1.jsonl" "$PY" "$O/peer_step_wrap.py" cpu "$CPUS" --net mlp
-step "bench_train_step cpu r2" 30 0 "$O/step_cpu_2.jsonl" "${PIN[@]}" "$B/bench/bench_train_step" "${CPU_ARGS[@]}"
-step "peer_train_step cpu r2" 60 0 "$O/peer_step_cpu_2.jsonl" "$PY" "$O/peer_step_wrap.py" cpu "$CPUS" --net mlp
+step "bench_train_step cpu r1" 30 $((80 + $(after 5))) "$O/step_cpu_1.jsonl" "${PIN[@]}" "$B/bench/bench_train_step" "${CPU_ARGS[@]}"
+step "peer_train_step cpu r1" 150 $((15 + $(after 5))) "$O/peer_step_cpu_1.jsonl" "$PY" "$O/peer_step_wrap.py" cpu "$CPUS" --net mlp
+step "bench_train_step cpu r2" 30 "$(after 5)" "$O/step_cpu_2.jsonl" "${PIN[@]}" "$B/bench/bench_train_step" "${CPU_ARGS[@]}"
+step "peer_train_step cpu r2" 60 "$(after 5)" "$O/peer_step_cpu_2.jsonl" "$PY" "$O/peer_step_wrap.py" cpu "$CPUS" --net mlp
 show 'qat_step_cpu' '.' "$O"/step_cpu_*.jsonl "$O"/peer_step_cpu_*.jsonl
 fi
 

@@ -652,6 +652,7 @@ TEST_CASE("matmul with tf32x3: f32's accuracy on CUDA from 2^27 multiply-adds, t
                         {{2048, 256}, {512, 256}, true, true, true},
                         {{4, 512, 256}, {4, 256, 512}, false, false, true},
                         {{1000, 300}, {500, 300}, true, false, true},  // partial 32 x 32 tiles of the transposing split
+                        {{1000, 301}, {500, 301}, true, false, true},  // k % 4 != 0: the split's one-element path
                         {{256, 784}, {256, 784}, true, false, false}};
   std::uint64_t seed = 1310;
   for (const Case& c : cases) {

@@ -36,7 +36,8 @@ Tensor linear_add(const Tensor& x, const Tensor& w, const Tensor& bias, const Te
 // of accuracy: each operand a = big + small with big a TF32 value (a rounded
 // to nearest) and small = a - big exactly, c = small_a·big_b + big_a·small_b
 // + big_a·big_b, three TF32 products summed in f32 in two cuBLAS GEMMs (the
-// small terms first, as one product over 2k), the small_a·small_b term (2^-22 of |a||b| at most) dropped.
+// small terms first, as one product over 2k), the small_a·small_b term
+// (2^-22 of |a||b| at most) dropped.
 // tf32x3 applies to products of at least 2^27 multiply-adds (smaller ones
 // stay ieee) and costs two f32 copies of each operand for the GEMM's
 // duration. Bounds against the f64 product: docs/ops.md "linear". Read when

@@ -20,9 +20,10 @@ namespace qgrad::cuda {
 // both created on first use, non-blocking). Also makes `device` current for
 // the calling thread.
 cudaStream_t stream(int device);
-// Whether this thread's launches on `device` go to its side stream now
-// (library handles bound to a stream keep one per stream).
-bool on_side_stream(int device);
+// The stream this thread's launches on `device` go to now, numbered across
+// devices (2 * device, + 1 for the side stream): the index of a library
+// handle bound to that stream (cuBLAS, cuDNN keep one per stream).
+std::size_t stream_slot(int device);
 
 // Makes `device` current for the scope.
 class DeviceGuard {

@@ -140,7 +140,7 @@ namespace {
 thread_local int t_side_device = -1;
 }  // namespace
 
-bool on_side_stream(int device) { return device == t_side_device; }
+std::size_t stream_slot(int device) { return 2 * static_cast<std::size_t>(device) + (device == t_side_device ? 1 : 0); }
 
 cudaStream_t stream(int device) {
   DeviceState& st = state(device);

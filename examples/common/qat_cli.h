@@ -81,7 +81,7 @@ void add_qat_options(CLI::App& app, Flags& f) {
       ->check(number_in(0, 1e9));
   app.add_option("--precision", f.precision,
                  "f32; tf32 (f32, with matmuls and convolutions on CUDA on TF32 tensor cores); tf32x3 (f32, "
-                 "the large matmuls on CUDA on TF32 tensor cores at f32's accuracy, operands split in three); or "
+                 "the large matmuls on CUDA on TF32 tensor cores at f32's accuracy, each operand split in two); or "
                  "bf16 mixed precision (bf16 matmuls and activations)")
       ->capture_default_str()
       ->check(one_of({"f32", "tf32", "tf32x3", "bf16"}));

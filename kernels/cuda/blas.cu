@@ -16,7 +16,7 @@ cublasHandle_t blas_handle(int device) {
   static std::vector<cublasHandle_t> handles;  // [device][main, side]: one workspace per stream
   std::lock_guard<std::mutex> lock(mutex);
   if (device < 0) throw Error("cublas", "device", "negative device index " + std::to_string(device));
-  const auto slot = 2 * static_cast<std::size_t>(device) + (on_side_stream(device) ? 1 : 0);
+  const std::size_t slot = stream_slot(device);
   if (handles.size() <= slot) handles.resize(slot + 1, nullptr);
   if (handles[slot] == nullptr) {
     DeviceGuard guard(device);

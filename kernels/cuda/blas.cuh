@@ -8,8 +8,9 @@
 
 namespace qgrad::cuda {
 
-// The handle of `device` for the stream its launches go to now. Thread-safe; the handles live until the process
-// ends (never destroyed, so no teardown-order hazard with the runtime).
+// The handle of `device` for the stream its launches go to now. Thread-safe;
+// the handles live until the process ends (never destroyed, so no
+// teardown-order hazard with the runtime).
 cublasHandle_t blas_handle(int device);
 
 [[noreturn]] void throw_cublas_error(cublasStatus_t status, const char* what, const char* file, int line);

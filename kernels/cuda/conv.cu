@@ -72,7 +72,7 @@ cudnnHandle_t dnn_handle(int device) {
   static std::mutex mutex;
   static std::vector<cudnnHandle_t> handles;
   std::lock_guard<std::mutex> lock(mutex);
-  const auto slot = 2 * static_cast<std::size_t>(device) + (::qgrad::cuda::on_side_stream(device) ? 1 : 0);
+  const std::size_t slot = ::qgrad::cuda::stream_slot(device);
   if (handles.size() <= slot) handles.resize(slot + 1, nullptr);
   if (handles[slot] == nullptr) {
     ::qgrad::cuda::DeviceGuard guard(device);

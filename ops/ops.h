@@ -22,3 +22,4 @@
 #include "qgrad/ops/conv.h"
 #include "qgrad/ops/quantized_conv.h"
 #include "qgrad/ops/fp8_linear.h"
+#include "qgrad/ops/qat_mlp.h"

@@ -17,6 +17,7 @@
 #include "qgrad/kernels/linalg.h"
 #include "qgrad/kernels/lowbit.h"
 #include "qgrad/kernels/optim.h"
+#include "qgrad/kernels/qat_mlp.h"
 #include "qgrad/kernels/reduce.h"
 #include "qgrad/kernels/softmax.h"
 
@@ -73,6 +74,15 @@ bool fake_quantize_dynamic_rows_batch(const std::vector<RowsBatchItem>& items, s
 // false, launching nothing, when that does not hold.
 bool lerp_forward_vec(const LerpArgs& args, const Tensor& out);
 bool lerp_backward_vec(const LerpArgs& args, const Tensor& dy, const Tensor& da, const Tensor& db, const Tensor& dw);
+
+// A small QAT MLP's forward, loss and backward as one persistent cooperative
+// kernel (kernels/qat_mlp.h; nn/fused_mlp.h; bench qat_step_..._fused).
+bool qat_mlp_available(int device);
+bool qat_mlp_plan(QatMlpArgs& a);
+void qat_mlp_forward_backward(const QatMlpArgs& a);
+// Profiling: later launches stamp %globaltimer into device_words[k] after
+// their k-th grid barrier (k = 0: the start; 2L + 3 words); null: off.
+void qat_mlp_record_phases(std::uint64_t* device_words);
 
 // The multi-tensor optimizer step: one launch per 32 parameters
 // (train_ops sgd_momentum_step).

@@ -63,6 +63,88 @@ std::vector<OpEntry> state_entries() {
                      {"optimizer_step_", "skip",
                       [=] { optimizer_step_(sgd, {{p, gr, zeros({3}, on(d)), Tensor(), 1, true}}, Tensor(), zeros({1}, on(d))); }}};
                }});
+  // The QAT MLP's forward, loss and backward in one call (8 -> 5 relu -> 3,
+  // batch 6): on CUDA the fused kernel, on the CPU the composed ops. The
+  // input observer moves an existing range, the others start unobserved;
+  // the second layer's weight gradient is added to an existing one.
+  e.push_back({"qat_mlp_loss_backward_", {"qat_mlp_loss_backward_", "qat_mlp_fused_available"}, {DType::f32},
+               [](Device d, DType dt, Generator& g) {
+                 const auto state = [&](std::int64_t c, double lo, double hi) {
+                   return Tensors{full({c}, lo, on(d, dt)), full({c}, hi, on(d, dt)), full({c}, 1.0, on(d, dt)),
+                                  zeros({c}, on(d, DType::s32))};
+                 };
+                 Tensors v{plain({6, 8}, g, d, dt), randint(0, 3, {6}, g, on(d, DType::s64)),
+                           plain({5, 8}, g, d, dt, 0.5), plain({5}, g, d, dt, 0.1), zeros({5, 8}, on(d, dt)),
+                           zeros({5}, on(d, dt)), plain({3, 5}, g, d, dt, 0.5), plain({3}, g, d, dt, 0.1),
+                           plain({3, 5}, g, d, dt), zeros({3}, on(d, dt))};
+                 for (const Tensors& q : {state(1, -1.0, 1.5), state(5, INFINITY, -INFINITY), state(1, INFINITY, -INFINITY),
+                                          state(3, INFINITY, -INFINITY), state(1, INFINITY, -INFINITY)})
+                   v.insert(v.end(), q.begin(), q.end());
+                 return v;
+               },
+               [](const Tensors& v) {
+                 const auto quant = [&](std::size_t at, bool weight) {
+                   QatMlpQuant q;
+                   q.run_min = v[at];
+                   q.run_max = v[at + 1];
+                   q.scale = v[at + 2];
+                   q.zero_point = v[at + 3];
+                   q.symmetric = weight;
+                   q.qmin = weight ? -128 : 0;
+                   q.qmax = weight ? 127 : 127;
+                   return q;
+                 };
+                 std::vector<QatMlpLayer> layers(2);
+                 for (std::size_t i = 0; i < 2; ++i) {
+                   QatMlpLayer& l = layers[i];
+                   l.weight = v[2 + 4 * i];
+                   l.bias = v[3 + 4 * i];
+                   l.weight_grad = v[4 + 4 * i];
+                   l.bias_grad = v[5 + 4 * i];
+                   l.accumulate_weight_grad = i == 1;
+                   l.relu = i == 0;
+                   l.weight_quant = quant(14 + 8 * i, true);
+                   l.output_quant = quant(18 + 8 * i, false);
+                 }
+                 const Tensor loss = qat_mlp_loss_backward_(v[0], v[1], quant(10, false), layers);
+                 Tensors out{loss, v[4], v[5], v[8], v[9]};
+                 out.insert(out.end(), v.begin() + 10, v.end());
+                 return out;
+               },
+               Promise::within(0, 1e-5, 0, 0,
+                               "on CUDA one kernel sums the products in another order than the CPU's GEMM"),
+               GradMethod::none, {}, {}, [](Device d) {
+                 const auto f32 = on(d, DType::f32);
+                 QatMlpQuant q;
+                 q.run_min = full({1}, INFINITY, f32);
+                 q.run_max = full({1}, -INFINITY, f32);
+                 q.scale = full({1}, 1.0, f32);
+                 q.zero_point = zeros({1}, on(d, DType::s32));
+                 q.qmax = 127;
+                 QatMlpLayer l;
+                 l.weight = zeros({3, 4}, f32);
+                 l.weight_grad = zeros({3, 4}, f32);
+                 l.weight_quant = q;
+                 l.weight_quant.run_min = full({3}, INFINITY, f32);
+                 l.weight_quant.run_max = full({3}, -INFINITY, f32);
+                 l.weight_quant.scale = full({3}, 1.0, f32);
+                 l.weight_quant.zero_point = zeros({3}, on(d, DType::s32));
+                 l.output_quant = q;
+                 const Tensor x = zeros({2, 4}, f32), y = zeros({2}, on(d, DType::s64));
+                 QatMlpQuant bad_zp = q;
+                 bad_zp.zero_point = zeros({1}, f32);
+                 QatMlpLayer wide = l;
+                 wide.weight = zeros({3, 5}, f32);
+                 QatMlpLayer no_bias_grad = l;
+                 no_bias_grad.bias = zeros({3}, f32);
+                 return std::vector<BadInput>{
+                     {"qat_mlp_loss_backward_", "x", [=] { qat_mlp_loss_backward_(zeros({2, 4}, on(d, DType::f64)), y, q, {l}); }},
+                     {"qat_mlp_loss_backward_", "labels", [=] { qat_mlp_loss_backward_(x, zeros({3}, on(d, DType::s64)), q, {l}); }},
+                     {"qat_mlp_loss_backward_", "layers", [=] { qat_mlp_loss_backward_(x, y, q, {}); }},
+                     {"qat_mlp_loss_backward_", "weight", [=] { qat_mlp_loss_backward_(x, y, q, {wide}); }},
+                     {"qat_mlp_loss_backward_", "bias_grad", [=] { qat_mlp_loss_backward_(x, y, q, {no_bias_grad}); }},
+                     {"qat_mlp_loss_backward_", "input_quant", [=] { qat_mlp_loss_backward_(x, y, bad_zp, {l}); }}};
+               }});
   // The global norm of clip_grad_norm in its three orders over tensors of
   // one chunk, two chunks, 34 chunks (step 2 folds lanes) and none, the
   // clip coefficient (clipping, not clipping, zero max_norm), the in-place

@@ -82,6 +82,13 @@ Net mlp(std::int64_t hidden, const std::string& suffix = "") {
   return {"qat_step", "_h" + std::to_string(hidden) + suffix,
           [hidden](Device d, Generator& g) { return std::make_unique<QatMlp>(d, hidden, g); }, {784}};
 }
+// The MLP with its forward, loss and backward as one fused kernel
+// (nn::qat_mlp_loss_backward; b256 only, b4096 is past the kernel's limit
+// kQatMlpFusedMultiplyAdds): case ..._h256_fused.
+Net mlp_fused(std::int64_t hidden) {
+  return {"qat_step", "_h" + std::to_string(hidden) + "_fused",
+          [hidden](Device d, Generator& g) { return std::make_unique<QatMlp>(d, hidden, g, 0.01, true); }, {784}};
+}
 Net cnn(std::int64_t width, const std::string& suffix = "") {
   return {"qat_cnn_step", "_w" + std::to_string(width) + suffix,
           [width](Device d, Generator& g) { return std::make_unique<QatCnn>(d, width, g); }, {1, 28, 28}};
@@ -294,7 +301,7 @@ int main(int argc, char** argv) {
   int profile_replays = 0;
   std::string profile_nets = "mlp";  // comma-separated: mlp (b256 and b4096/h1024), cnn, vit
   std::string cpu_nets = "mlp,cnn";  // the CPU cases to run (a profiler's run of one)
-  std::string cuda_nets = "mlp,mlp_tf32x3,cnn,cnn_tf32,vit,vit_tf32,vit_bf16";  // the CUDA cases to run
+  std::string cuda_nets = "mlp,mlp_fused,mlp_tf32x3,cnn,cnn_tf32,vit,vit_tf32,vit_bf16";  // the CUDA cases to run
   int cpu_reps = 50, cpu_threads = 2;
   CLI::App app{"The QAT training step of the examples' models, eager and captured in a CUDA graph (JSON lines)"};
   app.add_flag("--cpu-only", cpu_only, "only the CPU cases");
@@ -306,8 +313,8 @@ int main(int argc, char** argv) {
       ->default_str("3")
       ->check(CLI::PositiveNumber);
   app.add_option("--profile-nets", profile_nets,
-                 "nets --profile captures: mlp, mlp_tf32x3, cnn, cnn_tf32, vit, vit_tf32, vit_bf16");
-  app.add_option("--cuda-nets", cuda_nets, "CUDA cases to run: mlp, mlp_tf32x3, cnn, cnn_tf32, vit, vit_tf32, vit_bf16");
+                 "nets --profile captures: mlp, mlp_fused, mlp_tf32x3, cnn, cnn_tf32, vit, vit_tf32, vit_bf16");
+  app.add_option("--cuda-nets", cuda_nets, "CUDA cases to run: mlp, mlp_fused, mlp_tf32x3, cnn, cnn_tf32, vit, vit_tf32, vit_bf16");
   app.add_option("--cpu-nets", cpu_nets, "CPU cases to run: mlp, cnn (none: no CPU case)");
   CLI11_PARSE(app, argc, argv);
 #if QGRAD_WITH_CUDA
@@ -321,6 +328,7 @@ int main(int argc, char** argv) {
       profile_graph(mlp(1024), 4096, profile_replays);
     }
     if (wanted("mlp_tf32x3")) with_matmul_tf32x3([&](const Net& net) { profile_graph(net, 4096, profile_replays); });
+    if (wanted("mlp_fused")) profile_graph(mlp_fused(256), 256, profile_replays);
     if (wanted("cnn")) profile_graph(cnn(32), 256, profile_replays);
     if (wanted("cnn_tf32")) with_conv_tf32([&](const Net& net) { profile_graph(net, 256, profile_replays); });
     if (wanted("vit")) profile_graph(vit(), 256, profile_replays);
@@ -337,6 +345,7 @@ int main(int argc, char** argv) {
       bench_cuda(mlp(1024), 4096, 200);
     }
     if (cuda_wanted("mlp_tf32x3")) with_matmul_tf32x3([](const Net& net) { bench_cuda(net, 4096, 200); });
+    if (cuda_wanted("mlp_fused")) bench_cuda(mlp_fused(256), 256, 300);  // b4096 is past the kernel's limit
     if (cuda_wanted("cnn")) bench_cuda(cnn(32), 256, 200);
     if (cuda_wanted("cnn_tf32")) with_conv_tf32([](const Net& net) { bench_cuda(net, 256, 200); });
     if (cuda_wanted("vit")) bench_cuda(vit(), 256, 100);

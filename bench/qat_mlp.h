@@ -19,6 +19,9 @@ struct QatStep {
   std::unique_ptr<nn::Optimizer> opt;  // SGD here; AdamW for the ViT (qat_vit.h)
   double clip_grad_norm = 0;  // > 0: nn::clip_grad_norm(*opt, it) fused into the step
   bool stage_8da8w = false;   // nn::stage_8da8w_weights before the forward (the ViT)
+  // The forward, loss and backward through nn::qat_mlp_loss_backward (one
+  // fused kernel on CUDA for an MLP; the composed ops elsewhere).
+  bool fused = false;
 
   void prepare(Device device, double lr) {
     nn::prepare_qat(*model, nn::default_qat_qconfig());
@@ -32,6 +35,12 @@ struct QatStep {
 
   void step(const Tensor& x, const Tensor& y) {
     opt->zero_grad();  // set to none
+    if (fused) {
+      nn::qat_mlp_loss_backward(*model, x, y);
+      if (clip_grad_norm > 0) nn::clip_grad_norm(*opt, clip_grad_norm, 2.0, true);
+      opt->step();
+      return;
+    }
     if (stage_8da8w) nn::stage_8da8w_weights(*model);
     nn::stage_weight_fake_quants(*model);  // the int8 weights' observers + fake quants in one launch
     nn::stage_compute_casts(*model);  // mixed precision: the parameters' casts in one launch
@@ -45,7 +54,8 @@ struct QatStep {
 };
 
 struct QatMlp : QatStep {
-  QatMlp(Device device, std::int64_t hidden, Generator& gen, double lr = 0.01) {
+  QatMlp(Device device, std::int64_t hidden, Generator& gen, double lr = 0.01, bool fused_step = false) {
+    fused = fused_step;
     model->emplace_back<nn::Linear>(784, hidden, gen);
     model->emplace_back<nn::ReLU>();
     model->emplace_back<nn::Linear>(hidden, hidden, gen);

@@ -6,6 +6,7 @@
 #include "qgrad/nn/checkpoint.h"
 #include "qgrad/nn/conv.h"
 #include "qgrad/nn/data.h"
+#include "qgrad/nn/fused_mlp.h"
 #include "qgrad/nn/layers.h"
 #include "qgrad/nn/module.h"
 #include "qgrad/nn/optim.h"

@@ -167,6 +167,19 @@ TEST_CASE("CUDA: the QAT step captures with no host sync and replays bit for bit
   check_capture_matches_eager([](Device d) { return make_trainer(d, 64); }, 64, {784});
 }
 
+TEST_CASE("CUDA: the fused QAT MLP step (one kernel) captures and replays bit for bit like eager fused steps") {
+  // nn::qat_mlp_loss_backward: the persistent kernel's split-K parts are
+  // summed in part order by whichever block arrives last, so every run gives
+  // the same bits; its tile counters are left at zero for the next launch.
+  QGRAD_REQUIRE_GPU();
+  const auto fused = [](Device d) {
+    Generator gen(0x51a);
+    return bench::QatMlp(d, 64, gen, 0.05, true);
+  };
+  check_capture_matches_eager(fused, 64, {784});
+  check_capture_matches_eager(fused, 256, {784}, true);
+}
+
 TEST_CASE("CUDA: the CNN QAT step (ConvBnReLU2d, batch norm) captures and replays bit for bit like eager steps") {
   QGRAD_REQUIRE_GPU();
   check_capture_matches_eager([](Device d) { return make_cnn_trainer(d); }, 16, {1, 28, 28});

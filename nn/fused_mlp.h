@@ -25,7 +25,10 @@ namespace qgrad::nn {
 // from the composed path's by float rounding, and a value within that of a
 // rounding boundary of a fake quant can land on the neighbouring level; every
 // other formula (observers, qparams, fake quant, masks, cross-entropy) is the
-// ops' own. No host sync: capturable in a CudaGraph.
+// ops' own. No host sync: capturable in a CudaGraph. It observes the weights
+// itself: an output stage_weight_fake_quants staged before it is dropped (its
+// observer update kept, as for any staged output never taken), so do not
+// stage before calling it.
 Tensor qat_mlp_loss_backward(Sequential& model, const Tensor& x, const Tensor& labels);
 
 // Why qat_mlp_loss_backward(model, x, labels) would run the composed ops

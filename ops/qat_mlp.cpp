@@ -143,6 +143,16 @@ Tensor qat_mlp_loss_backward_(const Tensor& x, const Tensor& labels, const QatMl
     multiply_adds += batch * n * features;
     features = n;
   }
+  // On the CPU the labels are read before anything is written (cross_entropy
+  // would throw only after the observers had moved); on CUDA, as there, a
+  // label outside [0, C) gives a NaN loss and NaN gradient rows.
+  if (dev.is_cpu()) {
+    const Tensor lab = labels.to(DType::s64);
+    const auto* l = lab.data<std::int64_t>();
+    for (std::int64_t b = 0; b < batch; ++b)
+      QGRAD_CHECK(l[b] >= 0 && l[b] < features, kOp, "labels", "label ", l[b], " at ", b, " outside [0, ", features,
+                  ")");
+  }
   // The kernel where it pays: its phases are latency-bound tiles on FFMA,
   // so larger steps run faster as the composed ops (cuBLAS).
   if (!qat_mlp_fused_available(dev) || multiply_adds > kQatMlpFusedMultiplyAdds) return composed(x, labels, input_quant, layers);

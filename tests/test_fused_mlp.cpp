@@ -173,48 +173,56 @@ TEST_CASE("qat_mlp_loss_backward runs the composed ops where the fused kernel do
 }
 
 TEST_CASE("qat_mlp_loss_backward_ rejects bad arguments before writing anything (every device)") {
-  const Device dev = has_gpu() ? Device::cuda() : Device::cpu();
-  const TensorOptions f32 = TensorOptions{}.with_device(dev);
-  const TensorOptions s32 = TensorOptions{}.with_device(dev).with_dtype(DType::s32);
-  const TensorOptions s64 = TensorOptions{}.with_device(dev).with_dtype(DType::s64);
-  Generator gen(9);
-  const auto quant = [&](std::int64_t c) {
-    QatMlpQuant q;
-    q.run_min = full({c}, INFINITY, f32);
-    q.run_max = full({c}, -INFINITY, f32);
-    q.scale = full({c}, 1.0, f32);
-    q.zero_point = zeros({c}, s32);
-    q.qmin = 0;
-    q.qmax = 127;
-    return q;
-  };
-  QatMlpLayer l;
-  l.weight = randn({6, 8}, gen, f32);
-  l.weight_grad = zeros({6, 8}, f32);
-  l.bias = randn({6}, gen, f32);
-  l.bias_grad = zeros({6}, f32);
-  l.weight_quant = quant(6);
-  l.weight_quant.symmetric = true;
-  l.weight_quant.qmin = -128;
-  l.output_quant = quant(1);
-  const Tensor x = randn({4, 8}, gen, f32);
-  const Tensor y = zeros({4}, s64);
-  const QatMlpQuant in = quant(1);
-  check_error([&] { qat_mlp_loss_backward_(x.to(DType::f64), y, in, {l}); }, "qat_mlp_loss_backward_", "x");
-  if (has_gpu()) check_error([&] { qat_mlp_loss_backward_(x.cpu(), y, in, {l}); }, "qat_mlp_loss_backward_", "labels");
-  check_error([&] { qat_mlp_loss_backward_(x, zeros({5}, s64), in, {l}); },
-              "qat_mlp_loss_backward_", "labels");
-  check_error([&] { qat_mlp_loss_backward_(x, y, in, {}); }, "qat_mlp_loss_backward_", "layers");
-  QatMlpLayer wide = l;
-  wide.weight = randn({6, 9}, gen, f32);
-  check_error([&] { qat_mlp_loss_backward_(x, y, in, {wide}); }, "qat_mlp_loss_backward_", "weight");
-  QatMlpLayer no_grad = l;
-  no_grad.bias_grad = Tensor();
-  check_error([&] { qat_mlp_loss_backward_(x, y, in, {no_grad}); }, "qat_mlp_loss_backward_", "bias_grad");
-  QatMlpQuant bad_zp = quant(1);
-  bad_zp.zero_point = zeros({1}, f32);
-  check_error([&] { qat_mlp_loss_backward_(x, y, bad_zp, {l}); }, "qat_mlp_loss_backward_", "input_quant");
-  // Nothing was written by any of them.
-  CHECK(std::isinf(values(in.run_min)[0]));
-  CHECK(values(l.weight_grad)[0] == 0.0);
+  for (const Device dev : test_devices()) {
+    INFO(dev.str());
+    const TensorOptions f32 = TensorOptions{}.with_device(dev);
+    const TensorOptions s32 = TensorOptions{}.with_device(dev).with_dtype(DType::s32);
+    const TensorOptions s64 = TensorOptions{}.with_device(dev).with_dtype(DType::s64);
+    Generator gen(9);
+    const auto quant = [&](std::int64_t c) {
+      QatMlpQuant q;
+      q.run_min = full({c}, INFINITY, f32);
+      q.run_max = full({c}, -INFINITY, f32);
+      q.scale = full({c}, 1.0, f32);
+      q.zero_point = zeros({c}, s32);
+      q.qmin = 0;
+      q.qmax = 127;
+      return q;
+    };
+    QatMlpLayer l;
+    l.weight = randn({6, 8}, gen, f32);
+    l.weight_grad = zeros({6, 8}, f32);
+    l.bias = randn({6}, gen, f32);
+    l.bias_grad = zeros({6}, f32);
+    l.weight_quant = quant(6);
+    l.weight_quant.symmetric = true;
+    l.weight_quant.qmin = -128;
+    l.output_quant = quant(1);
+    const Tensor x = randn({4, 8}, gen, f32);
+    const Tensor y = zeros({4}, s64);
+    const QatMlpQuant in = quant(1);
+    check_error([&] { qat_mlp_loss_backward_(x.to(DType::f64), y, in, {l}); }, "qat_mlp_loss_backward_", "x");
+    if (dev.is_cuda())
+      check_error([&] { qat_mlp_loss_backward_(x, y.cpu(), in, {l}); }, "qat_mlp_loss_backward_", "labels");
+    check_error([&] { qat_mlp_loss_backward_(x, zeros({5}, s64), in, {l}); },
+                "qat_mlp_loss_backward_", "labels");
+    check_error([&] { qat_mlp_loss_backward_(x, y, in, {}); }, "qat_mlp_loss_backward_", "layers");
+    QatMlpLayer wide = l;
+    wide.weight = randn({6, 9}, gen, f32);
+    check_error([&] { qat_mlp_loss_backward_(x, y, in, {wide}); }, "qat_mlp_loss_backward_", "weight");
+    QatMlpLayer no_grad = l;
+    no_grad.bias_grad = Tensor();
+    check_error([&] { qat_mlp_loss_backward_(x, y, in, {no_grad}); }, "qat_mlp_loss_backward_", "bias_grad");
+    QatMlpQuant bad_zp = quant(1);
+    bad_zp.zero_point = zeros({1}, f32);
+    check_error([&] { qat_mlp_loss_backward_(x, y, bad_zp, {l}); }, "qat_mlp_loss_backward_", "input_quant");
+    if (dev.is_cpu()) {  // labels are read first on the CPU: the last layer has 6 outputs
+      const Tensor bad_label = full({4}, 6.0, s64);
+      check_error([&] { qat_mlp_loss_backward_(x, bad_label, in, {l}); }, "qat_mlp_loss_backward_", "labels");
+    }
+    // Nothing was written by any of them.
+    CHECK(std::isinf(values(in.run_min)[0]));
+    CHECK(std::isinf(values(l.weight_quant.run_min)[0]));
+    CHECK(values(l.weight_grad)[0] == 0.0);
+  }
 }

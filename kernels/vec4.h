@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include "qgrad/core/macros.h"
+
 namespace qgrad::kernels {
 
 template <class T>
@@ -15,7 +17,7 @@ struct alignas(4 * sizeof(T)) Vec4 {
 
 // p may be read or written as Vec4<T>s.
 template <class T>
-bool vec4_aligned(const void* p) {
+QGRAD_HD bool vec4_aligned(const void* p) {
   return reinterpret_cast<std::uintptr_t>(p) % sizeof(Vec4<T>) == 0;
 }
 

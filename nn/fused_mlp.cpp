@@ -12,8 +12,6 @@ namespace qgrad::nn {
 
 namespace {
 
-constexpr std::size_t kMaxLayers = 6;  // qat_mlp_loss_backward_'s
-
 // The model's QATLinear layers (relu: followed by a ReLU), or the reason it is not that MLP.
 struct MlpLayers {
   FakeQuantize* input = nullptr;
@@ -60,9 +58,9 @@ MlpLayers mlp_layers(const Sequential& model) {
     m.linear.push_back(lin);
     m.relu.push_back(false);
   }
-  if (m.linear.empty() || m.linear.size() > kMaxLayers)
+  if (m.linear.empty() || m.linear.size() > kQatMlpMaxLayers)
     m.why = "model: " + std::to_string(m.linear.size()) + " QATLinear layers (the kernel takes 1 to " +
-            std::to_string(kMaxLayers) + ")";
+            std::to_string(kQatMlpMaxLayers) + ")";
   return m;
 }
 

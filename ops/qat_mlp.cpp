@@ -17,6 +17,7 @@ namespace qgrad {
 namespace {
 
 constexpr const char* kOp = "qat_mlp_loss_backward_";
+static_assert(kQatMlpMaxLayers == static_cast<std::size_t>(kernels::kQatMlpMaxLayers));
 constexpr std::int64_t kLimit = std::int64_t{1} << 24;
 
 // Grad mode on for the scope (the composed path records its tape even when
@@ -122,8 +123,8 @@ Tensor qat_mlp_loss_backward_(const Tensor& x, const Tensor& labels, const QatMl
   QGRAD_CHECK(labels.defined() && (labels.dtype() == DType::s64 || labels.dtype() == DType::s32) &&
                   labels.shape() == Shape{batch} && labels.device() == dev,
               kOp, "labels", "expected s64 or s32 [", batch, "] on ", dev.str());
-  QGRAD_CHECK(!layers.empty() && layers.size() <= static_cast<std::size_t>(kernels::kQatMlpMaxLayers), kOp, "layers",
-              "expected 1 to ", kernels::kQatMlpMaxLayers, " layers, got ", layers.size());
+  QGRAD_CHECK(!layers.empty() && layers.size() <= kQatMlpMaxLayers, kOp, "layers", "expected 1 to ",
+              kQatMlpMaxLayers, " layers, got ", layers.size());
   check_quant(input_quant, 1, dev, "input_quant");
   std::int64_t features = x.size(1), multiply_adds = 0;
   for (const QatMlpLayer& l : layers) {

@@ -4,6 +4,7 @@
 // training loop can run the same step without the nn layer.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -42,6 +43,8 @@ bool qat_mlp_fused_available(const Device& device);
 // 2^26): its phases are tiles of FFMA bound by latency, and larger steps run
 // faster as the composed ops on cuBLAS.
 inline constexpr std::int64_t kQatMlpFusedMultiplyAdds = std::int64_t{1} << 27;
+// The most layers the op takes.
+inline constexpr std::size_t kQatMlpMaxLayers = 6;
 
 // loss = mean cross_entropy(act_L, labels) of the MLP x -> input_quant ->
 // layers, its parameter gradients and every observer's update; returns the

@@ -9,6 +9,7 @@
 
 #include "qgrad/core/cuda/common.cuh"
 #include "qgrad/kernels/cuda/entries.h"
+#include "qgrad/kernels/vec4.h"
 
 namespace qgrad::kernels::cuda {
 
@@ -43,8 +44,8 @@ __global__ void optim_kernel(OptimTable<T> table, formulas::OptimScalars<op_math
     // time, SGD with momentum over the b4096 MLP's 1.86M parameters took
     // 21 us, half the bandwidth, H200); update_values is the formula of
     // update(), so the same bits.
-    const auto aligned = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; };
-    if (aligned(e.p) && aligned(e.g) && aligned(e.b1) && aligned(e.b2)) {
+    if (vec4_aligned<float>(e.p) && vec4_aligned<float>(e.g) && vec4_aligned<float>(e.b1) &&
+        vec4_aligned<float>(e.b2)) {
       const std::int64_t n4 = n / 4;
       for (std::int64_t q = first; q < n4; q += stride) {
         float4 p4 = reinterpret_cast<const float4*>(e.p)[q];

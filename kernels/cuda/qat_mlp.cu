@@ -607,8 +607,10 @@ bool qat_mlp_available(int device) { return ::qgrad::cuda::cooperative_launch(de
 bool qat_mlp_plan(QatMlpArgs& a) {
   const int dev = a.device;
   if (!qat_mlp_available(dev)) return false;
-  int per_sm = 0;
-  QGRAD_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, qat_mlp_kernel, kThreads, 0));
+  // Blocks an SM holds with the kernel's registers: asked once per device, not every step.
+  static int resident[16] = {};
+  int& per_sm = resident[std::min(dev, 15)];
+  if (per_sm == 0) QGRAD_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, qat_mlp_kernel, kThreads, 0));
   if (per_sm < 1) return false;
   a.grid = ::qgrad::cuda::multiprocessor_count(dev) * std::min(per_sm, kMaxBlocksPerSm);
   a.counters = ::qgrad::cuda::block_counters(dev);

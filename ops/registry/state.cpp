@@ -91,7 +91,7 @@ std::vector<OpEntry> state_entries() {
                    q.zero_point = v[at + 3];
                    q.symmetric = weight;
                    q.qmin = weight ? -128 : 0;
-                   q.qmax = weight ? 127 : 127;
+                   q.qmax = 127;
                    return q;
                  };
                  std::vector<QatMlpLayer> layers(2);

@@ -48,7 +48,7 @@ struct QatMlpLayer {
 struct QatMlpWorkspace {
   std::int64_t wq[kQatMlpMaxLayers] = {}, z[kQatMlpMaxLayers] = {}, dz[kQatMlpMaxLayers] = {};
   std::int64_t fwd_parts[kQatMlpMaxLayers] = {}, dw_parts[kQatMlpMaxLayers] = {}, dx_parts[kQatMlpMaxLayers] = {};
-  std::int64_t minmax = 0, loss_parts = 0, total = 0;
+  std::int64_t loss_parts = 0, total = 0;
 };
 
 struct QatMlpArgs {
@@ -64,7 +64,7 @@ struct QatMlpArgs {
   float* workspace = nullptr;     // qat_mlp_workspace_floats(args) floats, any contents
   // Set by qat_mlp_plan:
   int grid = 0;                        // blocks
-  std::uint32_t* counters = nullptr;   // zeroed words, left zeroed
+  std::uint32_t* counters = nullptr;   // kBlockCounters zeroed words (block_counters), left zeroed
   QatMlpWorkspace offsets;
   std::uint64_t* phase_clock = nullptr;  // profiling (qat_mlp_record_phases)
 };

@@ -5,22 +5,25 @@
 // cooperative grid runs the phases in turn, with a grid barrier between
 // each phase and the next:
 //   0      the weights' per-channel observers + fake quants (a warp a row,
-//          into the workspace); the input's partial min/max;
-//   1..L   layer l: the previous fake quant's qparams from the partials
-//          (every block combines them; block 0 stores the state), then
+//          into the workspace); the input's range;
+//   1..L   layer l: the previous fake quant's qparams from its range (every
+//          block derives them; block 0 stores the state), then
 //          z_l = act_{l-1} · Wq_lᵀ + b_l with act_{l-1} fake-quantized (and
-//          relu'd) as it is loaded, and z_l's partial min/max;
-//   L+1    the logits' qparams, cross-entropy per row, dz_L;
+//          relu'd) in shared memory as it lands, and z_l's range;
+//   L+1    the logits' qparams, cross-entropy a warp per row, dz_L;
 //   L+2..  per layer from the last: dW_l (times the weight fake quant's
 //          mask), db_l, and dz_{l-1} = (dz_l · Wq_l) under act_{l-1}'s mask.
 // The products are tiles of 64 x 32 outputs on FFMA (f32 products as
-// cuBLAS's f32 GEMM forms them, in another order); tiles that would leave
-// SMs idle are split along K, each part stored and the last part of a tile
-// to arrive summing the parts in part order (the same bits on every run).
-// Every other formula is the unfused ops' (kernels/formulas/*.h).
-// Measured (H200, fortieth session): correct, but the b256 step's kernel is
-// 133 µs in 8 phases of 10-26 µs (dev/cuda/qat_mlp_phases.cu), slower than
-// the composed ops' 35 nodes; a barrier alone is ~1 µs (dev/cuda/grid_barrier.cu).
+// cuBLAS's f32 GEMM forms them, in another order), each output one FMA
+// chain in increasing k; a unit's K (up to kStageK) is copied to shared
+// memory at once (cp.async). Tiles that would leave SMs idle are split along
+// K, each part stored and the last part of a tile to arrive summing the
+// parts in part order (the same bits on every run). A tensor's range meets
+// in two device words by atomicMax on order-preserving keys (exact and
+// order-free). Every other formula is the unfused ops' (kernels/formulas/*.h).
+// Measured (H200, forty-first session): the b256 step's kernel 110 µs (was
+// 138) in 8 phases of 4.5-20 µs (dev/cuda/qat_mlp_phases.cu); a barrier
+// alone is ~1 µs (dev/cuda/grid_barrier.cu).
 #include <cooperative_groups.h>
 
 #include <algorithm>
@@ -37,10 +40,9 @@ namespace qgrad::kernels::cuda {
 
 namespace {
 
-constexpr int kThreads = 256;  // = kMinmaxThreads (block_minmax)
+constexpr int kThreads = 256;
 constexpr int kTileM = 64, kTileN = 32, kTileK = 32;
 constexpr int kMaxBlocksPerSm = 2;
-static_assert(kThreads == static_cast<int>(kMinmaxThreads));
 
 QGRAD_HD int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
@@ -75,7 +77,6 @@ QatMlpWorkspace workspace_of(const QatMlpArgs& a) {
     w.dw_parts[i] = pw > 1 ? take(pw * n * k) : -1;
     w.dx_parts[i] = (i > 0 && px > 1) ? take(px * b * k) : -1;
   }
-  w.minmax = take(std::int64_t{2} * (a.num_layers + 1) * a.grid);
   w.loss_parts = take(a.grid);
   w.total = at;
   return w;
@@ -116,25 +117,121 @@ __device__ ActQuant act_quant(float scale, std::int32_t zp, const QatMlpQuant& q
   return a;
 }
 
-// An operand in storage: element (r, c) at p[r * ld + c], zero outside
-// rows x cols, through `act` when it is on.
+// An operand in storage: element (r, c) at p[r * ld + c] (rows x cols),
+// through `act` when it is on.
 struct Operand {
   const float* p;
   int ld, rows, cols;
   ActQuant act;
-  __device__ float at(int r, int c) const {
-    if (r >= rows || c >= cols) return 0.0f;
-    bool bit;
-    return act.value(__ldcg(p + static_cast<std::int64_t>(r) * ld + c), bit);
-  }
 };
 
+// K staged in shared memory at once: a unit's whole part when kper <= kStageK.
+constexpr int kStageK = 128;
+constexpr int kPad = 4;  // 16-byte rows; with the n = tx + 16 j mapping, conflict-free
+constexpr int kStageA = std::max(kTileM * (kStageK + kPad), kStageK * (kTileM + kPad));
+constexpr int kStageB = std::max(kTileN * (kStageK + kPad), kStageK * (kTileN + kPad));
+
 struct Smem {
-  float a[kTileK][kTileM + 4];  // A's chunk, k-major (+4: 16-byte rows, fewer bank conflicts)
-  float b[kTileK][kTileN + 4];
   float loss[kThreads];
+  float wlo[kThreads / 32], whi[kThreads / 32];
   float old_min[kQatMlpMaxLayers + 1], old_max[kQatMlpMaxLayers + 1];
+  float q_scale;
+  std::int32_t q_zp;
   bool last;
+};
+// The operand stages live in dynamic shared memory (over the 48 KB static limit).
+constexpr std::size_t kDynamicSmem = sizeof(float) * (kStageA + kStageB);
+
+__device__ __forceinline__ float* stage_a() {
+  extern __shared__ float4 dyn_smem[];
+  return reinterpret_cast<float*>(dyn_smem);
+}
+__device__ __forceinline__ float* stage_b() { return stage_a() + kStageA; }
+
+__device__ __forceinline__ void cp_async16(float* dst, const float* src, int bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(static_cast<std::uint32_t>(__cvta_generic_to_shared(dst))),
+               "l"(src), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async4(float* dst, const float* src, int bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(static_cast<std::uint32_t>(__cvta_generic_to_shared(dst))),
+               "l"(src), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+// The stage of one operand: `extent` rows or columns of the tile (tile
+// index t in [0, extent), at tile0 + t in the operand) by kc values of k from
+// k0 (kc a multiple of kTileK), zero outside the operand and past ke.
+// kAlongK: element (tile t, k) at p[(tile0 + t) * ld + k] and staged at
+// [t][k] (row kc + kPad); else at p[k * ld + tile0 + t], staged at [k][t]
+// (row extent + kPad). visit_groups(f) calls f(r, c) for each group of 4
+// elements this thread copies (stage row r, first column c), so the same
+// thread applies the fake quant to exactly what it copied (no barrier
+// between the copy's wait and it).
+template <bool kAlongK, int kExtent>
+struct Stage {
+  const Operand& op;
+  int tile0, k0, ke, kc;
+  float* smem;
+  __device__ int row_len() const { return kAlongK ? kc + kPad : kExtent + kPad; }
+  __device__ bool vector_ok() const {
+    return op.ld % 4 == 0 && (reinterpret_cast<std::uintptr_t>(op.p) & 15) == 0 &&
+           (kAlongK ? k0 % 4 == 0 : tile0 % 4 == 0);
+  }
+  // Groups of 4 elements along the contiguous direction.
+  template <class F>
+  __device__ void visit_groups(F f) const {
+    const int groups_per_row = kAlongK ? kc / 4 : kExtent / 4;
+    const int rows = kAlongK ? kExtent : kc;
+    for (int g = threadIdx.x; g < rows * groups_per_row; g += kThreads) {
+      const int r = g / groups_per_row, c = (g - r * groups_per_row) * 4;
+      f(r, c);
+    }
+  }
+  // How many of the group's 4 elements lie inside the operand (and below
+  // ke); its storage row and first column.
+  __device__ int group(int r, int c, int& row, int& col) const {
+    const int t = kAlongK ? r : c, k = k0 + (kAlongK ? c : r);
+    row = kAlongK ? tile0 + t : k;
+    col = kAlongK ? k : tile0 + t;
+    const int row_end = kAlongK ? op.rows : min(op.rows, ke);
+    const int col_end = kAlongK ? min(op.cols, ke) : op.cols;
+    return row < row_end ? min(4, max(0, col_end - col)) : 0;
+  }
+  __device__ void issue() const {
+    const bool vec = vector_ok();
+    const int len = row_len();
+    visit_groups([&](int r, int c) {
+      int row, col;
+      const int valid = group(r, c, row, col);
+      float* dst = smem + r * len + c;
+      const float* src = op.p + (valid > 0 ? static_cast<std::int64_t>(row) * op.ld + col : 0);
+      if (vec) {
+        cp_async16(dst, src, valid * 4);
+      } else {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) cp_async4(dst + e, valid > e ? src + e : op.p, valid > e ? 4 : 0);
+      }
+    });
+  }
+  // After the copies landed: the fake quant of this thread's own elements.
+  __device__ void quantize() const {
+    if (!op.act.on) return;
+    const int len = row_len();
+    visit_groups([&](int r, int c) {
+      int row, col;
+      const int valid = group(r, c, row, col);
+      float* at = smem + r * len + c;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        if (e < valid) {
+          bool bit;
+          at[e] = op.act.value(at[e], bit);
+        }
+      }
+    });
+  }
 };
 
 // One product of the step: C[M, N] = sum over k of A(m, k) B(k, n).
@@ -150,137 +247,213 @@ struct Gemm {
   }
 };
 
-// This thread's 4 x 2 outputs of the tile at (m0, n0) over k in [kb, ke).
-// kAK: A(m, k) is stored at (m, k) (else at (k, m)); kBK: B(k, n) at (n, k)
-// (else at (k, n)). The next chunk is loaded into registers while this one
-// is multiplied.
-template <bool kAK, bool kBK>
-__device__ void tile_product(const Operand& A, const Operand& B, int m0, int n0, int kb, int ke, float (&acc)[4][2],
-                             Smem& s) {
-  const int t = threadIdx.x, ty = t >> 4, tx = t & 15;
+// This thread's outputs of a tile: rows ty * 4 + i, columns tx + 16 j.
+__device__ __forceinline__ int out_row(int i) { return (threadIdx.x >> 4) * 4 + i; }
+__device__ __forceinline__ int out_col(int j) { return (threadIdx.x & 15) + 16 * j; }
+
+// This thread's 4 x 2 outputs of the tile at (m0, n0) over k in [kb, ke),
+// each an FMA chain in increasing k. kAK: A(m, k) is stored at (m, k)
+// (else at (k, m)); kBK: B(k, n) at (n, k) (else at (k, n)). Each stage of up
+// to kStageK values of k is copied at once (cp.async, every load in flight);
+// `between(A)` runs while the first stage's copies fly (it may set A's fake
+// quant), then each thread fake-quantizes what it copied.
+template <bool kAK, bool kBK, class Between>
+__device__ void tile_product(Operand& A, const Operand& B, int m0, int n0, int kb, int ke, float (&acc)[4][2],
+                             Between& between) {
 #pragma unroll
   for (int i = 0; i < 4; ++i) acc[i][0] = acc[i][1] = 0.0f;
-  float ra[8], rb[4];
-  const auto a_index = [&](int e, int& m, int& k) {
-    if (kAK) m = e >> 5, k = e & 31;
-    else m = e & 63, k = e >> 6;
-  };
-  const auto b_index = [&](int e, int& n, int& k) {
-    if (kBK) n = e >> 5, k = e & 31;
-    else n = e & 31, k = e >> 5;
-  };
-  const auto load = [&](int k0) {
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      int m, k;
-      a_index(t + i * kThreads, m, k);
-      const int kk = k0 + k;
-      ra[i] = kk < ke ? (kAK ? A.at(m0 + m, kk) : A.at(kk, m0 + m)) : 0.0f;
-    }
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      int n, k;
-      b_index(t + i * kThreads, n, k);
-      const int kk = k0 + k;
-      rb[i] = kk < ke ? (kBK ? B.at(n0 + n, kk) : B.at(kk, n0 + n)) : 0.0f;
-    }
-  };
-  load(kb);
-  for (int k0 = kb; k0 < ke; k0 += kTileK) {
-    __syncthreads();  // the previous chunk's products are done
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      int m, k;
-      a_index(t + i * kThreads, m, k);
-      s.a[k][m] = ra[i];
-    }
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      int n, k;
-      b_index(t + i * kThreads, n, k);
-      s.b[k][n] = rb[i];
-    }
+  float* const sa = stage_a();
+  float* const sb = stage_b();
+  const int ty = threadIdx.x >> 4, tx = threadIdx.x & 15;
+  // The chunks cover whole kTileK steps past ke (zeros), as the FMA chains always have.
+  const int kend = kb + ceil_div(ke - kb, kTileK) * kTileK;
+  bool first = true;
+  for (int k0 = kb; k0 < kend; k0 += kStageK) {
+    const int kc = min(kStageK, kend - k0);
+    __syncthreads();  // the previous stage's readers are done
+    const Stage<kAK, kTileM> a{A, m0, k0, ke, kc, sa};
+    const Stage<kBK, kTileN> b{B, n0, k0, ke, kc, sb};
+    if (first) between.begin();  // its loads ahead of the copies
+    a.issue();
+    b.issue();
+    asm volatile("cp.async.commit_group;" ::: "memory");
+    if (first) between(A);
+    first = false;
+    cp_async_wait_all();
+    a.quantize();
+    b.quantize();
     __syncthreads();
-    if (k0 + kTileK < ke) load(k0 + kTileK);
+    const int la = a.row_len(), lb = b.row_len();
+    for (int k = 0; k < kc; k += 4) {
+      float av[4][4], bv[2][4];  // [i or j][k + kk]
+      if (kAK) {
 #pragma unroll
-    for (int k = 0; k < kTileK; ++k) {
-      const float4 av = *reinterpret_cast<const float4*>(&s.a[k][ty * 4]);
-      const float2 bv = *reinterpret_cast<const float2*>(&s.b[k][tx * 2]);
-      const float am[4] = {av.x, av.y, av.z, av.w};
+        for (int i = 0; i < 4; ++i) {
+          const float4 v = *reinterpret_cast<const float4*>(sa + (ty * 4 + i) * la + k);
+          av[i][0] = v.x, av[i][1] = v.y, av[i][2] = v.z, av[i][3] = v.w;
+        }
+      } else {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        acc[i][0] = __fmaf_rn(am[i], bv.x, acc[i][0]);
-        acc[i][1] = __fmaf_rn(am[i], bv.y, acc[i][1]);
+        for (int kk = 0; kk < 4; ++kk) {
+          const float4 v = *reinterpret_cast<const float4*>(sa + (k + kk) * la + ty * 4);
+          av[0][kk] = v.x, av[1][kk] = v.y, av[2][kk] = v.z, av[3][kk] = v.w;
+        }
       }
+      if (kBK) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const float4 v = *reinterpret_cast<const float4*>(sb + (tx + 16 * j) * lb + k);
+          bv[j][0] = v.x, bv[j][1] = v.y, bv[j][2] = v.z, bv[j][3] = v.w;
+        }
+      } else {
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+          for (int j = 0; j < 2; ++j) bv[j][kk] = sb[(k + kk) * lb + tx + 16 * j];
+      }
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          acc[i][0] = __fmaf_rn(av[i][kk], bv[0][kk], acc[i][0]);
+          acc[i][1] = __fmaf_rn(av[i][kk], bv[1][kk], acc[i][1]);
+        }
     }
   }
 }
 
-// Unit u of product g: its tile's products, then epi(m, n, value) for each
-// of this thread's outputs once the tile's K is complete: at once for one
-// part; else each part is stored and the last to arrive sums them in part
-// order.
-template <bool kAK, bool kBK, class Epi>
-__device__ void run_unit(const Gemm& g, int u, const Operand& A, const Operand& B, Smem& s, Epi epi) {
+struct NoBetween {
+  __device__ void begin() const {}
+  __device__ void operator()(Operand&) const {}
+};
+
+// Unit u of product g: its tile's products, then the epilogue for each of
+// this thread's outputs once the tile's K is complete: at once for one part;
+// else each part is stored and the last to arrive sums them in part order.
+// Epi: load(m, n) -> Pre issues an output's epilogue loads (all eight
+// outputs' in flight together, with the parts' loads), store(m, n, v, pre)
+// finishes it.
+constexpr int kPartsInFlight = 4;
+
+template <bool kAK, bool kBK, class Epi, class Between = NoBetween>
+__device__ void run_unit(const Gemm& g, int u, Operand& A, const Operand& B, Smem& s, const Epi& epi,
+                         Between& between) {
   const int tile = u / g.parts, part = u % g.parts;
   const int m0 = (tile / g.tiles_n) * kTileM, n0 = (tile % g.tiles_n) * kTileN;
   const int kb = part * g.kper, ke = min(g.K, kb + g.kper);
   float acc[4][2];
-  tile_product<kAK, kBK>(A, B, m0, n0, kb, ke, acc, s);
-  const int ty = threadIdx.x >> 4, tx = threadIdx.x & 15;
+  tile_product<kAK, kBK>(A, B, m0, n0, kb, ke, acc, between);
   const std::int64_t plane = static_cast<std::int64_t>(g.M) * g.N;
+  const auto at = [&](int i, int j) { return static_cast<std::int64_t>(m0 + out_row(i)) * g.N + (n0 + out_col(j)); };
+  const auto valid = [&](int i, int j) { return m0 + out_row(i) < g.M && n0 + out_col(j) < g.N; };
   if (g.parts > 1) {
     float* mine = g.part_buf + part * plane;
 #pragma unroll
     for (int i = 0; i < 4; ++i)
 #pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const int m = m0 + ty * 4 + i, n = n0 + tx * 2 + j;
-        if (m < g.M && n < g.N) __stcg(mine + static_cast<std::int64_t>(m) * g.N + n, acc[i][j]);
-      }
+      for (int j = 0; j < 2; ++j)
+        if (valid(i, j)) __stcg(mine + at(i, j), acc[i][j]);
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) s.last = atomicAdd(g.counters + tile, 1u) == static_cast<unsigned>(g.parts - 1);
     __syncthreads();
     if (!s.last) return;
     __threadfence();
-    // Part by part, this thread's eight outputs at a time (their loads in flight together).
-    const auto at = [&](int i, int j) {
-      return static_cast<std::int64_t>(m0 + ty * 4 + i) * g.N + (n0 + tx * 2 + j);
-    };
-    const auto valid = [&](int i, int j) { return m0 + ty * 4 + i < g.M && n0 + tx * 2 + j < g.N; };
-    float sum[4][2];
+  }
+  typename Epi::Pre pre[4][2];
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
+  for (int i = 0; i < 4; ++i)
 #pragma unroll
-      for (int j = 0; j < 2; ++j) sum[i][j] = valid(i, j) ? __ldcg(g.part_buf + at(i, j)) : 0.0f;
-    for (int p = 1; p < g.parts; ++p) {
-      float v[4][2];
+    for (int j = 0; j < 2; ++j)
+      if (valid(i, j)) pre[i][j] = epi.load(m0 + out_row(i), n0 + out_col(j));
+  if (g.parts > 1) {
+    // kPartsInFlight parts' loads at a time, summed in part order.
+    for (int p0 = 0; p0 < g.parts; p0 += kPartsInFlight) {
+      float v[kPartsInFlight][4][2];
 #pragma unroll
-      for (int i = 0; i < 4; ++i)
+      for (int q = 0; q < kPartsInFlight; ++q)
 #pragma unroll
-        for (int j = 0; j < 2; ++j) v[i][j] = valid(i, j) ? __ldcg(g.part_buf + p * plane + at(i, j)) : 0.0f;
+        for (int i = 0; i < 4; ++i)
 #pragma unroll
-      for (int i = 0; i < 4; ++i)
+          for (int j = 0; j < 2; ++j)
+            v[q][i][j] = p0 + q < g.parts && valid(i, j) ? __ldcg(g.part_buf + (p0 + q) * plane + at(i, j)) : 0.0f;
 #pragma unroll
-        for (int j = 0; j < 2; ++j) sum[i][j] += v[i][j];
+      for (int q = 0; q < kPartsInFlight; ++q)
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+          for (int j = 0; j < 2; ++j)
+            if (p0 + q < g.parts) acc[i][j] = p0 + q == 0 ? v[q][i][j] : acc[i][j] + v[q][i][j];
     }
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-#pragma unroll
-      for (int j = 0; j < 2; ++j)
-        if (valid(i, j)) epi(m0 + ty * 4 + i, n0 + tx * 2 + j, sum[i][j]);
     if (threadIdx.x == 0) g.counters[tile] = 0;  // left at 0 for the next product (block_counters' rule)
-    return;
   }
 #pragma unroll
   for (int i = 0; i < 4; ++i)
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int m = m0 + ty * 4 + i, n = n0 + tx * 2 + j;
-      if (m < g.M && n < g.N) epi(m, n, acc[i][j]);
-    }
+    for (int j = 0; j < 2; ++j)
+      if (valid(i, j)) epi.store(m0 + out_row(i), n0 + out_col(j), acc[i][j], pre[i][j]);
 }
+
+// The forward's epilogue: z = product + bias, and the block's running range of z.
+struct ForwardEpi {
+  const float* bias;
+  float* z;
+  int n_features;
+  float& lo;
+  float& hi;
+  using Pre = float;
+  __device__ float load(int, int n) const { return bias ? __ldg(bias + n) : 0.0f; }
+  __device__ void store(int m, int n, float v, float b) const {
+    if (bias) v = v + b;
+    __stcg(z + static_cast<std::int64_t>(m) * n_features + n, v);
+    lo = formulas::min_combine(lo, v);
+    hi = formulas::max_combine(hi, v);
+  }
+};
+
+// dW's epilogue: times the weight fake quant's straight-through mask, into
+// (or onto) the weight's gradient.
+struct WeightGradEpi {
+  const QatMlpLayer& l;
+  formulas::FakeQuantOp<float, true> wop;
+  struct Pre {
+    float scale, weight, old;
+    std::int32_t zp;
+  };
+  __device__ Pre load(int m, int n) const {
+    const std::int64_t at = static_cast<std::int64_t>(m) * l.in_features + n;
+    Pre p;
+    p.scale = __ldcg(l.weight_quant.scale + m);
+    p.zp = __ldcg(l.weight_quant.zero_point + m);
+    p.weight = __ldg(l.weight + at);
+    p.old = l.accumulate_weight_grad ? l.weight_grad[at] : 0.0f;
+    return p;
+  }
+  __device__ void store(int m, int n, float v, const Pre& pre) const {
+    formulas::ChannelParams p;
+    p.scale = pre.scale;
+    p.inv_scale = formulas::inv_scale_of(p.scale);
+    p.zp = pre.zp;
+    bool bit;
+    wop.float_form(pre.weight, p, bit);
+    float gv = v * (bit ? 1.0f : 0.0f);  // fake quant's straight-through mask
+    if (l.accumulate_weight_grad) gv = pre.old + gv;
+    l.weight_grad[static_cast<std::int64_t>(m) * l.in_features + n] = gv;
+  }
+};
+
+// dx's epilogue: under the previous activation's fake quant (+ relu) mask.
+struct InputGradEpi {
+  float* dz_prev;
+  const float* z_prev;
+  int k_features;
+  ActQuant act_in;
+  using Pre = float;
+  __device__ float load(int m, int n) const { return __ldcg(z_prev + static_cast<std::int64_t>(m) * k_features + n); }
+  __device__ void store(int m, int n, float v, float z) const {
+    __stcg(dz_prev + static_cast<std::int64_t>(m) * k_features + n, act_in.grad(v, z));
+  }
+};
 
 // Where the kernel stamps %globaltimer after each grid barrier (block 0,
 // thread 0; null: nowhere): qat_mlp_record_phases, for dev/cuda/qat_mlp_phases.cu.
@@ -299,50 +472,106 @@ __device__ const QatMlpQuant& quant_of(const QatMlpArgs& a, int slot) {
   return slot == 0 ? a.input_quant : a.layers[slot - 1].output_quant;
 }
 
-// Combines fake quant `slot`'s partial ranges (every block, the same
-// result), moves the running range read at the start and derives the
-// qparams; block 0 stores them.
-__device__ void finish_quant(const QatMlpArgs& a, const float* minmax, int slot, Smem& s, float& scale,
-                             std::int32_t& zp) {
-  const QatMlpQuant& q = quant_of(a, slot);
-  const float* part = minmax + std::int64_t{2} * slot * gridDim.x;
-  float lo = INFINITY, hi = -INFINITY;
-  for (unsigned k = threadIdx.x; k < gridDim.x; k += blockDim.x) {
-    lo = formulas::min_combine(lo, __ldcg(part + 2 * k));
-    hi = formulas::max_combine(hi, __ldcg(part + 2 * k + 1));
-  }
-  block_minmax(lo, hi);
-  float run_min = s.old_min[slot], run_max = s.old_max[slot];
-  formulas::observer_update(run_min, run_max, lo, hi, q.averaging_constant, q.moving);
-  formulas::observer_qparams(run_min, run_max, q.qmin, q.qmax, q.symmetric, q.symmetric_zero_point, scale, zp);
-  if (blockIdx.x == 0 && threadIdx.x == 0) {
-    q.run_min[0] = run_min;
-    q.run_max[0] = run_max;
-    q.scale[0] = scale;
-    q.zero_point[0] = zp;
-  }
+// The per-tensor ranges meet in device words by atomicMax on order-preserving
+// keys: exact and independent of arrival order (min_combine / max_combine's
+// order: NaN first, then -0 below +0). 0 is "nothing seen"; both keys of a
+// NaN are all ones. The words sit at the top of block_counters and are left
+// at 0 for the next launch.
+constexpr int kRangeWords = 2 * (kQatMlpMaxLayers + 1);
+__device__ __forceinline__ unsigned ordered_bits(float v) {
+  const unsigned u = __float_as_uint(v);
+  return (u >> 31) ? ~u : (u | 0x80000000u);
+}
+__device__ __forceinline__ float from_ordered_bits(unsigned k) {
+  return __uint_as_float((k >> 31) ? (k & 0x7FFFFFFFu) : ~k);
+}
+__device__ __forceinline__ unsigned min_key(float v) { return v != v ? 0xFFFFFFFFu : ~ordered_bits(v); }
+__device__ __forceinline__ unsigned max_key(float v) { return v != v ? 0xFFFFFFFFu : ordered_bits(v); }
+__device__ __forceinline__ float min_of_key(unsigned k) {
+  return k == 0xFFFFFFFFu ? NAN : (k == 0 ? INFINITY : from_ordered_bits(~k));
+}
+__device__ __forceinline__ float max_of_key(unsigned k) {
+  return k == 0xFFFFFFFFu ? NAN : (k == 0 ? -INFINITY : from_ordered_bits(k));
 }
 
-// Stores this block's partial range of fake quant `slot`.
-__device__ void store_partial(float* minmax, int slot, float lo, float hi) {
-  block_minmax(lo, hi);
+// Fake quant `slot`'s range (every block reads the same words: thread 0
+// loads them, begin()), the running range read at the start moved by it and
+// the qparams (finish()); block 0 stores them.
+struct QuantWords {
+  const QatMlpArgs& a;
+  const std::uint32_t* ranges;
+  int slot;
+  unsigned kmin = 0, kmax = 0;
+  __device__ void begin() {
+    if (threadIdx.x == 0) kmin = __ldcg(ranges + 2 * slot), kmax = __ldcg(ranges + 2 * slot + 1);
+  }
+  __device__ void finish(Smem& s, float& scale, std::int32_t& zp) const {
+    if (threadIdx.x == 0) {
+      const QatMlpQuant& q = quant_of(a, slot);
+      float run_min = s.old_min[slot], run_max = s.old_max[slot];
+      formulas::observer_update(run_min, run_max, min_of_key(kmin), max_of_key(kmax), q.averaging_constant, q.moving);
+      formulas::observer_qparams(run_min, run_max, q.qmin, q.qmax, q.symmetric, q.symmetric_zero_point, s.q_scale,
+                                 s.q_zp);
+      if (blockIdx.x == 0) {
+        q.run_min[0] = run_min;
+        q.run_max[0] = run_max;
+        q.scale[0] = s.q_scale;
+        q.zero_point[0] = s.q_zp;
+      }
+    }
+    __syncthreads();
+    scale = s.q_scale;
+    zp = s.q_zp;
+  }
+};
+
+// The forward's `between`: A's fake quant from the qparams, once a block.
+struct ForwardQuant {
+  QuantWords words;
+  Smem& s;
+  bool relu_in;
+  bool have = false;
+  __device__ void begin() {
+    if (!have) words.begin();
+  }
+  __device__ void operator()(Operand& op) {
+    if (have) return;
+    float scale;
+    std::int32_t zp;
+    words.finish(s, scale, zp);
+    op.act = act_quant(scale, zp, quant_of(words.a, words.slot), relu_in);
+    have = true;
+  }
+};
+
+// Adds this block's range of fake quant `slot` to its words.
+__device__ void store_range(std::uint32_t* ranges, int slot, float lo, float hi, Smem& s) {
+  warp_minmax(lo, hi);
+  const int warp = threadIdx.x >> 5;
+  if ((threadIdx.x & 31) == 0) s.wlo[warp] = lo, s.whi[warp] = hi;
+  __syncthreads();
   if (threadIdx.x == 0) {
-    float* part = minmax + std::int64_t{2} * (slot * gridDim.x + blockIdx.x);
-    part[0] = lo;
-    part[1] = hi;
+    for (int k = 1; k < kThreads / 32; ++k) {
+      lo = formulas::min_combine(lo, s.wlo[k]);
+      hi = formulas::max_combine(hi, s.whi[k]);
+    }
+    atomicMax(ranges + 2 * slot, min_key(lo));
+    atomicMax(ranges + 2 * slot + 1, max_key(hi));
   }
 }
 
 // Phase 0's per-channel weight observer + fake quant of one row (one warp):
 // rows of up to kRowRegs * 32 elements are read once into registers (all
 // loads in flight at once), longer ones twice in chunks of that size.
-constexpr int kRowRegs = 16;
+constexpr int kRowRegs = 32;
 
 __device__ void quantize_weight_row(const QatMlpLayer& l, int r, float* wq) {
   const int lane = threadIdx.x & 31, k = l.in_features;
   const float* row = l.weight + static_cast<std::int64_t>(r) * k;
   float* out = wq + static_cast<std::int64_t>(r) * k;
   const bool in_registers = k <= kRowRegs * 32;
+  const QatMlpQuant& q = l.weight_quant;
+  float run_min = q.run_min[r], run_max = q.run_max[r], scale = 1.0f;  // loaded with the row
   float v[kRowRegs];
   float lo = INFINITY, hi = -INFINITY;
   for (int c0 = 0; c0 < k; c0 += kRowRegs * 32) {
@@ -360,8 +589,6 @@ __device__ void quantize_weight_row(const QatMlpLayer& l, int r, float* wq) {
     }
   }
   warp_minmax(lo, hi);
-  const QatMlpQuant& q = l.weight_quant;
-  float run_min = q.run_min[r], run_max = q.run_max[r], scale = 1.0f;
   std::int32_t zp = 0;
   formulas::observer_update(run_min, run_max, lo, hi, q.averaging_constant, q.moving);
   formulas::observer_qparams(run_min, run_max, q.qmin, q.qmax, q.symmetric, q.symmetric_zero_point, scale, zp);
@@ -430,8 +657,8 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) qat_mlp_kernel(cons
   cooperative_groups::grid_group grid = cooperative_groups::this_grid();
   const QatMlpWorkspace& w = a.offsets;
   float* const ws = a.workspace;
-  float* const minmax = ws + w.minmax;
   std::uint32_t* const counters = a.counters;
+  std::uint32_t* const ranges = counters + (::qgrad::cuda::kBlockCounters - kRangeWords);
   const int L = a.num_layers, B = a.batch;
   const int gthread = blockIdx.x * kThreads + threadIdx.x, nthreads = gridDim.x * kThreads;
 
@@ -454,12 +681,23 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) qat_mlp_kernel(cons
     }
     float lo = INFINITY, hi = -INFINITY;
     const std::int64_t n = std::int64_t{B} * a.layers[0].in_features;
-    for (std::int64_t e = gthread; e < n; e += nthreads) {
+    std::int64_t e = gthread;
+    for (; e + 3 * std::int64_t{nthreads} < n; e += 4 * std::int64_t{nthreads}) {  // four loads in flight
+      float v[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) v[j] = __ldg(a.x + e + j * std::int64_t{nthreads});
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        lo = formulas::min_combine(lo, v[j]);
+        hi = formulas::max_combine(hi, v[j]);
+      }
+    }
+    for (; e < n; e += nthreads) {
       const float v = __ldg(a.x + e);
       lo = formulas::min_combine(lo, v);
       hi = formulas::max_combine(hi, v);
     }
-    store_partial(minmax, 0, lo, hi);
+    store_range(ranges, 0, lo, hi, s);
   }
   grid.sync();
   stamp(a.phase_clock, phase++);
@@ -467,26 +705,23 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) qat_mlp_kernel(cons
   // ---- forward: layer i reads act_i (fake quant slot i) and writes z_i ----
   for (int i = 0; i < L; ++i) {
     const QatMlpLayer& l = a.layers[i];
-    float scale;
-    std::int32_t zp;
-    finish_quant(a, minmax, i, s, scale, zp);
     const bool relu_in = i > 0 && a.layers[i - 1].relu;
-    const Operand A{i == 0 ? a.x : ws + w.z[i - 1], l.in_features, B, l.in_features,
-                    act_quant(scale, zp, quant_of(a, i), relu_in)};
+    // A's fake quant is set from the qparams while the block's first stage loads.
+    Operand A{i == 0 ? a.x : ws + w.z[i - 1], l.in_features, B, l.in_features, ActQuant{}};
+    ForwardQuant quant_in{QuantWords{a, ranges, i}, s, relu_in};
     const Operand Wq{ws + w.wq[i], l.in_features, l.out_features, l.in_features, ActQuant{}};
     const Gemm g(B, l.out_features, l.in_features, l.split_forward,
                  w.fwd_parts[i] >= 0 ? ws + w.fwd_parts[i] : nullptr, counters);
     float* z = ws + w.z[i];
     float lo = INFINITY, hi = -INFINITY;
     for (int u = blockIdx.x; u < g.units; u += gridDim.x) {
-      run_unit<true, true>(g, u, A, Wq, s, [&](int m, int n, float v) {
-        if (l.bias) v = v + __ldg(l.bias + n);
-        __stcg(z + static_cast<std::int64_t>(m) * g.N + n, v);
-        lo = formulas::min_combine(lo, v);
-        hi = formulas::max_combine(hi, v);
-      });
+      run_unit<true, true>(g, u, A, Wq, s, ForwardEpi{l.bias, z, g.N, lo, hi}, quant_in);
     }
-    store_partial(minmax, i + 1, lo, hi);
+    if (blockIdx.x == 0) {
+      quant_in.begin();
+      quant_in(A);
+    }  // block 0 stores the qparams even without a unit
+    store_range(ranges, i + 1, lo, hi, s);
     grid.sync();
   stamp(a.phase_clock, phase++);
   }
@@ -496,40 +731,84 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) qat_mlp_kernel(cons
     const QatMlpLayer& l = a.layers[L - 1];
     float scale;
     std::int32_t zp;
-    finish_quant(a, minmax, L, s, scale, zp);
+    QuantWords words{a, ranges, L};
+    words.begin();
+    words.finish(s, scale, zp);
     const ActQuant act = act_quant(scale, zp, l.output_quant, l.relu);
     const int C = l.out_features;
     const float* z = ws + w.z[L - 1];
     float* dz = ws + w.dz[L - 1];
     const float g_over_b = 1.0f / static_cast<float>(B);
     float loss = 0.0f;
-    // A thread a row; up to kLossRegs logits are read once, all in flight.
-    constexpr int kLossRegs = 16;
-    for (int b = gthread; b < B; b += nthreads) {
+    // A warp a row, the rows dealt across the blocks first; lane c holds
+    // classes c, c + 32, ...; the sum over classes runs in class order
+    // (shuffled to every lane), as one thread's loop would.
+    const int lane = threadIdx.x & 31, warps = nthreads >> 5;
+    constexpr int kLossRegs = 4;  // up to 128 classes in registers
+    for (int b = blockIdx.x + (threadIdx.x >> 5) * gridDim.x; b < B; b += warps) {
       const float* zr = z + static_cast<std::int64_t>(b) * C;
       const std::int64_t label = a.labels_s64 ? static_cast<const std::int64_t*>(a.labels)[b]
                                               : static_cast<const std::int32_t*>(a.labels)[b];
-      float held[kLossRegs];
+      if (C > kLossRegs * 32) {  // wide rows: one lane, the plain loop
+        if (lane == 0) {
+          bool bit;
+          float mx = act.value(__ldcg(zr), bit);
+          for (int c = 1; c < C; ++c) mx = formulas::max_nan(mx, act.value(__ldcg(zr + c), bit));
+          float sum = 0.0f, at_label = 0.0f;
+          for (int c = 0; c < C; ++c) {
+            const float v = act.value(__ldcg(zr + c), bit);
+            sum += formulas::exp_m(v - mx);
+            if (c == label) at_label = v;
+          }
+          const bool valid = label >= 0 && label < C;
+          loss += valid ? formulas::log_m(sum) - (at_label - mx) : formulas::quiet_nan<float>();
+          for (int c = 0; c < C; ++c) {
+            const float zc = __ldcg(zr + c);
+            const float v = act.value(zc, bit);
+            const float p = formulas::exp_m(v - mx) / sum;
+            const float d = valid ? formulas::cross_entropy_grad(p, c == label, g_over_b) : formulas::quiet_nan<float>();
+            __stcg(dz + static_cast<std::int64_t>(b) * C + c, act.grad(d, zc));
+          }
+        }
+        continue;
+      }
+      float zc[kLossRegs], v[kLossRegs], e[kLossRegs];
 #pragma unroll
-      for (int c = 0; c < kLossRegs; ++c) held[c] = c < C ? __ldcg(zr + c) : 0.0f;
-      const auto z_at = [&](int c) { return c < kLossRegs ? held[c] : __ldcg(zr + c); };
-      bool bit;
-      float mx = act.value(z_at(0), bit);
-      for (int c = 1; c < C; ++c) mx = formulas::max_nan(mx, act.value(z_at(c), bit));
+      for (int j = 0; j < kLossRegs; ++j) zc[j] = j * 32 + lane < C ? __ldcg(zr + j * 32 + lane) : 0.0f;
+      float mx = -INFINITY;
+      bool first = true;
+#pragma unroll
+      for (int j = 0; j < kLossRegs; ++j) {
+        bool bit;
+        v[j] = act.value(zc[j], bit);
+        if (j * 32 + lane < C) mx = first ? v[j] : formulas::max_nan(mx, v[j]);
+        first = false;
+      }
+      // max_nan is order-free up to which NaN wins (any NaN row is all NaN below).
+      for (int w = 16; w > 0; w /= 2) {
+        const float o = __shfl_xor_sync(0xffffffffu, mx, w);
+        mx = formulas::max_nan(mx, o);
+      }
+#pragma unroll
+      for (int j = 0; j < kLossRegs; ++j) e[j] = formulas::exp_m(v[j] - mx);
       float sum = 0.0f, at_label = 0.0f;
-      for (int c = 0; c < C; ++c) {
-        const float v = act.value(z_at(c), bit);
-        sum += formulas::exp_m(v - mx);
-        if (c == label) at_label = v;
+#pragma unroll
+      for (int j = 0; j < kLossRegs; ++j) {
+        if (j * 32 >= C) break;
+        for (int src = 0; src < 32 && j * 32 + src < C; ++src) sum += __shfl_sync(0xffffffffu, e[j], src);
+        const float vl = __shfl_sync(0xffffffffu, v[j], static_cast<int>(label & 31));
+        if (label >= j * 32 && label < j * 32 + 32) at_label = vl;
       }
       const bool valid = label >= 0 && label < C;
-      loss += valid ? formulas::log_m(sum) - (at_label - mx) : formulas::quiet_nan<float>();
-      for (int c = 0; c < C; ++c) {
-        const float zc = z_at(c);
-        const float v = act.value(zc, bit);
-        const float p = formulas::exp_m(v - mx) / sum;
-        const float d = valid ? formulas::cross_entropy_grad(p, c == label, g_over_b) : formulas::quiet_nan<float>();
-        __stcg(dz + static_cast<std::int64_t>(b) * C + c, act.grad(d, zc));
+      if (lane == 0) loss += valid ? formulas::log_m(sum) - (at_label - mx) : formulas::quiet_nan<float>();
+#pragma unroll
+      for (int j = 0; j < kLossRegs; ++j) {
+        const int c = j * 32 + lane;
+        if (c < C) {
+          const float p = e[j] / sum;
+          const float d = valid ? formulas::cross_entropy_grad(p, c == label, g_over_b) : formulas::quiet_nan<float>();
+          __stcg(dz + static_cast<std::int64_t>(b) * C + c, act.grad(d, zc[j]));
+        }
       }
     }
     s.loss[threadIdx.x] = loss;
@@ -544,6 +823,8 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) qat_mlp_kernel(cons
   stamp(a.phase_clock, phase++);
 
   // ---- backward, from the last layer ----
+  // Every range word has been read: back to 0 for the next launch.
+  if (blockIdx.x == 0 && threadIdx.x < kRangeWords) ranges[threadIdx.x] = 0;
   if (blockIdx.x == 0 && threadIdx.x == 0) {
     float sum = 0.0f;
     for (unsigned k = 0; k < gridDim.x; ++k) sum += __ldcg(ws + w.loss_parts + k);
@@ -558,11 +839,11 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) qat_mlp_kernel(cons
     const float* dz = ws + w.dz[i];
     const float* in = i == 0 ? a.x : ws + w.z[i - 1];
     // dW_i[n, k] = sum_b dz_i[b, n] act_i[b, k]
-    const Operand dz_t{dz, N, B, N, ActQuant{}};  // A(m = n, k = b) at (b, n)
+    Operand dz_t{dz, N, B, N, ActQuant{}};  // A(m = n, k = b) at (b, n)
     const Operand act{in, K, B, K, act_in};       // B(k = b, n = k) at (b, k)
     const Gemm gw(N, K, B, l.split_weight_grad, w.dw_parts[i] >= 0 ? ws + w.dw_parts[i] : nullptr, counters);
     // dz_{i-1}[b, k] = mask(z_{i-1}[b, k]) (sum_n dz_i[b, n] Wq_i[n, k])
-    const Operand dz_a{dz, N, B, N, ActQuant{}};  // A(m = b, k = n) at (b, n)
+    Operand dz_a{dz, N, B, N, ActQuant{}};  // A(m = b, k = n) at (b, n)
     const Operand wq{ws + w.wq[i], K, N, K, ActQuant{}};  // B(k = n, n = k) at (n, k)
     const int dw_tiles = ceil_div(N, kTileM) * ceil_div(K, kTileN);
     const Gemm gx(B, K, N, l.split_input_grad, w.dx_parts[i] >= 0 ? ws + w.dx_parts[i] : nullptr,
@@ -572,25 +853,13 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) qat_mlp_kernel(cons
     const formulas::FakeQuantOp<float, true> wop{l.weight_quant.qmin, l.weight_quant.qmax};
     for (int u = blockIdx.x; u < gw.units + dx_units + db_units; u += gridDim.x) {
       if (u < gw.units) {
-        run_unit<false, false>(gw, u, dz_t, act, s, [&](int m, int n, float v) {
-          formulas::ChannelParams p;
-          p.scale = __ldcg(l.weight_quant.scale + m);
-          p.inv_scale = formulas::inv_scale_of(p.scale);
-          p.zp = __ldcg(l.weight_quant.zero_point + m);
-          bool bit;
-          const std::int64_t at = static_cast<std::int64_t>(m) * K + n;
-          wop.float_form(__ldg(l.weight + at), p, bit);
-          float gv = v * (bit ? 1.0f : 0.0f);  // fake quant's straight-through mask
-          if (l.accumulate_weight_grad) gv = l.weight_grad[at] + gv;
-          l.weight_grad[at] = gv;
-        });
+        NoBetween none;
+        run_unit<false, false>(gw, u, dz_t, act, s, WeightGradEpi{l, wop}, none);
       } else if (u < gw.units + dx_units) {
         float* dz_prev = ws + w.dz[i - 1];
         const float* z_prev = ws + w.z[i - 1];
-        run_unit<true, false>(gx, u - gw.units, dz_a, wq, s, [&](int m, int n, float v) {
-          const std::int64_t at = static_cast<std::int64_t>(m) * K + n;
-          __stcg(dz_prev + at, act_in.grad(v, __ldcg(z_prev + at)));
-        });
+        NoBetween none;
+        run_unit<true, false>(gx, u - gw.units, dz_a, wq, s, InputGradEpi{dz_prev, z_prev, K, act_in}, none);
       } else {
         bias_grad_unit(l, dz, B, u - gw.units - dx_units, s);
       }
@@ -610,7 +879,11 @@ bool qat_mlp_plan(QatMlpArgs& a) {
   // Blocks an SM holds with the kernel's registers: asked once per device, not every step.
   static int resident[16] = {};
   int& per_sm = resident[std::min(dev, 15)];
-  if (per_sm == 0) QGRAD_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, qat_mlp_kernel, kThreads, 0));
+  if (per_sm == 0) {
+    QGRAD_CUDA_CHECK(cudaFuncSetAttribute(qat_mlp_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(kDynamicSmem)));
+    QGRAD_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, qat_mlp_kernel, kThreads, kDynamicSmem));
+  }
   if (per_sm < 1) return false;
   a.grid = ::qgrad::cuda::multiprocessor_count(dev) * std::min(per_sm, kMaxBlocksPerSm);
   a.counters = ::qgrad::cuda::block_counters(dev);
@@ -631,9 +904,10 @@ bool qat_mlp_plan(QatMlpArgs& a) {
     l.split_weight_grad = split_for(dw_tiles + dx_tiles, b);
     l.split_input_grad = split_for(dw_tiles + dx_tiles, n);
     // The tile counters of a phase come from block_counters.
-    if (std::int64_t{dw_tiles} + dx_tiles > static_cast<std::int64_t>(::qgrad::cuda::kBlockCounters))
+    constexpr std::int64_t kTileCounters = ::qgrad::cuda::kBlockCounters - kRangeWords;
+    if (std::int64_t{dw_tiles} + dx_tiles > kTileCounters)
       l.split_weight_grad = l.split_input_grad = 1;
-    if (ceil_div(b, kTileM) * ceil_div(n, kTileN) > static_cast<int>(::qgrad::cuda::kBlockCounters))
+    if (ceil_div(b, kTileM) * ceil_div(n, kTileN) > kTileCounters)
       l.split_forward = 1;
   }
   a.offsets = workspace_of(a);
@@ -645,7 +919,7 @@ void qat_mlp_record_phases(std::uint64_t* device_words) { g_phase_clock = device
 void qat_mlp_forward_backward(const QatMlpArgs& args) {
   QatMlpArgs a = args;
   a.phase_clock = g_phase_clock;
-  ::qgrad::cuda::launch_cooperative_kernel(a.device, qat_mlp_kernel, static_cast<unsigned>(a.grid), kThreads, 0, a);
+  ::qgrad::cuda::launch_cooperative_kernel(a.device, qat_mlp_kernel, static_cast<unsigned>(a.grid), kThreads, kDynamicSmem, a);
 }
 
 }  // namespace qgrad::kernels::cuda

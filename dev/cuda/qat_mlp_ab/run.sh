@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# A/B of two versions of kernels/cuda/qat_mlp.cu on the GPU machine without
+# a library build (~15 s instead of ~6 min): each compiled under renamed
+# entry points (variant.cu), one harness (main.cu) builds the MLP problem by
+# hand and compares every output bit for bit, then times both. Both versions
+# must match the working tree's kernels/qat_mlp.h. Not a CMake target (the
+# point is no build); BUILD_ONLY=1 compiles it here.
+#   dev/cuda/qat_mlp_ab/run.sh A.cu [B.cu]    (B: the working tree's kernel)
+# e.g. here: git show HEAD:kernels/cuda/qat_mlp.cu > .data/qat_mlp_head.cu,
+# then on the device (carry .data): dev/cuda/qat_mlp_ab/run.sh .data/qat_mlp_head.cu
+# SHAPES="B H;B H" picks the problems (default "256 256;1024 256;100 64").
+# Exit status 2 where an output differs (expected when B changes the order of a sum).
+set -eu
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../../.." && pwd)
+a=$(realpath "${1:?usage: run.sh A.cu [B.cu]}")
+b=$(realpath "${2:-$root/kernels/cuda/qat_mlp.cu}")
+nvcc=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+mkdir -p "$work/include" && ln -s "$root" "$work/include/qgrad"  # "qgrad/..." includes
+flags=(-O3 -arch=sm_90 -std=c++20 --expt-relaxed-constexpr --extended-lambda --fmad=false -I"$work/include"
+       -DQGRAD_WITH_CUDA=1)
+"$nvcc" "${flags[@]}" -DVARIANT=a -DKERNEL_FILE="\"$a\"" -c "$here/variant.cu" -o "$work/a.o" &
+"$nvcc" "${flags[@]}" -DVARIANT=b -DKERNEL_FILE="\"$b\"" -c "$here/variant.cu" -o "$work/b.o" &
+"$nvcc" "${flags[@]}" -c "$here/main.cu" -o "$work/main.o" &
+wait %1 && wait %2 && wait %3
+"$nvcc" -arch=sm_90 "$work/a.o" "$work/b.o" "$work/main.o" -o "$work/qat_mlp_ab"
+[ -n "${BUILD_ONLY:-}" ] && exit 0
+status=0
+IFS=';' read -ra shapes <<< "${SHAPES:-256 256;1024 256;100 64}"
+for shape in "${shapes[@]}"; do
+  # shellcheck disable=SC2086
+  timeout 120 "$work/qat_mlp_ab" $shape || status=$?
+done
+exit $status

@@ -14,6 +14,7 @@
 
 #include "qgrad/kernels/cuda/dynamic_quant_rows.cuh"
 #include "qgrad/kernels/cuda/launch.cuh"
+#include "qgrad/kernels/cuda/minmax.cuh"
 #include "qgrad/kernels/dynamic_quant.h"
 
 namespace qgrad::kernels::cuda {
@@ -67,25 +68,6 @@ void rows_impl(const Tensor& x, std::int64_t D, const QuantSpec& spec, const Ten
 }
 
 // ---- per-slice (tensor / channel) layouts ----
-
-// Order-preserving integer keys of floating values (for atomicMin/Max).
-template <class M> struct KeyOf;
-template <> struct KeyOf<float> {
-  using type = int;
-  __device__ static int encode(float v) {
-    const int b = __float_as_int(v);
-    return b >= 0 ? b : b ^ 0x7fffffff;
-  }
-  __device__ static float decode(int k) { return __int_as_float(k >= 0 ? k : k ^ 0x7fffffff); }
-};
-template <> struct KeyOf<double> {
-  using type = long long;
-  __device__ static long long encode(double v) {
-    const long long b = __double_as_longlong(v);
-    return b >= 0 ? b : b ^ 0x7fffffffffffffffLL;
-  }
-  __device__ static double decode(long long k) { return __longlong_as_double(k >= 0 ? k : k ^ 0x7fffffffffffffffLL); }
-};
 
 template <class X>
 __global__ void slice_reduce_kernel(const X* __restrict__ x, AxisLayout lay,

@@ -14,6 +14,28 @@ namespace qgrad::kernels::cuda {
 
 inline constexpr unsigned kMinmaxThreads = 256;  // blockDim of every kernel using block_minmax
 
+// Order-preserving integer keys of floating values: a < b as floats (-0
+// below +0) exactly when key(a) < key(b), so atomicMin / atomicMax on keys
+// give an exact range whatever order the blocks arrive in (dynamic_quant.cu,
+// qat_mlp.cu). Positive NaNs sort above +inf, negative ones below -inf.
+template <class M> struct KeyOf;
+template <> struct KeyOf<float> {
+  using type = int;
+  __device__ static int encode(float v) {
+    const int b = __float_as_int(v);
+    return b >= 0 ? b : b ^ 0x7fffffff;
+  }
+  __device__ static float decode(int k) { return __int_as_float(k >= 0 ? k : k ^ 0x7fffffff); }
+};
+template <> struct KeyOf<double> {
+  using type = long long;
+  __device__ static long long encode(double v) {
+    const long long b = __double_as_longlong(v);
+    return b >= 0 ? b : b ^ 0x7fffffffffffffffLL;
+  }
+  __device__ static double decode(long long k) { return __longlong_as_double(k >= 0 ? k : k ^ 0x7fffffffffffffffLL); }
+};
+
 // Min/max over the block (blockDim.x == kMinmaxThreads); every thread gets
 // the result. Ends with a barrier, so a loop may call it again.
 __device__ inline void block_minmax(float& lo, float& hi) {

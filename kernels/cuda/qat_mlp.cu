@@ -478,12 +478,12 @@ __device__ const QatMlpQuant& quant_of(const QatMlpArgs& a, int slot) {
 // NaN are all ones. The words sit at the top of block_counters and are left
 // at 0 for the next launch.
 constexpr int kRangeWords = 2 * (kQatMlpMaxLayers + 1);
+// KeyOf's key as unsigned (the same order), so that 0 can mean "nothing seen".
 __device__ __forceinline__ unsigned ordered_bits(float v) {
-  const unsigned u = __float_as_uint(v);
-  return (u >> 31) ? ~u : (u | 0x80000000u);
+  return static_cast<unsigned>(KeyOf<float>::encode(v)) ^ 0x80000000u;
 }
 __device__ __forceinline__ float from_ordered_bits(unsigned k) {
-  return __uint_as_float((k >> 31) ? (k & 0x7FFFFFFFu) : ~k);
+  return KeyOf<float>::decode(static_cast<int>(k ^ 0x80000000u));
 }
 __device__ __forceinline__ unsigned min_key(float v) { return v != v ? 0xFFFFFFFFu : ~ordered_bits(v); }
 __device__ __forceinline__ unsigned max_key(float v) { return v != v ? 0xFFFFFFFFu : ordered_bits(v); }

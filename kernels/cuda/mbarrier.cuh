@@ -1,7 +1,8 @@
 // Shared-memory mbarriers and asynchronous copies into shared memory (PTX ISA,
 // "mbarrier", "cp.async.bulk", "cp.async.bulk.tensor"), for the kernels whose
 // producer streams operand stages to consumer warps: lowbit_linear.cu's W4A16
-// GEMV (bulk copies of rows) and qlinear_sm90a.cu's W8A8 GEMM (TMA tiles).
+// GEMV (bulk copies of rows) and qlinear_sm90a.cu's W8A8 GEMM (TMA tiles);
+// and the per-thread copies ("cp.async") of qat_mlp.cu's operand stages.
 // A stage completes on its barrier once the arrivals counted at init and the
 // bytes announced by expect_tx have all landed.
 #pragma once
@@ -40,6 +41,19 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned b
                    smem_u32(dst)),
                "l"(src), "r"(bytes), "r"(smem_u32(bar))
                : "memory");
+}
+
+// Per-thread asynchronous copies (cp.async): `bytes` of the copy's size read
+// from src, the rest of dst zero-filled (bytes = 0: src is not read); they
+// land once this thread's cp_async_wait_all (which commits them) returns.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int bytes) {  // both 16-byte aligned
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_u32(dst)), "l"(src), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async4(void* dst, const void* src, int bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_u32(dst)), "l"(src), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() {
+  asm volatile("cp.async.wait_all;" ::: "memory");
 }
 
 }  // namespace qgrad::kernels::cuda

@@ -21,8 +21,8 @@
 // parts in part order (the same bits on every run). A tensor's range meets
 // in two device words by atomicMax on order-preserving keys (exact and
 // order-free). Every other formula is the unfused ops' (kernels/formulas/*.h).
-// Measured (H200, forty-first session): the b256 step's kernel 110 µs (was
-// 138) in 8 phases of 4.5-20 µs (dev/cuda/qat_mlp_phases.cu); a barrier
+// Measured (H200, forty-first session): the b256 step's kernel 107 µs (was
+// 138) in 8 phases of 4.4-20 µs (dev/cuda/qat_mlp_phases.cu); a barrier
 // alone is ~1 µs (dev/cuda/grid_barrier.cu).
 #include <cooperative_groups.h>
 
@@ -31,6 +31,7 @@
 
 #include "qgrad/core/cuda/common.cuh"
 #include "qgrad/kernels/cuda/entries.h"
+#include "qgrad/kernels/cuda/mbarrier.cuh"
 #include "qgrad/kernels/cuda/minmax.cuh"
 #include "qgrad/kernels/formulas/observer.h"
 #include "qgrad/kernels/formulas/quantize.h"
@@ -148,18 +149,6 @@ __device__ __forceinline__ float* stage_a() {
 }
 __device__ __forceinline__ float* stage_b() { return stage_a() + kStageA; }
 
-__device__ __forceinline__ void cp_async16(float* dst, const float* src, int bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(static_cast<std::uint32_t>(__cvta_generic_to_shared(dst))),
-               "l"(src), "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async4(float* dst, const float* src, int bytes) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(static_cast<std::uint32_t>(__cvta_generic_to_shared(dst))),
-               "l"(src), "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
-
 // The stage of one operand: `extent` rows or columns of the tile (tile
 // index t in [0, extent), at tile0 + t in the operand) by kc values of k from
 // k0 (kc a multiple of kTileK), zero outside the operand and past ke.
@@ -276,7 +265,6 @@ __device__ void tile_product(Operand& A, const Operand& B, int m0, int n0, int k
     if (first) between.begin();  // its loads ahead of the copies
     a.issue();
     b.issue();
-    asm volatile("cp.async.commit_group;" ::: "memory");
     if (first) between(A);
     first = false;
     cp_async_wait_all();

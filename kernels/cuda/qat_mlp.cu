@@ -323,7 +323,7 @@ struct NoBetween {
 // finishes it.
 constexpr int kPartsInFlight = 4;
 
-template <bool kAK, bool kBK, class Epi, class Between = NoBetween>
+template <bool kAK, bool kBK, class Epi, class Between>
 __device__ void run_unit(const Gemm& g, int u, Operand& A, const Operand& B, Smem& s, const Epi& epi,
                          Between& between) {
   const int tile = u / g.parts, part = u % g.parts;
@@ -829,11 +829,11 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) qat_mlp_kernel(cons
     const float* dz = ws + w.dz[i];
     const float* in = i == 0 ? a.x : ws + w.z[i - 1];
     // dW_i[n, k] = sum_b dz_i[b, n] act_i[b, k]
-    Operand dz_t{dz, N, B, N, ActQuant{}};  // A(m = n, k = b) at (b, n)
-    const Operand act{in, K, B, K, act_in};       // B(k = b, n = k) at (b, k)
+    Operand dz_t{dz, N, B, N, ActQuant{}};   // A(m = n, k = b) at (b, n)
+    const Operand act{in, K, B, K, act_in};  // B(k = b, n = k) at (b, k)
     const Gemm gw(N, K, B, l.split_weight_grad, w.dw_parts[i] >= 0 ? ws + w.dw_parts[i] : nullptr, counters);
     // dz_{i-1}[b, k] = mask(z_{i-1}[b, k]) (sum_n dz_i[b, n] Wq_i[n, k])
-    Operand dz_a{dz, N, B, N, ActQuant{}};  // A(m = b, k = n) at (b, n)
+    Operand dz_a{dz, N, B, N, ActQuant{}};                // A(m = b, k = n) at (b, n)
     const Operand wq{ws + w.wq[i], K, N, K, ActQuant{}};  // B(k = n, n = k) at (n, k)
     const int dw_tiles = ceil_div(N, kTileM) * ceil_div(K, kTileN);
     const Gemm gx(B, K, N, l.split_input_grad, w.dx_parts[i] >= 0 ? ws + w.dx_parts[i] : nullptr,
@@ -841,14 +841,13 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) qat_mlp_kernel(cons
     const int dx_units = i > 0 ? gx.units : 0;
     const int db_units = l.bias_grad ? ceil_div(N, 32) : 0;
     const formulas::FakeQuantOp<float, true> wop{l.weight_quant.qmin, l.weight_quant.qmax};
+    NoBetween none;
     for (int u = blockIdx.x; u < gw.units + dx_units + db_units; u += gridDim.x) {
       if (u < gw.units) {
-        NoBetween none;
         run_unit<false, false>(gw, u, dz_t, act, s, WeightGradEpi{l, wop}, none);
       } else if (u < gw.units + dx_units) {
         float* dz_prev = ws + w.dz[i - 1];
         const float* z_prev = ws + w.z[i - 1];
-        NoBetween none;
         run_unit<true, false>(gx, u - gw.units, dz_a, wq, s, InputGradEpi{dz_prev, z_prev, K, act_in}, none);
       } else {
         bias_grad_unit(l, dz, B, u - gw.units - dx_units, s);

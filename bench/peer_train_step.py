@@ -54,6 +54,7 @@ shape ("config" names it), the peer of qgrad's captured step.
 --quick: the torch.ao and CPU cases only (no torch.compile).
 --net mlp|cnn|vit: that model's cases only.
 --precision f32|tf32|bf16: that precision's cases only.
+--device cuda|cpu: that device's cases only.
 --profile-kernels: instead of timing, run the CUDA cases' compiled + graph
 configuration under torch.profiler for 10 replays and print, per case, the
 GPU time per step by kernel (JSON lines "train_step_peer_kernels"), the
@@ -385,6 +386,7 @@ def main():
                             args[args.index("--precision") + 1] if "--precision" in args[:-1] else None)
     only = args[args.index("--net") + 1] if "--net" in args[:-1] else None
     only_precision = args[args.index("--precision") + 1] if "--precision" in args[:-1] else None
+    only_device = args[args.index("--device") + 1] if "--device" in args[:-1] else None
     cases = []  # device, net, batch, hidden size (MLP) or width (CNN), reps, precision
     if torch.cuda.is_available():
         cases += [("cuda", "mlp", 256, 256, 200, "f32"), ("cuda", "mlp", 4096, 1024, 200, "f32"),
@@ -393,6 +395,8 @@ def main():
     cases += [("cpu", "mlp", 256, 256, 50, "f32"), ("cpu", "cnn", 64, 32, 10, "f32")]
     for device, net, batch, size, reps, precision in cases:
         if (only is not None and net != only) or (only_precision is not None and precision != only_precision):
+            continue
+        if only_device is not None and device != only_device:
             continue
         if device == "cpu":
             torch.set_num_threads(2)

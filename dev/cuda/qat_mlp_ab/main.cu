@@ -189,8 +189,13 @@ int main(int argc, char** argv) {
   const std::int64_t* labels = upload(lh);
   std::vector<Problem> probs;
   for (int v = 0; v < kVariants; ++v) probs.push_back(make(dims, batch, x, labels, w, b, v));
-  std::printf("b%d h%d grid %d, splits fwd %d/%d/%d\n", batch, hidden, probs[0].a.grid,
-              probs[0].a.layers[0].split_forward, probs[0].a.layers[1].split_forward, probs[0].a.layers[2].split_forward);
+  for (int v = 0; v < kVariants; ++v) {
+    const QatMlpArgs& a = probs[v].a;
+    std::printf("%s: b%d h%d grid %d, splits (forward/weight grad/input grad)", kNames[v], batch, hidden, a.grid);
+    for (int i = 0; i < a.num_layers; ++i)
+      std::printf(" %d/%d/%d", a.layers[i].split_forward, a.layers[i].split_weight_grad, a.layers[i].split_input_grad);
+    std::printf("\n");
+  }
   bool same = true;
   for (int step = 0; step < 3; ++step) {
     for (int v = 0; v < kVariants; ++v) launch(probs[v], v);

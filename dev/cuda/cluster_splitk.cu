@@ -25,38 +25,14 @@
 #include <cstring>
 #include <vector>
 
+#include "counter_barrier.cuh"
+
 namespace cg = cooperative_groups;
 
 namespace {
 
 constexpr int kThreads = 256, kTileM = 64, kTileN = 32, kRounds = 1000;
 constexpr int kSmem = 53 * 1024;  // the fused kernel's dynamic shared memory: 2 blocks an SM
-
-__device__ unsigned load_acquire(const unsigned* p) {
-  unsigned v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ void store_release(unsigned* p, unsigned v) {
-  asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-
-// count[0]: arrivals, count[1]: generation.
-__device__ void counter_barrier(unsigned* count) {
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    const unsigned gen = load_acquire(count + 1);
-    __threadfence();
-    if (atomicAdd(count, 1u) == gridDim.x - 1) {
-      count[0] = 0;
-      store_release(count + 1, gen + 1);
-    } else {
-      while (load_acquire(count + 1) == gen) {
-      }
-    }
-  }
-  __syncthreads();
-}
 
 struct Args {
   float* parts;        // [C][tiles][64 * 32]

@@ -15,6 +15,8 @@
 
 #include <cstdio>
 
+#include "counter_barrier.cuh"
+
 namespace {
 
 constexpr int kIters = 1000;
@@ -35,32 +37,6 @@ __global__ void cg_work_kernel(float* partial, float* sink) {
     __syncthreads();
   }
   if (acc == -1.0f) sink[0] = acc;
-}
-
-__device__ unsigned load_acquire(const unsigned* p) {
-  unsigned v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ void store_release(unsigned* p, unsigned v) {
-  asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-
-// count[0]: arrivals, count[1]: generation.
-__device__ void counter_barrier(unsigned* count) {
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    const unsigned gen = load_acquire(count + 1);
-    __threadfence();
-    if (atomicAdd(count, 1u) == gridDim.x - 1) {
-      count[0] = 0;
-      store_release(count + 1, gen + 1);
-    } else {
-      while (load_acquire(count + 1) == gen) {
-      }
-    }
-  }
-  __syncthreads();
 }
 
 __global__ void counter_kernel(unsigned* count, float* sink) {

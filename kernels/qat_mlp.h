@@ -39,15 +39,15 @@ struct QatMlpLayer {
   bool relu = false;     // followed by a ReLU (inside its output fake quant)
   QatMlpQuant weight_quant;  // per channel, C = out_features
   QatMlpQuant output_quant;  // per tensor
-  // Split-K parts of the forward product and of the two backward ones (the
-  // weight gradient, the input gradient); set by qat_mlp_plan.
+  // Blocks of a cluster that split K of a tile of the forward product and of
+  // the two backward ones (the weight gradient, the input gradient): 1, 2,
+  // 4 or 8; set by qat_mlp_plan.
   int split_forward = 1, split_weight_grad = 1, split_input_grad = 1;
 };
 
 // Where each buffer lies in the workspace (offsets in floats; -1: none).
 struct QatMlpWorkspace {
   std::int64_t wq[kQatMlpMaxLayers] = {}, z[kQatMlpMaxLayers] = {}, dz[kQatMlpMaxLayers] = {};
-  std::int64_t fwd_parts[kQatMlpMaxLayers] = {}, dw_parts[kQatMlpMaxLayers] = {}, dx_parts[kQatMlpMaxLayers] = {};
   std::int64_t loss_parts = 0, total = 0;
 };
 
@@ -63,7 +63,7 @@ struct QatMlpArgs {
   float* loss = nullptr;          // one f32
   float* workspace = nullptr;     // qat_mlp_workspace_floats(args) floats, any contents
   // Set by qat_mlp_plan:
-  int grid = 0;                        // blocks
+  int grid = 0;                        // blocks, in whole clusters of the kernel's
   std::uint32_t* counters = nullptr;   // kBlockCounters zeroed words (block_counters), left zeroed
   QatMlpWorkspace offsets;
   std::uint64_t* phase_clock = nullptr;  // profiling (qat_mlp_record_phases)

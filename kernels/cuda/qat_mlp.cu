@@ -17,8 +17,10 @@
 // cuBLAS's f32 GEMM forms them, in another order), each output one FMA
 // chain in increasing k; a unit's K (up to kStageK) is copied to shared
 // memory at once (cp.async). Tiles that would leave SMs idle are split along
-// K, each part stored and the last part of a tile to arrive summing the
-// parts in part order (the same bits on every run). A tensor's range meets
+// K over the blocks of a thread-block cluster (kCluster blocks, launched as
+// one): each block stores its part in its shared memory, the cluster meets,
+// and each of the tile's blocks sums a share of the outputs from every
+// part, in part order (the same bits on every run). A tensor's range meets
 // in two device words by atomicMax on order-preserving keys (exact and
 // order-free). Every other formula is the unfused ops' (kernels/formulas/*.h).
 // Measured (H200, forty-first session): the b256 step's kernel 107 µs (was
@@ -67,16 +69,9 @@ QatMlpWorkspace workspace_of(const QatMlpArgs& a) {
   for (int i = 0; i < a.num_layers; ++i) {
     const QatMlpLayer& l = a.layers[i];
     const std::int64_t n = l.out_features, k = l.in_features;
-    int kper = 0;
     w.wq[i] = take(n * k);
     w.z[i] = take(b * n);
     w.dz[i] = take(b * n);
-    const int pf = split_parts(l.in_features, l.split_forward, kper);
-    const int pw = split_parts(a.batch, l.split_weight_grad, kper);
-    const int px = split_parts(l.out_features, l.split_input_grad, kper);
-    w.fwd_parts[i] = pf > 1 ? take(pf * b * n) : -1;
-    w.dw_parts[i] = pw > 1 ? take(pw * n * k) : -1;
-    w.dx_parts[i] = (i > 0 && px > 1) ? take(px * b * k) : -1;
   }
   w.loss_parts = take(a.grid);
   w.total = at;
@@ -138,16 +133,22 @@ struct Smem {
   float old_min[kQatMlpMaxLayers + 1], old_max[kQatMlpMaxLayers + 1];
   float q_scale;
   std::int32_t q_zp;
-  bool last;
 };
-// The operand stages live in dynamic shared memory (over the 48 KB static limit).
-constexpr std::size_t kDynamicSmem = sizeof(float) * (kStageA + kStageB);
+// A split product's parts meet in the shared memory of one thread-block
+// cluster: the kCluster blocks of a cluster are ranks, and the ranks of one
+// tile hold its parts (two buffers, alternating: a rank may store its next
+// part while another still reads this one).
+constexpr int kCluster = 8;
+constexpr int kTileOutputs = kTileM * kTileN;
+// The operand stages and the part buffers live in dynamic shared memory (over the 48 KB static limit).
+constexpr std::size_t kDynamicSmem = sizeof(float) * (kStageA + kStageB + 2 * kTileOutputs);
 
 __device__ __forceinline__ float* stage_a() {
   extern __shared__ float4 dyn_smem[];
   return reinterpret_cast<float*>(dyn_smem);
 }
 __device__ __forceinline__ float* stage_b() { return stage_a() + kStageA; }
+__device__ __forceinline__ float* part_buffer(int flip) { return stage_b() + kStageB + (flip & 1) * kTileOutputs; }
 
 // The stage of one operand: `extent` rows or columns of the tile (tile
 // index t in [0, extent), at tile0 + t in the operand) by kc values of k from
@@ -223,16 +224,17 @@ struct Stage {
   }
 };
 
-// One product of the step: C[M, N] = sum over k of A(m, k) B(k, n).
+// One product of the step: C[M, N] = sum over k of A(m, k) B(k, n), in
+// 64 x 32 tiles, each split along K over `ranks` ranks of a cluster (a power
+// of two dividing kCluster): `parts` non-empty parts of kper (<= ranks). A
+// unit is one cluster's share: kCluster / ranks tiles.
 struct Gemm {
-  int M, N, K, parts, kper, tiles_n, units;
-  float* part_buf;           // parts x M x N (parts > 1)
-  std::uint32_t* counters;   // one per tile (parts > 1)
-  __device__ Gemm(int m, int n, int k, int split, float* buf, std::uint32_t* cnt)
-      : M(m), N(n), K(k), part_buf(buf), counters(cnt) {
+  int M, N, K, ranks, parts, kper, tiles_n, tiles, units;
+  __device__ Gemm(int m, int n, int k, int split) : M(m), N(n), K(k), ranks(split) {
     parts = split_parts(k, split, kper);
     tiles_n = ceil_div(n, kTileN);
-    units = ceil_div(m, kTileM) * tiles_n * parts;
+    tiles = ceil_div(m, kTileM) * tiles_n;
+    units = ceil_div(tiles, kCluster / ranks);
   }
 };
 
@@ -315,71 +317,92 @@ struct NoBetween {
   __device__ void operator()(Operand&) const {}
 };
 
-// Unit u of product g: its tile's products, then the epilogue for each of
-// this thread's outputs once the tile's K is complete: at once for one part;
-// else each part is stored and the last to arrive sums them in part order.
-// Epi: load(m, n) -> Pre issues an output's epilogue loads (all eight
-// outputs' in flight together, with the parts' loads), store(m, n, v, pre)
-// finishes it.
-constexpr int kPartsInFlight = 4;
+// A tile's parts summed in part order from the shared memory of its ranks
+// (first_rank ..): rank `share` of the tile takes its P-th of the outputs
+// (kTileOutputs / P consecutive ones in row-major order, 8 / P a thread),
+// loads their epilogue operands and every part at once, then finishes them.
+template <int P, class Epi>
+__device__ void sum_parts(const Gemm& g, const float* buf, int first_rank, int share, int m0, int n0,
+                          const Epi& epi) {
+  constexpr int E = kTileOutputs / P / kThreads;
+  cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+  typename Epi::Pre pre[E];
+  float v[E][P];
+  int o[E];
+  bool ok[E];
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    o[e] = share * (kTileOutputs / P) + e * kThreads + threadIdx.x;
+    ok[e] = m0 + o[e] / kTileN < g.M && n0 + o[e] % kTileN < g.N;
+    if (ok[e]) pre[e] = epi.load(m0 + o[e] / kTileN, n0 + o[e] % kTileN);
+  }
+#pragma unroll
+  for (int q = 0; q < P; ++q) {
+    const float* part = cluster.map_shared_rank(buf, first_rank + q);
+#pragma unroll
+    for (int e = 0; e < E; ++e) v[e][q] = q < g.parts && ok[e] ? part[o[e]] : 0.0f;
+  }
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    if (!ok[e]) continue;
+    float acc = v[e][0];
+#pragma unroll
+    for (int q = 1; q < P; ++q)
+      if (q < g.parts) acc = acc + v[e][q];
+    epi.store(m0 + o[e] / kTileN, n0 + o[e] % kTileN, acc, pre[e]);
+  }
+}
 
+// Unit u of product g on this block's rank of its cluster: part `rank %
+// ranks` of tile u * (kCluster / ranks) + rank / ranks, then the epilogue
+// for each output once the tile's K is complete: at once for one part; else
+// each rank stores its part in its shared memory (part_buffer(flip)), the
+// cluster meets, and the tile's ranks sum a share of its outputs each.
+// Epi: load(m, n) -> Pre issues an output's epilogue loads (in flight
+// together with the parts' loads), store(m, n, v, pre) finishes it. Every
+// rank of the cluster calls it for the same units (the cluster barrier).
 template <bool kAK, bool kBK, class Epi, class Between>
-__device__ void run_unit(const Gemm& g, int u, Operand& A, const Operand& B, Smem& s, const Epi& epi,
-                         Between& between) {
-  const int tile = u / g.parts, part = u % g.parts;
+__device__ void run_unit(const Gemm& g, int u, Operand& A, const Operand& B, const Epi& epi, Between& between,
+                         int& flip) {
+  const int rank = static_cast<int>(cooperative_groups::this_cluster().block_rank());
+  const int tile = u * (kCluster / g.ranks) + rank / g.ranks, part = rank % g.ranks;
   const int m0 = (tile / g.tiles_n) * kTileM, n0 = (tile % g.tiles_n) * kTileN;
-  const int kb = part * g.kper, ke = min(g.K, kb + g.kper);
+  const bool has_tile = tile < g.tiles;
   float acc[4][2];
-  tile_product<kAK, kBK>(A, B, m0, n0, kb, ke, acc, between);
-  const std::int64_t plane = static_cast<std::int64_t>(g.M) * g.N;
-  const auto at = [&](int i, int j) { return static_cast<std::int64_t>(m0 + out_row(i)) * g.N + (n0 + out_col(j)); };
-  const auto valid = [&](int i, int j) { return m0 + out_row(i) < g.M && n0 + out_col(j) < g.N; };
-  if (g.parts > 1) {
-    float* mine = g.part_buf + part * plane;
+  if (g.ranks == 1) {
+    if (!has_tile) return;
+    tile_product<kAK, kBK>(A, B, m0, n0, 0, g.K, acc, between);
+    typename Epi::Pre pre[4][2];
+    const auto valid = [&](int i, int j) { return m0 + out_row(i) < g.M && n0 + out_col(j) < g.N; };
 #pragma unroll
     for (int i = 0; i < 4; ++i)
 #pragma unroll
       for (int j = 0; j < 2; ++j)
-        if (valid(i, j)) __stcg(mine + at(i, j), acc[i][j]);
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) s.last = atomicAdd(g.counters + tile, 1u) == static_cast<unsigned>(g.parts - 1);
-    __syncthreads();
-    if (!s.last) return;
-    __threadfence();
+        if (valid(i, j)) pre[i][j] = epi.load(m0 + out_row(i), n0 + out_col(j));
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+        if (valid(i, j)) epi.store(m0 + out_row(i), n0 + out_col(j), acc[i][j], pre[i][j]);
+    return;
   }
-  typename Epi::Pre pre[4][2];
+  float* const buf = part_buffer(flip++);
+  if (has_tile && part < g.parts) {
+    const int kb = part * g.kper, ke = min(g.K, kb + g.kper);
+    tile_product<kAK, kBK>(A, B, m0, n0, kb, ke, acc, between);
 #pragma unroll
-  for (int i = 0; i < 4; ++i)
+    for (int i = 0; i < 4; ++i)
 #pragma unroll
-    for (int j = 0; j < 2; ++j)
-      if (valid(i, j)) pre[i][j] = epi.load(m0 + out_row(i), n0 + out_col(j));
-  if (g.parts > 1) {
-    // kPartsInFlight parts' loads at a time, summed in part order.
-    for (int p0 = 0; p0 < g.parts; p0 += kPartsInFlight) {
-      float v[kPartsInFlight][4][2];
-#pragma unroll
-      for (int q = 0; q < kPartsInFlight; ++q)
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-#pragma unroll
-          for (int j = 0; j < 2; ++j)
-            v[q][i][j] = p0 + q < g.parts && valid(i, j) ? __ldcg(g.part_buf + (p0 + q) * plane + at(i, j)) : 0.0f;
-#pragma unroll
-      for (int q = 0; q < kPartsInFlight; ++q)
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-#pragma unroll
-          for (int j = 0; j < 2; ++j)
-            if (p0 + q < g.parts) acc[i][j] = p0 + q == 0 ? v[q][i][j] : acc[i][j] + v[q][i][j];
-    }
-    if (threadIdx.x == 0) g.counters[tile] = 0;  // left at 0 for the next product (block_counters' rule)
+      for (int j = 0; j < 2; ++j) buf[out_row(i) * kTileN + out_col(j)] = acc[i][j];
   }
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-#pragma unroll
-    for (int j = 0; j < 2; ++j)
-      if (valid(i, j)) epi.store(m0 + out_row(i), n0 + out_col(j), acc[i][j], pre[i][j]);
+  cooperative_groups::this_cluster().sync();  // every part of the cluster's tiles is stored
+  if (!has_tile) return;
+  const int first_rank = rank - part;
+  switch (g.ranks) {
+    case 2: sum_parts<2>(g, buf, first_rank, part, m0, n0, epi); break;
+    case 4: sum_parts<4>(g, buf, first_rank, part, m0, n0, epi); break;
+    default: sum_parts<8>(g, buf, first_rank, part, m0, n0, epi); break;
+  }
 }
 
 // The forward's epilogue: z = product + bias, and the block's running range of z.
@@ -639,7 +662,8 @@ __device__ void bias_grad_unit(const QatMlpLayer& l, const float* dz, int batch,
   }
 }
 
-__global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) qat_mlp_kernel(const __grid_constant__ QatMlpArgs a) {
+__global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, kMaxBlocksPerSm)
+    qat_mlp_kernel(const __grid_constant__ QatMlpArgs a) {
   ::qgrad::cuda::wait_for_prior_kernels();
   __shared__ Smem s;
   cooperative_groups::grid_group grid = cooperative_groups::this_grid();
@@ -649,6 +673,9 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) qat_mlp_kernel(cons
   std::uint32_t* const ranges = counters + (::qgrad::cuda::kBlockCounters - kRangeWords);
   const int L = a.num_layers, B = a.batch;
   const int gthread = blockIdx.x * kThreads + threadIdx.x, nthreads = gridDim.x * kThreads;
+  // The products' units go to clusters (blockIdx.x / kCluster: a 1-D grid's clusters are runs of blocks).
+  const int cluster_id = blockIdx.x / kCluster, clusters = gridDim.x / kCluster;
+  int flip = 0;  // run_unit's part buffer
 
   int phase = 0;
   stamp(a.phase_clock, phase++);
@@ -700,13 +727,11 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) qat_mlp_kernel(cons
     Operand A{i == 0 ? a.x : ws + w.z[i - 1], l.in_features, B, l.in_features, ActQuant{}};
     ForwardQuant quant_in{QuantWords{a, ranges, i}, s, relu_in};
     const Operand Wq{ws + w.wq[i], l.in_features, l.out_features, l.in_features, ActQuant{}};
-    const Gemm g(B, l.out_features, l.in_features, l.split_forward,
-                 w.fwd_parts[i] >= 0 ? ws + w.fwd_parts[i] : nullptr, counters);
+    const Gemm g(B, l.out_features, l.in_features, l.split_forward);
     float* z = ws + w.z[i];
     float lo = INFINITY, hi = -INFINITY;
-    for (int u = blockIdx.x; u < g.units; u += gridDim.x) {
-      run_unit<true, true>(g, u, A, Wq, s, ForwardEpi{l.bias, z, g.N, lo, hi}, quant_in);
-    }
+    for (int u = cluster_id; u < g.units; u += clusters)
+      run_unit<true, true>(g, u, A, Wq, ForwardEpi{l.bias, z, g.N, lo, hi}, quant_in, flip);
     if (blockIdx.x == 0) {
       quant_in.begin();
       quant_in(A);
@@ -831,31 +856,35 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) qat_mlp_kernel(cons
     // dW_i[n, k] = sum_b dz_i[b, n] act_i[b, k]
     Operand dz_t{dz, N, B, N, ActQuant{}};   // A(m = n, k = b) at (b, n)
     const Operand act{in, K, B, K, act_in};  // B(k = b, n = k) at (b, k)
-    const Gemm gw(N, K, B, l.split_weight_grad, w.dw_parts[i] >= 0 ? ws + w.dw_parts[i] : nullptr, counters);
+    const Gemm gw(N, K, B, l.split_weight_grad);
     // dz_{i-1}[b, k] = mask(z_{i-1}[b, k]) (sum_n dz_i[b, n] Wq_i[n, k])
     Operand dz_a{dz, N, B, N, ActQuant{}};                // A(m = b, k = n) at (b, n)
     const Operand wq{ws + w.wq[i], K, N, K, ActQuant{}};  // B(k = n, n = k) at (n, k)
-    const int dw_tiles = ceil_div(N, kTileM) * ceil_div(K, kTileN);
-    const Gemm gx(B, K, N, l.split_input_grad, w.dx_parts[i] >= 0 ? ws + w.dx_parts[i] : nullptr,
-                  counters + dw_tiles);
+    const Gemm gx(B, K, N, l.split_input_grad);
     const int dx_units = i > 0 ? gx.units : 0;
-    const int db_units = l.bias_grad ? ceil_div(N, 32) : 0;
+    const int db_columns = l.bias_grad ? ceil_div(N, 32) : 0;  // bias_grad_unit's, kCluster a unit
+    const int db_units = ceil_div(db_columns, kCluster);
+    const int rank = static_cast<int>(cooperative_groups::this_cluster().block_rank());
     const formulas::FakeQuantOp<float, true> wop{l.weight_quant.qmin, l.weight_quant.qmax};
     NoBetween none;
-    for (int u = blockIdx.x; u < gw.units + dx_units + db_units; u += gridDim.x) {
+    for (int u = cluster_id; u < gw.units + dx_units + db_units; u += clusters) {
       if (u < gw.units) {
-        run_unit<false, false>(gw, u, dz_t, act, s, WeightGradEpi{l, wop}, none);
+        run_unit<false, false>(gw, u, dz_t, act, WeightGradEpi{l, wop}, none, flip);
       } else if (u < gw.units + dx_units) {
         float* dz_prev = ws + w.dz[i - 1];
         const float* z_prev = ws + w.z[i - 1];
-        run_unit<true, false>(gx, u - gw.units, dz_a, wq, s, InputGradEpi{dz_prev, z_prev, K, act_in}, none);
+        run_unit<true, false>(gx, u - gw.units, dz_a, wq, InputGradEpi{dz_prev, z_prev, K, act_in}, none, flip);
       } else {
-        bias_grad_unit(l, dz, B, u - gw.units - dx_units, s);
+        const int column_unit = (u - gw.units - dx_units) * kCluster + rank;
+        if (column_unit < db_columns) bias_grad_unit(l, dz, B, column_unit, s);
       }
     }
     if (i > 0) grid.sync();
     stamp(a.phase_clock, phase++);
   }
+  // A block's shared memory must outlive its cluster's reads of it: the last
+  // phase's ranks may still sum this block's part.
+  if (a.layers[0].split_weight_grad > 1) cooperative_groups::this_cluster().sync();
 }
 
 }  // namespace
@@ -865,40 +894,56 @@ bool qat_mlp_available(int device) { return ::qgrad::cuda::cooperative_launch(de
 bool qat_mlp_plan(QatMlpArgs& a) {
   const int dev = a.device;
   if (!qat_mlp_available(dev)) return false;
-  // Blocks an SM holds with the kernel's registers: asked once per device, not every step.
+  // Blocks resident at once in whole clusters with the kernel's registers and
+  // shared memory: asked once per device, not every step (-1: none).
   static int resident[16] = {};
-  int& per_sm = resident[std::min(dev, 15)];
-  if (per_sm == 0) {
+  int& blocks = resident[std::min(dev, 15)];
+  if (blocks == 0) {
     QGRAD_CUDA_CHECK(cudaFuncSetAttribute(qat_mlp_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           static_cast<int>(kDynamicSmem)));
+    int per_sm = 0, clusters = 0;
     QGRAD_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, qat_mlp_kernel, kThreads, kDynamicSmem));
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(static_cast<unsigned>(::qgrad::cuda::multiprocessor_count(dev) *
+                                                std::min(per_sm, kMaxBlocksPerSm)));
+    config.blockDim = dim3(kThreads);
+    config.dynamicSmemBytes = kDynamicSmem;
+    QGRAD_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, qat_mlp_kernel, &config));
+    blocks = std::min(static_cast<int>(config.gridDim.x), clusters * kCluster) / kCluster * kCluster;
+    if (blocks == 0) blocks = -1;
   }
-  if (per_sm < 1) return false;
-  a.grid = ::qgrad::cuda::multiprocessor_count(dev) * std::min(per_sm, kMaxBlocksPerSm);
+  if (blocks < kCluster) return false;
+  a.grid = blocks;
   a.counters = ::qgrad::cuda::block_counters(dev);
-  // Split K where the tiles alone would leave blocks idle, each part at
-  // least one chunk (kTileK) long (parts of two chunks measured ~1.3 µs
-  // slower a b256 step).
-  const auto split_for = [&](int tiles, int k) {
-    const int s = std::max(1, std::min(a.grid / std::max(tiles, 1), ceil_div(k, kTileK)));
-    int kper = 0;
-    return split_parts(k, s, kper);
+  const int clusters = a.grid / kCluster;
+  // Split K over as many ranks a tile as one round of units allows: a power
+  // of two up to kCluster and to the chunks (kTileK) of K; in a backward
+  // phase the larger of the two products' splits is halved first (the bias
+  // gradient's units, kCluster columns of 32 a unit, come on top).
+  const auto ranks_for = [](int k) {
+    int r = 1;
+    while (2 * r <= std::min(kCluster, ceil_div(k, kTileK))) r *= 2;
+    return r;
   };
+  const auto units = [](int tiles, int ranks) { return ceil_div(tiles, kCluster / ranks); };
   const int b = a.batch;
   for (int i = 0; i < a.num_layers; ++i) {
     QatMlpLayer& l = a.layers[i];
     const int n = l.out_features, k = l.in_features;
-    l.split_forward = split_for(ceil_div(b, kTileM) * ceil_div(n, kTileN), k);
+    const int f_tiles = ceil_div(b, kTileM) * ceil_div(n, kTileN);
+    int rf = ranks_for(k);
+    while (rf > 1 && units(f_tiles, rf) > clusters) rf /= 2;
+    l.split_forward = rf;
     const int dw_tiles = ceil_div(n, kTileM) * ceil_div(k, kTileN);
     const int dx_tiles = i > 0 ? ceil_div(b, kTileM) * ceil_div(k, kTileN) : 0;
-    l.split_weight_grad = split_for(dw_tiles + dx_tiles, b);
-    l.split_input_grad = split_for(dw_tiles + dx_tiles, n);
-    // The tile counters of a phase come from block_counters.
-    constexpr std::int64_t kTileCounters = ::qgrad::cuda::kBlockCounters - kRangeWords;
-    if (std::int64_t{dw_tiles} + dx_tiles > kTileCounters)
-      l.split_weight_grad = l.split_input_grad = 1;
-    if (ceil_div(b, kTileM) * ceil_div(n, kTileN) > kTileCounters)
-      l.split_forward = 1;
+    const int db_units = l.bias_grad ? ceil_div(ceil_div(n, 32), kCluster) : 0;
+    int rw = ranks_for(b), rx = i > 0 ? ranks_for(n) : 1;
+    while (std::max(rw, rx) > 1 && units(dw_tiles, rw) + units(dx_tiles, rx) + db_units > clusters) {
+      if (rw >= rx) rw /= 2;
+      else rx /= 2;
+    }
+    l.split_weight_grad = rw;
+    l.split_input_grad = rx;
   }
   a.offsets = workspace_of(a);
   return true;

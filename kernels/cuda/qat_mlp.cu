@@ -4,8 +4,8 @@
 // ~310 MFLOP (docs/benchmarks.md, issue #16). Here every block of one
 // cooperative grid runs the phases in turn, with a grid barrier between
 // each phase and the next:
-//   0      the weights' per-channel observers + fake quants (a warp a row,
-//          into the workspace); the input's range;
+//   0      the weights' per-channel observers + fake quants (a row to a
+//          group of warps, into the workspace); the input's range;
 //   1..L   layer l: the previous fake quant's qparams from its range (every
 //          block derives them; block 0 stores the state), then
 //          z_l = act_{l-1} · Wq_lᵀ + b_l with act_{l-1} fake-quantized (and
@@ -573,63 +573,101 @@ __device__ void store_range(std::uint32_t* ranges, int slot, float lo, float hi,
   }
 }
 
-// Phase 0's per-channel weight observer + fake quant of one row (one warp):
-// rows of up to kRowRegs * 32 elements are read once into registers (all
-// loads in flight at once), longer ones twice in chunks of that size.
-constexpr int kRowRegs = 32;
+// Phase 0's per-channel weight observers + fake quants. A row goes to a
+// group of `group` warps of one block (a power of two, as wide as lets every
+// row start in the first round): thread t of the group reads columns t,
+// t + 32 group, ... (up to kRowRegs of them in registers; longer rows are
+// read twice), the warps' ranges meet in shared memory in warp order, and
+// every thread of the group derives the row's qparams. The step is bound by
+// one warp's instruction chain here: a warp a row (1700 instructions) took
+// 6 µs for the b256 step's 522 rows (ncu, docs/benchmarks.md, forty-third
+// session).
+constexpr int kRowRegs = 16;
 
-__device__ void quantize_weight_row(const QatMlpLayer& l, int r, float* wq) {
-  const int lane = threadIdx.x & 31, k = l.in_features;
-  const float* row = l.weight + static_cast<std::int64_t>(r) * k;
-  float* out = wq + static_cast<std::int64_t>(r) * k;
-  const bool in_registers = k <= kRowRegs * 32;
-  const QatMlpQuant& q = l.weight_quant;
-  float run_min = q.run_min[r], run_max = q.run_max[r], scale = 1.0f;  // loaded with the row
-  float v[kRowRegs];
-  float lo = INFINITY, hi = -INFINITY;
-  for (int c0 = 0; c0 < k; c0 += kRowRegs * 32) {
-#pragma unroll
-    for (int j = 0; j < kRowRegs; ++j) {
-      const int c = c0 + j * 32 + lane;
-      v[j] = c < k ? __ldg(row + c) : NAN;
+__device__ int weight_row_group(int rows, int grid) {
+  int group = kThreads / 32;
+  while (group > 1 && rows > grid * (kThreads / 32 / group)) group /= 2;
+  return group;
+}
+
+__device__ void quantize_weight_rows(const QatMlpArgs& a, float* ws, const QatMlpWorkspace& w, Smem& s) {
+  int rows = 0;
+  for (int i = 0; i < a.num_layers; ++i) rows += a.layers[i].out_features;
+  const int grid = static_cast<int>(gridDim.x), warp = threadIdx.x >> 5;
+  const int group = weight_row_group(rows, grid), groups = kThreads / 32 / group;
+  const int t = static_cast<int>(threadIdx.x) - (warp / group) * group * 32, width = group * 32;
+  const int first_warp = warp / group * group;
+  // Every thread runs every round (the barriers); row gr = block + grid * (group slot + groups * round).
+  const int rounds = ceil_div(rows, grid * groups);
+  for (int round = 0; round < rounds; ++round) {
+    int gr = blockIdx.x + grid * (warp / group + groups * round), i = 0;
+    const bool has_row = gr < rows;
+    if (has_row)
+      while (gr >= a.layers[i].out_features) gr -= a.layers[i++].out_features;
+    const QatMlpLayer& l = a.layers[i];
+    const QatMlpQuant& q = l.weight_quant;
+    const int k = l.in_features, r = gr;
+    const float* row = l.weight + static_cast<std::int64_t>(r) * k;
+    float run_min = 0.0f, run_max = 0.0f;
+    if (has_row) {
+      run_min = q.run_min[r];  // loaded with the row
+      run_max = q.run_max[r];
     }
+    const bool in_registers = k <= kRowRegs * width;
+    float v[kRowRegs];
+    float lo = INFINITY, hi = -INFINITY;
+    if (has_row) {
+      for (int c0 = 0; c0 < k; c0 += kRowRegs * width) {
+        // Columns past the row repeat its first element (neutral for min and max).
 #pragma unroll
-    for (int j = 0; j < kRowRegs; ++j) {
-      if (c0 + j * 32 + lane < k) {
-        lo = formulas::min_combine(lo, v[j]);
-        hi = formulas::max_combine(hi, v[j]);
+        for (int j = 0; j < kRowRegs; ++j) {
+          const int c = c0 + j * width + t;
+          v[j] = __ldg(row + (c < k ? c : 0));
+        }
+        float clo, chi;
+        warp_minmax_values(v, clo, chi);
+        lo = formulas::min_combine(lo, clo);
+        hi = formulas::max_combine(hi, chi);
       }
     }
-  }
-  warp_minmax(lo, hi);
-  std::int32_t zp = 0;
-  formulas::observer_update(run_min, run_max, lo, hi, q.averaging_constant, q.moving);
-  formulas::observer_qparams(run_min, run_max, q.qmin, q.qmax, q.symmetric, q.symmetric_zero_point, scale, zp);
-  __syncwarp();
-  if (lane == 0) {
-    q.run_min[r] = run_min;
-    q.run_max[r] = run_max;
-    q.scale[r] = scale;
-    q.zero_point[r] = zp;
-  }
-  formulas::ChannelParams p;
-  p.scale = scale;
-  p.inv_scale = formulas::inv_scale_of(scale);
-  p.zp = zp;
-  const formulas::FakeQuantOp<float, true> op{q.qmin, q.qmax};
-  for (int c0 = 0; c0 < k; c0 += kRowRegs * 32) {
-    if (!in_registers) {
+    if ((threadIdx.x & 31) == 0) {
+      s.loss[warp] = lo;
+      s.loss[kThreads / 32 + warp] = hi;
+    }
+    __syncthreads();
+    lo = s.loss[first_warp];
+    hi = s.loss[kThreads / 32 + first_warp];
+    for (int o = 1; o < group; ++o) {
+      lo = formulas::min_combine(lo, s.loss[first_warp + o]);
+      hi = formulas::max_combine(hi, s.loss[kThreads / 32 + first_warp + o]);
+    }
+    __syncthreads();  // read before the next round's ranges land
+    if (!has_row) continue;
+    float scale = 1.0f;
+    std::int32_t zp = 0;
+    formulas::observer_update(run_min, run_max, lo, hi, q.averaging_constant, q.moving);
+    formulas::observer_qparams(run_min, run_max, q.qmin, q.qmax, q.symmetric, q.symmetric_zero_point, scale, zp);
+    if (t == 0) {
+      q.run_min[r] = run_min;
+      q.run_max[r] = run_max;
+      q.scale[r] = scale;
+      q.zero_point[r] = zp;
+    }
+    formulas::ChannelParams p;
+    p.scale = scale;
+    p.inv_scale = formulas::inv_scale_of(scale);
+    p.zp = zp;
+    const formulas::FakeQuantOp<float, true> op{q.qmin, q.qmax};
+    float* out = ws + w.wq[i] + static_cast<std::int64_t>(r) * k;
+    for (int c0 = 0; c0 < k; c0 += kRowRegs * width) {
 #pragma unroll
       for (int j = 0; j < kRowRegs; ++j) {
-        const int c = c0 + j * 32 + lane;
-        v[j] = c < k ? __ldg(row + c) : 0.0f;
+        const int c = c0 + j * width + t;
+        if (c < k) {
+          bool bit;
+          __stcg(out + c, op.float_form(in_registers ? v[j] : __ldg(row + c), p, bit));
+        }
       }
-    }
-#pragma unroll
-    for (int j = 0; j < kRowRegs; ++j) {
-      const int c = c0 + j * 32 + lane;
-      bool bit;
-      if (c < k) __stcg(out + c, op.float_form(v[j], p, bit));
     }
   }
 }
@@ -689,15 +727,7 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, kMa
     s.old_max[threadIdx.x] = q.run_max[0];
   }
   {
-    int rows = 0;
-    for (int i = 0; i < L; ++i) rows += a.layers[i].out_features;
-    // Row gr to block gr % grid first (its warp gr / grid): the rows spread over every SM.
-    const int warp_rank = blockIdx.x + (threadIdx.x >> 5) * gridDim.x;
-    for (int gr = warp_rank; gr < rows; gr += nthreads >> 5) {
-      int i = 0, r = gr;
-      while (r >= a.layers[i].out_features) r -= a.layers[i++].out_features;
-      quantize_weight_row(a.layers[i], r, ws + w.wq[i]);
-    }
+    quantize_weight_rows(a, ws, w, s);
     float lo = INFINITY, hi = -INFINITY;
     const std::int64_t n = std::int64_t{B} * a.layers[0].in_features;
     std::int64_t e = gthread;

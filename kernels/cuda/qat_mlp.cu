@@ -872,10 +872,18 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, kMa
   // ---- backward, from the last layer ----
   // Every range word has been read: back to 0 for the next launch.
   if (blockIdx.x == 0 && threadIdx.x < kRangeWords) ranges[threadIdx.x] = 0;
-  if (blockIdx.x == 0 && threadIdx.x == 0) {
+  if (blockIdx.x == 0) {
+    // The blocks' parts summed in block order by one thread, from shared
+    // memory: every load in flight at once, not a round trip per part.
     float sum = 0.0f;
-    for (unsigned k = 0; k < gridDim.x; ++k) sum += __ldcg(ws + w.loss_parts + k);
-    a.loss[0] = sum / static_cast<float>(B);
+    for (unsigned k0 = 0; k0 < gridDim.x; k0 += kThreads) {
+      __syncthreads();  // s.loss is free
+      if (k0 + threadIdx.x < gridDim.x) s.loss[threadIdx.x] = __ldcg(ws + w.loss_parts + k0 + threadIdx.x);
+      __syncthreads();
+      if (threadIdx.x == 0)
+        for (unsigned k = k0; k < min(gridDim.x, k0 + kThreads); ++k) sum += s.loss[k - k0];
+    }
+    if (threadIdx.x == 0) a.loss[0] = sum / static_cast<float>(B);
   }
   for (int i = L - 1; i >= 0; --i) {
     const QatMlpLayer& l = a.layers[i];

@@ -23,11 +23,12 @@
 // part, in part order (the same bits on every run). A tensor's range meets
 // in two device words by atomicMax on order-preserving keys (exact and
 // order-free). Every other formula is the unfused ops' (kernels/formulas/*.h).
-// Measured (H200, forty-second session): the b256 step's kernel 99 µs a
-// launch (107 with the parts through global memory, fence and an arrival
-// counter), 8 phases of 4.3-24.6 µs (dev/cuda/qat_mlp_phases.cu); a barrier
+// Measured (H200, forty-third session): the b256 step's kernel 88 µs a
+// launch, 8 phases of 4.5-23.9 µs (dev/cuda/qat_mlp_phases.cu); a barrier
 // alone is ~1 µs (dev/cuda/grid_barrier.cu), a split-K round through the
-// cluster ~1.9 µs more (dev/cuda/cluster_splitk.cu).
+// cluster ~1.9 µs more (dev/cuda/cluster_splitk.cu). A phase is bound by
+// its slowest block's chain of dependent steps, not by bandwidth: work one
+// warp or one thread does alone (a weight row, the loss's sum) shows.
 #include <cooperative_groups.h>
 
 #include <algorithm>

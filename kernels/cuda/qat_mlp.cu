@@ -596,8 +596,8 @@ __device__ void quantize_weight_rows(const QatMlpArgs& a, float* ws, const QatMl
   for (int i = 0; i < a.num_layers; ++i) rows += a.layers[i].out_features;
   const int grid = static_cast<int>(gridDim.x), warp = threadIdx.x >> 5;
   const int group = weight_row_group(rows, grid), groups = kThreads / 32 / group;
-  const int t = static_cast<int>(threadIdx.x) - (warp / group) * group * 32, width = group * 32;
-  const int first_warp = warp / group * group;
+  const int first_warp = warp / group * group, width = group * 32;
+  const int t = static_cast<int>(threadIdx.x) - 32 * first_warp;  // the thread's place in its group
   // Every thread runs every round (the barriers); row gr = block + grid * (group slot + groups * round).
   const int rounds = ceil_div(rows, grid * groups);
   for (int round = 0; round < rounds; ++round) {
@@ -631,16 +631,13 @@ __device__ void quantize_weight_rows(const QatMlpArgs& a, float* ws, const QatMl
         hi = formulas::max_combine(hi, chi);
       }
     }
-    if ((threadIdx.x & 31) == 0) {
-      s.loss[warp] = lo;
-      s.loss[kThreads / 32 + warp] = hi;
-    }
+    if ((threadIdx.x & 31) == 0) s.wlo[warp] = lo, s.whi[warp] = hi;
     __syncthreads();
-    lo = s.loss[first_warp];
-    hi = s.loss[kThreads / 32 + first_warp];
+    lo = s.wlo[first_warp];
+    hi = s.whi[first_warp];
     for (int o = 1; o < group; ++o) {
-      lo = formulas::min_combine(lo, s.loss[first_warp + o]);
-      hi = formulas::max_combine(hi, s.loss[kThreads / 32 + first_warp + o]);
+      lo = formulas::min_combine(lo, s.wlo[first_warp + o]);
+      hi = formulas::max_combine(hi, s.whi[first_warp + o]);
     }
     __syncthreads();  // read before the next round's ranges land
     if (!has_row) continue;

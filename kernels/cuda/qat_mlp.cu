@@ -136,6 +136,10 @@ struct Smem {
   float old_min[kQatMlpMaxLayers + 1], old_max[kQatMlpMaxLayers + 1];
   float q_scale;
   std::int32_t q_zp;
+  // Each activation fake quant's qparams as this block derived them in its
+  // forward phase (the values block 0 stores): the backward reads them here.
+  float slot_scale[kQatMlpMaxLayers + 1];
+  std::int32_t slot_zp[kQatMlpMaxLayers + 1];
 };
 // A split product's parts meet in the shared memory of one thread-block
 // cluster: the kCluster blocks of a cluster are ranks, and the ranks of one
@@ -554,6 +558,7 @@ struct ForwardQuant {
     std::int32_t zp;
     words.finish(s, scale, zp);
     op.act = act_quant(scale, zp, quant_of(words.a, words.slot), relu_in);
+    if (threadIdx.x == 0) s.slot_scale[words.slot] = scale, s.slot_zp[words.slot] = zp;
     have = true;
   }
 };
@@ -762,10 +767,8 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, kMa
     float lo = INFINITY, hi = -INFINITY;
     for (int u = cluster_id; u < g.units; u += clusters)
       run_unit<true, true>(g, u, A, Wq, ForwardEpi{l.bias, z, g.N, lo, hi}, quant_in, flip);
-    if (blockIdx.x == 0) {
-      quant_in.begin();
-      quant_in(A);
-    }  // block 0 stores the qparams even without a unit
+    quant_in.begin();  // every block derives the qparams (the backward's), block 0 stores them, unit or not
+    quant_in(A);
     store_range(ranges, i + 1, lo, hi, s);
     grid.sync();
   stamp(a.phase_clock, phase++);
@@ -870,9 +873,11 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, kMa
   // ---- backward, from the last layer ----
   // Every range word has been read: back to 0 for the next launch.
   if (blockIdx.x == 0 && threadIdx.x < kRangeWords) ranges[threadIdx.x] = 0;
-  if (blockIdx.x == 0) {
+  if (blockIdx.x == gridDim.x - 1) {
     // The blocks' parts summed in block order by one thread, from shared
-    // memory: every load in flight at once, not a round trip per part.
+    // memory: every load in flight at once, not a round trip per part. The
+    // last block: the last cluster is the likeliest to have no unit in the
+    // first backward phase (units go to clusters from 0), so no cluster waits.
     float sum = 0.0f;
     for (unsigned k0 = 0; k0 < gridDim.x; k0 += kThreads) {
       __syncthreads();  // s.loss is free
@@ -886,9 +891,9 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, kMa
   for (int i = L - 1; i >= 0; --i) {
     const QatMlpLayer& l = a.layers[i];
     const int N = l.out_features, K = l.in_features;
-    // act_i's fake quant, from the qparams its forward phase stored.
+    // act_i's fake quant, from the qparams this block derived in its forward phase.
     const QatMlpQuant& qi = quant_of(a, i);
-    const ActQuant act_in = act_quant(__ldcg(qi.scale), __ldcg(qi.zero_point), qi, i > 0 && a.layers[i - 1].relu);
+    const ActQuant act_in = act_quant(s.slot_scale[i], s.slot_zp[i], qi, i > 0 && a.layers[i - 1].relu);
     const float* dz = ws + w.dz[i];
     const float* in = i == 0 ? a.x : ws + w.z[i - 1];
     // dW_i[n, k] = sum_b dz_i[b, n] act_i[b, k]

@@ -23,12 +23,16 @@
 // part, in part order (the same bits on every run). A tensor's range meets
 // in two device words by atomicMax on order-preserving keys (exact and
 // order-free). Every other formula is the unfused ops' (kernels/formulas/*.h).
-// Measured (H200, forty-third session): the b256 step's kernel 88 µs a
-// launch, 8 phases of 4.5-23.9 µs (dev/cuda/qat_mlp_phases.cu); a barrier
+// Measured (H200, forty-fourth session): the b256 step's kernel 87 µs a
+// launch, 8 phases of 4.5-24.1 µs (dev/cuda/qat_mlp_phases.cu); a barrier
 // alone is ~1 µs (dev/cuda/grid_barrier.cu), a split-K round through the
 // cluster ~1.9 µs more (dev/cuda/cluster_splitk.cu). A phase is bound by
 // its slowest block's chain of dependent steps, not by bandwidth: work one
-// warp or one thread does alone (a weight row, the loss's sum) shows.
+// warp or one thread does alone (a weight row, the loss's sum) shows, and
+// work added to a chain costs more than a launch it saves (the optimizer's
+// update, docs/benchmarks.md). The kernel spills ~300 bytes a thread into
+// L1: keep the shared memory of 2 blocks under the 164 KB carve-out (228
+// KB, L1 28 KB, costs 3 µs a launch).
 #include <cooperative_groups.h>
 
 #include <algorithm>

@@ -45,7 +45,7 @@ struct QatMlpLayer {
   int split_forward = 1, split_weight_grad = 1, split_input_grad = 1;
 };
 
-// Where each buffer lies in the workspace (offsets in floats; -1: none).
+// Where each buffer lies in the workspace (offsets in floats).
 struct QatMlpWorkspace {
   std::int64_t wq[kQatMlpMaxLayers] = {}, z[kQatMlpMaxLayers] = {}, dz[kQatMlpMaxLayers] = {};
   std::int64_t loss_parts = 0, total = 0;

@@ -899,30 +899,29 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, kMa
     const QatMlpQuant& qi = quant_of(a, i);
     const ActQuant act_in = act_quant(s.slot_scale[i], s.slot_zp[i], qi, i > 0 && a.layers[i - 1].relu);
     const float* dz = ws + w.dz[i];
-    const float* in = i == 0 ? a.x : ws + w.z[i - 1];
-    // dW_i[n, k] = sum_b dz_i[b, n] act_i[b, k]
-    Operand dz_t{dz, N, B, N, ActQuant{}};   // A(m = n, k = b) at (b, n)
-    const Operand act{in, K, B, K, act_in};  // B(k = b, n = k) at (b, k)
-    const Gemm gw(N, K, B, l.split_weight_grad);
-    // dz_{i-1}[b, k] = mask(z_{i-1}[b, k]) (sum_n dz_i[b, n] Wq_i[n, k])
-    Operand dz_a{dz, N, B, N, ActQuant{}};                // A(m = b, k = n) at (b, n)
-    const Operand wq{ws + w.wq[i], K, N, K, ActQuant{}};  // B(k = n, n = k) at (n, k)
-    const Gemm gx(B, K, N, l.split_input_grad);
-    const int dx_units = i > 0 ? gx.units : 0;
+    // The units' counts only; each unit builds its operands (fewer registers
+    // held through the loop: the dW epilogue spilled with them live).
+    const int gw_units = Gemm(N, K, B, l.split_weight_grad).units;
+    const int dx_units = i > 0 ? Gemm(B, K, N, l.split_input_grad).units : 0;
     const int db_columns = l.bias_grad ? ceil_div(N, 32) : 0;  // bias_grad_unit's, kCluster a unit
     const int db_units = ceil_div(db_columns, kCluster);
-    const int rank = static_cast<int>(cooperative_groups::this_cluster().block_rank());
-    const formulas::FakeQuantOp<float, true> wop{l.weight_quant.qmin, l.weight_quant.qmax};
     NoBetween none;
-    for (int u = cluster_id; u < gw.units + dx_units + db_units; u += clusters) {
-      if (u < gw.units) {
-        run_unit<false, false>(gw, u, dz_t, act, WeightGradEpi{l, wop}, none, flip);
-      } else if (u < gw.units + dx_units) {
-        float* dz_prev = ws + w.dz[i - 1];
-        const float* z_prev = ws + w.z[i - 1];
-        run_unit<true, false>(gx, u - gw.units, dz_a, wq, InputGradEpi{dz_prev, z_prev, K, act_in}, none, flip);
+    for (int u = cluster_id; u < gw_units + dx_units + db_units; u += clusters) {
+      if (u < gw_units) {
+        // dW_i[n, k] = sum_b dz_i[b, n] act_i[b, k]
+        Operand dz_t{dz, N, B, N, ActQuant{}};  // A(m = n, k = b) at (b, n)
+        const Operand act{i == 0 ? a.x : ws + w.z[i - 1], K, B, K, act_in};  // B(k = b, n = k) at (b, k)
+        const formulas::FakeQuantOp<float, true> wop{l.weight_quant.qmin, l.weight_quant.qmax};
+        run_unit<false, false>(Gemm(N, K, B, l.split_weight_grad), u, dz_t, act, WeightGradEpi{l, wop}, none, flip);
+      } else if (u < gw_units + dx_units) {
+        // dz_{i-1}[b, k] = mask(z_{i-1}[b, k]) (sum_n dz_i[b, n] Wq_i[n, k])
+        Operand dz_a{dz, N, B, N, ActQuant{}};                // A(m = b, k = n) at (b, n)
+        const Operand wq{ws + w.wq[i], K, N, K, ActQuant{}};  // B(k = n, n = k) at (n, k)
+        run_unit<true, false>(Gemm(B, K, N, l.split_input_grad), u - gw_units, dz_a, wq,
+                              InputGradEpi{ws + w.dz[i - 1], ws + w.z[i - 1], K, act_in}, none, flip);
       } else {
-        const int column_unit = (u - gw.units - dx_units) * kCluster + rank;
+        const int rank = static_cast<int>(cooperative_groups::this_cluster().block_rank());
+        const int column_unit = (u - gw_units - dx_units) * kCluster + rank;
         if (column_unit < db_columns) bias_grad_unit(l, dz, B, column_unit, s);
       }
     }

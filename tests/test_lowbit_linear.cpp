@@ -468,6 +468,28 @@ TEST_CASE("CUDA linear_w4a16 GEMV reads out dequantize_int4 bit for bit (one-hot
   }
 }
 
+// The split-K GEMV (M <= 8, groups of 128 or more) asks L2 for its weight
+// before it waits for the kernel before it (kernels/cuda/lowbit_linear.cu);
+// M = 16 (the bulk-copy GEMV, which waits first) for contrast. Here that kernel writes the
+// weight: each round converts other values to s4 (as a rule into the block
+// the allocator kept from the round before, whose weight the GEMV just read),
+// and the GEMV right after must read the new values.
+TEST_CASE("CUDA linear_w4a16 reads a weight written by the kernel just before it") {
+  QGRAD_REQUIRE_GPU();
+  constexpr I64 N = 96, K = 1024, G = 128;
+  for (I64 M : {1, 16}) {
+    CAPTURE(M);
+    const Tensor x = make_x({M, K}, DType::bf16, 141);
+    for (int round = 0; round < 4; ++round) {
+      CAPTURE(round);
+      const W4 w = make_w4(N, K, G, DType::s4, 142 + static_cast<std::uint64_t>(round));
+      const Tensor ints = w.q.to(DType::s32).cuda(), scale = w.scale.cuda(), xc = x.cuda();
+      const Tensor wq = ints.to(DType::s4);  // written by a kernel, then read by the next one
+      check_w4a16(x, w, Tensor(), linear_w4a16(xc, wq, scale, Tensor(), G).cpu());
+    }
+  }
+}
+
 TEST_CASE("CUDA int4 linear layers reject operands on another device") {
   QGRAD_REQUIRE_GPU();
   const W4 s = make_w4(4, 64, 32, DType::s4, 131), u = make_w4(4, 64, 32, DType::u4, 132);

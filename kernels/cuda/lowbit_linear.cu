@@ -30,7 +30,13 @@
 // M <= 8, f32 or T scales: a split-K GEMV without a producer
 // (w4a16_splitk_kernel: a block per 16 channels, 8 warps splitting K, each
 // issuing its 16-byte weight loads of 4 iterations at once, two blocks per
-// SM), with the same per-value math.
+// SM), with the same per-value math. For groups of 128 or more each block
+// first asks L2 for its 16 weight rows (one bulk prefetch) before it waits for
+// the kernel before it: in a chain of layers under programmatic dependent
+// launch the weight starts to stream during the previous layer's tail (H200,
+// M = 1, N = K = 4096, bf16 scales: a layer of a captured 24-layer chain 6.1 ->
+// 5.6 us, back to back 6.3 -> 6.0; with groups of 32 it measured 6.1 -> 6.4,
+// so smaller groups do without; forty-fifth session).
 // W4A16, larger M: W dequantized to T into a scratch [N, K] (one pass, 8
 // values per thread) and cuBLAS (CUBLAS_COMPUTE_32F; 16-bit x: an f32
 // product, then bias and one rounding in one pass; f32 x: bias filled first
@@ -452,9 +458,17 @@ template <class T, bool kSigned, int WARPS, int U, class S>
 __global__ void __launch_bounds__(WARPS * 32, 2)
     w4a16_splitk_kernel(const T* __restrict__ x, const std::uint8_t* __restrict__ w, const S* __restrict__ scale,
                         const std::int32_t* __restrict__ zp, const T* __restrict__ bias, T* __restrict__ out, int M,
-                        int N, int K, int G) {
-  ::qgrad::cuda::wait_for_prior_kernels();
+                        int N, int K, int G, bool prefetch_weight) {
+  ::qgrad::cuda::DeferredPriorWait prior;
   constexpr bool kPacked = !std::is_same_v<S, float>;
+  // The block's 16 weight rows (contiguous) asked of L2 before the wait: in
+  // a chain of layers, during the tail of the kernel before (see
+  // bulk_prefetch_l2 for why a weight that kernel writes is still read right).
+  if (prefetch_weight && threadIdx.x == 0) {
+    const int rows = min(16, N - static_cast<int>(blockIdx.x) * 16);
+    bulk_prefetch_l2(w + static_cast<I64>(blockIdx.x) * 16 * (K / 2), static_cast<unsigned>(rows * (K / 2)));
+  }
+  prior.wait();
   __shared__ float part[WARPS][4][32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -517,7 +531,8 @@ void launch_w4a16_splitk(const Tensor& x, const Tensor& w, const Tensor& scale, 
       kWarps * 32, 0, static_cast<const T*>(x.data_ptr()), static_cast<const std::uint8_t*>(w.data_ptr()),
       static_cast<const S*>(scale.data_ptr()), zp.defined() ? static_cast<const std::int32_t*>(zp.data_ptr()) : nullptr,
       bias.defined() ? static_cast<const T*>(bias.data_ptr()) : nullptr, static_cast<T*>(out.data_ptr()),
-      static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), static_cast<int>(G));
+      static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), static_cast<int>(G),
+      /*prefetch_weight=*/G >= 128);
 }
 
 template <class T>

@@ -43,6 +43,15 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned b
                : "memory");
 }
 
+// Asks L2 for `bytes` (a multiple of 16) at a 16-byte aligned global
+// address, returning nothing to the SM. L2 is where the GPU's memory is
+// coherent, so this may run before the kernel's wait for the grid before it
+// even when that grid writes the bytes: a line it writes later is updated in
+// L2, and the loads made after the wait read the current bytes.
+__device__ __forceinline__ void bulk_prefetch_l2(const void* src, unsigned bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
+}
+
 // Per-thread asynchronous copies (cp.async): `bytes` of the copy's size read
 // from src, the rest of dst zero-filled (bytes = 0: src is not read); they
 // land once this thread's cp_async_wait_all (which commits them) returns.

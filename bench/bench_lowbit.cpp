@@ -11,6 +11,9 @@
 //                            back to back into a preallocated output: kernel time without the op's host
 //                            work, which the per-call rows include when it is the longer),
 //                            impl cublas_bf16 (cublasGemmEx bf16, f32 accumulate, the same shape);
+//                            impl *_chain (N = K: a decode step of 24 layers y_i = W_i y_(i-1) captured in
+//                            one CUDA graph, per layer; qgrad's through the op, cuBLAS's through
+//                            cublasGemmEx), speedup_vs_cublas_bf16_chain;
 //                            gbs = packed weight + scale bytes / time (the bytes that must move),
 //                            copy_fraction against the device-to-device copy of this run,
 //                            speedup_vs_cublas_bf16
@@ -74,6 +77,20 @@ Timing time_cublas_bf16(cublasHandle_t h, const Tensor& x, const Tensor& wb, con
       reps, 5);
 }
 
+// A decode step's layers one after another on the GPU: `chain` (kChain
+// layers) captured once into a CUDA graph and replayed; per layer = replay
+// time / kChain. No host work between layers (a captured decode step runs
+// so), and each layer's input is the previous one's output.
+constexpr int kChain = 24;
+Timing time_chain(const std::function<void()>& chain) {
+  CudaGraph graph;
+  graph.capture(chain);
+  Timing t = time_cuda([&](int) { graph.replay(); }, 50, 5);
+  t.median_ms /= kChain;
+  t.min_ms /= kChain;
+  return t;
+}
+
 // W4A16 at decode sizes. The weights rotate over sets larger than the 50 MB
 // L2 together (at N = K = 4096: 12 x 8 MiB packed, 4 x 32 MiB bf16), so each
 // call reads them from HBM, as a model's successive layers would.
@@ -81,6 +98,7 @@ void bench_w4a16(cublasHandle_t h, std::int64_t M, std::int64_t N, std::int64_t 
   constexpr int kCopies = 4, kInt4Copies = 12;
   Generator g(3);
   Tensor x = randn({M, K}, g, cuda_opts(DType::bf16));
+  double cublas_chain_ms = 0;
   const double bf16_ms = [&] {
     std::vector<Tensor> wb;
     for (int i = 0; i < kCopies; ++i) wb.push_back(randn({N, K}, g, cuda_opts(DType::bf16)));
@@ -98,6 +116,27 @@ void bench_w4a16(cublasHandle_t h, std::int64_t M, std::int64_t N, std::int64_t 
     const double gbs = static_cast<double>(N * K * 2) / (t.median_ms * 1e-3) / 1e9;
     emit_row("w4a16", "cublas_bf16", M, N, K, t,
              ",\"gbs\":" + std::to_string(gbs) + ",\"copy_fraction\":" + std::to_string(gbs / copy_gbs));
+    if (N == K) {
+      // The decode chain (see time_chain): y_i = W_i y_(i-1), the bf16 weights rotating.
+      std::vector<Tensor> ys;
+      for (int i = 0; i < 2; ++i) ys.push_back(Tensor::empty({M, N}, cuda_opts(DType::bf16)));
+      Tensor workspace = Tensor::empty({32 << 20}, cuda_opts(DType::u8));
+      QGRAD_CHECK(cublasSetWorkspace(h, workspace.data_ptr(), 32 << 20) == CUBLAS_STATUS_SUCCESS, "bench", "",
+                  "cublasSetWorkspace");
+      const Timing tc = time_chain([&] {
+        for (int i = 0; i < kChain; ++i) {
+          const void* in = i == 0 ? x.data_ptr() : ys[static_cast<std::size_t>((i - 1) % 2)].data_ptr();
+          cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(N), static_cast<int>(M), static_cast<int>(K),
+                       &one, wb[static_cast<std::size_t>(i % kCopies)].data_ptr(), CUDA_R_16BF, static_cast<int>(K),
+                       in, CUDA_R_16BF, static_cast<int>(K), &zero, ys[static_cast<std::size_t>(i % 2)].data_ptr(),
+                       CUDA_R_16BF, static_cast<int>(N), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        }
+      });
+      cublas_chain_ms = tc.median_ms;
+      const double gbs_c = static_cast<double>(N * K * 2) / (tc.median_ms * 1e-3) / 1e9;
+      emit_row("w4a16", "cublas_bf16_chain", M, N, K, tc,
+               ",\"gbs\":" + std::to_string(gbs_c) + ",\"copy_fraction\":" + std::to_string(gbs_c / copy_gbs));
+    }
     return t.median_ms;
   }();
   const Tensor x16 = x.to(DType::f16);
@@ -126,6 +165,20 @@ void bench_w4a16(cublasHandle_t h, std::int64_t M, std::int64_t N, std::int64_t 
     emit_row("w4a16", impl, M, N, K, t,
              ",\"gbs\":" + std::to_string(gbs) + ",\"copy_fraction\":" + std::to_string(gbs / copy_gbs) +
                  ",\"speedup_vs_cublas_bf16\":" + std::to_string(bf16_ms / t.median_ms));
+    if (N == K && !f16) {
+      // The decode chain: kChain layers y_i = linear_w4a16(y_(i-1), W_i) through the op.
+      const Timing tc = time_chain([&] {
+        Tensor hcur = x;  // layer i's input: layer i - 1's output
+        for (int i = 0; i < kChain; ++i) {
+          const auto j = static_cast<std::size_t>(i % kInt4Copies);
+          hcur = linear_w4a16(hcur, wq[j], ws[j], wz[j], G);
+        }
+      });
+      const double gbs_c = bytes / (tc.median_ms * 1e-3) / 1e9;
+      emit_row("w4a16", (std::string(impl) + "_chain").c_str(), M, N, K, tc,
+               ",\"gbs\":" + std::to_string(gbs_c) + ",\"copy_fraction\":" + std::to_string(gbs_c / copy_gbs) +
+                   ",\"speedup_vs_cublas_bf16_chain\":" + std::to_string(cublas_chain_ms / tc.median_ms));
+    }
     if (G != 128 || qt != DType::s4 || f16) continue;
     const std::string back_impl = t_scale ? "qgrad_tscale_kernel_back_to_back" : "qgrad_kernel_back_to_back";
     // The kernel alone: kBack launches of kernels::w4a16_linear back to back

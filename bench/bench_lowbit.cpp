@@ -13,7 +13,8 @@
 //                            impl cublas_bf16 (cublasGemmEx bf16, f32 accumulate, the same shape);
 //                            impl *_chain (N = K: a decode step of 24 layers y_i = W_i y_(i-1) captured in
 //                            one CUDA graph, per layer; qgrad's through the op, cuBLAS's through
-//                            cublasGemmEx), speedup_vs_cublas_bf16_chain;
+//                            cublasGemmEx), speedup_vs_cublas_bf16_chain; impl *_chain_l2 (the same
+//                            chain over one weight, L2-resident: a layer without its HBM read);
 //                            gbs = packed weight + scale bytes / time (the bytes that must move),
 //                            copy_fraction against the device-to-device copy of this run,
 //                            speedup_vs_cublas_bf16
@@ -136,6 +137,17 @@ void bench_w4a16(cublasHandle_t h, std::int64_t M, std::int64_t N, std::int64_t 
       const double gbs_c = static_cast<double>(N * K * 2) / (tc.median_ms * 1e-3) / 1e9;
       emit_row("w4a16", "cublas_bf16_chain", M, N, K, tc,
                ",\"gbs\":" + std::to_string(gbs_c) + ",\"copy_fraction\":" + std::to_string(gbs_c / copy_gbs));
+      // The same chain over one weight, which stays in L2 (32 MiB): the layer without its HBM read.
+      const Timing tl = time_chain([&] {
+        for (int i = 0; i < kChain; ++i) {
+          const void* in = i == 0 ? x.data_ptr() : ys[static_cast<std::size_t>((i - 1) % 2)].data_ptr();
+          cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(N), static_cast<int>(M), static_cast<int>(K),
+                       &one, wb[0].data_ptr(), CUDA_R_16BF, static_cast<int>(K), in, CUDA_R_16BF,
+                       static_cast<int>(K), &zero, ys[static_cast<std::size_t>(i % 2)].data_ptr(), CUDA_R_16BF,
+                       static_cast<int>(N), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        }
+      });
+      emit_row("w4a16", "cublas_bf16_chain_l2", M, N, K, tl, "");
     }
     return t.median_ms;
   }();
@@ -178,6 +190,14 @@ void bench_w4a16(cublasHandle_t h, std::int64_t M, std::int64_t N, std::int64_t 
       emit_row("w4a16", (std::string(impl) + "_chain").c_str(), M, N, K, tc,
                ",\"gbs\":" + std::to_string(gbs_c) + ",\"copy_fraction\":" + std::to_string(gbs_c / copy_gbs) +
                    ",\"speedup_vs_cublas_bf16_chain\":" + std::to_string(cublas_chain_ms / tc.median_ms));
+      if (G == 128 && qt == DType::s4) {
+        // The chain over one weight (L2-resident): what a layer costs without its HBM read.
+        const Timing tl = time_chain([&] {
+          Tensor hcur = x;
+          for (int i = 0; i < kChain; ++i) hcur = linear_w4a16(hcur, wq[0], ws[0], wz[0], G);
+        });
+        emit_row("w4a16", (std::string(impl) + "_chain_l2").c_str(), M, N, K, tl, "");
+      }
     }
     if (G != 128 || qt != DType::s4 || f16) continue;
     const std::string back_impl = t_scale ? "qgrad_tscale_kernel_back_to_back" : "qgrad_kernel_back_to_back";

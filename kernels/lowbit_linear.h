@@ -1,7 +1,8 @@
 // Kernels of the int4 linear layers (ops/lowbit_linear.h); scalar formulas
 // in kernels/formulas/lowbit_linear.h. CPU: kernels/cpu/lowbit_linear.cpp;
-// CUDA: kernels/cuda/lowbit_linear.cu (hand-written: the decode GEMV is the
-// point of W4A16, and the W4A8 group sums need int4 unpacking in the loop).
+// CUDA: kernels/cuda/lowbit_linear.cu, its decode GEMVs in
+// kernels/cuda/w4a16_gemv.cuh (hand-written: the decode GEMV is the point of
+// W4A16, and the W4A8 group sums need int4 unpacking in the loop).
 // All tensors on out's device; the op has validated shapes and dtypes.
 #pragma once
 

@@ -13,24 +13,14 @@
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../../.." && pwd)
-a=$(realpath "${1:?usage: run.sh A.cu [B.cu]}")
-b=$(realpath "${2:-$root/kernels/cuda/qat_mlp.cu}")
-nvcc=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-mkdir -p "$work/include" && ln -s "$root" "$work/include/qgrad"  # "qgrad/..." includes
-flags=(-O3 -arch=sm_90 -std=c++20 --expt-relaxed-constexpr --extended-lambda --fmad=false -I"$work/include"
-       -DQGRAD_WITH_CUDA=1)
-"$nvcc" "${flags[@]}" -DVARIANT=a -DKERNEL_FILE="\"$a\"" -c "$here/variant.cu" -o "$work/a.o" &
-"$nvcc" "${flags[@]}" -DVARIANT=b -DKERNEL_FILE="\"$b\"" -c "$here/variant.cu" -o "$work/b.o" &
-"$nvcc" "${flags[@]}" -c "$here/main.cu" -o "$work/main.o" &
-wait %1 && wait %2 && wait %3
-"$nvcc" -arch=sm_90 "$work/a.o" "$work/b.o" "$work/main.o" -o "$work/qat_mlp_ab"
+# shellcheck source=dev/cuda/ab_build.sh
+source "$here/../ab_build.sh"
+ab_build "$here" KERNEL_FILE "${1:?usage: run.sh A.cu [B.cu]}" "${2:-$root/kernels/cuda/qat_mlp.cu}"
 [ -n "${BUILD_ONLY:-}" ] && exit 0
 status=0
 IFS=';' read -ra shapes <<< "${SHAPES:-256 256;1024 256;100 64}"
 for shape in "${shapes[@]}"; do
   # shellcheck disable=SC2086
-  timeout 120 "$work/qat_mlp_ab" $shape || status=$?
+  timeout 120 "$work/ab" $shape || status=$?
 done
 exit $status

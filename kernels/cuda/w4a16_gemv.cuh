@@ -1,0 +1,539 @@
+// The W4A16 decode GEMVs of kernels/cuda/lowbit_linear.cu on raw pointers:
+// their kernels, launchers and the route between them. A header whose
+// contents have internal linkage, so that dev/cuda/w4a16_ab can compile two
+// versions of it side by side without the library; lowbit_linear.cu is its
+// one includer in the library.
+//
+// W4A16, decode sizes (8 < M <= kW4A16GemvMaxM, bf16/f16 x): a tensor-core GEMV
+// fed by bulk copies. A block of 9 warps owns 32 output channels and 8 NC
+// rows of x (NC = 2, 4, 8 for M up to 16, 32, 64) over the whole of K.
+// Its producer warp streams the block's 32 packed weight rows through a ring
+// of 4 shared-memory stages of 1024 columns (cp.async.bulk, one row per lane,
+// completing on an mbarrier; a slot is refilled once the 8 consumer warps
+// have read it), so at K = 4096 the whole 64 KiB slab is requested at the
+// kernel's start. Consumer warp w takes columns [128 w, 128 w + 128) of each
+// stage: lane (g = lane / 4, t = lane % 4) reads 16 bytes = 32 packed weights
+// at k0 = 128 w + 32 t of channels g, g + 8, g + 16, g + 24 of the tile (rows
+// padded by 64 bytes: no bank conflicts), dequantizes them
+// (formulas::w4a16_weight: T((q - zp) * s); per value one LOP3 that puts the
+// nibble into the mantissa of a power of two, one FADD, one FMUL, half a
+// pack; no int-to-float conversions) and feeds mma.sync.m16n8k16 (bf16/f16
+// in, f32 accumulate) with the weight as A (16 channels) and x as B (8 rows),
+// so M <= 8 runs one mma per 16 channels and k-step and a lane's B fragment
+// is one 8-byte load of its row (x and the scales of the next stage are
+// loaded while this one is awaited). The mma's k index is permuted the same
+// way in A and B, which a dot product allows. Every weight byte is read once
+// per 64 rows of x: at M = 1 the packed weight (N K / 2 bytes) once, 4x fewer
+// bytes than a bf16 GEMM. Each warp accumulates its columns in stage order;
+// the 8 warps' partial tiles are added in warp order in shared memory
+// (deterministic).
+// With scales of x's dtype T (not f32) the dequantization is packed T x 2
+// arithmetic (dequant_word: per value half a LOP3, half a subtract, half a
+// multiply, plus the shifts: the same bits, since (q - zp) * s is exact in f32
+// for a T scale), in the kernel above and in the split-K GEMV.
+// M <= 8, f32 or T scales: a split-K GEMV without a producer
+// (w4a16_splitk_kernel: a block per 16 channels, 8 warps splitting K, each
+// issuing its 16-byte weight loads of 4 iterations at once, two blocks per
+// SM), with the same per-value math. For groups of 128 or more each block
+// first asks L2 for its 16 weight rows (one bulk prefetch) before it waits for
+// the kernel before it: in a chain of layers under programmatic dependent
+// launch the weight starts to stream during the previous layer's tail (H200,
+// M = 1, N = K = 4096, bf16 scales: a layer of a captured 24-layer chain 6.1 ->
+// 5.6 us, back to back 6.3 -> 6.0; with groups of 32 it measured 6.1 -> 6.4,
+// so smaller groups do without; forty-fifth session).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "qgrad/core/cuda/common.cuh"
+#include "qgrad/core/half.h"
+#include "qgrad/kernels/cuda/launch.cuh"
+#include "qgrad/kernels/cuda/mbarrier.cuh"
+#include "qgrad/kernels/cuda/mma.cuh"
+
+namespace qgrad::kernels::cuda {
+
+// One decode-size W4A16 product: out [M, N] = x [M, K] W^T (+ bias), W packed
+// s4 (w_signed) or u4 (with zp s32 [N, K / G]) [N, K], K / 2 bytes a row;
+// scale [N, K / G] f32 or (scale_in_t) T; all on `device`.
+template <class T>
+struct W4a16GemvArgs {
+  const T* x;
+  const std::uint8_t* w;
+  const void* scale;
+  const std::int32_t* zp;  // u4 only
+  const T* bias;           // may be null
+  T* out;
+  int M, N, K, G;
+  bool w_signed, scale_in_t;
+  int device;
+};
+
+namespace {  // a copy per includer (see above)
+
+using I64 = std::int64_t;
+
+// ---------------------------------------------------------------- W4A16 mma
+
+__device__ __forceinline__ std::uint32_t word_of(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+// ------------------------------------------------------ W4A16 bulk-copy GEMV
+
+// Decode sizes (M <= kW4A16GemvMaxM). A block owns NSUB n8 tiles (8 NSUB
+// output channels) and MC chunks of 16 rows of x over the whole of K: one
+// producer warp streams the block's packed weight rows through kGemvSlots
+// shared-memory stages with bulk copies (cp.async.bulk, one row of one stage
+// per lane, completing on an mbarrier), and kGemvWarps consumer warps split
+// each stage by 128-column iterations.
+constexpr int kGemvWarps = 8;                        // consumer warps
+constexpr int kGemvThreads = (kGemvWarps + 1) * 32;  // + the producer warp
+constexpr int kGemvSlots = 4;                        // shared-memory stages in the ring
+constexpr int kStageCols = kGemvWarps * 128;         // columns of K per stage (one iteration per consumer warp)
+constexpr int kStageRowBytes = kStageCols / 2;       // packed bytes of one row in one stage
+// Row pitch in a stage: a quarter-warp's 16-byte reads cover rows g and g + 1
+// at the same 64 columns, which the extra 64 bytes put on disjoint banks.
+constexpr int kStagePitch = kStageRowBytes + 64;
+
+// Nibble E (0..4) of word as (u - off) in f32 with one LOP3 and one FADD:
+// the bits (2^(23 - 4E) as an f32) | (u << 4E) are the float 2^(23 - 4E) + u
+// exactly (u lands in the mantissa's units place), and off = 2^(23 - 4E) + zp
+// (8 for s4, whose sign bit the same LOP3 flips: (u ^ 8) - 8 is the value).
+// Nibbles 5..7 are nibbles 2..4 of word >> 12. Inline PTX keeps the LOP3
+// whole ((word & mask) ^ bits, one instruction; the compiler otherwise splits it).
+template <bool kSigned, int E>
+__device__ __forceinline__ float nibble_minus(std::uint32_t word, float off) {
+  constexpr std::uint32_t kMask = 0xfu << (4 * E);
+  constexpr std::uint32_t kBits = ((150u - 4u * E) << 23) | (kSigned ? (0x8u << (4 * E)) : 0u);
+  std::uint32_t r;
+  asm("lop3.b32 %0, %1, %2, %3, 0x6a;" : "=r"(r) : "r"(word), "n"(kMask), "n"(kBits));
+  return __uint_as_float(r) - off;
+}
+
+// The mma computes out^T: A (16 x 16) is a 16-channel tile of the dequantized
+// weight, B (16 x 8) holds 8 rows of x, so M <= 8 wastes no tensor-core rows
+// on absent rows of x and a lane's B fragment is one 8-byte load of its row.
+// NSUB n8 channel halves = NSUB / 2 m16 tiles; NC chunks of 8 rows of x.
+// A lane's operands of one iteration besides the weight: x's B fragments
+// (row g of each chunk, 4 columns per mma step j) when kX, and the scale and
+// zero point of its 32 columns in each channel half.
+template <int NC, int NSUB, bool kX>
+struct GemvFrag {
+  uint2 xb[kX ? NC : 1][8];
+  float s[NSUB], z[NSUB];
+};
+
+template <class T, int NC>
+__device__ __forceinline__ uint2 x_frag(int nc, int j, int k0, bool kin, const T* const (&xr)[NC]) {
+  return kin ? __ldg(reinterpret_cast<const uint2*>(xr[nc] + k0 + 4 * j)) : make_uint2(0, 0);
+}
+
+template <class T> struct Packed;
+
+template <class T, bool kSigned, int NC, int NSUB, bool kX, class S>
+__device__ __forceinline__ void gemv_load(GemvFrag<NC, NSUB, kX>& f, int k0, int K, int G, int groups,
+                                          const T* const (&xr)[NC], const int (&nrow)[NSUB],
+                                          const S* __restrict__ scale, const std::int32_t* __restrict__ zp) {
+  const bool kin = k0 < K;  // K % 32 == 0: a lane's 32 columns are all in or all out
+  if constexpr (kX) {
+#pragma unroll
+    for (int nc = 0; nc < NC; ++nc)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) f.xb[nc][j] = x_frag<T, NC>(nc, j, k0, kin, xr);
+  }
+  // Group sizes are powers of two in practice: a shift (G is loop-invariant, so
+  // the test and __ffs are hoisted) instead of an integer division per call.
+  const int gk = kin ? ((G & (G - 1)) == 0 ? k0 >> (__ffs(G) - 1) : k0 / G) : 0;
+#pragma unroll
+  for (int sub = 0; sub < NSUB; ++sub) {
+    // nrow is clamped into [0, N): a channel past N computes an output nobody writes. An
+    // absent column block multiplies by a zero scale and a zero x: its products are zeros.
+    const I64 gi = static_cast<I64>(nrow[sub]) * groups + gk;
+    if constexpr (std::is_same_v<S, float>) {
+      const float s = __ldg(scale + gi);
+      f.s[sub] = kin ? s : 0.0f;
+      f.z[sub] = kSigned ? 8.0f : static_cast<float>(__ldg(zp + gi));
+    } else {  // T scales: the packed pairs (s, s) and (magic + zp) x 2 of gemv_math_packed, as bits
+      const std::uint32_t s2 = __ldg(reinterpret_cast<const std::uint16_t*>(scale) + gi) * 0x10001u;
+      f.s[sub] = __uint_as_float(kin ? s2 : 0u);
+      const std::uint32_t z = kSigned ? 8u : static_cast<std::uint32_t>(__ldg(zp + gi));
+      f.z[sub] = __uint_as_float((Packed<T>::kMagic + z) * 0x10001u);
+    }
+  }
+}
+
+template <class T, bool kSigned, int NC, int NSUB, bool kX>
+__device__ __forceinline__ void gemv_math(const GemvFrag<NC, NSUB, kX>& f, const uint4 (&wv)[NSUB],
+                                          float (&acc)[NC][NSUB / 2][4], int k0, bool kin,
+                                          const T* const (&xr)[NC]) {
+  float off[NSUB][5];
+#pragma unroll
+  for (int sub = 0; sub < NSUB; ++sub)
+#pragma unroll
+    for (int e = 0; e < 5; ++e) off[sub][e] = static_cast<float>(1 << (23 - 4 * e)) + f.z[sub];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    // Step j: physical columns k0 + 4j + {0, 1} are the mma's k {2t, 2t + 1},
+    // k0 + 4j + {2, 3} its k {2t + 8, 2t + 9}, in A and in B alike.
+    std::uint32_t lo[NSUB], hi[NSUB];
+#pragma unroll
+    for (int sub = 0; sub < NSUB; ++sub) {
+      const std::uint32_t word = word_of(wv[sub], j >> 1);
+      const float s = f.s[sub];
+      float v0, v1, v2, v3;
+      if ((j & 1) == 0) {  // nibbles 0..3
+        v0 = nibble_minus<kSigned, 0>(word, off[sub][0]);
+        v1 = nibble_minus<kSigned, 1>(word, off[sub][1]);
+        v2 = nibble_minus<kSigned, 2>(word, off[sub][2]);
+        v3 = nibble_minus<kSigned, 3>(word, off[sub][3]);
+      } else {  // nibbles 4..7
+        const std::uint32_t w12 = word >> 12;
+        v0 = nibble_minus<kSigned, 4>(word, off[sub][4]);
+        v1 = nibble_minus<kSigned, 2>(w12, off[sub][2]);
+        v2 = nibble_minus<kSigned, 3>(w12, off[sub][3]);
+        v3 = nibble_minus<kSigned, 4>(w12, off[sub][4]);
+      }
+      // formulas::w4a16_weight: the f32 product (u - zp) * s, rounded once to T.
+      lo[sub] = Mma<T>::pack(v0 * s, v1 * s);
+      hi[sub] = Mma<T>::pack(v2 * s, v3 * s);
+    }
+#pragma unroll
+    for (int nc = 0; nc < NC; ++nc) {
+      const uint2 xb = kX ? f.xb[kX ? nc : 0][j] : x_frag<T, NC>(nc, j, k0, kin, xr);
+#pragma unroll
+      for (int tile = 0; tile < NSUB / 2; ++tile)
+        Mma<T>::run(acc[nc][tile], lo[2 * tile], lo[2 * tile + 1], hi[2 * tile], hi[2 * tile + 1], xb.x, xb.y);
+    }
+  }
+}
+
+// Packed T x 2 arithmetic for scales of x's dtype T. With a T scale s,
+// (q - zp) * s is exact in f32 (at most 4 + 11 significant bits), so the
+// formula's T(f32 product) is the correctly rounded T product, which is what
+// one packed T multiply (mul.rn.{bf16x2,f16x2}) returns: the same bits as
+// formulas::w4a16_weight at about half the instructions per value of the
+// f32 path.
+template <> struct Packed<bfloat16> {
+  using V = __nv_bfloat162;
+  static constexpr std::uint32_t kMagic = 0x4300u;  // 128: the units place is the mantissa's lowest bit
+};
+template <> struct Packed<half> {
+  using V = __half2;
+  static constexpr std::uint32_t kMagic = 0x6400u;  // 1024
+};
+template <class T>
+__device__ __forceinline__ std::uint32_t packed_sub_mul(std::uint32_t v, std::uint32_t off, std::uint32_t s) {
+  using V = typename Packed<T>::V;
+  const V r = __hmul2(__hsub2(*reinterpret_cast<const V*>(&v), *reinterpret_cast<const V*>(&off)),
+                      *reinterpret_cast<const V*>(&s));
+  return *reinterpret_cast<const std::uint32_t*>(&r);
+}
+
+// The 8 values of one packed word (columns c .. c + 7, low nibble first) of
+// one channel as 4 T pairs (c, c + 4), (c + 1, c + 5), (c + 2, c + 6),
+// (c + 3, c + 7): per pair one LOP3 puts nibbles i and i + 4 into the
+// mantissas of two copies of the magic power of two (flipping an s4 sign bit,
+// (u ^ 8) - 8 being the value), one packed subtract of (magic + zp) gives
+// q - zp exactly, one packed multiply by the scale rounds once.
+template <class T, bool kSigned>
+__device__ __forceinline__ void dequant_word(std::uint32_t word, std::uint32_t off2, std::uint32_t s2,
+                                             std::uint32_t (&o)[4]) {
+  constexpr std::uint32_t kBits = Packed<T>::kMagic * 0x10001u | (kSigned ? 0x00080008u : 0u);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    std::uint32_t r;
+    asm("lop3.b32 %0, %1, %2, %3, 0x6a;" : "=r"(r) : "r"(word >> (4 * i)), "n"(0x000f000fu), "n"(kBits));
+    o[i] = packed_sub_mul<T>(r, off2, s2);
+  }
+}
+
+// gemv_math for T scales (f.s / f.z hold the packed (s, s) and (magic + zp)
+// pairs): per 16-byte word of packed weight, dequant_word's (c, c + 4) column
+// pairs as A, and x's 16-byte load regrouped by PRMT into the same pairs as B.
+template <class T, bool kSigned, int NC, int NSUB, bool kX>
+__device__ __forceinline__ void gemv_math_packed(const GemvFrag<NC, NSUB, kX>& f, const uint4 (&wv)[NSUB],
+                                                 float (&acc)[NC][NSUB / 2][4], int k0, bool kin,
+                                                 const T* const (&xr)[NC]) {
+#pragma unroll
+  for (int word = 0; word < 4; ++word) {
+    std::uint32_t d[NSUB][4];
+#pragma unroll
+    for (int sub = 0; sub < NSUB; ++sub)
+      dequant_word<T, kSigned>(word_of(wv[sub], word), __float_as_uint(f.z[sub]), __float_as_uint(f.s[sub]), d[sub]);
+#pragma unroll
+    for (int nc = 0; nc < NC; ++nc) {
+      const uint4 xv = kin ? __ldg(reinterpret_cast<const uint4*>(xr[nc] + k0 + word * 8)) : make_uint4(0, 0, 0, 0);
+      const std::uint32_t b0 = __byte_perm(xv.x, xv.z, 0x5410), b1 = __byte_perm(xv.x, xv.z, 0x7632);
+      const std::uint32_t b2 = __byte_perm(xv.y, xv.w, 0x5410), b3 = __byte_perm(xv.y, xv.w, 0x7632);
+#pragma unroll
+      for (int tile = 0; tile < NSUB / 2; ++tile) {
+        Mma<T>::run(acc[nc][tile], d[2 * tile][0], d[2 * tile + 1][0], d[2 * tile][1], d[2 * tile + 1][1], b0, b1);
+        Mma<T>::run(acc[nc][tile], d[2 * tile][2], d[2 * tile + 1][2], d[2 * tile][3], d[2 * tile + 1][3], b2, b3);
+      }
+    }
+  }
+}
+
+template <int NC, int NSUB>
+constexpr int gemv_smem_bytes() {
+  constexpr int slots = kGemvSlots * NSUB * 8 * kStagePitch;
+  constexpr int part = kGemvWarps * NC * (NSUB / 2) * 4 * 32 * 4;
+  return 128 + (slots > part ? slots : part);
+}
+
+// NC <= 2 prefetches the next iteration's x fragments and scales into
+// registers while this one's weight stage is awaited and used; NC = 4, 8
+// (64, 128 fragment registers per set) prefetch the scales and load x per
+// mma step.
+template <class T, bool kSigned, int NC, int NSUB, class S>
+__global__ void __launch_bounds__(kGemvThreads, 1)
+    w4a16_gemv_kernel(const T* __restrict__ x, const std::uint8_t* __restrict__ w, const S* __restrict__ scale,
+                      const std::int32_t* __restrict__ zp, const T* __restrict__ bias, T* __restrict__ out, int M,
+                      int N, int K, int G) {
+  ::qgrad::cuda::wait_for_prior_kernels();
+  constexpr int NT = NSUB * 8;
+  constexpr int kSlotBytes = NT * kStagePitch;
+  constexpr bool kPacked = !std::is_same_v<S, float>;
+  constexpr bool kX = NC <= 2 && !kPacked;
+  extern __shared__ __align__(128) unsigned char gemv_smem[];
+  std::uint64_t* full = reinterpret_cast<std::uint64_t*>(gemv_smem);
+  std::uint64_t* empty = full + kGemvSlots;
+  unsigned char* slots = gemv_smem + 128;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int n0 = blockIdx.x * NT, m0 = blockIdx.y * (8 * NC);
+  const int stages = (K + kStageCols - 1) / kStageCols;
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int i = 0; i < kGemvSlots; ++i) {
+      mbar_init(full + i, 1);
+      mbar_init(empty + i, kGemvWarps);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  if (warp == kGemvWarps) {
+    // Producer: lane r copies row n0 + r of each stage; a slot is refilled
+    // once all consumer warps have read it (the empty barrier).
+    const int rows = min(NT, N - n0);
+    const std::uint8_t* wrow = w + (static_cast<I64>(n0) + lane) * (K / 2);
+    for (int s = 0; s < stages; ++s) {
+      const int slot = s % kGemvSlots;
+      if (s >= kGemvSlots) mbar_wait(empty + slot, static_cast<unsigned>((s / kGemvSlots - 1) & 1));
+      const int bytes = min(kStageCols, K - s * kStageCols) / 2;
+      if (lane == 0) mbar_expect_tx(full + slot, static_cast<unsigned>(bytes * rows));
+      __syncwarp();
+      if (lane < rows)
+        bulk_copy(slots + slot * kSlotBytes + lane * kStagePitch, wrow + static_cast<I64>(s) * kStageRowBytes,
+                  static_cast<unsigned>(bytes), full + slot);
+    }
+  }
+  float acc[NC][NSUB / 2][4];
+#pragma unroll
+  for (int nc = 0; nc < NC; ++nc)
+#pragma unroll
+    for (int tile = 0; tile < NSUB / 2; ++tile)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) acc[nc][tile][r] = 0.0f;
+  if (warp < kGemvWarps) {
+    const int g = lane >> 2, t = lane & 3;
+    const int groups = K / G;
+    // Row g of each 8-row chunk of x, clamped into [0, M): a row past M computes
+    // an output column nobody writes (and NaN in x stays in its own row's outputs).
+    const T* xr[NC];
+#pragma unroll
+    for (int nc = 0; nc < NC; ++nc) xr[nc] = x + static_cast<I64>(min(m0 + nc * 8 + g, M - 1)) * K;
+    int nrow[NSUB];
+#pragma unroll
+    for (int sub = 0; sub < NSUB; ++sub) nrow[sub] = min(n0 + sub * 8 + g, N - 1);
+    const uint4 zero4 = make_uint4(0, 0, 0, 0);
+    // One stage: this warp's iteration of it (128 columns from k0 - 32 t).
+    auto step = [&](int s, GemvFrag<NC, NSUB, kX>& cur, GemvFrag<NC, NSUB, kX>& nxt) {
+      const int k0 = (s * kGemvWarps + warp) * 128 + t * 32;
+      if (s + 1 < stages)
+        gemv_load<T, kSigned, NC, NSUB, kX, S>(nxt, k0 + kStageCols, K, G, groups, xr, nrow, scale, zp);
+      const int slot = s % kGemvSlots;
+      mbar_wait(full + slot, static_cast<unsigned>((s / kGemvSlots) & 1));
+      __syncwarp();
+      uint4 wv[NSUB];
+      const unsigned char* base = slots + slot * kSlotBytes + warp * 64 + t * 16 + g * kStagePitch;
+      const bool kin = k0 < K;
+#pragma unroll
+      for (int sub = 0; sub < NSUB; ++sub)
+        wv[sub] = kin ? *reinterpret_cast<const uint4*>(base + sub * 8 * kStagePitch) : zero4;
+      __syncwarp();
+      if (lane == 0) mbar_arrive(empty + slot);
+      if constexpr (kPacked) gemv_math_packed<T, kSigned, NC, NSUB, kX>(cur, wv, acc, k0, kin, xr);
+      else gemv_math<T, kSigned, NC, NSUB, kX>(cur, wv, acc, k0, kin, xr);
+    };
+    GemvFrag<NC, NSUB, kX> fa, fb;
+    gemv_load<T, kSigned, NC, NSUB, kX, S>(fa, warp * 128 + t * 32, K, G, groups, xr, nrow, scale, zp);
+    for (int s = 0; s < stages; s += 2) {
+      step(s, fa, fb);
+      if (s + 1 < stages) step(s + 1, fb, fa);
+    }
+  }
+  __syncthreads();  // every stage consumed: the slots hold the partial tiles now
+  constexpr int kTile = NC * (NSUB / 2) * 4;  // accumulators per lane
+  float* part = reinterpret_cast<float*>(slots);
+  if (warp < kGemvWarps) {
+#pragma unroll
+    for (int nc = 0; nc < NC; ++nc)
+#pragma unroll
+      for (int tile = 0; tile < NSUB / 2; ++tile)
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+          part[(warp * kTile + (nc * (NSUB / 2) + tile) * 4 + r) * 32 + lane] = acc[nc][tile][r];
+  }
+  __syncthreads();
+  // One output per (idx, lane): the consumer warps' partials added in warp order.
+  // C's element r of lane (g, t): channel g + 8 (r >> 1) of the tile, row 2t + (r & 1) of the chunk.
+  for (int o = threadIdx.x; o < kTile * 32; o += kGemvThreads) {
+    const int idx = o >> 5, ln = o & 31;
+    const int nc = idx / ((NSUB / 2) * 4), tile = (idx >> 2) % (NSUB / 2), r = idx & 3;
+    const int m = m0 + nc * 8 + 2 * (ln & 3) + (r & 1), n = n0 + tile * 16 + (ln >> 2) + (r >> 1) * 8;
+    if (m < M && n < N) {
+      float v = part[idx * 32 + ln];
+#pragma unroll
+      for (int wq = 1; wq < kGemvWarps; ++wq) v += part[(wq * kTile + idx) * 32 + ln];
+      if (bias) v += static_cast<float>(bias[n]);
+      out[static_cast<I64>(m) * N + n] = T(v);
+    }
+  }
+}
+
+template <class T, bool kSigned, int NC, int NSUB, class S>
+void launch_w4a16_gemv(const W4a16GemvArgs<T>& a) {
+  constexpr int kSmem = gemv_smem_bytes<NC, NSUB>();
+  constexpr auto kernel = w4a16_gemv_kernel<T, kSigned, NC, NSUB, S>;
+  allow_dynamic_smem<kernel>(a.device, kSmem);
+  const dim3 grid(static_cast<unsigned>((a.N + NSUB * 8 - 1) / (NSUB * 8)),
+                  static_cast<unsigned>((a.M + 8 * NC - 1) / (8 * NC)));
+  ::qgrad::cuda::launch_kernel(a.device, kernel, grid, kGemvThreads, kSmem, a.x, a.w, static_cast<const S*>(a.scale),
+                               a.zp, a.bias, a.out, a.M, a.N, a.K, a.G);
+}
+
+// ------------------------------------------------- W4A16 split-K GEMV
+
+// Decode sizes (M <= 8). A block owns one m16 tile of 16 output channels
+// (NSUB = 2 of gemv_math / gemv_math_packed) and 8 rows of x; its WARPS warps
+// split K by 128-column iterations (warp w takes w, w + WARPS, ...). Lane
+// (g, t) reads 16 bytes = 32 columns at k0 = 128 it + 32 t of channels g and
+// g + 8 of the tile. A warp issues the weight loads of U iterations at once
+// (U KiB in flight per warp; two blocks per SM, no producer warp), then
+// dequantizes and multiplies each (S = T: the packed T x 2 math; S = float: the f32 math). The warps'
+// partial tiles are added in warp order (deterministic). With f32 scales it
+// replaced the bulk-copy GEMV at M = 1 (kernel 7.4 us against 8.9, H200); at
+// 8 < M <= 16 two 8-row chunks a block measured slower than the bulk-copy
+// GEMV (f32 scales 14.1 against 11.3 us, T scales 9.5 against 9.2).
+template <class T, bool kSigned, int WARPS, int U, class S>
+__global__ void __launch_bounds__(WARPS * 32, 2)
+    w4a16_splitk_kernel(const T* __restrict__ x, const std::uint8_t* __restrict__ w, const S* __restrict__ scale,
+                        const std::int32_t* __restrict__ zp, const T* __restrict__ bias, T* __restrict__ out, int M,
+                        int N, int K, int G, bool prefetch_weight) {
+  ::qgrad::cuda::DeferredPriorWait prior;
+  constexpr bool kPacked = !std::is_same_v<S, float>;
+  // The block's 16 weight rows (contiguous) asked of L2 before the wait: in
+  // a chain of layers, during the tail of the kernel before (see
+  // bulk_prefetch_l2 for why a weight that kernel writes is still read right).
+  if (prefetch_weight && threadIdx.x == 0) {
+    const int rows = min(16, N - static_cast<int>(blockIdx.x) * 16);
+    bulk_prefetch_l2(w + static_cast<I64>(blockIdx.x) * 16 * (K / 2), static_cast<unsigned>(rows * (K / 2)));
+  }
+  prior.wait();
+  __shared__ float part[WARPS][4][32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int n0 = blockIdx.x * 16;
+  const int groups = K / G;
+  // Rows of x and channels past the end are clamped in range: they compute
+  // outputs nobody writes (and NaN in x stays in its own row's outputs).
+  const T* const xr[1] = {x + static_cast<I64>(min(g, M - 1)) * K};
+  const int nrow[2] = {min(n0 + g, N - 1), min(n0 + 8 + g, N - 1)};
+  const std::uint8_t* w_lo = w + static_cast<I64>(nrow[0]) * (K / 2) + t * 16;
+  const std::uint8_t* w_hi = w + static_cast<I64>(nrow[1]) * (K / 2) + t * 16;
+  float acc[1][1][4] = {{{0.0f, 0.0f, 0.0f, 0.0f}}};
+  const int iters = (K + 127) / 128;
+  const uint4 zero4 = make_uint4(0, 0, 0, 0);
+  for (int base = warp; base < iters; base += U * WARPS) {
+    uint4 wv[U][2];
+    GemvFrag<1, 2, false> f[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int it = base + u * WARPS;
+      const int k0 = it * 128 + t * 32;  // K % 32 == 0: a lane's 32 columns are all in or all out
+      const bool kin = k0 < K;
+      wv[u][0] = kin ? ld_stream16(w_lo + static_cast<I64>(it) * 64) : zero4;
+      wv[u][1] = kin ? ld_stream16(w_hi + static_cast<I64>(it) * 64) : zero4;
+      gemv_load<T, kSigned, 1, 2, false, S>(f[u], k0, K, G, groups, xr, nrow, scale, zp);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int it = base + u * WARPS;
+      if (it >= iters) break;  // uniform in the warp
+      const int k0 = it * 128 + t * 32;
+      if constexpr (kPacked) gemv_math_packed<T, kSigned, 1, 2, false>(f[u], wv[u], acc, k0, k0 < K, xr);
+      else gemv_math<T, kSigned, 1, 2, false>(f[u], wv[u], acc, k0, k0 < K, xr);
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 4; ++r) part[warp][r][lane] = acc[0][0][r];
+  __syncthreads();
+  // C's element r of lane (g, t): channel g + 8 (r >> 1), row 2t + (r & 1).
+  for (int o = threadIdx.x; o < 4 * 32; o += WARPS * 32) {
+    const int r = o >> 5, ln = o & 31;
+    const int m = 2 * (ln & 3) + (r & 1), n = n0 + (ln >> 2) + (r >> 1) * 8;
+    if (m < M && n < N) {
+      float v = part[0][r][ln];
+#pragma unroll
+      for (int wq = 1; wq < WARPS; ++wq) v += part[wq][r][ln];
+      if (bias) v += static_cast<float>(bias[n]);
+      out[static_cast<I64>(m) * N + n] = T(v);
+    }
+  }
+}
+
+template <class T, bool kSigned, class S>
+void launch_w4a16_splitk(const W4a16GemvArgs<T>& a) {
+  constexpr int kWarps = 8, kU = 4;
+  ::qgrad::cuda::launch_kernel(a.device, w4a16_splitk_kernel<T, kSigned, kWarps, kU, S>,
+                               static_cast<unsigned>((a.N + 15) / 16), kWarps * 32, 0, a.x, a.w,
+                               static_cast<const S*>(a.scale), a.zp, a.bias, a.out, a.M, a.N, a.K, a.G,
+                               /*prefetch_weight=*/a.G >= 128);
+}
+
+// The route at decode sizes (the caller has checked the GEMVs' conditions:
+// 16-bit T, 1 <= M <= 64, K and G multiples of 32, 16-byte aligned x and w,
+// N and K below 2^30). M <= 8: the split-K GEMV (more warps in flight, no
+// producer); 8 < M <= 64: the bulk-copy GEMV with 8 NC rows of x a block (16,
+// 32 or 64) and 32 channels (NSUB = 4: x fragments and mma issue shared by
+// 32 channels).
+template <class T>
+void launch_w4a16_decode(const W4a16GemvArgs<T>& a) {
+  auto go = [&](auto nc) {
+    constexpr int kNC = decltype(nc)::value;
+    if constexpr (kNC == 1) {
+      if (a.scale_in_t) {
+        a.w_signed ? launch_w4a16_splitk<T, true, T>(a) : launch_w4a16_splitk<T, false, T>(a);
+      } else {
+        a.w_signed ? launch_w4a16_splitk<T, true, float>(a) : launch_w4a16_splitk<T, false, float>(a);
+      }
+    } else if (a.scale_in_t) {
+      a.w_signed ? launch_w4a16_gemv<T, true, kNC, 4, T>(a) : launch_w4a16_gemv<T, false, kNC, 4, T>(a);
+    } else {
+      a.w_signed ? launch_w4a16_gemv<T, true, kNC, 4, float>(a) : launch_w4a16_gemv<T, false, kNC, 4, float>(a);
+    }
+  };
+  if (a.M <= 8) go(std::integral_constant<int, 1>{});
+  else if (a.M <= 16) go(std::integral_constant<int, 2>{});
+  else if (a.M <= 32) go(std::integral_constant<int, 4>{});
+  else go(std::integral_constant<int, 8>{});
+}
+
+}  // namespace
+
+}  // namespace qgrad::kernels::cuda

@@ -28,9 +28,9 @@ using namespace qgrad::bench;
 
 namespace {
 
+#if QGRAD_WITH_CUDA
 constexpr double kFp8PeakTflops = 1979.0;
 
-#if QGRAD_WITH_CUDA
 void emit_gemm(const char* impl, std::int64_t M, std::int64_t N, std::int64_t K, const Timing& t, double bf16_ms,
                bool fp8) {
   const double tflops = 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K) /

@@ -84,8 +84,9 @@ Net mlp(std::int64_t hidden, const std::string& suffix = "") {
 }
 // The MLP with its forward, loss and backward as one fused kernel
 // (nn::qat_mlp_loss_backward; b256 only, b4096 is past the kernel's limit
-// kQatMlpFusedMultiplyAdds): case ..._h256_fused.
-Net mlp_fused(std::int64_t hidden) {
+// kQatMlpFusedMultiplyAdds): case ..._h256_fused. CUDA cases only (unused
+// in a CPU-only build).
+[[maybe_unused]] Net mlp_fused(std::int64_t hidden) {
   return {"qat_step", "_h" + std::to_string(hidden) + "_fused",
           [hidden](Device d, Generator& g) { return std::make_unique<QatMlp>(d, hidden, g, 0.01, true); }, {784}};
 }

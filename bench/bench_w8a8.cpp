@@ -32,9 +32,9 @@ using namespace qgrad::bench;
 
 namespace {
 
+#if QGRAD_WITH_CUDA
 constexpr double kInt8PeakTops = 1979.0;
 
-#if QGRAD_WITH_CUDA
 void emit_dynquant(const char* impl, std::int64_t N, std::int64_t D, const Timing& t, double copy_gbs) {
   const double bytes = static_cast<double>(N * D) * (4 + 1) + static_cast<double>(N) * 8;
   const double gbs = bytes / (t.median_ms * 1e-3) / 1e9;

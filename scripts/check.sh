@@ -23,7 +23,7 @@ FUZZ_BUILD=${QGRAD_FUZZ_BUILD:-}
 if [ "${QGRAD_SKIP_SANITIZE:-0}" != 1 ]; then
   # One clang build for the sanitizer tests and the fuzz harnesses (preset
   # "sanitizer"): the library is compiled once for both.
-  stamp "sanitizer build ($ASAN_BUILD: ASan + UBSan, clang, CPU only: tests and fuzz harnesses)"
+  stamp "sanitizer build ($ASAN_BUILD: ASan + UBSan, clang, CPU only: tests, fuzz harnesses, benchmarks built)"
   (cd "$QGRAD_ROOT" && cmake --preset sanitizer -B "$ASAN_BUILD" >/dev/null)
   ninja -C "$ASAN_BUILD" -j"$QGRAD_JOBS"
   stamp "sanitizer test run"

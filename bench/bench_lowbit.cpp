@@ -65,17 +65,19 @@ void emit_row(const char* bench_case, const char* impl, std::int64_t M, std::int
   emit(line);
 }
 
-Timing time_cublas_bf16(cublasHandle_t h, const Tensor& x, const Tensor& wb, const Tensor& yb, int reps) {
-  const std::int64_t M = x.size(0), K = x.size(1), N = wb.size(0);
+// y [M, N] = x [M, K] w^T in bf16 (f32 accumulate) by cublasGemmEx: the bf16 peer.
+void gemm_bf16(cublasHandle_t h, std::int64_t M, std::int64_t N, std::int64_t K, const void* w, const void* x,
+               void* y) {
   const float one = 1.0f, zero = 0.0f;
+  cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(N), static_cast<int>(M), static_cast<int>(K), &one, w,
+               CUDA_R_16BF, static_cast<int>(K), x, CUDA_R_16BF, static_cast<int>(K), &zero, y, CUDA_R_16BF,
+               static_cast<int>(N), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+}
+
+Timing time_cublas_bf16(cublasHandle_t h, const Tensor& x, const Tensor& wb, const Tensor& yb, int reps) {
   QGRAD_CHECK(cublasSetStream(h, qgrad::cuda::stream(0)) == CUBLAS_STATUS_SUCCESS, "bench", "", "cublasSetStream");
-  return time_cuda(
-      [&](int) {
-        cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(N), static_cast<int>(M), static_cast<int>(K), &one,
-                     wb.data_ptr(), CUDA_R_16BF, static_cast<int>(K), x.data_ptr(), CUDA_R_16BF, static_cast<int>(K),
-                     &zero, yb.data_ptr(), CUDA_R_16BF, static_cast<int>(N), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-      },
-      reps, 5);
+  return time_cuda([&](int) { gemm_bf16(h, x.size(0), wb.size(0), x.size(1), wb.data_ptr(), x.data_ptr(), yb.data_ptr()); },
+                   reps, 5);
 }
 
 // A decode step's layers one after another on the GPU: `chain` (kChain
@@ -104,50 +106,33 @@ void bench_w4a16(cublasHandle_t h, std::int64_t M, std::int64_t N, std::int64_t 
     std::vector<Tensor> wb;
     for (int i = 0; i < kCopies; ++i) wb.push_back(randn({N, K}, g, cuda_opts(DType::bf16)));
     Tensor yb = Tensor::empty({M, N}, cuda_opts(DType::bf16));
-    const float one = 1.0f, zero = 0.0f;
     QGRAD_CHECK(cublasSetStream(h, qgrad::cuda::stream(0)) == CUBLAS_STATUS_SUCCESS, "bench", "", "cublasSetStream");
     Timing t = time_cuda(
-        [&](int rep) {
-          cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(N), static_cast<int>(M), static_cast<int>(K),
-                       &one, wb[static_cast<std::size_t>(rep % kCopies)].data_ptr(), CUDA_R_16BF, static_cast<int>(K),
-                       x.data_ptr(), CUDA_R_16BF, static_cast<int>(K), &zero, yb.data_ptr(), CUDA_R_16BF,
-                       static_cast<int>(N), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-        },
+        [&](int rep) { gemm_bf16(h, M, N, K, wb[static_cast<std::size_t>(rep % kCopies)].data_ptr(), x.data_ptr(), yb.data_ptr()); },
         100, 10);
     const double gbs = static_cast<double>(N * K * 2) / (t.median_ms * 1e-3) / 1e9;
     emit_row("w4a16", "cublas_bf16", M, N, K, t,
              ",\"gbs\":" + std::to_string(gbs) + ",\"copy_fraction\":" + std::to_string(gbs / copy_gbs));
     if (N == K) {
-      // The decode chain (see time_chain): y_i = W_i y_(i-1), the bf16 weights rotating.
+      // The decode chain (see time_chain): y_i = W_i y_(i-1), the bf16 weights
+      // rotating, or (L2) one weight, which stays in L2 (32 MiB): the layer
+      // without its HBM read.
       std::vector<Tensor> ys;
       for (int i = 0; i < 2; ++i) ys.push_back(Tensor::empty({M, N}, cuda_opts(DType::bf16)));
-      Tensor workspace = Tensor::empty({32 << 20}, cuda_opts(DType::u8));
-      QGRAD_CHECK(cublasSetWorkspace(h, workspace.data_ptr(), 32 << 20) == CUBLAS_STATUS_SUCCESS, "bench", "",
-                  "cublasSetWorkspace");
-      const Timing tc = time_chain([&] {
-        for (int i = 0; i < kChain; ++i) {
-          const void* in = i == 0 ? x.data_ptr() : ys[static_cast<std::size_t>((i - 1) % 2)].data_ptr();
-          cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(N), static_cast<int>(M), static_cast<int>(K),
-                       &one, wb[static_cast<std::size_t>(i % kCopies)].data_ptr(), CUDA_R_16BF, static_cast<int>(K),
-                       in, CUDA_R_16BF, static_cast<int>(K), &zero, ys[static_cast<std::size_t>(i % 2)].data_ptr(),
-                       CUDA_R_16BF, static_cast<int>(N), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-        }
-      });
+      auto chain = [&](bool rotate) {
+        return time_chain([&] {
+          for (int i = 0; i < kChain; ++i)
+            gemm_bf16(h, M, N, K, wb[rotate ? static_cast<std::size_t>(i % kCopies) : 0].data_ptr(),
+                      i == 0 ? x.data_ptr() : ys[static_cast<std::size_t>((i - 1) % 2)].data_ptr(),
+                      ys[static_cast<std::size_t>(i % 2)].data_ptr());
+        });
+      };
+      const Timing tc = chain(true);
       cublas_chain_ms = tc.median_ms;
       const double gbs_c = static_cast<double>(N * K * 2) / (tc.median_ms * 1e-3) / 1e9;
       emit_row("w4a16", "cublas_bf16_chain", M, N, K, tc,
                ",\"gbs\":" + std::to_string(gbs_c) + ",\"copy_fraction\":" + std::to_string(gbs_c / copy_gbs));
-      // The same chain over one weight, which stays in L2 (32 MiB): the layer without its HBM read.
-      const Timing tl = time_chain([&] {
-        for (int i = 0; i < kChain; ++i) {
-          const void* in = i == 0 ? x.data_ptr() : ys[static_cast<std::size_t>((i - 1) % 2)].data_ptr();
-          cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(N), static_cast<int>(M), static_cast<int>(K),
-                       &one, wb[0].data_ptr(), CUDA_R_16BF, static_cast<int>(K), in, CUDA_R_16BF,
-                       static_cast<int>(K), &zero, ys[static_cast<std::size_t>(i % 2)].data_ptr(), CUDA_R_16BF,
-                       static_cast<int>(N), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-        }
-      });
-      emit_row("w4a16", "cublas_bf16_chain_l2", M, N, K, tl, "");
+      emit_row("w4a16", "cublas_bf16_chain_l2", M, N, K, chain(false), "");
     }
     return t.median_ms;
   }();
@@ -178,26 +163,23 @@ void bench_w4a16(cublasHandle_t h, std::int64_t M, std::int64_t N, std::int64_t 
              ",\"gbs\":" + std::to_string(gbs) + ",\"copy_fraction\":" + std::to_string(gbs / copy_gbs) +
                  ",\"speedup_vs_cublas_bf16\":" + std::to_string(bf16_ms / t.median_ms));
     if (N == K && !f16) {
-      // The decode chain: kChain layers y_i = linear_w4a16(y_(i-1), W_i) through the op.
-      const Timing tc = time_chain([&] {
-        Tensor hcur = x;  // layer i's input: layer i - 1's output
-        for (int i = 0; i < kChain; ++i) {
-          const auto j = static_cast<std::size_t>(i % kInt4Copies);
-          hcur = linear_w4a16(hcur, wq[j], ws[j], wz[j], G);
-        }
-      });
+      // The decode chain: kChain layers y_i = linear_w4a16(y_(i-1), W_i) through
+      // the op, the weights rotating or (L2) one weight, L2-resident.
+      auto chain = [&](bool rotate) {
+        return time_chain([&] {
+          Tensor hcur = x;  // layer i's input: layer i - 1's output
+          for (int i = 0; i < kChain; ++i) {
+            const auto j = rotate ? static_cast<std::size_t>(i % kInt4Copies) : 0;
+            hcur = linear_w4a16(hcur, wq[j], ws[j], wz[j], G);
+          }
+        });
+      };
+      const Timing tc = chain(true);
       const double gbs_c = bytes / (tc.median_ms * 1e-3) / 1e9;
       emit_row("w4a16", (std::string(impl) + "_chain").c_str(), M, N, K, tc,
                ",\"gbs\":" + std::to_string(gbs_c) + ",\"copy_fraction\":" + std::to_string(gbs_c / copy_gbs) +
                    ",\"speedup_vs_cublas_bf16_chain\":" + std::to_string(cublas_chain_ms / tc.median_ms));
-      if (G == 128 && qt == DType::s4) {
-        // The chain over one weight (L2-resident): what a layer costs without its HBM read.
-        const Timing tl = time_chain([&] {
-          Tensor hcur = x;
-          for (int i = 0; i < kChain; ++i) hcur = linear_w4a16(hcur, wq[0], ws[0], wz[0], G);
-        });
-        emit_row("w4a16", (std::string(impl) + "_chain_l2").c_str(), M, N, K, tl, "");
-      }
+      if (G == 128 && qt == DType::s4) emit_row("w4a16", (std::string(impl) + "_chain_l2").c_str(), M, N, K, chain(false), "");
     }
     if (G != 128 || qt != DType::s4 || f16) continue;
     const std::string back_impl = t_scale ? "qgrad_tscale_kernel_back_to_back" : "qgrad_kernel_back_to_back";
@@ -284,6 +266,11 @@ int main(int argc, char** argv) {
   const double copy_gbs = copy_bandwidth_gbs(std::size_t(1) << 30);
   cublasHandle_t h = nullptr;
   if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) return 1;
+  // A workspace of the handle's lifetime, so that cuBLAS allocates nothing
+  // while the W4A16 chains are captured into CUDA graphs.
+  const Tensor workspace = Tensor::empty({32 << 20}, cuda_opts(DType::u8));
+  QGRAD_CHECK(cublasSetWorkspace(h, workspace.data_ptr(), 32 << 20) == CUBLAS_STATUS_SUCCESS, "bench", "",
+              "cublasSetWorkspace");
   for (std::int64_t M : {1, 16, 32, 64, 128})
     if (only_m == 0 || M == only_m) bench_w4a16(h, M, 4096, 4096, copy_gbs);
   if (!only_w4a16) {

@@ -140,11 +140,15 @@ __device__ __forceinline__ void gemv_load(GemvFrag<NC, NSUB, kX>& f, int k0, int
                                           const T* const (&xr)[NC], const int (&nrow)[NSUB],
                                           const S* __restrict__ scale, const std::int32_t* __restrict__ zp) {
   const bool kin = k0 < K;  // K % 32 == 0: a lane's 32 columns are all in or all out
-  if constexpr (kX) {
+  if constexpr (kX) {  // x's 16-byte words: mma steps 2w and 2w + 1 (gemv_math) or word w (gemv_math_packed)
 #pragma unroll
     for (int nc = 0; nc < NC; ++nc)
 #pragma unroll
-      for (int j = 0; j < 8; ++j) f.xb[nc][j] = x_frag<T, NC>(nc, j, k0, kin, xr);
+      for (int w = 0; w < 4; ++w) {
+        const uint4 v = kin ? __ldg(reinterpret_cast<const uint4*>(xr[nc] + k0 + 8 * w)) : make_uint4(0, 0, 0, 0);
+        f.xb[nc][2 * w] = make_uint2(v.x, v.y);
+        f.xb[nc][2 * w + 1] = make_uint2(v.z, v.w);
+      }
   }
   // Group sizes are powers of two in practice: a shift (G is loop-invariant, so
   // the test and __ffs are hoisted) instead of an integer division per call.
@@ -267,7 +271,12 @@ __device__ __forceinline__ void gemv_math_packed(const GemvFrag<NC, NSUB, kX>& f
       dequant_word<T, kSigned>(word_of(wv[sub], word), __float_as_uint(f.z[sub]), __float_as_uint(f.s[sub]), d[sub]);
 #pragma unroll
     for (int nc = 0; nc < NC; ++nc) {
-      const uint4 xv = kin ? __ldg(reinterpret_cast<const uint4*>(xr[nc] + k0 + word * 8)) : make_uint4(0, 0, 0, 0);
+      uint4 xv;
+      if constexpr (kX) {
+        xv = make_uint4(f.xb[nc][2 * word].x, f.xb[nc][2 * word].y, f.xb[nc][2 * word + 1].x, f.xb[nc][2 * word + 1].y);
+      } else {
+        xv = kin ? __ldg(reinterpret_cast<const uint4*>(xr[nc] + k0 + word * 8)) : make_uint4(0, 0, 0, 0);
+      }
       const std::uint32_t b0 = __byte_perm(xv.x, xv.z, 0x5410), b1 = __byte_perm(xv.x, xv.z, 0x7632);
       const std::uint32_t b2 = __byte_perm(xv.y, xv.w, 0x5410), b3 = __byte_perm(xv.y, xv.w, 0x7632);
 #pragma unroll
@@ -287,9 +296,11 @@ constexpr int gemv_smem_bytes() {
 }
 
 // NC <= 2 prefetches the next iteration's x fragments and scales into
-// registers while this one's weight stage is awaited and used; NC = 4, 8
-// (64, 128 fragment registers per set) prefetch the scales and load x per
-// mma step.
+// registers while this one's weight stage is awaited and used, with f32 and
+// with T scales alike (before the forty-sixth session T scales loaded x in
+// the math, after the wait: M = 16, H200, a layer of the captured chain
+// 8.74 -> 8.09 us, same bits); NC = 4, 8 (64, 128 fragment registers per
+// set) prefetch the scales and load x per mma step.
 template <class T, bool kSigned, int NC, int NSUB, class S>
 __global__ void __launch_bounds__(kGemvThreads, 1)
     w4a16_gemv_kernel(const T* __restrict__ x, const std::uint8_t* __restrict__ w, const S* __restrict__ scale,
@@ -299,7 +310,7 @@ __global__ void __launch_bounds__(kGemvThreads, 1)
   constexpr int NT = NSUB * 8;
   constexpr int kSlotBytes = NT * kStagePitch;
   constexpr bool kPacked = !std::is_same_v<S, float>;
-  constexpr bool kX = NC <= 2 && !kPacked;
+  constexpr bool kX = NC <= 2;
   extern __shared__ __align__(128) unsigned char gemv_smem[];
   std::uint64_t* full = reinterpret_cast<std::uint64_t*>(gemv_smem);
   std::uint64_t* empty = full + kGemvSlots;

@@ -299,7 +299,7 @@ constexpr int gemv_smem_bytes() {
 // registers while this one's weight stage is awaited and used, with f32 and
 // with T scales alike (before the forty-sixth session T scales loaded x in
 // the math, after the wait: M = 16, H200, a layer of the captured chain
-// 8.74 -> 8.09 us, same bits); NC = 4, 8 (64, 128 fragment registers per
+// 8.67 -> 8.02 us, same bits); NC = 4, 8 (64, 128 fragment registers per
 // set) prefetch the scales and load x per mma step.
 template <class T, bool kSigned, int NC, int NSUB, class S>
 __global__ void __launch_bounds__(kGemvThreads, 1)

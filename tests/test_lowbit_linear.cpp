@@ -469,7 +469,7 @@ TEST_CASE("CUDA linear_w4a16 GEMV reads out dequantize_int4 bit for bit (one-hot
 }
 
 // The split-K GEMV (M <= 8, groups of 128 or more) asks L2 for its weight
-// before it waits for the kernel before it (kernels/cuda/lowbit_linear.cu);
+// before it waits for the kernel before it (kernels/cuda/w4a16_gemv.cuh);
 // M = 16 (the bulk-copy GEMV, which waits first) for contrast. Here that kernel writes the
 // weight: each round converts other values to s4 (as a rule into the block
 // the allocator kept from the round before, whose weight the GEMV just read),

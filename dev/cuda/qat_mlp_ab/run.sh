@@ -12,11 +12,9 @@
 # Exit status 2 where an output differs (expected when B changes the order of a sum).
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
-root=$(cd "$here/../../.." && pwd)
 # shellcheck source=dev/cuda/ab_build.sh
 source "$here/../ab_build.sh"
-ab_build "$here" KERNEL_FILE "${1:?usage: run.sh A.cu [B.cu]}" "${2:-$root/kernels/cuda/qat_mlp.cu}"
-[ -n "${BUILD_ONLY:-}" ] && exit 0
+ab_build "$here" KERNEL_FILE kernels/cuda/qat_mlp.cu "$@"
 status=0
 IFS=';' read -ra shapes <<< "${SHAPES:-256 256;1024 256;100 64}"
 for shape in "${shapes[@]}"; do

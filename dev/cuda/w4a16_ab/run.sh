@@ -15,11 +15,9 @@
 # probes.py writes latency probes of the split-K GEMV (wrong outputs by design) to time as A.
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
-root=$(cd "$here/../../.." && pwd)
 # shellcheck source=dev/cuda/ab_build.sh
 source "$here/../ab_build.sh"
-ab_build "$here" HEADER_FILE "${1:?usage: run.sh A.cuh [B.cuh]}" "${2:-$root/kernels/cuda/w4a16_gemv.cuh}"
-[ -n "${BUILD_ONLY:-}" ] && exit 0
+ab_build "$here" HEADER_FILE kernels/cuda/w4a16_gemv.cuh "$@"
 status=0
 for m in ${MS:-1 16}; do
   timeout 120 "$work/ab" "$m" || status=$?

@@ -32,9 +32,10 @@
 // multiply, plus the shifts: the same bits, since (q - zp) * s is exact in f32
 // for a T scale), in the kernel above and in the split-K GEMV.
 // M <= 8, f32 or T scales: a split-K GEMV without a producer
-// (w4a16_splitk_kernel: a block per 16 channels, 8 warps splitting K, each
-// issuing its 16-byte weight loads of 4 iterations at once, two blocks per
-// SM), with the same per-value math. For groups of 128 or more each block
+// (w4a16_splitk_kernel: a block per 16 channels, 8 warps splitting K into
+// contiguous runs of 4 iterations, each warp keeping the 16-byte weight loads
+// of 2-3 iterations in flight ahead of its math, two blocks per SM), with the
+// same per-value math. For groups of 128 or more each block
 // first asks L2 for its 16 weight rows (one bulk prefetch) before it waits for
 // the kernel before it: in a chain of layers under programmatic dependent
 // launch the weight starts to stream during the previous layer's tail (H200,
@@ -432,20 +433,22 @@ void launch_w4a16_gemv(const W4a16GemvArgs<T>& a) {
 
 // Decode sizes (M <= 8). A block owns one m16 tile of 16 output channels
 // (NSUB = 2 of gemv_math / gemv_math_packed) and 8 rows of x; its WARPS warps
-// split K by 128-column iterations (warp w takes w, w + WARPS, ...). Lane
-// (g, t) reads 16 bytes = 32 columns at k0 = 128 it + 32 t of channels g and
-// g + 8 of the tile. A warp issues the weight loads of U iterations at once
-// (U KiB in flight per warp; two blocks per SM, no producer warp), then
-// dequantizes and multiplies each (S = T: the packed T x 2 math; S = float: the f32 math). The warps'
+// split K by 128-column iterations, warp w taking the U iterations from U w
+// on, then from U (w + WARPS) on, ... (contiguous: H200, M = 1, a layer of the
+// chain 5.74 -> 5.61 us against warp w taking w, w + WARPS, ...). Lane (g, t)
+// reads 16 bytes = 32 columns at k0 = 128 it + 32 t of channels g and g + 8
+// of the tile. A warp keeps the loads of D of its U iterations in flight
+// (two blocks per SM, no producer warp), dequantizing and multiplying each
+// as it arrives (S = T: the packed T x 2 math; S = float: the f32 math). The warps'
 // partial tiles are added in warp order (deterministic). With f32 scales it
 // replaced the bulk-copy GEMV at M = 1 (kernel 7.4 us against 8.9, H200); at
 // 8 < M <= 16 two 8-row chunks a block measured slower than the bulk-copy
 // GEMV (f32 scales 14.1 against 11.3 us, T scales 9.5 against 9.2).
-template <class T, bool kSigned, int WARPS, int U, class S>
+template <class T, bool kSigned, int WARPS, int U, int D, class S>
 __global__ void __launch_bounds__(WARPS * 32, 2)
     w4a16_splitk_kernel(const T* __restrict__ x, const std::uint8_t* __restrict__ w, const S* __restrict__ scale,
                         const std::int32_t* __restrict__ zp, const T* __restrict__ bias, T* __restrict__ out, int M,
-                        int N, int K, int G, bool prefetch_weight) {
+                        int N, int K, int G, bool prefetch_weight, unsigned opaque_zero) {
   ::qgrad::cuda::DeferredPriorWait prior;
   constexpr bool kPacked = !std::is_same_v<S, float>;
   // The block's 16 weight rows (contiguous) asked of L2 before the wait: in
@@ -470,21 +473,28 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
   float acc[1][1][4] = {{{0.0f, 0.0f, 0.0f, 0.0f}}};
   const int iters = (K + 127) / 128;
   const uint4 zero4 = make_uint4(0, 0, 0, 0);
-  for (int base = warp; base < iters; base += U * WARPS) {
+  for (int base = warp * U; base < iters; base += U * WARPS) {
     uint4 wv[U][2];
     GemvFrag<1, 2, false> f[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int it = base + u * WARPS;
+    // Iteration u's loads; `dep` is 0 at run time but depends on data already
+    // loaded, so they cannot be issued before that data has arrived.
+    auto issue = [&](int u, unsigned dep) {
+      const int it = base + u + static_cast<int>(dep);
       const int k0 = it * 128 + t * 32;  // K % 32 == 0: a lane's 32 columns are all in or all out
       const bool kin = k0 < K;
       wv[u][0] = kin ? ld_stream16(w_lo + static_cast<I64>(it) * 64) : zero4;
       wv[u][1] = kin ? ld_stream16(w_hi + static_cast<I64>(it) * 64) : zero4;
       gemv_load<T, kSigned, 1, 2, false, S>(f[u], k0, K, G, groups, xr, nrow, scale, zp);
-    }
+    };
+#pragma unroll
+    for (int u = 0; u < (D < U ? D : U); ++u) issue(u, 0u);
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int it = base + u * WARPS;
+      // The loads of iteration u + D once iteration u's weight is here. The
+      // kernel parameter opaque_zero (always 0) keeps ptxas, which would
+      // otherwise hoist every load to the top, from seeing through `dep`.
+      if (u + D < U) issue(u + D, (wv[u][0].x | wv[u][1].x) & opaque_zero);
+      const int it = base + u;
       if (it >= iters) break;  // uniform in the warp
       const int k0 = it * 128 + t * 32;
       if constexpr (kPacked) gemv_math_packed<T, kSigned, 1, 2, false>(f[u], wv[u], acc, k0, k0 < K, xr);
@@ -510,11 +520,15 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
 
 template <class T, bool kSigned, class S>
 void launch_w4a16_splitk(const W4a16GemvArgs<T>& a) {
-  constexpr int kWarps = 8, kU = 4;
-  ::qgrad::cuda::launch_kernel(a.device, w4a16_splitk_kernel<T, kSigned, kWarps, kU, S>,
+  // D: iterations whose loads are in flight ahead of the math (of U); the
+  // f32 math is longer, so its warps keep fewer ahead (H200, M = 1, chain:
+  // T scales D = 3 5.61 -> 5.56 us a layer against all four at once, f32
+  // scales D = 2 6.66 -> 6.39; forty-seventh session).
+  constexpr int kWarps = 8, kU = 4, kAhead = std::is_same_v<S, float> ? 2 : 3;
+  ::qgrad::cuda::launch_kernel(a.device, w4a16_splitk_kernel<T, kSigned, kWarps, kU, kAhead, S>,
                                static_cast<unsigned>((a.N + 15) / 16), kWarps * 32, 0, a.x, a.w,
                                static_cast<const S*>(a.scale), a.zp, a.bias, a.out, a.M, a.N, a.K, a.G,
-                               /*prefetch_weight=*/a.G >= 128);
+                               /*prefetch_weight=*/a.G >= 128, /*opaque_zero=*/0u);
 }
 
 // The route at decode sizes (the caller has checked the GEMVs' conditions:

@@ -400,7 +400,11 @@ TEST_CASE("CUDA linear_w4a16 matches the reference: GEMV (M <= 64), cuBLAS (M > 
                             // Long K: the GEMV's ring of weight stages refills its slots (and ends
                             // on a partial stage: 9248 and 5152 are not multiples of 1024).
                             std::tuple{1, 40, 12288, 128}, std::tuple{20, 24, 9248, 32},
-                            std::tuple{40, 36, 5152, 32}, std::tuple{9, 72, 4096, 256}}) {
+                            std::tuple{40, 36, 5152, 32}, std::tuple{9, 72, 4096, 256},
+                            // The GEMVs' paths without bounds tests: split-K with one and two
+                            // runs per warp, bulk copies with NC = 2 and 4.
+                            std::tuple{3, 24, 4096, 32}, std::tuple{1, 20, 8192, 256},
+                            std::tuple{16, 40, 2048, 64}, std::tuple{30, 24, 1024, 32}}) {
     const auto& M = std::get<0>(row);
     const auto& N = std::get<1>(row);
     const auto& K = std::get<2>(row);
@@ -438,28 +442,33 @@ TEST_CASE("CUDA linear_w4a16 matches the reference: GEMV (M <= 64), cuBLAS (M > 
 // and every x-chunk count of the kernels (M = 8, 16, 32, 64).
 TEST_CASE("CUDA linear_w4a16 GEMV reads out dequantize_int4 bit for bit (one-hot x)") {
   QGRAD_REQUIRE_GPU();
-  constexpr I64 N = 40, K = 256;
-  for (I64 G : {32, 64, 256}) {
-    CAPTURE(G);
-    for (DType qt : {DType::s4, DType::u4}) {
-      const W4 w = make_w4(N, K, G, qt, 131);
-      const W4 wc = on_cuda(w);
-      for (DType dt : {DType::f16, DType::bf16}) {
-        CAPTURE(dt);
-        for (bool t_scale : {false, true}) {
-          CAPTURE(t_scale);
-          const Tensor scale = t_scale ? w.scale.to(dt).to(DType::f32) : w.scale;
-          const Tensor zp = w.zp.defined() ? w.zp : zeros({N, K / G}, TensorOptions{}.with_dtype(DType::s32));
-          const Tensor ref = dequantize_int4(w.q, scale, zp, G, dt);  // [N, K]
-          const Tensor sc = t_scale ? wc.scale.to(dt) : wc.scale;
-          for (I64 M : {8, 16, 32, 64}) {
-            CAPTURE(M);
-            for (I64 k0 = 0; k0 < K; k0 += M) {
-              std::vector<float> xv(static_cast<std::size_t>(M * K), 0.0f);
-              for (I64 m = 0; m < M; ++m) xv[static_cast<std::size_t>(m * K + k0 + m)] = 1.0f;
-              const Tensor x = Tensor::from_vector(xv, {M, K}).to(dt).cuda();
-              const Tensor y = linear_w4a16(x, wc.q, sc, wc.zp, G).cpu();  // [M, N] = W[:, k0 .. k0 + M)^T
-              CHECK(bit_equal(y, transpose(slice(ref, 1, k0, k0 + M), 0, 1)));
+  constexpr I64 N = 40;
+  // K = 4096: the kernels' paths without bounds tests (whole warp runs and
+  // stages, G a power of two), every 9th group of M columns.
+  for (const I64 K : {256, 4096}) {
+    for (I64 G : {32, 64, 256}) {
+      CAPTURE(K);
+      CAPTURE(G);
+      for (DType qt : {DType::s4, DType::u4}) {
+        const W4 w = make_w4(N, K, G, qt, 131);
+        const W4 wc = on_cuda(w);
+        for (DType dt : {DType::f16, DType::bf16}) {
+          CAPTURE(dt);
+          for (bool t_scale : {false, true}) {
+            CAPTURE(t_scale);
+            const Tensor scale = t_scale ? w.scale.to(dt).to(DType::f32) : w.scale;
+            const Tensor zp = w.zp.defined() ? w.zp : zeros({N, K / G}, TensorOptions{}.with_dtype(DType::s32));
+            const Tensor ref = dequantize_int4(w.q, scale, zp, G, dt);  // [N, K]
+            const Tensor sc = t_scale ? wc.scale.to(dt) : wc.scale;
+            for (I64 M : {8, 16, 32, 64}) {
+              CAPTURE(M);
+              for (I64 k0 = 0; k0 < K; k0 += K == 256 ? M : 9 * M) {
+                std::vector<float> xv(static_cast<std::size_t>(M * K), 0.0f);
+                for (I64 m = 0; m < M; ++m) xv[static_cast<std::size_t>(m * K + k0 + m)] = 1.0f;
+                const Tensor x = Tensor::from_vector(xv, {M, K}).to(dt).cuda();
+                const Tensor y = linear_w4a16(x, wc.q, sc, wc.zp, G).cpu();  // [M, N] = W[:, k0 .. k0 + M)^T
+                CHECK(bit_equal(y, transpose(slice(ref, 1, k0, k0 + M), 0, 1)));
+              }
             }
           }
         }

@@ -42,6 +42,10 @@
 // M = 1, N = K = 4096, bf16 scales: a layer of a captured 24-layer chain 6.1 ->
 // 5.6 us, back to back 6.3 -> 6.0; with groups of 32 it measured 6.1 -> 6.4,
 // so smaller groups do without; forty-fifth session).
+// Both GEMVs are bound by instruction issue more than by memory, so each has a
+// kFull instantiation for whole runs / stages of K and power-of-two groups
+// (no bounds tests, the group index a shift): the split-K GEMV always, the
+// bulk-copy one with f32 scales, where each measured faster.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -136,11 +140,29 @@ __device__ __forceinline__ uint2 x_frag(int nc, int j, int k0, bool kin, const T
 
 template <class T> struct Packed;
 
-template <class T, bool kSigned, int NC, int NSUB, bool kX, class S>
+// One channel's scale and zero point of one group as GemvFrag holds them
+// (zp is not read for s4): f32 scales as floats, T scales as the packed pairs
+// (s, s) and (magic + zp) x 2 of gemv_math_packed, in bits. kin false: a zero
+// scale (an absent column block's products are zeros).
+template <class T, bool kSigned, class S>
+__device__ __forceinline__ void gemv_scale(float& s, float& z, const S* scale, const std::int32_t* zp, bool kin) {
+  if constexpr (std::is_same_v<S, float>) {
+    const float v = __ldg(scale);
+    s = kin ? v : 0.0f;
+    z = kSigned ? 8.0f : static_cast<float>(__ldg(zp));
+  } else {
+    const std::uint32_t s2 = __ldg(reinterpret_cast<const std::uint16_t*>(scale)) * 0x10001u;
+    s = __uint_as_float(kin ? s2 : 0u);
+    const std::uint32_t zq = kSigned ? 8u : static_cast<std::uint32_t>(__ldg(zp));
+    z = __uint_as_float((Packed<T>::kMagic + zq) * 0x10001u);
+  }
+}
+
+template <class T, bool kSigned, int NC, int NSUB, bool kX, class S, bool kFull = false>
 __device__ __forceinline__ void gemv_load(GemvFrag<NC, NSUB, kX>& f, int k0, int K, int G, int groups,
                                           const T* const (&xr)[NC], const int (&nrow)[NSUB],
                                           const S* __restrict__ scale, const std::int32_t* __restrict__ zp) {
-  const bool kin = k0 < K;  // K % 32 == 0: a lane's 32 columns are all in or all out
+  const bool kin = kFull || k0 < K;  // K % 32 == 0: a lane's 32 columns are all in or all out
   if constexpr (kX) {  // x's 16-byte words: mma steps 2w and 2w + 1 (gemv_math) or word w (gemv_math_packed)
 #pragma unroll
     for (int nc = 0; nc < NC; ++nc)
@@ -153,22 +175,13 @@ __device__ __forceinline__ void gemv_load(GemvFrag<NC, NSUB, kX>& f, int k0, int
   }
   // Group sizes are powers of two in practice: a shift (G is loop-invariant, so
   // the test and __ffs are hoisted) instead of an integer division per call.
-  const int gk = kin ? ((G & (G - 1)) == 0 ? k0 >> (__ffs(G) - 1) : k0 / G) : 0;
+  const int gk = kFull ? k0 >> (__ffs(G) - 1) : kin ? ((G & (G - 1)) == 0 ? k0 >> (__ffs(G) - 1) : k0 / G) : 0;
 #pragma unroll
   for (int sub = 0; sub < NSUB; ++sub) {
     // nrow is clamped into [0, N): a channel past N computes an output nobody writes. An
     // absent column block multiplies by a zero scale and a zero x: its products are zeros.
     const I64 gi = static_cast<I64>(nrow[sub]) * groups + gk;
-    if constexpr (std::is_same_v<S, float>) {
-      const float s = __ldg(scale + gi);
-      f.s[sub] = kin ? s : 0.0f;
-      f.z[sub] = kSigned ? 8.0f : static_cast<float>(__ldg(zp + gi));
-    } else {  // T scales: the packed pairs (s, s) and (magic + zp) x 2 of gemv_math_packed, as bits
-      const std::uint32_t s2 = __ldg(reinterpret_cast<const std::uint16_t*>(scale) + gi) * 0x10001u;
-      f.s[sub] = __uint_as_float(kin ? s2 : 0u);
-      const std::uint32_t z = kSigned ? 8u : static_cast<std::uint32_t>(__ldg(zp + gi));
-      f.z[sub] = __uint_as_float((Packed<T>::kMagic + z) * 0x10001u);
-    }
+    gemv_scale<T, kSigned>(f.s[sub], f.z[sub], scale + gi, zp + (kSigned ? 0 : gi), kin);
   }
 }
 
@@ -302,7 +315,7 @@ constexpr int gemv_smem_bytes() {
 // the math, after the wait: M = 16, H200, a layer of the captured chain
 // 8.67 -> 8.02 us, same bits); NC = 4, 8 (64, 128 fragment registers per
 // set) prefetch the scales and load x per mma step.
-template <class T, bool kSigned, int NC, int NSUB, class S>
+template <class T, bool kSigned, int NC, int NSUB, class S, bool kFull>
 __global__ void __launch_bounds__(kGemvThreads, 1)
     w4a16_gemv_kernel(const T* __restrict__ x, const std::uint8_t* __restrict__ w, const S* __restrict__ scale,
                       const std::int32_t* __restrict__ zp, const T* __restrict__ bias, T* __restrict__ out, int M,
@@ -367,13 +380,13 @@ __global__ void __launch_bounds__(kGemvThreads, 1)
     auto step = [&](int s, GemvFrag<NC, NSUB, kX>& cur, GemvFrag<NC, NSUB, kX>& nxt) {
       const int k0 = (s * kGemvWarps + warp) * 128 + t * 32;
       if (s + 1 < stages)
-        gemv_load<T, kSigned, NC, NSUB, kX, S>(nxt, k0 + kStageCols, K, G, groups, xr, nrow, scale, zp);
+        gemv_load<T, kSigned, NC, NSUB, kX, S, kFull>(nxt, k0 + kStageCols, K, G, groups, xr, nrow, scale, zp);
       const int slot = s % kGemvSlots;
       mbar_wait(full + slot, static_cast<unsigned>((s / kGemvSlots) & 1));
       __syncwarp();
       uint4 wv[NSUB];
       const unsigned char* base = slots + slot * kSlotBytes + warp * 64 + t * 16 + g * kStagePitch;
-      const bool kin = k0 < K;
+      const bool kin = kFull || k0 < K;
 #pragma unroll
       for (int sub = 0; sub < NSUB; ++sub)
         wv[sub] = kin ? *reinterpret_cast<const uint4*>(base + sub * 8 * kStagePitch) : zero4;
@@ -383,7 +396,7 @@ __global__ void __launch_bounds__(kGemvThreads, 1)
       else gemv_math<T, kSigned, NC, NSUB, kX>(cur, wv, acc, k0, kin, xr);
     };
     GemvFrag<NC, NSUB, kX> fa, fb;
-    gemv_load<T, kSigned, NC, NSUB, kX, S>(fa, warp * 128 + t * 32, K, G, groups, xr, nrow, scale, zp);
+    gemv_load<T, kSigned, NC, NSUB, kX, S, kFull>(fa, warp * 128 + t * 32, K, G, groups, xr, nrow, scale, zp);
     for (int s = 0; s < stages; s += 2) {
       step(s, fa, fb);
       if (s + 1 < stages) step(s + 1, fb, fa);
@@ -421,8 +434,17 @@ __global__ void __launch_bounds__(kGemvThreads, 1)
 template <class T, bool kSigned, int NC, int NSUB, class S>
 void launch_w4a16_gemv(const W4a16GemvArgs<T>& a) {
   constexpr int kSmem = gemv_smem_bytes<NC, NSUB>();
-  constexpr auto kernel = w4a16_gemv_kernel<T, kSigned, NC, NSUB, S>;
-  allow_dynamic_smem<kernel>(a.device, kSmem);
+  // f32 scales, K a whole number of stages and G a power of two: the kernel
+  // without bounds tests or divisions (H200, M = 16, chain 10.35 -> 9.33 us a
+  // layer, same bits). T scales keep the general one (8.06 -> 8.11, and 7.58 ->
+  // 8.02 with the weight in L2), NC = 8 too (the fast one spills more there).
+  constexpr bool kMayFull = std::is_same_v<S, float> && NC <= 4;
+  const bool full = kMayFull && a.K % kStageCols == 0 && (a.G & (a.G - 1)) == 0;
+  constexpr auto kernel_part = w4a16_gemv_kernel<T, kSigned, NC, NSUB, S, false>;
+  constexpr auto kernel_full = w4a16_gemv_kernel<T, kSigned, NC, NSUB, S, kMayFull>;
+  allow_dynamic_smem<kernel_part>(a.device, kSmem);
+  if (full) allow_dynamic_smem<kernel_full>(a.device, kSmem);
+  const auto kernel = full ? kernel_full : kernel_part;
   const dim3 grid(static_cast<unsigned>((a.N + NSUB * 8 - 1) / (NSUB * 8)),
                   static_cast<unsigned>((a.M + 8 * NC - 1) / (8 * NC)));
   ::qgrad::cuda::launch_kernel(a.device, kernel, grid, kGemvThreads, kSmem, a.x, a.w, static_cast<const S*>(a.scale),
@@ -444,7 +466,7 @@ void launch_w4a16_gemv(const W4a16GemvArgs<T>& a) {
 // replaced the bulk-copy GEMV at M = 1 (kernel 7.4 us against 8.9, H200); at
 // 8 < M <= 16 two 8-row chunks a block measured slower than the bulk-copy
 // GEMV (f32 scales 14.1 against 11.3 us, T scales 9.5 against 9.2).
-template <class T, bool kSigned, int WARPS, int U, int D, class S>
+template <class T, bool kSigned, int WARPS, int U, int D, class S, bool kFull>
 __global__ void __launch_bounds__(WARPS * 32, 2)
     w4a16_splitk_kernel(const T* __restrict__ x, const std::uint8_t* __restrict__ w, const S* __restrict__ scale,
                         const std::int32_t* __restrict__ zp, const T* __restrict__ bias, T* __restrict__ out, int M,
@@ -473,6 +495,10 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
   float acc[1][1][4] = {{{0.0f, 0.0f, 0.0f, 0.0f}}};
   const int iters = (K + 127) / 128;
   const uint4 zero4 = make_uint4(0, 0, 0, 0);
+  const int gshift = __ffs(G) - 1;
+  const S* const srow[2] = {scale + static_cast<I64>(nrow[0]) * groups, scale + static_cast<I64>(nrow[1]) * groups};
+  const std::int32_t* const zrow[2] = {kSigned ? zp : zp + static_cast<I64>(nrow[0]) * groups,
+                                       kSigned ? zp : zp + static_cast<I64>(nrow[1]) * groups};
   for (int base = warp * U; base < iters; base += U * WARPS) {
     uint4 wv[U][2];
     GemvFrag<1, 2, false> f[U];
@@ -480,6 +506,15 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
     // loaded, so they cannot be issued before that data has arrived.
     auto issue = [&](int u, unsigned dep) {
       const int it = base + u + static_cast<int>(dep);
+      if constexpr (kFull) {
+        wv[u][0] = ld_stream16(w_lo + static_cast<I64>(it) * 64);
+        wv[u][1] = ld_stream16(w_hi + static_cast<I64>(it) * 64);
+        const int gk = (it * 128 + t * 32) >> gshift;
+#pragma unroll
+        for (int sub = 0; sub < 2; ++sub)
+          gemv_scale<T, kSigned>(f[u].s[sub], f[u].z[sub], srow[sub] + gk, zrow[sub] + (kSigned ? 0 : gk), true);
+        return;
+      }
       const int k0 = it * 128 + t * 32;  // K % 32 == 0: a lane's 32 columns are all in or all out
       const bool kin = k0 < K;
       wv[u][0] = kin ? ld_stream16(w_lo + static_cast<I64>(it) * 64) : zero4;
@@ -495,10 +530,11 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
       // otherwise hoist every load to the top, from seeing through `dep`.
       if (u + D < U) issue(u + D, (wv[u][0].x | wv[u][1].x) & opaque_zero);
       const int it = base + u;
-      if (it >= iters) break;  // uniform in the warp
+      if (!kFull && it >= iters) break;  // uniform in the warp
       const int k0 = it * 128 + t * 32;
-      if constexpr (kPacked) gemv_math_packed<T, kSigned, 1, 2, false>(f[u], wv[u], acc, k0, k0 < K, xr);
-      else gemv_math<T, kSigned, 1, 2, false>(f[u], wv[u], acc, k0, k0 < K, xr);
+      const bool kin = kFull || k0 < K;
+      if constexpr (kPacked) gemv_math_packed<T, kSigned, 1, 2, false>(f[u], wv[u], acc, k0, kin, xr);
+      else gemv_math<T, kSigned, 1, 2, false>(f[u], wv[u], acc, k0, kin, xr);
     }
   }
 #pragma unroll
@@ -525,10 +561,20 @@ void launch_w4a16_splitk(const W4a16GemvArgs<T>& a) {
   // T scales D = 3 5.61 -> 5.56 us a layer against all four at once, f32
   // scales D = 2 6.66 -> 6.39; forty-seventh session).
   constexpr int kWarps = 8, kU = 4, kAhead = std::is_same_v<S, float> ? 2 : 3;
-  ::qgrad::cuda::launch_kernel(a.device, w4a16_splitk_kernel<T, kSigned, kWarps, kU, kAhead, S>,
-                               static_cast<unsigned>((a.N + 15) / 16), kWarps * 32, 0, a.x, a.w,
-                               static_cast<const S*>(a.scale), a.zp, a.bias, a.out, a.M, a.N, a.K, a.G,
-                               /*prefetch_weight=*/a.G >= 128, /*opaque_zero=*/0u);
+  // kFull (K a whole number of the warps' runs, G a power of two): the loads
+  // and the math without bounds tests, the group index a shift off each
+  // channel's scale row. Issue-bound as this GEMV is, the instructions that
+  // saves are time (H200, M = 1, bf16 scales, bit-identical: a layer of the
+  // chain 5.55 -> 4.87 us, back to back 5.80 -> 5.11, f32 scales 6.41 -> 5.98;
+  // forty-seventh session).
+  auto go = [&](auto full) {
+    ::qgrad::cuda::launch_kernel(a.device, w4a16_splitk_kernel<T, kSigned, kWarps, kU, kAhead, S, decltype(full)::value>,
+                                 static_cast<unsigned>((a.N + 15) / 16), kWarps * 32, 0, a.x, a.w,
+                                 static_cast<const S*>(a.scale), a.zp, a.bias, a.out, a.M, a.N, a.K, a.G,
+                                 /*prefetch_weight=*/a.G >= 128, /*opaque_zero=*/0u);
+  };
+  if (a.K % (128 * kU * kWarps) == 0 && (a.G & (a.G - 1)) == 0) go(std::true_type{});
+  else go(std::false_type{});
 }
 
 // The route at decode sizes (the caller has checked the GEMVs' conditions:

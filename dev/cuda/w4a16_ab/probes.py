@@ -2,7 +2,8 @@
 """Writes the latency probes of the M <= 8 split-K GEMV as copies of
 kernels/cuda/w4a16_gemv.cuh with parts removed, for run.sh (their outputs are
 wrong by design: read only their timings; run.sh exits 2 on them). They
-decompose a decode layer's time (docs/benchmarks.md, forty-sixth session):
+decompose a decode layer's time (docs/benchmarks.md, forty-sixth session; the
+load probes replace the kFull path's loads since the forty-seventh):
 
   probe_empty.cuh        wait, write zeros, return (the chain's launch floor)
   probe_empty_pf.cuh     the same after the weight's L2 bulk prefetch
@@ -25,17 +26,19 @@ EMPTY = ("  prior.wait();\n"
          "  if (threadIdx.x < 100000) return;  // always: the rest stays compiled, as in the kernel\n"
          "  __shared__ float part[WARPS][4][32];")
 PREFETCH = "/*prefetch_weight=*/a.G >= 128"
-MATH = "      if constexpr (kPacked) gemv_math_packed<T, kSigned, 1, 2, false>(f[u], wv[u], acc, k0, k0 < K, xr);"
+MATH = "      if constexpr (kPacked) gemv_math_packed<T, kSigned, 1, 2, false>(f[u], wv[u], acc, k0, kin, xr);"
 XOR = ("      if constexpr (kPacked) acc[0][0][0] += __uint_as_float(wv[u][0].x ^ wv[u][0].y ^ wv[u][0].z ^ wv[u][0].w ^"
        " wv[u][1].x ^ wv[u][1].y ^ wv[u][1].z ^ wv[u][1].w ^ __float_as_uint(f[u].s[0])) * 1e-30f;")
-LOADS = ("      wv[u][0] = kin ? ld_stream16(w_lo + static_cast<I64>(it) * 64) : zero4;\n"
-         "      wv[u][1] = kin ? ld_stream16(w_hi + static_cast<I64>(it) * 64) : zero4;")
-COAL = ("      {\n"
-        "        const std::uint8_t* wb = w + static_cast<I64>(n0) * (K / 2) + ((warp * U + u) * 2) * 512 + lane * 16;\n"
-        "        wv[u][0] = kin ? ld_stream16(wb) : zero4;\n"
-        "        wv[u][1] = kin ? ld_stream16(wb + 512) : zero4;\n"
-        "      }\n"
-        "      (void)w_lo, (void)w_hi;")
+# The loads of the kFull path (K a multiple of 4096, as the harness's), which
+# the probes time.
+LOADS = ("        wv[u][0] = ld_stream16(w_lo + static_cast<I64>(it) * 64);\n"
+         "        wv[u][1] = ld_stream16(w_hi + static_cast<I64>(it) * 64);")
+COAL = ("        {\n"
+        "          const std::uint8_t* wb = w + static_cast<I64>(n0) * (K / 2) + static_cast<I64>(it) * 1024 + lane * 16;\n"
+        "          wv[u][0] = ld_stream16(wb);\n"
+        "          wv[u][1] = ld_stream16(wb + 512);\n"
+        "        }\n"
+        "        (void)w_lo, (void)w_hi;")
 
 
 def replaced(text, old, new):

@@ -402,9 +402,13 @@ TEST_CASE("CUDA linear_w4a16 matches the reference: GEMV (M <= 64), cuBLAS (M > 
                             std::tuple{1, 40, 12288, 128}, std::tuple{20, 24, 9248, 32},
                             std::tuple{40, 36, 5152, 32}, std::tuple{9, 72, 4096, 256},
                             // The GEMVs' paths without bounds tests: split-K with one and two
-                            // runs per warp, bulk copies with NC = 2 and 4.
+                            // runs per warp, bulk copies with NC = 2 and 4; with T scales, split-K
+                            // with two chunks of x and two tiles a warp (a partial block at N = 40
+                            // and 72, two runs a warp at K = 8192).
                             std::tuple{3, 24, 4096, 32}, std::tuple{1, 20, 8192, 256},
-                            std::tuple{16, 40, 2048, 64}, std::tuple{30, 24, 1024, 32}}) {
+                            std::tuple{16, 40, 2048, 64}, std::tuple{30, 24, 1024, 32},
+                            std::tuple{16, 40, 4096, 128}, std::tuple{12, 72, 8192, 64},
+                            std::tuple{11, 64, 4096, 32}}) {
     const auto& M = std::get<0>(row);
     const auto& N = std::get<1>(row);
     const auto& K = std::get<2>(row);
@@ -477,22 +481,27 @@ TEST_CASE("CUDA linear_w4a16 GEMV reads out dequantize_int4 bit for bit (one-hot
   }
 }
 
-// The split-K GEMV (M <= 8, groups of 128 or more) asks L2 for its weight
-// before it waits for the kernel before it (kernels/cuda/w4a16_gemv.cuh);
-// M = 16 (the bulk-copy GEMV, which waits first) for contrast. Here that kernel writes the
+// The split-K GEMV (M <= 8, and 8 < M <= 16 with T scales at K = 4096;
+// groups of 128 or more) asks L2 for its weight before it waits for the
+// kernel before it (kernels/cuda/w4a16_gemv.cuh); M = 16 at K = 1024 (the
+// bulk-copy GEMV, which waits first) for contrast. Here that kernel writes the
 // weight: each round converts other values to s4 (as a rule into the block
 // the allocator kept from the round before, whose weight the GEMV just read),
 // and the GEMV right after must read the new values.
 TEST_CASE("CUDA linear_w4a16 reads a weight written by the kernel just before it") {
   QGRAD_REQUIRE_GPU();
-  constexpr I64 N = 96, K = 1024, G = 128;
-  for (I64 M : {1, 16}) {
+  constexpr I64 N = 96, G = 128;
+  for (auto [M, K, t_scale] : {std::tuple{I64{1}, I64{1024}, false}, std::tuple{I64{16}, I64{1024}, false},
+                               std::tuple{I64{16}, I64{4096}, true}}) {
     CAPTURE(M);
+    CAPTURE(K);
     const Tensor x = make_x({M, K}, DType::bf16, 141);
     for (int round = 0; round < 4; ++round) {
       CAPTURE(round);
-      const W4 w = make_w4(N, K, G, DType::s4, 142 + static_cast<std::uint64_t>(round));
-      const Tensor ints = w.q.to(DType::s32).cuda(), scale = w.scale.cuda(), xc = x.cuda();
+      W4 w = make_w4(N, K, G, DType::s4, 142 + static_cast<std::uint64_t>(round));
+      if (t_scale) w.scale = w.scale.to(DType::bf16).to(DType::f32);  // the values the bf16 scales hold
+      const Tensor ints = w.q.to(DType::s32).cuda(), xc = x.cuda();
+      const Tensor scale = t_scale ? w.scale.to(DType::bf16).cuda() : w.scale.cuda();
       const Tensor wq = ints.to(DType::s4);  // written by a kernel, then read by the next one
       check_w4a16(x, w, Tensor(), linear_w4a16(xc, wq, scale, Tensor(), G).cpu());
     }

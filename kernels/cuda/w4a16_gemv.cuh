@@ -35,8 +35,11 @@
 // (w4a16_splitk_kernel: a block per 16 channels, 8 warps splitting K into
 // contiguous runs of 4 iterations, each warp keeping the 16-byte weight loads
 // of 2-3 iterations in flight ahead of its math, two blocks per SM), with the
-// same per-value math. For groups of 128 or more each block
-// first asks L2 for its 16 weight rows (one bulk prefetch) before it waits for
+// same per-value math; 8 < M <= 16 with T scales and K a multiple of 4096:
+// the same kernel with two 8-row chunks of x and two m16 tiles (32 channels)
+// a warp, 16 warps a block of 2 iterations each (a lane's x fragments serve
+// twice the channels). For groups of 128 or more each block
+// first asks L2 for its weight rows (one bulk prefetch) before it waits for
 // the kernel before it: in a chain of layers under programmatic dependent
 // launch the weight starts to stream during the previous layer's tail (H200,
 // M = 1, N = K = 4096, bf16 scales: a layer of a captured 24-layer chain 6.1 ->
@@ -453,73 +456,93 @@ void launch_w4a16_gemv(const W4a16GemvArgs<T>& a) {
 
 // ------------------------------------------------- W4A16 split-K GEMV
 
-// Decode sizes (M <= 8). A block owns one m16 tile of 16 output channels
-// (NSUB = 2 of gemv_math / gemv_math_packed) and 8 rows of x; its WARPS warps
+// Decode sizes (M <= 8: NC = 1, TILES = 1). A block owns TILES m16 tiles of
+// 16 output channels (NSUB = 2 TILES of gemv_math / gemv_math_packed) and NC
+// chunks of 8 rows of x; its WARPS warps
 // split K by 128-column iterations, warp w taking the U iterations from U w
 // on, then from U (w + WARPS) on, ... (contiguous: H200, M = 1, a layer of the
 // chain 5.74 -> 5.61 us against warp w taking w, w + WARPS, ...). Lane (g, t)
 // reads 16 bytes = 32 columns at k0 = 128 it + 32 t of channels g and g + 8
-// of the tile. A warp keeps the loads of D of its U iterations in flight
-// (two blocks per SM, no producer warp), dequantizing and multiplying each
+// of each tile. A warp keeps the loads of D of its U iterations in flight
+// (512 threads an SM, no producer warp), dequantizing and multiplying each
 // as it arrives (S = T: the packed T x 2 math; S = float: the f32 math). The warps'
 // partial tiles are added in warp order (deterministic). With f32 scales it
-// replaced the bulk-copy GEMV at M = 1 (kernel 7.4 us against 8.9, H200); at
-// 8 < M <= 16 two 8-row chunks a block measured slower than the bulk-copy
-// GEMV (f32 scales 14.1 against 11.3 us, T scales 9.5 against 9.2).
-template <class T, bool kSigned, int WARPS, int U, int D, class S, bool kFull>
-__global__ void __launch_bounds__(WARPS * 32, 2)
+// replaced the bulk-copy GEMV at M = 1 (kernel 7.4 us against 8.9, H200). At
+// 8 < M <= 16 (NC = 2) with T scales, kFull: one tile and 8 warps of 4
+// iterations a block measured 8.07 -> 7.92 us a layer of the chain against
+// the bulk-copy GEMV, two tiles and 16 warps of 2 iterations **6.75** (the x
+// fragments' loads and PRMTs shared by 32 channels; H200, M = 16, N = K =
+// 4096, groups of 128; forty-eighth session); f32 scales stay on the
+// bulk-copy GEMV (14.1 against 11.3 us with one tile, before kFull).
+template <class T, bool kSigned, int NC, int TILES, int WARPS, int U, int D, class S, bool kFull>
+__global__ void __launch_bounds__(WARPS * 32, 512 / (WARPS * 32))
     w4a16_splitk_kernel(const T* __restrict__ x, const std::uint8_t* __restrict__ w, const S* __restrict__ scale,
                         const std::int32_t* __restrict__ zp, const T* __restrict__ bias, T* __restrict__ out, int M,
                         int N, int K, int G, bool prefetch_weight, unsigned opaque_zero) {
   ::qgrad::cuda::DeferredPriorWait prior;
   constexpr bool kPacked = !std::is_same_v<S, float>;
-  // The block's 16 weight rows (contiguous) asked of L2 before the wait: in
+  // The block's NT weight rows (contiguous) asked of L2 before the wait: in
   // a chain of layers, during the tail of the kernel before (see
   // bulk_prefetch_l2 for why a weight that kernel writes is still read right).
+  constexpr int NSUB = 2 * TILES, NT = 16 * TILES;  // 8-channel halves, channels of the block
   if (prefetch_weight && threadIdx.x == 0) {
-    const int rows = min(16, N - static_cast<int>(blockIdx.x) * 16);
-    bulk_prefetch_l2(w + static_cast<I64>(blockIdx.x) * 16 * (K / 2), static_cast<unsigned>(rows * (K / 2)));
+    const int rows = min(NT, N - static_cast<int>(blockIdx.x) * NT);
+    bulk_prefetch_l2(w + static_cast<I64>(blockIdx.x) * NT * (K / 2), static_cast<unsigned>(rows * (K / 2)));
   }
   prior.wait();
-  __shared__ float part[WARPS][4][32];
+  __shared__ float part[WARPS][NC * TILES * 4][32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
-  const int n0 = blockIdx.x * 16;
+  const int n0 = blockIdx.x * NT;
   const int groups = K / G;
   // Rows of x and channels past the end are clamped in range: they compute
   // outputs nobody writes (and NaN in x stays in its own row's outputs).
-  const T* const xr[1] = {x + static_cast<I64>(min(g, M - 1)) * K};
-  const int nrow[2] = {min(n0 + g, N - 1), min(n0 + 8 + g, N - 1)};
-  const std::uint8_t* w_lo = w + static_cast<I64>(nrow[0]) * (K / 2) + t * 16;
-  const std::uint8_t* w_hi = w + static_cast<I64>(nrow[1]) * (K / 2) + t * 16;
-  float acc[1][1][4] = {{{0.0f, 0.0f, 0.0f, 0.0f}}};
+  const T* xr[NC];
+#pragma unroll
+  for (int nc = 0; nc < NC; ++nc) xr[nc] = x + static_cast<I64>(min(nc * 8 + g, M - 1)) * K;
+  int nrow[NSUB];
+  const std::uint8_t* wrow[NSUB];
+  const S* srow[NSUB];
+  const std::int32_t* zrow[NSUB];
+#pragma unroll
+  for (int sub = 0; sub < NSUB; ++sub) {
+    nrow[sub] = min(n0 + sub * 8 + g, N - 1);
+    wrow[sub] = w + static_cast<I64>(nrow[sub]) * (K / 2) + t * 16;
+    srow[sub] = scale + static_cast<I64>(nrow[sub]) * groups;
+    zrow[sub] = kSigned ? zp : zp + static_cast<I64>(nrow[sub]) * groups;
+  }
+  float acc[NC][TILES][4];
+#pragma unroll
+  for (int nc = 0; nc < NC; ++nc)
+#pragma unroll
+    for (int tile = 0; tile < TILES; ++tile)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) acc[nc][tile][r] = 0.0f;
   const int iters = (K + 127) / 128;
   const uint4 zero4 = make_uint4(0, 0, 0, 0);
   const int gshift = __ffs(G) - 1;
-  const S* const srow[2] = {scale + static_cast<I64>(nrow[0]) * groups, scale + static_cast<I64>(nrow[1]) * groups};
-  const std::int32_t* const zrow[2] = {kSigned ? zp : zp + static_cast<I64>(nrow[0]) * groups,
-                                       kSigned ? zp : zp + static_cast<I64>(nrow[1]) * groups};
   for (int base = warp * U; base < iters; base += U * WARPS) {
-    uint4 wv[U][2];
-    GemvFrag<1, 2, false> f[U];
+    uint4 wv[U][NSUB];
+    GemvFrag<NC, NSUB, false> f[U];
     // Iteration u's loads; `dep` is 0 at run time but depends on data already
     // loaded, so they cannot be issued before that data has arrived.
     auto issue = [&](int u, unsigned dep) {
       const int it = base + u + static_cast<int>(dep);
       if constexpr (kFull) {
-        wv[u][0] = ld_stream16(w_lo + static_cast<I64>(it) * 64);
-        wv[u][1] = ld_stream16(w_hi + static_cast<I64>(it) * 64);
+#pragma unroll
+        for (int sub = 0; sub < NSUB; ++sub) wv[u][sub] = ld_stream16(wrow[sub] + static_cast<I64>(it) * 64);
         const int gk = (it * 128 + t * 32) >> gshift;
 #pragma unroll
-        for (int sub = 0; sub < 2; ++sub)
+        for (int sub = 0; sub < NSUB; ++sub)
           gemv_scale<T, kSigned>(f[u].s[sub], f[u].z[sub], srow[sub] + gk, zrow[sub] + (kSigned ? 0 : gk), true);
         return;
       }
       const int k0 = it * 128 + t * 32;  // K % 32 == 0: a lane's 32 columns are all in or all out
       const bool kin = k0 < K;
-      wv[u][0] = kin ? ld_stream16(w_lo + static_cast<I64>(it) * 64) : zero4;
-      wv[u][1] = kin ? ld_stream16(w_hi + static_cast<I64>(it) * 64) : zero4;
-      gemv_load<T, kSigned, 1, 2, false, S>(f[u], k0, K, G, groups, xr, nrow, scale, zp);
+#pragma unroll
+      for (int sub = 0; sub < NSUB; ++sub)
+        wv[u][sub] = kin ? ld_stream16(wrow[sub] + static_cast<I64>(it) * 64) : zero4;
+      gemv_load<T, kSigned, NC, NSUB, false, S>(f[u], k0, K, G, groups, xr, nrow, scale, zp);
     };
 #pragma unroll
     for (int u = 0; u < (D < U ? D : U); ++u) issue(u, 0u);
@@ -528,59 +551,81 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
       // The loads of iteration u + D once iteration u's weight is here. The
       // kernel parameter opaque_zero (always 0) keeps ptxas, which would
       // otherwise hoist every load to the top, from seeing through `dep`.
-      if (u + D < U) issue(u + D, (wv[u][0].x | wv[u][1].x) & opaque_zero);
+      if (u + D < U) issue(u + D, (wv[u][0].x | wv[u][NSUB - 1].x) & opaque_zero);
       const int it = base + u;
       if (!kFull && it >= iters) break;  // uniform in the warp
       const int k0 = it * 128 + t * 32;
       const bool kin = kFull || k0 < K;
-      if constexpr (kPacked) gemv_math_packed<T, kSigned, 1, 2, false>(f[u], wv[u], acc, k0, kin, xr);
-      else gemv_math<T, kSigned, 1, 2, false>(f[u], wv[u], acc, k0, kin, xr);
+      if constexpr (kPacked) gemv_math_packed<T, kSigned, NC, NSUB, false>(f[u], wv[u], acc, k0, kin, xr);
+      else gemv_math<T, kSigned, NC, NSUB, false>(f[u], wv[u], acc, k0, kin, xr);
     }
   }
 #pragma unroll
-  for (int r = 0; r < 4; ++r) part[warp][r][lane] = acc[0][0][r];
-  __syncthreads();
-  // C's element r of lane (g, t): channel g + 8 (r >> 1), row 2t + (r & 1).
-  for (int o = threadIdx.x; o < 4 * 32; o += WARPS * 32) {
-    const int r = o >> 5, ln = o & 31;
-    const int m = 2 * (ln & 3) + (r & 1), n = n0 + (ln >> 2) + (r >> 1) * 8;
-    if (m < M && n < N) {
-      float v = part[0][r][ln];
+  for (int nc = 0; nc < NC; ++nc)
 #pragma unroll
-      for (int wq = 1; wq < WARPS; ++wq) v += part[wq][r][ln];
+    for (int tile = 0; tile < TILES; ++tile)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) part[warp][(nc * TILES + tile) * 4 + r][lane] = acc[nc][tile][r];
+  __syncthreads();
+  // C's element r of lane (g, t) in chunk nc and tile: channel 16 tile + g +
+  // 8 (r >> 1), row 8 nc + 2t + (r & 1).
+  for (int o = threadIdx.x; o < NC * TILES * 4 * 32; o += WARPS * 32) {
+    const int idx = o >> 5, ln = o & 31, r = idx & 3, tile = (idx >> 2) % TILES, nc = (idx >> 2) / TILES;
+    const int m = nc * 8 + 2 * (ln & 3) + (r & 1), n = n0 + tile * 16 + (ln >> 2) + (r >> 1) * 8;
+    if (m < M && n < N) {
+      float v = part[0][idx][ln];
+#pragma unroll
+      for (int wq = 1; wq < WARPS; ++wq) v += part[wq][idx][ln];
       if (bias) v += static_cast<float>(bias[n]);
       out[static_cast<I64>(m) * N + n] = T(v);
     }
   }
 }
 
+// D: iterations whose loads are in flight ahead of the math (of U); the
+// f32 math is longer, so its warps keep fewer ahead (H200, M = 1, chain:
+// T scales D = 3 5.61 -> 5.56 us a layer against all four at once, f32
+// scales D = 2 6.66 -> 6.39; forty-seventh session).
+// kFull (K a whole number of the warps' runs, G a power of two): the loads
+// and the math without bounds tests, the group index a shift off each
+// channel's scale row. Issue-bound as this GEMV is, the instructions that
+// saves are time (H200, M = 1, bf16 scales, bit-identical: a layer of the
+// chain 5.55 -> 4.87 us, back to back 5.80 -> 5.11, f32 scales 6.41 -> 5.98;
+// forty-seventh session).
+template <class T, bool kSigned, class S, int NC, int TILES, int WARPS, int U, int D>
+void launch_w4a16_splitk(const W4a16GemvArgs<T>& a) {
+  auto go = [&](auto full) {
+    ::qgrad::cuda::launch_kernel(
+        a.device, w4a16_splitk_kernel<T, kSigned, NC, TILES, WARPS, U, D, S, decltype(full)::value>,
+        static_cast<unsigned>((a.N + 16 * TILES - 1) / (16 * TILES)), WARPS * 32, 0, a.x, a.w,
+        static_cast<const S*>(a.scale), a.zp, a.bias, a.out, a.M, a.N, a.K, a.G,
+        /*prefetch_weight=*/a.G >= 128, /*opaque_zero=*/0u);
+  };
+  if (a.K % (128 * U * WARPS) == 0 && (a.G & (a.G - 1)) == 0) go(std::true_type{});
+  else go(std::false_type{});
+}
 template <class T, bool kSigned, class S>
 void launch_w4a16_splitk(const W4a16GemvArgs<T>& a) {
-  // D: iterations whose loads are in flight ahead of the math (of U); the
-  // f32 math is longer, so its warps keep fewer ahead (H200, M = 1, chain:
-  // T scales D = 3 5.61 -> 5.56 us a layer against all four at once, f32
-  // scales D = 2 6.66 -> 6.39; forty-seventh session).
-  constexpr int kWarps = 8, kU = 4, kAhead = std::is_same_v<S, float> ? 2 : 3;
-  // kFull (K a whole number of the warps' runs, G a power of two): the loads
-  // and the math without bounds tests, the group index a shift off each
-  // channel's scale row. Issue-bound as this GEMV is, the instructions that
-  // saves are time (H200, M = 1, bf16 scales, bit-identical: a layer of the
-  // chain 5.55 -> 4.87 us, back to back 5.80 -> 5.11, f32 scales 6.41 -> 5.98;
-  // forty-seventh session).
-  auto go = [&](auto full) {
-    ::qgrad::cuda::launch_kernel(a.device, w4a16_splitk_kernel<T, kSigned, kWarps, kU, kAhead, S, decltype(full)::value>,
-                                 static_cast<unsigned>((a.N + 15) / 16), kWarps * 32, 0, a.x, a.w,
-                                 static_cast<const S*>(a.scale), a.zp, a.bias, a.out, a.M, a.N, a.K, a.G,
-                                 /*prefetch_weight=*/a.G >= 128, /*opaque_zero=*/0u);
-  };
-  if (a.K % (128 * kU * kWarps) == 0 && (a.G & (a.G - 1)) == 0) go(std::true_type{});
-  else go(std::false_type{});
+  launch_w4a16_splitk<T, kSigned, S, 1, 1, 8, 4, std::is_same_v<S, float> ? 2 : 3>(a);
+}
+
+// 8 < M <= 16, T scales, kFull shapes: the split-K GEMV with two 8-row
+// chunks of x, two m16 tiles and 16 warps of 2 iterations (all in flight).
+template <class T>
+bool w4a16_splitk16_fits(const W4a16GemvArgs<T>& a) {
+  return a.M > 8 && a.M <= 16 && a.scale_in_t && a.K % 4096 == 0 && (a.G & (a.G - 1)) == 0;
+}
+template <class T, bool kSigned>
+void launch_w4a16_splitk16(const W4a16GemvArgs<T>& a) {
+  launch_w4a16_splitk<T, kSigned, T, 2, 2, 16, 2, 2>(a);
 }
 
 // The route at decode sizes (the caller has checked the GEMVs' conditions:
 // 16-bit T, 1 <= M <= 64, K and G multiples of 32, 16-byte aligned x and w,
 // N and K below 2^30). M <= 8: the split-K GEMV (more warps in flight, no
-// producer); 8 < M <= 64: the bulk-copy GEMV with 8 NC rows of x a block (16,
+// producer); 8 < M <= 16 with T scales and K a multiple of 4096: the split-K
+// GEMV with two chunks of x and two tiles a warp; otherwise
+// 8 < M <= 64: the bulk-copy GEMV with 8 NC rows of x a block (16,
 // 32 or 64) and 32 channels (NSUB = 4: x fragments and mma issue shared by
 // 32 channels).
 template <class T>
@@ -600,6 +645,7 @@ void launch_w4a16_decode(const W4a16GemvArgs<T>& a) {
     }
   };
   if (a.M <= 8) go(std::integral_constant<int, 1>{});
+  else if (w4a16_splitk16_fits(a)) a.w_signed ? launch_w4a16_splitk16<T, true>(a) : launch_w4a16_splitk16<T, false>(a);
   else if (a.M <= 16) go(std::integral_constant<int, 2>{});
   else if (a.M <= 32) go(std::integral_constant<int, 4>{});
   else go(std::integral_constant<int, 8>{});

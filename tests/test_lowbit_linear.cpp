@@ -491,8 +491,11 @@ TEST_CASE("CUDA linear_w4a16 GEMV reads out dequantize_int4 bit for bit (one-hot
 TEST_CASE("CUDA linear_w4a16 reads a weight written by the kernel just before it") {
   QGRAD_REQUIRE_GPU();
   constexpr I64 N = 96, G = 128;
-  for (auto [M, K, t_scale] : {std::tuple{I64{1}, I64{1024}, false}, std::tuple{I64{16}, I64{1024}, false},
-                               std::tuple{I64{16}, I64{4096}, true}}) {
+  for (auto row : {std::tuple{I64{1}, I64{1024}, false}, std::tuple{I64{16}, I64{1024}, false},
+                   std::tuple{I64{16}, I64{4096}, true}}) {
+    // Copies, not structured bindings: CAPTURE's lambda cannot capture a binding in C++20 (clang).
+    const I64 M = std::get<0>(row), K = std::get<1>(row);
+    const bool t_scale = std::get<2>(row);
     CAPTURE(M);
     CAPTURE(K);
     const Tensor x = make_x({M, K}, DType::bf16, 141);

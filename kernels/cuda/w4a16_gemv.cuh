@@ -470,7 +470,7 @@ void launch_w4a16_gemv(const W4a16GemvArgs<T>& a) {
 // replaced the bulk-copy GEMV at M = 1 (kernel 7.4 us against 8.9, H200). At
 // 8 < M <= 16 (NC = 2) with T scales, kFull: one tile and 8 warps of 4
 // iterations a block measured 8.07 -> 7.95 us a layer of the chain against
-// the bulk-copy GEMV, two tiles and 16 warps of 2 iterations **6.75** (the x
+// the bulk-copy GEMV, two tiles and 16 warps of 2 iterations 6.75 (the x
 // fragments' loads and PRMTs shared by 32 channels; H200, M = 16, N = K =
 // 4096, groups of 128; forty-eighth session); f32 scales stay on the
 // bulk-copy GEMV (14.1 against 11.3 us with one tile, before kFull).

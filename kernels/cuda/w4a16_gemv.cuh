@@ -592,7 +592,9 @@ __global__ void __launch_bounds__(WARPS * 32, 512 / (WARPS * 32))
 // saves are time (H200, M = 1, bf16 scales, bit-identical: a layer of the
 // chain 5.55 -> 4.87 us, back to back 5.80 -> 5.11, f32 scales 6.41 -> 5.98;
 // forty-seventh session).
-template <class T, bool kSigned, class S, int NC, int TILES, int WARPS, int U, int D>
+// kFullOnly: the caller has checked kFull's conditions (no general kernel
+// compiled).
+template <class T, bool kSigned, class S, int NC, int TILES, int WARPS, int U, int D, bool kFullOnly = false>
 void launch_w4a16_splitk(const W4a16GemvArgs<T>& a) {
   auto go = [&](auto full) {
     ::qgrad::cuda::launch_kernel(
@@ -601,7 +603,8 @@ void launch_w4a16_splitk(const W4a16GemvArgs<T>& a) {
         static_cast<const S*>(a.scale), a.zp, a.bias, a.out, a.M, a.N, a.K, a.G,
         /*prefetch_weight=*/a.G >= 128, /*opaque_zero=*/0u);
   };
-  if (a.K % (128 * U * WARPS) == 0 && (a.G & (a.G - 1)) == 0) go(std::true_type{});
+  if constexpr (kFullOnly) go(std::true_type{});
+  else if (a.K % (128 * U * WARPS) == 0 && (a.G & (a.G - 1)) == 0) go(std::true_type{});
   else go(std::false_type{});
 }
 template <class T, bool kSigned, class S>
@@ -609,15 +612,18 @@ void launch_w4a16_splitk(const W4a16GemvArgs<T>& a) {
   launch_w4a16_splitk<T, kSigned, S, 1, 1, 8, 4, std::is_same_v<S, float> ? 2 : 3>(a);
 }
 
-// 8 < M <= 16, T scales, kFull shapes: the split-K GEMV with two 8-row
+// 8 < M <= 16, T scales, kFull shapes (K a whole number of the 16 warps'
+// runs of 2 iterations: 4096 columns): the split-K GEMV with two 8-row
 // chunks of x, two m16 tiles and 16 warps of 2 iterations (all in flight).
+constexpr int kSplitK16Warps = 16, kSplitK16Run = 2;
 template <class T>
 bool w4a16_splitk16_fits(const W4a16GemvArgs<T>& a) {
-  return a.M > 8 && a.M <= 16 && a.scale_in_t && a.K % 4096 == 0 && (a.G & (a.G - 1)) == 0;
+  return a.M > 8 && a.M <= 16 && a.scale_in_t && a.K % (128 * kSplitK16Run * kSplitK16Warps) == 0 &&
+         (a.G & (a.G - 1)) == 0;
 }
 template <class T, bool kSigned>
 void launch_w4a16_splitk16(const W4a16GemvArgs<T>& a) {
-  launch_w4a16_splitk<T, kSigned, T, 2, 2, 16, 2, 2>(a);
+  launch_w4a16_splitk<T, kSigned, T, 2, 2, kSplitK16Warps, kSplitK16Run, kSplitK16Run, /*kFullOnly=*/true>(a);
 }
 
 // The route at decode sizes (the caller has checked the GEMVs' conditions:

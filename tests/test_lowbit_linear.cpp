@@ -402,8 +402,8 @@ TEST_CASE("CUDA linear_w4a16 matches the reference: GEMV (M <= 64), cuBLAS (M > 
                             std::tuple{1, 40, 12288, 128}, std::tuple{20, 24, 9248, 32},
                             std::tuple{40, 36, 5152, 32}, std::tuple{9, 72, 4096, 256},
                             // The GEMVs' paths without bounds tests: split-K with one and two
-                            // runs per warp, bulk copies with NC = 2 and 4; with T scales, split-K
-                            // with two chunks of x and two tiles a warp (a partial block at N = 40
+                            // runs per warp, bulk copies with NC = 2 and 4; split-K with two chunks
+                            // of x and two tiles a warp, T and f32 scales (a partial block at N = 40
                             // and 72, two runs a warp at K = 8192).
                             std::tuple{3, 24, 4096, 32}, std::tuple{1, 20, 8192, 256},
                             std::tuple{16, 40, 2048, 64}, std::tuple{30, 24, 1024, 32},
@@ -481,7 +481,7 @@ TEST_CASE("CUDA linear_w4a16 GEMV reads out dequantize_int4 bit for bit (one-hot
   }
 }
 
-// The split-K GEMV (M <= 8, and 8 < M <= 16 with T scales at K = 4096;
+// The split-K GEMV (M <= 8, and 8 < M <= 16 at K = 4096, T and f32 scales;
 // groups of 128 or more) asks L2 for its weight before it waits for the
 // kernel before it (kernels/cuda/w4a16_gemv.cuh); M = 16 at K = 1024 (the
 // bulk-copy GEMV, which waits first) for contrast. Here that kernel writes the
@@ -492,7 +492,7 @@ TEST_CASE("CUDA linear_w4a16 reads a weight written by the kernel just before it
   QGRAD_REQUIRE_GPU();
   constexpr I64 N = 96, G = 128;
   for (auto row : {std::tuple{I64{1}, I64{1024}, false}, std::tuple{I64{16}, I64{1024}, false},
-                   std::tuple{I64{16}, I64{4096}, true}}) {
+                   std::tuple{I64{16}, I64{4096}, true}, std::tuple{I64{16}, I64{4096}, false}}) {
     // Copies, not structured bindings: CAPTURE's lambda cannot capture a binding in C++20 (clang).
     const I64 M = std::get<0>(row), K = std::get<1>(row);
     const bool t_scale = std::get<2>(row);

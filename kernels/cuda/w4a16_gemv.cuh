@@ -35,10 +35,10 @@
 // (w4a16_splitk_kernel: a block per 16 channels, 8 warps splitting K into
 // contiguous runs of 4 iterations, each warp keeping the 16-byte weight loads
 // of 2-3 iterations in flight ahead of its math, two blocks per SM), with the
-// same per-value math; 8 < M <= 16 with T scales and K a multiple of 4096:
-// the same kernel with two 8-row chunks of x and two m16 tiles (32 channels)
-// a warp, 16 warps a block of 2 iterations each (a lane's x fragments serve
-// twice the channels). For groups of 128 or more each block
+// same per-value math; 8 < M <= 16 with K a multiple of 4096 (T or f32
+// scales): the same kernel with two 8-row chunks of x and two m16 tiles (32
+// channels) a warp, 8 warps a block of 4 iterations each (a lane's x
+// fragments serve twice the channels). For groups of 128 or more each block
 // first asks L2 for its weight rows (one bulk prefetch) before it waits for
 // the kernel before it: in a chain of layers under programmatic dependent
 // launch the weight starts to stream during the previous layer's tail (H200,
@@ -464,7 +464,7 @@ void launch_w4a16_gemv(const W4a16GemvArgs<T>& a) {
 // chain 5.74 -> 5.61 us against warp w taking w, w + WARPS, ...). Lane (g, t)
 // reads 16 bytes = 32 columns at k0 = 128 it + 32 t of channels g and g + 8
 // of each tile. A warp keeps the loads of D of its U iterations in flight
-// (512 threads an SM, no producer warp), dequantizing and multiplying each
+// (no producer warp), dequantizing and multiplying each
 // as it arrives (S = T: the packed T x 2 math; S = float: the f32 math). The warps'
 // partial tiles are added in warp order (deterministic). With f32 scales it
 // replaced the bulk-copy GEMV at M = 1 (kernel 7.4 us against 8.9, H200). At
@@ -472,8 +472,9 @@ void launch_w4a16_gemv(const W4a16GemvArgs<T>& a) {
 // iterations a block measured 8.07 -> 7.95 us a layer of the chain against
 // the bulk-copy GEMV, two tiles and 16 warps of 2 iterations 6.75 (the x
 // fragments' loads and PRMTs shared by 32 channels; H200, M = 16, N = K =
-// 4096, groups of 128; forty-eighth session); f32 scales stay on the
-// bulk-copy GEMV (14.1 against 11.3 us with one tile, before kFull).
+// 4096, groups of 128; forty-eighth session), two tiles and 8 warps of 4
+// iterations 6.35 (room for the next layer's block on the SM; forty-ninth
+// session, launch_w4a16_splitk16).
 template <class T, bool kSigned, int NC, int TILES, int WARPS, int U, int D, class S, bool kFull>
 __global__ void __launch_bounds__(WARPS * 32, 512 / (WARPS * 32))
     w4a16_splitk_kernel(const T* __restrict__ x, const std::uint8_t* __restrict__ w, const S* __restrict__ scale,
@@ -612,25 +613,32 @@ void launch_w4a16_splitk(const W4a16GemvArgs<T>& a) {
   launch_w4a16_splitk<T, kSigned, S, 1, 1, 8, 4, std::is_same_v<S, float> ? 2 : 3>(a);
 }
 
-// 8 < M <= 16, T scales, kFull shapes (K a whole number of the 16 warps'
-// runs of 2 iterations: 4096 columns): the split-K GEMV with two 8-row
-// chunks of x, two m16 tiles and 16 warps of 2 iterations (all in flight).
-constexpr int kSplitK16Warps = 16, kSplitK16Run = 2;
+// 8 < M <= 16, kFull shapes (K a whole number of the 8 warps' runs of 4
+// iterations: 4096 columns): the split-K GEMV with two 8-row chunks of x and
+// two m16 tiles a warp, 8 warps a block of 32 channels, 3 (T scales) or 2 (f32)
+// iterations in flight as at M = 1. 256 threads leave room on the SM for the
+// next layer's block, which asks L2 for its weight while this one runs (H200,
+// N = K = 4096, groups of 128, M = 16, a layer of the captured chain: 16 warps
+// of 2 iterations 6.60 -> 6.35 us with bf16 scales, f32 scales 9.03 -> 8.39
+// and 9.33 on the bulk-copy GEMV; forty-ninth session).
+constexpr int kSplitK16Warps = 8, kSplitK16Run = 4;
 template <class T>
 bool w4a16_splitk16_fits(const W4a16GemvArgs<T>& a) {
-  return a.M > 8 && a.M <= 16 && a.scale_in_t && a.K % (128 * kSplitK16Run * kSplitK16Warps) == 0 &&
-         (a.G & (a.G - 1)) == 0;
+  return a.M > 8 && a.M <= 16 && a.K % (128 * kSplitK16Run * kSplitK16Warps) == 0 && (a.G & (a.G - 1)) == 0;
 }
 template <class T, bool kSigned>
 void launch_w4a16_splitk16(const W4a16GemvArgs<T>& a) {
-  launch_w4a16_splitk<T, kSigned, T, 2, 2, kSplitK16Warps, kSplitK16Run, kSplitK16Run, /*kFullOnly=*/true>(a);
+  if (a.scale_in_t)
+    launch_w4a16_splitk<T, kSigned, T, 2, 2, kSplitK16Warps, kSplitK16Run, 3, /*kFullOnly=*/true>(a);
+  else
+    launch_w4a16_splitk<T, kSigned, float, 2, 2, kSplitK16Warps, kSplitK16Run, 2, /*kFullOnly=*/true>(a);
 }
 
 // The route at decode sizes (the caller has checked the GEMVs' conditions:
 // 16-bit T, 1 <= M <= 64, K and G multiples of 32, 16-byte aligned x and w,
 // N and K below 2^30). M <= 8: the split-K GEMV (more warps in flight, no
-// producer); 8 < M <= 16 with T scales and K a multiple of 4096: the split-K
-// GEMV with two chunks of x and two tiles a warp; otherwise
+// producer); 8 < M <= 16 with K a multiple of 4096 and G a power of two: the
+// split-K GEMV with two chunks of x and two tiles a warp; otherwise
 // 8 < M <= 64: the bulk-copy GEMV with 8 NC rows of x a block (16,
 // 32 or 64) and 32 channels (NSUB = 4: x fragments and mma issue shared by
 // 32 channels).

@@ -474,7 +474,7 @@ void launch_w4a16_gemv(const W4a16GemvArgs<T>& a) {
 // fragments' loads and PRMTs shared by 32 channels; H200, M = 16, N = K =
 // 4096, groups of 128; forty-eighth session), two tiles and 8 warps of 4
 // iterations 6.35 (room for the next layer's block on the SM; forty-ninth
-// session, launch_w4a16_splitk16).
+// session; the route's launcher below).
 template <class T, bool kSigned, int NC, int TILES, int WARPS, int U, int D, class S, bool kFull>
 __global__ void __launch_bounds__(WARPS * 32, 512 / (WARPS * 32))
     w4a16_splitk_kernel(const T* __restrict__ x, const std::uint8_t* __restrict__ w, const S* __restrict__ scale,
@@ -608,30 +608,28 @@ void launch_w4a16_splitk(const W4a16GemvArgs<T>& a) {
   else if (a.K % (128 * U * WARPS) == 0 && (a.G & (a.G - 1)) == 0) go(std::true_type{});
   else go(std::false_type{});
 }
-template <class T, bool kSigned, class S>
-void launch_w4a16_splitk(const W4a16GemvArgs<T>& a) {
-  launch_w4a16_splitk<T, kSigned, S, 1, 1, 8, 4, std::is_same_v<S, float> ? 2 : 3>(a);
-}
-
-// 8 < M <= 16, kFull shapes (K a whole number of the 8 warps' runs of 4
-// iterations: 4096 columns): the split-K GEMV with two 8-row chunks of x and
-// two m16 tiles a warp, 8 warps a block of 32 channels, 3 (T scales) or 2 (f32)
-// iterations in flight as at M = 1. 256 threads leave room on the SM for the
-// next layer's block, which asks L2 for its weight while this one runs (H200,
-// N = K = 4096, groups of 128, M = 16, a layer of the captured chain: 16 warps
-// of 2 iterations 6.60 -> 6.35 us with bf16 scales, f32 scales 9.03 -> 8.39
-// and 9.33 on the bulk-copy GEMV; forty-ninth session).
-constexpr int kSplitK16Warps = 8, kSplitK16Run = 4;
+// The route's split-K GEMVs: 8 warps a block, runs of 4 iterations, 3 (T
+// scales) or 2 (f32) of them in flight. M <= 8: one chunk of x and one m16
+// tile a warp (two blocks an SM). 8 < M <= 16 (w4a16_splitk16_fits: kFull
+// shapes, K a whole number of the warps' runs, 4096 columns): two 8-row chunks
+// of x and two tiles a warp, a block of 32 channels; its 256 threads leave
+// room on the SM for the next layer's block, which asks L2 for its weight
+// while this one runs (H200, N = K = 4096, groups of 128, M = 16, a layer of
+// the captured chain: 16 warps of 2 iterations 6.60 -> 6.35 us with bf16
+// scales, f32 scales 9.03 -> 8.39 and 9.33 on the bulk-copy GEMV;
+// forty-ninth session).
+constexpr int kSplitKWarps = 8, kSplitKRun = 4;
 template <class T>
 bool w4a16_splitk16_fits(const W4a16GemvArgs<T>& a) {
-  return a.M > 8 && a.M <= 16 && a.K % (128 * kSplitK16Run * kSplitK16Warps) == 0 && (a.G & (a.G - 1)) == 0;
+  return a.M > 8 && a.M <= 16 && a.K % (128 * kSplitKRun * kSplitKWarps) == 0 && (a.G & (a.G - 1)) == 0;
 }
-template <class T, bool kSigned>
-void launch_w4a16_splitk16(const W4a16GemvArgs<T>& a) {
-  if (a.scale_in_t)
-    launch_w4a16_splitk<T, kSigned, T, 2, 2, kSplitK16Warps, kSplitK16Run, 3, /*kFullOnly=*/true>(a);
-  else
-    launch_w4a16_splitk<T, kSigned, float, 2, 2, kSplitK16Warps, kSplitK16Run, 2, /*kFullOnly=*/true>(a);
+template <class T, bool kSigned, class S>
+void launch_w4a16_splitk(const W4a16GemvArgs<T>& a) {
+  constexpr int kAhead = std::is_same_v<S, float> ? 2 : 3;
+  if (a.M <= 8)
+    launch_w4a16_splitk<T, kSigned, S, 1, 1, kSplitKWarps, kSplitKRun, kAhead>(a);
+  else  // w4a16_splitk16_fits
+    launch_w4a16_splitk<T, kSigned, S, 2, 2, kSplitKWarps, kSplitKRun, kAhead, /*kFullOnly=*/true>(a);
 }
 
 // The route at decode sizes (the caller has checked the GEMVs' conditions:
@@ -644,23 +642,23 @@ void launch_w4a16_splitk16(const W4a16GemvArgs<T>& a) {
 // 32 channels).
 template <class T>
 void launch_w4a16_decode(const W4a16GemvArgs<T>& a) {
+  if (a.M <= 8 || w4a16_splitk16_fits(a)) {
+    if (a.scale_in_t) {
+      a.w_signed ? launch_w4a16_splitk<T, true, T>(a) : launch_w4a16_splitk<T, false, T>(a);
+    } else {
+      a.w_signed ? launch_w4a16_splitk<T, true, float>(a) : launch_w4a16_splitk<T, false, float>(a);
+    }
+    return;
+  }
   auto go = [&](auto nc) {
     constexpr int kNC = decltype(nc)::value;
-    if constexpr (kNC == 1) {
-      if (a.scale_in_t) {
-        a.w_signed ? launch_w4a16_splitk<T, true, T>(a) : launch_w4a16_splitk<T, false, T>(a);
-      } else {
-        a.w_signed ? launch_w4a16_splitk<T, true, float>(a) : launch_w4a16_splitk<T, false, float>(a);
-      }
-    } else if (a.scale_in_t) {
+    if (a.scale_in_t) {
       a.w_signed ? launch_w4a16_gemv<T, true, kNC, 4, T>(a) : launch_w4a16_gemv<T, false, kNC, 4, T>(a);
     } else {
       a.w_signed ? launch_w4a16_gemv<T, true, kNC, 4, float>(a) : launch_w4a16_gemv<T, false, kNC, 4, float>(a);
     }
   };
-  if (a.M <= 8) go(std::integral_constant<int, 1>{});
-  else if (w4a16_splitk16_fits(a)) a.w_signed ? launch_w4a16_splitk16<T, true>(a) : launch_w4a16_splitk16<T, false>(a);
-  else if (a.M <= 16) go(std::integral_constant<int, 2>{});
+  if (a.M <= 16) go(std::integral_constant<int, 2>{});
   else if (a.M <= 32) go(std::integral_constant<int, 4>{});
   else go(std::integral_constant<int, 8>{});
 }

@@ -408,7 +408,9 @@ TEST_CASE("CUDA linear_w4a16 matches the reference: GEMV (M <= 64), cuBLAS (M > 
                             std::tuple{3, 24, 4096, 32}, std::tuple{1, 20, 8192, 256},
                             std::tuple{16, 40, 2048, 64}, std::tuple{30, 24, 1024, 32},
                             std::tuple{16, 40, 4096, 128}, std::tuple{12, 72, 8192, 64},
-                            std::tuple{11, 64, 4096, 32}}) {
+                            std::tuple{11, 64, 4096, 32},
+                            // M <= 8 with two tiles a warp (4 <= M, K a multiple of 4096).
+                            std::tuple{8, 40, 4096, 128}, std::tuple{5, 72, 8192, 64}, std::tuple{4, 64, 4096, 32}}) {
     const auto& M = std::get<0>(row);
     const auto& N = std::get<1>(row);
     const auto& K = std::get<2>(row);
@@ -492,7 +494,8 @@ TEST_CASE("CUDA linear_w4a16 reads a weight written by the kernel just before it
   QGRAD_REQUIRE_GPU();
   constexpr I64 N = 96, G = 128;
   for (auto row : {std::tuple{I64{1}, I64{1024}, false}, std::tuple{I64{16}, I64{1024}, false},
-                   std::tuple{I64{16}, I64{4096}, true}, std::tuple{I64{16}, I64{4096}, false}}) {
+                   std::tuple{I64{16}, I64{4096}, true}, std::tuple{I64{16}, I64{4096}, false},
+                   std::tuple{I64{8}, I64{4096}, true}, std::tuple{I64{4}, I64{4096}, false}}) {
     // Copies, not structured bindings: CAPTURE's lambda cannot capture a binding in C++20 (clang).
     const I64 M = std::get<0>(row), K = std::get<1>(row);
     const bool t_scale = std::get<2>(row);

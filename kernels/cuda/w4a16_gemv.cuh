@@ -524,7 +524,15 @@ __global__ void __launch_bounds__(WARPS * 32, 512 / (WARPS * 32))
   const int gshift = __ffs(G) - 1;
   for (int base = warp * U; base < iters; base += U * WARPS) {
     uint4 wv[U][NSUB];
-    GemvFrag<NC, NSUB, false> f[U];
+    // kXEarly: x's fragments of an iteration loaded with its weight (16
+    // registers an iteration) rather than in the math after the weight has
+    // arrived. Two tiles a warp, one chunk of x (4 <= M <= 8): same bits,
+    // H200, N = K = 4096, groups of 128, chain, bf16 / f32 scales: M = 8
+    // 5.34 -> 5.13 / 6.37 -> 6.09 us, M = 4 5.16 -> 5.04 / 6.23 -> 6.09; one
+    // tile (M = 1) no faster (4.82 -> 4.87), two chunks would take 32
+    // registers an iteration (fiftieth session).
+    constexpr bool kXEarly = kFull && NC == 1 && TILES == 2;
+    GemvFrag<NC, NSUB, kXEarly> f[U];
     // Iteration u's loads; `dep` is 0 at run time but depends on data already
     // loaded, so they cannot be issued before that data has arrived.
     auto issue = [&](int u, unsigned dep) {
@@ -536,6 +544,14 @@ __global__ void __launch_bounds__(WARPS * 32, 512 / (WARPS * 32))
 #pragma unroll
         for (int sub = 0; sub < NSUB; ++sub)
           gemv_scale<T, kSigned>(f[u].s[sub], f[u].z[sub], srow[sub] + gk, zrow[sub] + (kSigned ? 0 : gk), true);
+        if constexpr (kXEarly) {  // as gemv_load's x words
+#pragma unroll
+          for (int word = 0; word < 4; ++word) {
+            const uint4 v = __ldg(reinterpret_cast<const uint4*>(xr[0] + it * 128 + t * 32 + 8 * word));
+            f[u].xb[0][2 * word] = make_uint2(v.x, v.y);
+            f[u].xb[0][2 * word + 1] = make_uint2(v.z, v.w);
+          }
+        }
         return;
       }
       const int k0 = it * 128 + t * 32;  // K % 32 == 0: a lane's 32 columns are all in or all out
@@ -543,7 +559,7 @@ __global__ void __launch_bounds__(WARPS * 32, 512 / (WARPS * 32))
 #pragma unroll
       for (int sub = 0; sub < NSUB; ++sub)
         wv[u][sub] = kin ? ld_stream16(wrow[sub] + static_cast<I64>(it) * 64) : zero4;
-      gemv_load<T, kSigned, NC, NSUB, false, S>(f[u], k0, K, G, groups, xr, nrow, scale, zp);
+      gemv_load<T, kSigned, NC, NSUB, kXEarly, S>(f[u], k0, K, G, groups, xr, nrow, scale, zp);
     };
 #pragma unroll
     for (int u = 0; u < (D < U ? D : U); ++u) issue(u, 0u);
@@ -557,8 +573,8 @@ __global__ void __launch_bounds__(WARPS * 32, 512 / (WARPS * 32))
       if (!kFull && it >= iters) break;  // uniform in the warp
       const int k0 = it * 128 + t * 32;
       const bool kin = kFull || k0 < K;
-      if constexpr (kPacked) gemv_math_packed<T, kSigned, NC, NSUB, false>(f[u], wv[u], acc, k0, kin, xr);
-      else gemv_math<T, kSigned, NC, NSUB, false>(f[u], wv[u], acc, k0, kin, xr);
+      if constexpr (kPacked) gemv_math_packed<T, kSigned, NC, NSUB, kXEarly>(f[u], wv[u], acc, k0, kin, xr);
+      else gemv_math<T, kSigned, NC, NSUB, kXEarly>(f[u], wv[u], acc, k0, kin, xr);
     }
   }
 #pragma unroll

@@ -3,6 +3,7 @@
 # Eigen/doctest in /usr/include, Python with torch; no network needed).
 #
 #   bash scripts/gpu_check.sh OUTDIR [--memcheck] [--bench] [--profile] [--no-build] [--arch 90] [--jobs 16]
+#                                    [--data DIR]
 #
 # Builds with CUDA on (Ninja, sm_90 by default), runs every ctest test (GPU
 # tests run here), logs to OUTDIR/ctest.log; --memcheck runs each test
@@ -11,13 +12,17 @@
 # bench/peer_*.py (OUTDIR/peer_*.jsonl) and merges them into
 # OUTDIR/benchmarks.md with scripts/bench_table.py; --profile runs
 # scripts/profile_step.sh (ncu over the captured QAT step) into
-# OUTDIR/profile/profile.md. Prints a short summary;
-# exits non-zero when any part failed.
+# OUTDIR/profile/profile.md. --data DIR: a copy of Fashion-MNIST's four IDX
+# files, linked at /usr/share/datasets/fashion-mnist (the Debian package
+# dataset-fashion-mnist's folder, where the examples' smoke tests read it)
+# when that folder has none: the GPU machine lacks the package and its
+# network, so without a copy carried over those tests skip. Prints a short
+# summary; exits non-zero when any part failed.
 set -uo pipefail
-usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 [ $# -ge 1 ] || usage
 OUT=$(mkdir -p "$1" && cd "$1" && pwd); shift
-MEMCHECK=0 BENCH=0 PROFILE=0 BUILD=1 ARCH=90 JOBS=16
+MEMCHECK=0 BENCH=0 PROFILE=0 BUILD=1 ARCH=90 JOBS=16 DATA=
 while [ $# -gt 0 ]; do
   case "$1" in
     --memcheck) MEMCHECK=1 ;;
@@ -26,6 +31,7 @@ while [ $# -gt 0 ]; do
     --no-build) BUILD=0 ;;
     --arch) ARCH=$2; shift ;;
     --jobs) JOBS=$2; shift ;;
+    --data) DATA=$2; shift ;;
     *) usage ;;
   esac
   shift
@@ -83,6 +89,16 @@ nccl_lib=$(sed -n 's/^QGRAD_NCCL_LIBRARY_DIR:INTERNAL=//p' "$B/CMakeCache.txt" 2
 if [ -n "$nccl_lib" ]; then
   export LD_LIBRARY_PATH="$nccl_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   note "nccl: $(sed -n 's/^QGRAD_NCCL_LIBRARY_PATH:INTERNAL=//p' "$B/CMakeCache.txt")"
+fi
+
+fmnist=/usr/share/datasets/fashion-mnist
+if [ -n "$DATA" ] && [ ! -f "$fmnist/train-images-idx3-ubyte.gz" ]; then
+  if [ -f "$DATA/train-images-idx3-ubyte.gz" ] && mkdir -p "$(dirname "$fmnist")" \
+     && ln -sfn "$(cd "$DATA" && pwd)" "$fmnist"; then
+    note "fashion-mnist: $DATA linked at $fmnist"
+  else
+    note "fashion-mnist: could not link $DATA at $fmnist (the examples' smoke tests skip)"
+  fi
 fi
 
 # ---- tests ----

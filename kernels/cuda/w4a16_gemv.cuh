@@ -456,7 +456,8 @@ void launch_w4a16_gemv(const W4a16GemvArgs<T>& a) {
 
 // ------------------------------------------------- W4A16 split-K GEMV
 
-// Decode sizes (M <= 8: NC = 1, TILES = 1). A block owns TILES m16 tiles of
+// Decode sizes (M <= 16: NC = 1 or 2 chunks of x, TILES = 1 or 2; the
+// route's launcher below picks them by M). A block owns TILES m16 tiles of
 // 16 output channels (NSUB = 2 TILES of gemv_math / gemv_math_packed) and NC
 // chunks of 8 rows of x; its WARPS warps
 // split K by 128-column iterations, warp w taking the U iterations from U w
@@ -626,7 +627,8 @@ void launch_w4a16_splitk(const W4a16GemvArgs<T>& a) {
 }
 // The route's split-K GEMVs: 8 warps a block, runs of 4 iterations, 3 (T
 // scales) or 2 (f32) of them in flight. M <= 8: one chunk of x and one m16
-// tile a warp (two blocks an SM). 8 < M <= 16 (w4a16_splitk16_fits: kFull
+// tile a warp (two blocks an SM), two tiles at 4 <= M with kFull shapes (see
+// below). 8 < M <= 16 (w4a16_splitk16_fits: kFull
 // shapes, K a whole number of the warps' runs, 4096 columns): two 8-row chunks
 // of x and two tiles a warp, a block of 32 channels; its 256 threads leave
 // room on the SM for the next layer's block, which asks L2 for its weight

@@ -161,21 +161,26 @@ __device__ __forceinline__ void gemv_scale(float& s, float& z, const S* scale, c
   }
 }
 
+// x's 16-byte words of a lane's 32 columns from k0, for each chunk: mma steps
+// 2w and 2w + 1 (gemv_math) or word w (gemv_math_packed); zeros where !kin.
+template <class T, int NC, int NSUB>
+__device__ __forceinline__ void gemv_load_x(GemvFrag<NC, NSUB, true>& f, int k0, bool kin, const T* const (&xr)[NC]) {
+#pragma unroll
+  for (int nc = 0; nc < NC; ++nc)
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      const uint4 v = kin ? __ldg(reinterpret_cast<const uint4*>(xr[nc] + k0 + 8 * w)) : make_uint4(0, 0, 0, 0);
+      f.xb[nc][2 * w] = make_uint2(v.x, v.y);
+      f.xb[nc][2 * w + 1] = make_uint2(v.z, v.w);
+    }
+}
+
 template <class T, bool kSigned, int NC, int NSUB, bool kX, class S, bool kFull = false>
 __device__ __forceinline__ void gemv_load(GemvFrag<NC, NSUB, kX>& f, int k0, int K, int G, int groups,
                                           const T* const (&xr)[NC], const int (&nrow)[NSUB],
                                           const S* __restrict__ scale, const std::int32_t* __restrict__ zp) {
   const bool kin = kFull || k0 < K;  // K % 32 == 0: a lane's 32 columns are all in or all out
-  if constexpr (kX) {  // x's 16-byte words: mma steps 2w and 2w + 1 (gemv_math) or word w (gemv_math_packed)
-#pragma unroll
-    for (int nc = 0; nc < NC; ++nc)
-#pragma unroll
-      for (int w = 0; w < 4; ++w) {
-        const uint4 v = kin ? __ldg(reinterpret_cast<const uint4*>(xr[nc] + k0 + 8 * w)) : make_uint4(0, 0, 0, 0);
-        f.xb[nc][2 * w] = make_uint2(v.x, v.y);
-        f.xb[nc][2 * w + 1] = make_uint2(v.z, v.w);
-      }
-  }
+  if constexpr (kX) gemv_load_x<T>(f, k0, kin, xr);
   // Group sizes are powers of two in practice: a shift (G is loop-invariant, so
   // the test and __ffs are hoisted) instead of an integer division per call.
   const int gk = kFull ? k0 >> (__ffs(G) - 1) : kin ? ((G & (G - 1)) == 0 ? k0 >> (__ffs(G) - 1) : k0 / G) : 0;
@@ -545,14 +550,7 @@ __global__ void __launch_bounds__(WARPS * 32, 512 / (WARPS * 32))
 #pragma unroll
         for (int sub = 0; sub < NSUB; ++sub)
           gemv_scale<T, kSigned>(f[u].s[sub], f[u].z[sub], srow[sub] + gk, zrow[sub] + (kSigned ? 0 : gk), true);
-        if constexpr (kXEarly) {  // as gemv_load's x words
-#pragma unroll
-          for (int word = 0; word < 4; ++word) {
-            const uint4 v = __ldg(reinterpret_cast<const uint4*>(xr[0] + it * 128 + t * 32 + 8 * word));
-            f[u].xb[0][2 * word] = make_uint2(v.x, v.y);
-            f[u].xb[0][2 * word + 1] = make_uint2(v.z, v.w);
-          }
-        }
+        if constexpr (kXEarly) gemv_load_x<T>(f[u], it * 128 + t * 32, true, xr);
         return;
       }
       const int k0 = it * 128 + t * 32;  // K % 32 == 0: a lane's 32 columns are all in or all out
@@ -612,6 +610,10 @@ __global__ void __launch_bounds__(WARPS * 32, 512 / (WARPS * 32))
 // forty-seventh session).
 // kFullOnly: the caller has checked kFull's conditions (no general kernel
 // compiled).
+template <class T>
+bool w4a16_splitk_full(const W4a16GemvArgs<T>& a, int iterations_a_block) {
+  return a.K % (128 * iterations_a_block) == 0 && (a.G & (a.G - 1)) == 0;
+}
 template <class T, bool kSigned, class S, int NC, int TILES, int WARPS, int U, int D, bool kFullOnly = false>
 void launch_w4a16_splitk(const W4a16GemvArgs<T>& a) {
   auto go = [&](auto full) {
@@ -622,7 +624,7 @@ void launch_w4a16_splitk(const W4a16GemvArgs<T>& a) {
         /*prefetch_weight=*/a.G >= 128, /*opaque_zero=*/0u);
   };
   if constexpr (kFullOnly) go(std::true_type{});
-  else if (a.K % (128 * U * WARPS) == 0 && (a.G & (a.G - 1)) == 0) go(std::true_type{});
+  else if (w4a16_splitk_full(a, U * WARPS)) go(std::true_type{});
   else go(std::false_type{});
 }
 // The route's split-K GEMVs: 8 warps a block, runs of 4 iterations, 3 (T
@@ -639,7 +641,7 @@ void launch_w4a16_splitk(const W4a16GemvArgs<T>& a) {
 constexpr int kSplitKWarps = 8, kSplitKRun = 4;
 template <class T>
 bool w4a16_splitk16_fits(const W4a16GemvArgs<T>& a) {
-  return a.M > 8 && a.M <= 16 && a.K % (128 * kSplitKRun * kSplitKWarps) == 0 && (a.G & (a.G - 1)) == 0;
+  return a.M > 8 && a.M <= 16 && w4a16_splitk_full(a, kSplitKRun * kSplitKWarps);
 }
 template <class T, bool kSigned, class S>
 void launch_w4a16_splitk(const W4a16GemvArgs<T>& a) {
@@ -649,8 +651,7 @@ void launch_w4a16_splitk(const W4a16GemvArgs<T>& a) {
   // H200, N = K = 4096, groups of 128, chain, bf16 / f32 scales: M = 8 5.69 ->
   // 5.37 / 8.45 -> 6.40 us, M = 4 5.27 -> 5.21 / 6.82 -> 6.28; slower at M = 1,
   // 2; forty-ninth session).
-  const bool full = a.K % (128 * kSplitKRun * kSplitKWarps) == 0 && (a.G & (a.G - 1)) == 0;
-  if (a.M <= 8 && a.M >= 4 && full)
+  if (a.M <= 8 && a.M >= 4 && w4a16_splitk_full(a, kSplitKRun * kSplitKWarps))
     launch_w4a16_splitk<T, kSigned, S, 1, 2, kSplitKWarps, kSplitKRun, kAhead, /*kFullOnly=*/true>(a);
   else if (a.M <= 8)
     launch_w4a16_splitk<T, kSigned, S, 1, 1, kSplitKWarps, kSplitKRun, kAhead>(a);

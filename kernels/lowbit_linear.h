@@ -31,6 +31,24 @@ inline constexpr std::int64_t kW4A16GemvMaxM = 64;
 void w4a16_linear(const Tensor& x, const Tensor& w, const Tensor& scale, const Tensor& zp, std::int64_t group,
                   const Tensor& bias, const Tensor& out);
 
+// pack_w4a16's fragment order (kernels/formulas/lowbit_linear.h,
+// formulas::w4a16_frag_*): frag (u8 [w4a16_frag_bytes(N, K)]) from w (s4 /
+// u4 packed [N, K]), zeros past N and K; and back. CUDA: the pack ends with
+// an empty kernel, so the next kernel in the stream never overlaps the one
+// that wrote frag (the GEMV loads it before it waits).
+void w4a16_frag_pack(const Tensor& w, const Tensor& frag);
+void w4a16_frag_unpack(const Tensor& frag, const Tensor& w);
+// W4A16 with the weight in the fragment order (scale, zp, bias and out as in
+// w4a16_linear; zp defined: u4): on CUDA for 16-bit x, M <= kW4A16FragMaxM,
+// K and G multiples of 32 and 16-byte aligned x, the split-K GEMV, which
+// loads its first iterations' weight and scales before it waits for the
+// kernel before (they must not be written by any kernel that may still be
+// running: PackedW4A16 owns them). Returns false, having launched nothing,
+// elsewhere (the caller unpacks and calls w4a16_linear).
+inline constexpr std::int64_t kW4A16FragMaxM = 16;
+bool w4a16_linear_frag(const Tensor& x, const Tensor& frag, const Tensor& scale, const Tensor& zp, std::int64_t group,
+                       const Tensor& bias, const Tensor& out);
+
 // W4A8 with groups: out [M, N] (f32, bf16, f16) from a (s8 [M, lda], K
 // columns used), sa (f32 [M]), za (s32 [M], or undefined: 0), w (s4 packed
 // [N, K]), sw (f32 [N, K / G]) and bias (undefined or f32 [N]):
@@ -43,6 +61,8 @@ void w4a8_linear(const Tensor& a, std::int64_t lda, std::int64_t K, const Tensor
 void int4_widen(const Tensor& w, const Tensor& w8);
 
 namespace cpu {
+void w4a16_frag_pack(const Tensor& w, const Tensor& frag);
+void w4a16_frag_unpack(const Tensor& frag, const Tensor& w);
 void w4a16_linear(const Tensor& x, const Tensor& w, const Tensor& scale, const Tensor& zp, std::int64_t group,
                   const Tensor& bias, const Tensor& out);
 void w4a8_linear(const Tensor& a, std::int64_t lda, std::int64_t K, const Tensor& sa, const Tensor& za,
@@ -51,6 +71,10 @@ void int4_widen(const Tensor& w, const Tensor& w8);
 }  // namespace cpu
 
 namespace cuda {
+void w4a16_frag_pack(const Tensor& w, const Tensor& frag);
+void w4a16_frag_unpack(const Tensor& frag, const Tensor& w);
+bool w4a16_linear_frag(const Tensor& x, const Tensor& frag, const Tensor& scale, const Tensor& zp, std::int64_t group,
+                       const Tensor& bias, const Tensor& out);
 void w4a16_linear(const Tensor& x, const Tensor& w, const Tensor& scale, const Tensor& zp, std::int64_t group,
                   const Tensor& bias, const Tensor& out);
 void w4a8_linear(const Tensor& a, std::int64_t lda, std::int64_t K, const Tensor& sa, const Tensor& za,

@@ -9,6 +9,7 @@
 #include <tuple>
 
 #include "helpers.h"
+#include "qgrad/kernels/lowbit_linear.h"  // the fragment order's pack and unpack
 
 using namespace qgrad;
 using namespace qgrad::testing;
@@ -215,6 +216,91 @@ TEST_CASE("linear_w4a16: zero weights give the bias, NaN in x reaches its row on
 }
 
 // ---- W4A8 ----
+
+// pack_w4a16's fragment order, written out independently of
+// kernels/formulas: nibble (n, k) of the plain weight sits in the 16-byte
+// chunk of lane 4 (n % 8) + (k % 128) / 32 of half (n % 16) / 8 of unit
+// (n / 16, k / 128), 32-bit word (k % 32) / 8, nibble 2i -> i, 2i + 1 -> i + 4.
+std::vector<std::uint8_t> frag_reference(const Tensor& w) {
+  const I64 N = w.shape()[0], K = w.shape()[1], Np = (N + 31) / 32 * 32, Kp = (K + 127) / 128 * 128;
+  const std::uint8_t* src = static_cast<const std::uint8_t*>(w.data_ptr());
+  std::vector<std::uint8_t> out(static_cast<std::size_t>(Np * Kp / 2), 0);
+  for (I64 n = 0; n < N; ++n)
+    for (I64 k = 0; k < K; ++k) {
+      const unsigned nib = (src[(n * K + k) / 2] >> (4 * (k % 2))) & 0xfu;
+      const I64 unit = (n / 16) * (Kp / 128) + k / 128, lane = 4 * (n % 8) + (k % 128) / 32;
+      const I64 chunk = (unit * 2 + (n % 16) / 8) * 32 + lane;
+      const I64 c = k % 8, pos = c % 2 == 0 ? c / 2 : c / 2 + 4;  // nibble in the word
+      const I64 byte = chunk * 16 + ((k % 32) / 8) * 4 + pos / 2;
+      out[static_cast<std::size_t>(byte)] |= static_cast<std::uint8_t>(nib << (4 * (pos % 2)));
+    }
+  return out;
+}
+
+std::vector<std::uint8_t> bytes_of(const Tensor& t) {
+  const Tensor h = t.cpu();
+  const auto* p = static_cast<const std::uint8_t*>(h.data_ptr());
+  return std::vector<std::uint8_t>(p, p + h.numel());
+}
+
+TEST_CASE("pack_w4a16's fragment order: its bytes, its padding, and back; CUDA writes the same bytes") {
+  for (auto row : {std::tuple{I64{5}, I64{64}}, std::tuple{I64{40}, I64{256}}, std::tuple{I64{33}, I64{96}},
+                   std::tuple{I64{16}, I64{4096}}, std::tuple{I64{7}, I64{2}}}) {
+    const I64 N = std::get<0>(row), K = std::get<1>(row);
+    CAPTURE(N);
+    CAPTURE(K);
+    for (DType qt : {DType::s4, DType::u4}) {
+      const W4 w = make_w4(N, K, 2, qt, 71);
+      const auto ref = frag_reference(w.q);
+      Tensor frag = full({static_cast<I64>(ref.size())}, 171.0, TensorOptions{}.with_dtype(DType::u8));  // poison
+      kernels::w4a16_frag_pack(w.q, frag);
+      CHECK(bytes_of(frag) == ref);
+      Tensor back = full({N, K}, 3.0, TensorOptions{}.with_dtype(qt));  // poison
+      kernels::w4a16_frag_unpack(frag, back);
+      CHECK(bit_equal(back, w.q));
+      if (!cuda_available()) continue;
+      Tensor frag_c = full({static_cast<I64>(ref.size())}, 171.0, TensorOptions{}.with_dtype(DType::u8).with_device(Device::cuda(0)));
+      kernels::w4a16_frag_pack(w.q.cuda(), frag_c);
+      CHECK(bytes_of(frag_c) == ref);
+      Tensor back_c = full({N, K}, 3.0, TensorOptions{}.with_dtype(qt).with_device(Device::cuda(0)));
+      kernels::w4a16_frag_unpack(frag_c, back_c);
+      CHECK(bit_equal(back_c.cpu(), w.q));
+    }
+  }
+}
+
+TEST_CASE("linear_w4a16 with a packed weight equals the plain weight on the CPU (batch dims, M = 0, bias)") {
+  for (auto row : {std::tuple{I64{1}, I64{8}, I64{64}, I64{32}}, std::tuple{I64{5}, I64{33}, I64{96}, I64{32}},
+                   std::tuple{I64{17}, I64{40}, I64{256}, I64{128}}, std::tuple{I64{3}, I64{4}, I64{6}, I64{2}}}) {
+    const I64 M = std::get<0>(row), N = std::get<1>(row), K = std::get<2>(row), G = std::get<3>(row);
+    CAPTURE(M);
+    CAPTURE(N);
+    CAPTURE(K);
+    for (DType qt : {DType::s4, DType::u4}) {
+      const W4 w = make_w4(N, K, G, qt, 72);
+      const PackedW4A16 pw = pack_w4a16(w.q, w.scale, w.zp, G);
+      CHECK(pw.out_features() == N);
+      CHECK(pw.in_features() == K);
+      CHECK(pw.group_size() == G);
+      CHECK(pw.weight_dtype() == qt);
+      CHECK(pw.nbytes() == (N + 31) / 32 * 32 * ((K + 127) / 128 * 128) / 2 + N * (K / G) * (qt == DType::u4 ? 8 : 4));
+      for (DType dt : kAct) {
+        CAPTURE(dt);
+        const Tensor x = make_x({M, K}, dt, 73);
+        Generator g(74);
+        const Tensor bias = randn({N}, g, TensorOptions{}.with_dtype(dt));
+        CHECK(bit_equal(linear_w4a16(x, pw, bias), linear_w4a16(x, w.q, w.scale, w.zp, G, bias)));
+        const Tensor xb = x.reshape({1, M, K});
+        CHECK(bit_equal(linear_w4a16(xb, pw), linear_w4a16(xb, w.q, w.scale, w.zp, G)));
+        CHECK(linear_w4a16(zeros({0, K}, TensorOptions{}.with_dtype(dt)), pw).shape() == (Shape{0, N}));
+        if (dt == DType::f32) continue;
+        const PackedW4A16 pt = pack_w4a16(w.q, w.scale.to(dt), w.zp, G);  // scales of x's dtype
+        CHECK(pt.scale_dtype() == dt);
+        CHECK(bit_equal(linear_w4a16(x, pt, bias), linear_w4a16(x, w.q, w.scale.to(dt), w.zp, G, bias)));
+      }
+    }
+  }
+}
 
 TEST_CASE("linear_w4a8 matches the documented sequence bit for bit: modes, groups, bias, out dtypes") {
   for (auto row : {std::tuple{1, 8, 64, 32}, std::tuple{5, 17, 128, 32}, std::tuple{3, 9, 256, 64},
@@ -514,6 +600,76 @@ TEST_CASE("CUDA linear_w4a16 reads a weight written by the kernel just before it
   }
 }
 
+// The packed weight on CUDA: at M <= 16 the split-K GEMV on the fragment
+// order, loading before it waits. Same bits as the plain weight with f32
+// scales wherever both take that GEMV, for scales of either dtype; the
+// unpacked path (M > 16, f32 x) the plain path's bits; every output within
+// the reference's bound.
+TEST_CASE("CUDA linear_w4a16 with a packed weight: the plain weight's bits with f32 scales, the bound") {
+  QGRAD_REQUIRE_GPU();
+  for (auto row : {std::tuple{1, 40, 4096, 128}, std::tuple{2, 24, 1024, 32}, std::tuple{3, 33, 96, 32},
+                   std::tuple{1, 72, 8192, 64}, std::tuple{4, 64, 4096, 32}, std::tuple{5, 40, 256, 64},
+                   std::tuple{8, 40, 4096, 128}, std::tuple{9, 24, 1024, 32}, std::tuple{12, 72, 8192, 64},
+                   std::tuple{16, 40, 4096, 128}, std::tuple{16, 17, 160, 32}, std::tuple{17, 24, 4096, 128},
+                   std::tuple{64, 16, 256, 64}, std::tuple{70, 24, 128, 128}, std::tuple{3, 9, 48, 16}}) {
+    const int M = std::get<0>(row), N = std::get<1>(row), K = std::get<2>(row), G = std::get<3>(row);
+    CAPTURE(M);
+    CAPTURE(N);
+    CAPTURE(K);
+    CAPTURE(G);
+    // Where the plain weight takes the same split-K GEMV (its route: M <= 8, or
+    // 8 < M <= 16 with K a multiple of 4096 and G a power of two), with the
+    // same 32-divisible K and G.
+    const bool same_gemv = K % 32 == 0 && G % 32 == 0 && (M <= 8 || (M <= 16 && K % 4096 == 0 && (G & (G - 1)) == 0));
+    for (DType qt : {DType::s4, DType::u4}) {
+      const W4 w = make_w4(N, K, G, qt, 181);
+      const W4 wc = on_cuda(w);
+      for (DType dt : kAct) {
+        CAPTURE(dt);
+        const Tensor x = make_x({M, K}, dt, 182), xc = x.cuda();
+        Generator g(183);
+        const Tensor bias = randn({N}, g, TensorOptions{}.with_dtype(dt)), bc = bias.cuda();
+        const Tensor y32 = linear_w4a16(xc, pack_w4a16(wc.q, wc.scale, wc.zp, G), bc).cpu();
+        check_w4a16(x, w, bias, y32);
+        const Tensor plain32 = linear_w4a16(xc, wc.q, wc.scale, wc.zp, G, bc).cpu();
+        if (same_gemv || M > 16 || dt == DType::f32) CHECK(bit_equal(y32, plain32));
+        if (dt == DType::f32) continue;
+        W4 wt = w;  // the values the 16-bit scales hold
+        wt.scale = w.scale.to(dt).to(DType::f32);
+        const Tensor st = wc.scale.to(dt);
+        const Tensor yt = linear_w4a16(xc, pack_w4a16(wc.q, st, wc.zp, G), bc).cpu();
+        check_w4a16(x, wt, bias, yt);
+        if (same_gemv) CHECK(bit_equal(yt, linear_w4a16(xc, wc.q, st.to(DType::f32), wc.zp, G, bc).cpu()));
+        if (M > 16) CHECK(bit_equal(yt, linear_w4a16(xc, wc.q, st, wc.zp, G, bc).cpu()));
+      }
+    }
+  }
+}
+
+// The packed weight is the object's own: writing the tensors it was packed
+// from changes nothing; and each round packs a new weight (as a rule into
+// blocks the allocator kept from the round before) and multiplies right
+// after: the GEMV's loads before its wait never overlap the pack.
+TEST_CASE("CUDA linear_w4a16 with a packed weight: its own copies, packed right before the call") {
+  QGRAD_REQUIRE_GPU();
+  constexpr I64 M = 1, N = 96, K = 4096, G = 128;
+  const Tensor x = make_x({M, K}, DType::bf16, 191), xc = x.cuda();
+  W4 w = make_w4(N, K, G, DType::s4, 192);
+  Tensor q = w.q.cuda(), s = w.scale.to(DType::bf16).cuda();
+  const PackedW4A16 pw = pack_w4a16(q, s, Tensor(), G);
+  const Tensor before = linear_w4a16(xc, pw).cpu();
+  q.copy_(make_w4(N, K, G, DType::s4, 193).q.cuda());
+  s.copy_(full({N, K / G}, 0.5, TensorOptions{}.with_dtype(DType::bf16)).cuda());
+  CHECK(bit_equal(linear_w4a16(xc, pw).cpu(), before));
+  for (int round = 0; round < 4; ++round) {
+    CAPTURE(round);
+    W4 wr = make_w4(N, K, G, DType::s4, 194 + static_cast<std::uint64_t>(round));
+    wr.scale = wr.scale.to(DType::bf16).to(DType::f32);
+    const Tensor y = linear_w4a16(xc, pack_w4a16(wr.q.cuda(), wr.scale.to(DType::bf16).cuda(), Tensor(), G));
+    check_w4a16(x, wr, Tensor(), y.cpu());
+  }
+}
+
 TEST_CASE("CUDA int4 linear layers reject operands on another device") {
   QGRAD_REQUIRE_GPU();
   const W4 s = make_w4(4, 64, 32, DType::s4, 131), u = make_w4(4, 64, 32, DType::u4, 132);
@@ -522,6 +678,9 @@ TEST_CASE("CUDA int4 linear layers reject operands on another device") {
   expect_error([&] { linear_w4a16(x, s.q.cuda(), s.scale, none, 32); }, "linear_w4a16", "w_scale");
   expect_error([&] { linear_w4a16(x, u.q.cuda(), u.scale.cuda(), u.zp, 32); }, "linear_w4a16", "w_zero_point");
   expect_error([&] { linear_w4a16(x, s.q.cuda(), s.scale.cuda(), none, 32, zeros({4})); }, "linear_w4a16", "bias");
+  expect_error([&] { linear_w4a16(x, pack_w4a16(s.q, s.scale, none, 32)); }, "linear_w4a16", "w");
+  expect_error([&] { pack_w4a16(s.q.cuda(), s.scale, none, 32); }, "pack_w4a16", "w_scale");
+  expect_error([&] { pack_w4a16(u.q.cuda(), u.scale.cuda(), u.zp, 32); }, "pack_w4a16", "w_zero_point");
   expect_error([&] { linear_w4a8(x, s.q, s.scale.cuda(), 32); }, "linear_w4a8", "w_q");
   expect_error([&] { linear_w4a8(x, s.q.cuda(), s.scale, 32); }, "linear_w4a8", "w_scale");
   expect_error([&] { linear_w4a8(x, s.q.cuda(), s.scale.cuda(), 32, zeros({4})); }, "linear_w4a8", "bias");

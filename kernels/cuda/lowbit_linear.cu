@@ -82,6 +82,36 @@ bool w4a16_gemv(const Tensor& x, const Tensor& w, const Tensor& scale, const Ten
   }
 }
 
+// Decode sizes with a weight in pack_w4a16's fragment order: the split-K
+// GEMV (M <= 16), which reads it (and the scales and zero points that
+// PackedW4A16 owns alongside) before it waits for the kernel before.
+template <class T>
+bool w4a16_gemv_frag(const Tensor& x, const Tensor& frag, const Tensor& scale, const Tensor& zp, I64 G,
+                     const Tensor& bias, const Tensor& out) {
+  if constexpr (std::is_same_v<T, float>) {
+    return false;
+  } else {
+    const I64 M = out.shape()[0], N = out.shape()[1], K = x.shape()[1];
+    if (M > kW4A16FragMaxM || K % 32 != 0 || G % 32 != 0 || !aligned16(x.data_ptr()) ||
+        !aligned16(frag.data_ptr()) || K > (I64(1) << 30) || N > (I64(1) << 30))
+      return false;
+    W4a16GemvArgs<T> a{static_cast<const T*>(x.data_ptr()),
+                       static_cast<const std::uint8_t*>(frag.data_ptr()),
+                       scale.data_ptr(),
+                       zp.defined() ? static_cast<const std::int32_t*>(zp.data_ptr()) : nullptr,
+                       bias.defined() ? static_cast<const T*>(bias.data_ptr()) : nullptr,
+                       static_cast<T*>(out.data_ptr()),
+                       static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), static_cast<int>(G),
+                       /*w_signed=*/!zp.defined(), /*scale_in_t=*/scale.dtype() != DType::f32, out.device().index};
+    a.w_fragments = true;
+    launch_w4a16_decode(a);
+    return true;
+  }
+}
+
+// An empty grid: the kernel after it in the stream can overlap only this one.
+__global__ void settle_kernel() { ::qgrad::cuda::wait_for_prior_kernels(); }
+
 // ------------------------------------------------------- W4A16 other shapes
 
 // A warp per output (m, n): lanes stride over k, a shuffle reduction.
@@ -376,6 +406,63 @@ void w4a16_linear(const Tensor& x, const Tensor& w, const Tensor& scale, const T
                   const Tensor& bias, const Tensor& out) {
   dispatch_linear_dtype(x.dtype(), "linear_w4a16", [&](auto tag) {
     w4a16_impl<typename decltype(tag)::type>(x, w, scale, zp, group, bias, out);
+  });
+}
+
+bool w4a16_linear_frag(const Tensor& x, const Tensor& frag, const Tensor& scale, const Tensor& zp, std::int64_t group,
+                       const Tensor& bias, const Tensor& out) {
+  bool done = false;
+  dispatch_linear_dtype(x.dtype(), "linear_w4a16", [&](auto tag) {
+    done = w4a16_gemv_frag<typename decltype(tag)::type>(x, frag, scale, zp, group, bias, out);
+  });
+  return done;
+}
+
+// One thread per 16-byte chunk of the fragment order (byte loads: w's rows
+// need not be 4-byte aligned; a one-time conversion).
+void w4a16_frag_pack(const Tensor& w, const Tensor& frag) {
+  const I64 N = w.shape()[0], K = w.shape()[1], row_bytes = K / 2;
+  const auto* src = static_cast<const std::uint8_t*>(w.data_ptr());
+  uint4* dst = static_cast<uint4*>(frag.data_ptr());
+  const int d = frag.device().index;
+  launch_elementwise(d, formulas::w4a16_frag_bytes(N, K) / 16, [=] __device__(I64 c) {
+    const formulas::W4a16FragChunk at = formulas::w4a16_frag_chunk(c, K);
+    std::uint32_t word[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      std::uint32_t plain = 0;
+#pragma unroll
+      for (int b = 0; b < 4; ++b) {
+        const I64 kb = at.k / 2 + 4 * j + b;
+        if (at.n < N && kb < row_bytes) plain |= static_cast<std::uint32_t>(src[at.n * row_bytes + kb]) << (8 * b);
+      }
+      word[j] = formulas::w4a16_frag_word(plain);
+    }
+    dst[c] = make_uint4(word[0], word[1], word[2], word[3]);
+  });
+  // The GEMVs load a fragment-order weight before they wait for the kernel
+  // before them: never let that kernel be the one that wrote it.
+  ::qgrad::cuda::launch_kernel(d, settle_kernel, 1, 32, 0);
+}
+
+void w4a16_frag_unpack(const Tensor& frag, const Tensor& w) {
+  const I64 N = w.shape()[0], K = w.shape()[1], row_bytes = K / 2;
+  const uint4* src = static_cast<const uint4*>(frag.data_ptr());
+  auto* dst = static_cast<std::uint8_t*>(w.data_ptr());
+  launch_elementwise(w.device().index, formulas::w4a16_frag_bytes(N, K) / 16, [=] __device__(I64 c) {
+    const formulas::W4a16FragChunk at = formulas::w4a16_frag_chunk(c, K);
+    if (at.n >= N) return;
+    const uint4 v = src[c];
+    const std::uint32_t word[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const std::uint32_t plain = formulas::w4a16_plain_word(word[j]);
+#pragma unroll
+      for (int b = 0; b < 4; ++b) {
+        const I64 kb = at.k / 2 + 4 * j + b;
+        if (kb < row_bytes) dst[at.n * row_bytes + kb] = static_cast<std::uint8_t>(plain >> (8 * b));
+      }
+    }
   });
 }
 

@@ -45,6 +45,9 @@
 // M = 1, N = K = 4096, bf16 scales: a layer of a captured 24-layer chain 6.1 ->
 // 5.6 us, back to back 6.3 -> 6.0; with groups of 32 it measured 6.1 -> 6.4,
 // so smaller groups do without; forty-fifth session).
+// A weight in pack_w4a16's fragment order (W4a16GemvArgs::w_fragments: 512
+// contiguous bytes a warp load, x's pairs unshuffled, immutable) takes the
+// split-K GEMV at every M <= 16, its first loads issued before the wait.
 // Both GEMVs are bound by instruction issue more than by memory, so each has a
 // kFull instantiation for whole runs / stages of K and power-of-two groups
 // (no bounds tests, the group index a shift): the split-K GEMV always, the
@@ -79,6 +82,10 @@ struct W4a16GemvArgs {
   int M, N, K, G;
   bool w_signed, scale_in_t;
   int device;
+  // w in pack_w4a16's fragment order (formulas::w4a16_frag_*; M <= 16 only),
+  // and with scale and zp immutable: no running grid writes them, so the
+  // split-K GEMV issues its first loads of them before it waits.
+  bool w_fragments = false;
 };
 
 namespace {  // a copy per includer (see above)
@@ -193,7 +200,7 @@ __device__ __forceinline__ void gemv_load(GemvFrag<NC, NSUB, kX>& f, int k0, int
   }
 }
 
-template <class T, bool kSigned, int NC, int NSUB, bool kX>
+template <class T, bool kSigned, int NC, int NSUB, bool kX, bool kFrag = false>
 __device__ __forceinline__ void gemv_math(const GemvFrag<NC, NSUB, kX>& f, const uint4 (&wv)[NSUB],
                                           float (&acc)[NC][NSUB / 2][4], int k0, bool kin,
                                           const T* const (&xr)[NC]) {
@@ -212,7 +219,20 @@ __device__ __forceinline__ void gemv_math(const GemvFrag<NC, NSUB, kX>& f, const
       const std::uint32_t word = word_of(wv[sub], j >> 1);
       const float s = f.s[sub];
       float v0, v1, v2, v3;
-      if ((j & 1) == 0) {  // nibbles 0..3
+      if constexpr (kFrag) {  // columns c + 4 (j & 1) + {0, 1, 2, 3}: nibbles 0, 4, 1, 5 or 2, 6, 3, 7
+        const std::uint32_t w12 = word >> 12;
+        if ((j & 1) == 0) {
+          v0 = nibble_minus<kSigned, 0>(word, off[sub][0]);
+          v1 = nibble_minus<kSigned, 4>(word, off[sub][4]);
+          v2 = nibble_minus<kSigned, 1>(word, off[sub][1]);
+          v3 = nibble_minus<kSigned, 2>(w12, off[sub][2]);
+        } else {
+          v0 = nibble_minus<kSigned, 2>(word, off[sub][2]);
+          v1 = nibble_minus<kSigned, 3>(w12, off[sub][3]);
+          v2 = nibble_minus<kSigned, 3>(word, off[sub][3]);
+          v3 = nibble_minus<kSigned, 4>(w12, off[sub][4]);
+        }
+      } else if ((j & 1) == 0) {  // nibbles 0..3
         v0 = nibble_minus<kSigned, 0>(word, off[sub][0]);
         v1 = nibble_minus<kSigned, 1>(word, off[sub][1]);
         v2 = nibble_minus<kSigned, 2>(word, off[sub][2]);
@@ -281,7 +301,10 @@ __device__ __forceinline__ void dequant_word(std::uint32_t word, std::uint32_t o
 // gemv_math for T scales (f.s / f.z hold the packed (s, s) and (magic + zp)
 // pairs): per 16-byte word of packed weight, dequant_word's (c, c + 4) column
 // pairs as A, and x's 16-byte load regrouped by PRMT into the same pairs as B.
-template <class T, bool kSigned, int NC, int NSUB, bool kX>
+// kFrag (the fragment order): the pairs are (c + 2i, c + 2i + 1), x's own
+// order: no PRMT, and the mma steps are those of gemv_math (same bits as the
+// f32-scale path for scales of T's values).
+template <class T, bool kSigned, int NC, int NSUB, bool kX, bool kFrag = false>
 __device__ __forceinline__ void gemv_math_packed(const GemvFrag<NC, NSUB, kX>& f, const uint4 (&wv)[NSUB],
                                                  float (&acc)[NC][NSUB / 2][4], int k0, bool kin,
                                                  const T* const (&xr)[NC]) {
@@ -299,8 +322,10 @@ __device__ __forceinline__ void gemv_math_packed(const GemvFrag<NC, NSUB, kX>& f
       } else {
         xv = kin ? __ldg(reinterpret_cast<const uint4*>(xr[nc] + k0 + word * 8)) : make_uint4(0, 0, 0, 0);
       }
-      const std::uint32_t b0 = __byte_perm(xv.x, xv.z, 0x5410), b1 = __byte_perm(xv.x, xv.z, 0x7632);
-      const std::uint32_t b2 = __byte_perm(xv.y, xv.w, 0x5410), b3 = __byte_perm(xv.y, xv.w, 0x7632);
+      const std::uint32_t b0 = kFrag ? xv.x : __byte_perm(xv.x, xv.z, 0x5410);
+      const std::uint32_t b1 = kFrag ? xv.y : __byte_perm(xv.x, xv.z, 0x7632);
+      const std::uint32_t b2 = kFrag ? xv.z : __byte_perm(xv.y, xv.w, 0x5410);
+      const std::uint32_t b3 = kFrag ? xv.w : __byte_perm(xv.y, xv.w, 0x7632);
 #pragma unroll
       for (int tile = 0; tile < NSUB / 2; ++tile) {
         Mma<T>::run(acc[nc][tile], d[2 * tile][0], d[2 * tile + 1][0], d[2 * tile][1], d[2 * tile + 1][1], b0, b1);
@@ -481,32 +506,50 @@ void launch_w4a16_gemv(const W4a16GemvArgs<T>& a) {
 // 4096, groups of 128; forty-eighth session), two tiles and 8 warps of 4
 // iterations 6.35 (room for the next layer's block on the SM; forty-ninth
 // session; the route's launcher below).
-template <class T, bool kSigned, int NC, int TILES, int WARPS, int U, int D, class S, bool kFull>
+// kFrag: w in pack_w4a16's fragment order (a.w_fragments): a warp's 16-byte
+// loads of one channel half read 512 contiguous bytes, the math needs no
+// shuffle of x, and since no running grid writes such a weight or its scales
+// (see W4a16GemvArgs), each warp's first D iterations of them are loaded
+// before the wait for the kernel before (H200, N = K = 4096, groups of 128,
+// bf16 scales, a layer of the captured chain: M = 1 4.8 -> 4.6 us, M = 16
+// 6.4 -> 5.8; fifty-first session).
+template <class T, bool kSigned, int NC, int TILES, int WARPS, int U, int D, class S, bool kFull, bool kFrag>
 __global__ void __launch_bounds__(WARPS * 32, 512 / (WARPS * 32))
     w4a16_splitk_kernel(const T* __restrict__ x, const std::uint8_t* __restrict__ w, const S* __restrict__ scale,
                         const std::int32_t* __restrict__ zp, const T* __restrict__ bias, T* __restrict__ out, int M,
                         int N, int K, int G, bool prefetch_weight, unsigned opaque_zero) {
   ::qgrad::cuda::DeferredPriorWait prior;
   constexpr bool kPacked = !std::is_same_v<S, float>;
-  // The block's NT weight rows (contiguous) asked of L2 before the wait: in
-  // a chain of layers, during the tail of the kernel before (see
-  // bulk_prefetch_l2 for why a weight that kernel writes is still read right).
   constexpr int NSUB = 2 * TILES, NT = 16 * TILES;  // 8-channel halves, channels of the block
+  // The block's weight (contiguous: NT rows, or TILES units of each column
+  // block in the fragment order) asked of L2 before the wait: in a chain of
+  // layers, during the tail of the kernel before (see bulk_prefetch_l2 for
+  // why a weight that kernel writes is still read right).
   if (prefetch_weight && threadIdx.x == 0) {
-    const int rows = min(NT, N - static_cast<int>(blockIdx.x) * NT);
-    bulk_prefetch_l2(w + static_cast<I64>(blockIdx.x) * NT * (K / 2), static_cast<unsigned>(rows * (K / 2)));
+    if constexpr (kFrag) {
+      const I64 unit_bytes = static_cast<I64>((K + 127) / 128) * 1024;  // a 16-channel block's
+      bulk_prefetch_l2(w + static_cast<I64>(blockIdx.x) * TILES * unit_bytes, static_cast<unsigned>(TILES * unit_bytes));
+    } else {
+      const int rows = min(NT, N - static_cast<int>(blockIdx.x) * NT);
+      bulk_prefetch_l2(w + static_cast<I64>(blockIdx.x) * NT * (K / 2), static_cast<unsigned>(rows * (K / 2)));
+    }
   }
-  prior.wait();
+  // Early loads: see above (one tile a warp: with two, the loads held across
+  // the wait spill).
+  constexpr bool kEarly = kFrag && TILES == 1;
+  if constexpr (!kEarly) prior.wait();
   __shared__ float part[WARPS][NC * TILES * 4][32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int n0 = blockIdx.x * NT;
   const int groups = K / G;
   // Rows of x and channels past the end are clamped in range: they compute
-  // outputs nobody writes (and NaN in x stays in its own row's outputs).
+  // outputs nobody writes (and NaN in x stays in its own row's outputs). The
+  // fragment order has zero rows there (N padded to a multiple of 32).
   const T* xr[NC];
 #pragma unroll
   for (int nc = 0; nc < NC; ++nc) xr[nc] = x + static_cast<I64>(min(nc * 8 + g, M - 1)) * K;
+  constexpr I64 kWStep = kFrag ? 1024 : 64;  // bytes from one iteration's 16 bytes to the next's
   int nrow[NSUB];
   const std::uint8_t* wrow[NSUB];
   const S* srow[NSUB];
@@ -514,7 +557,8 @@ __global__ void __launch_bounds__(WARPS * 32, 512 / (WARPS * 32))
 #pragma unroll
   for (int sub = 0; sub < NSUB; ++sub) {
     nrow[sub] = min(n0 + sub * 8 + g, N - 1);
-    wrow[sub] = w + static_cast<I64>(nrow[sub]) * (K / 2) + t * 16;
+    wrow[sub] = kFrag ? w + ((static_cast<I64>(blockIdx.x) * TILES + sub / 2) * ((K + 127) / 128) * 2 + (sub & 1)) * 512 + lane * 16
+                      : w + static_cast<I64>(nrow[sub]) * (K / 2) + t * 16;
     srow[sub] = scale + static_cast<I64>(nrow[sub]) * groups;
     zrow[sub] = kSigned ? zp : zp + static_cast<I64>(nrow[sub]) * groups;
   }
@@ -525,55 +569,82 @@ __global__ void __launch_bounds__(WARPS * 32, 512 / (WARPS * 32))
     for (int tile = 0; tile < TILES; ++tile)
 #pragma unroll
       for (int r = 0; r < 4; ++r) acc[nc][tile][r] = 0.0f;
-  const int iters = (K + 127) / 128;
+  const int iters = (K + 127) / 128;  // 128-column iterations (the fragment order's column blocks)
   const uint4 zero4 = make_uint4(0, 0, 0, 0);
   const int gshift = __ffs(G) - 1;
-  for (int base = warp * U; base < iters; base += U * WARPS) {
-    uint4 wv[U][NSUB];
-    // kXEarly: x's fragments of an iteration loaded with its weight (16
-    // registers an iteration) rather than in the math after the weight has
-    // arrived. Two tiles a warp, one chunk of x (4 <= M <= 8): same bits,
-    // H200, N = K = 4096, groups of 128, chain, bf16 / f32 scales: M = 8
-    // 5.34 -> 5.13 / 6.37 -> 6.09 us, M = 4 5.16 -> 5.04 / 6.23 -> 6.09; one
-    // tile (M = 1) no faster (4.82 -> 4.87), two chunks would take 32
-    // registers an iteration (fiftieth session).
-    constexpr bool kXEarly = kFull && NC == 1 && TILES == 2;
-    GemvFrag<NC, NSUB, kXEarly> f[U];
-    // Iteration u's loads; `dep` is 0 at run time but depends on data already
-    // loaded, so they cannot be issued before that data has arrived.
-    auto issue = [&](int u, unsigned dep) {
-      const int it = base + u + static_cast<int>(dep);
-      if constexpr (kFull) {
+  // kXEarly: x's fragments of an iteration loaded with its weight (16
+  // registers an iteration) rather than in the math after the weight has
+  // arrived. Two tiles a warp, one chunk of x (4 <= M <= 8): same bits,
+  // H200, N = K = 4096, groups of 128, chain, bf16 / f32 scales: M = 8
+  // 5.34 -> 5.13 / 6.37 -> 6.09 us, M = 4 5.16 -> 5.04 / 6.23 -> 6.09; one
+  // tile (M = 1) no faster (4.82 -> 4.87), two chunks would take 32
+  // registers an iteration (fiftieth session).
+  constexpr bool kXEarly = kFull && NC == 1 && TILES == 2;
+  uint4 wv[U][NSUB];
+  GemvFrag<NC, NSUB, kXEarly> f[U];
+  // Iteration u's weight and scales (and zero points); `dep` is 0 at run time
+  // but depends on data already loaded, so they cannot be issued before that
+  // data has arrived.
+  auto issue_w = [&](int base, int u, unsigned dep) {
+    const int it = base + u + static_cast<int>(dep);
+    if constexpr (kFull) {
 #pragma unroll
-        for (int sub = 0; sub < NSUB; ++sub) wv[u][sub] = ld_stream16(wrow[sub] + static_cast<I64>(it) * 64);
-        const int gk = (it * 128 + t * 32) >> gshift;
+      for (int sub = 0; sub < NSUB; ++sub) wv[u][sub] = ld_stream16(wrow[sub] + static_cast<I64>(it) * kWStep);
+      const int gk = (it * 128 + t * 32) >> gshift;
 #pragma unroll
-        for (int sub = 0; sub < NSUB; ++sub)
-          gemv_scale<T, kSigned>(f[u].s[sub], f[u].z[sub], srow[sub] + gk, zrow[sub] + (kSigned ? 0 : gk), true);
-        if constexpr (kXEarly) gemv_load_x<T>(f[u], it * 128 + t * 32, true, xr);
-        return;
-      }
+      for (int sub = 0; sub < NSUB; ++sub)
+        gemv_scale<T, kSigned>(f[u].s[sub], f[u].z[sub], srow[sub] + gk, zrow[sub] + (kSigned ? 0 : gk), true);
+    } else {
       const int k0 = it * 128 + t * 32;  // K % 32 == 0: a lane's 32 columns are all in or all out
       const bool kin = k0 < K;
 #pragma unroll
       for (int sub = 0; sub < NSUB; ++sub)
-        wv[u][sub] = kin ? ld_stream16(wrow[sub] + static_cast<I64>(it) * 64) : zero4;
-      gemv_load<T, kSigned, NC, NSUB, kXEarly, S>(f[u], k0, K, G, groups, xr, nrow, scale, zp);
-    };
+        wv[u][sub] = kin ? ld_stream16(wrow[sub] + static_cast<I64>(it) * kWStep) : zero4;
+      gemv_load<T, kSigned, NC, NSUB, kXEarly, S>(f[u], k0, K, G, groups, xr, nrow, scale, zp);  // scales only
+    }
+  };
+  // Iteration u's x fragments (kXEarly), after the wait.
+  auto issue_x = [&](int base, int u, unsigned dep) {
+    if constexpr (kXEarly) gemv_load_x<T>(f[u], (base + u + static_cast<int>(dep)) * 128 + t * 32, true, xr);
+    else (void)base, (void)u, (void)dep;
+  };
+  constexpr int kFirst = D < U ? D : U;
+  if constexpr (kEarly) {
+    if (warp * U < iters) {
 #pragma unroll
-    for (int u = 0; u < (D < U ? D : U); ++u) issue(u, 0u);
+      for (int u = 0; u < kFirst; ++u) issue_w(warp * U, u, 0u);
+    }
+    prior.wait();
+    // x is the kernel before's output: its loads must follow the wait, whose
+    // memory clobber does not hold back ld.global.nc (__ldg) loads (ptxas
+    // may hoist them), so their addresses take a zero made after it.
+    unsigned after_wait;
+    asm volatile("mov.u32 %0, 0;" : "=r"(after_wait)::"memory");
+#pragma unroll
+    for (int nc = 0; nc < NC; ++nc) xr[nc] += after_wait;
+  }
+  for (int base = warp * U; base < iters; base += U * WARPS) {
+#pragma unroll
+    for (int u = 0; u < kFirst; ++u) {
+      if (!kEarly || base != warp * U) issue_w(base, u, 0u);
+      issue_x(base, u, 0u);
+    }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       // The loads of iteration u + D once iteration u's weight is here. The
       // kernel parameter opaque_zero (always 0) keeps ptxas, which would
       // otherwise hoist every load to the top, from seeing through `dep`.
-      if (u + D < U) issue(u + D, (wv[u][0].x | wv[u][NSUB - 1].x) & opaque_zero);
+      if (u + D < U) {
+        const unsigned dep = (wv[u][0].x | wv[u][NSUB - 1].x) & opaque_zero;
+        issue_w(base, u + D, dep);
+        issue_x(base, u + D, dep);
+      }
       const int it = base + u;
       if (!kFull && it >= iters) break;  // uniform in the warp
       const int k0 = it * 128 + t * 32;
       const bool kin = kFull || k0 < K;
-      if constexpr (kPacked) gemv_math_packed<T, kSigned, NC, NSUB, kXEarly>(f[u], wv[u], acc, k0, kin, xr);
-      else gemv_math<T, kSigned, NC, NSUB, kXEarly>(f[u], wv[u], acc, k0, kin, xr);
+      if constexpr (kPacked) gemv_math_packed<T, kSigned, NC, NSUB, kXEarly, kFrag>(f[u], wv[u], acc, k0, kin, xr);
+      else gemv_math<T, kSigned, NC, NSUB, kXEarly, kFrag>(f[u], wv[u], acc, k0, kin, xr);
     }
   }
 #pragma unroll
@@ -614,11 +685,12 @@ template <class T>
 bool w4a16_splitk_full(const W4a16GemvArgs<T>& a, int iterations_a_block) {
   return a.K % (128 * iterations_a_block) == 0 && (a.G & (a.G - 1)) == 0;
 }
-template <class T, bool kSigned, class S, int NC, int TILES, int WARPS, int U, int D, bool kFullOnly = false>
+template <class T, bool kSigned, class S, int NC, int TILES, int WARPS, int U, int D, bool kFrag,
+          bool kFullOnly = false>
 void launch_w4a16_splitk(const W4a16GemvArgs<T>& a) {
   auto go = [&](auto full) {
     ::qgrad::cuda::launch_kernel(
-        a.device, w4a16_splitk_kernel<T, kSigned, NC, TILES, WARPS, U, D, S, decltype(full)::value>,
+        a.device, w4a16_splitk_kernel<T, kSigned, NC, TILES, WARPS, U, D, S, decltype(full)::value, kFrag>,
         static_cast<unsigned>((a.N + 16 * TILES - 1) / (16 * TILES)), WARPS * 32, 0, a.x, a.w,
         static_cast<const S*>(a.scale), a.zp, a.bias, a.out, a.M, a.N, a.K, a.G,
         /*prefetch_weight=*/a.G >= 128, /*opaque_zero=*/0u);
@@ -643,7 +715,7 @@ template <class T>
 bool w4a16_splitk16_fits(const W4a16GemvArgs<T>& a) {
   return a.M > 8 && a.M <= 16 && w4a16_splitk_full(a, kSplitKRun * kSplitKWarps);
 }
-template <class T, bool kSigned, class S>
+template <class T, bool kSigned, class S, bool kFrag>
 void launch_w4a16_splitk(const W4a16GemvArgs<T>& a) {
   constexpr int kAhead = std::is_same_v<S, float> ? 2 : 3;
   // 4 <= M <= 8 with kFull shapes: two tiles a warp (128 blocks of 32 channels,
@@ -651,12 +723,22 @@ void launch_w4a16_splitk(const W4a16GemvArgs<T>& a) {
   // H200, N = K = 4096, groups of 128, chain, bf16 / f32 scales: M = 8 5.69 ->
   // 5.37 / 8.45 -> 6.40 us, M = 4 5.27 -> 5.21 / 6.82 -> 6.28; slower at M = 1,
   // 2; forty-ninth session).
-  if (a.M <= 8 && a.M >= 4 && w4a16_splitk_full(a, kSplitKRun * kSplitKWarps))
-    launch_w4a16_splitk<T, kSigned, S, 1, 2, kSplitKWarps, kSplitKRun, kAhead, /*kFullOnly=*/true>(a);
+  const bool full = w4a16_splitk_full(a, kSplitKRun * kSplitKWarps);
+  if (a.M <= 8 && a.M >= 4 && full)
+    launch_w4a16_splitk<T, kSigned, S, 1, 2, kSplitKWarps, kSplitKRun, kAhead, kFrag, /*kFullOnly=*/true>(a);
   else if (a.M <= 8)
-    launch_w4a16_splitk<T, kSigned, S, 1, 1, kSplitKWarps, kSplitKRun, kAhead>(a);
+    launch_w4a16_splitk<T, kSigned, S, 1, 1, kSplitKWarps, kSplitKRun, kAhead, kFrag>(a);
+  else if constexpr (kFrag) {  // 8 < M <= 16: the fragment order has no other GEMV
+    if (full) launch_w4a16_splitk<T, kSigned, S, 2, 2, kSplitKWarps, kSplitKRun, kAhead, kFrag, true>(a);
+    else launch_w4a16_splitk<T, kSigned, S, 2, 1, kSplitKWarps, kSplitKRun, kAhead, kFrag>(a);  // one tile: no spills
+  }
   else  // w4a16_splitk16_fits
-    launch_w4a16_splitk<T, kSigned, S, 2, 2, kSplitKWarps, kSplitKRun, kAhead, /*kFullOnly=*/true>(a);
+    launch_w4a16_splitk<T, kSigned, S, 2, 2, kSplitKWarps, kSplitKRun, kAhead, kFrag, /*kFullOnly=*/true>(a);
+}
+template <class T, bool kSigned, class S>
+void launch_w4a16_splitk(const W4a16GemvArgs<T>& a) {
+  if (a.w_fragments) launch_w4a16_splitk<T, kSigned, S, true>(a);
+  else launch_w4a16_splitk<T, kSigned, S, false>(a);
 }
 
 // The route at decode sizes (the caller has checked the GEMVs' conditions:
@@ -666,10 +748,11 @@ void launch_w4a16_splitk(const W4a16GemvArgs<T>& a) {
 // split-K GEMV with two chunks of x and two tiles a warp; otherwise
 // 8 < M <= 64: the bulk-copy GEMV with 8 NC rows of x a block (16,
 // 32 or 64) and 32 channels (NSUB = 4: x fragments and mma issue shared by
-// 32 channels).
+// 32 channels). A weight in the fragment order (M <= 16) always takes the
+// split-K GEMV, at 8 < M <= 16 also for other K and G.
 template <class T>
 void launch_w4a16_decode(const W4a16GemvArgs<T>& a) {
-  if (a.M <= 8 || w4a16_splitk16_fits(a)) {
+  if (a.M <= 8 || w4a16_splitk16_fits(a) || a.w_fragments) {  // w_fragments: M <= 16 (the caller's check)
     if (a.scale_in_t) {
       a.w_signed ? launch_w4a16_splitk<T, true, T>(a) : launch_w4a16_splitk<T, false, T>(a);
     } else {

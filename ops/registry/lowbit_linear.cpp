@@ -47,7 +47,25 @@ std::vector<BadInput> w4a16_errors(Device d) {
       {op, "w_zero_point", [=] { call(x, wu, s, zeros({5, 1}, on(d, DType::s32)), 32, u); }},
       {op, "w_zero_point", [=] { call(x, wu, s, full({5, 2}, 16, on(d, DType::s32)), 32, u); }, true},
       {op, "bias", [=] { call(x, w, s, u, 32, zeros({4}, on(d))); }},
-      {op, "bias", [=] { call(x, w, s, u, 32, zeros({5}, on(d, DType::s32))); }}};
+      {op, "bias", [=] { call(x, w, s, u, 32, zeros({5}, on(d, DType::s32))); }},
+      // The packed weight (pack_w4a16 checks what linear_w4a16 checks of it).
+      {"pack_w4a16", "w_q", [=] { (void)pack_w4a16(u, s, u, 32); }},
+      {"pack_w4a16", "w_q", [=] { (void)pack_w4a16(some({5, 64}, d, DType::s8), s, u, 32); }},
+      {"pack_w4a16", "w_q", [=] { (void)pack_w4a16(zeros({5, 63}, on(d)).to(DType::s4), s, u, 63); }},
+      {"pack_w4a16", "w_q", [=] { (void)pack_w4a16(zeros({64}, on(d)).to(DType::s4), s, u, 32); }},
+      {"pack_w4a16", "group_size", [=] { (void)pack_w4a16(w, s, u, 0); }},
+      {"pack_w4a16", "group_size", [=] { (void)pack_w4a16(w, full({5, 1}, 0.1, on(d)), u, 48); }},
+      {"pack_w4a16", "w_scale", [=] { (void)pack_w4a16(w, full({5, 3}, 0.1, on(d)), u, 32); }},
+      {"pack_w4a16", "w_scale", [=] { (void)pack_w4a16(w, full({5, 2}, 0.1, on(d, DType::f64)), u, 32); }},
+      {"pack_w4a16", "w_scale", [=] { (void)pack_w4a16(w, full({5, 2}, 0.0, on(d)), u, 32); }, true},
+      {"pack_w4a16", "w_zero_point", [=] { (void)pack_w4a16(w, s, z, 32); }},
+      {"pack_w4a16", "w_zero_point", [=] { (void)pack_w4a16(wu, s, u, 32); }},
+      {"pack_w4a16", "w_zero_point", [=] { (void)pack_w4a16(wu, s, full({5, 2}, 16, on(d, DType::s32)), 32); }, true},
+      {op, "w", [=] { (void)linear_w4a16(x, PackedW4A16()); }},
+      {op, "x", [=] { (void)linear_w4a16(some({3, 32}, d), pack_w4a16(w, s, u, 32)); }},
+      {op, "x", [=] { (void)linear_w4a16(some({3, 64}, d, DType::f64), pack_w4a16(w, s, u, 32)); }},
+      {op, "w", [=] { (void)linear_w4a16(x, pack_w4a16(w, full({5, 2}, 0.1, on(d, DType::bf16)), u, 32)); }},
+      {op, "bias", [=] { (void)linear_w4a16(x, pack_w4a16(w, s, u, 32), zeros({4}, on(d))); }}};
 }
 
 std::vector<BadInput> w4a8_errors(Device d) {
@@ -85,8 +103,10 @@ std::vector<OpEntry> lowbit_linear_entries() {
   std::vector<OpEntry> e;
   // W4A16 in every activation dtype: s4 groups of 32 with a bias at M = 5
   // (CUDA: the tensor-core GEMV for 16-bit x), u4 with zero points, groups of
-  // 64, over x [2, 3, 128] (M = 6), and M = 130 (CUDA: dequantize + cuBLAS).
-  e.push_back({"linear_w4a16", {"linear_w4a16"}, {DType::f32, DType::f16, DType::bf16},
+  // 64, over x [2, 3, 128] (M = 6), and M = 130 (CUDA: dequantize + cuBLAS);
+  // the first two again with the weight packed (pack_w4a16: CUDA, the split-K
+  // GEMV on the fragment order).
+  e.push_back({"linear_w4a16", {"linear_w4a16", "pack_w4a16"}, {DType::f32, DType::f16, DType::bf16},
                [](Device d, DType dt, Generator& g) {
                  return Tensors{normal({5, 128}, g, d, dt),
                                 int4_weight(24, 128, g, d, DType::s4),
@@ -103,7 +123,9 @@ std::vector<OpEntry> lowbit_linear_entries() {
                [](const Tensors& v) {
                  return Tensors{linear_w4a16(v[0].detach(), v[1], v[2], Tensor(), 32, v[3].detach()),
                                 linear_w4a16(v[4].detach(), v[5], v[6], v[7], 64),
-                                linear_w4a16(v[8].detach(), v[9], v[10], Tensor(), 32)};
+                                linear_w4a16(v[8].detach(), v[9], v[10], Tensor(), 32),
+                                linear_w4a16(v[0].detach(), pack_w4a16(v[1], v[2], Tensor(), 32), v[3].detach()),
+                                linear_w4a16(v[4].detach(), pack_w4a16(v[5], v[6], v[7], 64))};
                },
                Promise::within(0, 1e-4, 2e-3, 1.6e-2,
                                "f32 dot products summed in a different order (CPU: Eigen GEMM; CUDA: the tensor-core "

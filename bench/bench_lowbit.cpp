@@ -10,6 +10,9 @@
 //                            impl qgrad_kernel_back_to_back (the s4 g128 kernel alone, 24 launches
 //                            back to back into a preallocated output: kernel time without the op's host
 //                            work, which the per-call rows include when it is the longer),
+//                            impl qgrad_packed / qgrad_tscale_packed (s4 g128 weights packed once by
+//                            pack_w4a16: the fragment order, loads before the wait; per call, *_chain,
+//                            *_chain_l2),
 //                            impl cublas_bf16 (cublasGemmEx bf16, f32 accumulate, the same shape);
 //                            impl *_chain (N = K: a decode step of 24 layers y_i = W_i y_(i-1) captured in
 //                            one CUDA graph, per layer; qgrad's through the op, cuBLAS's through
@@ -182,6 +185,34 @@ void bench_w4a16(cublasHandle_t h, std::int64_t M, std::int64_t N, std::int64_t 
       if (G == 128 && qt == DType::s4) emit_row("w4a16", (std::string(impl) + "_chain_l2").c_str(), M, N, K, chain(false), "");
     }
     if (G != 128 || qt != DType::s4 || f16) continue;
+    {
+      // The same weights packed once (pack_w4a16: the fragment order, its
+      // first loads issued before the kernel waits): per call and the chain.
+      std::vector<PackedW4A16> pw;
+      for (int i = 0; i < kInt4Copies; ++i) pw.push_back(pack_w4a16(wq[i], ws[i], wz[i], G));
+      const std::string pimpl = std::string(impl) + "_packed";
+      const Timing tp = time_cuda(
+          [&](int rep) { (void)linear_w4a16(x, pw[static_cast<std::size_t>(rep % kInt4Copies)]); }, 100, 10);
+      const double gbs_p = bytes / (tp.median_ms * 1e-3) / 1e9;
+      emit_row("w4a16", pimpl.c_str(), M, N, K, tp,
+               ",\"gbs\":" + std::to_string(gbs_p) + ",\"copy_fraction\":" + std::to_string(gbs_p / copy_gbs) +
+                   ",\"speedup_vs_cublas_bf16\":" + std::to_string(bf16_ms / tp.median_ms));
+      if (N == K) {
+        auto chain = [&](bool rotate) {
+          return time_chain([&] {
+            Tensor hcur = x;
+            for (int i = 0; i < kChain; ++i)
+              hcur = linear_w4a16(hcur, pw[rotate ? static_cast<std::size_t>(i % kInt4Copies) : 0]);
+          });
+        };
+        const Timing tc = chain(true);
+        const double gbs_c = bytes / (tc.median_ms * 1e-3) / 1e9;
+        emit_row("w4a16", (pimpl + "_chain").c_str(), M, N, K, tc,
+                 ",\"gbs\":" + std::to_string(gbs_c) + ",\"copy_fraction\":" + std::to_string(gbs_c / copy_gbs) +
+                     ",\"speedup_vs_cublas_bf16_chain\":" + std::to_string(cublas_chain_ms / tc.median_ms));
+        emit_row("w4a16", (pimpl + "_chain_l2").c_str(), M, N, K, chain(false), "");
+      }
+    }
     const std::string back_impl = t_scale ? "qgrad_tscale_kernel_back_to_back" : "qgrad_kernel_back_to_back";
     // The kernel alone: kBack launches of kernels::w4a16_linear back to back
     // into a preallocated output (no op-level validation, allocation or

@@ -6,7 +6,9 @@
 // the kernel back to back (24 launches over 12 weights, 8 MiB each: together
 // past L2), a captured 24-layer chain y_i = W_i y_(i-1) over the same
 // rotating weights (a decode step), and that chain over one weight, which
-// stays in L2 (the layer without its HBM read).
+// stays in L2 (the layer without its HBM read). With QGRAD_AB_FRAG=1 in the
+// environment both versions get the weights in pack_w4a16's fragment order
+// (W4a16GemvArgs::w_fragments), packed here on the host.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -15,10 +17,12 @@
 #include <cstdlib>
 #include <random>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "qgrad/core/cuda/common.cuh"
 #include "qgrad/core/half.h"
+#include "qgrad/kernels/formulas/lowbit_linear.h"  // the fragment order
 #include "qgrad/dev/cuda/graph_timing.cuh"  // replay_median_ms
 #include "qgrad/kernels/cuda/w4a16_gemv.cuh"  // W4a16GemvArgs (the versions must agree on it)
 
@@ -61,6 +65,7 @@ T* device_copy(const std::vector<T>& h) {
 
 struct Problem {
   int M = 1;
+  bool frag = false;  // weights in the fragment order
   std::vector<std::uint8_t> w0;  // copy 0 on the host, for the reference
   std::vector<bfloat16> s0, x;
   std::uint8_t* w[kCopies];
@@ -71,8 +76,10 @@ struct Problem {
 };
 
 Args args_of(const Problem& p, int copy, bool t_scale, const bfloat16* x, bfloat16* out) {
-  return Args{x, p.w[copy], t_scale ? static_cast<const void*>(p.st[copy]) : static_cast<const void*>(p.sf[copy]),
-              nullptr, nullptr, out, p.M, N, K, G, /*w_signed=*/true, /*scale_in_t=*/t_scale, 0};
+  Args a{x, p.w[copy], t_scale ? static_cast<const void*>(p.st[copy]) : static_cast<const void*>(p.sf[copy]),
+         nullptr, nullptr, out, p.M, N, K, G, /*w_signed=*/true, /*scale_in_t=*/t_scale, 0};
+  a.w_fragments = p.frag;
+  return a;
 }
 
 double back_to_back_us(const Problem& p, Launch f, bool t_scale) {
@@ -141,6 +148,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "M in [1, 64]\n");
     return 1;
   }
+  p.frag = std::getenv("QGRAD_AB_FRAG") && std::string(std::getenv("QGRAD_AB_FRAG")) == "1";
+  if (p.frag) std::printf("weights in the fragment order\n");
   CHECK_CUDA(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking));
   std::mt19937 rng(7);
   std::uniform_int_distribution<int> byte(0, 255);
@@ -155,7 +164,21 @@ int main(int argc, char** argv) {
       st[i] = bfloat16(scale(rng));
       sf[i] = static_cast<float>(st[i]);
     }
-    p.w[c] = device_copy(w);
+    if (p.frag) {  // N and K are multiples of 32 and 128: no padding
+      std::vector<std::uint8_t> f(w.size());
+      for (std::int64_t ch = 0; ch < static_cast<std::int64_t>(f.size()) / 16; ++ch) {
+        const auto at = qgrad::formulas::w4a16_frag_chunk(ch, K);
+        for (int j = 0; j < 4; ++j) {
+          std::uint32_t plain = 0;
+          for (int b = 0; b < 4; ++b) plain |= static_cast<std::uint32_t>(w[at.n * (K / 2) + at.k / 2 + 4 * j + b]) << (8 * b);
+          const std::uint32_t fw = qgrad::formulas::w4a16_frag_word(plain);
+          for (int b = 0; b < 4; ++b) f[ch * 16 + 4 * j + b] = static_cast<std::uint8_t>(fw >> (8 * b));
+        }
+      }
+      p.w[c] = device_copy(f);
+    } else {
+      p.w[c] = device_copy(w);
+    }
     p.st[c] = device_copy(st);
     p.sf[c] = device_copy(sf);
     if (c == 0) {

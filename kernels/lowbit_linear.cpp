@@ -20,8 +20,10 @@ void w4a16_frag_unpack(const Tensor& frag, const Tensor& w) {
   else cpu::w4a16_frag_unpack(frag, w);
 }
 
-bool w4a16_linear_frag(const Tensor& x, const Tensor& frag, const Tensor& scale, const Tensor& zp, std::int64_t group,
-                       const Tensor& bias, const Tensor& out) {
+// (The arguments go unused in a build without CUDA.)
+bool w4a16_linear_frag([[maybe_unused]] const Tensor& x, [[maybe_unused]] const Tensor& frag,
+                       [[maybe_unused]] const Tensor& scale, [[maybe_unused]] const Tensor& zp,
+                       [[maybe_unused]] std::int64_t group, [[maybe_unused]] const Tensor& bias, const Tensor& out) {
   if (out.is_cuda()) QGRAD_ON_CUDA(return cuda::w4a16_linear_frag(x, frag, scale, zp, group, bias, out));
   return false;  // the CPU kernel reads the plain order
 }

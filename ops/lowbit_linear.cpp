@@ -23,19 +23,27 @@ void check_activation(const Tensor& x, const char* op) {
   QGRAD_CHECK(x.size(-1) >= 1, op, "x", "inner dimension K must be >= 1, got shape ", shape_str(x.shape()));
 }
 
-// w_q packed [N, K] on x's device, K even, G > 0 dividing K; returns N.
-I64 check_weight(const Tensor& x, const Tensor& w_q, I64 group_size, const char* op) {
+// w_q packed [N, K]: rank 2, N >= 1, K even and >= 2, G > 0 dividing K; returns N.
+I64 check_weight_shape(const Tensor& w_q, I64 group_size, const char* op) {
   check::defined(w_q, op, "w_q");
   check::rank_is(w_q, 2, op, "w_q");
-  check::same_device(w_q, x, op, "w_q");
-  const I64 K = x.size(-1), N = w_q.size(0);
-  QGRAD_CHECK(N >= 1, op, "w_q", "needs at least one output channel, got shape ", shape_str(w_q.shape()));
-  QGRAD_CHECK(w_q.size(1) == K, op, "w_q", "shape ", shape_str(w_q.shape()), " does not match K = ", K, " of x ",
-              shape_str(x.shape()));
+  const I64 N = w_q.size(0), K = w_q.size(1);
+  QGRAD_CHECK(N >= 1 && K >= 2, op, "w_q", "needs at least one output and two input channels, got shape ",
+              shape_str(w_q.shape()));
   QGRAD_CHECK(K % 2 == 0, op, "w_q", "packed int4 rows need an even K (two values per byte), got K = ", K);
   QGRAD_CHECK(group_size > 0, op, "group_size", "must be > 0, got ", group_size);
   QGRAD_CHECK(K % group_size == 0, op, "group_size", "K = ", K, " is not a multiple of the group size ", group_size);
   return N;
+}
+
+// ... and on x's device with x's K.
+I64 check_weight(const Tensor& x, const Tensor& w_q, I64 group_size, const char* op) {
+  check::defined(w_q, op, "w_q");
+  check::rank_is(w_q, 2, op, "w_q");
+  check::same_device(w_q, x, op, "w_q");
+  QGRAD_CHECK(w_q.size(1) == x.size(-1), op, "w_q", "shape ", shape_str(w_q.shape()), " does not match K = ",
+              x.size(-1), " of x ", shape_str(x.shape()));
+  return check_weight_shape(w_q, group_size, op);
 }
 
 // w_scale [N, groups] on ref's device, finite and > 0 (checked on the host).
@@ -128,13 +136,7 @@ PackedW4A16 pack_w4a16(const Tensor& w_q, const Tensor& w_scale, const Tensor& w
   // ---- validation (linear_w4a16's checks of the weight, without x) ----
   check::defined(w_q, kOp, "w_q");
   QGRAD_CHECK(is_packed_int4(w_q.dtype()), kOp, "w_q", "expected dtype s4 or u4, got ", dtype_name(w_q.dtype()));
-  check::rank_is(w_q, 2, kOp, "w_q");
-  const I64 N = w_q.size(0), K = w_q.size(1);
-  QGRAD_CHECK(N >= 1 && K >= 2, kOp, "w_q", "needs at least one output and two input channels, got shape ",
-              shape_str(w_q.shape()));
-  QGRAD_CHECK(K % 2 == 0, kOp, "w_q", "packed int4 rows need an even K (two values per byte), got K = ", K);
-  QGRAD_CHECK(group_size > 0, kOp, "group_size", "must be > 0, got ", group_size);
-  QGRAD_CHECK(K % group_size == 0, kOp, "group_size", "K = ", K, " is not a multiple of the group size ", group_size);
+  const I64 N = check_weight_shape(w_q, group_size, kOp), K = w_q.size(1);
   const I64 groups = K / group_size;
   check::defined(w_scale, kOp, "w_scale");
   QGRAD_CHECK(w_scale.dtype() == DType::f32 || w_scale.dtype() == DType::f16 || w_scale.dtype() == DType::bf16, kOp,

@@ -124,38 +124,25 @@ void w4a16_linear(const Tensor& x, const Tensor& w, const Tensor& scale, const T
                         [&](auto tag) { w4a16_impl<typename decltype(tag)::type>(x, w, scale, zp, group, bias, out); });
 }
 
-// The fragment order chunk by chunk, as the CUDA kernels do it.
+// The fragment order chunk by chunk (formulas::w4a16_frag_gather / _scatter, as on CUDA).
 void w4a16_frag_pack(const Tensor& w, const Tensor& frag) {
-  const I64 N = w.shape()[0], K = w.shape()[1], row_bytes = K / 2;
+  const I64 N = w.shape()[0], K = w.shape()[1];
   const auto* src = static_cast<const std::uint8_t*>(w.data_ptr());
   auto* dst = static_cast<std::uint32_t*>(frag.data_ptr());
   parallel_for(formulas::w4a16_frag_bytes(N, K) / 16, [&](I64 c) {
-    const formulas::W4a16FragChunk at = formulas::w4a16_frag_chunk(c, K);
-    for (int j = 0; j < 4; ++j) {
-      std::uint32_t plain = 0;
-      for (int b = 0; b < 4; ++b) {
-        const I64 kb = at.k / 2 + 4 * j + b;
-        if (at.n < N && kb < row_bytes) plain |= static_cast<std::uint32_t>(src[at.n * row_bytes + kb]) << (8 * b);
-      }
-      dst[c * 4 + j] = formulas::w4a16_frag_word(plain);
-    }
+    std::uint32_t word[4];
+    formulas::w4a16_frag_gather(src, N, K, c, word);
+    std::copy(word, word + 4, dst + c * 4);
   });
 }
 
 void w4a16_frag_unpack(const Tensor& frag, const Tensor& w) {
-  const I64 N = w.shape()[0], K = w.shape()[1], row_bytes = K / 2;
+  const I64 N = w.shape()[0], K = w.shape()[1];
   const auto* src = static_cast<const std::uint32_t*>(frag.data_ptr());
   auto* dst = static_cast<std::uint8_t*>(w.data_ptr());
   parallel_for(formulas::w4a16_frag_bytes(N, K) / 16, [&](I64 c) {
-    const formulas::W4a16FragChunk at = formulas::w4a16_frag_chunk(c, K);
-    if (at.n >= N) return;
-    for (int j = 0; j < 4; ++j) {
-      const std::uint32_t plain = formulas::w4a16_plain_word(src[c * 4 + j]);
-      for (int b = 0; b < 4; ++b) {
-        const I64 kb = at.k / 2 + 4 * j + b;
-        if (kb < row_bytes) dst[at.n * row_bytes + kb] = static_cast<std::uint8_t>(plain >> (8 * b));
-      }
-    }
+    const std::uint32_t word[4] = {src[c * 4], src[c * 4 + 1], src[c * 4 + 2], src[c * 4 + 3]};
+    formulas::w4a16_frag_scatter(word, N, K, c, dst);
   });
 }
 

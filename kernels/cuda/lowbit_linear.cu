@@ -62,48 +62,29 @@ void dispatch_linear_dtype(DType t, const char* op, F&& f) {
 }
 
 
+// The decode GEMVs where they apply (returns whether it launched): w plain
+// ([N, K] packed, M <= kW4A16GemvMaxM) or (fragments) in pack_w4a16's
+// fragment order, which only the split-K GEMV reads (M <= kW4A16FragMaxM;
+// it loads that weight and the scales and zero points PackedW4A16 owns
+// alongside before it waits for the kernel before). zp defined: u4 (the op
+// has checked that s4 comes without one).
 template <class T>
 bool w4a16_gemv(const Tensor& x, const Tensor& w, const Tensor& scale, const Tensor& zp, I64 G, const Tensor& bias,
-                const Tensor& out) {
-  if constexpr (std::is_same_v<T, float>) {
-    return false;
-  } else {
-    const I64 M = out.shape()[0], N = out.shape()[1], K = w.shape()[1];
-    if (M > kW4A16GemvMaxM || K % 32 != 0 || G % 32 != 0 || !aligned16(x.data_ptr()) || !aligned16(w.data_ptr()) ||
-        K > (I64(1) << 30) || N > (I64(1) << 30))
-      return false;
-    launch_w4a16_decode(W4a16GemvArgs<T>{
-        static_cast<const T*>(x.data_ptr()), static_cast<const std::uint8_t*>(w.data_ptr()), scale.data_ptr(),
-        zp.defined() ? static_cast<const std::int32_t*>(zp.data_ptr()) : nullptr,
-        bias.defined() ? static_cast<const T*>(bias.data_ptr()) : nullptr, static_cast<T*>(out.data_ptr()),
-        static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), static_cast<int>(G),
-        /*w_signed=*/w.dtype() == DType::s4, /*scale_in_t=*/scale.dtype() != DType::f32, out.device().index});
-    return true;
-  }
-}
-
-// Decode sizes with a weight in pack_w4a16's fragment order: the split-K
-// GEMV (M <= 16), which reads it (and the scales and zero points that
-// PackedW4A16 owns alongside) before it waits for the kernel before.
-template <class T>
-bool w4a16_gemv_frag(const Tensor& x, const Tensor& frag, const Tensor& scale, const Tensor& zp, I64 G,
-                     const Tensor& bias, const Tensor& out) {
+                const Tensor& out, bool fragments) {
   if constexpr (std::is_same_v<T, float>) {
     return false;
   } else {
     const I64 M = out.shape()[0], N = out.shape()[1], K = x.shape()[1];
-    if (M > kW4A16FragMaxM || K % 32 != 0 || G % 32 != 0 || !aligned16(x.data_ptr()) ||
-        !aligned16(frag.data_ptr()) || K > (I64(1) << 30) || N > (I64(1) << 30))
+    if (M > (fragments ? kW4A16FragMaxM : kW4A16GemvMaxM) || K % 32 != 0 || G % 32 != 0 ||
+        !aligned16(x.data_ptr()) || !aligned16(w.data_ptr()) || K > (I64(1) << 30) || N > (I64(1) << 30))
       return false;
-    W4a16GemvArgs<T> a{static_cast<const T*>(x.data_ptr()),
-                       static_cast<const std::uint8_t*>(frag.data_ptr()),
-                       scale.data_ptr(),
-                       zp.defined() ? static_cast<const std::int32_t*>(zp.data_ptr()) : nullptr,
+    W4a16GemvArgs<T> a{static_cast<const T*>(x.data_ptr()), static_cast<const std::uint8_t*>(w.data_ptr()),
+                       scale.data_ptr(), zp.defined() ? static_cast<const std::int32_t*>(zp.data_ptr()) : nullptr,
                        bias.defined() ? static_cast<const T*>(bias.data_ptr()) : nullptr,
-                       static_cast<T*>(out.data_ptr()),
-                       static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), static_cast<int>(G),
-                       /*w_signed=*/!zp.defined(), /*scale_in_t=*/scale.dtype() != DType::f32, out.device().index};
-    a.w_fragments = true;
+                       static_cast<T*>(out.data_ptr()), static_cast<int>(M), static_cast<int>(N),
+                       static_cast<int>(K), static_cast<int>(G), /*w_signed=*/!zp.defined(),
+                       /*scale_in_t=*/scale.dtype() != DType::f32, out.device().index};
+    a.w_fragments = fragments;
     launch_w4a16_decode(a);
     return true;
   }
@@ -175,7 +156,7 @@ template <class T>
 void w4a16_impl(const Tensor& x, const Tensor& w, const Tensor& scale16, const Tensor& zp, I64 G, const Tensor& bias,
                 const Tensor& out) {
   const I64 M = out.shape()[0], N = out.shape()[1], K = w.shape()[1];
-  if (w4a16_gemv<T>(x, w, scale16, zp, G, bias, out)) return;
+  if (w4a16_gemv<T>(x, w, scale16, zp, G, bias, out, /*fragments=*/false)) return;
   // The other paths read f32 scales: a T scale widened exactly (same formula).
   Tensor scale = scale16;
   if (scale16.dtype() != DType::f32) {
@@ -413,31 +394,21 @@ bool w4a16_linear_frag(const Tensor& x, const Tensor& frag, const Tensor& scale,
                        const Tensor& bias, const Tensor& out) {
   bool done = false;
   dispatch_linear_dtype(x.dtype(), "linear_w4a16", [&](auto tag) {
-    done = w4a16_gemv_frag<typename decltype(tag)::type>(x, frag, scale, zp, group, bias, out);
+    done = w4a16_gemv<typename decltype(tag)::type>(x, frag, scale, zp, group, bias, out, /*fragments=*/true);
   });
   return done;
 }
 
-// One thread per 16-byte chunk of the fragment order (byte loads: w's rows
-// need not be 4-byte aligned; a one-time conversion).
+// One thread per 16-byte chunk of the fragment order (formulas::
+// w4a16_frag_gather / _scatter: byte accesses, a one-time conversion).
 void w4a16_frag_pack(const Tensor& w, const Tensor& frag) {
-  const I64 N = w.shape()[0], K = w.shape()[1], row_bytes = K / 2;
+  const I64 N = w.shape()[0], K = w.shape()[1];
   const auto* src = static_cast<const std::uint8_t*>(w.data_ptr());
   uint4* dst = static_cast<uint4*>(frag.data_ptr());
   const int d = frag.device().index;
   launch_elementwise(d, formulas::w4a16_frag_bytes(N, K) / 16, [=] __device__(I64 c) {
-    const formulas::W4a16FragChunk at = formulas::w4a16_frag_chunk(c, K);
     std::uint32_t word[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      std::uint32_t plain = 0;
-#pragma unroll
-      for (int b = 0; b < 4; ++b) {
-        const I64 kb = at.k / 2 + 4 * j + b;
-        if (at.n < N && kb < row_bytes) plain |= static_cast<std::uint32_t>(src[at.n * row_bytes + kb]) << (8 * b);
-      }
-      word[j] = formulas::w4a16_frag_word(plain);
-    }
+    formulas::w4a16_frag_gather(src, N, K, c, word);
     dst[c] = make_uint4(word[0], word[1], word[2], word[3]);
   });
   // The GEMVs load a fragment-order weight before they wait for the kernel
@@ -446,23 +417,13 @@ void w4a16_frag_pack(const Tensor& w, const Tensor& frag) {
 }
 
 void w4a16_frag_unpack(const Tensor& frag, const Tensor& w) {
-  const I64 N = w.shape()[0], K = w.shape()[1], row_bytes = K / 2;
+  const I64 N = w.shape()[0], K = w.shape()[1];
   const uint4* src = static_cast<const uint4*>(frag.data_ptr());
   auto* dst = static_cast<std::uint8_t*>(w.data_ptr());
   launch_elementwise(w.device().index, formulas::w4a16_frag_bytes(N, K) / 16, [=] __device__(I64 c) {
-    const formulas::W4a16FragChunk at = formulas::w4a16_frag_chunk(c, K);
-    if (at.n >= N) return;
     const uint4 v = src[c];
     const std::uint32_t word[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const std::uint32_t plain = formulas::w4a16_plain_word(word[j]);
-#pragma unroll
-      for (int b = 0; b < 4; ++b) {
-        const I64 kb = at.k / 2 + 4 * j + b;
-        if (kb < row_bytes) dst[at.n * row_bytes + kb] = static_cast<std::uint8_t>(plain >> (8 * b));
-      }
-    }
+    formulas::w4a16_frag_scatter(word, N, K, c, dst);
   });
 }
 

@@ -62,6 +62,33 @@ QGRAD_HD std::uint32_t w4a16_plain_word(std::uint32_t frag) {
     r |= ((frag >> (4 * i)) & 0xfu) << (8 * i) | ((frag >> (4 * i + 16)) & 0xfu) << (8 * i + 4);
   return r;
 }
+// Chunk c's four words from the plain weight w ([N, K] packed, K / 2 bytes
+// a row; byte reads: rows need not be 4-byte aligned), zeros past N and K;
+// and back (nothing written past N and K).
+QGRAD_HD void w4a16_frag_gather(const std::uint8_t* w, std::int64_t N, std::int64_t K, std::int64_t c,
+                                std::uint32_t (&word)[4]) {
+  const W4a16FragChunk at = w4a16_frag_chunk(c, K);
+  for (int j = 0; j < 4; ++j) {
+    std::uint32_t plain = 0;
+    for (int b = 0; b < 4; ++b) {
+      const std::int64_t kb = at.k / 2 + 4 * j + b;
+      if (at.n < N && kb < K / 2) plain |= static_cast<std::uint32_t>(w[at.n * (K / 2) + kb]) << (8 * b);
+    }
+    word[j] = w4a16_frag_word(plain);
+  }
+}
+QGRAD_HD void w4a16_frag_scatter(const std::uint32_t (&word)[4], std::int64_t N, std::int64_t K, std::int64_t c,
+                                 std::uint8_t* w) {
+  const W4a16FragChunk at = w4a16_frag_chunk(c, K);
+  if (at.n >= N) return;
+  for (int j = 0; j < 4; ++j) {
+    const std::uint32_t plain = w4a16_plain_word(word[j]);
+    for (int b = 0; b < 4; ++b) {
+      const std::int64_t kb = at.k / 2 + 4 * j + b;
+      if (kb < K / 2) w[at.n * (K / 2) + kb] = static_cast<std::uint8_t>(plain >> (8 * b));
+    }
+  }
+}
 
 // W4A8: one group's term, float(acc) * (sa * sw), in f32 (quantized_linear's
 // epilogue, formulas::qlinear_epilogue<float>, for one group). The output is

@@ -303,7 +303,18 @@ TEST_CASE("LearnableFakeQuantize: grad factor and parameter switches") {
 TEST_CASE("CUDA observers match CPU bit for bit") {
   QGRAD_REQUIRE_GPU();
   Generator gen(7);
-  // Large per-tensor input (many partial blocks), and per-channel on each axis.
+  // Large per-tensor inputs (many partial blocks; the second past one pass of
+  // a resident wave's block chunks on an H200, with a scalar tail), and
+  // per-channel on each axis.
+  for (std::int64_t n : {std::int64_t{1} << 20, (std::int64_t{6} << 20) + 5}) {
+    Tensor x = randn({n}, gen, {}, 0.3, 2.0);
+    Observer oc(ObserverOptions{}), og(ObserverOptions{});
+    og.to(Device::cuda(0));
+    oc.forward(x);
+    og.forward(x.cuda());
+    CHECK(bit_equal(oc.min_val(), og.min_val()));
+    CHECK(bit_equal(oc.max_val(), og.max_val()));
+  }
   Tensor big = randn({1 << 20}, gen, {}, 0.3, 2.0);
   Tensor w = randn({64, 33, 5}, gen);
   for (double c : {-1.0, 0.01}) {

@@ -70,7 +70,8 @@ __device__ __forceinline__ bool publish_partial(float lo, float hi, float* parti
 // (Before 2026-12-02 it read its vectors in the grid-stride order, four in
 // flight, on 1024 blocks: the variant t256_u4_gs_b1024 but for the block
 // reduction.) lib_unbounded: the same without its launch bounds (72
-// registers, 3 blocks an SM, where the bounds give 46 and 5).
+// registers, 3 blocks an SM, where the bounds give 46 and 5); lib_shuffle
+// (below): its block reductions by warp shuffles.
 template <int U>
 __device__ __forceinline__ void lib_body(const float* x, std::int64_t count, float* partial, std::uint32_t* counters,
                                          float* out) {
@@ -199,6 +200,30 @@ __global__ void __launch_bounds__(T)
   }
 }
 
+// The library's kernel with the variants' block reduction (warp shuffles,
+// two barriers; block_minmax's shared-memory tree takes eight) for both the
+// partial and the last block's combine.
+__global__ void __launch_bounds__(kc::kMinmaxThreads, 5)
+    lib_shuffle_kernel(const float* x, std::int64_t count, float* partial, std::uint32_t* counters, float* out) {
+  constexpr int T = kc::kMinmaxThreads;
+  float lo, hi;
+  kc::slice_minmax<float, 8, true>(x, 1, count, count, 0, std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x,
+                                   std::int64_t{gridDim.x} * blockDim.x, lo, hi);
+  block_range<T>(lo, hi);
+  if (!publish_partial(lo, hi, partial, counters)) return;
+  lo = INFINITY;
+  hi = -INFINITY;
+  for (unsigned k = threadIdx.x; k < gridDim.x; k += T) {
+    lo = formulas::min_combine(lo, __ldcg(partial + 2 * k));
+    hi = formulas::max_combine(hi, __ldcg(partial + 2 * k + 1));
+  }
+  block_range<T>(lo, hi);
+  if (threadIdx.x == 0) {
+    kc::update_channel(0, lo, hi, out, out + 1, -1.0f, false, kc::QparamsArgs{});
+    counters[0] = 0;
+  }
+}
+
 __global__ void fill_kernel(float* x, std::int64_t n, std::uint32_t seed) {
   for (std::int64_t i = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n;
        i += std::int64_t{gridDim.x} * blockDim.x) {
@@ -314,6 +339,7 @@ int main() {
   DEV_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&unbounded_per_sm, lib_unbounded_kernel,
                                                           kc::kMinmaxThreads, 0));
   const unsigned unbounded_blocks = static_cast<unsigned>(sms * std::max(unbounded_per_sm, 1));
+  const auto run_shuffle = [&] { lib_shuffle_kernel<<<lib_blocks, kc::kMinmaxThreads>>>(x, n, partial, counters, out); };
   const auto run_unbounded = [&] {
     lib_unbounded_kernel<<<unbounded_blocks, kc::kMinmaxThreads>>>(x, n, partial, counters, out);
   };
@@ -329,6 +355,10 @@ int main() {
   run_unbounded();
   DEV_CHECK(cudaDeviceSynchronize());
   all_ok &= check("lib_unbounded");
+  poison(true);
+  run_shuffle();
+  DEV_CHECK(cudaDeviceSynchronize());
+  all_ok &= check("lib_shuffle");
   for (const Variant& v : vs) {
     poison(false);
     run_variant(v);
@@ -363,6 +393,7 @@ int main() {
   for (int round = 1; round <= 2; ++round) {
     emit("lib", lib_blocks, kc::kMinmaxThreads, round, time(run_lib));
     emit("lib_unbounded", unbounded_blocks, kc::kMinmaxThreads, round, time(run_unbounded));
+    emit("lib_shuffle", lib_blocks, kc::kMinmaxThreads, round, time(run_shuffle));
     for (const Variant& v : vs) emit(v.name, v.blocks, v.threads, round, time([&] { run_variant(v); }));
   }
   // The copy rate of the same bytes (read + write counted) for scale.

@@ -178,12 +178,10 @@ __device__ __forceinline__ void block_range(float& lo, float& hi) {
   }
 }
 
-template <int T, int U, int O, int H>
-__global__ void __launch_bounds__(T)
-    variant_kernel(const float4* v, std::int64_t nv, float* partial, std::uint32_t* counters, float* out) {
-  float lo, hi;
-  thread_range<T, U, O, H, true>(v, nv, lo, hi);
-  if (lo != lo || hi != hi) thread_range<T, U, O, H, false>(v, nv, lo, hi);
+// The block's range (this thread's share in lo, hi) to a partial; the last
+// block combines the partials into out[0], out[1].
+template <int T>
+__device__ __forceinline__ void block_finish(float lo, float hi, float* partial, std::uint32_t* counters, float* out) {
   block_range<T>(lo, hi);
   if (!publish_partial(lo, hi, partial, counters)) return;
   lo = INFINITY;
@@ -200,6 +198,15 @@ __global__ void __launch_bounds__(T)
   }
 }
 
+template <int T, int U, int O, int H>
+__global__ void __launch_bounds__(T)
+    variant_kernel(const float4* v, std::int64_t nv, float* partial, std::uint32_t* counters, float* out) {
+  float lo, hi;
+  thread_range<T, U, O, H, true>(v, nv, lo, hi);
+  if (lo != lo || hi != hi) thread_range<T, U, O, H, false>(v, nv, lo, hi);
+  block_finish<T>(lo, hi, partial, counters, out);
+}
+
 // The library's kernel with the variants' block reduction (warp shuffles,
 // two barriers; block_minmax's shared-memory tree takes eight) for both the
 // partial and the last block's combine.
@@ -209,19 +216,7 @@ __global__ void __launch_bounds__(kc::kMinmaxThreads, 5)
   float lo, hi;
   kc::slice_minmax<float, 8, true>(x, 1, count, count, 0, std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x,
                                    std::int64_t{gridDim.x} * blockDim.x, lo, hi);
-  block_range<T>(lo, hi);
-  if (!publish_partial(lo, hi, partial, counters)) return;
-  lo = INFINITY;
-  hi = -INFINITY;
-  for (unsigned k = threadIdx.x; k < gridDim.x; k += T) {
-    lo = formulas::min_combine(lo, __ldcg(partial + 2 * k));
-    hi = formulas::max_combine(hi, __ldcg(partial + 2 * k + 1));
-  }
-  block_range<T>(lo, hi);
-  if (threadIdx.x == 0) {
-    kc::update_channel(0, lo, hi, out, out + 1, -1.0f, false, kc::QparamsArgs{});
-    counters[0] = 0;
-  }
+  block_finish<T>(lo, hi, partial, counters, out);
 }
 
 __global__ void fill_kernel(float* x, std::int64_t n, std::uint32_t seed) {

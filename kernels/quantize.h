@@ -121,6 +121,9 @@ void lsq_round_zero_point(const Tensor& zp, const Tensor& out, std::int64_t qmin
 namespace cuda {
 void quant_elementwise(const QuantLaunch& l);
 void observe_fake_quantize(const QuantLaunch& l, const ObserveArgs& obs);
+// observe_fake_quantize where l's layout takes the row kernel (channels on
+// axis 0, whole rows): launched, true; otherwise nothing launched, false.
+bool observe_rows_fake_quantize(const QuantLaunch& l, const ObserveArgs& obs);
 void observe_fake_quantize_batch(const std::vector<ObserveLaunch>& items);  // every item on CUDA
 void lsq_backward(const LsqArgs& args);
 void lsq_round_zero_point(const Tensor& zp, const Tensor& out, std::int64_t qmin, std::int64_t qmax);

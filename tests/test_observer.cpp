@@ -660,7 +660,7 @@ TEST_CASE("observe + fake quantize: argument errors name the op and the argument
 }
 
 // Whole tensors the observer splits into parts run as one cooperative launch
-// (kernels/cuda/quantize.cu observe_tensor_kernel); with grad the case above
+// (kernels/cuda/quantize_observe.cu observe_tensor_kernel); with grad the case above
 // covers them ([256, 256], [4096, 1024], 2^20 + 7, bf16 [300, 70]), here
 // without grad (no mask written), poisoned outputs, state over three calls.
 TEST_CASE("CUDA observe + fake quantize of a whole tensor without grad matches the CPU bit for bit") {

@@ -1,6 +1,6 @@
 // dev/cuda/row_fq_forms.cu: where the per-token row fake quants spend their
 // time (issue #13 item 5, the bf16 ViT step). The library's row kernels
-// (kernels/cuda/quantize.cu fake_quantize_dynamic_rows_kernel, norm_rows.cu
+// (kernels/cuda/quantize_rows.cu fake_quantize_dynamic_rows_kernel, norm_rows.cu
 // layer_norm_fake_quantize_rows_kernel) take 10-21 us at the ViT's 12544
 // rows where their bytes need about 3 us, and several rows a warp made them
 // slower (dev/cuda/dynamic_rows_multi.cu, 2026-11-27), so they are not short

@@ -1,5 +1,5 @@
 // CPU kernels of the quantization ops: the same formulas, mask layout and
-// reduction order as kernels/cuda/quantize.cu, so the two agree bit for bit.
+// reduction order as kernels/cuda/quantize*.cu, so the two agree bit for bit.
 #include <algorithm>
 #include <cmath>
 #include <type_traits>

@@ -1,6 +1,6 @@
 // Device pieces of the observer's min/max reduction, shared by the observer
-// kernels (observer.cu) and the fused observe + fake quantize kernel
-// (quantize.cu). The combine is exact and order-free
+// kernels (observer.cu) and the fused observe + fake quantize kernels
+// (quantize_observe*.cu). The combine is exact and order-free
 // (formulas::min_combine), so any split of the work gives the CPU's bits.
 #pragma once
 

@@ -60,7 +60,7 @@ void layer_norm_launch(const Tensor& x, const Tensor& w, const Tensor& b, const 
 // layer_norm_launch's sums and element formula (the same bits), then
 // fake_quantize_dynamic_rows_kernel's min/max, qparams and fake quant (its
 // warp_minmax_values and FakeQuantOp's float form where exact)
-// (kernels/cuda/quantize.cu) on the rounded outputs; the mask by one ballot
+// (kernels/cuda/quantize_rows.cu) on the rounded outputs; the mask by one ballot
 // per 32 consecutive elements.
 template <class T>
 struct NormQuantPtrs {

@@ -38,12 +38,11 @@ I64 check_weight_shape(const Tensor& w_q, I64 group_size, const char* op) {
 
 // ... and on x's device with x's K.
 I64 check_weight(const Tensor& x, const Tensor& w_q, I64 group_size, const char* op) {
-  check::defined(w_q, op, "w_q");
-  check::rank_is(w_q, 2, op, "w_q");
+  const I64 N = check_weight_shape(w_q, group_size, op);
   check::same_device(w_q, x, op, "w_q");
   QGRAD_CHECK(w_q.size(1) == x.size(-1), op, "w_q", "shape ", shape_str(w_q.shape()), " does not match K = ",
               x.size(-1), " of x ", shape_str(x.shape()));
-  return check_weight_shape(w_q, group_size, op);
+  return N;
 }
 
 // w_scale [N, groups] on ref's device, finite and > 0 (checked on the host).

@@ -26,9 +26,10 @@ inline constexpr int kPartialUnroll = 8;
 
 // counters == nullptr: only the partials (finish_minmax_kernel follows).
 template <class T>
-__global__ void __launch_bounds__(kMinmaxThreads, 5) partial_minmax_kernel(const T* x, std::int64_t channels, std::int64_t inner, std::int64_t count,
-                                      float* partial, std::uint32_t* counters, float* run_min, float* run_max,
-                                      float c, bool moving, QparamsArgs q) {
+__global__ void __launch_bounds__(kMinmaxThreads, 5)
+    partial_minmax_kernel(const T* x, std::int64_t channels, std::int64_t inner, std::int64_t count, float* partial,
+                          std::uint32_t* counters, float* run_min, float* run_max, float c, bool moving,
+                          QparamsArgs q) {
   ::qgrad::cuda::wait_for_prior_kernels();
   const std::int64_t ch = blockIdx.y;
   float lo, hi;
@@ -92,7 +93,8 @@ void minmax_impl(const Tensor& x, const Tensor& run_min, const Tensor& run_max, 
   // kPartialUnroll vectors: blocks beyond the chunks would find none.
   if (std::is_same_v<T, float> && v.outer == 1 && parts > 1) {
     const std::int64_t chunk = std::int64_t{kMinmaxThreads} * 4 * kPartialUnroll;
-    parts = static_cast<unsigned>(std::min<std::int64_t>(parts, std::max<std::int64_t>((count + chunk - 1) / chunk, 2)));
+    const std::int64_t chunks = std::max<std::int64_t>((count + chunk - 1) / chunk, 2);
+    parts = static_cast<unsigned>(std::min<std::int64_t>(parts, chunks));
   }
   if (parts == 1 || v.channels > 65535) {
     const std::int64_t blocks = (v.channels + kWarpMinmaxThreads / 32 - 1) / (kWarpMinmaxThreads / 32);

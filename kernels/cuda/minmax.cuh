@@ -36,23 +36,38 @@ template <> struct KeyOf<double> {
   __device__ static double decode(long long k) { return __longlong_as_double(k >= 0 ? k : k ^ 0x7fffffffffffffffLL); }
 };
 
-// Min/max over the block (blockDim.x == kMinmaxThreads); every thread gets
-// the result. Ends with a barrier, so a loop may call it again.
-__device__ inline void block_minmax(float& lo, float& hi) {
-  __shared__ float smin[kMinmaxThreads];
-  __shared__ float smax[kMinmaxThreads];
-  smin[threadIdx.x] = lo;
-  smax[threadIdx.x] = hi;
-  __syncthreads();
-  for (unsigned w = kMinmaxThreads / 2; w > 0; w /= 2) {
-    if (threadIdx.x < w) {
-      smin[threadIdx.x] = formulas::min_combine(smin[threadIdx.x], smin[threadIdx.x + w]);
-      smax[threadIdx.x] = formulas::max_combine(smax[threadIdx.x], smax[threadIdx.x + w]);
-    }
-    __syncthreads();
+// Min/max over the warp (exact and order-free: every lane gets the result).
+__device__ inline void warp_minmax(float& lo, float& hi) {
+  for (int w = 16; w > 0; w /= 2) {
+    lo = formulas::min_combine(lo, __shfl_xor_sync(0xffffffffu, lo, w));
+    hi = formulas::max_combine(hi, __shfl_xor_sync(0xffffffffu, hi, w));
   }
+}
+
+// Min/max over the block (blockDim.x == kMinmaxThreads); every thread gets
+// the result. Shuffles within each warp, then every thread combines the
+// warps' values from shared memory (broadcast reads): two barriers, where a
+// shared-memory tree took eight (the observer's per-tensor row 0.0697-0.0700
+// -> 0.0684-0.0687 ms on an H200, docs/benchmarks.md fifty-third session).
+// Exact and order-free like the combines. Ends with a barrier, so a loop may
+// call it again.
+__device__ inline void block_minmax(float& lo, float& hi) {
+  constexpr unsigned kWarps = kMinmaxThreads / 32;
+  __shared__ float smin[kWarps];
+  __shared__ float smax[kWarps];
+  warp_minmax(lo, hi);
+  if (threadIdx.x % 32 == 0) {
+    smin[threadIdx.x / 32] = lo;
+    smax[threadIdx.x / 32] = hi;
+  }
+  __syncthreads();
   lo = smin[0];
   hi = smax[0];
+#pragma unroll
+  for (unsigned w = 1; w < kWarps; ++w) {
+    lo = formulas::min_combine(lo, smin[w]);
+    hi = formulas::max_combine(hi, smax[w]);
+  }
   __syncthreads();
 }
 
@@ -212,14 +227,6 @@ inline QparamsArgs qparams_args(const ObserverQparams* q) {
     a.symmetric_zero_point = q->symmetric_zero_point;
   }
   return a;
-}
-
-// Min/max over the warp (exact and order-free: every lane gets the result).
-__device__ inline void warp_minmax(float& lo, float& hi) {
-  for (int w = 16; w > 0; w /= 2) {
-    lo = formulas::min_combine(lo, __shfl_xor_sync(0xffffffffu, lo, w));
-    hi = formulas::max_combine(hi, __shfl_xor_sync(0xffffffffu, hi, w));
-  }
 }
 
 // Min/max of this lane's values v[0 .. N) and then over the warp, every lane

@@ -20,6 +20,7 @@ bool cuda_available() { return false; }
 int cuda_device_count() { return 0; }
 std::string cuda_device_name(int) { no_cuda("cuda_device_name"); }
 int cuda_compute_capability(int) { no_cuda("cuda_compute_capability"); }
+int cuda_multiprocessor_count(int) { no_cuda("cuda_multiprocessor_count"); }
 void cuda_synchronize(int) { no_cuda("cuda_synchronize"); }
 void cuda_set_programmatic_launch(bool) {}
 bool cuda_programmatic_launch() { return false; }
@@ -30,6 +31,7 @@ MainStreamScope::~MainStreamScope() = default;
 void cuda_join_side_streams() {}
 void cuda_set_side_stream(bool) {}
 bool cuda_side_stream() { return false; }
+bool cuda_side_stream_every_linear() { return false; }
 std::uint64_t cuda_side_stream_fork_count() { return 0; }
 AllocatorStats cuda_allocator_stats(int) { no_cuda("cuda_allocator_stats"); }
 void cuda_reset_peak_stats(int) { no_cuda("cuda_reset_peak_stats"); }

@@ -31,6 +31,8 @@ std::string cuda_device_name(int index = 0);
 // 10 * major + minor (e.g. 90 for an H100); cached per device. FP8 tensor
 // cores need 89 or more.
 int cuda_compute_capability(int index = 0);
+// The device's streaming multiprocessors; cached per device.
+int cuda_multiprocessor_count(int index = 0);
 // Waits for all work queued on the device's stream (a host sync: never
 // called inside qgrad's ops, only by users, tests and benchmarks).
 void cuda_synchronize(int index = 0);
@@ -55,7 +57,9 @@ bool cuda_programmatic_launch();
 // every block freed on the device is held out of the allocator's pools (a
 // side kernel may still read it). Results are the same bits either way
 // (the same kernels on the same data). On by default; QGRAD_SIDE_STREAM=0
-// turns it off at start-up. A scope on the CPU, with the switch off, not
+// turns it off at start-up. A linear forks only where its dx GEMM leaves
+// SMs idle (ops/linalg.cpp); QGRAD_SIDE_STREAM=all forks at every linear
+// (cuda_side_stream_every_linear: for measuring the rule). A scope on the CPU, with the switch off, not
 // wanted, or on a thread already in one does nothing.
 // fork = false: fork only where no fork of the device is open (the backward
 // engine's continuation of a side gradient, already ordered on the side).
@@ -88,6 +92,7 @@ class MainStreamScope {
 void cuda_join_side_streams();
 void cuda_set_side_stream(bool enabled);
 bool cuda_side_stream();
+bool cuda_side_stream_every_linear();
 // Forks since the process started (every thread): what tests read to see a rule forked.
 std::uint64_t cuda_side_stream_fork_count();
 

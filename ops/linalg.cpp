@@ -196,6 +196,12 @@ Tensor linear_forward(const char* op, const Tensor& x, const Tensor& w, const Te
   return out;
 }
 
+// Whether linear's dx GEMM ([m, k]) has a 128 x 128 output tile for every SM.
+bool gemm_fills_device(const GemmShape& s, Device device) {
+  const std::int64_t tiles = s.batch * ((s.m + 127) / 128) * ((s.k + 127) / 128);
+  return tiles >= cuda_multiprocessor_count(device.index);
+}
+
 // Records linear's backward: dx = dy · W, dW = dyᵀ · x, db = dy summed over
 // rows, with dy first masked by relu's bits when mask is defined; a
 // residual's gradient is dy itself. Saves W when x needs grad, x when W
@@ -211,8 +217,12 @@ void linear_record(const char* op, Tensor& out, const Tensor& x, const Tensor& w
   Tensor sx = need_w ? x.detach() : Tensor(), sw = need_x ? w.detach() : Tensor();
   const bool need_r = residual.defined() && residual.requires_grad();
   // The weight and bias gradients on the side stream (core/device.h): only
-  // dx leads on to the layers before; dW and db wait for the optimizer.
-  const bool side = x.is_cuda() && (need_w || need_b) && cuda_side_stream();
+  // dx leads on to the layers before; dW and db wait for the optimizer. Where
+  // the dx GEMM alone has an output tile of 128 x 128 for every SM, dW beside
+  // it only shares the SMs (measured slower: docs/benchmarks.md,
+  // fifty-third session), so the rule forks only below that.
+  const bool side = x.is_cuda() && (need_w || need_b) && cuda_side_stream() &&
+                    (!need_x || cuda_side_stream_every_linear() || !gemm_fills_device(s, x.device()));
   record(
       op, out, {x, w, bias, residual},
       [sx, sw, s, need_b, need_r, leaf_bias, mask, side, shape_x = x.shape(), shape_w = w.shape()](

@@ -224,6 +224,13 @@ std::atomic<int> g_open_sides{0};  // devices with a fork not yet joined
 
 void cuda_set_side_stream(bool enabled) { side_stream_enabled().store(enabled); }
 bool cuda_side_stream() { return side_stream_enabled().load(std::memory_order_relaxed); }
+bool cuda_side_stream_every_linear() {
+  static const bool every = [] {
+    const char* env = std::getenv("QGRAD_SIDE_STREAM");
+    return env && std::strcmp(env, "all") == 0;
+  }();
+  return every;
+}
 std::uint64_t cuda_side_stream_fork_count() { return g_side_forks.load(std::memory_order_relaxed); }
 
 namespace {
@@ -306,6 +313,12 @@ std::string cuda_device_name(int index) {
   cudaDeviceProp prop{};
   QGRAD_CUDA_CHECK(cudaGetDeviceProperties(&prop, index));
   return prop.name;
+}
+
+int cuda_multiprocessor_count(int index) {
+  QGRAD_CHECK(index >= 0 && index < cuda_device_count(), "cuda_multiprocessor_count", "index", "no CUDA device ",
+              index);
+  return cuda::multiprocessor_count(index);
 }
 
 int cuda_compute_capability(int index) {

@@ -8,7 +8,7 @@
 #
 # Order (most important first; every step under `timeout`, each limit also cut to what is left of
 # the ${ISSUE16_LIMIT:-530} s budget minus what the later steps keep in reserve):
-#   1. item 2, CUDA: bench_train_step --cuda-nets mlp,mlp_tf32x3 (round 1), peer_train_step.py --net mlp
+#   1. item 2, CUDA: bench_train_step --cuda-nets mlp,mlp_fused,mlp_tf32x3 (round 1), peer_train_step.py --net mlp
 #      (CUDA cases only, through a wrapper that stops at the first CPU case), bench_train_step
 #      (round 2)                                                          est.  8 + 90..150 + 8 s
 #   2. item 3: bench_w8a8, peer_w8a8.py, bench_w8a8                       est. 10 + 30..45 + 10 s
@@ -134,7 +134,7 @@ except Stop:
 sys.exit(rc)
 EOF
 
-STEP_ARGS=(--cuda-nets mlp,mlp_tf32x3 --cpu-nets none)
+STEP_ARGS=(--cuda-nets mlp,mlp_fused,mlp_tf32x3 --cpu-nets none)
 if want 1; then
 # ---- 1. item 2, CUDA: the MLP step, qgrad / peer / qgrad ----
 echo "== item 2 (CUDA step)"

@@ -269,6 +269,9 @@ ROWS = [
     # item, row, kind, arguments, (target kind, value)
     ("2", "MLP QAT step b256 h256, CUDA, captured", "step",
      dict(q_case="qat_step_cuda_b256_h256_graph", p_case="qat_step_cuda_b256_h256", device="cuda"), ("x", 3.0)),
+    ("2", "MLP QAT step b256 h256, CUDA, captured, forward + loss + backward as one fused kernel", "step",
+     dict(q_case="qat_step_cuda_b256_h256_fused_graph", p_case="qat_step_cuda_b256_h256", device="cuda"),
+     ("x", 3.0)),
     ("2", "MLP QAT step b4096 h1024, CUDA, captured", "step",
      dict(q_case="qat_step_cuda_b4096_h1024_graph", p_case="qat_step_cuda_b4096_h1024", device="cuda"), ("x", 1.5)),
     ("2", "MLP QAT step b4096 h1024, CUDA, captured, f32 products as tf32x3", "step",

@@ -217,6 +217,43 @@ TEST_CASE("linear_relu equals relu(linear) in value and gradient") {
   for (std::size_t i = 0; i < 4; ++i) CHECK(bit_equal(fused[i], plain[i]));
 }
 
+TEST_CASE("CUDA: linear forks dW and db onto the side stream only where its dx GEMM leaves SMs idle") {
+  // ops/linalg.cpp: a dx GEMM ([m, k]) with a 128 x 128 output tile for
+  // every SM runs with dW and db on the main stream; one tile fewer forks.
+  // Either way the gradients are the CPU's (f64, different summation order).
+  QGRAD_REQUIRE_GPU();
+  struct Restore {
+    bool was = cuda_side_stream();
+    ~Restore() { cuda_set_side_stream(was); }
+  } restore;
+  cuda_set_side_stream(true);
+  const std::int64_t sms = cuda_multiprocessor_count(), k = 128, n = 24;
+  for (const std::int64_t tiles : {sms - 1, sms}) {
+    CAPTURE(tiles);
+    const std::int64_t m = 128 * tiles - 5;  // the last row tile partial: still counted
+    Tensor x = rnd({m, k}, 700 + static_cast<std::uint64_t>(tiles)), w = rnd({n, k}, 701), b = rnd({n}, 702);
+    Tensor dy = rnd({m, n}, 703);
+    auto run = [&](Device d) {
+      Tensor px = param(x.to(d).clone()), pw = param(w.to(d).clone()), pb = param(b.to(d).clone());
+      linear(px, pw, pb).backward(dy.to(d));
+      return std::vector<Tensor>{px.grad().cpu(), pw.grad().cpu(), pb.grad().cpu()};
+    };
+    const std::uint64_t forks = cuda_side_stream_fork_count();
+    const auto got = run(Device::cuda());
+    const bool forked = cuda_side_stream_fork_count() > forks;
+    CHECK(forked == (tiles < sms || cuda_side_stream_every_linear()));
+    const auto want = run(Device::cpu());
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      CAPTURE(i);
+      const auto g = values(got[i]), r = values(want[i]);
+      REQUIRE(g.size() == r.size());
+      double worst = 0;
+      for (std::size_t j = 0; j < r.size(); ++j) worst = std::max(worst, std::abs(g[j] - r[j]) / (1 + std::abs(r[j])));
+      CHECK(worst < 1e-12);
+    }
+  }
+}
+
 // linear_add's value is add(add(x · wᵀ, residual), bias) bit for bit (the
 // residual before the bias); its gradients are those of
 // add(linear(x, w, bias), residual) bit for bit (the same rule).

@@ -15,6 +15,17 @@
 
 namespace qgrad::testing {
 
+// A process-wide switch (Get / Set) held at a value for the scope.
+template <bool (*Get)(), void (*Set)(bool)>
+struct ScopedSwitch {
+  bool before = Get();
+  explicit ScopedSwitch(bool on) { Set(on); }
+  ScopedSwitch(const ScopedSwitch&) = delete;
+  ScopedSwitch& operator=(const ScopedSwitch&) = delete;
+  ~ScopedSwitch() { Set(before); }
+};
+using SideStream = ScopedSwitch<cuda_side_stream, cuda_set_side_stream>;
+
 // f() throws a qgrad::Error whose op and argument contain `op` and `arg`.
 template <class F>
 void check_error(F&& f, const std::string& op, const std::string& arg) {

@@ -222,11 +222,7 @@ TEST_CASE("CUDA: linear forks dW and db onto the side stream only where its dx G
   // every SM runs with dW and db on the main stream; one tile fewer forks.
   // Either way the gradients are the CPU's (f64, different summation order).
   QGRAD_REQUIRE_GPU();
-  struct Restore {
-    bool was = cuda_side_stream();
-    ~Restore() { cuda_set_side_stream(was); }
-  } restore;
-  cuda_set_side_stream(true);
+  SideStream side_stream(true);
   const std::int64_t sms = cuda_multiprocessor_count(), k = 128, n = 24;
   for (const std::int64_t tiles : {sms - 1, sms}) {
     CAPTURE(tiles);

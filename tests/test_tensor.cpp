@@ -156,11 +156,7 @@ TEST_CASE("CUDA: the side stream: launches go there in its scope, blocks freed b
   // stream sees what the main stream queued before the fork, and the main
   // stream sees the side's work after the join.
   QGRAD_REQUIRE_GPU();
-  struct Restore {
-    bool was = cuda_side_stream();
-    ~Restore() { cuda_set_side_stream(was); }
-  } restore;
-  cuda_set_side_stream(true);
+  SideStream side_stream(true);
   const auto on = TensorOptions{}.with_device(Device::cuda());
   cuda_synchronize();
   Tensor a = full({1 << 20}, 3.0, on);  // main stream

@@ -79,17 +79,7 @@ TEST_CASE("the QAT step changes the model (CPU)") {
 
 namespace {
 
-// A process-wide switch (Get / Set) held at a value for the scope.
-template <bool (*Get)(), void (*Set)(bool)>
-struct ScopedSwitch {
-  bool before = Get();
-  explicit ScopedSwitch(bool on) { Set(on); }
-  ScopedSwitch(const ScopedSwitch&) = delete;
-  ScopedSwitch& operator=(const ScopedSwitch&) = delete;
-  ~ScopedSwitch() { Set(before); }
-};
 using ProgrammaticLaunch = ScopedSwitch<cuda_programmatic_launch, cuda_set_programmatic_launch>;
-using SideStream = ScopedSwitch<cuda_side_stream, cuda_set_side_stream>;
 
 // Eager steps against the same steps captured once and replayed: the
 // parameters, buffers (observer ranges, qparams, batch-norm running

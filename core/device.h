@@ -59,8 +59,9 @@ bool cuda_programmatic_launch();
 // (the same kernels on the same data). On by default; QGRAD_SIDE_STREAM=0
 // turns it off at start-up. A linear forks only where its dx GEMM leaves
 // SMs idle (ops/linalg.cpp); QGRAD_SIDE_STREAM=all forks at every linear
-// (cuda_side_stream_every_linear: for measuring the rule). A scope on the CPU, with the switch off, not
-// wanted, or on a thread already in one does nothing.
+// (cuda_side_stream_every_linear: for measuring the rule). A scope on the
+// CPU, with the switch off, not wanted, or on a thread already in one does
+// nothing.
 // fork = false: fork only where no fork of the device is open (the backward
 // engine's continuation of a side gradient, already ordered on the side).
 class SideStreamScope {

@@ -241,11 +241,7 @@ TEST_CASE("CUDA: linear forks dW and db onto the side stream only where its dx G
     const auto want = run(Device::cpu());
     for (std::size_t i = 0; i < want.size(); ++i) {
       CAPTURE(i);
-      const auto g = values(got[i]), r = values(want[i]);
-      REQUIRE(g.size() == r.size());
-      double worst = 0;
-      for (std::size_t j = 0; j < r.size(); ++j) worst = std::max(worst, std::abs(g[j] - r[j]) / (1 + std::abs(r[j])));
-      CHECK(worst < 1e-12);
+      check_close(got[i], want[i], 1e-12);
     }
   }
 }

@@ -16,7 +16,9 @@ namespace qgrad::kernels {
 // the first add, so a CUDA thread waits for one memory round trip per batch
 // instead of one per element (a lone thread summing the 256 partials of a
 // batch-norm channel was latency-bound at ~110 ns an element, H100). The
-// additions keep their order: the same bits as the plain loop. Sums run by
+// additions keep their order: the same bits as the plain loop. The last
+// partial batch is loaded the same way (a sum of 6 elements was 6 round trips
+// in a row). Sums run by
 // many threads at once (bandwidth-bound) take 8; the few long sums of a
 // reduction's last levels take kSumLoadBatchLong.
 inline constexpr int kSumLoadBatch = 8;
@@ -36,7 +38,14 @@ QGRAD_HD op_math_t<T> sum_strided_map(const T* x, std::int64_t n, std::int64_t s
     QGRAD_UNROLL
     for (int k = 0; k < Batch; ++k) acc += f(M(v[k]));
   }
-  for (; r < n; ++r) acc += f(M(x[r * stride]));
+  if (r < n) {  // the last n - r < Batch: their loads issued together too (past n: x[r] again, unused)
+    T v[Batch];
+    QGRAD_UNROLL
+    for (int k = 0; k < Batch; ++k) v[k] = x[(r + k < n ? r + k : r) * stride];
+    QGRAD_UNROLL
+    for (int k = 0; k < Batch; ++k)
+      if (r + k < n) acc += f(M(v[k]));
+  }
   return acc;
 }
 

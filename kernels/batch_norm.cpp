@@ -183,13 +183,12 @@ struct PartialMoments {
       part[p] = A(0);
       return;
     }
-    const Unscale<T> u = in;
-    const std::int64_t c = ch.c;
+    const auto u = in.at(ch.c);
     constexpr bool kRange = !std::is_same_v<A, Moments<M>>;
     M lo = M(INFINITY), hi = M(-INFINITY);  // the range, taken by the first loop
     const M mean = sum_strided_map(first, count, lanes,
-                                   [u, c, &lo, &hi](M val) {
-                                     const M unscaled = u(T(val), c);
+                                   [u, &lo, &hi](M val) {
+                                     const M unscaled = u(T(val));
                                      (void)lo;  // used only when kRange
                                      (void)hi;
                                      if constexpr (kRange) {
@@ -201,7 +200,7 @@ struct PartialMoments {
                    M(count);
     const SquaredDeviation<M> dev{mean};
     const Moments<M> m(M(count), mean,
-                       sum_strided_map(first, count, lanes, [u, c, dev](M val) { return dev(u(T(val), c)); }));
+                       sum_strided_map(first, count, lanes, [u, dev](M val) { return dev(u(T(val))); }));
     if constexpr (kRange) part[p] = A(m, lo, hi);
     else part[p] = m;
   }
@@ -308,11 +307,18 @@ template <class T>
 struct ReluGate {
   Normalize<T> norm;
   bool active;
-  QGRAD_HD T operator()(T dy, op_math_t<T> x, std::int64_t c) const {
-    using M = op_math_t<T>;
-    if (!active || formulas::relu_mask(M(norm(x, c)))) return dy;
-    return T(M(0));
-  }
+  // Channel c's gate, its parameters loaded once (formulas::Unscale::At).
+  struct At {
+    typename Normalize<T>::At norm;
+    bool active;
+    QGRAD_HD T operator()(T dy, op_math_t<T> x) const {
+      using M = op_math_t<T>;
+      if (!active || formulas::relu_mask(M(norm(x)))) return dy;
+      return T(M(0));
+    }
+  };
+  QGRAD_HD At at(std::int64_t c) const { return {active ? norm.at(c) : typename Normalize<T>::At{}, active}; }
+  QGRAD_HD T operator()(T dy, op_math_t<T> x, std::int64_t c) const { return at(c)(dy, x); }
 };
 
 // The last, partial batch of a backward partial (elements j, j + lanes, ...
@@ -357,6 +363,8 @@ struct PartialGrad {
     const ChunkOf ch = chunk_of(p, v, chunks, lanes, divs);
     const M m = center ? center[ch.c] : M(0);
     const M d = dx ? M(divisor[ch.c]) : M(1);
+    const auto u = in.at(ch.c);
+    const auto gt = gate.at(ch.c);
     const T* g = dy + ch.offset;
     const T* xs = px ? x + ch.offset : nullptr;
     T* o = dx ? dx + ch.offset : nullptr;
@@ -369,11 +377,11 @@ struct PartialGrad {
       QGRAD_UNROLL
       for (int k = 0; k < kSumLoadBatch; ++k) {
         gv[k] = g[j + k * lanes];
-        xv[k] = xs ? in(xs[j + k * lanes], ch.c) : M(0);
+        xv[k] = xs ? u(xs[j + k * lanes]) : M(0);
       }
-      if (gate.active) {
+      if (gt.active) {
         QGRAD_UNROLL
-        for (int k = 0; k < kSumLoadBatch; ++k) gv[k] = gate(gv[k], xv[k], ch.c);
+        for (int k = 0; k < kSumLoadBatch; ++k) gv[k] = gt(gv[k], xv[k]);
       }
       QGRAD_UNROLL
       for (int k = 0; k < kSumLoadBatch; ++k) {
@@ -388,8 +396,8 @@ struct PartialGrad {
       QGRAD_UNROLL
       for (int k = 0; k < kSumLoadBatch; ++k) {
         if (k >= valid) break;
-        const M xk = xs ? in(xr[k], ch.c) : M(0);
-        const M gk = M(gate(gv[k], xk, ch.c));
+        const M xk = xs ? u(xr[k]) : M(0);
+        const M gk = M(gt(gv[k], xk));
         s += gk;
         if (xs) t += gk * (xk - m);
         if (o) o[j + k * lanes] = T(gk / d);
@@ -446,13 +454,25 @@ struct InputGradFormula {
   const op_math_t<T>* coef;
   bool training;
   ReluGate<T> gate;
-  QGRAD_HD T operator()(T dy, op_math_t<T> x, std::int64_t c) const {
+  // Channel c's formula, its parameters loaded once (formulas::Unscale::At).
+  struct At {
+    op_math_t<T> mean, scale, shift, proj_scale;  // mean[c], coef[3c], coef[3c + 1], coef[3c + 2]
+    bool training;
+    typename ReluGate<T>::At gate;
+    QGRAD_HD T operator()(T dy, op_math_t<T> x) const {
+      using M = op_math_t<T>;
+      const M g = M(gate(dy, x));
+      if (!training) return T(g * scale);
+      const M proj = (x - mean) * proj_scale;
+      return T((g - shift - proj) * scale);
+    }
+  };
+  QGRAD_HD At at(std::int64_t c) const {
     using M = op_math_t<T>;
-    const M g = M(gate(dy, x, c));
-    if (!training) return T(g * coef[3 * c]);
-    const M proj = (x - mean[c]) * coef[3 * c + 2];
-    return T((g - coef[3 * c + 1] - proj) * coef[3 * c]);
+    if (!training) return {M(0), coef[3 * c], M(0), M(0), false, gate.at(c)};
+    return {mean[c], coef[3 * c], coef[3 * c + 1], coef[3 * c + 2], true, gate.at(c)};
   }
+  QGRAD_HD T operator()(T dy, op_math_t<T> x, std::int64_t c) const { return at(c)(dy, x); }
 };
 
 template <class T>
@@ -491,6 +511,8 @@ struct FusedInputGrad {
     const ChunkOf ch = chunk_of(p, v, chunks, lanes, divs);
     const std::int64_t c = ch.c;
     const M d = M(in.divisor[c]);
+    const auto fc = f.at(c);
+    const auto u = in.at(c);
     const T* g = dy + ch.offset;
     const T* xs = x + ch.offset;
     T* o = dx ? dx + ch.offset : nullptr;
@@ -508,7 +530,7 @@ struct FusedInputGrad {
       M dn[kSumLoadBatch];
       QGRAD_UNROLL
       for (int k = 0; k < kSumLoadBatch; ++k) {
-        dn[k] = M(f(gv[k], in(xv[k], c), c));
+        dn[k] = M(fc(gv[k], u(xv[k])));
         s += dn[k];
         t += dn[k] * M(xv[k]);
       }
@@ -524,7 +546,7 @@ struct FusedInputGrad {
       QGRAD_UNROLL
       for (int k = 0; k < kSumLoadBatch; ++k) {
         if (k >= valid) break;
-        dn[k] = M(f(gv[k], in(xv[k], c), c));
+        dn[k] = M(fc(gv[k], u(xv[k])));
         s += dn[k];
         t += dn[k] * M(xv[k]);
       }

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdint>
 #include <limits>
 #include <type_traits>
 #include <utility>
@@ -127,18 +128,27 @@ struct MaxPoolForward {
 
 // The values a fused pooling scans: x's own (Plain), or relu(batch_norm(x))
 // recomputed where read (BatchNormRelu; planes indexed as [N, C, 1]).
+// at(c): the read of channel c's elements, its parameters loaded once.
 template <class T>
 struct PlainRead {
+  struct At {
+    QGRAD_HD T operator()(T v) const { return v; }
+  };
   QGRAD_HD std::int64_t channel(std::int64_t) const { return 0; }
-  QGRAD_HD T operator()(T v, std::int64_t) const { return v; }
+  QGRAD_HD At at(std::int64_t) const { return {}; }
 };
 template <class T>
 struct BatchNormReluRead {
   formulas::Unscale<T> in;
   formulas::Normalize<T> norm;
   ChannelIndexer planes;
+  struct At {
+    typename formulas::Unscale<T>::At in;
+    typename formulas::Normalize<T>::At norm;
+    QGRAD_HD T operator()(T v) const { return formulas::normalize_relu<T>(norm, in(v)); }
+  };
   QGRAD_HD std::int64_t channel(std::int64_t plane) const { return planes.channel(plane); }
-  QGRAD_HD T operator()(T v, std::int64_t c) const { return formulas::normalize_relu(norm, in(v, c), c); }
+  QGRAD_HD At at(std::int64_t c) const { return {in.at(c), norm.at(c)}; }
 };
 
 // 2 x 2 windows of stride 2 that tile the input (windows_tile_input, no
@@ -176,7 +186,7 @@ struct FakeQuantMaxPoolForward {
     using M = op_math_t<T>;
     const PlaneDivs::At a = dv.out.at(o);
     const T* p = x + a.plane * g.ih * g.iw;
-    const std::int64_t c = read.channel(a.plane);
+    const auto rd = read.at(read.channel(a.plane));
     const formulas::ChannelParams prm = src.get(0);
     const formulas::FakeQuantOp<T, false> fq{qmin, qmax};
     if constexpr (kTiled2) {
@@ -185,30 +195,40 @@ struct FakeQuantMaxPoolForward {
       T v[4];
       QGRAD_UNROLL
       for (int k = 0; k < 4; ++k) v[k] = p[r[k]];
+      // The float form where it is exact (every integer format): the same
+      // values and bits without the general form's int64 conversions, four
+      // an output here.
+      const bool exact = fq.float_form_exact(prm);
+      // The argmax's index and bit carried as scalars (indexing arrays of
+      // them by the argmax put them in local memory on CUDA). The first
+      // element is taken as window_argmax's start is: its value is at least
+      // pool_lowest (-inf), the value that scan starts from.
       M best = formulas::pool_lowest<M>();
-      int arg = 0;
-      bool bits[4];
+      std::int64_t arg = r[0];
+      bool arg_bit = false;
       QGRAD_UNROLL
       for (int k = 0; k < 4; ++k) {
-        const M f = M(fq(read(v[k], c), prm, false, bits[k]));
-        if (f > best || formulas::pool_is_nan(f)) {
+        bool bit;
+        const M f = M(fq.row_value(rd(v[k]), prm, exact, bit));
+        if (k == 0 || f > best || formulas::pool_is_nan(f)) {
           best = f;
-          arg = k;
+          arg = r[k];
+          arg_bit = bit;
         }
       }
       y[o] = T(best);
-      code[o] = static_cast<std::int32_t>(bits[arg] ? r[arg] : -1 - r[arg]);
+      code[o] = static_cast<std::int32_t>(arg_bit ? arg : -1 - arg);
     } else {
       M best;
       const std::int64_t arg = window_argmax(
           a, g,
           [&](std::int64_t r) {
             bool bit;
-            return M(fq(read(p[r], c), prm, false, bit));
+            return M(fq(rd(p[r]), prm, false, bit));
           },
           best);
       bool bit;
-      fq(read(p[arg], c), prm, false, bit);
+      fq(rd(p[arg]), prm, false, bit);
       y[o] = T(best);
       code[o] = static_cast<std::int32_t>(bit ? arg : -1 - arg);
     }
@@ -234,7 +254,9 @@ void bn_relu_run(const BatchNormReluRead<float>& rd, const float* in, float* __r
   if ((kDivisor && !unscale.divisor) || (kShift && !unscale.shift) || (kWeight && !norm.weight) ||
       (kBias && !norm.bias))
     __builtin_unreachable();
-  for (std::int64_t j = 0; j < n; ++j) out[j] = formulas::normalize_relu(norm, unscale(in[j], c), c);
+  const auto u = unscale.at(c);
+  const auto nm = norm.at(c);
+  for (std::int64_t j = 0; j < n; ++j) out[j] = formulas::normalize_relu<float>(nm, u(in[j]));
 }
 
 using BnReluRun = void (*)(const BatchNormReluRead<float>&, const float*, float*, std::int64_t, std::int64_t);
@@ -375,7 +397,24 @@ struct MaxPoolBackward {
 // element gets T(0 + dy[o]) where it is the window's argmax, else T(0).
 // A warp writes whole row segments (coalesced) and reads each idx / dy once.
 // kTiled2: 2 x 2 windows, their four elements written unrolled.
-template <class T, class Ix, bool kTiled2 = false>
+// Two adjacent elements stored as one (2 x T aligned at p: on CUDA one
+// store instruction instead of two, whole 8-byte pairs for f32).
+template <class T>
+QGRAD_HD void store_pair(T* p, T a, T b) {
+#if defined(__CUDA_ARCH__)
+  struct alignas(2 * sizeof(T)) Pair {
+    T a, b;
+  };
+  *reinterpret_cast<Pair*>(p) = Pair{a, b};
+#else
+  p[0] = a;
+  p[1] = b;
+#endif
+}
+
+// kPairs (with kTiled2, dx aligned to 2 x T): each window row's two elements
+// stored as one pair (store_pair; a row's first element has an even index).
+template <class T, class Ix, bool kTiled2 = false, bool kPairs = false>
 struct MaxPoolBackwardTiled {
   const T* dy;
   Ix ix;
@@ -391,8 +430,13 @@ struct MaxPoolBackwardTiled {
     if constexpr (kTiled2) {
       std::int64_t r[4];
       window_2x2(a, g.iw, r);
-      QGRAD_UNROLL
-      for (int k = 0; k < 4; ++k) plane[r[k]] = r[k] == arg ? hit : miss;
+      if constexpr (kPairs) {
+        store_pair(plane + r[0], r[0] == arg ? hit : miss, r[1] == arg ? hit : miss);
+        store_pair(plane + r[2], r[2] == arg ? hit : miss, r[3] == arg ? hit : miss);
+      } else {
+        QGRAD_UNROLL
+        for (int k = 0; k < 4; ++k) plane[r[k]] = r[k] == arg ? hit : miss;
+      }
     } else {
       const std::int64_t h0 = a.row * g.sh, w0 = a.col * g.sw;
       for (std::int64_t h = h0; h < h0 + g.sh; ++h)
@@ -588,7 +632,11 @@ void max_pool_backward(const Tensor& dy, Ix ix, const Tensor& dx, const Pool2dGe
   const T* d = static_cast<const T*>(dy.data_ptr());
   T* out = static_cast<T*>(dx.data_ptr());
   const PoolDivs dv = PoolDivs::of(g);
-  if (windows_tile_2x2(g))
+  // 2 x 2 tiles: iw is even, and so is every plane's size and a window row's first index.
+  const bool pairs = reinterpret_cast<std::uintptr_t>(out) % (2 * sizeof(T)) == 0;
+  if (windows_tile_2x2(g) && pairs)
+    for_each_index(dy.device(), dy.numel(), MaxPoolBackwardTiled<T, Ix, true, true>{d, ix, out, g, dv.out}, what);
+  else if (windows_tile_2x2(g))
     for_each_index(dy.device(), dy.numel(), MaxPoolBackwardTiled<T, Ix, true>{d, ix, out, g, dv.out}, what);
   else if (windows_tile_input(g))
     for_each_index(dy.device(), dy.numel(), MaxPoolBackwardTiled<T, Ix>{d, ix, out, g, dv.out}, what);

@@ -19,12 +19,35 @@ template <class T>
 struct Unscale {
   const T* divisor = nullptr;  // null: identity
   const T* shift = nullptr;    // null: none (with divisor)
-  QGRAD_HD T value(T x, std::int64_t c) const {
+  // Channel c's parameters, read once (At): a kernel that binds them before
+  // its loop over the channel's elements holds them in registers, where a
+  // per-element read is repeated after every division (the compiler does not
+  // reuse a load across the division's slow-path call).
+  struct At {
+    op_math_t<T> divisor = 1, shift = 0;
+    bool divides = false, shifts = false;
+    QGRAD_HD T value(T x) const {
+      using M = op_math_t<T>;
+      if (!divides) return x;
+      const T q = T(M(x) / divisor);
+      return shifts ? T(M(q) + shift) : q;
+    }
+    QGRAD_HD op_math_t<T> operator()(T x) const { return op_math_t<T>(value(x)); }
+  };
+  QGRAD_HD At at(std::int64_t c) const {
     using M = op_math_t<T>;
-    if (!divisor) return x;
-    const T q = T(M(x) / M(divisor[c]));
-    return shift ? T(M(q) + M(shift[c])) : q;
+    At a;
+    if (divisor) {
+      a.divides = true;
+      a.divisor = M(divisor[c]);
+      if (shift) {
+        a.shifts = true;
+        a.shift = M(shift[c]);
+      }
+    }
+    return a;
   }
+  QGRAD_HD T value(T x, std::int64_t c) const { return at(c).value(x); }
   QGRAD_HD op_math_t<T> operator()(T x, std::int64_t c) const { return op_math_t<T>(value(x, c)); }
 };
 
@@ -35,21 +58,44 @@ struct Normalize {
   const op_math_t<T>* invstd;
   const T* weight;  // null: 1
   const T* bias;    // null: 0
-  QGRAD_HD T operator()(op_math_t<T> x, std::int64_t c) const {
+  // Channel c's parameters, read once (see Unscale::At).
+  struct At {
+    op_math_t<T> mean, invstd, weight = 1, bias = 0;
+    bool scales = false, shifts = false;
+    QGRAD_HD T operator()(op_math_t<T> x) const {
+      using M = op_math_t<T>;
+      M r = (x - mean) * invstd;
+      if (scales) r = r * weight;
+      if (shifts) r = r + bias;
+      return T(r);
+    }
+  };
+  QGRAD_HD At at(std::int64_t c) const {
     using M = op_math_t<T>;
-    M r = (x - mean[c]) * invstd[c];
-    if (weight) r = r * M(weight[c]);
-    if (bias) r = r + M(bias[c]);
-    return T(r);
+    At a{mean[c], invstd[c]};
+    if (weight) {
+      a.scales = true;
+      a.weight = M(weight[c]);
+    }
+    if (bias) {
+      a.shifts = true;
+      a.bias = M(bias[c]);
+    }
+    return a;
   }
+  QGRAD_HD T operator()(op_math_t<T> x, std::int64_t c) const { return at(c)(x); }
 };
 
 // batch_norm's output with relu (batch_norm_relu, and
 // channel_div_add_batch_norm with relu) at an element x of channel c:
 // relu of the normalised value as the relu op computes it, rounded to T.
 template <class T>
+QGRAD_HD T normalize_relu(const typename Normalize<T>::At& norm, op_math_t<T> x) {
+  return T(relu(op_math_t<T>(norm(x))));
+}
+template <class T>
 QGRAD_HD T normalize_relu(const Normalize<T>& norm, op_math_t<T> x, std::int64_t c) {
-  return T(relu(op_math_t<T>(norm(x, c))));
+  return normalize_relu<T>(norm.at(c), x);
 }
 
 // Numeric min / max with NaN winning, for the range of a channel's

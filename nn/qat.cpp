@@ -106,6 +106,7 @@ void stage_weight_fake_quants(Module& root) {
   for_each_module(root, [&](Module& m) {
     if (auto* lin = dynamic_cast<QATLinear*>(&m)) take(lin->weight_fake_quant(), lin->weight());
     if (auto* conv = dynamic_cast<QATConv2d*>(&m)) take(conv->weight_fake_quant(), conv->weight());
+    if (auto* cb = dynamic_cast<ConvBn2d*>(&m)) take(cb->weight_fake_quant(), cb->stage_folded_weight());
   });
   if (args.empty()) return;
   const std::vector<Tensor> ys = observe_fake_quantize_per_channel_batch(args);

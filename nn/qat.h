@@ -105,8 +105,9 @@ class QuantizedLinear : public QuantizedLayer {
 // Throws if already prepared.
 void prepare_qat(Sequential& model, const QConfig& qconfig = default_qat_qconfig());
 
-// The weight observers + fake quants of every QATLinear and QATConv2d under
-// root that would run observe_fake_quantize_per_channel in their forward
+// The weight observers + fake quants of every QATLinear, QATConv2d and
+// ConvBn2d (its folded weight, ConvBn2d::stage_folded_weight) under root
+// that would run observe_fake_quantize_per_channel in their forward
 // (FakeQuantize::observe_per_channel_args: observer and fake quant on) as
 // one observe_fake_quantize_per_channel_batch (on CUDA one launch for all of
 // them, where each forward launched its own), each result staged for that
@@ -115,7 +116,6 @@ void prepare_qat(Sequential& model, const QConfig& qconfig = default_qat_qconfig
 // it once right before each forward, after the optimizer's step: it observes
 // the weights as they are when called, and each call is an observer update
 // (an output staged earlier and never taken is dropped, its update kept).
-// ConvBn2d's weight (folded in its forward) is left to its forward.
 void stage_weight_fake_quants(Module& root);
 
 // A new int8 Sequential from a prepared (and trained) model: "quant" is

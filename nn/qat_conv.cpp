@@ -89,10 +89,16 @@ std::optional<Tensor> ConvBn2d::forward_with_next(const Tensor& x, Module& next)
   return act_fq_->forward_max_pool(normalized(x), p.kernel_size, p.stride, p.padding, p.dilation, p.ceil_mode);
 }
 
+Tensor ConvBn2d::stage_folded_weight() {
+  staged_f_ = scale_factor();
+  staged_w_ = mul(weight_, staged_f_.reshape({weight_.size(0), 1, 1, 1}));
+  return staged_w_;
+}
+
 std::pair<Tensor, Tensor> ConvBn2d::folded_conv(const Tensor& x) {
-  const std::int64_t c = weight_.size(0);
-  const Tensor f = scale_factor();
-  const Tensor w_fq = weight_fq_->forward(mul(weight_, f.reshape({c, 1, 1, 1})));
+  if (!staged_w_.defined()) stage_folded_weight();
+  const Tensor f = std::exchange(staged_f_, Tensor());
+  const Tensor w_fq = weight_fq_->forward(std::exchange(staged_w_, Tensor()));
   // PyTorch adds a zero bias here; conv2d without one gives the same values.
   return {::qgrad::conv2d(x, w_fq, Tensor(), conv_.stride, conv_.padding, conv_.dilation, conv_.groups), f};
 }

@@ -99,7 +99,14 @@ class ConvBn2d : public Module {
   const Conv2dOptions& options() const { return conv_; }
   bool relu() const { return relu_; }
   const FakeQuantize& weight_fake_quant() const { return *weight_fq_; }
+  FakeQuantize& weight_fake_quant() { return *weight_fq_; }
   const FakeQuantize& activation_fake_quant() const { return *act_fq_; }
+  // The folded weight weight * f[:, None, None, None] (and f) of the next
+  // forward, computed now, recorded on the tape as the forward would: what
+  // stage_weight_fake_quants fake-quantizes in its batch. The next forward
+  // takes them (the same values: the running variance is read before that
+  // forward updates it); a later call replaces them.
+  Tensor stage_folded_weight();
   // The batch norm folded with its running statistics, for convert (not
   // recorded on the tape): with f = bn.weight / sqrt(running_var + eps),
   //   weight' = weight * f[:, None, None, None]   (what the weight fake quant sees)
@@ -118,6 +125,7 @@ class ConvBn2d : public Module {
   Conv2dOptions conv_;
   bool relu_;
   bool freeze_bn_ = false;
+  Tensor staged_f_, staged_w_;  // stage_folded_weight's, until the next forward
   Tensor weight_, bias_;
   std::shared_ptr<BatchNorm2d> bn_;
   std::shared_ptr<FakeQuantize> weight_fq_, act_fq_;

@@ -305,9 +305,10 @@ TEST_CASE("Sequential fuses a fused conv's activation fake quant with the MaxPoo
   }
 }
 
-// stage_weight_fake_quants: the weights of the QATConv2d (conv 7 + relu) and
-// the QATLinear observed and fake-quantized in one batch before the forward
-// (the ConvBn2d modules keep theirs); three SGD steps, each model's own.
+// stage_weight_fake_quants: the weights of the QATConv2d (conv 7 + relu), the
+// QATLinear and the folded weights of the three ConvBn2d modules (one followed
+// by a pooling, one without relu) observed and fake-quantized in one batch
+// before the forward; three SGD steps, each model's own.
 TEST_CASE("stage_weight_fake_quants: the staged QAT step equals the unstaged one bit for bit (every device)") {
   for (const Device dev : testing::test_devices()) {
     CAPTURE(dev.str());
@@ -358,6 +359,9 @@ TEST_CASE("stage_weight_fake_quants: the staged QAT step equals the unstaged one
     stage_weight_fake_quants(*staged);
     auto& lin = dynamic_cast<QATLinear&>(*(*staged)[staged->size() - 1]);
     testing::check_error([&] { lin.weight_fake_quant().forward(lin.weight().detach()); }, "FakeQuantize::forward", "x");
+    auto& folded = dynamic_cast<ConvBn2d&>(*(*staged)[2]);  // its folded weight was staged too
+    testing::check_error([&] { folded.weight_fake_quant().forward(folded.weight().detach()); },
+                         "FakeQuantize::forward", "x");
   }
 }
 

@@ -806,6 +806,38 @@ void batch_norm_backward(const Tensor& dy, const Tensor& x, const AxisLayout& v,
   });
 }
 
+namespace {
+
+template <class T>
+struct ScaleFactor {
+  const T* weight;
+  const T* running_var;
+  op_math_t<T> eps;
+  T* f;
+  T* std_dev;
+  QGRAD_HD void operator()(std::int64_t i) const {
+    using M = op_math_t<T>;
+    const T s = T(sqrt_m(M(T(M(running_var[i]) + eps))));
+    std_dev[i] = s;
+    f[i] = T(M(weight[i]) / M(s));
+  }
+};
+
+}  // namespace
+
+void batch_norm_scale_factor(const Tensor& weight, const Tensor& running_var, double eps, const Tensor& f,
+                             const Tensor& std_dev) {
+  dispatch_floating(f.dtype(), "batch_norm_scale_factor", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    // eps rounded to T first, as add's host scalar is (binary_scalar).
+    const op_math_t<T> e = op_math_t<T>(formulas::cast_value<T>(eps));
+    for_each_index(f.device(), f.numel(),
+                   ScaleFactor<T>{static_cast<const T*>(weight.data_ptr()), static_cast<const T*>(running_var.data_ptr()),
+                                  e, static_cast<T*>(f.data_ptr()), static_cast<T*>(std_dev.data_ptr())},
+                   "batch_norm_scale_factor");
+  });
+}
+
 void channel_div_add(const Tensor& x, const AxisLayout& v, const Tensor& divisor, const Tensor& bias,
                      const Tensor& y) {
   dispatch_floating(x.dtype(), "channel_div_add", [&](auto tag) {

@@ -83,6 +83,12 @@ void batch_norm_backward(const Tensor& dy, const Tensor& x, const AxisLayout& v,
                          const Tensor& dweight, const Tensor& dbias, bool relu = false, const Tensor& bias = Tensor(),
                          const DivAddPrologue& pre = {});
 
+// batch_norm_scale_factor (ops/pool_norm.h): std = T(sqrt(T(running_var +
+// T(eps)))) and f = T(weight / std) per element, each step rounded as the
+// ops add, sqrt and div round it (std is what the backward divides by).
+void batch_norm_scale_factor(const Tensor& weight, const Tensor& running_var, double eps, const Tensor& f,
+                             const Tensor& std_dev);
+
 // channel_div_add (the unscaling of a folded Conv-BN, ops/pool_norm.h):
 // y = T(T(x / divisor[c]) + bias[c]) (bias optional: y = T(x / divisor[c])),
 // x viewed as v (channels on axis 1), divisor and bias x's dtype.

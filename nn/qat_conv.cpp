@@ -68,7 +68,7 @@ ConvBn2d::ConvBn2d(const Conv2d& conv, std::shared_ptr<BatchNorm2d> bn, const QC
 }
 
 Tensor ConvBn2d::scale_factor() const {
-  return div(bn_->weight(), ::qgrad::sqrt(add(bn_->running_var(), bn_->eps())));
+  return batch_norm_scale_factor(bn_->weight(), bn_->running_var(), bn_->eps());
 }
 
 Tensor ConvBn2d::forward(const Tensor& x) { return act_fq_->forward(normalized(x)); }

@@ -16,7 +16,7 @@
 // ConvBn2d folds the batch norm into the weight before the weight fake
 // quant, PyTorch's _forward_approximate:
 //   running_std  = sqrt(bn.running_var + bn.eps)
-//   scale_factor = bn.weight / running_std                           [C]
+//   scale_factor = bn.weight / running_std   [C]  (both as one op: batch_norm_scale_factor)
 //   w_fq = weight_fake_quant(weight * scale_factor[:, None, None, None])
 //   y    = conv2d(x, w_fq) / scale_factor[None, :, None, None] (+ bias[None, :, None, None])
 //   out  = bn(y)   (training: batch statistics, running ones updated with

@@ -11,6 +11,7 @@
 #include "qgrad/kernels/observer.h"
 #include "qgrad/kernels/pool.h"
 #include "qgrad/ops/check.h"
+#include "qgrad/ops/elementwise.h"
 #include "qgrad/ops/quantize.h"
 
 namespace qgrad {
@@ -189,6 +190,27 @@ void check_channel_tensor(const Tensor& t, const Tensor& x, const char* arg, con
 }  // namespace
 
 // Saves the divisor, and x (detached) when the divisor needs grad.
+Tensor batch_norm_scale_factor(const Tensor& weight, const Tensor& running_var, double eps) {
+  constexpr const char* op = "batch_norm_scale_factor";
+  check::floating(weight, op, "weight");
+  check::floating(running_var, op, "running_var");
+  check::same_dtype(running_var, weight, op, "running_var");
+  check::same_device(running_var, weight, op, "running_var");
+  QGRAD_CHECK(running_var.shape() == weight.shape(), op, "running_var", "expected weight's shape ",
+              shape_str(weight.shape()), ", got ", shape_str(running_var.shape()));
+  QGRAD_CHECK(std::isfinite(eps) && eps >= 0.0, op, "eps", "must be finite and >= 0, got ", eps);
+  if (any_requires_grad({running_var})) return div(weight, ::qgrad::sqrt(add(running_var, eps)));
+  Tensor f = Tensor::empty(weight.shape(), like(weight, weight.dtype()));
+  Tensor std_dev = Tensor::empty(weight.shape(), like(weight, weight.dtype()));
+  kernels::batch_norm_scale_factor(weight, running_var, eps, f, std_dev);
+  // div's rule for its numerator: g / std (std saved: the batch norm that
+  // follows moves running_var in place).
+  if (any_requires_grad({weight}))
+    record(op, f, {weight}, [std_dev](const Tensor& g) { return std::vector<Tensor>{div(g, std_dev)}; },
+           std_dev.nbytes());
+  return f;
+}
+
 Tensor channel_div_add(const Tensor& x, const Tensor& divisor, const Tensor& bias) {
   constexpr const char* op = "channel_div_add";
   check::floating(x, op, "x");

@@ -91,6 +91,16 @@ Tensor batch_norm_relu(const Tensor& x, const Tensor& weight, const Tensor& bias
                        const Tensor& running_var, bool training, double momentum = 0.1, double eps = 1e-5,
                        const Tensor& num_batches_tracked = Tensor());
 
+// Conv-BN folding's scale factor (torch.ao's ConvBn2d: bn.weight /
+// sqrt(bn.running_var + bn.eps), what the conv's weight is multiplied by
+// before its fake quant and its output divided by after): f = weight /
+// sqrt(running_var + eps) elementwise, each step rounded as the ops
+// div(weight, sqrt(add(running_var, eps))) round it, in one pass; the same
+// values and weight gradient (g / sqrt(running_var + eps)) bit for bit. A
+// running_var that requires grad (never a batch norm's buffer) takes those
+// three ops, for their gradient too.
+Tensor batch_norm_scale_factor(const Tensor& weight, const Tensor& running_var, double eps);
+
 // x [N, C, ...] (rank >= 2) divided per channel (axis 1) by divisor [C], then
 // bias [C] added (optional): y = x / divisor[c] + bias[c], rounded as the two
 // broadcast ops it replaces (x / divisor.reshape(1, -1, 1, 1) + bias.reshape(

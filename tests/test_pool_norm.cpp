@@ -612,6 +612,37 @@ TEST_CASE("batch_norm_relu equals relu(batch_norm) bit for bit: output, running 
   }
 }
 
+TEST_CASE("batch_norm_scale_factor equals div(weight, sqrt(add(running_var, eps))) bit for bit: values, gradient") {
+  // Every floating dtype (f16 / bf16: each step rounded to the dtype, eps
+  // too), eps of the batch norm and one that is not exact in any dtype, and
+  // the weight gradient against div's; running variances down to 1e-4 (eps
+  // matters) and up to 50.
+  for (const Device dev : test_devices()) {
+    for (DType dt : {DType::f32, DType::f64, DType::f16, DType::bf16}) {
+      for (double eps : {1e-5, 0.1}) {
+        INFO(dev.str(), " ", dtype_name(dt), " eps ", eps);
+        Generator g(0x5ca1e);
+        const TensorOptions o = TensorOptions{}.with_device(dev).with_dtype(dt);
+        const Tensor w0 = randn({67}, g, o), rv = mul(rand({67}, g, o, 0.01, 1.0), rand({67}, g, o, 0.01, 1.0));
+        const Tensor rv_big = rand({67}, g, o, 1.0, 50.0), dy = randn({67}, g, o);
+        for (const Tensor& v : {rv, rv_big}) {
+          Tensor wa = w0.clone(), wb = w0.clone();
+          wa.set_requires_grad(true);
+          wb.set_requires_grad(true);
+          const Tensor fa = batch_norm_scale_factor(wa, v, eps);
+          const Tensor fb = div(wb, sqrt(add(v, eps)));
+          CHECK(bit_equal(fa, fb));
+          fa.backward(dy);
+          fb.backward(dy);
+          CHECK(bit_equal(wa.grad(), wb.grad()));
+          const std::vector<double> fv = values(fa);
+          CHECK(std::count(fv.begin(), fv.end(), 0.0) == 0);  // real values
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("channel_div_add_batch_norm equals batch_norm(channel_div_add) bit for bit: output, statistics, gradients") {
   // As above: planes of 30 (tail loops) and 2500 (two chunks, batched
   // loops); training and evaluation; with and without relu and shift; every

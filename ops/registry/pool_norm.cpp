@@ -517,6 +517,42 @@ std::vector<OpEntry> pool_norm_entries() {
                },
                Promise::bit_identical(), GradMethod::none, {}, {}, nullptr});
 
+  // batch_norm_scale_factor: a batch norm's weight (a leaf) and running
+  // variance (a buffer: plain), two eps; then a running variance that
+  // requires grad (the composed ops' path, gradients to both).
+  const auto scale_factor_errors = [](Device d) {
+    constexpr const char* op = "batch_norm_scale_factor";
+    const Tensor w = some({4}, d), v = full({4}, 0.5, on(d));
+    std::vector<BadInput> c{
+        {op, "weight", [=] { batch_norm_scale_factor(Tensor(), v, 1e-5); }},
+        {op, "weight", [=] { batch_norm_scale_factor(some({4}, d, DType::s32), v, 1e-5); }},
+        {op, "running_var", [=] { batch_norm_scale_factor(w, Tensor(), 1e-5); }},
+        {op, "running_var", [=] { batch_norm_scale_factor(w, some({4}, d, DType::s32), 1e-5); }},
+        {op, "running_var", [=] { batch_norm_scale_factor(w, full({4}, 0.5, on(d, DType::f64)), 1e-5); }},
+        {op, "running_var", [=] { batch_norm_scale_factor(w, full({5}, 0.5, on(d)), 1e-5); }},
+        {op, "running_var", [=] { batch_norm_scale_factor(w, full({4, 1}, 0.5, on(d)), 1e-5); }},
+        {op, "eps", [=] { batch_norm_scale_factor(w, v, -1e-5); }},
+        {op, "eps", [=] { batch_norm_scale_factor(w, v, std::numeric_limits<double>::infinity()); }},
+        {op, "eps", [=] { batch_norm_scale_factor(w, v, std::numeric_limits<double>::quiet_NaN()); }},
+    };
+    if (has_other(d)) c.push_back({op, "running_var", [=] { batch_norm_scale_factor(w, full({4}, 0.5, on(other(d))), 1e-5); }});
+    return c;
+  };
+  e.push_back({"batch_norm_scale_factor", {"batch_norm_scale_factor"}, kFloat,
+               [](Device d, DType dt, Generator& g) {
+                 return Tensors{normal({37}, g, d, dt), plain({37}, g, d, dt, 0.01, 3)};
+               },
+               [](const Tensors& v) {
+                 return Tensors{batch_norm_scale_factor(v[0], v[1], 1e-5), batch_norm_scale_factor(v[0], v[1], 0.25)};
+               },
+               Promise::bit_identical(), GradMethod::finite_differences, {}, {}, scale_factor_errors});
+  e.push_back({"batch_norm_scale_factor (running_var requires grad)", {"batch_norm_scale_factor"}, kFloat,
+               [](Device d, DType dt, Generator& g) {
+                 return Tensors{normal({6}, g, d, dt), leaf(rand({6}, g, on(d, dt), 0.5, 2.0))};
+               },
+               [](const Tensors& v) { return Tensors{batch_norm_scale_factor(v[0], v[1], 1e-3)}; },
+               Promise::bit_identical(), GradMethod::finite_differences, {}, {}, nullptr});
+
   // channel_div_add: [N, C, H, W] with bias (plane of 33 elements: two
   // chunk lanes partly filled), and [N, C] without; divisors away from 0.
   const auto div_add_errors = [](Device d) {

@@ -18,9 +18,8 @@ namespace qgrad::kernels {
 // batch-norm channel was latency-bound at ~110 ns an element, H100). The
 // additions keep their order: the same bits as the plain loop. The last
 // partial batch is loaded the same way (a sum of 6 elements was 6 round trips
-// in a row). Sums run by
-// many threads at once (bandwidth-bound) take 8; the few long sums of a
-// reduction's last levels take kSumLoadBatchLong.
+// in a row). Sums run by many threads at once (bandwidth-bound) take 8; the
+// few long sums of a reduction's last levels take kSumLoadBatchLong.
 inline constexpr int kSumLoadBatch = 8;
 inline constexpr int kSumLoadBatchLong = 32;
 

@@ -405,12 +405,6 @@ struct MaxPoolBackward {
   }
 };
 
-// MaxPoolBackward when the windows tile the input (no padding, window span
-// = stride, the input exactly oh x ow windows): one index per output, which
-// writes its whole window, each element once. The gather's values: an
-// element gets T(0 + dy[o]) where it is the window's argmax, else T(0).
-// A warp writes whole row segments (coalesced) and reads each idx / dy once.
-// kTiled2: 2 x 2 windows, their four elements written unrolled.
 // Two adjacent elements stored as one (2 x T aligned at p: on CUDA one
 // store instruction instead of two, whole 8-byte pairs for f32).
 template <class T>
@@ -426,6 +420,12 @@ QGRAD_HD void store_pair(T* p, T a, T b) {
 #endif
 }
 
+// MaxPoolBackward when the windows tile the input (no padding, window span
+// = stride, the input exactly oh x ow windows): one index per output, which
+// writes its whole window, each element once. The gather's values: an
+// element gets T(0 + dy[o]) where it is the window's argmax, else T(0).
+// A warp writes whole row segments (coalesced) and reads each idx / dy once.
+// kTiled2: 2 x 2 windows, their four elements written unrolled.
 // kPairs (with kTiled2, dx aligned to 2 x T): each window row's two elements
 // stored as one pair (store_pair; a row's first element has an even index).
 template <class T, class Ix, bool kTiled2 = false, bool kPairs = false>
@@ -647,10 +647,11 @@ void max_pool_backward(const Tensor& dy, Ix ix, const Tensor& dx, const Pool2dGe
   T* out = static_cast<T*>(dx.data_ptr());
   const PoolDivs dv = PoolDivs::of(g);
   // 2 x 2 tiles: iw is even, and so is every plane's size and a window row's first index.
+  const bool tiled2 = windows_tile_2x2(g);
   const bool pairs = reinterpret_cast<std::uintptr_t>(out) % (2 * sizeof(T)) == 0;
-  if (windows_tile_2x2(g) && pairs)
+  if (tiled2 && pairs)
     for_each_index(dy.device(), dy.numel(), MaxPoolBackwardTiled<T, Ix, true, true>{d, ix, out, g, dv.out}, what);
-  else if (windows_tile_2x2(g))
+  else if (tiled2)
     for_each_index(dy.device(), dy.numel(), MaxPoolBackwardTiled<T, Ix, true>{d, ix, out, g, dv.out}, what);
   else if (windows_tile_input(g))
     for_each_index(dy.device(), dy.numel(), MaxPoolBackwardTiled<T, Ix>{d, ix, out, g, dv.out}, what);

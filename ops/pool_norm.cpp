@@ -189,7 +189,6 @@ void check_channel_tensor(const Tensor& t, const Tensor& x, const char* arg, con
 
 }  // namespace
 
-// Saves the divisor, and x (detached) when the divisor needs grad.
 Tensor batch_norm_scale_factor(const Tensor& weight, const Tensor& running_var, double eps) {
   constexpr const char* op = "batch_norm_scale_factor";
   check::floating(weight, op, "weight");
@@ -211,6 +210,7 @@ Tensor batch_norm_scale_factor(const Tensor& weight, const Tensor& running_var, 
   return f;
 }
 
+// Saves the divisor, and x (detached) when the divisor needs grad.
 Tensor channel_div_add(const Tensor& x, const Tensor& divisor, const Tensor& bias) {
   constexpr const char* op = "channel_div_add";
   check::floating(x, op, "x");

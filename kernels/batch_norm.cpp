@@ -46,6 +46,8 @@ struct Partials {
     return {v, (inner + kBatchNormChunk - 1) / kBatchNormChunk, inner < 32 ? inner : 32};
   }
 };
+  }
+};
 
 // The index arithmetic of a partial's chunk by FastDiv's 32-bit magic
 // divisions instead of 64-bit ones (a software routine each on CUDA, several
@@ -370,15 +372,28 @@ struct PartialGrad {
     T* o = dx ? dx + ch.offset : nullptr;
     M s = M(0), t = M(0);
     std::int64_t j = ch.lo;
-    // kSumLoadBatch elements' loads issued before their adds (reduce.h), in order.
+    // kSumLoadBatch elements' loads issued before their adds (reduce.h), in
+    // order, and before the first unscaling: a division's slow-path call
+    // ends the compiler's scheduling region, so loads interleaved with the
+    // divisions were one round trip each (layer 1 of the CNN: 25 in a row).
     for (; j + (kSumLoadBatch - 1) * lanes < ch.hi; j += kSumLoadBatch * lanes) {
-      T gv[kSumLoadBatch];
+      T gv[kSumLoadBatch], xr[kSumLoadBatch];
+      if (xs) {
+        QGRAD_UNROLL
+        for (int k = 0; k < kSumLoadBatch; ++k) {
+          gv[k] = g[j + k * lanes];
+          xr[k] = xs[j + k * lanes];
+        }
+      } else {
+        QGRAD_UNROLL
+        for (int k = 0; k < kSumLoadBatch; ++k) {
+          gv[k] = g[j + k * lanes];
+          xr[k] = T(M(0));
+        }
+      }
       M xv[kSumLoadBatch];
       QGRAD_UNROLL
-      for (int k = 0; k < kSumLoadBatch; ++k) {
-        gv[k] = g[j + k * lanes];
-        xv[k] = xs ? u(xs[j + k * lanes]) : M(0);
-      }
+      for (int k = 0; k < kSumLoadBatch; ++k) xv[k] = xs ? u(xr[k]) : M(0);
       if (gt.active) {
         QGRAD_UNROLL
         for (int k = 0; k < kSumLoadBatch; ++k) gv[k] = gt(gv[k], xv[k]);

@@ -35,7 +35,11 @@ QGRAD_HD M sqrt_m(M x) {
 //      coalesced on CUDA);
 //   2. lane sum (c, lane): the partials of q = 0, 1, ..., Q - 1 in order;
 //   3. channel c: its lane sums in lane order.
-// lanes = min(32, inner): a [N, C] input has one lane.
+// lanes: 32, halved while a partial would hold fewer than
+// kBatchNormPartialMin elements (so at most 64 elements a partial; a [N, C]
+// input has one lane). A partial's fixed costs (its index, its channel's
+// parameters, its stores) dominated at 32 lanes of 6-7 elements: the CNN's
+// 14 x 14 planes take 8 lanes of 24-25.
 struct Partials {
   AxisLayout v;
   std::int64_t chunks, lanes;
@@ -43,9 +47,9 @@ struct Partials {
   std::int64_t count() const { return v.channels * per_channel() * lanes; }
   static Partials of(const AxisLayout& v) {
     const std::int64_t inner = v.inner < 1 ? 1 : v.inner;
-    return {v, (inner + kBatchNormChunk - 1) / kBatchNormChunk, inner < 32 ? inner : 32};
-  }
-};
+    std::int64_t lanes = 32;
+    while (lanes > 1 && inner < lanes * kBatchNormPartialMin) lanes /= 2;
+    return {v, (inner + kBatchNormChunk - 1) / kBatchNormChunk, lanes};
   }
 };
 

@@ -4,9 +4,10 @@
 //
 // The per-channel sums over N * inner elements run in a fixed three-level
 // order that depends only on the shape: each chunk of kBatchNormChunk
-// elements of a plane (n, c) is split into lanes = min(32, inner)
-// interleaved partials (lane l sums elements l, l + lanes, ... in order, so
-// neighbouring CUDA threads read neighbouring elements); each (channel, lane)
+// elements of a plane (n, c) is split into `lanes` interleaved partials (32,
+// halved while a partial would hold fewer than kBatchNormPartialMin
+// elements; lane l sums elements l, l + lanes, ... in order, so neighbouring
+// CUDA threads read neighbouring elements); each (channel, lane)
 // sums its partials over q = (n, chunk) in formulas::lane_sum's order (32
 // interleaved runs, then a tree: for_each_column_sum); each channel sums its
 // lanes in order. The statistics take one pass over x: each partial holds
@@ -23,6 +24,7 @@
 namespace qgrad::kernels {
 
 inline constexpr std::int64_t kBatchNormChunk = 2048;
+inline constexpr std::int64_t kBatchNormPartialMin = 16;
 
 // channel_div_add fused before the normalisation (ops'
 // channel_div_add_batch_norm): with `divisor` defined, the functions below

@@ -69,6 +69,20 @@ struct BiasCombine {
   }
 };
 
+// out[(a, j, c)] = in[(a, c, j)] for in [outer, channels, inner] (the CPU's
+// channels-last copy; CUDA has a tiled kernel).
+template <class U>
+struct ChannelsLastCopy {
+  const U* in;
+  U* out;
+  std::int64_t channels, inner;
+  QGRAD_HD void operator()(std::int64_t i) const {
+    const std::int64_t c = i % channels, rest = i / channels;
+    const std::int64_t j = rest % inner, a = rest / inner;
+    out[i] = in[(a * channels + c) * inner + j];
+  }
+};
+
 }  // namespace
 
 Conv2dShape conv2d_geometry(const Shape& x, const Shape& w, std::array<std::int64_t, 2> stride,
@@ -130,6 +144,49 @@ void conv2d_backward_input(const Conv2dShape& s, const Tensor& dy, const Tensor&
 void conv2d_backward_weight(const Conv2dShape& s, const Tensor& x, const Tensor& dy, const Tensor& dweight) {
   if (dweight.is_cuda()) QGRAD_ON_CUDA(cuda::conv2d_backward_weight(s, x, dy, dweight));
   else cpu::conv2d_backward_weight(s, x, dy, dweight);
+}
+
+bool conv2d_stages_channels_last([[maybe_unused]] const Conv2dShape& s, [[maybe_unused]] DType dt, Device device) {
+  if (!device.is_cuda()) return false;
+  bool staged = false;
+  QGRAD_ON_CUDA(staged = cuda::conv2d_stages_channels_last(s, dt, device.index));
+  return staged;
+}
+
+void to_channels_last(const Tensor& in, const Tensor& out, std::int64_t a, std::int64_t b, std::int64_t inner) {
+  if (out.is_cuda()) return QGRAD_ON_CUDA(cuda::to_channels_last(in, out, a, b, inner));
+  const auto copy = [&](auto unit) {
+    using U = decltype(unit);
+    for_each_index(out.device(), a * b * inner,
+                   ChannelsLastCopy<U>{static_cast<const U*>(in.data_ptr()), static_cast<U*>(out.data_ptr()), b, inner},
+                   "conv2d");
+  };
+  switch (dtype_size(in.dtype())) {
+    case 1: return copy(std::uint8_t{});
+    case 2: return copy(std::uint16_t{});
+    case 4: return copy(std::uint32_t{});
+    default: return copy(std::uint64_t{});
+  }
+}
+
+// The staged passes exist on CUDA only (conv2d_stages_channels_last is false
+// on the CPU, so conv2d never calls them there).
+void conv2d_forward_channels_last([[maybe_unused]] const Conv2dShape& s, [[maybe_unused]] const Tensor& x_cl,
+                                  [[maybe_unused]] const Tensor& w_cl, const Tensor& y) {
+  QGRAD_CHECK(y.is_cuda(), "conv2d", "x", "channels-last staging is CUDA only");
+  QGRAD_ON_CUDA(cuda::conv2d_forward_channels_last(s, x_cl, w_cl, y));
+}
+
+void conv2d_backward_input_channels_last([[maybe_unused]] const Conv2dShape& s, [[maybe_unused]] const Tensor& dy_cl,
+                                         [[maybe_unused]] const Tensor& w_cl, const Tensor& dx) {
+  QGRAD_CHECK(dx.is_cuda(), "conv2d", "x", "channels-last staging is CUDA only");
+  QGRAD_ON_CUDA(cuda::conv2d_backward_input_channels_last(s, dy_cl, w_cl, dx));
+}
+
+void conv2d_backward_weight_channels_last([[maybe_unused]] const Conv2dShape& s, [[maybe_unused]] const Tensor& x_cl,
+                                          [[maybe_unused]] const Tensor& dy_cl, const Tensor& dweight) {
+  QGRAD_CHECK(dweight.is_cuda(), "conv2d", "x", "channels-last staging is CUDA only");
+  QGRAD_ON_CUDA(cuda::conv2d_backward_weight_channels_last(s, x_cl, dy_cl, dweight));
 }
 
 void fill_channel_bias(const Tensor& y, const Tensor& bias, std::int64_t channels, std::int64_t inner) {

@@ -46,19 +46,33 @@ bool conv_allow_tf32() { return g_conv_allow_tf32.load(std::memory_order_relaxed
 // Backward: dx = conv2d's transpose applied to dy (cuDNN backward data / the
 // GEMM W_gᵀ · dy then col2im), dW = Σ_n dy[n] ⋆ x[n] (cuDNN backward filter /
 // col · dyᵀ per image), db[o] = Σ_{n, oh, ow} dy[n, o, oh, ow]. Saves the
-// weight when x needs grad and x when the weight needs grad (detached);
-// nothing for the bias.
+// weight when x needs grad and x when the weight needs grad (detached, or
+// their channels-last copies where staged: the same bytes); nothing for the
+// bias.
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, std::array<std::int64_t, 2> stride,
               std::array<std::int64_t, 2> padding, std::array<std::int64_t, 2> dilation, std::int64_t groups) {
   kernels::Conv2dShape s = conv2d_shape(x, weight, bias, stride, padding, dilation, groups);
   s.allow_tf32 = conv_allow_tf32();  // saved in the backward's copy of s
   Tensor out = Tensor::empty({s.n, s.o, s.oh, s.ow}, like(x));
+  const bool need_x = x.requires_grad(), need_w = weight.requires_grad();
+  // Channels-last staging (kernels/conv.h) where the backward will run: x
+  // and the weight copied once here, the copies saved.
+  const bool staged = any_requires_grad({x, weight}) && kernels::conv2d_stages_channels_last(s, x.dtype(), x.device());
+  Tensor x_cl, w_cl;
+  if (staged) {
+    x_cl = Tensor::empty({s.n, s.h, s.w, s.c}, like(x));
+    w_cl = Tensor::empty({s.o, s.kh, s.kw, s.c}, like(x));
+    kernels::to_channels_last(x, x_cl, s.n, s.c, s.h * s.w);
+    kernels::to_channels_last(weight, w_cl, s.o, s.c, s.kh * s.kw);
+    kernels::conv2d_forward_channels_last(s, x_cl, w_cl, out);  // f32 only: the bias added after
+    if (bias.defined()) kernels::add_channel_bias(out, bias, s.o, s.oh * s.ow);
+  }
   // The bias. f32/f64 on CUDA: added after the convolution (one rounding of
   // conv + bias either way; cuDNN's graph engines run beta = 0, and measured
   // 3-10% faster so, bias add included, on an H100, 2026-11-24). Otherwise
   // filled first and the convolution accumulated onto it: 16-bit outputs
   // round once.
-  if (bias.defined() && x.is_cuda() && (x.dtype() == DType::f32 || x.dtype() == DType::f64)) {
+  else if (bias.defined() && x.is_cuda() && (x.dtype() == DType::f32 || x.dtype() == DType::f64)) {
     kernels::conv2d_forward(s, x, weight, out, false);
     kernels::add_channel_bias(out, bias, s.o, s.oh * s.ow);
   } else {
@@ -66,20 +80,27 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, std::ar
     kernels::conv2d_forward(s, x, weight, out, bias.defined());
   }
   if (any_requires_grad({x, weight, bias})) {
-    const bool need_x = x.requires_grad(), need_w = weight.requires_grad();
     const bool need_b = bias.defined() && bias.requires_grad();
-    Tensor sx = need_w ? x.detach() : Tensor(), sw = need_x ? weight.detach() : Tensor();
+    Tensor sx = need_w ? (staged ? x_cl : x.detach()) : Tensor();
+    Tensor sw = need_x ? (staged ? w_cl : weight.detach()) : Tensor();
     record(
         "conv2d", out, {x, weight, bias},
-        [sx, sw, s, need_b, shape_x = x.shape(), shape_w = weight.shape()](const Tensor& dy) {
+        [sx, sw, s, need_b, staged, shape_x = x.shape(), shape_w = weight.shape()](const Tensor& dy) {
           Tensor gx, gw, gb;
+          Tensor dy_cl;  // staged: dy copied channels-last once, for both gradients
+          if (staged && (sw.defined() || sx.defined())) {
+            dy_cl = Tensor::empty({s.n, s.oh, s.ow, s.o}, like(dy));
+            kernels::to_channels_last(dy, dy_cl, s.n, s.o, s.oh * s.ow);
+          }
           if (sw.defined()) {
             gx = Tensor::empty(shape_x, like(dy));
-            kernels::conv2d_backward_input(s, dy, sw, gx);
+            if (staged) kernels::conv2d_backward_input_channels_last(s, dy_cl, sw, gx);
+            else kernels::conv2d_backward_input(s, dy, sw, gx);
           }
           if (sx.defined()) {
             gw = Tensor::empty(shape_w, like(dy));
-            kernels::conv2d_backward_weight(s, sx, dy, gw);
+            if (staged) kernels::conv2d_backward_weight_channels_last(s, sx, dy_cl, gw);
+            else kernels::conv2d_backward_weight(s, sx, dy, gw);
           }
           if (need_b) {
             gb = Tensor::empty({s.o}, like(dy));

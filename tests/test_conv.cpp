@@ -6,6 +6,7 @@
 #include <string>
 
 #include "helpers.h"
+#include "qgrad/kernels/conv.h"
 
 using namespace qgrad;
 using namespace qgrad::testing;
@@ -44,6 +45,9 @@ const std::vector<Config>& configs() {
       // Large enough (> 4M multiply-adds) for the CPU's parallel path.
       {"parallel path", {4, 16, 18, 16}, {32, 16, 3, 3}, true, {1, 1}, {1, 1}, {1, 1}, 1},
       {"parallel path, groups 4", {3, 16, 24, 24}, {32, 4, 3, 3}, true, {1, 1}, {1, 1}, {1, 1}, 4},
+      // Staged channels-last on CUDA with TF32 (kernels/conv.h): 8 channels,
+      // stride 2, unequal padding, a bias.
+      {"channels-last staged, stride 2", {3, 8, 9, 10}, {12, 8, 3, 3}, true, {2, 2}, {1, 2}, {1, 1}, 1},
   };
   return c;
 }
@@ -392,4 +396,81 @@ TEST_CASE("conv2d with TF32 allowed: f32 on CUDA within the TF32 bound, determin
     (tf32 ? on : off).push_back(conv2d(x, w, Tensor(), c.stride, c.padding, c.dilation, c.groups));
   }
   CHECK(bit_equal(on[0], off[0]));
+}
+
+TEST_CASE("to_channels_last: [a, b, h, w] -> [a, h, w, b] in every dtype and device, tile edges included") {
+  struct Case {
+    std::int64_t a, b, inner;
+  };
+  for (Device d : test_devices())
+    for (DType dt : {DType::f32, DType::f64, DType::f16, DType::s8})
+      for (Case c : {Case{3, 37, 45}, Case{2, 64, 9}, Case{1, 5, 1}}) {
+        INFO(std::string(dtype_name(dt)), " on ", d.str(), ", a ", c.a, " b ", c.b, " inner ", c.inner);
+        Generator g(61);
+        const TensorOptions o = TensorOptions{}.with_device(d);
+        Tensor in = dt == DType::s8 ? randint(-128, 128, {c.a, c.b, c.inner}, g, TensorOptions(o).with_dtype(dt))
+                                    : randn({c.a, c.b, c.inner}, g, TensorOptions(o).with_dtype(dt));
+        Tensor out = Tensor::empty({c.a, c.inner, c.b}, TensorOptions(o).with_dtype(dt));
+        poison(out);
+        kernels::to_channels_last(in, out, c.a, c.b, c.inner);
+        const std::vector<double> vi = values(in), vo = values(out);
+        std::size_t wrong = 0;
+        for (std::int64_t a = 0; a < c.a; ++a)
+          for (std::int64_t b = 0; b < c.b; ++b)
+            for (std::int64_t j = 0; j < c.inner; ++j) {
+              const auto src = static_cast<std::size_t>((a * c.b + b) * c.inner + j);
+              const auto dst = static_cast<std::size_t>((a * c.inner + j) * c.b + b);
+              if (!(vo[dst] == vi[src])) ++wrong;
+            }
+        CHECK(wrong == 0);
+      }
+}
+
+TEST_CASE("conv2d's channels-last staging: where it applies, and the staged passes agree with the NCHW ones (GPU)") {
+  QGRAD_REQUIRE_GPU();
+  struct Restore {
+    bool was = conv_allow_tf32();
+    ~Restore() { set_conv_allow_tf32(was); }
+  } restore;
+  const Device gpu = Device::cuda(0);
+  kernels::Conv2dShape s;
+  s.n = 4, s.c = 16, s.h = 18, s.w = 16, s.o = 32, s.kh = 3, s.kw = 3, s.oh = 18, s.ow = 16, s.ph = 1, s.pw = 1;
+  s.allow_tf32 = true;
+  CHECK(kernels::conv2d_stages_channels_last(s, DType::f32, gpu));
+  CHECK_FALSE(kernels::conv2d_stages_channels_last(s, DType::f32, Device::cpu()));
+  CHECK_FALSE(kernels::conv2d_stages_channels_last(s, DType::f64, gpu));
+  CHECK_FALSE(kernels::conv2d_stages_channels_last(s, DType::bf16, gpu));
+  kernels::Conv2dShape exact = s;
+  exact.allow_tf32 = false;
+  CHECK_FALSE(kernels::conv2d_stages_channels_last(exact, DType::f32, gpu));
+  kernels::Conv2dShape grouped = s;
+  grouped.groups = 2;
+  CHECK_FALSE(kernels::conv2d_stages_channels_last(grouped, DType::f32, gpu));
+  kernels::Conv2dShape odd = s;
+  odd.o = 30;
+  CHECK_FALSE(kernels::conv2d_stages_channels_last(odd, DType::f32, gpu));
+
+  // conv2d with grad (staged) against the NCHW kernels on the same operands
+  // (other engines: TF32 both, so within TF32's rounding of each other).
+  set_conv_allow_tf32(true);
+  Tensor x = seeded({s.n, s.c, s.h, s.w}, 71, DType::f32, gpu, true);
+  Tensor w = seeded({s.o, s.c, s.kh, s.kw}, 72, DType::f32, gpu, true);
+  Tensor b = seeded({s.o}, 73, DType::f32, gpu, true);
+  Tensor y = conv2d(x, w, b, {1, 1}, {1, 1});
+  Tensor dy = seeded(y.shape(), 74, DType::f32, gpu, false);
+  y.backward(dy);
+  Tensor y_ref = Tensor::empty(y.shape(), TensorOptions{}.with_device(gpu)), dx_ref = empty_like(x),
+         dw_ref = empty_like(w);
+  for (const Tensor& t : {y_ref, dx_ref, dw_ref}) poison(t);
+  kernels::conv2d_forward(s, x.detach(), w.detach(), y_ref);
+  kernels::add_channel_bias(y_ref, b.detach(), s.o, s.oh * s.ow);
+  kernels::conv2d_backward_input(s, dy, w.detach(), dx_ref);
+  kernels::conv2d_backward_weight(s, x.detach(), dy, dw_ref);
+  check_close(values(y), values(y_ref), 4e-3, "forward");
+  check_close(values(x.grad()), values(dx_ref), 4e-3, "input gradient");
+  check_close(values(w.grad()), values(dw_ref), 4e-3, "weight gradient");
+  // The saved state: the staged copies, the same bytes as x and the weight.
+  Tensor y2 = conv2d(x, w, b, {1, 1}, {1, 1});
+  REQUIRE(y2.grad_fn());
+  CHECK(y2.grad_fn()->saved_bytes == x.nbytes() + w.nbytes());
 }

@@ -2,7 +2,9 @@
 // cudnnConvolutionForward / BackwardData / BackwardFilter), NCHW, groups by
 // cudnnSetConvolutionGroupCount. Groups of at most 4 input channels first try
 // qgrad's direct kernels (conv_direct.cu): both gradients, and the forward
-// with at least 4 output channels per group.
+// with at least 4 output channels per group. conv2d may stage a training
+// convolution's operands channels-last (kernels/conv.h): then the
+// *_channels_last passes, on graph-API plans for those layouts.
 //
 // Handles: one per device, created on first use, bound to the device's one
 // stream (qgrad::cuda::stream), never destroyed (as the cuBLAS handles).
@@ -260,10 +262,17 @@ struct BackendPlan {
   std::int64_t engine_index = -1;  // the engine's global index (for QGRAD_CUDNN_LOG)
 };
 
+// The staged operands of a pass (kernels/conv.h, channels-last staging): the
+// pass's x (dx), w (dw) and y (dy) stored [n, h, w, c] rather than NCHW.
+enum Staged : unsigned { kNoneStaged = 0, kXStaged = 1, kWStaged = 2, kYStaged = 4 };
+
+// dims [n, c, h, w]; strides NCHW, or NHWC when channels_last.
 std::unique_ptr<BackendDescriptor> backend_tensor(std::int64_t uid, const std::array<std::int64_t, 4>& dims,
-                                                  cudnnDataType_t type, std::int64_t alignment) {
+                                                  cudnnDataType_t type, std::int64_t alignment, bool channels_last) {
   auto t = std::make_unique<BackendDescriptor>(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
-  const std::array<std::int64_t, 4> strides{dims[1] * dims[2] * dims[3], dims[2] * dims[3], dims[3], 1};
+  const std::array<std::int64_t, 4> strides =
+      channels_last ? std::array<std::int64_t, 4>{dims[1] * dims[2] * dims[3], 1, dims[3] * dims[1], dims[1]}
+                    : std::array<std::int64_t, 4>{dims[1] * dims[2] * dims[3], dims[2] * dims[3], dims[3], 1};
   t->set(CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, type);
   t->set(CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, dims.data(), 4);
   t->set(CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, strides.data(), 4);
@@ -305,16 +314,17 @@ bool engine_allowed(const BackendDescriptor& config, DType dt, bool tf32, std::i
   return true;
 }
 
-// The plan of the first allowed engine of the instant heuristic; null when
-// none builds (then the legacy API).
+// The plan of the first allowed engine of the instant heuristic for
+// operands laid out as `staged` says; null when none builds (then the legacy
+// API, for unstaged operands).
 std::shared_ptr<BackendPlan> backend_plan(cudnnHandle_t h, const Conv2dShape& s, DType dt, Direction dir,
-                                          bool accumulate, std::int64_t alignment) {
+                                          bool accumulate, std::int64_t alignment, unsigned staged) {
   auto bp = std::make_shared<BackendPlan>();
   const cudnnDataType_t t = data_type(dt);
   const cudnnDataType_t compute = dt == DType::f64 ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT;
-  auto x = backend_tensor(kUidX, {s.n, s.c, s.h, s.w}, t, alignment);
-  auto w = backend_tensor(kUidW, {s.o, s.c_per_group(), s.kh, s.kw}, t, alignment);
-  auto y = backend_tensor(kUidY, {s.n, s.o, s.oh, s.ow}, t, alignment);
+  auto x = backend_tensor(kUidX, {s.n, s.c, s.h, s.w}, t, alignment, (staged & kXStaged) != 0);
+  auto w = backend_tensor(kUidW, {s.o, s.c_per_group(), s.kh, s.kw}, t, alignment, (staged & kWStaged) != 0);
+  auto y = backend_tensor(kUidY, {s.n, s.o, s.oh, s.ow}, t, alignment, (staged & kYStaged) != 0);
 
   auto conv = std::make_unique<BackendDescriptor>(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR);
   const std::int64_t dims = 2;
@@ -454,7 +464,7 @@ Choice cached_choice(cudnnHandle_t h, const Descriptors& d, const Conv2dShape& s
   // bf16 0.216 against 0.182; H100, 2026-11-24).
   if (dir != Direction::forward || !accumulate) {
     try {
-      c.plan = backend_plan(h, s, dt, dir, accumulate, alignment);
+      c.plan = backend_plan(h, s, dt, dir, accumulate, alignment, kNoneStaged);
     } catch (const Error&) {  // the graph API rejects this convolution: the legacy API
       c.plan = nullptr;
     }
@@ -472,6 +482,81 @@ Choice cached_choice(cudnnHandle_t h, const Descriptors& d, const Conv2dShape& s
   std::lock_guard<std::mutex> lock(mutex);
   cache.emplace(key, c);
   return c;
+}
+
+// The staged passes' operands (kernels/conv.h): for each direction, which
+// of the pass's x, w, y are channels-last.
+unsigned staged_operands(Direction dir) {
+  switch (dir) {
+    case Direction::forward: return kXStaged | kWStaged;          // y NCHW
+    case Direction::backward_data: return kWStaged | kYStaged;    // dx NCHW
+    default: return kXStaged | kYStaged;                          // dw NCHW
+  }
+}
+
+// The graph plan of a staged pass, built on first use and cached (null, also
+// cached, when no allowed engine builds). Every staged operand and output is
+// a fresh allocation of conv2d's (the caching allocator's 256-byte
+// alignment): planned for 16-byte alignment, checked at each call.
+std::shared_ptr<BackendPlan> staged_plan(cudnnHandle_t h, const Conv2dShape& s, DType dt, Direction dir,
+                                         int device) {
+  static std::mutex mutex;
+  static std::map<Key, std::shared_ptr<BackendPlan>> cache;
+  const Key key = key_of(s, dt, dir, device, false, 16);
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = cache.find(key);
+    if (it != cache.end()) return it->second;
+  }
+  std::shared_ptr<BackendPlan> plan;
+  try {
+    plan = backend_plan(h, s, dt, dir, false, 16, staged_operands(dir));
+  } catch (const Error&) {  // the graph API rejects it: conv2d does not stage this shape
+    plan = nullptr;
+  }
+  if (std::getenv("QGRAD_CUDNN_LOG"))
+    std::fprintf(stderr,
+                 "qgrad conv2d %s channels-last n%lld c%lld %lldx%lld o%lld k%lldx%lld: %s %lld, workspace %zu\n",
+                 dir == Direction::forward ? "fwd" : dir == Direction::backward_data ? "dx" : "dw",
+                 static_cast<long long>(s.n), static_cast<long long>(s.c), static_cast<long long>(s.h),
+                 static_cast<long long>(s.w), static_cast<long long>(s.o), static_cast<long long>(s.kh),
+                 static_cast<long long>(s.kw), plan ? "graph engine" : "none",
+                 static_cast<long long>(plan ? plan->engine_index : -1), plan ? plan->workspace : std::size_t{0});
+  std::lock_guard<std::mutex> lock(mutex);
+  cache.emplace(key, plan);
+  return plan;
+}
+
+// out [a, inner, b] = in [a, b, inner], by 32 x 32 tiles through shared
+// memory (both the reads and the writes coalesced); blockIdx.z strides over a.
+template <class U>
+__global__ void channels_last_kernel(const U* __restrict__ in, U* __restrict__ out, std::int64_t outer,
+                                     std::int64_t channels, std::int64_t inner) {
+  __shared__ U tile[32][33];
+  const std::int64_t j0 = std::int64_t{blockIdx.x} * 32, c0 = std::int64_t{blockIdx.y} * 32;
+  for (std::int64_t a = blockIdx.z; a < outer; a += gridDim.z) {
+    const U* src = in + a * channels * inner;
+    U* dst = out + a * channels * inner;
+    for (unsigned r = threadIdx.y; r < 32; r += blockDim.y) {
+      const std::int64_t c = c0 + r, j = j0 + threadIdx.x;
+      if (c < channels && j < inner) tile[r][threadIdx.x] = src[c * inner + j];
+    }
+    __syncthreads();
+    for (unsigned r = threadIdx.y; r < 32; r += blockDim.y) {
+      const std::int64_t j = j0 + r, c = c0 + threadIdx.x;
+      if (c < channels && j < inner) dst[j * channels + c] = tile[threadIdx.x][r];
+    }
+    __syncthreads();
+  }
+}
+
+// A staged pass's plan, its pointers' alignment checked.
+const BackendPlan& staged_plan_for(cudnnHandle_t h, const Conv2dShape& s, DType dt, Direction dir, int device,
+                                   std::initializer_list<const void*> ptrs) {
+  const std::shared_ptr<BackendPlan> plan = staged_plan(h, s, dt, dir, device);
+  if (!plan || common_alignment(ptrs) < 16)
+    throw Error("conv2d", "x", "internal: a channels-last pass without its plan or with unaligned operands");
+  return *plan;
 }
 
 // Workspace from the caching allocator, released when the call is queued.
@@ -498,6 +583,18 @@ struct Scaling {
   const void* one() const { return dbl ? static_cast<const void*>(&d1) : static_cast<const void*>(&f1); }
   const void* zero() const { return dbl ? static_cast<const void*>(&d0) : static_cast<const void*>(&f0); }
 };
+
+// Runs a staged pass on its graph operands x, w, y (dx, dw, dy by
+// direction); `out` is the one it writes.
+void run_staged(const Conv2dShape& s, Direction dir, const Tensor& x, const Tensor& w, const Tensor& y,
+                const Tensor& out) {
+  const int dev = out.device().index;
+  ::qgrad::cuda::DeviceGuard guard(dev);
+  cudnnHandle_t h = dnn_handle(dev);
+  const BackendPlan& plan = staged_plan_for(h, s, out.dtype(), dir, dev, {x.data_ptr(), w.data_ptr(), y.data_ptr()});
+  Workspace ws(plan.workspace, out.device());
+  backend_execute(h, plan, x.data_ptr(), w.data_ptr(), y.data_ptr(), ws.ptr);
+}
 
 void check_dtype(DType dt) {
   if (!is_floating(dt)) throw Error("conv2d", "x", std::string("no cuDNN path for dtype ") + dtype_name(dt));
@@ -563,6 +660,54 @@ void conv2d_backward_weight(const Conv2dShape& s, const Tensor& x, const Tensor&
   QGRAD_CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, a.one(), d.x, x.data_ptr(), d.y, dy.data_ptr(), d.conv,
                                                    static_cast<cudnnConvolutionBwdFilterAlgo_t>(c.algo), ws.ptr,
                                                    c.workspace, a.zero(), d.w, dweight.data_ptr()));
+}
+
+bool conv2d_stages_channels_last(const Conv2dShape& s, DType dt, int device) {
+  if (dt != DType::f32 || !s.allow_tf32 || s.groups != 1 || s.c < 8 || s.c % 4 != 0 || s.o % 4 != 0 || s.n == 0)
+    return false;
+  ::qgrad::cuda::DeviceGuard guard(device);
+  cudnnHandle_t h = dnn_handle(device);
+  for (Direction dir : {Direction::forward, Direction::backward_data, Direction::backward_filter})
+    if (!staged_plan(h, s, dt, dir, device)) return false;
+  return true;
+}
+
+void to_channels_last(const Tensor& in, const Tensor& out, std::int64_t a, std::int64_t b, std::int64_t inner) {
+  if (a * b * inner == 0) return;
+  const int dev = out.device().index;
+  const dim3 grid(static_cast<unsigned>((inner + 31) / 32), static_cast<unsigned>((b + 31) / 32),
+                  static_cast<unsigned>(a < 65535 ? a : 65535));
+  const auto launch = [&](auto unit) {
+    using U = decltype(unit);
+    ::qgrad::cuda::launch_kernel(dev, channels_last_kernel<U>, grid, dim3(32, 8), 0,
+                                 static_cast<const U*>(in.data_ptr()), static_cast<U*>(out.data_ptr()), a, b, inner);
+  };
+  switch (dtype_size(in.dtype())) {
+    case 1: return launch(std::uint8_t{});
+    case 2: return launch(std::uint16_t{});
+    case 4: return launch(std::uint32_t{});
+    default: return launch(std::uint64_t{});
+  }
+}
+
+void conv2d_forward_channels_last(const Conv2dShape& s, const Tensor& x_cl, const Tensor& w_cl, const Tensor& y) {
+  if (s.n > 0) run_staged(s, Direction::forward, x_cl, w_cl, y, y);
+}
+
+void conv2d_backward_input_channels_last(const Conv2dShape& s, const Tensor& dy_cl, const Tensor& w_cl,
+                                         const Tensor& dx) {
+  if (s.n > 0) run_staged(s, Direction::backward_data, dx, w_cl, dy_cl, dx);
+}
+
+void conv2d_backward_weight_channels_last(const Conv2dShape& s, const Tensor& x_cl, const Tensor& dy_cl,
+                                          const Tensor& dweight) {
+  if (s.n == 0) {  // never staged (conv2d_stages_channels_last), kept for the contract
+    const int dev = dweight.device().index;
+    ::qgrad::cuda::DeviceGuard guard(dev);
+    QGRAD_CUDA_CHECK(cudaMemsetAsync(dweight.data_ptr(), 0, dweight.nbytes(), ::qgrad::cuda::stream(dev)));
+    return;
+  }
+  run_staged(s, Direction::backward_filter, x_cl, dweight, dy_cl, dweight);
 }
 
 }  // namespace qgrad::kernels::cuda

@@ -40,6 +40,15 @@ bool linear_bias_lt(const GemmShape& s, const Tensor& x, const Tensor& w, const 
 void conv2d_forward(const Conv2dShape& s, const Tensor& x, const Tensor& weight, const Tensor& y, bool accumulate);
 void conv2d_backward_input(const Conv2dShape& s, const Tensor& dy, const Tensor& weight, const Tensor& dx);
 void conv2d_backward_weight(const Conv2dShape& s, const Tensor& x, const Tensor& dy, const Tensor& dweight);
+// Channels-last staging (kernels/conv.h): the predicate, the tiled copy
+// [a, b, inner] -> [a, inner, b], and the three passes on staged operands.
+bool conv2d_stages_channels_last(const Conv2dShape& s, DType dt, int device);
+void to_channels_last(const Tensor& in, const Tensor& out, std::int64_t a, std::int64_t b, std::int64_t inner);
+void conv2d_forward_channels_last(const Conv2dShape& s, const Tensor& x_cl, const Tensor& w_cl, const Tensor& y);
+void conv2d_backward_input_channels_last(const Conv2dShape& s, const Tensor& dy_cl, const Tensor& w_cl,
+                                         const Tensor& dx);
+void conv2d_backward_weight_channels_last(const Conv2dShape& s, const Tensor& x_cl, const Tensor& dy_cl,
+                                          const Tensor& dweight);
 // The two gradients without cuDNN for groups of at most 4 input channels (a
 // first layer, a depthwise convolution), and the forward for such groups of
 // at least 4 output channels (kernels/cuda/conv_direct.cu): false, launching

@@ -532,6 +532,7 @@ std::shared_ptr<BackendPlan> staged_plan(cudnnHandle_t h, const Conv2dShape& s, 
 template <class U>
 __global__ void channels_last_kernel(const U* __restrict__ in, U* __restrict__ out, std::int64_t outer,
                                      std::int64_t channels, std::int64_t inner) {
+  ::qgrad::cuda::wait_for_prior_kernels();
   __shared__ U tile[32][33];
   const std::int64_t j0 = std::int64_t{blockIdx.x} * 32, c0 = std::int64_t{blockIdx.y} * 32;
   for (std::int64_t a = blockIdx.z; a < outer; a += gridDim.z) {

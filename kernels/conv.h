@@ -58,8 +58,8 @@ void conv2d_backward_weight(const Conv2dShape& s, const Tensor& x, const Tensor&
 // backward, and runs each pass on engines taking the staged operands and
 // writing NCHW: H200, the CNN's 256x32x14x14 -> 64 TF32 convolution, the
 // three passes 27.3 + 43.0 + 66.0 us NCHW, 23.0 + 33.1 + 51.7 us so
-// (dev/cuda/cudnn_engines.cu), plus three copies: the TF32 CNN step 0.4700
-// -> 0.4635 ms, peak memory 232.6 -> 215.8 MB.
+// (dev/cuda/cudnn_engines.cu), plus three copies; the TF32 CNN step's peak
+// memory 232.6 -> 215.8 MB (docs/benchmarks.md).
 //
 // True where conv2d stages a convolution of dtype dt on `device` so: f32
 // with TF32 allowed (the configuration measured), one group of at least 8

@@ -10,6 +10,7 @@
 #include "qgrad/kernels/cpu/conv.h"
 #include "qgrad/kernels/cuda/entries.h"
 #include "qgrad/kernels/loop.h"
+#include "qgrad/kernels/shape.h"
 
 namespace qgrad::kernels {
 
@@ -66,20 +67,6 @@ struct BiasCombine {
       for (std::int64_t k = 0; k < chunks; ++k) acc += p[k];
     }
     db[c] = T(acc);
-  }
-};
-
-// out[(a, j, c)] = in[(a, c, j)] for in [outer, channels, inner] (the CPU's
-// channels-last copy; CUDA has a tiled kernel).
-template <class U>
-struct ChannelsLastCopy {
-  const U* in;
-  U* out;
-  std::int64_t channels, inner;
-  QGRAD_HD void operator()(std::int64_t i) const {
-    const std::int64_t c = i % channels, rest = i / channels;
-    const std::int64_t j = rest % inner, a = rest / inner;
-    out[i] = in[(a * channels + c) * inner + j];
   }
 };
 
@@ -153,20 +140,9 @@ bool conv2d_stages_channels_last([[maybe_unused]] const Conv2dShape& s, [[maybe_
   return staged;
 }
 
-void to_channels_last(const Tensor& in, const Tensor& out, std::int64_t a, std::int64_t b, std::int64_t inner) {
-  if (out.is_cuda()) return QGRAD_ON_CUDA(cuda::to_channels_last(in, out, a, b, inner));
-  const auto copy = [&](auto unit) {
-    using U = decltype(unit);
-    for_each_index(out.device(), a * b * inner,
-                   ChannelsLastCopy<U>{static_cast<const U*>(in.data_ptr()), static_cast<U*>(out.data_ptr()), b, inner},
-                   "conv2d");
-  };
-  switch (dtype_size(in.dtype())) {
-    case 1: return copy(std::uint8_t{});
-    case 2: return copy(std::uint16_t{});
-    case 4: return copy(std::uint32_t{});
-    default: return copy(std::uint64_t{});
-  }
+void to_channels_last(const Tensor& in, const Tensor& out) {
+  if (out.is_cuda()) QGRAD_ON_CUDA(cuda::to_channels_last(in, out));
+  else permute(in, out, {0, 2, 3, 1});
 }
 
 // The staged passes exist on CUDA only (conv2d_stages_channels_last is false

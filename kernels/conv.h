@@ -67,9 +67,9 @@ void conv2d_backward_weight(const Conv2dShape& s, const Tensor& x, const Tensor&
 // multiples of 4, and graph-API engines that build for all three staged
 // passes (tried once per shape, cached). False on the CPU.
 bool conv2d_stages_channels_last(const Conv2dShape& s, DType dt, Device device);
-// out [a, h, w, b] = in [a, b, h, w], viewed as [a, b, inner] -> [a, inner,
-// b] (any dtype with an element type): the staged copies.
-void to_channels_last(const Tensor& in, const Tensor& out, std::int64_t a, std::int64_t b, std::int64_t inner);
+// out [a, h, w, b] = in [a, b, h, w] (any dtype with an element type): the
+// staged copies. CPU: kernels::permute; CUDA: a 32 x 32-tiled transpose.
+void to_channels_last(const Tensor& in, const Tensor& out);
 // The three passes on staged operands (x_cl [n, h, w, c], w_cl [o, kh, kw,
 // c], dy_cl [n, oh, ow, o]), y, dx and dweight NCHW, every element written;
 // only where conv2d_stages_channels_last(s, ...) held.

@@ -59,20 +59,19 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, std::ar
   // and the weight copied once here, the copies saved.
   const bool staged = any_requires_grad({x, weight}) && kernels::conv2d_stages_channels_last(s, x.dtype(), x.device());
   Tensor x_cl, w_cl;
+  // The bias. f32/f64 on CUDA (staged ones are f32): added after the
+  // convolution (one rounding of conv + bias either way; cuDNN's graph
+  // engines run beta = 0, and measured 3-10% faster so, bias add included, on
+  // an H100, 2026-11-24). Otherwise filled first and the convolution
+  // accumulated onto it: 16-bit outputs round once.
   if (staged) {
     x_cl = Tensor::empty({s.n, s.h, s.w, s.c}, like(x));
     w_cl = Tensor::empty({s.o, s.kh, s.kw, s.c}, like(x));
-    kernels::to_channels_last(x, x_cl, s.n, s.c, s.h * s.w);
-    kernels::to_channels_last(weight, w_cl, s.o, s.c, s.kh * s.kw);
-    kernels::conv2d_forward_channels_last(s, x_cl, w_cl, out);  // f32 only: the bias added after
+    kernels::to_channels_last(x, x_cl);
+    kernels::to_channels_last(weight, w_cl);
+    kernels::conv2d_forward_channels_last(s, x_cl, w_cl, out);
     if (bias.defined()) kernels::add_channel_bias(out, bias, s.o, s.oh * s.ow);
-  }
-  // The bias. f32/f64 on CUDA: added after the convolution (one rounding of
-  // conv + bias either way; cuDNN's graph engines run beta = 0, and measured
-  // 3-10% faster so, bias add included, on an H100, 2026-11-24). Otherwise
-  // filled first and the convolution accumulated onto it: 16-bit outputs
-  // round once.
-  else if (bias.defined() && x.is_cuda() && (x.dtype() == DType::f32 || x.dtype() == DType::f64)) {
+  } else if (bias.defined() && x.is_cuda() && (x.dtype() == DType::f32 || x.dtype() == DType::f64)) {
     kernels::conv2d_forward(s, x, weight, out, false);
     kernels::add_channel_bias(out, bias, s.o, s.oh * s.ow);
   } else {
@@ -90,7 +89,7 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, std::ar
           Tensor dy_cl;  // staged: dy copied channels-last once, for both gradients
           if (staged && (sw.defined() || sx.defined())) {
             dy_cl = Tensor::empty({s.n, s.oh, s.ow, s.o}, like(dy));
-            kernels::to_channels_last(dy, dy_cl, s.n, s.o, s.oh * s.ow);
+            kernels::to_channels_last(dy, dy_cl);
           }
           if (sw.defined()) {
             gx = Tensor::empty(shape_x, like(dy));

@@ -400,19 +400,19 @@ TEST_CASE("conv2d with TF32 allowed: f32 on CUDA within the TF32 bound, determin
 
 TEST_CASE("to_channels_last: [a, b, h, w] -> [a, h, w, b] in every dtype and device, tile edges included") {
   struct Case {
-    std::int64_t a, b, inner;
+    std::int64_t a, b, h, w, inner;
   };
   for (Device d : test_devices())
     for (DType dt : {DType::f32, DType::f64, DType::f16, DType::s8})
-      for (Case c : {Case{3, 37, 45}, Case{2, 64, 9}, Case{1, 5, 1}}) {
+      for (Case c : {Case{3, 37, 5, 9, 45}, Case{2, 64, 3, 3, 9}, Case{1, 5, 1, 1, 1}}) {
         INFO(std::string(dtype_name(dt)), " on ", d.str(), ", a ", c.a, " b ", c.b, " inner ", c.inner);
         Generator g(61);
         const TensorOptions o = TensorOptions{}.with_device(d);
-        Tensor in = dt == DType::s8 ? randint(-128, 128, {c.a, c.b, c.inner}, g, TensorOptions(o).with_dtype(dt))
-                                    : randn({c.a, c.b, c.inner}, g, TensorOptions(o).with_dtype(dt));
-        Tensor out = Tensor::empty({c.a, c.inner, c.b}, TensorOptions(o).with_dtype(dt));
+        Tensor in = dt == DType::s8 ? randint(-128, 128, {c.a, c.b, c.h, c.w}, g, TensorOptions(o).with_dtype(dt))
+                                    : randn({c.a, c.b, c.h, c.w}, g, TensorOptions(o).with_dtype(dt));
+        Tensor out = Tensor::empty({c.a, c.h, c.w, c.b}, TensorOptions(o).with_dtype(dt));
         poison(out);
-        kernels::to_channels_last(in, out, c.a, c.b, c.inner);
+        kernels::to_channels_last(in, out);
         const std::vector<double> vi = values(in), vo = values(out);
         std::size_t wrong = 0;
         for (std::int64_t a = 0; a < c.a; ++a)

@@ -495,11 +495,11 @@ unsigned staged_operands(Direction dir) {
 }
 
 // The graph plan of a staged pass, built on first use and cached (null, also
-// cached, when no allowed engine builds). Every staged operand and output is
-// a fresh allocation of conv2d's (the caching allocator's 256-byte
-// alignment): planned for 16-byte alignment, checked at each call.
-std::shared_ptr<BackendPlan> staged_plan(cudnnHandle_t h, const Conv2dShape& s, DType dt, Direction dir,
-                                         int device) {
+// cached, when no allowed engine builds): a cache hit takes no device switch
+// and no handle. Every staged operand and output is a fresh allocation of
+// conv2d's (the caching allocator's 256-byte alignment): planned for 16-byte
+// alignment, checked at each call.
+std::shared_ptr<BackendPlan> staged_plan(const Conv2dShape& s, DType dt, Direction dir, int device) {
   static std::mutex mutex;
   static std::map<Key, std::shared_ptr<BackendPlan>> cache;
   const Key key = key_of(s, dt, dir, device, false, 16);
@@ -510,7 +510,8 @@ std::shared_ptr<BackendPlan> staged_plan(cudnnHandle_t h, const Conv2dShape& s, 
   }
   std::shared_ptr<BackendPlan> plan;
   try {
-    plan = backend_plan(h, s, dt, dir, false, 16, staged_operands(dir));
+    ::qgrad::cuda::DeviceGuard guard(device);
+    plan = backend_plan(dnn_handle(device), s, dt, dir, false, 16, staged_operands(dir));
   } catch (const Error&) {  // the graph API rejects it: conv2d does not stage this shape
     plan = nullptr;
   }
@@ -552,9 +553,9 @@ __global__ void channels_last_kernel(const U* __restrict__ in, U* __restrict__ o
 }
 
 // A staged pass's plan, its pointers' alignment checked.
-const BackendPlan& staged_plan_for(cudnnHandle_t h, const Conv2dShape& s, DType dt, Direction dir, int device,
+const BackendPlan& staged_plan_for(const Conv2dShape& s, DType dt, Direction dir, int device,
                                    std::initializer_list<const void*> ptrs) {
-  const std::shared_ptr<BackendPlan> plan = staged_plan(h, s, dt, dir, device);
+  const std::shared_ptr<BackendPlan> plan = staged_plan(s, dt, dir, device);
   if (!plan || common_alignment(ptrs) < 16)
     throw Error("conv2d", "x", "internal: a channels-last pass without its plan or with unaligned operands");
   return *plan;
@@ -592,7 +593,7 @@ void run_staged(const Conv2dShape& s, Direction dir, const Tensor& x, const Tens
   const int dev = out.device().index;
   ::qgrad::cuda::DeviceGuard guard(dev);
   cudnnHandle_t h = dnn_handle(dev);
-  const BackendPlan& plan = staged_plan_for(h, s, out.dtype(), dir, dev, {x.data_ptr(), w.data_ptr(), y.data_ptr()});
+  const BackendPlan& plan = staged_plan_for(s, out.dtype(), dir, dev, {x.data_ptr(), w.data_ptr(), y.data_ptr()});
   Workspace ws(plan.workspace, out.device());
   backend_execute(h, plan, x.data_ptr(), w.data_ptr(), y.data_ptr(), ws.ptr);
 }
@@ -666,14 +667,13 @@ void conv2d_backward_weight(const Conv2dShape& s, const Tensor& x, const Tensor&
 bool conv2d_stages_channels_last(const Conv2dShape& s, DType dt, int device) {
   if (dt != DType::f32 || !s.allow_tf32 || s.groups != 1 || s.c < 8 || s.c % 4 != 0 || s.o % 4 != 0 || s.n == 0)
     return false;
-  ::qgrad::cuda::DeviceGuard guard(device);
-  cudnnHandle_t h = dnn_handle(device);
   for (Direction dir : {Direction::forward, Direction::backward_data, Direction::backward_filter})
-    if (!staged_plan(h, s, dt, dir, device)) return false;
+    if (!staged_plan(s, dt, dir, device)) return false;
   return true;
 }
 
-void to_channels_last(const Tensor& in, const Tensor& out, std::int64_t a, std::int64_t b, std::int64_t inner) {
+void to_channels_last(const Tensor& in, const Tensor& out) {
+  const std::int64_t a = in.size(0), b = in.size(1), inner = in.size(2) * in.size(3);
   if (a * b * inner == 0) return;
   const int dev = out.device().index;
   const dim3 grid(static_cast<unsigned>((inner + 31) / 32), static_cast<unsigned>((b + 31) / 32),
@@ -691,23 +691,18 @@ void to_channels_last(const Tensor& in, const Tensor& out, std::int64_t a, std::
   }
 }
 
+// The staged passes (never for an empty batch: conv2d_stages_channels_last).
 void conv2d_forward_channels_last(const Conv2dShape& s, const Tensor& x_cl, const Tensor& w_cl, const Tensor& y) {
-  if (s.n > 0) run_staged(s, Direction::forward, x_cl, w_cl, y, y);
+  run_staged(s, Direction::forward, x_cl, w_cl, y, y);
 }
 
 void conv2d_backward_input_channels_last(const Conv2dShape& s, const Tensor& dy_cl, const Tensor& w_cl,
                                          const Tensor& dx) {
-  if (s.n > 0) run_staged(s, Direction::backward_data, dx, w_cl, dy_cl, dx);
+  run_staged(s, Direction::backward_data, dx, w_cl, dy_cl, dx);
 }
 
 void conv2d_backward_weight_channels_last(const Conv2dShape& s, const Tensor& x_cl, const Tensor& dy_cl,
                                           const Tensor& dweight) {
-  if (s.n == 0) {  // never staged (conv2d_stages_channels_last), kept for the contract
-    const int dev = dweight.device().index;
-    ::qgrad::cuda::DeviceGuard guard(dev);
-    QGRAD_CUDA_CHECK(cudaMemsetAsync(dweight.data_ptr(), 0, dweight.nbytes(), ::qgrad::cuda::stream(dev)));
-    return;
-  }
   run_staged(s, Direction::backward_filter, x_cl, dweight, dy_cl, dweight);
 }
 

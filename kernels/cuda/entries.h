@@ -41,9 +41,9 @@ void conv2d_forward(const Conv2dShape& s, const Tensor& x, const Tensor& weight,
 void conv2d_backward_input(const Conv2dShape& s, const Tensor& dy, const Tensor& weight, const Tensor& dx);
 void conv2d_backward_weight(const Conv2dShape& s, const Tensor& x, const Tensor& dy, const Tensor& dweight);
 // Channels-last staging (kernels/conv.h): the predicate, the tiled copy
-// [a, b, inner] -> [a, inner, b], and the three passes on staged operands.
+// [a, b, h, w] -> [a, h, w, b], and the three passes on staged operands.
 bool conv2d_stages_channels_last(const Conv2dShape& s, DType dt, int device);
-void to_channels_last(const Tensor& in, const Tensor& out, std::int64_t a, std::int64_t b, std::int64_t inner);
+void to_channels_last(const Tensor& in, const Tensor& out);
 void conv2d_forward_channels_last(const Conv2dShape& s, const Tensor& x_cl, const Tensor& w_cl, const Tensor& y);
 void conv2d_backward_input_channels_last(const Conv2dShape& s, const Tensor& dy_cl, const Tensor& w_cl,
                                          const Tensor& dx);

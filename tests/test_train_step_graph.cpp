@@ -10,6 +10,7 @@
 #include "../bench/qat_cnn.h"
 #include "../bench/qat_mlp.h"
 #include "helpers.h"
+#include "qgrad/kernels/conv.h"
 #include "qgrad/kernels/formulas/observer.h"
 #include "qgrad/kernels/observer.h"
 
@@ -204,6 +205,32 @@ TEST_CASE("CUDA: steps captured with programmatic dependent launch equal eager s
         return t;
       },
       64, {784}, true);
+}
+
+TEST_CASE("CUDA: the TF32 CNN step, its second convolution staged channels-last, captured with programmatic launch "
+          "equals eager steps in stream order") {
+  // With TF32 allowed, conv2d copies the 8 -> 16 convolution's x and weight
+  // to NHWC in the forward and dy in the backward (kernels::to_channels_last)
+  // between the kernels producing them and cuDNN's passes: under
+  // programmatic dependent launch each copy must wait for its producer, or
+  // it reads a half-written tensor and the replayed steps drift from the
+  // eager ones.
+  QGRAD_REQUIRE_GPU();
+  kernels::Conv2dShape s;
+  s.n = 16, s.c = 8, s.h = 14, s.w = 14, s.o = 16, s.kh = 3, s.kw = 3, s.oh = 14, s.ow = 14, s.ph = 1, s.pw = 1;
+  s.allow_tf32 = true;
+  REQUIRE(kernels::conv2d_stages_channels_last(s, DType::f32, Device::cuda()));
+  struct Tf32 {
+    Tf32() { set_conv_allow_tf32(true); }
+    ~Tf32() { set_conv_allow_tf32(false); }
+  } tf32;
+  const ProgrammaticLaunch on(true);
+  check_capture_matches_eager(
+      [](Device d) {
+        Generator gen(0x51c);
+        return bench::QatCnn(d, 8, gen, 0.05);
+      },
+      16, {1, 28, 28}, true);
 }
 
 TEST_CASE("CUDA: steps whose parameter gradients run on the side stream equal steps on one stream") {

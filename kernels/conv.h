@@ -68,7 +68,8 @@ void conv2d_backward_weight(const Conv2dShape& s, const Tensor& x, const Tensor&
 // passes (tried once per shape, cached). False on the CPU.
 bool conv2d_stages_channels_last(const Conv2dShape& s, DType dt, Device device);
 // out [a, h, w, b] = in [a, b, h, w] (any dtype with an element type): the
-// staged copies. CPU: kernels::permute; CUDA: a 32 x 32-tiled transpose.
+// staged copies. CPU: kernels::permute; CUDA: a 32 x 32-tiled transpose
+// (16 bytes a thread for 4-byte elements, h * w and b multiples of 4).
 void to_channels_last(const Tensor& in, const Tensor& out);
 // The three passes on staged operands (x_cl [n, h, w, c], w_cl [o, kh, kw,
 // c], dy_cl [n, oh, ow, o]), y, dx and dweight NCHW, every element written;

@@ -399,12 +399,16 @@ TEST_CASE("conv2d with TF32 allowed: f32 on CUDA within the TF32 bound, determin
 }
 
 TEST_CASE("to_channels_last: [a, b, h, w] -> [a, h, w, b] in every dtype and device, tile edges included") {
+  // b and inner multiples of 4 (the last two cases): f32 on CUDA takes the
+  // 16-byte copy, its partial tiles (36 = 32 + 4 channels, 196 = 6 x 32 + 4
+  // positions) included.
   struct Case {
     std::int64_t a, b, h, w, inner;
   };
   for (Device d : test_devices())
     for (DType dt : {DType::f32, DType::f64, DType::f16, DType::s8})
-      for (Case c : {Case{3, 37, 5, 9, 45}, Case{2, 64, 3, 3, 9}, Case{1, 5, 1, 1, 1}}) {
+      for (Case c : {Case{3, 37, 5, 9, 45}, Case{2, 64, 3, 3, 9}, Case{1, 5, 1, 1, 1}, Case{3, 36, 7, 4, 28},
+                     Case{2, 64, 14, 14, 196}}) {
         INFO(std::string(dtype_name(dt)), " on ", d.str(), ", a ", c.a, " b ", c.b, " inner ", c.inner);
         Generator g(61);
         const TensorOptions o = TensorOptions{}.with_device(d);

@@ -18,6 +18,7 @@
 #include "qgrad/kernels/formulas/quantize.h"
 #include "qgrad/kernels/loop.h"
 #include "qgrad/kernels/reduce.h"
+#include "qgrad/kernels/vec4.h"
 
 namespace qgrad::kernels {
 
@@ -178,6 +179,34 @@ QGRAD_HD void window_2x2(const PlaneDivs::At& a, std::int64_t iw, std::int64_t (
   r[3] = r[0] + iw + 1;
 }
 
+// Two adjacent elements stored as one (2 x T aligned at p: on CUDA one
+// store instruction instead of two, whole 8-byte pairs for f32).
+template <class T>
+QGRAD_HD void store_pair(T* p, T a, T b) {
+#if defined(__CUDA_ARCH__)
+  struct alignas(2 * sizeof(T)) Pair {
+    T a, b;
+  };
+  *reinterpret_cast<Pair*>(p) = Pair{a, b};
+#else
+  p[0] = a;
+  p[1] = b;
+#endif
+}
+
+// Four adjacent elements loaded as one (Vec4<T> aligned at p: on CUDA one
+// 16-byte load for f32).
+template <class T>
+QGRAD_HD void load_four(const T* p, T (&v)[4]) {
+#if defined(__CUDA_ARCH__)
+  const Vec4<T> q = *reinterpret_cast<const Vec4<T>*>(p);
+  QGRAD_UNROLL
+  for (int k = 0; k < 4; ++k) v[k] = q.v[k];
+#else
+  for (int k = 0; k < 4; ++k) v[k] = p[k];
+#endif
+}
+
 // max_pool2d of fake_quantize_per_tensor(read(x)): the window scan over the
 // fake quantized values (formulas::FakeQuantOp, computed where read, never
 // stored), y its max, code[o] the argmax's flat index r in the plane, or
@@ -186,8 +215,13 @@ QGRAD_HD void window_2x2(const PlaneDivs::At& a, std::int64_t iw, std::int64_t (
 // no dilation): the window's four elements read at fixed offsets and scanned
 // unrolled, in window_argmax's order with its rule (the general scan's span
 // arithmetic and loops were most of the kernel's instructions).
-template <class T, class Read = PlainRead<T>, bool kTiled2 = false>
+// kPairs (with kTiled2; ow even, x aligned to 4 x T, y and code to 2): one
+// index per pair of outputs (2i, 2i + 1), a row's neighbours: their windows'
+// two input rows loaded four elements at a time, the index arithmetic and
+// the channel's parameters once for both, y and code stored in pairs.
+template <class T, class Read = PlainRead<T>, bool kTiled2 = false, bool kPairs = false>
 struct FakeQuantMaxPoolForward {
+  static_assert(kTiled2 || !kPairs);
   const T* x;
   T* y;
   std::int32_t* code;
@@ -196,8 +230,40 @@ struct FakeQuantMaxPoolForward {
   formulas::ParamSource src;
   std::int64_t qmin, qmax;
   Read read = {};
-  QGRAD_HD void operator()(std::int64_t o) const {
+
+  struct Pooled {
+    T value;
+    std::int32_t code;
+  };
+  // The scan of a 2 x 2 window: its values v at flat indices r.
+  template <class ReadAt>
+  QGRAD_HD static Pooled scan_2x2(const T (&v)[4], const std::int64_t (&r)[4], const ReadAt& rd,
+                                  const formulas::ChannelParams& prm, const formulas::FakeQuantOp<T, false>& fq,
+                                  bool exact) {
     using M = op_math_t<T>;
+    // The argmax's index and bit carried as scalars (indexing arrays of
+    // them by the argmax put them in local memory on CUDA). The first
+    // element is taken as window_argmax's start is: its value is at least
+    // pool_lowest (-inf), the value that scan starts from.
+    M best = formulas::pool_lowest<M>();
+    std::int64_t arg = r[0];
+    bool arg_bit = false;
+    QGRAD_UNROLL
+    for (int k = 0; k < 4; ++k) {
+      bool bit;
+      const M f = M(fq.row_value(rd(v[k]), prm, exact, bit));
+      if (k == 0 || f > best || formulas::pool_is_nan(f)) {
+        best = f;
+        arg = r[k];
+        arg_bit = bit;
+      }
+    }
+    return {T(best), static_cast<std::int32_t>(arg_bit ? arg : -1 - arg)};
+  }
+
+  QGRAD_HD void operator()(std::int64_t i) const {
+    using M = op_math_t<T>;
+    const std::int64_t o = kPairs ? 2 * i : i;
     const PlaneDivs::At a = dv.out.at(o);
     const T* p = x + a.plane * g.ih * g.iw;
     const auto rd = read.at(read.channel(a.plane));
@@ -206,32 +272,29 @@ struct FakeQuantMaxPoolForward {
     if constexpr (kTiled2) {
       std::int64_t r[4];
       window_2x2(a, g.iw, r);
-      T v[4];
-      QGRAD_UNROLL
-      for (int k = 0; k < 4; ++k) v[k] = p[r[k]];
       // The float form where it is exact (every integer format): the same
       // values and bits without the general form's int64 conversions, four
       // an output here.
       const bool exact = fq.float_form_exact(prm);
-      // The argmax's index and bit carried as scalars (indexing arrays of
-      // them by the argmax put them in local memory on CUDA). The first
-      // element is taken as window_argmax's start is: its value is at least
-      // pool_lowest (-inf), the value that scan starts from.
-      M best = formulas::pool_lowest<M>();
-      std::int64_t arg = r[0];
-      bool arg_bit = false;
-      QGRAD_UNROLL
-      for (int k = 0; k < 4; ++k) {
-        bool bit;
-        const M f = M(fq.row_value(rd(v[k]), prm, exact, bit));
-        if (k == 0 || f > best || formulas::pool_is_nan(f)) {
-          best = f;
-          arg = r[k];
-          arg_bit = bit;
-        }
+      if constexpr (kPairs) {
+        T top[4], bottom[4];
+        load_four(p + r[0], top);
+        load_four(p + r[2], bottom);
+        const std::int64_t r1[4] = {r[0] + 2, r[1] + 2, r[2] + 2, r[3] + 2};
+        const T v0[4] = {top[0], top[1], bottom[0], bottom[1]};
+        const T v1[4] = {top[2], top[3], bottom[2], bottom[3]};
+        const Pooled w0 = scan_2x2(v0, r, rd, prm, fq, exact);
+        const Pooled w1 = scan_2x2(v1, r1, rd, prm, fq, exact);
+        store_pair(y + o, w0.value, w1.value);
+        store_pair(code + o, w0.code, w1.code);
+      } else {
+        T v[4];
+        QGRAD_UNROLL
+        for (int k = 0; k < 4; ++k) v[k] = p[r[k]];
+        const Pooled w = scan_2x2(v, r, rd, prm, fq, exact);
+        y[o] = w.value;
+        code[o] = w.code;
       }
-      y[o] = T(best);
-      code[o] = static_cast<std::int32_t>(arg_bit ? arg : -1 - arg);
     } else {
       M best;
       const std::int64_t arg = window_argmax(
@@ -405,20 +468,6 @@ struct MaxPoolBackward {
   }
 };
 
-// Two adjacent elements stored as one (2 x T aligned at p: on CUDA one
-// store instruction instead of two, whole 8-byte pairs for f32).
-template <class T>
-QGRAD_HD void store_pair(T* p, T a, T b) {
-#if defined(__CUDA_ARCH__)
-  struct alignas(2 * sizeof(T)) Pair {
-    T a, b;
-  };
-  *reinterpret_cast<Pair*>(p) = Pair{a, b};
-#else
-  p[0] = a;
-  p[1] = b;
-#endif
-}
 
 // MaxPoolBackward when the windows tile the input (no padding, window span
 // = stride, the input exactly oh x ow windows): one index per output, which
@@ -684,7 +733,17 @@ void fake_quantize_max_pool2d(const Tensor& x, const Tensor& y, const Tensor& co
             fake_quantize_max_pool_2x2_f32_cpu(xp, yp, cp, g, p.get(0), qmin, qmax, read))
           return;
       }
-      if (tiled2)
+      // Output pairs: ow even keeps a pair in one row and both windows' rows
+      // 4 x T aligned within the plane (iw = 2 ow, planes of 4 oh ow).
+      const bool pairs = tiled2 && g.ow % 2 == 0 && vec4_aligned<T>(xp) &&
+                         reinterpret_cast<std::uintptr_t>(yp) % (2 * sizeof(T)) == 0 &&
+                         reinterpret_cast<std::uintptr_t>(cp) % (2 * sizeof(std::int32_t)) == 0;
+      if (pairs)
+        for_each_index(y.device(), y.numel() / 2,
+                       FakeQuantMaxPoolForward<T, decltype(read), true, true>{xp, yp, cp, g, PoolDivs::of(g), p, qmin,
+                                                                              qmax, read},
+                       "fake_quantize_max_pool2d");
+      else if (tiled2)
         launch(FakeQuantMaxPoolForward<T, decltype(read), true>{xp, yp, cp, g, PoolDivs::of(g), p, qmin, qmax, read});
       else if constexpr (!decltype(read)::kEvery)
         launch(FakeQuantMaxPoolForward<T, decltype(read)>{xp, yp, cp, g, PoolDivs::of(g), p, qmin, qmax, read});

@@ -222,6 +222,7 @@ QGRAD_HD void load_four(const T* p, T (&v)[4]) {
 template <class T, class Read = PlainRead<T>, bool kTiled2 = false, bool kPairs = false>
 struct FakeQuantMaxPoolForward {
   static_assert(kTiled2 || !kPairs);
+  static constexpr std::int64_t kOutputs = kPairs ? 2 : 1;  // outputs an index
   const T* x;
   T* y;
   std::int32_t* code;
@@ -467,7 +468,6 @@ struct MaxPoolBackward {
     dx[i] = pooled_grad<T, Ix>(T(acc), bit);
   }
 };
-
 
 // MaxPoolBackward when the windows tile the input (no padding, window span
 // = stride, the input exactly oh x ow windows): one index per output, which
@@ -724,7 +724,9 @@ void fake_quantize_max_pool2d(const Tensor& x, const Tensor& y, const Tensor& co
     using M = op_math_t<T>;
     const bool tiled2 = windows_tile_2x2(g);
     const auto run = [&](auto read) {
-      const auto launch = [&](auto body) { for_each_index(y.device(), y.numel(), body, "fake_quantize_max_pool2d"); };
+      const auto launch = [&](auto body) {
+        for_each_index(y.device(), y.numel() / decltype(body)::kOutputs, body, "fake_quantize_max_pool2d");
+      };
       const T* xp = static_cast<const T*>(x.data_ptr());
       T* yp = static_cast<T*>(y.data_ptr());
       std::int32_t* cp = static_cast<std::int32_t*>(codes.data_ptr());
@@ -739,10 +741,8 @@ void fake_quantize_max_pool2d(const Tensor& x, const Tensor& y, const Tensor& co
                          reinterpret_cast<std::uintptr_t>(yp) % (2 * sizeof(T)) == 0 &&
                          reinterpret_cast<std::uintptr_t>(cp) % (2 * sizeof(std::int32_t)) == 0;
       if (pairs)
-        for_each_index(y.device(), y.numel() / 2,
-                       FakeQuantMaxPoolForward<T, decltype(read), true, true>{xp, yp, cp, g, PoolDivs::of(g), p, qmin,
-                                                                              qmax, read},
-                       "fake_quantize_max_pool2d");
+        launch(FakeQuantMaxPoolForward<T, decltype(read), true, true>{xp, yp, cp, g, PoolDivs::of(g), p, qmin, qmax,
+                                                                      read});
       else if (tiled2)
         launch(FakeQuantMaxPoolForward<T, decltype(read), true>{xp, yp, cp, g, PoolDivs::of(g), p, qmin, qmax, read});
       else if constexpr (!decltype(read)::kEvery)

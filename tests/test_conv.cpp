@@ -403,13 +403,13 @@ TEST_CASE("to_channels_last: [a, b, h, w] -> [a, h, w, b] in every dtype and dev
   // 16-byte copy, its partial tiles (36 = 32 + 4 channels, 196 = 6 x 32 + 4
   // positions) included.
   struct Case {
-    std::int64_t a, b, h, w, inner;
+    std::int64_t a, b, h, w;
+    std::int64_t inner() const { return h * w; }
   };
   for (Device d : test_devices())
     for (DType dt : {DType::f32, DType::f64, DType::f16, DType::s8})
-      for (Case c : {Case{3, 37, 5, 9, 45}, Case{2, 64, 3, 3, 9}, Case{1, 5, 1, 1, 1}, Case{3, 36, 7, 4, 28},
-                     Case{2, 64, 14, 14, 196}}) {
-        INFO(std::string(dtype_name(dt)), " on ", d.str(), ", a ", c.a, " b ", c.b, " inner ", c.inner);
+      for (Case c : {Case{3, 37, 5, 9}, Case{2, 64, 3, 3}, Case{1, 5, 1, 1}, Case{3, 36, 7, 4}, Case{2, 64, 14, 14}}) {
+        INFO(std::string(dtype_name(dt)), " on ", d.str(), ", a ", c.a, " b ", c.b, " inner ", c.inner());
         Generator g(61);
         const TensorOptions o = TensorOptions{}.with_device(d);
         Tensor in = dt == DType::s8 ? randint(-128, 128, {c.a, c.b, c.h, c.w}, g, TensorOptions(o).with_dtype(dt))
@@ -421,9 +421,9 @@ TEST_CASE("to_channels_last: [a, b, h, w] -> [a, h, w, b] in every dtype and dev
         std::size_t wrong = 0;
         for (std::int64_t a = 0; a < c.a; ++a)
           for (std::int64_t b = 0; b < c.b; ++b)
-            for (std::int64_t j = 0; j < c.inner; ++j) {
-              const auto src = static_cast<std::size_t>((a * c.b + b) * c.inner + j);
-              const auto dst = static_cast<std::size_t>((a * c.inner + j) * c.b + b);
+            for (std::int64_t j = 0; j < c.inner(); ++j) {
+              const auto src = static_cast<std::size_t>((a * c.b + b) * c.inner() + j);
+              const auto dst = static_cast<std::size_t>((a * c.inner() + j) * c.b + b);
               if (!(vo[dst] == vi[src])) ++wrong;
             }
         CHECK(wrong == 0);

@@ -285,10 +285,15 @@ TEST_CASE("fake_quantize_max_pool2d equals max_pool2d(fake_quantize_per_tensor) 
     Size2 p;
     bool ceil;
   };
-  // A plane 132 wide: the CPU's f32 2 x 2 path takes its rows in runs of 64 columns (64, 64, 4).
+  // A plane 132 wide: the CPU's f32 2 x 2 path takes its rows in runs of 64
+  // columns (64, 64, 4). 2 x 2 windows: CUDA's outputs in pairs within a row
+  // (ow = 66), one at a time where rows are of odd length (ow = 3, 5: planes
+  // of 15 outputs, an even and an odd count in all).
   const Case cases[] = {{{2, 3, 8, 6}, 2, std::nullopt, 0, false},
                         {{1, 4, 7, 9}, 3, Size2{2}, 1, true},
-                        {{1, 2, 4, 132}, 2, std::nullopt, 0, false}};
+                        {{1, 2, 4, 132}, 2, std::nullopt, 0, false},
+                        {{2, 3, 6, 10}, 2, std::nullopt, 0, false},
+                        {{1, 3, 6, 10}, 2, std::nullopt, 0, false}};
   for (const Case& c : cases) {
     std::vector<double> xv = values(rnd(c.shape, 0xfa, DType::f64, 14.0));
     for (double& v : xv) v = std::floor(v * 16) / 16;
@@ -702,7 +707,10 @@ TEST_CASE("batch_norm_relu_fake_quantize_max_pool2d equals its composition bit f
     Shape shape;
     MaxPool2dArgs pool;
   };
-  const Case cases[] = {{{4, 3, 6, 8}, {2}}, {{2, 3, 50, 50}, {3, Size2{2}, 1, 1, true}}};
+  // 2 x 2 windows with outputs paired within rows on CUDA (4 x 3 x 3 x 4) and
+  // one at a time in rows of odd length, planes of different channels
+  // (2 x 3 x 3 x 5).
+  const Case cases[] = {{{4, 3, 6, 8}, {2}}, {{2, 3, 50, 50}, {3, Size2{2}, 1, 1, true}}, {{2, 3, 6, 10}, {2}}};
   for (const Device dev : test_devices()) {
     for (DType dt : {DType::f32, DType::f64, DType::bf16, DType::f16}) {
       for (const Case& cs : cases) {

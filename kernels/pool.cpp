@@ -182,6 +182,10 @@ QGRAD_HD void window_2x2(const PlaneDivs::At& a, std::int64_t iw, std::int64_t (
 // Two adjacent elements stored as one (2 x T aligned at p: on CUDA one
 // store instruction instead of two, whole 8-byte pairs for f32).
 template <class T>
+bool pair_aligned(const T* p) {
+  return reinterpret_cast<std::uintptr_t>(p) % (2 * sizeof(T)) == 0;
+}
+template <class T>
 QGRAD_HD void store_pair(T* p, T a, T b) {
 #if defined(__CUDA_ARCH__)
   struct alignas(2 * sizeof(T)) Pair {
@@ -697,7 +701,7 @@ void max_pool_backward(const Tensor& dy, Ix ix, const Tensor& dx, const Pool2dGe
   const PoolDivs dv = PoolDivs::of(g);
   // 2 x 2 tiles: iw is even, and so is every plane's size and a window row's first index.
   const bool tiled2 = windows_tile_2x2(g);
-  const bool pairs = reinterpret_cast<std::uintptr_t>(out) % (2 * sizeof(T)) == 0;
+  const bool pairs = pair_aligned(out);
   if (tiled2 && pairs)
     for_each_index(dy.device(), dy.numel(), MaxPoolBackwardTiled<T, Ix, true, true>{d, ix, out, g, dv.out}, what);
   else if (tiled2)
@@ -737,9 +741,7 @@ void fake_quantize_max_pool2d(const Tensor& x, const Tensor& y, const Tensor& co
       }
       // Output pairs: ow even keeps a pair in one row and both windows' rows
       // 4 x T aligned within the plane (iw = 2 ow, planes of 4 oh ow).
-      const bool pairs = tiled2 && g.ow % 2 == 0 && vec4_aligned<T>(xp) &&
-                         reinterpret_cast<std::uintptr_t>(yp) % (2 * sizeof(T)) == 0 &&
-                         reinterpret_cast<std::uintptr_t>(cp) % (2 * sizeof(std::int32_t)) == 0;
+      const bool pairs = tiled2 && g.ow % 2 == 0 && vec4_aligned<T>(xp) && pair_aligned(yp) && pair_aligned(cp);
       if (pairs)
         launch(FakeQuantMaxPoolForward<T, decltype(read), true, true>{xp, yp, cp, g, PoolDivs::of(g), p, qmin, qmax,
                                                                       read});

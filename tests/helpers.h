@@ -25,6 +25,7 @@ struct ScopedSwitch {
   ~ScopedSwitch() { Set(before); }
 };
 using SideStream = ScopedSwitch<cuda_side_stream, cuda_set_side_stream>;
+using ConvTf32 = ScopedSwitch<conv_allow_tf32, set_conv_allow_tf32>;
 
 // f() throws a qgrad::Error whose op and argument contain `op` and `arg`.
 template <class F>

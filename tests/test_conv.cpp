@@ -320,11 +320,7 @@ TEST_CASE("cuda conv2d agrees with the CPU in every dtype and repeats bit for bi
 
 TEST_CASE("conv2d with TF32 allowed: f32 on CUDA within the TF32 bound, deterministic; the CPU and other dtypes unchanged") {
   // The switch is process-wide: restored whatever happens below.
-  struct Restore {
-    bool was = conv_allow_tf32();
-    ~Restore() { set_conv_allow_tf32(was); }
-  } restore;
-  set_conv_allow_tf32(false);
+  const ConvTf32 restore(false);
   CHECK_FALSE(conv_allow_tf32());
   set_conv_allow_tf32(true);
   CHECK(conv_allow_tf32());
@@ -432,10 +428,7 @@ TEST_CASE("to_channels_last: [a, b, h, w] -> [a, h, w, b] in every dtype and dev
 
 TEST_CASE("conv2d's channels-last staging: where it applies, and the staged passes agree with the NCHW ones (GPU)") {
   QGRAD_REQUIRE_GPU();
-  struct Restore {
-    bool was = conv_allow_tf32();
-    ~Restore() { set_conv_allow_tf32(was); }
-  } restore;
+  const ConvTf32 restore(conv_allow_tf32());
   const Device gpu = Device::cuda(0);
   kernels::Conv2dShape s;
   s.n = 4, s.c = 16, s.h = 18, s.w = 16, s.o = 32, s.kh = 3, s.kw = 3, s.oh = 18, s.ow = 16, s.ph = 1, s.pw = 1;

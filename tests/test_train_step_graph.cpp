@@ -220,10 +220,7 @@ TEST_CASE("CUDA: the TF32 CNN step, its second convolution staged channels-last,
   s.n = 16, s.c = 8, s.h = 14, s.w = 14, s.o = 16, s.kh = 3, s.kw = 3, s.oh = 14, s.ow = 14, s.ph = 1, s.pw = 1;
   s.allow_tf32 = true;
   REQUIRE(kernels::conv2d_stages_channels_last(s, DType::f32, Device::cuda()));
-  struct Tf32 {
-    Tf32() { set_conv_allow_tf32(true); }
-    ~Tf32() { set_conv_allow_tf32(false); }
-  } tf32;
+  const ConvTf32 tf32(true);
   const ProgrammaticLaunch on(true);
   check_capture_matches_eager(
       [](Device d) {

@@ -130,11 +130,17 @@ struct MaxPoolForward {
 // The values a fused pooling scans: x's own (Plain), or relu(batch_norm(x))
 // recomputed where read (BatchNormRelu; planes indexed as [N, C, 1]).
 // at(c): the read of channel c's elements, its parameters loaded once.
+// at(c): the read of channel c's elements, its parameters loaded once; the
+// read takes a Division (formulas/division.h) for batch norm's unscaling.
 template <class T>
 struct PlainRead {
   static constexpr bool kEvery = false;
   struct At {
-    QGRAD_HD T operator()(T v) const { return v; }
+    QGRAD_HD bool fast() const { return true; }
+    template <class Division = formulas::ExactDivision>
+    QGRAD_HD T operator()(T v, Division&& = {}) const {
+      return v;
+    }
   };
   QGRAD_HD std::int64_t channel(std::int64_t) const { return 0; }
   QGRAD_HD At at(std::int64_t) const { return {}; }
@@ -151,19 +157,21 @@ struct BatchNormReluRead {
   struct At {
     typename formulas::Unscale<T>::At in;
     typename formulas::Normalize<T>::At norm;
-    QGRAD_HD T operator()(T v) const {
+    QGRAD_HD bool fast() const { return kEvery ? in.div.fast : in.fast(); }
+    template <class Division = formulas::ExactDivision>
+    QGRAD_HD T operator()(T v, Division&& division = {}) const {
       if constexpr (kEvery) {
         typename formulas::Unscale<T>::At u = in;
         typename formulas::Normalize<T>::At n = norm;
         u.divides = u.shifts = n.scales = n.shifts = true;
-        return formulas::normalize_relu<T>(n, u(v));
+        return formulas::normalize_relu<T>(n, u(v, division));
       } else {
-        return formulas::normalize_relu<T>(norm, in(v));
+        return formulas::normalize_relu<T>(norm, in(v, division));
       }
     }
   };
   QGRAD_HD std::int64_t channel(std::int64_t plane) const { return planes.channel(plane); }
-  QGRAD_HD At at(std::int64_t c) const { return {in.at(c), norm.at(c)}; }
+  QGRAD_HD At at(std::int64_t c) const { return {in.shared(c), norm.at(c)}; }
 };
 
 // 2 x 2 windows of stride 2 that tile the input (windows_tile_input, no
@@ -215,18 +223,25 @@ QGRAD_HD void load_four(const T* p, T (&v)[4]) {
 // fake quantized values (formulas::FakeQuantOp, computed where read, never
 // stored), y its max, code[o] the argmax's flat index r in the plane, or
 // -1 - r where the argmax's fake-quant mask bit is 0.
-// kTiled2: 2 x 2 windows of stride 2 that tile the input (windows_tile_input,
-// no dilation): the window's four elements read at fixed offsets and scanned
-// unrolled, in window_argmax's order with its rule (the general scan's span
-// arithmetic and loops were most of the kernel's instructions).
-// kPairs (with kTiled2; ow even, x aligned to 4 x T, y and code to 2): one
-// index per pair of outputs (2i, 2i + 1), a row's neighbours: their windows'
-// two input rows loaded four elements at a time, the index arithmetic and
-// the channel's parameters once for both, y and code stored in pairs.
-template <class T, class Read = PlainRead<T>, bool kTiled2 = false, bool kPairs = false>
+// Tiling (kTiled2 and what it allows):
+// - kGeneral: any geometry, window_argmax's scan.
+// - kSingle: 2 x 2 windows of stride 2 that tile the input
+//   (windows_tile_input, no dilation): the window's four elements read at
+//   fixed offsets and scanned unrolled, in window_argmax's order with its
+//   rule (the general scan's span arithmetic and loops were most of the
+//   kernel's instructions).
+// - kPairs (ow even, x aligned to 4 x T, y and code to 2): one index per pair
+//   of outputs (2i, 2i + 1), a row's neighbours: their windows' two input
+//   rows loaded four elements at a time, the index arithmetic and the
+//   channel's parameters once for both, y and code stored in pairs.
+// (Runs of up to 8 outputs of a row an index, the setup shared by more,
+// measured slower on the H200: +6 to +30 us a CNN step, fewer threads to
+// hide the loads' latency; docs/benchmarks.md, sixtieth session.)
+enum class PoolTiling { kGeneral, kSingle, kPairs };
+
+template <class T, class Read = PlainRead<T>, PoolTiling kTiling = PoolTiling::kGeneral>
 struct FakeQuantMaxPoolForward {
-  static_assert(kTiled2 || !kPairs);
-  static constexpr std::int64_t kOutputs = kPairs ? 2 : 1;  // outputs an index
+  static constexpr bool kTiled2 = kTiling != PoolTiling::kGeneral;
   const T* x;
   T* y;
   std::int32_t* code;
@@ -236,16 +251,21 @@ struct FakeQuantMaxPoolForward {
   std::int64_t qmin, qmax;
   Read read = {};
 
+  // Outputs an index (the launch covers y.numel() / this).
+  QGRAD_HD static constexpr std::int64_t outputs_per_index() { return kTiling == PoolTiling::kPairs ? 2 : 1; }
+
   struct Pooled {
     T value;
     std::int32_t code;
   };
-  // The scan of a 2 x 2 window: its values v at flat indices r.
-  template <class ReadAt>
+  // The scan of a 2 x 2 window: its values v at flat indices r. kExact:
+  // the fake quant's float form (float_form_exact, decided once an index).
+  template <bool kExact, class ReadAt, class Division>
   QGRAD_HD static Pooled scan_2x2(const T (&v)[4], const std::int64_t (&r)[4], const ReadAt& rd,
                                   const formulas::ChannelParams& prm, const formulas::FakeQuantOp<T, false>& fq,
-                                  bool exact) {
+                                  Division& division) {
     using M = op_math_t<T>;
+    using FQ = formulas::FakeQuantOp<T, false>;
     // The argmax's index and bit carried as scalars (indexing arrays of
     // them by the argmax put them in local memory on CUDA). The first
     // element is taken as window_argmax's start is: its value is at least
@@ -256,7 +276,10 @@ struct FakeQuantMaxPoolForward {
     QGRAD_UNROLL
     for (int k = 0; k < 4; ++k) {
       bool bit;
-      const M f = M(fq.row_value(rd(v[k]), prm, exact, bit));
+      const T read_value = rd(v[k], division);
+      M f;
+      if constexpr (kExact && FQ::kHasFloatForm) f = M(fq.float_form(read_value, prm, bit));
+      else f = M(fq(read_value, prm, false, bit));
       if (k == 0 || f > best || formulas::pool_is_nan(f)) {
         best = f;
         arg = r[k];
@@ -268,7 +291,7 @@ struct FakeQuantMaxPoolForward {
 
   QGRAD_HD void operator()(std::int64_t i) const {
     using M = op_math_t<T>;
-    const std::int64_t o = kPairs ? 2 * i : i;
+    const std::int64_t o = i * outputs_per_index();
     const PlaneDivs::At a = dv.out.at(o);
     const T* p = x + a.plane * g.ih * g.iw;
     const auto rd = read.at(read.channel(a.plane));
@@ -279,27 +302,35 @@ struct FakeQuantMaxPoolForward {
       window_2x2(a, g.iw, r);
       // The float form where it is exact (every integer format): the same
       // values and bits without the general form's int64 conversions, four
-      // an output here.
-      const bool exact = fq.float_form_exact(prm);
-      if constexpr (kPairs) {
-        T top[4], bottom[4];
-        load_four(p + r[0], top);
-        load_four(p + r[2], bottom);
-        const std::int64_t r1[4] = {r[0] + 2, r[1] + 2, r[2] + 2, r[3] + 2};
-        const T v0[4] = {top[0], top[1], bottom[0], bottom[1]};
-        const T v1[4] = {top[2], top[3], bottom[2], bottom[3]};
-        const Pooled w0 = scan_2x2(v0, r, rd, prm, fq, exact);
-        const Pooled w1 = scan_2x2(v1, r1, rd, prm, fq, exact);
-        store_pair(y + o, w0.value, w1.value);
-        store_pair(code + o, w0.code, w1.code);
-      } else {
-        T v[4];
-        QGRAD_UNROLL
-        for (int k = 0; k < 4; ++k) v[k] = p[r[k]];
-        const Pooled w = scan_2x2(v, r, rd, prm, fq, exact);
-        y[o] = w.value;
-        code[o] = w.code;
-      }
+      // an output here; decided here, not per element. Under one Division
+      // (formulas::with_shared_division): where the fast quotients do not
+      // apply, the index's outputs are computed again.
+      const auto scan = [&](auto exact_form) {
+        constexpr bool kExact = decltype(exact_form)::value;
+        formulas::with_shared_division(rd.fast(), [&](auto& division) {
+          if constexpr (kTiling == PoolTiling::kPairs) {
+            T top[4], bottom[4];
+            load_four(p + r[0], top);
+            load_four(p + r[2], bottom);
+            const std::int64_t r1[4] = {r[0] + 2, r[1] + 2, r[2] + 2, r[3] + 2};
+            const T v0[4] = {top[0], top[1], bottom[0], bottom[1]};
+            const T v1[4] = {top[2], top[3], bottom[2], bottom[3]};
+            const Pooled w0 = scan_2x2<kExact>(v0, r, rd, prm, fq, division);
+            const Pooled w1 = scan_2x2<kExact>(v1, r1, rd, prm, fq, division);
+            store_pair(y + o, w0.value, w1.value);
+            store_pair(code + o, w0.code, w1.code);
+          } else {
+            T v[4];
+            QGRAD_UNROLL
+            for (int k = 0; k < 4; ++k) v[k] = p[r[k]];
+            const Pooled w = scan_2x2<kExact>(v, r, rd, prm, fq, division);
+            y[o] = w.value;
+            code[o] = w.code;
+          }
+        });
+      };
+      if (fq.float_form_exact(prm)) scan(std::true_type{});
+      else scan(std::false_type{});
     } else {
       M best;
       const std::int64_t arg = window_argmax(
@@ -355,7 +386,7 @@ void read_run(const BatchNormReluRead<float>& rd, const float* in, float* out, s
                                                                                                          n, c);
 }
 
-// FakeQuantMaxPoolForward<float, Read, true> on the CPU: a task per output
+// FakeQuantMaxPoolForward<float, Read, kSingle> on the CPU: a task per output
 // row of a plane reads its two input rows in runs of 64 columns, turns them
 // into read()'s values (the batch norm and relu where fused), fake-quantizes
 // the run with the vector form (cpu::fake_quant_block_run_f32: the same
@@ -729,7 +760,7 @@ void fake_quantize_max_pool2d(const Tensor& x, const Tensor& y, const Tensor& co
     const bool tiled2 = windows_tile_2x2(g);
     const auto run = [&](auto read) {
       const auto launch = [&](auto body) {
-        for_each_index(y.device(), y.numel() / decltype(body)::kOutputs, body, "fake_quantize_max_pool2d");
+        for_each_index(y.device(), y.numel() / body.outputs_per_index(), body, "fake_quantize_max_pool2d");
       };
       const T* xp = static_cast<const T*>(x.data_ptr());
       T* yp = static_cast<T*>(y.data_ptr());
@@ -739,16 +770,17 @@ void fake_quantize_max_pool2d(const Tensor& x, const Tensor& y, const Tensor& co
             fake_quantize_max_pool_2x2_f32_cpu(xp, yp, cp, g, p.get(0), qmin, qmax, read))
           return;
       }
+      using Read = decltype(read);
+      const PoolDivs dv = PoolDivs::of(g);
       // Output pairs: ow even keeps a pair in one row and both windows' rows
       // 4 x T aligned within the plane (iw = 2 ow, planes of 4 oh ow).
       const bool pairs = tiled2 && g.ow % 2 == 0 && vec4_aligned<T>(xp) && pair_aligned(yp) && pair_aligned(cp);
       if (pairs)
-        launch(FakeQuantMaxPoolForward<T, decltype(read), true, true>{xp, yp, cp, g, PoolDivs::of(g), p, qmin, qmax,
-                                                                      read});
+        launch(FakeQuantMaxPoolForward<T, Read, PoolTiling::kPairs>{xp, yp, cp, g, dv, p, qmin, qmax, read});
       else if (tiled2)
-        launch(FakeQuantMaxPoolForward<T, decltype(read), true>{xp, yp, cp, g, PoolDivs::of(g), p, qmin, qmax, read});
-      else if constexpr (!decltype(read)::kEvery)
-        launch(FakeQuantMaxPoolForward<T, decltype(read)>{xp, yp, cp, g, PoolDivs::of(g), p, qmin, qmax, read});
+        launch(FakeQuantMaxPoolForward<T, Read, PoolTiling::kSingle>{xp, yp, cp, g, dv, p, qmin, qmax, read});
+      else if constexpr (!Read::kEvery)
+        launch(FakeQuantMaxPoolForward<T, Read>{xp, yp, cp, g, dv, p, qmin, qmax, read});
     };
     if (!normalized) {
       run(PlainRead<T>{});

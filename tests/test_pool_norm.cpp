@@ -693,6 +693,88 @@ TEST_CASE("channel_div_add_batch_norm equals batch_norm(channel_div_add) bit for
   }
 }
 
+TEST_CASE("fused batch norm divides as channel_div_add does where its shared-divisor quotients do not apply") {
+  // The fused kernels divide a channel's elements by its divisor through
+  // formulas::SharedDivisor (on CUDA a reciprocal taken once and two fma
+  // corrections, for |d| in [2^-32, 2^32] and |x| in [2^-90, 2^90]; a
+  // partial with any other dividend is computed again dividing). Here:
+  // channel 0 holds 0, -0, 1e-30 (< 2^-90), a subnormal and 1.3e27
+  // (> 2^90) among normal values, channel 1 a divisor of 1e-12 (< 2^-32),
+  // channel 2 one of -3e12 (> 2^32). Every output and gradient of
+  // channel_div_add_batch_norm and of the fused pooling equals the
+  // composition's (which divides element by element), and CUDA's the CPU's.
+  struct Case {
+    Shape shape;
+    MaxPool2dArgs pool;
+  };
+  // Rows of odd length (one output an index on CUDA) and of even length (pairs).
+  const Case cases[] = {{{2, 3, 6, 10}, {2}}, {{4, 3, 6, 8}, {2}}};
+  std::vector<std::vector<Tensor>> per_device;
+  for (const Device dev : test_devices()) {
+    std::vector<Tensor> all;
+    for (const Case& cs : cases) {
+      for (int mode = 0; mode < 2; ++mode) {
+        const bool pooled = mode == 1;
+        const std::string what = pooled ? "fused pooling" : "channel_div_add_batch_norm";
+        INFO(dev.str(), " ", shape_str(cs.shape), " ", what);
+        Generator g(0x5d1);
+        const TensorOptions o = TensorOptions{}.with_device(dev);
+        Generator gx0(0x5d2);  // the same x on every device: drawn on the host
+        std::vector<double> xv = values(add(mul(randn(cs.shape, gx0, TensorOptions{}), 2.0), 0.25));
+        const std::int64_t plane = cs.shape[2] * cs.shape[3];
+        xv[3] = 0.0;                      // image 0, channel 0
+        xv[7] = -0.0;
+        xv[plane - 2] = 1e-30;
+        xv[3 * plane + 5] = 1e-40;        // image 1, channel 0: subnormal
+        xv[3 * plane + plane - 1] = 1.3e27;
+        const Tensor x0 = Tensor::from_vector(xv, cs.shape).to(DType::f32).to(dev);
+        const Tensor d0 = Tensor::from_vector(std::vector<double>{0.75, 1e-12, -3e12}, {3}).to(DType::f32).to(dev);
+        const Tensor s0 = randn({3}, g, o), w0 = add(rand({3}, g, o), 0.5), b0 = mul(randn({3}, g, o), 0.2);
+        const Tensor rm0 = mul(randn({3}, g, o), 0.1), rv0 = add(mul(rand({3}, g, o), 0.5), 0.75);
+        const auto run = [&](bool fused) {
+          Tensor x = x0.clone(), d = d0.clone(), sh = s0.clone(), w = w0.clone(), b = b0.clone(), rm = rm0.clone(),
+                 rv = rv0.clone();
+          for (Tensor* t : {&x, &d, &sh, &w, &b}) t->set_requires_grad(true);
+          Tensor y;
+          if (pooled) {
+            Tensor scale = full({1}, 0.0625, o), zp = full({1}, 7.0, TensorOptions{}.with_device(dev).with_dtype(DType::s32));
+            const BatchNormArgs a{.divisor = d, .shift = sh, .weight = w, .bias = b, .running_mean = rm,
+                                  .running_var = rv, .training = true};
+            y = fused ? batch_norm_relu_fake_quantize_max_pool2d(x, a, scale, zp, 0, 255, cs.pool, nullptr)
+                      : fake_quantize_max_pool2d(channel_div_add_batch_norm(x, d, sh, w, b, rm, rv, true, true, 0.1,
+                                                                            1e-5),
+                                                 scale, zp, 0, 255, cs.pool.kernel_size, cs.pool.stride,
+                                                 cs.pool.padding, cs.pool.dilation, cs.pool.ceil_mode);
+          } else {
+            y = fused ? channel_div_add_batch_norm(x, d, sh, w, b, rm, rv, true, true, 0.1, 1e-5)
+                      : batch_norm_relu(channel_div_add(x, d, sh), w, b, rm, rv, true, 0.1, 1e-5, Tensor());
+          }
+          Generator gd(0xd9);
+          y.backward(randn(y.shape(), gd, TensorOptions{}).to(dev));
+          return std::vector<Tensor>{y, rm, rv, x.grad(), d.grad(), sh.grad(), w.grad(), b.grad()};
+        };
+        const std::vector<Tensor> want = run(false), got = run(true);
+        const char* names[] = {"y", "running_mean", "running_var", "dx", "ddivisor", "dshift", "dweight", "dbias"};
+        for (std::size_t k = 0; k < want.size(); ++k) {
+          INFO(names[k]);
+          CHECK(bit_equal(got[k], want[k]));
+          all.push_back(got[k]);
+        }
+        // Real values: the outputs and x's gradient are not all zero.
+        const std::vector<double> yv = values(got[0]), gx = values(got[3]);
+        CHECK(std::count(yv.begin(), yv.end(), 0.0) < static_cast<std::ptrdiff_t>(yv.size()));
+        CHECK(std::count(gx.begin(), gx.end(), 0.0) < static_cast<std::ptrdiff_t>(gx.size() / 2));
+      }
+    }
+    per_device.push_back(all);
+  }
+  for (std::size_t dv = 1; dv < per_device.size(); ++dv)
+    for (std::size_t k = 0; k < per_device[0].size(); ++k) {
+      INFO("device ", dv, " output ", k);
+      CHECK(bit_equal(per_device[dv][k], per_device[0][k]));
+    }
+}
+
 TEST_CASE("batch_norm_relu_fake_quantize_max_pool2d equals its composition bit for bit: values, state, gradients") {
   // The composition: channel_div_add_batch_norm (relu; batch_norm_relu
   // without the prologue), the observer update (observe_minmax_qparams_ per

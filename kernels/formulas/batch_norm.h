@@ -8,6 +8,7 @@
 
 #include "qgrad/core/half.h"
 #include "qgrad/kernels/formulas/activation.h"
+#include "qgrad/kernels/formulas/division.h"
 
 namespace qgrad::formulas {
 
@@ -19,32 +20,47 @@ template <class T>
 struct Unscale {
   const T* divisor = nullptr;  // null: identity
   const T* shift = nullptr;    // null: none (with divisor)
-  // Channel c's parameters, read once (At): a kernel that binds them before
-  // its loop over the channel's elements holds them in registers, where a
-  // per-element read is repeated after every division (the compiler does not
-  // reuse a load across the division's slow-path call).
+  // Channel c's parameters, read once (at, shared): a kernel that binds them
+  // before its loop over the channel's elements holds them in registers,
+  // where a per-element read is repeated after every division (the
+  // compiler does not reuse a load across the division's slow-path call).
+  // shared(c) also takes the divisor's reciprocal, for a kernel that
+  // divides many of c's elements under a Division (formulas/division.h).
   struct At {
-    op_math_t<T> divisor = 1, shift = 0;
+    SharedDivisor<op_math_t<T>> div;
+    op_math_t<T> shift = 0;
     bool divides = false, shifts = false;
-    QGRAD_HD T value(T x) const {
+    template <class Division = ExactDivision>
+    QGRAD_HD T value(T x, Division&& division = {}) const {
       using M = op_math_t<T>;
       if (!divides) return x;
-      const T q = T(M(x) / divisor);
+      const T q = T(division.divide(div, M(x)));
       return shifts ? T(M(q) + shift) : q;
     }
+    // Whether value() under FastDivision applies (formulas::with_shared_division).
+    QGRAD_HD bool fast() const { return !divides || div.fast; }
     QGRAD_HD op_math_t<T> operator()(T x) const { return op_math_t<T>(value(x)); }
+    template <class Division>
+    QGRAD_HD op_math_t<T> operator()(T x, Division& division) const {
+      return op_math_t<T>(value(x, division));
+    }
   };
   QGRAD_HD At at(std::int64_t c) const {
     using M = op_math_t<T>;
     At a;
     if (divisor) {
       a.divides = true;
-      a.divisor = M(divisor[c]);
+      a.div.d = M(divisor[c]);
       if (shift) {
         a.shifts = true;
         a.shift = M(shift[c]);
       }
     }
+    return a;
+  }
+  QGRAD_HD At shared(std::int64_t c) const {
+    At a = at(c);
+    if (a.divides) a.div = SharedDivisor<op_math_t<T>>::of(a.div.d);
     return a;
   }
   QGRAD_HD T value(T x, std::int64_t c) const { return at(c).value(x); }

@@ -190,29 +190,33 @@ struct PartialMoments {
       part[p] = A(0);
       return;
     }
-    const auto u = in.shared(ch.c);
-    // Both passes under one Division (formulas::with_shared_division): where
+    const auto u_c = in.shared(ch.c);
+    // Specialised where divisor and shift are both given (formulas::for_every);
+    // both passes under one Division (formulas::with_shared_division): where
     // the fast quotients do not apply, the partial is summed again dividing.
-    formulas::with_shared_division(u.fast(), [&](auto& division) {
-      M lo = M(INFINITY), hi = M(-INFINITY);  // the range, taken by the first loop
-      const M mean = sum_strided_map(first, count, lanes,
-                                     [&u, &lo, &hi, &division](M val) {
-                                       const M unscaled = u(T(val), division);
-                                       (void)lo;  // used only when kRange
-                                       (void)hi;
-                                       if constexpr (kRange) {
-                                         lo = formulas::range_min(lo, unscaled);
-                                         hi = formulas::range_max(hi, unscaled);
-                                       }
-                                       return unscaled;
-                                     }) /
-                     M(count);
-      const SquaredDeviation<M> dev{mean};
-      const Moments<M> m(M(count), mean, sum_strided_map(first, count, lanes, [&u, dev, &division](M val) {
-                           return dev(u(T(val), division));
-                         }));
-      if constexpr (kRange) part[p] = A(m, lo, hi);
-      else part[p] = m;
+    formulas::for_every(u_c.is_every(), [&](auto every) {
+      const auto u = every ? u_c.every() : u_c;
+      formulas::with_shared_division(u.fast(), [&](auto& division) {
+        M lo = M(INFINITY), hi = M(-INFINITY);  // the range, taken by the first loop
+        const M mean = sum_strided_map(first, count, lanes,
+                                       [&u, &lo, &hi, &division](M val) {
+                                         const M unscaled = u(T(val), division);
+                                         (void)lo;  // used only when kRange
+                                         (void)hi;
+                                         if constexpr (kRange) {
+                                           lo = formulas::range_min(lo, unscaled);
+                                           hi = formulas::range_max(hi, unscaled);
+                                         }
+                                         return unscaled;
+                                       }) /
+                       M(count);
+        const SquaredDeviation<M> dev{mean};
+        const Moments<M> m(M(count), mean, sum_strided_map(first, count, lanes, [&u, dev, &division](M val) {
+                             return dev(u(T(val), division));
+                           }));
+        if constexpr (kRange) part[p] = A(m, lo, hi);
+        else part[p] = m;
+      });
     });
   }
 };
@@ -327,6 +331,9 @@ struct ReluGate {
       if (!active || formulas::relu_mask(M(norm(x)))) return dy;
       return T(M(0));
     }
+    // Active with weight and bias; every(): see formulas::Unscale::At.
+    QGRAD_HD bool is_every() const { return active && norm.is_every(); }
+    QGRAD_HD At every() const { return {norm.every(), true}; }
   };
   QGRAD_HD At at(std::int64_t c) const { return {active ? norm.at(c) : typename Normalize<T>::At{}, active}; }
   QGRAD_HD T operator()(T dy, op_math_t<T> x, std::int64_t c) const { return at(c)(dy, x); }
@@ -374,64 +381,70 @@ struct PartialGrad {
     const ChunkOf ch = chunk_of(p, v, chunks, lanes, divs);
     const M m = center ? center[ch.c] : M(0);
     const auto d = formulas::SharedDivisor<M>::of(dx ? M(divisor[ch.c]) : M(1));
-    const auto u = in.shared(ch.c);
-    const auto gt = gate.at(ch.c);
+    const auto u_c = in.shared(ch.c);
+    const auto gt_c = gate.at(ch.c);
     const T* g = dy + ch.offset;
     const T* xs = px ? x + ch.offset : nullptr;
     T* o = dx ? dx + ch.offset : nullptr;
-    // The pass under one Division (formulas::with_shared_division): where the
-    // fast quotients do not apply, it runs again dividing (dx rewritten).
-    formulas::with_shared_division(u.fast() && (!o || d.fast), [&](auto& division) {
-      M s = M(0), t = M(0);
-      std::int64_t j = ch.lo;
-      // kSumLoadBatch elements' loads issued before their adds (reduce.h), in
-      // order, and before the first unscaling: a division's slow-path call
-      // ends the compiler's scheduling region, so loads interleaved with the
-      // divisions were one round trip each (layer 1 of the CNN: 25 in a row).
-      for (; j + (kSumLoadBatch - 1) * lanes < ch.hi; j += kSumLoadBatch * lanes) {
-        T gv[kSumLoadBatch], xr[kSumLoadBatch];
-        if (xs) {
+    // Specialised where the prologue and the gate have every part
+    // (formulas::for_every); the pass under one Division
+    // (formulas::with_shared_division): where the fast quotients do not
+    // apply, it runs again dividing (dx rewritten).
+    formulas::for_every(u_c.is_every() && gt_c.is_every(), [&](auto every) {
+      const auto u = every ? u_c.every() : u_c;
+      const auto gt = every ? gt_c.every() : gt_c;
+      formulas::with_shared_division(u.fast() && (!o || d.fast), [&](auto& division) {
+        M s = M(0), t = M(0);
+        std::int64_t j = ch.lo;
+        // kSumLoadBatch elements' loads issued before their adds (reduce.h), in
+        // order, and before the first unscaling: a division's slow-path call
+        // ends the compiler's scheduling region, so loads interleaved with the
+        // divisions were one round trip each (layer 1 of the CNN: 25 in a row).
+        for (; j + (kSumLoadBatch - 1) * lanes < ch.hi; j += kSumLoadBatch * lanes) {
+          T gv[kSumLoadBatch], xr[kSumLoadBatch];
+          if (xs) {
+            QGRAD_UNROLL
+            for (int k = 0; k < kSumLoadBatch; ++k) {
+              gv[k] = g[j + k * lanes];
+              xr[k] = xs[j + k * lanes];
+            }
+          } else {
+            QGRAD_UNROLL
+            for (int k = 0; k < kSumLoadBatch; ++k) {
+              gv[k] = g[j + k * lanes];
+              xr[k] = T(M(0));
+            }
+          }
+          M xv[kSumLoadBatch];
+          QGRAD_UNROLL
+          for (int k = 0; k < kSumLoadBatch; ++k) xv[k] = xs ? u(xr[k], division) : M(0);
+          if (gt.active) {
+            QGRAD_UNROLL
+            for (int k = 0; k < kSumLoadBatch; ++k) gv[k] = gt(gv[k], xv[k]);
+          }
           QGRAD_UNROLL
           for (int k = 0; k < kSumLoadBatch; ++k) {
-            gv[k] = g[j + k * lanes];
-            xr[k] = xs[j + k * lanes];
+            s += M(gv[k]);
+            t += M(gv[k]) * (xv[k] - m);
+            if (o) o[j + k * lanes] = T(division.divide(d, M(gv[k])));
           }
-        } else {
+        }
+        if (j < ch.hi) {
+          T gv[kSumLoadBatch], xr[kSumLoadBatch];
+          const int valid = load_last_batch(g, xs, j, ch.hi, lanes, gv, xr);
           QGRAD_UNROLL
           for (int k = 0; k < kSumLoadBatch; ++k) {
-            gv[k] = g[j + k * lanes];
-            xr[k] = T(M(0));
+            if (k >= valid) break;
+            const M xk = xs ? u(xr[k], division) : M(0);
+            const M gk = M(gt(gv[k], xk));
+            s += gk;
+            if (xs) t += gk * (xk - m);
+            if (o) o[j + k * lanes] = T(division.divide(d, gk));
           }
         }
-        M xv[kSumLoadBatch];
-        QGRAD_UNROLL
-        for (int k = 0; k < kSumLoadBatch; ++k) xv[k] = xs ? u(xr[k], division) : M(0);
-        if (gt.active) {
-          QGRAD_UNROLL
-          for (int k = 0; k < kSumLoadBatch; ++k) gv[k] = gt(gv[k], xv[k]);
-        }
-        QGRAD_UNROLL
-        for (int k = 0; k < kSumLoadBatch; ++k) {
-          s += M(gv[k]);
-          t += M(gv[k]) * (xv[k] - m);
-          if (o) o[j + k * lanes] = T(division.divide(d, M(gv[k])));
-        }
-      }
-      if (j < ch.hi) {
-        T gv[kSumLoadBatch], xr[kSumLoadBatch];
-        const int valid = load_last_batch(g, xs, j, ch.hi, lanes, gv, xr);
-        QGRAD_UNROLL
-        for (int k = 0; k < kSumLoadBatch; ++k) {
-          if (k >= valid) break;
-          const M xk = xs ? u(xr[k], division) : M(0);
-          const M gk = M(gt(gv[k], xk));
-          s += gk;
-          if (xs) t += gk * (xk - m);
-          if (o) o[j + k * lanes] = T(division.divide(d, gk));
-        }
-      }
-      if (ps) ps[p] = s;
-      if (px) px[p] = t;
+        if (ps) ps[p] = s;
+        if (px) px[p] = t;
+      });
     });
   }
 };
@@ -494,6 +507,14 @@ struct InputGradFormula {
       const M proj = (x - mean) * proj_scale;
       return T((g - shift - proj) * scale);
     }
+    // Training through an every() gate; every(): see formulas::Unscale::At.
+    QGRAD_HD bool is_every() const { return training && gate.is_every(); }
+    QGRAD_HD At every() const {
+      At a = *this;
+      a.training = true;
+      a.gate = gate.every();
+      return a;
+    }
   };
   QGRAD_HD At at(std::int64_t c) const {
     using M = op_math_t<T>;
@@ -538,56 +559,62 @@ struct FusedInputGrad {
     using M = op_math_t<T>;
     const ChunkOf ch = chunk_of(p, v, chunks, lanes, divs);
     const std::int64_t c = ch.c;
-    const auto fc = f.at(c);
-    const auto u = in.shared(c);  // u.div: channel_div_add's divisor, for dx too
+    const auto fc_c = f.at(c);
+    const auto u_c = in.shared(c);  // u.div: channel_div_add's divisor, for dx too
     const T* g = dy + ch.offset;
     const T* xs = x + ch.offset;
     T* o = dx ? dx + ch.offset : nullptr;
-    // The pass under one Division (formulas::with_shared_division): where the
-    // fast quotients do not apply, it runs again dividing (dx rewritten).
-    formulas::with_shared_division(u.div.fast, [&](auto& division) {
-      M s = M(0), t = M(0);
-      std::int64_t j = ch.lo;
-      for (; j + (kSumLoadBatch - 1) * lanes < ch.hi; j += kSumLoadBatch * lanes) {
-        T gv[kSumLoadBatch], xv[kSumLoadBatch];
-        QGRAD_UNROLL
-        for (int k = 0; k < kSumLoadBatch; ++k) {
-          gv[k] = g[j + k * lanes];
-          xv[k] = xs[j + k * lanes];
-        }
-        // Every dn of the batch before its stores: a store through o could alias
-        // the channel's parameters, which f and in would then load again.
-        M dn[kSumLoadBatch];
-        QGRAD_UNROLL
-        for (int k = 0; k < kSumLoadBatch; ++k) {
-          dn[k] = M(fc(gv[k], u(xv[k], division)));
-          s += dn[k];
-          t += dn[k] * M(xv[k]);
-        }
-        if (o) {
+    // Specialised where the prologue and the formula have every part
+    // (formulas::for_every); the pass under one Division
+    // (formulas::with_shared_division): where the fast quotients do not
+    // apply, it runs again dividing (dx rewritten).
+    formulas::for_every(u_c.is_every() && fc_c.is_every(), [&](auto every) {
+      const auto u = every ? u_c.every() : u_c;
+      const auto fc = every ? fc_c.every() : fc_c;
+      formulas::with_shared_division(u.div.fast, [&](auto& division) {
+        M s = M(0), t = M(0);
+        std::int64_t j = ch.lo;
+        for (; j + (kSumLoadBatch - 1) * lanes < ch.hi; j += kSumLoadBatch * lanes) {
+          T gv[kSumLoadBatch], xv[kSumLoadBatch];
           QGRAD_UNROLL
-          for (int k = 0; k < kSumLoadBatch; ++k) o[j + k * lanes] = T(division.divide(u.div, dn[k]));
-        }
-      }
-      if (j < ch.hi) {
-        T gv[kSumLoadBatch], xv[kSumLoadBatch];
-        const int valid = load_last_batch(g, xs, j, ch.hi, lanes, gv, xv);
-        M dn[kSumLoadBatch] = {};
-        QGRAD_UNROLL
-        for (int k = 0; k < kSumLoadBatch; ++k) {
-          if (k >= valid) break;
-          dn[k] = M(fc(gv[k], u(xv[k], division)));
-          s += dn[k];
-          t += dn[k] * M(xv[k]);
-        }
-        if (o) {
+          for (int k = 0; k < kSumLoadBatch; ++k) {
+            gv[k] = g[j + k * lanes];
+            xv[k] = xs[j + k * lanes];
+          }
+          // Every dn of the batch before its stores: a store through o could alias
+          // the channel's parameters, which f and in would then load again.
+          M dn[kSumLoadBatch];
           QGRAD_UNROLL
-          for (int k = 0; k < kSumLoadBatch; ++k)
-            if (k < valid) o[j + k * lanes] = T(division.divide(u.div, dn[k]));
+          for (int k = 0; k < kSumLoadBatch; ++k) {
+            dn[k] = M(fc(gv[k], u(xv[k], division)));
+            s += dn[k];
+            t += dn[k] * M(xv[k]);
+          }
+          if (o) {
+            QGRAD_UNROLL
+            for (int k = 0; k < kSumLoadBatch; ++k) o[j + k * lanes] = T(division.divide(u.div, dn[k]));
+          }
         }
-      }
-      if (ps) ps[p] = s;
-      if (px) px[p] = t;
+        if (j < ch.hi) {
+          T gv[kSumLoadBatch], xv[kSumLoadBatch];
+          const int valid = load_last_batch(g, xs, j, ch.hi, lanes, gv, xv);
+          M dn[kSumLoadBatch] = {};
+          QGRAD_UNROLL
+          for (int k = 0; k < kSumLoadBatch; ++k) {
+            if (k >= valid) break;
+            dn[k] = M(fc(gv[k], u(xv[k], division)));
+            s += dn[k];
+            t += dn[k] * M(xv[k]);
+          }
+          if (o) {
+            QGRAD_UNROLL
+            for (int k = 0; k < kSumLoadBatch; ++k)
+              if (k < valid) o[j + k * lanes] = T(division.divide(u.div, dn[k]));
+          }
+        }
+        if (ps) ps[p] = s;
+        if (px) px[p] = t;
+      });
     });
   }
 };

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "qgrad/core/half.h"
 #include "qgrad/kernels/formulas/activation.h"
@@ -39,6 +40,15 @@ struct Unscale {
     }
     // Whether value() under FastDivision applies (formulas::with_shared_division).
     QGRAD_HD bool fast() const { return !divides || div.fast; }
+    // Both a divisor and a shift (the Conv-BN blocks' case); every(): this
+    // At with its flags set where the caller knows them, so that a kernel
+    // specialised on that (formulas::for_every) tests no flag per element.
+    QGRAD_HD bool is_every() const { return divides && shifts; }
+    QGRAD_HD At every() const {
+      At a = *this;
+      a.divides = a.shifts = true;
+      return a;
+    }
     QGRAD_HD op_math_t<T> operator()(T x) const { return op_math_t<T>(value(x)); }
     template <class Division>
     QGRAD_HD op_math_t<T> operator()(T x, Division& division) const {
@@ -78,6 +88,13 @@ struct Normalize {
   struct At {
     op_math_t<T> mean, invstd, weight = 1, bias = 0;
     bool scales = false, shifts = false;
+    // Weight and bias both given; every(): see Unscale::At.
+    QGRAD_HD bool is_every() const { return scales && shifts; }
+    QGRAD_HD At every() const {
+      At a = *this;
+      a.scales = a.shifts = true;
+      return a;
+    }
     QGRAD_HD T operator()(op_math_t<T> x) const {
       using M = op_math_t<T>;
       M r = (x - mean) * invstd;
@@ -101,6 +118,17 @@ struct Normalize {
   }
   QGRAD_HD T operator()(op_math_t<T> x, std::int64_t c) const { return at(c)(x); }
 };
+
+// body(At-flag-constant tag): body(std::true_type{}) where `every` (the
+// kernel's channel parameters have every optional part, and the body takes
+// their every() copies), else body(std::false_type{}): two instantiations,
+// the first without a flag test per element (3-8 instructions an element
+// in batch norm's passes).
+template <class Body>
+QGRAD_HD void for_every(bool every, Body&& body) {
+  if (every) body(std::true_type{});
+  else body(std::false_type{});
+}
 
 // batch_norm's output with relu (batch_norm_relu, and
 // channel_div_add_batch_norm with relu) at an element x of channel c:

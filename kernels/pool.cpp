@@ -129,7 +129,6 @@ struct MaxPoolForward {
 
 // The values a fused pooling scans: x's own (Plain), or relu(batch_norm(x))
 // recomputed where read (BatchNormRelu; planes indexed as [N, C, 1]).
-// at(c): the read of channel c's elements, its parameters loaded once.
 // at(c): the read of channel c's elements, its parameters loaded once; the
 // read takes a Division (formulas/division.h) for batch norm's unscaling.
 template <class T>
@@ -157,7 +156,7 @@ struct BatchNormReluRead {
   struct At {
     typename formulas::Unscale<T>::At in;
     typename formulas::Normalize<T>::At norm;
-    QGRAD_HD bool fast() const { return kEvery ? in.div.fast : in.fast(); }
+    QGRAD_HD bool fast() const { return in.fast(); }  // formulas::with_shared_division
     template <class Division = formulas::ExactDivision>
     QGRAD_HD T operator()(T v, Division&& division = {}) const {
       if constexpr (kEvery) {

@@ -380,7 +380,8 @@ struct PartialGrad {
     using M = op_math_t<T>;
     const ChunkOf ch = chunk_of(p, v, chunks, lanes, divs);
     const M m = center ? center[ch.c] : M(0);
-    const auto d = formulas::SharedDivisor<M>::of(dx ? M(divisor[ch.c]) : M(1));
+    // channel_div_add's dx divisor, its reciprocal taken only where dx is wanted.
+    const auto d = dx ? formulas::SharedDivisor<M>::of(M(divisor[ch.c])) : formulas::SharedDivisor<M>{};
     const auto u_c = in.shared(ch.c);
     const auto gt_c = gate.at(ch.c);
     const T* g = dy + ch.offset;

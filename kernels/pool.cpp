@@ -160,10 +160,7 @@ struct BatchNormReluRead {
     template <class Division = formulas::ExactDivision>
     QGRAD_HD T operator()(T v, Division&& division = {}) const {
       if constexpr (kEvery) {
-        typename formulas::Unscale<T>::At u = in;
-        typename formulas::Normalize<T>::At n = norm;
-        u.divides = u.shifts = n.scales = n.shifts = true;
-        return formulas::normalize_relu<T>(n, u(v, division));
+        return formulas::normalize_relu<T>(norm.every(), in.every()(v, division));
       } else {
         return formulas::normalize_relu<T>(norm, in(v, division));
       }

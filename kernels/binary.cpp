@@ -8,6 +8,7 @@
 #include "qgrad/kernels/basic.h"
 #include "qgrad/kernels/broadcast.h"
 #include "qgrad/kernels/formulas/cast.h"
+#include "qgrad/kernels/layout.h"
 #include "qgrad/kernels/loop.h"
 #include "qgrad/kernels/reduce.h"
 #include "qgrad/kernels/vec4.h"
@@ -103,6 +104,40 @@ struct SumToShapeRows {
   QGRAD_HD std::int64_t count(std::int64_t) const { return ri.red_count; }
   QGRAD_HD Acc term(std::int64_t r, std::int64_t j) const { return Acc(x[ri.base(j) + ri.reduced(r)]); }
   QGRAD_HD void write(std::int64_t j, Acc s) const { o[j] = T(s); }
+};
+
+// channel_mul's backward in one pass where a channel's sum is short (under
+// kAxisPassesMinReduction terms, where sum_to_shape takes SumToShapeRows):
+// channel c's terms are T(dy * x) over its elements in [outer, inner] order
+// (sum_to_shape's order for mul(dy, x) summed to scale's broadcast shape),
+// and a term's visit also writes dx = T(dy * scale[c]) (Binary's product),
+// so dx costs no launch of its own. The terms of a channel partition the
+// tensor, so every dx element is written; lane_terms_sum repeats a term past
+// the end of its last batch (unused), whose dx store repeats the same value.
+// A pending gradient is added as the engine's accumulate adds it.
+template <class T>
+struct ChannelMulBackwardRows {
+  using Acc = op_math_t<T>;
+  const T* dy;
+  const T* x;
+  const T* scale;
+  const T* pending;  // or null
+  T* dx;             // or null
+  T* dscale;
+  AxisLayout v;
+  QGRAD_HD std::int64_t count(std::int64_t) const { return v.outer * v.inner; }
+  QGRAD_HD Acc term(std::int64_t r, std::int64_t c) const {
+    using M = op_math_t<T>;
+    const std::int64_t k = v.outer == 1 ? c * v.inner + r : v.offset_in_channel(r, c);
+    const M g = M(dy[k]);
+    if (dx != nullptr) dx[k] = T(formulas::binary_apply<M>(formulas::BinaryOp::mul, g, M(scale[c])));
+    return Acc(T(formulas::binary_apply<M>(formulas::BinaryOp::mul, g, M(x[k]))));
+  }
+  QGRAD_HD void write(std::int64_t c, Acc s) const {
+    using M = op_math_t<T>;
+    const T sum = T(s);
+    dscale[c] = pending != nullptr ? T(formulas::binary_apply<M>(formulas::BinaryOp::add, M(pending[c]), M(sum))) : sum;
+  }
 };
 
 }  // namespace
@@ -215,6 +250,33 @@ void sum_to_shape(const Tensor& in, const Tensor& out) {
                      SumToShapeRows<T>{static_cast<const T*>(in.data_ptr()), static_cast<T*>(out.data_ptr()), ri},
                      "sum_to_shape");
   });
+}
+
+
+void channel_mul_backward(const Tensor& dy, const Tensor& x, const Tensor& scale, std::int64_t axis,
+                          const Tensor& pending, const Tensor& dx, const Tensor& dscale) {
+  const AxisLayout v = AxisLayout::of(dy.shape(), axis);
+  Shape scale_shape(dy.shape().size() - static_cast<std::size_t>(axis), 1);  // [C, 1, ...]: mul's broadcast
+  scale_shape[0] = v.channels;
+  if (dscale.defined() && v.outer * v.inner < kAxisPassesMinReduction) {
+    dispatch_floating(dy.dtype(), "channel_mul_backward", [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      const auto ptr = [](const Tensor& t) { return t.defined() ? static_cast<T*>(t.data_ptr()) : nullptr; };
+      for_each_row_sum(dy.device(), v.channels,
+                       ChannelMulBackwardRows<T>{ptr(dy), ptr(x), ptr(scale), ptr(pending), ptr(dx), ptr(dscale), v},
+                       "channel_mul_backward");
+    });
+    return;
+  }
+  // Long sums: the composed passes (sum_to_shape's axis passes), the same bits as mul's rule.
+  if (dx.defined()) binary(formulas::BinaryOp::mul, dy, scale.reshape(scale_shape), dx);
+  if (!dscale.defined()) return;
+  Tensor product = Tensor::empty(dy.shape(), TensorOptions{}.with_dtype(dy.dtype()).with_device(dy.device()));
+  binary(formulas::BinaryOp::mul, dy, x, product);
+  Tensor sums = pending.defined() ? Tensor::empty(dscale.shape(), TensorOptions{}.with_dtype(dscale.dtype()).with_device(dscale.device()))
+                                  : dscale;
+  sum_to_shape(product, sums.reshape(scale_shape));
+  if (pending.defined()) binary(formulas::BinaryOp::add, pending, sums, dscale);
 }
 
 }  // namespace qgrad::kernels

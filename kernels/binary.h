@@ -20,4 +20,14 @@ void sum_to_shape(const Tensor& in, const Tensor& out);
 // (any device; tests compare it with the one-loop form on the CPU).
 void sum_to_shape_by_axes(const Tensor& in, const Tensor& out);
 
+// channel_mul's backward (ops/pool_norm.h): dx = dy * scale[c] (defined:
+// wanted) and dscale[c] = sum of dy * x over channel c's elements (defined:
+// wanted), plus pending[c] where pending is defined, all along `axis`
+// (0 <= axis < rank): the bits of mul(dy, s), sum_to_shape(mul(dy, x), s's
+// shape) and the engine's add of pending, for s = scale reshaped to [C, 1,
+// ...]. One pass where a channel sums fewer than 4096 terms; the composed
+// passes otherwise.
+void channel_mul_backward(const Tensor& dy, const Tensor& x, const Tensor& scale, std::int64_t axis,
+                          const Tensor& pending, const Tensor& dx, const Tensor& dscale);
+
 }  // namespace qgrad::kernels

@@ -91,7 +91,10 @@ std::optional<Tensor> ConvBn2d::forward_with_next(const Tensor& x, Module& next)
 
 Tensor ConvBn2d::stage_folded_weight() {
   staged_f_ = scale_factor();
-  staged_w_ = mul(weight_, staged_f_.reshape({weight_.size(0), 1, 1, 1}));
+  // channel_mul, not mul by a reshaped view: its backward folds the batch
+  // norm's gradient for the scale factor into the pass that sums the weight's
+  // (one launch where mul, sum_to_shape and the engine's add took four).
+  staged_w_ = channel_mul(weight_, staged_f_, 0);
   return staged_w_;
 }
 
@@ -132,9 +135,8 @@ Tensor ConvBn2d::normalized(const Tensor& x) {
 
 std::pair<Tensor, Tensor> ConvBn2d::folded_weight_bias() const {
   NoGradGuard no_grad;
-  const std::int64_t c = weight_.size(0);
   const Tensor f = scale_factor();
-  Tensor w = mul(weight_, f.reshape({c, 1, 1, 1}));
+  Tensor w = channel_mul(weight_, f, 0);
   Tensor shift = bias_.defined() ? sub(bias_, bn_->running_mean()) : neg(bn_->running_mean());
   Tensor b = add(bn_->bias(), mul(shift, f));
   return {w.detach(), b.detach()};

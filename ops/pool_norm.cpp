@@ -8,6 +8,7 @@
 
 #include "qgrad/autograd/node.h"
 #include "qgrad/kernels/batch_norm.h"
+#include "qgrad/kernels/binary.h"
 #include "qgrad/kernels/observer.h"
 #include "qgrad/kernels/pool.h"
 #include "qgrad/ops/check.h"
@@ -208,6 +209,44 @@ Tensor batch_norm_scale_factor(const Tensor& weight, const Tensor& running_var, 
     record(op, f, {weight}, [std_dev](const Tensor& g) { return std::vector<Tensor>{div(g, std_dev)}; },
            std_dev.nbytes());
   return f;
+}
+
+// Saves scale (detached) when x needs grad, x (detached) when scale does.
+// The rule folds a gradient already pending for scale (a folded Conv-BN's
+// scale factor is also the batch norm's divisor, whose gradient arrives
+// first) into its own in the pass that writes it.
+Tensor channel_mul(const Tensor& x, const Tensor& scale, std::int64_t axis) {
+  constexpr const char* op = "channel_mul";
+  check::floating(x, op, "x");
+  QGRAD_CHECK(x.dim() >= 1, op, "x", "expected rank >= 1, got a scalar");
+  const std::int64_t ax = check::axis(axis, x.dim(), op);
+  QGRAD_CHECK(scale.defined(), op, "scale", "is required");
+  check::floating(scale, op, "scale");
+  check::same_dtype(scale, x, op, "scale");
+  check::same_device(scale, x, op, "scale");
+  QGRAD_CHECK(scale.dim() == 1 && scale.size(0) == x.size(ax), op, "scale", "expected shape [", x.size(ax),
+              "] (x's size along axis ", ax, "), got ", shape_str(scale.shape()));
+  Shape broadcast(x.shape().size() - static_cast<std::size_t>(ax), 1);  // [C, 1, ...]
+  broadcast[0] = scale.size(0);
+  Tensor out = Tensor::empty(x.shape(), like(x, x.dtype()));
+  kernels::binary(formulas::BinaryOp::mul, x, scale.detach().reshape(broadcast), out);
+  if (any_requires_grad({x, scale})) {
+    const bool need_x = x.requires_grad(), need_s = scale.requires_grad();
+    record_folding(
+        op, out, {x, scale},
+        [sx = need_s ? x.detach() : Tensor(), ss = scale.detach(), ax, need_x, need_s](
+            const Tensor& g, const std::vector<Tensor>& pending, std::vector<char>& folded) {
+          const TensorOptions o = like(g, g.dtype());
+          Tensor dx = need_x ? Tensor::empty(g.shape(), o) : Tensor();
+          Tensor ds = need_s ? Tensor::empty(ss.shape(), o) : Tensor();
+          const Tensor p = need_s && pending.size() > 1 ? pending[1] : Tensor();
+          kernels::channel_mul_backward(g, sx, ss, ax, p, dx, ds);
+          if (p.defined()) folded[1] = 1;
+          return std::vector<Tensor>{dx, ds};
+        },
+        (need_x ? scale.nbytes() : 0) + (need_s ? x.nbytes() : 0));
+  }
+  return out;
 }
 
 // Saves the divisor, and x (detached) when the divisor needs grad.

@@ -101,6 +101,15 @@ Tensor batch_norm_relu(const Tensor& x, const Tensor& weight, const Tensor& bias
 // three ops, for their gradient too.
 Tensor batch_norm_scale_factor(const Tensor& weight, const Tensor& running_var, double eps);
 
+// x scaled per channel along `axis` (negative counts from the end) by scale
+// [x.size(axis)]: y = x * scale[c], the bits of mul(x, scale.reshape(C, 1,
+// ...)) (torch.ao's ConvBn2d: weight * scale_factor.reshape(-1, 1, 1, 1)).
+// The backward writes dx = g * scale[c] and dscale[c] = sum of g * x over c's
+// elements (mul's rule summed to scale's shape, the same bits) in one pass
+// where a channel has fewer than 4096 elements, and folds in a gradient
+// already pending for scale (autograd/node.h, FoldingBackwardFn).
+Tensor channel_mul(const Tensor& x, const Tensor& scale, std::int64_t axis);
+
 // x [N, C, ...] (rank >= 2) divided per channel (axis 1) by divisor [C], then
 // bias [C] added (optional): y = x / divisor[c] + bias[c], rounded as the two
 // broadcast ops it replaces (x / divisor.reshape(1, -1, 1, 1) + bias.reshape(

@@ -648,6 +648,90 @@ TEST_CASE("batch_norm_scale_factor equals div(weight, sqrt(add(running_var, eps)
   }
 }
 
+TEST_CASE("channel_mul equals mul by the reshaped scale bit for bit: values, both gradients, short and long sums") {
+  // Conv weights along axis 0 (one pass: 9 and 288 terms a channel), [N, C,
+  // H, W] along axes 1 and -1 (strided channels), and 4200 elements a channel
+  // (the composed passes).
+  struct Case {
+    Shape shape;
+    std::int64_t axis;
+  };
+  const Case cases[] = {{{32, 1, 3, 3}, 0}, {{64, 32, 3, 3}, 0}, {{3, 5, 4, 7}, 1}, {{3, 5, 4, 7}, -1}, {{2, 3, 2100}, 1}};
+  for (const Device dev : test_devices()) {
+    for (DType dt : {DType::f32, DType::f64, DType::bf16}) {
+      for (const Case& c : cases) {
+        INFO(dev.str(), " ", dtype_name(dt), " ", shape_str(c.shape), " axis ", c.axis);
+        Generator g(0xc4a1);
+        const TensorOptions o = TensorOptions{}.with_device(dev).with_dtype(dt);
+        const std::int64_t ax = c.axis < 0 ? c.axis + static_cast<std::int64_t>(c.shape.size()) : c.axis;
+        const std::int64_t ch = c.shape[static_cast<std::size_t>(ax)];
+        Shape bshape(c.shape.size() - static_cast<std::size_t>(ax), 1);
+        bshape[0] = ch;
+        const Tensor x0 = randn(c.shape, g, o), s0 = add(rand({ch}, g, o), 0.5), dy = randn(c.shape, g, o);
+        const auto run = [&](bool fused) {
+          Tensor x = x0.clone(), s = s0.clone();
+          x.set_requires_grad(true);
+          s.set_requires_grad(true);
+          Tensor y = fused ? channel_mul(x, s, c.axis) : mul(x, s.reshape(bshape));
+          y.backward(dy);
+          return std::vector<Tensor>{y, x.grad(), s.grad()};
+        };
+        const std::vector<Tensor> want = run(false), got = run(true);
+        CHECK(bit_equal(got[0], want[0]));
+        CHECK(bit_equal(got[1], want[1]));
+        CHECK(bit_equal(got[2], want[2]));
+        const std::vector<double> ds = values(want[2]);
+        CHECK(std::count(ds.begin(), ds.end(), 0.0) == 0);  // real sums
+      }
+    }
+  }
+}
+
+TEST_CASE("channel_mul folds the batch norm's gradient for a folded Conv-BN's scale factor, the same bits") {
+  // ConvBn2d's pattern: f = batch_norm_scale_factor(gamma, running_var), the
+  // weight scaled by f, and f the divisor of channel_div_add, whose backward
+  // runs first. channel_mul's rule adds that pending gradient in its own pass
+  // (one folded gradient a pass); with folding off the engine adds it, and
+  // mul by the reshaped f gives the composed ops' bits.
+  for (const Device dev : test_devices()) {
+    for (DType dt : {DType::f32, DType::bf16}) {
+      for (std::int64_t cin : {1, 32}) {
+        INFO(dev.str(), " ", dtype_name(dt), " cin ", cin);
+        Generator g(0xf01d);
+        const TensorOptions o = TensorOptions{}.with_device(dev).with_dtype(dt);
+        const Tensor w0 = randn({16, cin, 3, 3}, g, o), gamma0 = randn({16}, g, o), rv = add(rand({16}, g, o), 0.5);
+        const Tensor z = randn({4, 16, 5, 5}, g, o), dw = randn({16, cin, 3, 3}, g, o), dz = randn({4, 16, 5, 5}, g, o);
+        const auto run = [&](int mode) {  // 0: mul by the reshaped f, 1: channel_mul, 2: channel_mul unfolded
+          set_gradient_folding(mode != 2);
+          Tensor w = w0.clone(), gamma = gamma0.clone();
+          w.set_requires_grad(true);
+          gamma.set_requires_grad(true);
+          const Tensor f = batch_norm_scale_factor(gamma, rv, 1e-5);
+          const Tensor wf = mode == 0 ? mul(w, f.reshape({16, 1, 1, 1})) : channel_mul(w, f, 0);
+          const Tensor loss = add(sum(mul(wf, dw)), sum(mul(channel_div_add(z, f), dz)));
+          const std::uint64_t before = folded_gradient_count();
+          loss.backward(Tensor());
+          const std::uint64_t folds = folded_gradient_count() - before;
+          set_gradient_folding(true);
+          return std::make_pair(std::vector<Tensor>{wf, w.grad(), gamma.grad()}, folds);
+        };
+        const auto [want, folds0] = run(0);
+        const auto [got, folds1] = run(1);
+        const auto [unfolded, folds2] = run(2);
+        CHECK(folds1 == folds0 + 1);  // channel_mul's rule took the batch norm's gradient for f
+        CHECK(folds2 == 0);
+        for (std::size_t k = 0; k < want.size(); ++k) {
+          INFO("output ", k);
+          CHECK(bit_equal(got[k], want[k]));
+          CHECK(bit_equal(unfolded[k], want[k]));
+        }
+        const std::vector<double> dg = values(want[2]);
+        CHECK(std::count(dg.begin(), dg.end(), 0.0) == 0);
+      }
+    }
+  }
+}
+
 TEST_CASE("channel_div_add_batch_norm equals batch_norm(channel_div_add) bit for bit: output, statistics, gradients") {
   // As above: planes of 30 (tail loops) and 2500 (two chunks, batched
   // loops); training and evaluation; with and without relu and shift; every

@@ -553,6 +553,52 @@ std::vector<OpEntry> pool_norm_entries() {
                [](const Tensors& v) { return Tensors{batch_norm_scale_factor(v[0], v[1], 1e-3)}; },
                Promise::bit_identical(), GradMethod::finite_differences, {}, {}, nullptr});
 
+  // channel_mul: a conv weight along axis 0 scaled twice by a scale factor
+  // (a node's output, as ConvBn2d's: the outer product's gradient for it is
+  // pending when the inner one's rule runs, which folds it in), [N, C, H, W]
+  // along axis 1 then -1, and channels of more than 4096 elements (the
+  // composed passes).
+  const auto channel_mul_errors = [](Device d) {
+    constexpr const char* op = "channel_mul";
+    const Tensor x = some({4, 3, 2}, d), s4 = full({4}, 1.5, on(d));
+    std::vector<BadInput> c{
+        {op, "x", [=] { channel_mul(Tensor(), s4, 0); }},
+        {op, "x", [=] { channel_mul(some({4, 3}, d, DType::s32), s4, 0); }},
+        {op, "x", [=] { channel_mul(full({}, 1.0, on(d)), s4, 0); }},
+        {op, "axis", [=] { channel_mul(x, s4, 3); }},
+        {op, "axis", [=] { channel_mul(x, s4, -4); }},
+        {op, "scale", [=] { channel_mul(x, Tensor(), 0); }},
+        {op, "scale", [=] { channel_mul(x, full({3}, 1.5, on(d)), 0); }},
+        {op, "scale", [=] { channel_mul(x, full({4, 1}, 1.5, on(d)), 0); }},
+        {op, "scale", [=] { channel_mul(x, full({4}, 1.5, on(d, DType::f64)), 0); }},
+        {op, "scale", [=] { channel_mul(x, some({4}, d, DType::s32), 0); }},
+    };
+    if (has_other(d)) c.push_back({op, "scale", [=] { channel_mul(x, full({4}, 1.5, on(other(d))), 0); }});
+    return c;
+  };
+  e.push_back({"channel_mul (conv weight, scale shared)", {"channel_mul"}, kFloat,
+               [](Device d, DType dt, Generator& g) {
+                 return Tensors{normal({6, 3, 3, 3}, g, d, dt), normal({6}, g, d, dt), plain({6}, g, d, dt, 0.5, 2)};
+               },
+               [](const Tensors& v) {
+                 const Tensor f = batch_norm_scale_factor(v[1], v[2], 1e-5);
+                 return Tensors{channel_mul(channel_mul(v[0], f, 0), f, 0)};
+               },
+               Promise::bit_identical(), GradMethod::finite_differences, {}, {}, channel_mul_errors});
+  e.push_back({"channel_mul ([N, C, H, W], axis 1 then -1)", {"channel_mul"}, kFloat,
+               [](Device d, DType dt, Generator& g) {
+                 return Tensors{normal({3, 4, 5, 7}, g, d, dt), normal({4}, g, d, dt), normal({7}, g, d, dt)};
+               },
+               [](const Tensors& v) { return Tensors{channel_mul(channel_mul(v[0], v[1], 1), v[2], -1)}; },
+               Promise::bit_identical(), GradMethod::finite_differences, {}, {}, nullptr});
+  e.push_back({"channel_mul (4100 elements a channel)", {"channel_mul"}, kFloat,
+               [](Device d, DType dt, Generator& g) {
+                 return Tensors{normal({2, 2, 2050}, g, d, dt), normal({2}, g, d, dt)};
+               },
+               [](const Tensors& v) { return Tensors{channel_mul(v[0], v[1], 1)}; },
+               summation_order("sum_to_shape's axis passes for channels of 4096 elements or more"),
+               GradMethod::finite_differences, {}, {}, nullptr});
+
   // channel_div_add: [N, C, H, W] with bias (plane of 33 elements: two
   // chunk lanes partly filled), and [N, C] without; divisors away from 0.
   const auto div_add_errors = [](Device d) {

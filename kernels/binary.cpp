@@ -106,8 +106,8 @@ struct SumToShapeRows {
   QGRAD_HD void write(std::int64_t j, Acc s) const { o[j] = T(s); }
 };
 
-// channel_mul's backward in one pass where a channel's sum is short (under
-// kAxisPassesMinReduction terms, where sum_to_shape takes SumToShapeRows):
+// channel_mul's backward in one pass, for channels of fewer than
+// kAxisPassesMinReduction elements (where sum_to_shape takes SumToShapeRows):
 // channel c's terms are T(dy * x) over its elements in [outer, inner] order
 // (sum_to_shape's order for mul(dy, x) summed to scale's broadcast shape),
 // and a term's visit also writes dx = T(dy * scale[c]) (Binary's product),
@@ -187,9 +187,9 @@ void binary_scalar(formulas::BinaryOp op, const Tensor& a, double b, const Tenso
 // summed to [1, C, 1, 1] (a per-channel factor's backward) is then C warps
 // reading N H W elements each (with a thread per output, as before, it cost
 // hundreds of milliseconds on a large batch).
-// Reductions at least this long per output run instead as passes of sum_axis
-// (block reductions for long rows on CUDA, contiguous row sums on the CPU).
-constexpr std::int64_t kAxisPassesMinReduction = 4096;
+// Reductions of kAxisPassesMinReduction or more per output (binary.h) run
+// instead as passes of sum_axis (block reductions for long rows on CUDA,
+// contiguous row sums on the CPU).
 
 // Out = in summed to out's shape as a sequence of sum_axis passes over runs
 // of adjacent reduced dims, innermost run first. 16-bit inputs are summed in
@@ -256,27 +256,13 @@ void sum_to_shape(const Tensor& in, const Tensor& out) {
 void channel_mul_backward(const Tensor& dy, const Tensor& x, const Tensor& scale, std::int64_t axis,
                           const Tensor& pending, const Tensor& dx, const Tensor& dscale) {
   const AxisLayout v = AxisLayout::of(dy.shape(), axis);
-  Shape scale_shape(dy.shape().size() - static_cast<std::size_t>(axis), 1);  // [C, 1, ...]: mul's broadcast
-  scale_shape[0] = v.channels;
-  if (dscale.defined() && v.outer * v.inner < kAxisPassesMinReduction) {
-    dispatch_floating(dy.dtype(), "channel_mul_backward", [&](auto tag) {
-      using T = typename decltype(tag)::type;
-      const auto ptr = [](const Tensor& t) { return t.defined() ? static_cast<T*>(t.data_ptr()) : nullptr; };
-      for_each_row_sum(dy.device(), v.channels,
-                       ChannelMulBackwardRows<T>{ptr(dy), ptr(x), ptr(scale), ptr(pending), ptr(dx), ptr(dscale), v},
-                       "channel_mul_backward");
-    });
-    return;
-  }
-  // Long sums: the composed passes (sum_to_shape's axis passes), the same bits as mul's rule.
-  if (dx.defined()) binary(formulas::BinaryOp::mul, dy, scale.reshape(scale_shape), dx);
-  if (!dscale.defined()) return;
-  Tensor product = Tensor::empty(dy.shape(), TensorOptions{}.with_dtype(dy.dtype()).with_device(dy.device()));
-  binary(formulas::BinaryOp::mul, dy, x, product);
-  Tensor sums = pending.defined() ? Tensor::empty(dscale.shape(), TensorOptions{}.with_dtype(dscale.dtype()).with_device(dscale.device()))
-                                  : dscale;
-  sum_to_shape(product, sums.reshape(scale_shape));
-  if (pending.defined()) binary(formulas::BinaryOp::add, pending, sums, dscale);
+  dispatch_floating(dy.dtype(), "channel_mul_backward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const auto ptr = [](const Tensor& t) { return t.defined() ? static_cast<T*>(t.data_ptr()) : nullptr; };
+    for_each_row_sum(dy.device(), v.channels,
+                     ChannelMulBackwardRows<T>{ptr(dy), ptr(x), ptr(scale), ptr(pending), ptr(dx), ptr(dscale), v},
+                     "channel_mul_backward");
+  });
 }
 
 }  // namespace qgrad::kernels

@@ -20,13 +20,16 @@ void sum_to_shape(const Tensor& in, const Tensor& out);
 // (any device; tests compare it with the one-loop form on the CPU).
 void sum_to_shape_by_axes(const Tensor& in, const Tensor& out);
 
-// channel_mul's backward (ops/pool_norm.h): dx = dy * scale[c] (defined:
-// wanted) and dscale[c] = sum of dy * x over channel c's elements (defined:
-// wanted), plus pending[c] where pending is defined, all along `axis`
-// (0 <= axis < rank): the bits of mul(dy, s), sum_to_shape(mul(dy, x), s's
-// shape) and the engine's add of pending, for s = scale reshaped to [C, 1,
-// ...]. One pass where a channel sums fewer than 4096 terms; the composed
-// passes otherwise.
+// sum_to_shape sums outputs of fewer terms than this in one loop
+// (formulas::lane_sum's order, CPU = CUDA); longer ones by sum_to_shape_by_axes.
+inline constexpr std::int64_t kAxisPassesMinReduction = 4096;
+
+// channel_mul's backward (ops/pool_norm.h) in one pass, for channels of
+// fewer than kAxisPassesMinReduction elements along `axis` (0 <= axis <
+// rank): dscale[c] = sum of dy * x over channel c's elements (plus pending[c]
+// where pending is defined) and dx = dy * scale[c] (where defined): the bits
+// of sum_to_shape(mul(dy, x), s's shape), the engine's add of pending, and
+// mul(dy, s), for s = scale reshaped to [C, 1, ...].
 void channel_mul_backward(const Tensor& dy, const Tensor& x, const Tensor& scale, std::int64_t axis,
                           const Tensor& pending, const Tensor& dx, const Tensor& dscale);
 

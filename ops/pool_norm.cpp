@@ -245,15 +245,25 @@ Tensor channel_mul(const Tensor& x, const Tensor& scale, std::int64_t axis) {
     const bool need_x = x.requires_grad(), need_s = scale.requires_grad();
     record_folding(
         op, out, {x, scale},
-        [sx = need_s ? x.detach() : Tensor(), ss = scale.detach(), ax, need_x, need_s](
+        [sx = need_s ? x.detach() : Tensor(), ss = scale.detach(), ax, broadcast, need_x, need_s](
             const Tensor& g, const std::vector<Tensor>& pending, std::vector<char>& folded) {
-          const TensorOptions o = like(g, g.dtype());
-          Tensor dx = need_x ? Tensor::empty(g.shape(), o) : Tensor();
-          Tensor ds = need_s ? Tensor::empty(ss.shape(), o) : Tensor();
+          const AxisLayout v = AxisLayout::of(g.shape(), ax);
           const Tensor p = need_s && pending.size() > 1 ? pending[1] : Tensor();
-          kernels::channel_mul_backward(g, sx, ss, ax, p, dx, ds);
           if (p.defined()) folded[1] = 1;
-          return std::vector<Tensor>{dx, ds};
+          if (need_s && v.outer * v.inner < kernels::kAxisPassesMinReduction) {
+            const TensorOptions o = like(g, g.dtype());
+            Tensor dx = need_x ? Tensor::empty(g.shape(), o) : Tensor();
+            Tensor ds = Tensor::empty(ss.shape(), o);
+            kernels::channel_mul_backward(g, sx, ss, ax, p, dx, ds);
+            return std::vector<Tensor>{dx, ds};
+          }
+          // Long channels: mul's rule as it is (sum_to_shape's axis passes).
+          Tensor ds;
+          if (need_s) {
+            ds = sum_to_shape(mul(g, sx), broadcast).reshape(ss.shape());
+            if (p.defined()) ds = add(p, ds);
+          }
+          return std::vector<Tensor>{need_x ? mul(g, ss.reshape(broadcast)) : Tensor(), ds};
         },
         (need_x ? scale.nbytes() : 0) + (need_s ? x.nbytes() : 0));
   }

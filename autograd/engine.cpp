@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <atomic>
 #include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 #include "qgrad/autograd/node.h"
@@ -250,9 +249,6 @@ void run_backward(const Tensor& root, const Tensor& grad_in, bool retain_graph) 
   SideJoin side_join;  // declared after `deferred`: joins before its destructor runs leftovers
   std::unordered_map<Node*, Pending> pending;
   pending[root_node.get()] = {grad, false};
-  // Leaves whose gradient a side-stream rule wrote in this pass (unjoined):
-  // not offered to a folding rule, which reads on the main stream.
-  std::unordered_set<const AutogradMeta*> side_leaves;
   std::vector<Node*> ready{root_node.get()};
   while (!ready.empty()) {
     Node* n = ready.back();
@@ -273,18 +269,8 @@ void run_backward(const Tensor& root, const Tensor& grad_in, bool retain_graph) 
       if (g.defined() && n->folding_backward && gradient_folding_enabled()) {
         // Offer each input's pending gradient, except where one producer
         // feeds several of this node's inputs (a fold would count it twice).
-        // A leaf's gradient so far (an earlier consumer's, or an earlier
-        // pass's) is offered too, where the main stream wrote it and this
-        // rule runs there.
         std::vector<Tensor> offered(n->inputs.size());
         for (std::size_t i = 0; i < n->inputs.size(); ++i) {
-          if (const AutogradMeta* leaf = n->inputs[i].leaf.get()) {
-            bool shared = false;
-            for (std::size_t j = 0; j < n->inputs.size(); ++j)
-              shared = shared || (j != i && n->inputs[j].leaf.get() == leaf);
-            if (!shared && !on_side && leaf->grad.defined() && !side_leaves.contains(leaf)) offered[i] = leaf->grad;
-            continue;
-          }
           const Node* p = n->inputs[i].node.get();
           if (p == nullptr) continue;
           bool shared = false;
@@ -334,16 +320,13 @@ void run_backward(const Tensor& root, const Tensor& grad_in, bool retain_graph) 
         if (--dependencies[e.node.get()] == 0) ready.push_back(e.node.get());
       } else if (e.leaf) {
         if (gi.defined()) {
-          if (e.leaf->grad.defined() && !folded[i]) {  // the add reads both, on the main stream
+          if (e.leaf->grad.defined()) {  // the add reads both, on the main stream
             deferred.flush_if_writes(gi);
             deferred.flush_if_writes(e.leaf->grad);
             if (gi_side) cuda_join_side_streams();
             e.leaf->grad = accumulate(e.leaf->grad, gi);
-            side_leaves.erase(e.leaf.get());
-          } else {  // the first gradient, or the rule's sum with the one before
+          } else {
             e.leaf->grad = gi;
-            if (gi_side) side_leaves.insert(e.leaf.get());
-            else side_leaves.erase(e.leaf.get());
           }
         }
         auto it = leaf_edges.find(e.leaf.get());

@@ -31,8 +31,7 @@ struct Edge {
 using BackwardFn = std::function<std::vector<Tensor>(const Tensor& grad_output)>;
 // The same rule, told per input the gradient other consumers have already
 // passed back for that input (pending[i]; undefined where none, or where the
-// engine does not offer it; for a leaf, its gradient so far, where the main
-// stream wrote it and the rule runs there). A rule may fold pending[i] into its own result
+// engine does not offer it). A rule may fold pending[i] into its own result
 // for input i, computing pending[i] + its gradient in the pass that writes
 // it, and set folded[i]; the engine then takes that as the input's gradient
 // instead of adding the two in a pass of its own (the same bits: the add is

@@ -8,7 +8,6 @@
 
 #include "qgrad/kernels/formulas/activation.h"
 #include "qgrad/kernels/formulas/batch_norm.h"
-#include "qgrad/kernels/formulas/binary.h"
 #include "qgrad/kernels/formulas/cast.h"
 #include "qgrad/kernels/formulas/observer.h"
 #include "qgrad/kernels/loop.h"
@@ -883,34 +882,7 @@ struct ScaleFactor {
   }
 };
 
-// dweight = T(g / std) (div's rule for its numerator), plus the weight's
-// gradient so far where one is pending, as the engine's accumulate adds it.
-template <class T>
-struct ScaleFactorGrad {
-  const T* g;
-  const T* std_dev;
-  const T* pending;  // or null
-  T* dweight;
-  QGRAD_HD void operator()(std::int64_t i) const {
-    using M = op_math_t<T>;
-    const T q = T(formulas::binary_apply<M>(formulas::BinaryOp::div, M(g[i]), M(std_dev[i])));
-    dweight[i] = pending != nullptr ? T(formulas::binary_apply<M>(formulas::BinaryOp::add, M(pending[i]), M(q))) : q;
-  }
-};
-
 }  // namespace
-
-void batch_norm_scale_factor_backward(const Tensor& g, const Tensor& std_dev, const Tensor& pending,
-                                      const Tensor& dweight) {
-  dispatch_floating(dweight.dtype(), "batch_norm_scale_factor_backward", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    for_each_index(dweight.device(), dweight.numel(),
-                   ScaleFactorGrad<T>{static_cast<const T*>(g.data_ptr()), static_cast<const T*>(std_dev.data_ptr()),
-                                      pending.defined() ? static_cast<const T*>(pending.data_ptr()) : nullptr,
-                                      static_cast<T*>(dweight.data_ptr())},
-                   "batch_norm_scale_factor_backward");
-  });
-}
 
 void batch_norm_scale_factor(const Tensor& weight, const Tensor& running_var, double eps, const Tensor& f,
                              const Tensor& std_dev) {

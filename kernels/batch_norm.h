@@ -90,10 +90,6 @@ void batch_norm_backward(const Tensor& dy, const Tensor& x, const AxisLayout& v,
 // ops add, sqrt and div round it (std is what the backward divides by).
 void batch_norm_scale_factor(const Tensor& weight, const Tensor& running_var, double eps, const Tensor& f,
                              const Tensor& std_dev);
-// Its weight gradient: dweight = T(g / std) (div's rounding), plus pending
-// (defined: the weight's gradient so far) as the engine's add rounds it.
-void batch_norm_scale_factor_backward(const Tensor& g, const Tensor& std_dev, const Tensor& pending,
-                                      const Tensor& dweight);
 
 // channel_div_add (the unscaling of a folded Conv-BN, ops/pool_norm.h):
 // y = T(T(x / divisor[c]) + bias[c]) (bias optional: y = T(x / divisor[c])),

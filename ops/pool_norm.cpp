@@ -204,21 +204,10 @@ Tensor batch_norm_scale_factor(const Tensor& weight, const Tensor& running_var, 
   Tensor std_dev = Tensor::empty(weight.shape(), like(weight, weight.dtype()));
   kernels::batch_norm_scale_factor(weight, running_var, eps, f, std_dev);
   // div's rule for its numerator: g / std (std saved: the batch norm that
-  // follows moves running_var in place). The weight's gradient so far (a
-  // folded Conv-BN's batch norm weight has the batch norm's) is added in
-  // the same pass.
+  // follows moves running_var in place).
   if (any_requires_grad({weight}))
-    record_folding(
-        op, f, {weight},
-        [std_dev](const Tensor& g, const std::vector<Tensor>& pending, std::vector<char>& folded) {
-          Tensor p = pending.empty() ? Tensor() : pending[0];
-          if (p.defined() && (p.dtype() != g.dtype() || p.shape() != g.shape())) p = Tensor();
-          Tensor dw = Tensor::empty(g.shape(), like(g, g.dtype()));
-          kernels::batch_norm_scale_factor_backward(g, std_dev, p, dw);
-          if (p.defined()) folded[0] = 1;
-          return std::vector<Tensor>{dw};
-        },
-        std_dev.nbytes());
+    record(op, f, {weight}, [std_dev](const Tensor& g) { return std::vector<Tensor>{div(g, std_dev)}; },
+           std_dev.nbytes());
   return f;
 }
 

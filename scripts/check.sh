@@ -23,7 +23,7 @@ FUZZ_BUILD=${QGRAD_FUZZ_BUILD:-}
 if [ "${QGRAD_SKIP_SANITIZE:-0}" != 1 ]; then
   # One clang build for the sanitizer tests and the fuzz harnesses (preset
   # "sanitizer"): the library is compiled once for both.
-  stamp "sanitizer build ($ASAN_BUILD: ASan + UBSan, clang, CPU only: tests, fuzz harnesses, benchmarks built)"
+  stamp "sanitizer build ($ASAN_BUILD: ASan + UBSan, clang, CPU only: tests and fuzz harnesses)"
   (cd "$QGRAD_ROOT" && cmake --preset sanitizer -B "$ASAN_BUILD" >/dev/null)
   ninja -C "$ASAN_BUILD" -j"$QGRAD_JOBS"
   stamp "sanitizer test run"
@@ -38,7 +38,7 @@ if [ "${QGRAD_SKIP_SANITIZE:-0}" != 1 ]; then
   FUZZ_BUILD=${FUZZ_BUILD:-$ASAN_BUILD}
 fi
 
-stamp "fuzzing (scripts/fuzz.sh: 60 s per harness)"
+stamp "fuzzing (scripts/fuzz.sh: the harnesses side by side, 60 s)"
 QGRAD_FUZZ_BUILD=${FUZZ_BUILD:-$QGRAD_ROOT/build-fuzz} bash "$QGRAD_ROOT/scripts/fuzz.sh" 60
 stamp "full test suite"
 log=$QGRAD_BUILD/ctest.log

@@ -211,7 +211,7 @@ Tensor batch_norm_scale_factor(const Tensor& weight, const Tensor& running_var, 
   return f;
 }
 
-// Saves scale (detached) when x needs grad, x (detached) when scale does.
+// Saves scale (detached), and x (detached) when scale needs grad.
 // The rule folds a gradient already pending for scale (a folded Conv-BN's
 // scale factor is also the batch norm's divisor, whose gradient arrives
 // first) into its own in the pass that writes it.
@@ -254,7 +254,7 @@ Tensor channel_mul(const Tensor& x, const Tensor& scale, std::int64_t axis) {
           }
           return std::vector<Tensor>{need_x ? mul(g, ss.reshape(broadcast)) : Tensor(), ds};
         },
-        (need_x ? scale.nbytes() : 0) + (need_s ? x.nbytes() : 0));
+        scale.nbytes() + (need_s ? x.nbytes() : 0));
   }
   return out;
 }

@@ -683,6 +683,22 @@ TEST_CASE("channel_mul equals mul by the reshaped scale bit for bit: values, bot
         const std::vector<double> ds = values(want[2]);
         CHECK(std::count(ds.begin(), ds.end(), 0.0) == 0);  // real sums
       }
+      // Empty tensors: no elements in a channel (dscale zero), and no channels.
+      for (const Case& c : {Case{{0, 3}, 1}, Case{{0, 2, 2}, 0}}) {
+        INFO(dev.str(), " ", dtype_name(dt), " empty ", shape_str(c.shape), " axis ", c.axis);
+        const TensorOptions o = TensorOptions{}.with_device(dev).with_dtype(dt);
+        const std::int64_t ch = c.shape[static_cast<std::size_t>(c.axis)];
+        Tensor x = zeros(c.shape, o), s = full({ch}, 2.0, o);
+        x.set_requires_grad(true);
+        s.set_requires_grad(true);
+        const Tensor y = channel_mul(x, s, c.axis);
+        y.backward(zeros(c.shape, o));
+        CHECK(y.shape() == c.shape);
+        CHECK(x.grad().shape() == c.shape);
+        CHECK(s.grad().shape() == Shape{ch});
+        const std::vector<double> ds = values(s.grad());
+        CHECK(std::count(ds.begin(), ds.end(), 0.0) == static_cast<std::ptrdiff_t>(ds.size()));
+      }
     }
   }
 }

@@ -128,6 +128,8 @@ struct ChannelMulBackwardRows {
   QGRAD_HD std::int64_t count(std::int64_t) const { return v.outer * v.inner; }
   QGRAD_HD Acc term(std::int64_t r, std::int64_t c) const {
     using M = op_math_t<T>;
+    // offset_in_channel's value; with one outer run (a conv weight along axis
+    // 0) without its 64-bit division a term.
     const std::int64_t k = v.outer == 1 ? c * v.inner + r : v.offset_in_channel(r, c);
     const M g = M(dy[k]);
     if (dx != nullptr) dx[k] = T(formulas::binary_apply<M>(formulas::BinaryOp::mul, g, M(scale[c])));
@@ -186,10 +188,10 @@ void binary_scalar(formulas::BinaryOp op, const Tensor& a, double b, const Tenso
 // element (with an index decomposition per element): a gradient [N, C, H, W]
 // summed to [1, C, 1, 1] (a per-channel factor's backward) is then C warps
 // reading N H W elements each (with a thread per output, as before, it cost
-// hundreds of milliseconds on a large batch).
-// Reductions of kAxisPassesMinReduction or more per output (binary.h) run
-// instead as passes of sum_axis (block reductions for long rows on CUDA,
-// contiguous row sums on the CPU).
+// hundreds of milliseconds on a large batch). Reductions of
+// kAxisPassesMinReduction or more per output (binary.h) run instead as passes
+// of sum_axis (block reductions for long rows on CUDA, contiguous row sums on
+// the CPU).
 
 // Out = in summed to out's shape as a sequence of sum_axis passes over runs
 // of adjacent reduced dims, innermost run first. 16-bit inputs are summed in
@@ -251,7 +253,6 @@ void sum_to_shape(const Tensor& in, const Tensor& out) {
                      "sum_to_shape");
   });
 }
-
 
 void channel_mul_backward(const Tensor& dy, const Tensor& x, const Tensor& scale, std::int64_t axis,
                           const Tensor& pending, const Tensor& dx, const Tensor& dscale) {

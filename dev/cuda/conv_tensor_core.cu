@@ -46,6 +46,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <type_traits>
 #include <vector>
 
@@ -553,11 +554,14 @@ Diff compare(const Tensor& a, const Tensor& b) {
   Diff d;
   double scale = 1;
   for (float v : vb) scale = std::max(scale, double(std::fabs(v)));
+  bool nan = false;  // poison left or a wrong product (std::max would skip a NaN difference)
   for (std::size_t i = 0; i < va.size(); ++i) {
-    d.rel = std::max(d.rel, std::fabs(double(va[i]) - double(vb[i])) / scale);
+    const double diff = std::fabs(double(va[i]) - double(vb[i])) / scale;
+    if (diff != diff) nan = true;
+    else d.rel = std::max(d.rel, diff);
     if (std::memcmp(&va[i], &vb[i], 4) != 0) d.same = false;
   }
-  if (!(d.rel == d.rel)) d.rel = 1e30;  // a NaN: poison left or a wrong product
+  if (nan) d.rel = 1e30;
   return d;
 }
 

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <atomic>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "qgrad/autograd/node.h"
@@ -84,6 +85,16 @@ Tensor accumulate(const Tensor& sum, const Tensor& g) {
   Tensor out = like(sum);  // out of place: a gradient may alias another one
   kernels::binary(formulas::BinaryOp::add, sum, g, out);
   return out;
+}
+
+// a + b where at least one was made on the side stream, run on the side
+// (after the main stream's work so far where one was made there), so that the
+// main stream goes on without waiting for the side's: the sum is a side
+// gradient.
+Tensor accumulate_on_side(const Tensor& a, bool a_side, const Tensor& b, bool b_side) {
+  if (!a_side || !b_side) cuda_side_stream_wait_main(b.device());
+  SideStreamScope side(b.device(), true, /*fork=*/false);
+  return accumulate(a, b);
 }
 
 void check_grad(const Node& node, std::size_t i, const Tensor& g) {
@@ -248,6 +259,8 @@ void run_backward(const Tensor& root, const Tensor& grad_in, bool retain_graph) 
   DeferredScope deferred(gradient_deferral_enabled());
   SideJoin side_join;  // declared after `deferred`: joins before its destructor runs leftovers
   std::unordered_map<Node*, Pending> pending;
+  // Leaves whose gradient so far was made on a side stream and not joined.
+  std::unordered_set<AutogradMeta*> side_leaves;
   pending[root_node.get()] = {grad, false};
   std::vector<Node*> ready{root_node.get()};
   while (!ready.empty()) {
@@ -264,12 +277,14 @@ void run_backward(const Tensor& root, const Tensor& grad_in, bool retain_graph) 
     {
       // A node whose gradient came from a side stream runs its rule there too
       // (its launches on g's device, after the side's earlier work); the
-      // engine's own adds below run on the main stream.
+      // engine's own adds below run on the side where either term was made
+      // there, else on the main stream.
       SideStreamScope side_scope(g.defined() ? g.device() : Device::cpu(), on_side, /*fork=*/false);
       if (g.defined() && n->folding_backward && gradient_folding_enabled()) {
         // Offer each input's pending gradient, except where one producer
         // feeds several of this node's inputs (a fold would count it twice).
         std::vector<Tensor> offered(n->inputs.size());
+        bool wait_main = false;
         for (std::size_t i = 0; i < n->inputs.size(); ++i) {
           const Node* p = n->inputs[i].node.get();
           if (p == nullptr) continue;
@@ -277,9 +292,16 @@ void run_backward(const Tensor& root, const Tensor& grad_in, bool retain_graph) 
           for (std::size_t j = 0; j < n->inputs.size(); ++j)
             shared = shared || (j != i && n->inputs[j].node.get() == p);
           const auto it = pending.find(n->inputs[i].node.get());
-          if (!shared && it != pending.end() && it->second.side == on_side) offered[i] = it->second.g;
+          if (shared || it == pending.end()) continue;
+          // A rule on the side stream may fold a main-stream gradient: the
+          // side waits for the main stream first (below).
+          if (it->second.side && !on_side) continue;  // a main-stream rule would read it unjoined
+          if (on_side && !it->second.side && it->second.g.device() != g.device()) continue;
+          offered[i] = it->second.g;
+          wait_main = wait_main || (on_side && !it->second.side);
         }
         for (const Tensor& o : offered) deferred.flush_if_writes(o);  // the rule may read them
+        if (wait_main) cuda_side_stream_wait_main(g.device());
         input_grads = n->folding_backward(g, offered, folded);
         QGRAD_CHECK(folded.size() == n->inputs.size(), "backward", n->name, "folding rule resized its folded flags");
         for (std::size_t i = 0; i < folded.size(); ++i) {
@@ -311,22 +333,29 @@ void run_backward(const Tensor& root, const Tensor& grad_in, bool retain_graph) 
         if (gi.defined()) {
           if (folded[i] || !slot.g.defined()) {
             slot = {gi, gi_side};
+          } else if (slot.side || gi_side) {
+            // On the side stream: the main stream goes on without waiting for it.
+            slot = {accumulate_on_side(slot.g, slot.side, gi, gi_side), true};
           } else {
-            // The add runs on the main stream: the side's gradient must be written first.
-            if (slot.side || gi_side) cuda_join_side_streams();
             slot = {accumulate(slot.g, gi), false};
           }
         }
         if (--dependencies[e.node.get()] == 0) ready.push_back(e.node.get());
       } else if (e.leaf) {
         if (gi.defined()) {
-          if (e.leaf->grad.defined()) {  // the add reads both, on the main stream
+          const bool leaf_side = side_leaves.count(e.leaf.get()) != 0;
+          if (e.leaf->grad.defined()) {  // the add reads both
             deferred.flush_if_writes(gi);
             deferred.flush_if_writes(e.leaf->grad);
-            if (gi_side) cuda_join_side_streams();
-            e.leaf->grad = accumulate(e.leaf->grad, gi);
+            if (leaf_side || gi_side) {
+              e.leaf->grad = accumulate_on_side(e.leaf->grad, leaf_side, gi, gi_side);
+              side_leaves.insert(e.leaf.get());
+            } else {
+              e.leaf->grad = accumulate(e.leaf->grad, gi);
+            }
           } else {
             e.leaf->grad = gi;
+            if (gi_side) side_leaves.insert(e.leaf.get());
           }
         }
         auto it = leaf_edges.find(e.leaf.get());

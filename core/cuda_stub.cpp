@@ -29,6 +29,7 @@ SideStreamScope::~SideStreamScope() = default;
 MainStreamScope::MainStreamScope() = default;
 MainStreamScope::~MainStreamScope() = default;
 void cuda_join_side_streams() {}
+void cuda_side_stream_wait_main(Device) {}
 void cuda_set_side_stream(bool) {}
 bool cuda_side_stream() { return false; }
 bool cuda_side_stream_every_linear() { return false; }

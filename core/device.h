@@ -57,8 +57,9 @@ bool cuda_programmatic_launch();
 // every block freed on the device is held out of the allocator's pools (a
 // side kernel may still read it). Results are the same bits either way
 // (the same kernels on the same data). On by default; QGRAD_SIDE_STREAM=0
-// turns it off at start-up. A linear forks only where its dx GEMM leaves
-// SMs idle (ops/linalg.cpp); QGRAD_SIDE_STREAM=all forks at every linear
+// turns it off at start-up. conv2d forks its weight and bias gradients
+// (ops/conv.cpp); a linear forks only where its dx GEMM leaves SMs idle
+// (ops/linalg.cpp); QGRAD_SIDE_STREAM=all forks at every linear
 // (cuda_side_stream_every_linear: for measuring the rule). A scope on the
 // CPU, with the switch off, not wanted, or on a thread already in one does
 // nothing.
@@ -91,6 +92,12 @@ class MainStreamScope {
   [[maybe_unused]] int side_device_ = -1;  // unused without CUDA
 };
 void cuda_join_side_streams();
+// The side stream of `device` waits for everything queued on its main stream
+// so far (a fork while one may already be open): what a side-stream kernel
+// needs before it reads a gradient made on the main stream (the backward
+// engine's sums of a side and a main gradient, run on the side). Nothing on
+// the CPU or with the switch off.
+void cuda_side_stream_wait_main(Device device);
 void cuda_set_side_stream(bool enabled);
 bool cuda_side_stream();
 bool cuda_side_stream_every_linear();

@@ -2,6 +2,7 @@
 #include "qgrad/ops/conv.h"
 
 #include <atomic>
+#include <optional>
 
 #include "qgrad/autograd/node.h"
 #include "qgrad/kernels/conv.h"
@@ -82,20 +83,20 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, std::ar
     const bool need_b = bias.defined() && bias.requires_grad();
     Tensor sx = need_w ? (staged ? x_cl : x.detach()) : Tensor();
     Tensor sw = need_x ? (staged ? w_cl : weight.detach()) : Tensor();
+    // The weight and bias gradients on the side stream (core/device.h), as
+    // linear's: only dx leads on to the layers before; dW and db wait for the
+    // optimizer, so they run beside dx and the layers' backward before it.
+    const bool side = x.is_cuda() && (need_w || need_b) && cuda_side_stream();
     record(
         "conv2d", out, {x, weight, bias},
-        [sx, sw, s, need_b, staged, shape_x = x.shape(), shape_w = weight.shape()](const Tensor& dy) {
+        [sx, sw, s, need_b, staged, side, shape_x = x.shape(), shape_w = weight.shape()](const Tensor& dy) {
           Tensor gx, gw, gb;
           Tensor dy_cl;  // staged: dy copied channels-last once, for both gradients
           if (staged && (sw.defined() || sx.defined())) {
             dy_cl = Tensor::empty({s.n, s.oh, s.ow, s.o}, like(dy));
             kernels::to_channels_last(dy, dy_cl);
           }
-          if (sw.defined()) {
-            gx = Tensor::empty(shape_x, like(dy));
-            if (staged) kernels::conv2d_backward_input_channels_last(s, dy_cl, sw, gx);
-            else kernels::conv2d_backward_input(s, dy, sw, gx);
-          }
+          SideStreamScope parameters(dy.device(), side);  // the fork: once dy (and its copy) is queued
           if (sx.defined()) {
             gw = Tensor::empty(shape_w, like(dy));
             if (staged) kernels::conv2d_backward_weight_channels_last(s, sx, dy_cl, gw);
@@ -105,9 +106,19 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, std::ar
             gb = Tensor::empty({s.o}, like(dy));
             kernels::channel_bias_grad(dy, gb, s.o, s.oh * s.ow);
           }
+          if (sw.defined()) {
+            // dx on the main stream beside them; where this node itself runs
+            // on the side stream (dy was made there), dx stays there after dy.
+            std::optional<MainStreamScope> main;
+            if (parameters.switched()) main.emplace();
+            gx = Tensor::empty(shape_x, like(dy));
+            if (staged) kernels::conv2d_backward_input_channels_last(s, dy_cl, sw, gx);
+            else kernels::conv2d_backward_input(s, dy, sw, gx);
+          }
           return std::vector<Tensor>{gx, gw, gb};
         },
         (need_x ? weight.nbytes() : 0) + (need_w ? x.nbytes() : 0));
+    if (side) out.grad_fn()->side_inputs = 0b0110u;  // weight, bias
   }
   return out;
 }

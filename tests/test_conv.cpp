@@ -2,8 +2,10 @@
 // (forward, input, weight and bias gradients) over stride, padding, dilation,
 // groups, depthwise, 1x1 and non-square kernels, in f32 and f64 on every
 // device; edge cases (empty batch, NaN, partial requires_grad, determinism).
+#include <algorithm>
 #include <array>
 #include <string>
+#include <tuple>
 
 #include "helpers.h"
 #include "qgrad/kernels/conv.h"
@@ -470,4 +472,99 @@ TEST_CASE("conv2d's channels-last staging: where it applies, and the staged pass
   Tensor y2 = conv2d(x, w, b, {1, 1}, {1, 1});
   REQUIRE(y2.grad_fn());
   CHECK(y2.grad_fn()->saved_bytes == x.nbytes() + w.nbytes());
+}
+
+TEST_CASE("conv2d forks its weight and bias gradients onto the side stream: the same bits as one stream (GPU)") {
+  // ops/conv.cpp: dW and db run on the side stream (core/device.h), dx on
+  // the main stream beside them; the same kernels on the same data. Staged
+  // (TF32, channels-last) and NCHW passes; every subset of gradients that
+  // includes a parameter; none forks without one.
+  QGRAD_REQUIRE_GPU();
+  const ConvTf32 restore(conv_allow_tf32());
+  const Device gpu = Device::cuda(0);
+  struct Case {
+    const char* name;
+    bool tf32, need_x, need_w, need_b;
+  };
+  for (const Case& c : {Case{"staged, all", true, true, true, true}, Case{"f32, all", false, true, true, true},
+                        Case{"f32, weight only", false, false, true, false},
+                        Case{"f32, x and bias", false, true, false, true}, Case{"f32, x only", false, true, false, false}}) {
+    INFO(c.name);
+    set_conv_allow_tf32(c.tf32);
+    const auto run = [&](bool side) {
+      const SideStream stream(side);
+      Tensor x = seeded({4, 16, 18, 16}, 81, DType::f32, gpu, c.need_x);
+      Tensor w = seeded({32, 16, 3, 3}, 82, DType::f32, gpu, c.need_w);
+      Tensor b = seeded({32}, 83, DType::f32, gpu, c.need_b);
+      Tensor y = conv2d(x, w, b, {1, 1}, {1, 1});
+      const std::uint64_t forks = cuda_side_stream_fork_count();
+      y.backward(seeded(y.shape(), 84, DType::f32, gpu, false));
+      const bool forked = cuda_side_stream_fork_count() > forks;
+      return std::make_pair(std::vector<Tensor>{x.grad(), w.grad(), b.grad()}, forked);
+    };
+    const auto [on, forked] = run(true);
+    const auto [off, forked_off] = run(false);
+    CHECK(forked == (c.need_w || c.need_b));
+    CHECK_FALSE(forked_off);
+    const bool need[] = {c.need_x, c.need_w, c.need_b};
+    for (std::size_t i = 0; i < 3; ++i) {
+      INFO("gradient ", i);
+      REQUIRE(on[i].defined() == need[i]);
+      REQUIRE(off[i].defined() == need[i]);
+      if (!need[i]) continue;
+      CHECK(bit_equal(on[i], off[i]));
+      const std::vector<double> v = values(on[i]);
+      CHECK(std::count(v.begin(), v.end(), 0.0) == 0);  // a real gradient, not an unwritten buffer
+    }
+  }
+}
+
+TEST_CASE("side-stream gradients summed with main-stream ones: on the side, folded, the same bits as one stream (GPU)") {
+  // autograd/engine.cpp: a folded Conv-BN's pattern (f = batch_norm_scale_factor
+  // (gamma, running_var), the weight channel_mul(w, f), conv2d, the output
+  // divided by f). conv2d's weight gradient comes from the side stream, so
+  // channel_mul's rule runs there and folds channel_div_add's main-stream
+  // gradient for f after the side waits for the main stream; with `extra`,
+  // the scaled weight and gamma also feed main-stream ops, so a pending
+  // gradient and a leaf's sum a side and a main term (on the side). Every
+  // gradient the same bits, and the same folds, as on one stream.
+  QGRAD_REQUIRE_GPU();
+  const ConvTf32 restore(conv_allow_tf32());
+  set_conv_allow_tf32(false);
+  const Device gpu = Device::cuda(0);
+  for (const bool extra : {false, true}) {
+    INFO("extra uses ", extra);
+    const auto run = [&](bool side) {
+      const SideStream stream(side);
+      Tensor x = seeded({4, 8, 10, 9}, 91, DType::f32, gpu, true);
+      Tensor w = seeded({16, 8, 3, 3}, 92, DType::f32, gpu, true);
+      Tensor gamma = seeded({16}, 93, DType::f32, gpu, true);
+      const Tensor r = seeded({16}, 94, DType::f32, gpu, false), running_var = add(mul(r, r), 0.5);
+      const Tensor dz = seeded({4, 16, 10, 9}, 95, DType::f32, gpu, false);
+      const Tensor f = batch_norm_scale_factor(gamma, running_var, 1e-5);
+      const Tensor wf = channel_mul(w, f, 0);
+      Tensor loss = sum(mul(channel_div_add(conv2d(x, wf, Tensor(), {1, 1}, {1, 1}), f), dz));
+      if (extra) {
+        loss = add(loss, sum(mul(wf, seeded(wf.shape(), 96, DType::f32, gpu, false))));
+        loss = add(loss, sum(mul(gamma, seeded({16}, 97, DType::f32, gpu, false))));
+      }
+      const std::uint64_t folds = folded_gradient_count(), forks = cuda_side_stream_fork_count();
+      loss.backward(Tensor());
+      const bool forked = cuda_side_stream_fork_count() > forks;
+      return std::make_tuple(std::vector<Tensor>{x.grad(), w.grad(), gamma.grad()}, folded_gradient_count() - folds,
+                             forked);
+    };
+    const auto [on, folds_on, forked] = run(true);
+    const auto [off, folds_off, forked_off] = run(false);
+    CHECK(forked);
+    CHECK_FALSE(forked_off);
+    CHECK(folds_off >= 1);
+    CHECK(folds_on == folds_off);  // channel_mul on the side still took f's pending gradient
+    for (std::size_t i = 0; i < on.size(); ++i) {
+      INFO("gradient ", i);
+      CHECK(bit_equal(on[i], off[i]));
+      const std::vector<double> v = values(on[i]);
+      CHECK(std::count(v.begin(), v.end(), 0.0) == 0);
+    }
+  }
 }

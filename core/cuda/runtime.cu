@@ -275,6 +275,10 @@ MainStreamScope::~MainStreamScope() {
   cuda::t_side_device = side_device_;
 }
 
+void cuda_side_stream_wait_main(Device device) {
+  if (device.is_cuda() && cuda_side_stream()) fork_side(device.index);
+}
+
 void cuda_join_side_streams() {
   if (g_open_sides.load() == 0) return;
   for (int d = 0; d < cuda_device_count(); ++d) {

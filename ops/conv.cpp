@@ -60,11 +60,13 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, std::ar
   // and the weight copied once here, the copies saved.
   const bool staged = any_requires_grad({x, weight}) && kernels::conv2d_stages_channels_last(s, x.dtype(), x.device());
   Tensor x_cl, w_cl;
-  // The bias. f32/f64 on CUDA (staged ones are f32): added after the
-  // convolution (one rounding of conv + bias either way; cuDNN's graph
-  // engines run beta = 0, and measured 3-10% faster so, bias add included, on
-  // an H100, 2026-11-24). Otherwise filled first and the convolution
-  // accumulated onto it: 16-bit outputs round once.
+  // The bias. On CUDA added after the convolution, in every dtype, as
+  // PyTorch's _convolution does after cuDNN (output.add_(bias)): 16-bit
+  // outputs round as PyTorch's do (the convolution's rounding, then the
+  // add's), and every pass runs on cuDNN's graph engines at beta = 0 (the
+  // legacy beta = 1 engines measured 3-10% slower in f32 and 1.25x PyTorch's
+  // time in bf16). On the CPU filled first and the convolution accumulated
+  // onto it: 16-bit outputs round once.
   if (staged) {
     x_cl = Tensor::empty({s.n, s.h, s.w, s.c}, like(x));
     w_cl = Tensor::empty({s.o, s.kh, s.kw, s.c}, like(x));
@@ -72,7 +74,7 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, std::ar
     kernels::to_channels_last(weight, w_cl);
     kernels::conv2d_forward_channels_last(s, x_cl, w_cl, out);
     if (bias.defined()) kernels::add_channel_bias(out, bias, s.o, s.oh * s.ow);
-  } else if (bias.defined() && x.is_cuda() && (x.dtype() == DType::f32 || x.dtype() == DType::f64)) {
+  } else if (bias.defined() && x.is_cuda()) {
     kernels::conv2d_forward(s, x, weight, out, false);
     kernels::add_channel_bias(out, bias, s.o, s.oh * s.ow);
   } else {

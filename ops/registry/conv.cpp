@@ -15,9 +15,10 @@ using Pair = std::array<std::int64_t, 2>;
 
 // cuDNN's algorithms (implicit GEMM, Winograd, FFT, ... as its heuristic
 // picks) and the CPU's im2col + Eigen GEMM sum the same products in another
-// order, both in f32 (f64 for f64) and rounded once: the GEMM tolerances of
-// the arithmetic entries, but 1e-4 for f32, since the transform algorithms
-// (Winograd, FFT) add rounding errors of their own.
+// order, both in f32 (f64 for f64) and rounded once (a 16-bit output with
+// a bias twice on CUDA, as PyTorch's: the convolution, then the bias add):
+// the GEMM tolerances of the arithmetic entries, but 1e-4 for f32, since the
+// transform algorithms (Winograd, FFT) add rounding errors of their own.
 Promise summation_order() {
   return Promise::within(1e-12, 1e-4, 1e-2, 6e-2,
                          "summation order: cuDNN's algorithms (Winograd, FFT, implicit GEMM) vs im2col + Eigen GEMM");

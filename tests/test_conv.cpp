@@ -43,6 +43,8 @@ const std::vector<Config>& configs() {
       // gradient over 3 chunks of 4096 positions, and 49 taps.
       {"first layer, 3 chunks", {12, 1, 28, 28}, {32, 1, 3, 3}, true, {1, 1}, {1, 1}, {1, 1}, 1},
       {"depthwise 7x7", {3, 6, 12, 11}, {6, 1, 7, 7}, true, {1, 1}, {3, 3}, {1, 1}, 6},
+      // The stride-1 input gradient's 25-tap kernel over planes of several blocks.
+      {"5x5, padding 2, 2 channels", {2, 2, 19, 17}, {6, 2, 5, 5}, true, {1, 1}, {2, 2}, {1, 1}, 1},
       {"4 channels, 4x4, stride 2, dilation 2", {2, 4, 13, 12}, {5, 4, 4, 4}, true, {2, 2}, {3, 2}, {2, 2}, 1},
       // Large enough (> 4M multiply-adds) for the CPU's parallel path.
       {"parallel path", {4, 16, 18, 16}, {32, 16, 3, 3}, true, {1, 1}, {1, 1}, {1, 1}, 1},

@@ -231,10 +231,12 @@ TEST_CASE("CUDA: the TF32 CNN step, its second convolution staged channels-last,
 }
 
 TEST_CASE("CUDA: steps whose parameter gradients run on the side stream equal steps on one stream") {
-  // A linear's dW and db, and the weight fake quant's backward after them,
-  // on the side stream, joined before the deferred passes and the optimizer
-  // (core/device.h SideStreamScope); the allocator holds every block freed
-  // meanwhile. The same kernels on the same data: the same bits.
+  // A linear's and a conv2d's dW and db, and what they reach (the weight fake
+  // quant's backward; the CNN's folded Conv-BN weight, whose scale factor's
+  // gradient sums a side and a main term on the side stream), joined before
+  // the deferred passes and the optimizer (core/device.h SideStreamScope);
+  // the allocator holds every block freed meanwhile. The same kernels on the
+  // same data: the same bits.
   QGRAD_REQUIRE_GPU();
   const SideStream on(true);
   check_capture_matches_eager([](Device d) { return make_trainer(d, 64); }, 64, {784}, false, true);

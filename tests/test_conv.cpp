@@ -582,8 +582,10 @@ TEST_CASE("conv2d on CUDA adds a 16-bit bias after the convolution, as PyTorch d
   QGRAD_REQUIRE_GPU();
   const Device gpu = Device::cuda(0);
   for (DType dt : {DType::f16, DType::bf16, DType::f32}) {
-    for (const auto& [xs, ws] : {std::pair<Shape, Shape>{{4, 1, 12, 10}, {8, 1, 3, 3}},
-                                 std::pair<Shape, Shape>{{2, 16, 9, 11}, {32, 16, 3, 3}}}) {
+    for (const auto& shapes : {std::pair<Shape, Shape>{{4, 1, 12, 10}, {8, 1, 3, 3}},
+                               std::pair<Shape, Shape>{{2, 16, 9, 11}, {32, 16, 3, 3}}}) {
+      const Shape& xs = shapes.first;
+      const Shape& ws = shapes.second;
       INFO(dtype_name(dt), " x ", shape_str(xs));
       const Tensor x = seeded(xs, 61, dt, gpu, false), w = seeded(ws, 62, dt, gpu, false);
       const Tensor b = seeded({ws[0]}, 63, dt, gpu, false);

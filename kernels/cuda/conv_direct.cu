@@ -402,6 +402,17 @@ struct InputGradGeometry {
   FastDiv div_tile, div_cols;  // by tile_rows·tile_cols, tile_cols
 };
 
+// Input channel cl of `group`: its weights [o_per_group, taps] into shared
+// memory in op math, for the input-gradient kernels (a thread per value).
+template <class T, class M>
+__device__ __forceinline__ void stage_channel_weights(const T* __restrict__ weight, M* wsm, int group, int cl,
+                                                      int o_per_group, int c_per_group, int taps) {
+  for (int t = threadIdx.x; t < o_per_group * taps; t += kThreads) {
+    const int ol = t / taps, r = t % taps;
+    wsm[t] = M(weight[(static_cast<std::int64_t>(group * o_per_group + ol) * c_per_group + cl) * taps + r]);
+  }
+}
+
 template <class T>
 __global__ void input_grad_kernel(const T* __restrict__ dy, const T* __restrict__ weight, T* __restrict__ dx,
                                   InputGradGeometry g) {
@@ -414,10 +425,7 @@ __global__ void input_grad_kernel(const T* __restrict__ dy, const T* __restrict_
   const int n = static_cast<int>(plane / g.c), c = static_cast<int>(plane % g.c);
   const int group = c / g.c_per_group, cl = c % g.c_per_group;
   const int r0 = blockIdx.x * g.band_rows, rows = min(g.band_rows, g.h - r0), band = rows * g.w;
-  for (int t = threadIdx.x; t < g.o_per_group * g.taps; t += kThreads) {
-    const int ol = t / g.taps, r = t % g.taps;
-    wsm[t] = M(weight[(static_cast<std::int64_t>(group * g.o_per_group + ol) * g.c_per_group + cl) * g.taps + r]);
-  }
+  stage_channel_weights(weight, wsm, group, cl, g.o_per_group, g.c_per_group, g.taps);
   int base[kElementsPerThread];
   QGRAD_UNROLL
   for (int k = 0; k < kElementsPerThread; ++k) {
@@ -493,10 +501,7 @@ __global__ void __launch_bounds__(kThreads) input_grad_stride1_kernel(const T* _
   const std::int64_t plane = blockIdx.y;      // n·C + c
   const int n = static_cast<int>(plane / g.c), c = static_cast<int>(plane % g.c);
   const int group = c / g.c_per_group, cl = c % g.c_per_group;
-  for (int t = threadIdx.x; t < g.o_per_group * Taps; t += kThreads) {
-    const int ol = t / Taps, r = t % Taps;
-    wsm[t] = M(weight[(static_cast<std::int64_t>(group * g.o_per_group + ol) * g.c_per_group + cl) * Taps + r]);
-  }
+  stage_channel_weights(weight, wsm, group, cl, g.o_per_group, g.c_per_group, Taps);
   __syncthreads();
   const int e = static_cast<int>(blockIdx.x * kThreads + threadIdx.x);
   if (e >= g.h * g.w) return;

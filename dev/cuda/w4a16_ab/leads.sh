@@ -14,7 +14,8 @@ root=$(cd "$here/../../.." && pwd)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 entries=("$@")
-[ ${#entries[@]} -gt 0 ] || entries=(resident_v1.patch resident_v1.patch:QGRAD_RESIDENT_XCOPY=0 resident_v1.patch:QGRAD_RESIDENT_TILES=2
+[ ${#entries[@]} -gt 0 ] || entries=(resident_v1.patch resident_v1.patch:QGRAD_RESIDENT_XCOPY=0
+                                     resident_v1.patch:QGRAD_RESIDENT_XCOPY=2 resident_v1.patch:QGRAD_RESIDENT_TILES=2
                                      resident_v0.patch probe_v1_nomath.patch)
 status=0
 for entry in "${entries[@]}"; do

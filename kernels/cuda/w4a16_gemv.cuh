@@ -669,6 +669,145 @@ __global__ void __launch_bounds__(WARPS * 32, 512 / (WARPS * 32))
   }
 }
 
+// ------------------------------------------- W4A16 resident-slab GEMV
+
+// M <= 2, 16-bit scales, a weight in pack_w4a16's fragment order (immutable:
+// see W4a16GemvArgs::w_fragments), K = 4096 (w4a16_resident_fits). The
+// split-K GEMV's warps, runs, math and order (so the same bits), but every
+// warp asks for its whole share of the weight with bulk copies into shared
+// memory before the wait for the kernel before, and a block is small enough
+// (16 channels, 8 warps of <= 64 registers, ~45 KiB of shared memory) that
+// four fit an SM: in a chain of layers under programmatic dependent launch,
+// layer i + 1's blocks sit beside layer i's and stream their weight from HBM
+// while layer i computes. (The split-K GEMV's blocks fill the SMs, 256 of 2
+// an SM at N = 4096, so the next layer's early loads cannot start before
+// this layer's blocks leave.) After the wait the block copies x's rows into
+// shared memory with 16-byte loads and the warps run their math from there.
+// H200, N = K = 4096, groups of 128, s4, bf16 scales, bit-identical, µs a
+// layer (sixty-fifth session, dev/cuda/w4a16_ab): M = 1 chain 4.62 -> 4.18,
+// back to back 4.86 -> 4.58, L2-resident weight 4.10 -> 3.96; M = 2 chain
+// 4.78 -> 4.16 (x by one bulk copy, the variant measured there; the block's
+// loads measured 0.01 us faster at M = 1). With f32 scales it is slower
+// (chain 5.55 -> 6.4: the longer math on a quarter of an SM's threads), so
+// they keep the split-K GEMV.
+constexpr int kResidentRun = 4;                   // iterations a warp's run (the split-K GEMV's U)
+constexpr int kResidentK = 4096;                  // the K it is built for: a 32 KiB slab a block
+constexpr int kResidentMaxM = 2;
+constexpr int kResidentHeadBytes = 256 + 8 * 4 * 32 * 4;  // the warps' barriers, then their partial tiles
+constexpr int kResidentSmem = kResidentHeadBytes + kResidentK / 128 * 1024 + kResidentMaxM * kResidentK * 2;
+template <class T, bool kSigned, class S>
+__global__ void __launch_bounds__(256, 4)
+    w4a16_resident_kernel(const T* __restrict__ x, const std::uint8_t* __restrict__ w, const S* __restrict__ scale,
+                          const std::int32_t* __restrict__ zp, const T* __restrict__ bias, T* __restrict__ out, int M,
+                          int N, int G) {
+  ::qgrad::cuda::DeferredPriorWait prior;
+  constexpr int U = kResidentRun, TW = 8, K = kResidentK;  // iterations a run, warps a block
+  constexpr int iters = K / 128, runs = iters / (U * TW);
+  static_assert(!std::is_same_v<S, float>, "f32 scales keep the split-K GEMV");
+  extern __shared__ __align__(128) unsigned char resident_smem[];
+  std::uint64_t* bar = reinterpret_cast<std::uint64_t*>(resident_smem);  // [TW]
+  float* part = reinterpret_cast<float*>(resident_smem + 256);
+  unsigned char* wsm = resident_smem + kResidentHeadBytes;
+  T* xs = reinterpret_cast<T*>(wsm + iters * 1024);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < TW; ++i) mbar_init(bar + i, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  // A block's 16 channels are one contiguous column block of the fragment
+  // order: in shared memory as in global. Warp w copies the units of its runs.
+  if (lane == 0) {
+    const std::uint8_t* wg = w + static_cast<I64>(blockIdx.x) * iters * 1024;
+    mbar_expect_tx(bar + warp, static_cast<unsigned>(runs * U * 1024));
+    for (int r = 0; r < runs; ++r) {
+      const int at = (r * TW + warp) * U * 1024;
+      bulk_copy(wsm + at, wg + at, U * 1024, bar + warp);
+    }
+  }
+  const int n = min(static_cast<int>(blockIdx.x) * 16 + g, N - 1);  // past N: a zero row (the order pads N to 32)
+  const int groups = K / G, gshift = __ffs(G) - 1;
+  const S* srow[2] = {scale + static_cast<I64>(n) * groups, scale + static_cast<I64>(min(n + 8, N - 1)) * groups};
+  const std::int32_t* zrow[2] = {kSigned ? zp : zp + static_cast<I64>(n) * groups,
+                                 kSigned ? zp : zp + static_cast<I64>(min(n + 8, N - 1)) * groups};
+  GemvFrag<1, 2, false> sc[U];  // the scales (and zero points) of a run, immutable like the weight
+  auto load_scales = [&](int base) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int gk = ((base + u) * 128 + t * 32) >> gshift;
+#pragma unroll
+      for (int sub = 0; sub < 2; ++sub)
+        gemv_scale<T, kSigned>(sc[u].s[sub], sc[u].z[sub], srow[sub] + gk, zrow[sub] + (kSigned ? 0 : gk), true);
+    }
+  };
+  load_scales(warp * U);
+  prior.wait();
+  // x is the kernel before's output: its loads take a zero made after the
+  // wait in their addresses (ptxas may hoist ld.global.nc loads across the
+  // wait's memory clobber).
+  unsigned after_wait;
+  asm volatile("mov.u32 %0, 0;" : "=r"(after_wait)::"memory");
+  const uint4* xg = reinterpret_cast<const uint4*>(x) + after_wait;
+  for (int i = threadIdx.x; i < M * K / 8; i += TW * 32) reinterpret_cast<uint4*>(xs)[i] = __ldg(xg + i);
+  __syncthreads();
+  const T* xrow = xs + static_cast<I64>(min(g, M - 1)) * K;
+  const T* const xunused[1] = {nullptr};  // x is staged: the math reads no global x
+  float acc[1][1][4] = {{{0.0f, 0.0f, 0.0f, 0.0f}}};
+  mbar_wait(bar + warp, 0);
+  for (int run = 0; run < runs; ++run) {
+    const int base = (run * TW + warp) * U;
+    if (run > 0) load_scales(base);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int it = base + u, k0 = it * 128 + t * 32;
+      GemvFrag<1, 2, true> f;
+#pragma unroll
+      for (int sub = 0; sub < 2; ++sub) f.s[sub] = sc[u].s[sub], f.z[sub] = sc[u].z[sub];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const uint4 v = *reinterpret_cast<const uint4*>(xrow + k0 + 8 * q);
+        f.xb[0][2 * q] = make_uint2(v.x, v.y);
+        f.xb[0][2 * q + 1] = make_uint2(v.z, v.w);
+      }
+      uint4 wv[2];
+#pragma unroll
+      for (int sub = 0; sub < 2; ++sub)
+        wv[sub] = *reinterpret_cast<const uint4*>(wsm + it * 1024 + sub * 512 + lane * 16);
+      gemv_math_packed<T, kSigned, 1, 2, true, true>(f, wv, acc, k0, true, xunused);
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 4; ++r) part[(warp * 4 + r) * 32 + lane] = acc[0][0][r];
+  __syncthreads();
+  // As the split-K GEMV: C's element r of lane (g, t) is channel g + 8 (r >> 1)
+  // of the tile, row 2t + (r & 1); the warps' partials summed in warp order.
+  if (threadIdx.x < 4 * 32) {
+    const int r = threadIdx.x >> 5, ln = threadIdx.x & 31;
+    const int m = 2 * (ln & 3) + (r & 1);
+    const int nn = static_cast<int>(blockIdx.x) * 16 + (ln >> 2) + (r >> 1) * 8;
+    if (m < M && nn < N) {
+      float v = part[r * 32 + ln];
+#pragma unroll
+      for (int wq = 1; wq < TW; ++wq) v += part[(wq * 4 + r) * 32 + ln];
+      if (bias) v += static_cast<float>(bias[nn]);
+      out[static_cast<I64>(m) * N + nn] = T(v);
+    }
+  }
+}
+template <class T>
+bool w4a16_resident_fits(const W4a16GemvArgs<T>& a) {
+  return a.w_fragments && a.scale_in_t && a.M <= kResidentMaxM && a.K == kResidentK && (a.G & (a.G - 1)) == 0;
+}
+template <class T, bool kSigned>
+void launch_w4a16_resident(const W4a16GemvArgs<T>& a) {
+  constexpr auto kernel = w4a16_resident_kernel<T, kSigned, T>;
+  allow_dynamic_smem<kernel>(a.device, kResidentSmem);
+  ::qgrad::cuda::launch_kernel(a.device, kernel, static_cast<unsigned>((a.N + 15) / 16), 256,
+                               static_cast<std::size_t>(kResidentSmem), a.x, a.w, static_cast<const T*>(a.scale), a.zp,
+                               a.bias, a.out, a.M, a.N, a.G);
+}
+
 // D: iterations whose loads are in flight ahead of the math (of U); the
 // f32 math is longer, so its warps keep fewer ahead (H200, M = 1, chain:
 // T scales D = 3 5.61 -> 5.56 us a layer against all four at once, f32
@@ -737,6 +876,9 @@ void launch_w4a16_splitk(const W4a16GemvArgs<T>& a) {
 }
 template <class T, bool kSigned, class S>
 void launch_w4a16_splitk(const W4a16GemvArgs<T>& a) {
+  if constexpr (!std::is_same_v<S, float>) {
+    if (w4a16_resident_fits(a)) return launch_w4a16_resident<T, kSigned>(a);
+  }
   if (a.w_fragments) launch_w4a16_splitk<T, kSigned, S, true>(a);
   else launch_w4a16_splitk<T, kSigned, S, false>(a);
 }

@@ -12,8 +12,7 @@
 # then on the device (carry .data): dev/cuda/w4a16_ab/run.sh .data/w4_head.cuh
 # MS="1 16" picks the rows of x (default); N = K = 4096, s4, groups of 128,
 # bf16 x, bf16 and f32 scales. Exit status 2 where the outputs differ.
-# probes.py writes latency probes of the split-K GEMV (wrong outputs by design) to time as A;
-# leads.sh times the kernel patches kept in leads/ against the tree.
+# probes.py writes latency probes of the split-K GEMV (wrong outputs by design) to time as A.
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=dev/cuda/ab_build.sh

@@ -295,6 +295,54 @@ void bench_cpu(const Net& net, std::int64_t batch, int reps, int threads) {
             "cpu (" + std::to_string(threads) + " threads)", extra);
 }
 
+// The CPU MLP step's linear layers alone (784-256-256-10 at b256, f32, with
+// bias; forward and backward, no gradient for the input, as in the step):
+// the step's eight GEMMs and its bias sums without the fake quant, relu,
+// loss and optimizer, so that the step's time splits into what the GEMM
+// library does and what qgrad's own kernels do. Case
+// qat_step_cpu_b256_h256_linears; peer_train_step.py --cpu-linears times
+// PyTorch's F.linear on the same shapes.
+void bench_cpu_linears(int reps, int threads) {
+#if defined(_OPENMP)
+  omp_set_num_threads(threads);
+#else
+  (void)threads;
+#endif
+  constexpr std::int64_t kBatch = 256;
+  const std::int64_t widths[] = {784, 256, 256, 10};
+  Generator g(0x11);
+  std::vector<Tensor> ws, bs, dys;
+  const Tensor x = randn({kBatch, 784}, g);
+  for (int l = 0; l < 3; ++l) {
+    ws.push_back(randn({widths[l + 1], widths[l]}, g));
+    bs.push_back(randn({widths[l + 1]}, g));
+    ws.back().set_requires_grad(true);
+    bs.back().set_requires_grad(true);
+    dys.push_back(randn({kBatch, widths[l + 1]}, g));
+  }
+  auto step = [&] {
+    Tensor in = x;
+    for (int l = 0; l < 3; ++l) {
+      ws[l].zero_grad();
+      bs[l].zero_grad();
+      Tensor out = linear(in, ws[l], bs[l]);
+      out.backward(dys[l]);  // each layer's backward from its own output: dW, db, and dX where x needs it
+      in = out.detach();
+      in.set_requires_grad(l + 1 < 3);
+    }
+  };
+  for (int i = 0; i < 10; ++i) step();
+  std::vector<double> ms;
+  for (int i = 0; i < reps; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    step();
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  char extra[64];
+  std::snprintf(extra, sizeof extra, ",\"reps\":%d,\"min_ms\":%.4f", reps, *std::min_element(ms.begin(), ms.end()));
+  emit_case("qat_step_cpu_b256_h256_linears", median(ms), 0, "cpu (" + std::to_string(threads) + " threads)", extra);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -316,7 +364,8 @@ int main(int argc, char** argv) {
   app.add_option("--profile-nets", profile_nets,
                  "nets --profile captures: mlp, mlp_fused, mlp_tf32x3, cnn, cnn_tf32, vit, vit_tf32, vit_bf16");
   app.add_option("--cuda-nets", cuda_nets, "CUDA cases to run: mlp, mlp_fused, mlp_tf32x3, cnn, cnn_tf32, vit, vit_tf32, vit_bf16");
-  app.add_option("--cpu-nets", cpu_nets, "CPU cases to run: mlp, cnn (none: no CPU case)");
+  app.add_option("--cpu-nets", cpu_nets,
+                 "CPU cases to run: mlp, cnn, mlp_linears (the MLP step's linear layers alone; none: no CPU case)");
   CLI11_PARSE(app, argc, argv);
 #if QGRAD_WITH_CUDA
   if (profile_replays > 0) {
@@ -360,5 +409,6 @@ int main(int argc, char** argv) {
   const auto cpu_wanted = [&](const std::string& n) { return ("," + cpu_nets + ",").find("," + n + ",") != std::string::npos; };
   if (cpu_wanted("mlp")) bench_cpu(mlp(256), 256, cpu_reps, cpu_threads);
   if (cpu_wanted("cnn")) bench_cpu(cnn(32), 64, std::max(cpu_reps / 5, 5), cpu_threads);
+  if (cpu_wanted("mlp_linears")) bench_cpu_linears(cpu_reps, cpu_threads);
   return 0;
 }

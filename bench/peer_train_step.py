@@ -60,6 +60,8 @@ configuration under torch.profiler for 10 replays and print, per case, the
 GPU time per step by kernel (JSON lines "train_step_peer_kernels"), the
 cuBLAS/CUTLASS GEMMs summed apart: the peer's side of qgrad's
 scripts/profile_step.sh.
+--cpu-linears: instead, the CPU MLP step's linear layers alone (the peer of
+bench_train_step --cpu-nets mlp_linears; run it under taskset for the cores).
 """
 import json
 import sys
@@ -378,9 +380,46 @@ CONFIGS = [  # impl, kind, compiled, graph
 ]
 
 
+def cpu_linears_main(reps=50):
+    """bench_train_step --cpu-nets mlp_linears's peer: the CPU MLP step's linear
+    layers alone (784-256-256-10 at b256, f32, bias; forward and backward, no
+    gradient for the input), F.linear eagerly on 2 threads (what the compiled
+    step calls for its GEMMs: Inductor leaves them to the BLAS)."""
+    torch.set_num_threads(2)
+    gen = torch.Generator().manual_seed(0x11)
+    widths = [784, 256, 256, 10]
+    x = torch.randn(256, 784, generator=gen)
+    ws = [torch.randn(widths[i + 1], widths[i], generator=gen, requires_grad=True) for i in range(3)]
+    bs = [torch.randn(widths[i + 1], generator=gen, requires_grad=True) for i in range(3)]
+    dys = [torch.randn(256, widths[i + 1], generator=gen) for i in range(3)]
+
+    def step():
+        inp = x
+        for i in range(3):
+            ws[i].grad = bs[i].grad = None
+            out = torch.nn.functional.linear(inp, ws[i], bs[i])
+            out.backward(dys[i])
+            inp = out.detach().requires_grad_(i + 1 < 3)
+    for _ in range(10):
+        step()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        step()
+        times.append((time.perf_counter() - t0) * 1e3)
+    times.sort()
+    print(json.dumps({"bench": "train_step", "impl": "torch", "case": "qat_step_cpu_b256_h256_linears",
+                      "ms": times[len(times) // 2], "min_ms": times[0], "torch": torch.__version__,
+                      "blas": torch.backends.mkl.is_available() and "mkl" or "other",
+                      "device": "cpu (2 threads)"}), flush=True)
+    return 0
+
+
 def main():
     args = sys.argv[1:]
     quick = "--quick" in args
+    if "--cpu-linears" in args:
+        return cpu_linears_main()
     if "--profile-kernels" in args:
         return profile_main(args[args.index("--net") + 1] if "--net" in args[:-1] else None,
                             args[args.index("--precision") + 1] if "--precision" in args[:-1] else None)

@@ -275,24 +275,30 @@ void profile_graph(const Net& net, std::int64_t batch, int replays) {
 }
 #endif
 
-void bench_cpu(const Net& net, std::int64_t batch, int reps, int threads) {
+// Times `step(i)` on the CPU with `threads` OpenMP threads (10 warm-up
+// steps, then `reps`) and emits the median as case `name`.
+template <class Step>
+void time_cpu_case(const std::string& name, int reps, int threads, Step&& step) {
 #if defined(_OPENMP)
   omp_set_num_threads(threads);
 #else
   (void)threads;
 #endif
-  Setup s = make_setup(Device::cpu(), batch, net);
-  for (int i = 0; i < 10; ++i) train_step(s, s.xs[i % 4], s.ys[i % 4]);
+  for (int i = 0; i < 10; ++i) step(i);
   std::vector<double> ms;
   for (int i = 0; i < reps; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
-    train_step(s, s.xs[i % 4], s.ys[i % 4]);
+    step(i);
     ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   }
   char extra[64];
   std::snprintf(extra, sizeof extra, ",\"reps\":%d,\"min_ms\":%.4f", reps, *std::min_element(ms.begin(), ms.end()));
-  emit_case(case_name(net, "cpu", batch), median(ms), 0,
-            "cpu (" + std::to_string(threads) + " threads)", extra);
+  emit_case(name, median(ms), 0, "cpu (" + std::to_string(threads) + " threads)", extra);
+}
+
+void bench_cpu(const Net& net, std::int64_t batch, int reps, int threads) {
+  Setup s = make_setup(Device::cpu(), batch, net);
+  time_cpu_case(case_name(net, "cpu", batch), reps, threads, [&](int i) { train_step(s, s.xs[i % 4], s.ys[i % 4]); });
 }
 
 // The CPU MLP step's linear layers alone (784-256-256-10 at b256, f32, with
@@ -303,11 +309,6 @@ void bench_cpu(const Net& net, std::int64_t batch, int reps, int threads) {
 // qat_step_cpu_b256_h256_linears; peer_train_step.py --cpu-linears times
 // PyTorch's F.linear on the same shapes.
 void bench_cpu_linears(int reps, int threads) {
-#if defined(_OPENMP)
-  omp_set_num_threads(threads);
-#else
-  (void)threads;
-#endif
   constexpr std::int64_t kBatch = 256;
   const std::int64_t widths[] = {784, 256, 256, 10};
   Generator g(0x11);
@@ -320,7 +321,7 @@ void bench_cpu_linears(int reps, int threads) {
     bs.back().set_requires_grad(true);
     dys.push_back(randn({kBatch, widths[l + 1]}, g));
   }
-  auto step = [&] {
+  time_cpu_case("qat_step_cpu_b256_h256_linears", reps, threads, [&](int) {
     Tensor in = x;
     for (int l = 0; l < 3; ++l) {
       ws[l].zero_grad();
@@ -330,17 +331,7 @@ void bench_cpu_linears(int reps, int threads) {
       in = out.detach();
       in.set_requires_grad(l + 1 < 3);
     }
-  };
-  for (int i = 0; i < 10; ++i) step();
-  std::vector<double> ms;
-  for (int i = 0; i < reps; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    step();
-    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-  }
-  char extra[64];
-  std::snprintf(extra, sizeof extra, ",\"reps\":%d,\"min_ms\":%.4f", reps, *std::min_element(ms.begin(), ms.end()));
-  emit_case("qat_step_cpu_b256_h256_linears", median(ms), 0, "cpu (" + std::to_string(threads) + " threads)", extra);
+  });
 }
 
 }  // namespace

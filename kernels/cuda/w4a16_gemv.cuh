@@ -684,12 +684,11 @@ __global__ void __launch_bounds__(WARPS * 32, 512 / (WARPS * 32))
 // this layer's blocks leave.) After the wait the block copies x's rows into
 // shared memory with 16-byte loads and the warps run their math from there.
 // H200, N = K = 4096, groups of 128, s4, bf16 scales, bit-identical, µs a
-// layer (sixty-fifth session, dev/cuda/w4a16_ab): M = 1 chain 4.62 -> 4.18,
-// back to back 4.86 -> 4.58, L2-resident weight 4.10 -> 3.96; M = 2 chain
-// 4.78 -> 4.16 (x by one bulk copy, the variant measured there; the block's
-// loads measured 0.01 us faster at M = 1). With f32 scales it is slower
-// (chain 5.55 -> 6.4: the longer math on a quarter of an SM's threads), so
-// they keep the split-K GEMV.
+// layer of the captured decode chain against the split-K GEMV (sixty-fifth
+// session, dev/cuda/w4a16_ab): M = 1 4.59 -> 3.95 (L2-resident weight 4.08 ->
+// 3.70), M = 2 4.76 -> 4.01; bench_lowbit M = 1 4.0 against bf16 cuBLAS's
+// 12.5. With f32 scales it was slower (chain 5.55 -> 6.2: the longer math on
+// a quarter of an SM's threads), so they keep the split-K GEMV.
 constexpr int kResidentRun = 4;                   // iterations a warp's run (the split-K GEMV's U)
 constexpr int kResidentK = 4096;                  // the K it is built for: a 32 KiB slab a block
 constexpr int kResidentMaxM = 2;

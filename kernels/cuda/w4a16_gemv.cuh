@@ -676,7 +676,7 @@ __global__ void __launch_bounds__(WARPS * 32, 512 / (WARPS * 32))
 // split-K GEMV's warps, runs, math and order (so the same bits), but every
 // warp asks for its whole share of the weight with bulk copies into shared
 // memory before the wait for the kernel before, and a block is small enough
-// (16 channels, 8 warps of <= 64 registers, ~45 KiB of shared memory) that
+// (16 channels, 8 warps of <= 64 registers, 52 KiB of shared memory) that
 // four fit an SM: in a chain of layers under programmatic dependent launch,
 // layer i + 1's blocks sit beside layer i's and stream their weight from HBM
 // while layer i computes. (The split-K GEMV's blocks fill the SMs, 256 of 2
@@ -694,15 +694,14 @@ constexpr int kResidentK = 4096;                  // the K it is built for: a 32
 constexpr int kResidentMaxM = 2;
 constexpr int kResidentHeadBytes = 256 + 8 * 4 * 32 * 4;  // the warps' barriers, then their partial tiles
 constexpr int kResidentSmem = kResidentHeadBytes + kResidentK / 128 * 1024 + kResidentMaxM * kResidentK * 2;
-template <class T, bool kSigned, class S>
+template <class T, bool kSigned>  // scales of T (f32 scales keep the split-K GEMV)
 __global__ void __launch_bounds__(256, 4)
-    w4a16_resident_kernel(const T* __restrict__ x, const std::uint8_t* __restrict__ w, const S* __restrict__ scale,
+    w4a16_resident_kernel(const T* __restrict__ x, const std::uint8_t* __restrict__ w, const T* __restrict__ scale,
                           const std::int32_t* __restrict__ zp, const T* __restrict__ bias, T* __restrict__ out, int M,
                           int N, int G) {
   ::qgrad::cuda::DeferredPriorWait prior;
   constexpr int U = kResidentRun, TW = 8, K = kResidentK;  // iterations a run, warps a block
   constexpr int iters = K / 128, runs = iters / (U * TW);
-  static_assert(!std::is_same_v<S, float>, "f32 scales keep the split-K GEMV");
   extern __shared__ __align__(128) unsigned char resident_smem[];
   std::uint64_t* bar = reinterpret_cast<std::uint64_t*>(resident_smem);  // [TW]
   float* part = reinterpret_cast<float*>(resident_smem + 256);
@@ -727,7 +726,7 @@ __global__ void __launch_bounds__(256, 4)
   }
   const int n = min(static_cast<int>(blockIdx.x) * 16 + g, N - 1);  // past N: a zero row (the order pads N to 32)
   const int groups = K / G, gshift = __ffs(G) - 1;
-  const S* srow[2] = {scale + static_cast<I64>(n) * groups, scale + static_cast<I64>(min(n + 8, N - 1)) * groups};
+  const T* srow[2] = {scale + static_cast<I64>(n) * groups, scale + static_cast<I64>(min(n + 8, N - 1)) * groups};
   const std::int32_t* zrow[2] = {kSigned ? zp : zp + static_cast<I64>(n) * groups,
                                  kSigned ? zp : zp + static_cast<I64>(min(n + 8, N - 1)) * groups};
   GemvFrag<1, 2, false> sc[U];  // the scales (and zero points) of a run, immutable like the weight
@@ -800,7 +799,7 @@ bool w4a16_resident_fits(const W4a16GemvArgs<T>& a) {
 }
 template <class T, bool kSigned>
 void launch_w4a16_resident(const W4a16GemvArgs<T>& a) {
-  constexpr auto kernel = w4a16_resident_kernel<T, kSigned, T>;
+  constexpr auto kernel = w4a16_resident_kernel<T, kSigned>;
   allow_dynamic_smem<kernel>(a.device, kResidentSmem);
   ::qgrad::cuda::launch_kernel(a.device, kernel, static_cast<unsigned>((a.N + 15) / 16), 256,
                                static_cast<std::size_t>(kResidentSmem), a.x, a.w, static_cast<const T*>(a.scale), a.zp,
